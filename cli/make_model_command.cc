@@ -1,0 +1,96 @@
+#include "cli/make_model_command.h"
+
+#include <cstdio>
+#include <memory>
+
+#include "absl/strings/str_join.h"
+#include "engine/model/model_generator.h"
+#include "engine/model/model_resolver.h"
+#include "engine/util/mapped_file.h"
+
+namespace tandem::cli {
+namespace {
+
+struct MakeModelArgs {
+  std::string preset;
+  std::string config_file;
+  std::string out;
+  uint64_t seed = 0;
+  std::string dtype = "bf16";
+  int shards = 1;
+  std::string tokenizer_dir;
+  bool generated_tokenizer = false;
+  int64_t vocab_size = 0;
+};
+
+int Run(const MakeModelArgs& a) {
+  ModelGeneratorOptions options;
+  if (!a.config_file.empty()) {
+    absl::StatusOr<std::string> text = ReadFileToString(a.config_file);
+    if (!text.ok()) {
+      std::fprintf(stderr, "tandem make-model: %s\n", std::string(text.status().message()).c_str());
+      return 1;
+    }
+    options.config_json = *text;
+  } else {
+    absl::StatusOr<std::string> preset = PresetConfig(a.preset.empty() ? "tiny" : a.preset);
+    if (!preset.ok()) {
+      std::fprintf(stderr, "tandem make-model: %s\n", std::string(preset.status().message()).c_str());
+      return 2;
+    }
+    options.config_json = *preset;
+  }
+  options.seed = a.seed;
+  if (a.dtype == "bf16") options.weight_dtype = DType::kBF16;
+  else if (a.dtype == "f32") options.weight_dtype = DType::kF32;
+  else if (a.dtype == "fp8") options.weight_dtype = DType::kF8E4M3;
+  options.num_shards = a.shards;
+  options.tokenizer_dir = a.generated_tokenizer ? "" : (a.tokenizer_dir.empty() ? DefaultTokenizerDir() : a.tokenizer_dir);
+  if (a.vocab_size > 0) options.generated_vocab_size = a.vocab_size;
+
+  std::fprintf(stderr, "tandem make-model: writing %s ...\n", a.out.c_str());
+  absl::StatusOr<GeneratedModel> model = GenerateModel(options, a.out);
+  if (!model.ok()) {
+    std::fprintf(stderr, "tandem make-model: %s\n", std::string(model.status().message()).c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "tandem make-model: %s: %.2fM parameters, %.1f MiB of weights (%s), tokenizer: %s\n",
+               model->dir.c_str(), model->num_parameters / 1e6, model->weight_bytes / 1048576.0, a.dtype.c_str(),
+               model->tokenizer.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void RegisterMakeModel(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<MakeModelArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "make-model",
+      "Write a deterministic random-weight checkpoint in Hugging Face format (config.json, safetensors, "
+      "tokenizer.json, tokenizer_config.json).");
+  auto* preset = cmd->add_option("--preset", args->preset,
+                                 "Built-in architecture: " + absl::StrJoin(PresetNames(), ", ") + " (default: tiny)");
+  auto* config = cmd->add_option("--config", args->config_file,
+                                 "A Hugging Face config.json giving the architecture (e.g. DeepSeek-V2-Lite's "
+                                 "with fewer layers); vocab_size may be omitted")
+                     ->check(CLI::ExistingFile);
+  preset->excludes(config);
+  cmd->add_option("--out", args->out, "Output directory (created)")->required();
+  cmd->add_option("--seed", args->seed, "Seed of the random weights")->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "Weight type: bf16, f32 or fp8 (e4m3 with 128x128 block scales)")
+      ->check(CLI::IsMember({"bf16", "f32", "fp8"}))
+      ->capture_default_str();
+  cmd->add_option("--shards", args->shards, "Number of safetensors shards (>1 writes an index)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--tokenizer-dir", args->tokenizer_dir,
+                  "Directory with DeepSeek-V3's tokenizer.json and tokenizer_config.json (default: the copy "
+                  "scripts/install-deps.sh installs)");
+  cmd->add_flag("--generated-tokenizer", args->generated_tokenizer,
+                "Always generate a byte-level BPE tokenizer sized to vocab_size");
+  cmd->add_option("--vocab-size", args->vocab_size,
+                  "Vocabulary of a generated tokenizer when the config gives none (default 1024)");
+  cmd->callback([args, exit_code] { *exit_code = Run(*args); });
+}
+
+}  // namespace tandem::cli

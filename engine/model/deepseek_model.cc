@@ -1,0 +1,240 @@
+#include "engine/model/deepseek_model.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/util/status_macros.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/mla_attention.h"
+#include "kernels/cpu/moe_routing.h"
+#include "kernels/cpu/norm_rope_act.h"
+
+namespace tandem {
+namespace {
+
+// DeepSeek's q_a_layernorm and kv_a_layernorm use the RMSNorm default epsilon, not the
+// config's rms_norm_eps (as the reference implementations construct them).
+constexpr float kLatentNormEps = 1e-6f;
+
+void Linear(const float* x, int64_t rows, int64_t x_stride, const WeightMatrix& w, float* y,
+            cpu::ThreadPool& pool, bool accumulate = false) {
+  cpu::Matmul({.x = x, .m = rows, .x_stride = x_stride, .w = &w, .y = y, .y_stride = w.rows,
+               .accumulate = accumulate},
+              pool);
+}
+
+cpu::MoeScoring Scoring(ScoringFunc f) {
+  return f == ScoringFunc::kSigmoid ? cpu::MoeScoring::kSigmoid : cpu::MoeScoring::kSoftmax;
+}
+
+cpu::MoeTopk Method(TopkMethod m) {
+  switch (m) {
+    case TopkMethod::kGreedy: return cpu::MoeTopk::kGreedy;
+    case TopkMethod::kGroupLimitedGreedy: return cpu::MoeTopk::kGroupLimitedGreedy;
+    case TopkMethod::kNoauxTc: return cpu::MoeTopk::kNoauxTc;
+  }
+  return cpu::MoeTopk::kGreedy;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Load(const std::string& dir,
+                                                                   const LoadOptions& options) {
+  auto model = std::unique_ptr<DeepseekModel>(new DeepseekModel());
+  ASSIGN_OR_RETURN(model->config_, LoadModelConfig(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+  ASSIGN_OR_RETURN(model->loaded_, LoadedWeights::Load(model->config_, std::move(ckpt)));
+  model->pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
+  model->inv_freq_ = model->config_.RopeInverseFrequencies();
+  model->rope_attention_factor_ = static_cast<float>(model->config_.RopeAttentionFactor());
+  model->softmax_scale_ = static_cast<float>(model->config_.SoftmaxScale());
+  return model;
+}
+
+absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const ForwardSequence> batch,
+                                                          LatentKvCache& cache, const ForwardOptions& options) {
+  const ModelConfig& c = config_;
+  const ModelWeights& w = weights();
+  const int64_t hidden = c.hidden_size;
+
+  // Validate and flatten the batch: row r of the activations is token r.
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> positions;
+  std::vector<int64_t> logit_rows;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const ForwardSequence& s = batch[i];
+    if (s.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " has no new tokens"));
+    const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
+    if (s.start_position < 0 || end > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " reaches position ", end,
+                                                     ", beyond max_position_embeddings ",
+                                                     c.max_position_embeddings));
+    }
+    if (static_cast<int64_t>(s.block_table.size()) * cache.block_size() < end) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", s.block_table.size(),
+                                                     " cache blocks cannot hold ", end, " tokens"));
+    }
+    for (int32_t b : s.block_table) {
+      if (b < 0 || b >= cache.num_blocks()) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": block id ", b, " out of range"));
+      }
+    }
+    for (size_t j = 0; j < s.tokens.size(); ++j) {
+      const int32_t t = s.tokens[j];
+      if (t < 0 || t >= c.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is outside the vocabulary (size ",
+                                                       c.vocab_size, ")"));
+      }
+      if (s.all_logits || j + 1 == s.tokens.size()) logit_rows.push_back(static_cast<int64_t>(tokens.size()));
+      tokens.push_back(t);
+      positions.push_back(s.start_position + static_cast<int64_t>(j));
+    }
+  }
+  const int64_t rows = static_cast<int64_t>(tokens.size());
+
+  std::vector<float> x(static_cast<size_t>(rows * hidden));
+  for (int64_t r = 0; r < rows; ++r) cpu::DequantizeRows(w.embed, tokens[r], 1, &x[r * hidden]);
+
+  std::vector<float> h(x.size()), delta(x.size());
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const DecoderLayerWeights& layer = w.layers[l];
+    cpu::RmsNorm(x.data(), rows, hidden, hidden, layer.input_norm, static_cast<float>(c.rms_norm_eps), h.data(),
+                 hidden);
+    Attention(layer.attention, l, batch, positions, h.data(), delta.data(), cache, options.attention);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+
+    cpu::RmsNorm(x.data(), rows, hidden, hidden, layer.post_attention_norm, static_cast<float>(c.rms_norm_eps),
+                 h.data(), hidden);
+    if (layer.moe) {
+      Moe(*layer.moe, h.data(), rows, delta.data());
+    } else {
+      DenseMlp(*layer.mlp, h.data(), rows, delta.data(), /*accumulate=*/false);
+    }
+    for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+  }
+
+  const int64_t out_rows = static_cast<int64_t>(logit_rows.size());
+  std::vector<float> last(static_cast<size_t>(out_rows * hidden));
+  for (int64_t i = 0; i < out_rows; ++i) {
+    cpu::RmsNorm(&x[logit_rows[i] * hidden], 1, hidden, hidden, w.final_norm, static_cast<float>(c.rms_norm_eps),
+                 &last[i * hidden], hidden);
+  }
+  std::vector<float> logits(static_cast<size_t>(out_rows * c.vocab_size));
+  Linear(last.data(), out_rows, hidden, w.lm_head, logits.data(), *pool_);
+  return logits;
+}
+
+void DeepseekModel::Attention(const AttentionWeights& w, int64_t layer, std::span<const ForwardSequence> batch,
+                              const std::vector<int64_t>& positions, const float* h, float* out,
+                              LatentKvCache& cache, AttentionForm form) {
+  const ModelConfig& c = config_;
+  const int64_t rows = static_cast<int64_t>(positions.size());
+  const int64_t heads = c.num_attention_heads;
+  const int64_t qk = c.qk_head_dim();
+  const int64_t lora = c.kv_lora_rank;
+  const int64_t half_rope = c.qk_rope_head_dim / 2;
+
+  // Queries: [rows][heads][nope | rope].
+  std::vector<float> q(static_cast<size_t>(rows * heads * qk));
+  if (c.q_lora_rank) {
+    const int64_t qr = *c.q_lora_rank;
+    std::vector<float> qa(static_cast<size_t>(rows * qr));
+    Linear(h, rows, c.hidden_size, w.q_a_proj, qa.data(), *pool_);
+    cpu::RmsNorm(qa.data(), rows, qr, qr, w.q_a_norm, kLatentNormEps, qa.data(), qr);
+    Linear(qa.data(), rows, qr, w.q_b_proj, q.data(), *pool_);
+  } else {
+    Linear(h, rows, c.hidden_size, w.q_proj, q.data(), *pool_);
+  }
+
+  // Latent KV of the new tokens: normalized latent + rotated rotary key, into the cache.
+  const int64_t entry = c.kv_entry_dim();
+  std::vector<float> kv(static_cast<size_t>(rows * entry));
+  Linear(h, rows, c.hidden_size, w.kv_a_proj, kv.data(), *pool_);
+  std::vector<float> cos(static_cast<size_t>(half_rope)), sin(static_cast<size_t>(half_rope));
+  int64_t r = 0;
+  for (const ForwardSequence& s : batch) {
+    for (size_t j = 0; j < s.tokens.size(); ++j, ++r) {
+      cpu::RopeCosSin(positions[r], inv_freq_.data(), half_rope, rope_attention_factor_, cos.data(), sin.data());
+      float* kv_row = &kv[r * entry];
+      cpu::RmsNorm(kv_row, 1, lora, lora, w.kv_a_norm, kLatentNormEps, kv_row, lora);
+      cpu::ApplyRope(kv_row + lora, cos.data(), sin.data(), half_rope, c.rope_interleave);
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        cpu::ApplyRope(&q[(r * heads + hd) * qk + c.qk_nope_head_dim], cos.data(), sin.data(), half_rope,
+                       c.rope_interleave);
+      }
+      std::copy(kv_row, kv_row + entry, cache.Entry(layer, s.block_table, positions[r]));
+    }
+  }
+
+  // Attention per sequence, over its whole cached history.
+  std::vector<float> attn(static_cast<size_t>(rows * heads * c.v_head_dim));
+  r = 0;
+  for (const ForwardSequence& s : batch) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    cpu::MlaAttentionParams p{.num_heads = heads, .qk_nope_dim = c.qk_nope_head_dim,
+                              .qk_rope_dim = c.qk_rope_head_dim, .v_dim = c.v_head_dim,
+                              .kv_lora_rank = lora, .softmax_scale = softmax_scale_,
+                              .q = &q[r * heads * qk], .q_stride = heads * qk, .num_tokens = n,
+                              .first_position = s.start_position, .cache = cache.View(layer, s.block_table),
+                              .kv_b = &w.kv_b_proj, .out = &attn[r * heads * c.v_head_dim],
+                              .out_stride = heads * c.v_head_dim};
+    const bool expanded = form == AttentionForm::kExpanded || (form == AttentionForm::kAuto && n > 1);
+    if (expanded) cpu::MlaAttentionExpanded(p, *pool_);
+    else cpu::MlaAttentionAbsorbed(p, *pool_);
+    r += n;
+  }
+  Linear(attn.data(), rows, heads * c.v_head_dim, w.o_proj, out, *pool_);
+}
+
+void DeepseekModel::DenseMlp(const MlpWeights& w, const float* h, int64_t rows, float* out, bool accumulate) {
+  const int64_t inter = w.gate.rows;
+  std::vector<float> gate(static_cast<size_t>(rows * inter)), up(static_cast<size_t>(rows * inter));
+  Linear(h, rows, config_.hidden_size, w.gate, gate.data(), *pool_);
+  Linear(h, rows, config_.hidden_size, w.up, up.data(), *pool_);
+  cpu::SiluMul(gate.data(), up.data(), gate.data(), rows * inter);
+  Linear(gate.data(), rows, inter, w.down, out, *pool_, accumulate);
+}
+
+void DeepseekModel::Moe(const MoeWeights& w, const float* h, int64_t rows, float* out) {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size;
+  const int64_t experts = c.n_routed_experts;
+  const int64_t top_k = c.num_experts_per_tok;
+
+  std::vector<float> logits(static_cast<size_t>(rows * experts));
+  Linear(h, rows, hidden, w.router, logits.data(), *pool_);
+  std::vector<int32_t> ids(static_cast<size_t>(rows * top_k));
+  std::vector<float> weights(static_cast<size_t>(rows * top_k));
+  cpu::RouteMoe({.logits = logits.data(), .num_tokens = rows, .num_experts = experts, .num_groups = c.n_group,
+                 .topk_groups = c.topk_group, .top_k = top_k, .scoring = Scoring(c.scoring_func),
+                 .method = Method(c.topk_method), .correction_bias = w.correction_bias,
+                 .normalize = c.norm_topk_prob, .scale_normalized = c.model_type != "deepseek_v2",
+                 .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
+                 .expert_ids = ids.data(), .weights = weights.data()});
+
+  // Group tokens by expert; run each chosen expert once over its tokens.
+  std::vector<std::vector<std::pair<int64_t, float>>> assigned(static_cast<size_t>(experts));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < top_k; ++k) assigned[ids[r * top_k + k]].emplace_back(r, weights[r * top_k + k]);
+  }
+  std::fill(out, out + rows * hidden, 0.0f);
+  std::vector<float> xs, ys;
+  for (int64_t e = 0; e < experts; ++e) {
+    const auto& tok = assigned[e];
+    if (tok.empty()) continue;
+    const int64_t n = static_cast<int64_t>(tok.size());
+    xs.resize(static_cast<size_t>(n * hidden));
+    ys.resize(static_cast<size_t>(n * hidden));
+    for (int64_t i = 0; i < n; ++i) std::copy(h + tok[i].first * hidden, h + (tok[i].first + 1) * hidden, &xs[i * hidden]);
+    DenseMlp(w.experts[e], xs.data(), n, ys.data(), /*accumulate=*/false);
+    for (int64_t i = 0; i < n; ++i) {
+      float* dst = out + tok[i].first * hidden;
+      const float* src = &ys[i * hidden];
+      const float scale = tok[i].second;
+      for (int64_t d = 0; d < hidden; ++d) dst[d] += src[d] * scale;
+    }
+  }
+  if (w.shared) DenseMlp(*w.shared, h, rows, out, /*accumulate=*/true);
+}
+
+}  // namespace tandem

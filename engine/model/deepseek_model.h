@@ -1,0 +1,79 @@
+// The DeepSeek-V2/V3 forward pass on the CPU: a batch of sequences, each contributing
+// some new tokens on top of what its latent KV cache already holds (a prefill chunk or
+// one decode token), in one pass whose matrix products read each weight once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/latent_kv_cache.h"
+#include "engine/model/model_config.h"
+#include "engine/model/weights.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace tandem {
+
+// Which form of multi-head latent attention to run (mla_attention.h). kAuto: expanded
+// for prefill chunks (several new tokens), absorbed for single decode tokens.
+enum class AttentionForm { kAuto, kExpanded, kAbsorbed };
+
+struct ForwardSequence {
+  std::span<const int32_t> tokens;       // new tokens, at positions start_position...
+  int64_t start_position = 0;            // tokens of this sequence already in the cache
+  std::span<const int32_t> block_table;  // cache blocks covering start_position + tokens.size()
+  bool all_logits = false;               // logits for every new token, not only the last
+};
+
+struct ForwardOptions {
+  AttentionForm attention = AttentionForm::kAuto;
+};
+
+class DeepseekModel {
+ public:
+  struct LoadOptions {
+    int num_threads = 0;  // 0: all hardware threads
+  };
+  // Loads config.json and the safetensors weights of a checkpoint directory.
+  static absl::StatusOr<std::unique_ptr<DeepseekModel>> Load(const std::string& dir,
+                                                            const LoadOptions& options);
+  static absl::StatusOr<std::unique_ptr<DeepseekModel>> Load(const std::string& dir) {
+    return Load(dir, LoadOptions{});
+  }
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return loaded_->weights(); }
+  cpu::ThreadPool& thread_pool() { return *pool_; }
+
+  // A cache sized for this model with `num_blocks` blocks per layer.
+  LatentKvCache MakeKvCache(int64_t num_blocks) const {
+    return LatentKvCache(config_.num_hidden_layers, num_blocks, config_.kv_entry_dim());
+  }
+
+  // Runs the batch, writing each new token's latent KV into `cache` and returning logits,
+  // [rows][vocab] with rows in batch order: every token of sequences with all_logits,
+  // the last token of the others. Errors: INVALID_ARGUMENT for token ids out of the
+  // vocabulary, positions past max_position_embeddings, or block tables too short.
+  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& cache,
+                                             const ForwardOptions& options = {});
+
+ private:
+  DeepseekModel() = default;
+  void Attention(const AttentionWeights& w, int64_t layer, std::span<const ForwardSequence> batch,
+                 const std::vector<int64_t>& positions, const float* h, float* out, LatentKvCache& cache,
+                 AttentionForm form);
+  void DenseMlp(const MlpWeights& w, const float* h, int64_t rows, float* out, bool accumulate);
+  void Moe(const MoeWeights& w, const float* h, int64_t rows, float* out);
+
+  ModelConfig config_;
+  std::unique_ptr<LoadedWeights> loaded_;
+  std::unique_ptr<cpu::ThreadPool> pool_;
+  std::vector<float> inv_freq_;
+  float rope_attention_factor_ = 1.0f;
+  float softmax_scale_ = 1.0f;
+};
+
+}  // namespace tandem

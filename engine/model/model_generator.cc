@@ -1,0 +1,381 @@
+#include "engine/model/model_generator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/model/model_config.h"
+#include "engine/model/safetensors.h"
+#include "engine/tokenizer/byte_level_tokenizer_builder.h"
+#include "engine/util/mapped_file.h"
+#include "engine/util/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "xxhash.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+constexpr int64_t kDeepseekV3VocabSize = 129280;  // DeepSeek-V3's embedding rows
+
+const std::map<std::string, std::string>& Presets() {
+  static const auto* presets = new std::map<std::string, std::string>{
+      {"tiny", R"({
+  "architectures": ["DeepseekV3ForCausalLM"],
+  "model_type": "deepseek_v3",
+  "hidden_size": 128,
+  "intermediate_size": 256,
+  "moe_intermediate_size": 64,
+  "num_hidden_layers": 3,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 4,
+  "q_lora_rank": 64,
+  "kv_lora_rank": 64,
+  "qk_nope_head_dim": 32,
+  "qk_rope_head_dim": 16,
+  "v_head_dim": 32,
+  "n_routed_experts": 8,
+  "n_shared_experts": 1,
+  "num_experts_per_tok": 2,
+  "n_group": 2,
+  "topk_group": 1,
+  "topk_method": "noaux_tc",
+  "scoring_func": "sigmoid",
+  "norm_topk_prob": true,
+  "routed_scaling_factor": 2.5,
+  "first_k_dense_replace": 1,
+  "moe_layer_freq": 1,
+  "num_nextn_predict_layers": 1,
+  "hidden_act": "silu",
+  "max_position_embeddings": 4096,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 10000,
+  "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                   "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+  "rope_interleave": true,
+  "tie_word_embeddings": false,
+  "attention_bias": false,
+  "bos_token_id": 0,
+  "eos_token_id": 1
+})"},
+      {"tiny-v2", R"({
+  "architectures": ["DeepseekV2ForCausalLM"],
+  "model_type": "deepseek_v2",
+  "hidden_size": 128,
+  "intermediate_size": 256,
+  "moe_intermediate_size": 64,
+  "num_hidden_layers": 3,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 4,
+  "q_lora_rank": null,
+  "kv_lora_rank": 64,
+  "qk_nope_head_dim": 32,
+  "qk_rope_head_dim": 16,
+  "v_head_dim": 32,
+  "n_routed_experts": 8,
+  "n_shared_experts": 2,
+  "num_experts_per_tok": 2,
+  "n_group": 2,
+  "topk_group": 1,
+  "topk_method": "group_limited_greedy",
+  "scoring_func": "softmax",
+  "norm_topk_prob": false,
+  "routed_scaling_factor": 1.0,
+  "first_k_dense_replace": 1,
+  "moe_layer_freq": 1,
+  "hidden_act": "silu",
+  "max_position_embeddings": 4096,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 10000,
+  "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                   "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+  "tie_word_embeddings": false,
+  "attention_bias": false,
+  "bos_token_id": 0,
+  "eos_token_id": 1
+})"},
+  };
+  return *presets;
+}
+
+// Counter-based random numbers: value i of a tensor depends only on (seed, name, i).
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Approximately standard normal (Irwin-Hall of four 16-bit uniforms), from integer
+// arithmetic and exact float operations only, so every machine gets the same bits.
+float NormalSample(uint64_t key, uint64_t i) {
+  const uint64_t r = SplitMix64(key ^ SplitMix64(i));
+  float sum = 0.0f;
+  for (int j = 0; j < 4; ++j) sum += static_cast<float>((r >> (16 * j)) & 0xffff) * (1.0f / 65536.0f);
+  return (sum - 2.0f) * 1.7320508f;  // variance of the sum is 4/12
+}
+float UniformSample(uint64_t key, uint64_t i) {  // in [-1, 1)
+  const uint64_t r = SplitMix64(key ^ SplitMix64(i));
+  return static_cast<float>(r >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+enum class Init { kLinear, kEmbedding, kNorm, kBias };
+
+class CheckpointBuilder {
+ public:
+  CheckpointBuilder(uint64_t seed, DType dtype) : seed_(seed), dtype_(dtype) {}
+
+  void Add(const std::string& name, std::vector<int64_t> shape, Init init, bool quantizable = true) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    num_parameters_ += n;
+    const uint64_t key = XXH64(name.data(), name.size(), seed_);
+    std::vector<float> values(static_cast<size_t>(n));
+    const float fan_in = shape.size() == 2 ? static_cast<float>(shape[1]) : 1.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      switch (init) {
+        case Init::kLinear: values[i] = NormalSample(key, i) / std::sqrt(fan_in); break;
+        case Init::kEmbedding: values[i] = NormalSample(key, i); break;
+        case Init::kNorm: values[i] = 1.0f + 0.25f * UniformSample(key, i); break;
+        case Init::kBias: values[i] = 0.1f * UniformSample(key, i); break;
+      }
+    }
+    // Norms and biases stay in bf16 (as real checkpoints keep them); FP8 applies to the
+    // linear layers DeepSeek quantizes (not embeddings, the LM head or the router).
+    DType dtype = dtype_;
+    if (shape.size() != 2 || (dtype == DType::kF8E4M3 && !quantizable)) {
+      dtype = dtype_ == DType::kF32 ? DType::kF32 : DType::kBF16;
+    }
+    if (init == Init::kBias) dtype = DType::kF32;  // e_score_correction_bias is fp32 in DeepSeek-V3
+    if (dtype == DType::kF8E4M3) {
+      AddFp8(name, shape, values);
+      return;
+    }
+    std::vector<std::byte> bytes(static_cast<size_t>(n) * DTypeSize(dtype));
+    for (int64_t i = 0; i < n; ++i) {
+      if (dtype == DType::kF32) {
+        std::memcpy(&bytes[4 * i], &values[i], 4);
+      } else {
+        const uint16_t v = F32ToBf16(values[i]);
+        std::memcpy(&bytes[2 * i], &v, 2);
+      }
+    }
+    tensors_.push_back({name, dtype, std::move(shape), std::move(bytes)});
+  }
+
+  struct Tensor {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<Tensor>& tensors() { return tensors_; }
+  int64_t num_parameters() const { return num_parameters_; }
+
+ private:
+  void AddFp8(const std::string& name, const std::vector<int64_t>& shape, const std::vector<float>& values) {
+    const int64_t rows = shape[0], cols = shape[1], b = 128;
+    const int64_t sr = (rows + b - 1) / b, sc = (cols + b - 1) / b;
+    std::vector<float> scales(static_cast<size_t>(sr * sc));
+    std::vector<std::byte> q(static_cast<size_t>(rows * cols));
+    for (int64_t br = 0; br < sr; ++br) {
+      for (int64_t bc = 0; bc < sc; ++bc) {
+        float amax = 0.0f;
+        for (int64_t r = br * b; r < std::min(rows, (br + 1) * b); ++r)
+          for (int64_t c = bc * b; c < std::min(cols, (bc + 1) * b); ++c)
+            amax = std::max(amax, std::fabs(values[r * cols + c]));
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        scales[br * sc + bc] = scale;
+        for (int64_t r = br * b; r < std::min(rows, (br + 1) * b); ++r)
+          for (int64_t c = bc * b; c < std::min(cols, (bc + 1) * b); ++c)
+            q[r * cols + c] = static_cast<std::byte>(F32ToF8E4M3(values[r * cols + c] / scale));
+      }
+    }
+    tensors_.push_back({name, DType::kF8E4M3, shape, std::move(q)});
+    std::vector<std::byte> sbytes(scales.size() * 4);
+    std::memcpy(sbytes.data(), scales.data(), sbytes.size());
+    tensors_.push_back({name + "_scale_inv", DType::kF32, {sr, sc}, std::move(sbytes)});
+  }
+
+  uint64_t seed_;
+  DType dtype_;
+  std::vector<Tensor> tensors_;
+  int64_t num_parameters_ = 0;
+};
+
+void AddMlp(CheckpointBuilder& b, const std::string& p, int64_t hidden, int64_t inter) {
+  b.Add(p + "gate_proj.weight", {inter, hidden}, Init::kLinear);
+  b.Add(p + "up_proj.weight", {inter, hidden}, Init::kLinear);
+  b.Add(p + "down_proj.weight", {hidden, inter}, Init::kLinear);
+}
+
+void AddDecoderLayer(CheckpointBuilder& b, const ModelConfig& c, int64_t i) {
+  const std::string p = absl::StrCat("model.layers.", i, ".");
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads;
+  b.Add(p + "input_layernorm.weight", {hidden}, Init::kNorm);
+  b.Add(p + "post_attention_layernorm.weight", {hidden}, Init::kNorm);
+  const std::string s = p + "self_attn.";
+  if (c.q_lora_rank) {
+    b.Add(s + "q_a_proj.weight", {*c.q_lora_rank, hidden}, Init::kLinear);
+    b.Add(s + "q_a_layernorm.weight", {*c.q_lora_rank}, Init::kNorm);
+    b.Add(s + "q_b_proj.weight", {heads * c.qk_head_dim(), *c.q_lora_rank}, Init::kLinear);
+  } else {
+    b.Add(s + "q_proj.weight", {heads * c.qk_head_dim(), hidden}, Init::kLinear);
+  }
+  b.Add(s + "kv_a_proj_with_mqa.weight", {c.kv_entry_dim(), hidden}, Init::kLinear);
+  b.Add(s + "kv_a_layernorm.weight", {c.kv_lora_rank}, Init::kNorm);
+  b.Add(s + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, Init::kLinear);
+  b.Add(s + "o_proj.weight", {hidden, heads * c.v_head_dim}, Init::kLinear);
+  const std::string m = p + "mlp.";
+  if (c.IsMoeLayer(i)) {
+    b.Add(m + "gate.weight", {c.n_routed_experts, hidden}, Init::kLinear, /*quantizable=*/false);
+    if (c.topk_method == TopkMethod::kNoauxTc) {
+      b.Add(m + "gate.e_score_correction_bias", {c.n_routed_experts}, Init::kBias);
+    }
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      AddMlp(b, absl::StrCat(m, "experts.", e, "."), hidden, c.moe_intermediate_size);
+    }
+    if (c.n_shared_experts > 0) {
+      AddMlp(b, m + "shared_experts.", hidden, c.moe_intermediate_size * c.n_shared_experts);
+    }
+  } else {
+    AddMlp(b, m, hidden, c.intermediate_size);
+  }
+}
+
+void AddMtpLayer(CheckpointBuilder& b, const ModelConfig& c, int64_t i) {
+  const std::string p = absl::StrCat("model.layers.", i, ".");
+  const int64_t hidden = c.hidden_size;
+  b.Add(p + "enorm.weight", {hidden}, Init::kNorm);
+  b.Add(p + "hnorm.weight", {hidden}, Init::kNorm);
+  b.Add(p + "eh_proj.weight", {hidden, 2 * hidden}, Init::kLinear);
+  AddDecoderLayer(b, c, i);
+  b.Add(p + "shared_head.norm.weight", {hidden}, Init::kNorm);
+}
+
+absl::Status WriteShards(CheckpointBuilder& b, int num_shards, const fs::path& dir, uint64_t* total_bytes) {
+  auto& tensors = b.tensors();
+  uint64_t total = 0;
+  for (const auto& t : tensors) total += t.bytes.size();
+  *total_bytes = total;
+  if (num_shards <= 1) {
+    SafetensorsWriter w;
+    w.SetMetadata("format", "pt");
+    for (auto& t : tensors) w.Add(t.name, t.dtype, t.shape, std::move(t.bytes));
+    return w.WriteFile((dir / "model.safetensors").string());
+  }
+  // Consecutive tensors fill shards of roughly equal size.
+  Json weight_map = Json::object();
+  const uint64_t per_shard = (total + num_shards - 1) / num_shards;
+  size_t next = 0;
+  for (int s = 0; s < num_shards; ++s) {
+    const std::string file = absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, num_shards);
+    SafetensorsWriter w;
+    w.SetMetadata("format", "pt");
+    uint64_t bytes = 0;
+    while (next < tensors.size() && (bytes < per_shard || s == num_shards - 1)) {
+      auto& t = tensors[next++];
+      bytes += t.bytes.size();
+      weight_map[t.name] = file;
+      w.Add(t.name, t.dtype, t.shape, std::move(t.bytes));
+    }
+    RETURN_IF_ERROR(w.WriteFile((dir / file).string()));
+  }
+  Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  return WriteStringToFile((dir / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> PresetConfig(const std::string& preset) {
+  auto it = Presets().find(preset);
+  if (it == Presets().end()) {
+    std::string names;
+    for (const auto& [k, v] : Presets()) absl::StrAppend(&names, names.empty() ? "" : ", ", k);
+    return absl::NotFoundError(absl::StrCat("unknown preset '", preset, "' (presets: ", names, ")"));
+  }
+  return it->second;
+}
+
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names;
+  for (const auto& [k, v] : Presets()) names.push_back(k);
+  return names;
+}
+
+absl::StatusOr<GeneratedModel> GenerateModel(const ModelGeneratorOptions& options, const std::string& dir_str) {
+  Json config = Json::parse(options.config_json, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError("model config is not a JSON object");
+  }
+  if (options.weight_dtype == DType::kF16) {
+    return absl::InvalidArgumentError("make-model writes bf16, f32 or fp8 weights, not f16");
+  }
+  if (options.num_shards < 1) return absl::InvalidArgumentError("number of shards must be at least 1");
+
+  GeneratedModel result;
+  result.dir = dir_str;
+  const fs::path dir(dir_str);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create '", dir_str, "': ", ec.message()));
+
+  // Tokenizer: DeepSeek-V3's real one when it is available and fits the vocabulary.
+  const bool has_vocab = config.contains("vocab_size") && !config["vocab_size"].is_null();
+  const fs::path real_dir(options.tokenizer_dir);
+  const bool real_available = !options.tokenizer_dir.empty() && fs::exists(real_dir / "tokenizer.json", ec) &&
+                              fs::exists(real_dir / "tokenizer_config.json", ec);
+  const bool use_real =
+      real_available && (!has_vocab || config["vocab_size"].get<int64_t>() >= kDeepseekV3VocabSize);
+  if (!has_vocab) config["vocab_size"] = use_real ? kDeepseekV3VocabSize : options.generated_vocab_size;
+  if (options.weight_dtype == DType::kF8E4M3) {
+    config["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"},
+                                     {"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  }
+  config["torch_dtype"] = options.weight_dtype == DType::kF32 ? "float32" : "bfloat16";
+  const std::string config_text = config.dump(2) + "\n";
+  ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(config_text));
+
+  if (use_real) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      fs::copy_file(real_dir / f, dir / f, fs::copy_options::overwrite_existing, ec);
+      if (ec) return absl::InternalError(absl::StrCat("cannot copy tokenizer file ", f, ": ", ec.message()));
+    }
+    result.tokenizer = "deepseek-v3";
+  } else {
+    if (c.vocab_size < 300) {
+      return absl::InvalidArgumentError("config.json: field 'vocab_size' must be at least 300 for a generated tokenizer");
+    }
+    GeneratedTokenizerFiles tok = BuildByteLevelTokenizer(static_cast<int>(c.vocab_size));
+    RETURN_IF_ERROR(WriteStringToFile((dir / "tokenizer.json").string(), tok.tokenizer_json));
+    RETURN_IF_ERROR(WriteStringToFile((dir / "tokenizer_config.json").string(), tok.tokenizer_config_json));
+    result.tokenizer = "generated-byte-level";
+  }
+
+  CheckpointBuilder b(options.seed, options.weight_dtype);
+  b.Add("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, Init::kEmbedding, /*quantizable=*/false);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) AddDecoderLayer(b, c, i);
+  for (int64_t j = 0; j < c.num_nextn_predict_layers; ++j) AddMtpLayer(b, c, c.num_hidden_layers + j);
+  b.Add("model.norm.weight", {c.hidden_size}, Init::kNorm);
+  if (!c.tie_word_embeddings) {
+    b.Add("lm_head.weight", {c.vocab_size, c.hidden_size}, Init::kLinear, /*quantizable=*/false);
+  }
+  result.num_parameters = b.num_parameters();
+
+  // Remove model files a previous run may have left (a different shard count).
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.ends_with(".safetensors") || name == "model.safetensors.index.json") fs::remove(entry.path(), ec);
+  }
+  RETURN_IF_ERROR(WriteShards(b, options.num_shards, dir, &result.weight_bytes));
+  RETURN_IF_ERROR(WriteStringToFile((dir / "config.json").string(), config_text));
+  return result;
+}
+
+}  // namespace tandem

@@ -1,0 +1,190 @@
+#include "engine/model/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/util/status_macros.h"
+#include "kernels/common/check.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the reference implementation's limit
+
+absl::StatusOr<DType> ParseDType(const std::string& s, const std::string& tensor,
+                                 const std::string& path) {
+  if (s == "F32") return DType::kF32;
+  if (s == "BF16") return DType::kBF16;
+  if (s == "F16") return DType::kF16;
+  if (s == "F8_E4M3") return DType::kF8E4M3;
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": tensor '", tensor, "' has dtype '", s,
+                   "', which Tandem does not support (supported: F32, BF16, F16, F8_E4M3)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapped, MappedFile::Open(path));
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(std::move(mapped)));
+  const std::span<const std::byte> all = file->file_->bytes();
+  if (all.size() < 8) {
+    return absl::DataLossError(absl::StrCat(path, ": file is ", all.size(),
+                                            " bytes, too short for a safetensors header"));
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(all[i]);
+  if (header_len > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header length ", header_len, " is not plausible (corrupt file?)"));
+  }
+  if (header_len > all.size() - 8) {
+    return absl::DataLossError(absl::StrCat(path, ": header of ", header_len,
+                                            " bytes runs past the end of the file (",
+                                            all.size(), " bytes): truncated?"));
+  }
+  const char* header_begin = reinterpret_cast<const char*>(all.data() + 8);
+  nlohmann::json header =
+      nlohmann::json::parse(header_begin, header_begin + header_len, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header is not a JSON object"));
+  }
+  const std::span<const std::byte> data = all.subspan(8 + header_len);
+
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& entry = it.value();
+    if (name == "__metadata__") {
+      if (!entry.is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": __metadata__ is not an object"));
+      }
+      for (auto m = entry.begin(); m != entry.end(); ++m) {
+        if (!m.value().is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": __metadata__ value of '", m.key(), "' is not a string"));
+        }
+        file->metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = absl::StrCat(path, ": tensor '", name, "'");
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " needs 'dtype', 'shape' and 'data_offsets'"));
+    }
+    if (!entry["dtype"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": 'dtype' is not a string"));
+    }
+    ASSIGN_OR_RETURN(DType dtype, ParseDType(entry["dtype"].get<std::string>(), name, path));
+    const nlohmann::json& shape_json = entry["shape"];
+    if (!shape_json.is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": 'shape' is not an array"));
+    }
+    TensorView view;
+    view.dtype = dtype;
+    uint64_t numel = 1;
+    for (const auto& d : shape_json) {
+      if (!d.is_number_unsigned()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": shape ", shape_json.dump(), " has a non-integer or negative dimension"));
+      }
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 8 / dim) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": shape ", shape_json.dump(), " overflows"));
+      }
+      numel *= dim;
+      view.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const nlohmann::json& offsets = entry["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": 'data_offsets' must be two non-negative integers"));
+    }
+    const uint64_t begin = offsets[0].get<uint64_t>();
+    const uint64_t end = offsets[1].get<uint64_t>();
+    if (begin > end) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": data_offsets [", begin, ", ", end,
+                                                     "] are reversed"));
+    }
+    const uint64_t expected = numel * DTypeSize(dtype);
+    if (end - begin != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": shape ", ShapeString(view.shape), " of ", std::string(DTypeName(dtype)), " needs ", expected,
+          " bytes but data_offsets [", begin, ", ", end, "] hold ", end - begin));
+    }
+    if (end > data.size()) {
+      return absl::DataLossError(absl::StrCat(where, ": bytes [", begin, ", ", end,
+                                              ") lie past the end of the data (", data.size(),
+                                              " bytes): truncated file?"));
+    }
+    view.bytes = data.subspan(begin, end - begin);
+    ranges.push_back({begin, end, name});
+    file->tensors_.emplace(name, std::move(view));
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].begin < ranges[i - 1].end) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensors '", ranges[i - 1].name,
+                                                     "' and '", ranges[i].name, "' overlap"));
+    }
+  }
+  return file;
+}
+
+void SafetensorsWriter::Add(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                            std::vector<std::byte> bytes) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  TANDEM_CHECK_EQ(static_cast<size_t>(numel) * DTypeSize(dtype), bytes.size()) << name;
+  entries_.push_back({name, dtype, std::move(shape), std::move(bytes)});
+}
+
+std::string SafetensorsWriter::Serialize() const {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata_.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata_) meta[k] = v;
+    header["__metadata__"] = meta;
+  }
+  uint64_t offset = 0;
+  for (const Entry& e : entries_) {
+    header[e.name] = {{"dtype", std::string(DTypeName(e.dtype))},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + e.bytes.size()}}};
+    offset += e.bytes.size();
+  }
+  std::string header_text = header.dump();
+  while ((8 + header_text.size()) % 8 != 0) header_text.push_back(' ');
+  std::string out;
+  out.reserve(8 + header_text.size() + offset);
+  uint64_t len = header_text.size();
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
+  out += header_text;
+  for (const Entry& e : entries_) {
+    out.append(reinterpret_cast<const char*>(e.bytes.data()), e.bytes.size());
+  }
+  return out;
+}
+
+absl::Status SafetensorsWriter::WriteFile(const std::string& path) const {
+  return WriteStringToFile(path, Serialize());
+}
+
+}  // namespace tandem

@@ -1,0 +1,129 @@
+#include "kernels/cpu/matmul.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tandem::cpu {
+namespace {
+
+struct Stored {
+  std::vector<std::byte> bytes;
+  std::vector<float> scales;
+  std::vector<float> dequantized;  // what the kernel should compute with
+  WeightMatrix w;
+};
+
+Stored MakeWeights(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Stored s;
+  s.w.dtype = dtype;
+  s.w.rows = rows;
+  s.w.cols = cols;
+  s.bytes.resize(static_cast<size_t>(rows * cols * DTypeSize(dtype)));
+  s.dequantized.resize(static_cast<size_t>(rows * cols));
+  const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+  if (dtype == DType::kF8E4M3) {
+    s.scales.resize(static_cast<size_t>(sr * sc));
+    for (float& v : s.scales) v = 0.01f * (1.0f + std::fabs(dist(rng)));
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      const float v = dist(rng);
+      switch (dtype) {
+        case DType::kF32:
+          std::memcpy(&s.bytes[4 * i], &v, 4);
+          s.dequantized[i] = v;
+          break;
+        case DType::kBF16: {
+          const uint16_t b = F32ToBf16(v);
+          std::memcpy(&s.bytes[2 * i], &b, 2);
+          s.dequantized[i] = Bf16ToF32(b);
+          break;
+        }
+        case DType::kF16: {
+          const uint16_t b = F32ToF16(v);
+          std::memcpy(&s.bytes[2 * i], &b, 2);
+          s.dequantized[i] = F16ToF32(b);
+          break;
+        }
+        case DType::kF8E4M3: {
+          const uint8_t b = F32ToF8E4M3(v * 50.0f);
+          s.bytes[i] = static_cast<std::byte>(b);
+          s.dequantized[i] = F8E4M3ToF32(b) * s.scales[(r / 128) * sc + c / 128];
+          break;
+        }
+      }
+    }
+  }
+  s.w.data = s.bytes.data();
+  s.w.block_scales = s.scales.empty() ? nullptr : s.scales.data();
+  return s;
+}
+
+struct Case {
+  DType dtype;
+  int64_t m, rows, cols;
+  int threads;
+};
+
+class MatmulTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(MatmulTest, MatchesDoubleReference) {
+  const Case c = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(c.rows * 131 + c.cols * 7 + c.m));
+  Stored s = MakeWeights(c.dtype, c.rows, c.cols, rng);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const int64_t x_stride = c.cols + 3, y_stride = c.rows + 5;
+  std::vector<float> x(static_cast<size_t>(c.m * x_stride));
+  for (float& v : x) v = dist(rng);
+  std::vector<float> y(static_cast<size_t>(c.m * y_stride), 0.5f);
+  ThreadPool pool(c.threads);
+  for (bool accumulate : {false, true}) {
+    std::vector<float> before = y;
+    Matmul({.x = x.data(), .m = c.m, .x_stride = x_stride, .w = &s.w, .y = y.data(), .y_stride = y_stride,
+            .accumulate = accumulate},
+           pool);
+    for (int64_t t = 0; t < c.m; ++t) {
+      for (int64_t n = 0; n < c.rows; ++n) {
+        double ref = accumulate ? before[t * y_stride + n] : 0.0;
+        double mag = std::fabs(ref);
+        for (int64_t k = 0; k < c.cols; ++k) {
+          ref += static_cast<double>(x[t * x_stride + k]) * s.dequantized[n * c.cols + k];
+          mag += std::fabs(static_cast<double>(x[t * x_stride + k]) * s.dequantized[n * c.cols + k]);
+        }
+        ASSERT_NEAR(y[t * y_stride + n], ref, 1e-5 * mag + 1e-6) << "t=" << t << " n=" << n;
+      }
+      // Padding between rows is untouched.
+      for (int64_t n = c.rows; n < y_stride; ++n) ASSERT_EQ(y[t * y_stride + n], before[t * y_stride + n]);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MatmulTest,
+    ::testing::Values(Case{DType::kBF16, 1, 64, 128, 1}, Case{DType::kBF16, 3, 67, 131, 2},
+                      Case{DType::kBF16, 17, 256, 300, 3}, Case{DType::kF32, 1, 5, 9, 1},
+                      Case{DType::kF32, 9, 130, 257, 4}, Case{DType::kF16, 2, 33, 70, 2},
+                      Case{DType::kF8E4M3, 1, 300, 260, 2}, Case{DType::kF8E4M3, 5, 129, 513, 3},
+                      Case{DType::kBF16, 1, 1, 1, 2}, Case{DType::kBF16, 4, 3, 7, 4}));
+
+TEST(ThreadPoolTest, CoversEveryIndexOnce) {
+  ThreadPool pool(4);
+  for (int64_t n : {0, 1, 5, 64, 1001}) {
+    for (int64_t grain : {1, 7, 100}) {
+      std::vector<int> hits(static_cast<size_t>(n), 0);
+      pool.ParallelFor(n, grain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[i]++;
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << n << " " << grain << " " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cpu
