@@ -94,15 +94,12 @@ absl::Status ParseRope(const Json& root, const Fields& top, ModelConfig& c) {
   Fields f(rp, std::string(key) + ".");
   ASSIGN_OR_RETURN(std::optional<double> theta, f.Double("rope_theta"));
   if (theta) c.rope.theta = *theta;
-  ASSIGN_OR_RETURN(std::optional<std::string> type, f.String("rope_type"));
-  if (!type) {
-    ASSIGN_OR_RETURN(type, f.String("type"));
-  }
+  const char* type_key = f.Has("rope_type") ? "rope_type" : "type";
+  ASSIGN_OR_RETURN(std::optional<std::string> type, f.String(type_key));
   const std::string t = type.value_or("default");
   if (t == "default") return absl::OkStatus();
   if (t != "yarn") {
-    return FieldError(f.Name(type ? "rope_type" : "type"),
-                      absl::StrCat("is '", t, "'; supported: default, yarn"));
+    return FieldError(f.Name(type_key), absl::StrCat("is '", t, "'; supported: default, yarn"));
   }
   c.rope.yarn = true;
   ASSIGN_OR_RETURN(c.rope.original_max_position_embeddings,
