@@ -12,6 +12,7 @@
 
 #include "engine/model/deepseek_model.h"
 #include "engine/model/model_resolver.h"
+#include "cli/validators.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace tandem::cli {
@@ -195,9 +196,9 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--temperature", args->temperature, "Sampling temperature (0 = greedy)")
-      ->check(CLI::Range(0.0, 100.0))
+      ->check(FiniteRange(0.0, 100.0))
       ->capture_default_str();
-  cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass")->check(FiniteRange(0.0, 1.0))->capture_default_str();
   cmd->add_option("--top-k", args->top_k, "Sample from the k most likely tokens (0 = all)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

@@ -1,0 +1,87 @@
+// The `tandem` binary as a user runs it: help, make-model, offline generation, errors.
+#include <filesystem>
+
+#include "engine/util/mapped_file.h"
+#include "gtest/gtest.h"
+#include "tests/integration/subprocess.h"
+#include "tests/unit/engine/model/test_models.h"
+
+namespace tandem {
+namespace {
+
+using testing::BinaryPath;
+using testing::RunProcess;
+using testing::TempDir;
+
+TEST(CliTest, HelpDocumentsEveryCommandAndFlag) {
+  auto top = RunProcess({BinaryPath("tandem"), "--help"});
+  EXPECT_EQ(top.exit_code, 0) << top.err;
+  EXPECT_NE(top.out.find("make-model"), std::string::npos);
+  EXPECT_NE(top.out.find("generate"), std::string::npos);
+  auto mm = RunProcess({BinaryPath("tandem"), "make-model", "--help"});
+  for (const char* flag : {"--preset", "--config", "--out", "--seed", "--dtype", "--shards", "--tokenizer-dir",
+                           "--generated-tokenizer", "--vocab-size"}) {
+    EXPECT_NE(mm.out.find(flag), std::string::npos) << flag;
+  }
+  auto gen = RunProcess({BinaryPath("tandem"), "generate", "--help"});
+  for (const char* flag : {"--local", "--addr", "--model", "--max-tokens", "--temperature", "--top-p", "--top-k",
+                           "--seed", "--stop", "--ignore-eos"}) {
+    EXPECT_NE(gen.out.find(flag), std::string::npos) << flag;
+  }
+  auto none = RunProcess({BinaryPath("tandem")});
+  EXPECT_NE(none.exit_code, 0);
+}
+
+TEST(CliTest, MakeModelIsDeterministic) {
+  TempDir tmp;
+  for (const char* name : {"a", "b"}) {
+    auto r = RunProcess({BinaryPath("tandem"), "make-model", "--preset", "tiny-v2", "--generated-tokenizer",
+                         "--seed", "3", "--out", tmp.Sub(name)});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  for (const char* file : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}) {
+    EXPECT_EQ(ReadFileToString(tmp.Sub("a") + "/" + file).value(), ReadFileToString(tmp.Sub("b") + "/" + file).value())
+        << file;
+  }
+  auto bad = RunProcess({BinaryPath("tandem"), "make-model", "--preset", "huge", "--out", tmp.Sub("c")});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("unknown preset 'huge'"), std::string::npos) << bad.err;
+}
+
+TEST(CliTest, LocalGenerationStreamsTextAndIsReproducible) {
+  TempDir tmp;
+  const std::vector<std::string> env = {"TANDEM_CACHE_DIR=" + tmp.Sub("cache")};
+  std::vector<std::string> cmd = {BinaryPath("tandem"), "generate", "--local", "--model", "tiny", "--max-tokens", "12",
+                                  "--seed", "5", "--ignore-eos", "--threads", "2", "The quick brown fox"};
+  auto first = RunProcess(cmd, env);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_FALSE(first.out.empty());
+  EXPECT_NE(first.err.find("generated tokens: 12"), std::string::npos) << first.err;
+  EXPECT_NE(first.err.find("TTFT"), std::string::npos);
+  // The built-in model was generated into the cache directory and is reused.
+  EXPECT_TRUE(std::filesystem::exists(tmp.Sub("cache")));
+  auto second = RunProcess(cmd, env);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_EQ(first.out, second.out);
+
+  cmd[cmd.size() - 1] = "A different prompt";
+  auto other = RunProcess(cmd, env);
+  EXPECT_NE(other.out, first.out);
+}
+
+TEST(CliTest, GenerationErrorsAreClear) {
+  TempDir tmp;
+  auto missing = RunProcess({BinaryPath("tandem"), "generate", "--local", "--model", tmp.Sub("nope"), "hi"});
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("neither a checkpoint directory"), std::string::npos) << missing.err;
+  auto nan = RunProcess({BinaryPath("tandem"), "generate", "--local", "--temperature", "nan", "hi"});
+  EXPECT_NE(nan.exit_code, 0);
+  auto nan_p = RunProcess({BinaryPath("tandem"), "generate", "--local", "--top-p", "NaN", "hi"});
+  EXPECT_NE(nan_p.exit_code, 0);
+  EXPECT_NE(nan_p.err.find("finite"), std::string::npos) << nan_p.err;
+  auto remote = RunProcess({BinaryPath("tandem"), "generate", "hi"});
+  EXPECT_NE(remote.exit_code, 0);
+}
+
+}  // namespace
+}  // namespace tandem
