@@ -12,11 +12,14 @@
 #   tandem_executable(tandem SOURCES main.cc DEPS ...)
 
 add_library(tandem_build_flags INTERFACE)
-target_compile_options(tandem_build_flags INTERFACE
-  -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
+set(TANDEM_HOST_FLAGS -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
 if(TANDEM_CPU_ARCH)
-  target_compile_options(tandem_build_flags INTERFACE -march=${TANDEM_CPU_ARCH})
+  list(APPEND TANDEM_HOST_FLAGS -march=${TANDEM_CPU_ARCH})
 endif()
+string(REPLACE ";" "," TANDEM_HOST_FLAGS_CSV "${TANDEM_HOST_FLAGS}")
+target_compile_options(tandem_build_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:${TANDEM_HOST_FLAGS}>
+  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${TANDEM_HOST_FLAGS_CSV}>)
 
 function(tandem_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
