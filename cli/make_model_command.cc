@@ -1,5 +1,7 @@
 #include "cli/make_model_command.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 
@@ -49,6 +51,20 @@ int Run(const MakeModelArgs& a) {
   if (a.vocab_size > 0) options.generated_vocab_size = a.vocab_size;
 
   std::fprintf(stderr, "tandem make-model: writing %s ...\n", a.out.c_str());
+  // Progress for long writes: a live line on a terminal, every 10% otherwise.
+  const bool tty = ::isatty(2) != 0;
+  auto last_decile = std::make_shared<int>(-1);
+  options.progress = [tty, last_decile](uint64_t done, uint64_t total) {
+    if (total < (256ull << 20)) return;  // small models finish before anyone looks
+    const int pct = static_cast<int>(100.0 * done / total);
+    if (tty) {
+      std::fprintf(stderr, "\r  %3d%%  %.2f / %.2f GiB", pct, done / 1073741824.0, total / 1073741824.0);
+      if (done == total) std::fputc('\n', stderr);
+    } else if (pct / 10 != *last_decile) {
+      *last_decile = pct / 10;
+      std::fprintf(stderr, "  %3d%%  %.2f / %.2f GiB\n", pct, done / 1073741824.0, total / 1073741824.0);
+    }
+  };
   absl::StatusOr<GeneratedModel> model = GenerateModel(options, a.out);
   if (!model.ok()) {
     std::fprintf(stderr, "tandem make-model: %s\n", std::string(model.status().message()).c_str());

@@ -127,6 +127,8 @@ float UniformSample(uint64_t key, uint64_t i) {  // in [-1, 1)
 
 enum class Init { kLinear, kEmbedding, kNorm, kBias };
 
+// Plans the checkpoint's tensors (names, shapes, stored types), then generates and writes
+// them one at a time, so memory stays at one tensor whatever the model's size.
 class CheckpointBuilder {
  public:
   CheckpointBuilder(uint64_t seed, DType dtype) : seed_(seed), dtype_(dtype) {}
@@ -135,17 +137,6 @@ class CheckpointBuilder {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     num_parameters_ += n;
-    const uint64_t key = XXH64(name.data(), name.size(), seed_);
-    std::vector<float> values(static_cast<size_t>(n));
-    const float fan_in = shape.size() == 2 ? static_cast<float>(shape[1]) : 1.0f;
-    for (int64_t i = 0; i < n; ++i) {
-      switch (init) {
-        case Init::kLinear: values[i] = NormalSample(key, i) / std::sqrt(fan_in); break;
-        case Init::kEmbedding: values[i] = NormalSample(key, i); break;
-        case Init::kNorm: values[i] = 1.0f + 0.25f * UniformSample(key, i); break;
-        case Init::kBias: values[i] = 0.1f * UniformSample(key, i); break;
-      }
-    }
     // Norms and biases stay in bf16 (as real checkpoints keep them); FP8 applies to the
     // linear layers DeepSeek quantizes (not embeddings, the LM head or the router).
     DType dtype = dtype_;
@@ -153,37 +144,106 @@ class CheckpointBuilder {
       dtype = dtype_ == DType::kF32 ? DType::kF32 : DType::kBF16;
     }
     if (init == Init::kBias) dtype = DType::kF32;  // e_score_correction_bias is fp32 in DeepSeek-V3
+    planned_.push_back({{name, dtype, shape}, init});
     if (dtype == DType::kF8E4M3) {
-      AddFp8(name, shape, values);
-      return;
+      // The block scales follow their weight immediately (written together).
+      planned_.push_back({{name + "_scale_inv", DType::kF32, {(shape[0] + 127) / 128, (shape[1] + 127) / 128}},
+                          init, /*is_scale=*/true});
     }
-    std::vector<std::byte> bytes(static_cast<size_t>(n) * DTypeSize(dtype));
-    for (int64_t i = 0; i < n; ++i) {
-      if (dtype == DType::kF32) {
-        std::memcpy(&bytes[4 * i], &values[i], 4);
-      } else {
-        const uint16_t v = F32ToBf16(values[i]);
-        std::memcpy(&bytes[2 * i], &v, 2);
-      }
-    }
-    tensors_.push_back({name, dtype, std::move(shape), std::move(bytes)});
   }
 
-  struct Tensor {
-    std::string name;
-    DType dtype;
-    std::vector<int64_t> shape;
-    std::vector<std::byte> bytes;
-  };
-  std::vector<Tensor>& tensors() { return tensors_; }
   int64_t num_parameters() const { return num_parameters_; }
+  uint64_t total_bytes() const {
+    uint64_t total = 0;
+    for (const Planned& p : planned_) total += p.spec.num_bytes();
+    return total;
+  }
+
+  // Writes planned tensors [begin, end) into one safetensors file.
+  absl::Status WriteFile(const std::string& path, size_t begin, size_t end,
+                         const std::function<void(uint64_t, uint64_t)>& progress, uint64_t* written) const {
+    std::vector<SafetensorsStreamWriter::TensorSpec> specs;
+    for (size_t i = begin; i < end; ++i) specs.push_back(planned_[i].spec);
+    ASSIGN_OR_RETURN(auto writer, SafetensorsStreamWriter::Create(path, std::move(specs), {{"format", "pt"}}));
+    std::vector<std::byte> bytes, scale_bytes;
+    for (size_t i = begin; i < end; ++i) {
+      const Planned& p = planned_[i];
+      if (p.is_scale) continue;  // written with its weight
+      Generate(p, &bytes, &scale_bytes);
+      RETURN_IF_ERROR(writer->Append(bytes));
+      *written += bytes.size();
+      if (p.spec.dtype == DType::kF8E4M3) {
+        RETURN_IF_ERROR(writer->Append(scale_bytes));
+        *written += scale_bytes.size();
+      }
+      if (progress) progress(*written, total_bytes());
+    }
+    return writer->Finish();
+  }
+
+  // Shard boundaries: consecutive tensors of roughly equal total size, never splitting
+  // an FP8 weight from its scales.
+  std::vector<size_t> ShardStarts(int num_shards) const {
+    std::vector<size_t> starts = {0};
+    const uint64_t per_shard = (total_bytes() + num_shards - 1) / num_shards;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < planned_.size(); ++i) {
+      if (bytes >= per_shard && static_cast<int>(starts.size()) < num_shards && !planned_[i].is_scale) {
+        starts.push_back(i);
+        bytes = 0;
+      }
+      bytes += planned_[i].spec.num_bytes();
+    }
+    starts.push_back(planned_.size());
+    return starts;
+  }
+  const std::string& name(size_t i) const { return planned_[i].spec.name; }
 
  private:
-  void AddFp8(const std::string& name, const std::vector<int64_t>& shape, const std::vector<float>& values) {
+  struct Planned {
+    SafetensorsStreamWriter::TensorSpec spec;
+    Init init;
+    bool is_scale = false;
+  };
+
+  void Generate(const Planned& p, std::vector<std::byte>* out, std::vector<std::byte>* scales_out) const {
+    const std::string& name = p.spec.name;
+    const std::vector<int64_t>& shape = p.spec.shape;
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const uint64_t key = XXH64(name.data(), name.size(), seed_);
+    std::vector<float> values(static_cast<size_t>(n));
+    const float fan_in = shape.size() == 2 ? static_cast<float>(shape[1]) : 1.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      switch (p.init) {
+        case Init::kLinear: values[i] = NormalSample(key, i) / std::sqrt(fan_in); break;
+        case Init::kEmbedding: values[i] = NormalSample(key, i); break;
+        case Init::kNorm: values[i] = 1.0f + 0.25f * UniformSample(key, i); break;
+        case Init::kBias: values[i] = 0.1f * UniformSample(key, i); break;
+      }
+    }
+    const DType dtype = p.spec.dtype;
+    if (dtype == DType::kF8E4M3) {
+      QuantizeFp8(shape, values, out, scales_out);
+      return;
+    }
+    out->resize(static_cast<size_t>(n) * DTypeSize(dtype));
+    for (int64_t i = 0; i < n; ++i) {
+      if (dtype == DType::kF32) {
+        std::memcpy(out->data() + 4 * i, &values[i], 4);
+      } else {
+        const uint16_t v = F32ToBf16(values[i]);
+        std::memcpy(out->data() + 2 * i, &v, 2);
+      }
+    }
+  }
+
+  static void QuantizeFp8(const std::vector<int64_t>& shape, const std::vector<float>& values,
+                          std::vector<std::byte>* q, std::vector<std::byte>* scale_bytes) {
     const int64_t rows = shape[0], cols = shape[1], b = 128;
     const int64_t sr = (rows + b - 1) / b, sc = (cols + b - 1) / b;
     std::vector<float> scales(static_cast<size_t>(sr * sc));
-    std::vector<std::byte> q(static_cast<size_t>(rows * cols));
+    q->resize(static_cast<size_t>(rows * cols));
     for (int64_t br = 0; br < sr; ++br) {
       for (int64_t bc = 0; bc < sc; ++bc) {
         float amax = 0.0f;
@@ -194,18 +254,16 @@ class CheckpointBuilder {
         scales[br * sc + bc] = scale;
         for (int64_t r = br * b; r < std::min(rows, (br + 1) * b); ++r)
           for (int64_t c = bc * b; c < std::min(cols, (bc + 1) * b); ++c)
-            q[r * cols + c] = static_cast<std::byte>(F32ToF8E4M3(values[r * cols + c] / scale));
+            (*q)[r * cols + c] = static_cast<std::byte>(F32ToF8E4M3(values[r * cols + c] / scale));
       }
     }
-    tensors_.push_back({name, DType::kF8E4M3, shape, std::move(q)});
-    std::vector<std::byte> sbytes(scales.size() * 4);
-    std::memcpy(sbytes.data(), scales.data(), sbytes.size());
-    tensors_.push_back({name + "_scale_inv", DType::kF32, {sr, sc}, std::move(sbytes)});
+    scale_bytes->resize(scales.size() * 4);
+    std::memcpy(scale_bytes->data(), scales.data(), scale_bytes->size());
   }
 
   uint64_t seed_;
   DType dtype_;
-  std::vector<Tensor> tensors_;
+  std::vector<Planned> planned_;
   int64_t num_parameters_ = 0;
 };
 
@@ -259,35 +317,21 @@ void AddMtpLayer(CheckpointBuilder& b, const ModelConfig& c, int64_t i) {
   b.Add(p + "shared_head.norm.weight", {hidden}, Init::kNorm);
 }
 
-absl::Status WriteShards(CheckpointBuilder& b, int num_shards, const fs::path& dir, uint64_t* total_bytes) {
-  auto& tensors = b.tensors();
-  uint64_t total = 0;
-  for (const auto& t : tensors) total += t.bytes.size();
-  *total_bytes = total;
+absl::Status WriteShards(const CheckpointBuilder& b, int num_shards, const fs::path& dir,
+                         const std::function<void(uint64_t, uint64_t)>& progress) {
+  uint64_t written = 0;
   if (num_shards <= 1) {
-    SafetensorsWriter w;
-    w.SetMetadata("format", "pt");
-    for (auto& t : tensors) w.Add(t.name, t.dtype, t.shape, std::move(t.bytes));
-    return w.WriteFile((dir / "model.safetensors").string());
+    return b.WriteFile((dir / "model.safetensors").string(), 0, b.ShardStarts(1).back(), progress, &written);
   }
-  // Consecutive tensors fill shards of roughly equal size.
+  const std::vector<size_t> starts = b.ShardStarts(num_shards);
+  const int files = static_cast<int>(starts.size()) - 1;
   Json weight_map = Json::object();
-  const uint64_t per_shard = (total + num_shards - 1) / num_shards;
-  size_t next = 0;
-  for (int s = 0; s < num_shards; ++s) {
-    const std::string file = absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, num_shards);
-    SafetensorsWriter w;
-    w.SetMetadata("format", "pt");
-    uint64_t bytes = 0;
-    while (next < tensors.size() && (bytes < per_shard || s == num_shards - 1)) {
-      auto& t = tensors[next++];
-      bytes += t.bytes.size();
-      weight_map[t.name] = file;
-      w.Add(t.name, t.dtype, t.shape, std::move(t.bytes));
-    }
-    RETURN_IF_ERROR(w.WriteFile((dir / file).string()));
+  for (int s = 0; s < files; ++s) {
+    const std::string file = absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, files);
+    for (size_t i = starts[s]; i < starts[s + 1]; ++i) weight_map[b.name(i)] = file;
+    RETURN_IF_ERROR(b.WriteFile((dir / file).string(), starts[s], starts[s + 1], progress, &written));
   }
-  Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  Json index = {{"metadata", {{"total_size", b.total_bytes()}}}, {"weight_map", weight_map}};
   return WriteStringToFile((dir / "model.safetensors.index.json").string(), index.dump(2) + "\n");
 }
 
@@ -373,7 +417,8 @@ absl::StatusOr<GeneratedModel> GenerateModel(const ModelGeneratorOptions& option
     const std::string name = entry.path().filename().string();
     if (name.ends_with(".safetensors") || name == "model.safetensors.index.json") fs::remove(entry.path(), ec);
   }
-  RETURN_IF_ERROR(WriteShards(b, options.num_shards, dir, &result.weight_bytes));
+  result.weight_bytes = b.total_bytes();
+  RETURN_IF_ERROR(WriteShards(b, options.num_shards, dir, options.progress));
   RETURN_IF_ERROR(WriteStringToFile((dir / "config.json").string(), config_text));
   return result;
 }

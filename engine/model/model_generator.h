@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@ struct ModelGeneratorOptions {
   std::string tokenizer_dir;
   // Vocabulary of the generated tokenizer when config_json gives no vocab_size.
   int64_t generated_vocab_size = 1024;
+  // Called after each tensor is written with (bytes written, total bytes); may be empty.
+  std::function<void(uint64_t, uint64_t)> progress;
 };
 
 struct GeneratedModel {

@@ -1,6 +1,7 @@
 #include "engine/model/safetensors.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 
@@ -156,31 +157,93 @@ void SafetensorsWriter::Add(const std::string& name, DType dtype, std::vector<in
   entries_.push_back({name, dtype, std::move(shape), std::move(bytes)});
 }
 
-std::string SafetensorsWriter::Serialize() const {
+std::string SafetensorsHeader(const std::vector<SafetensorsStreamWriter::TensorSpec>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) {
+  if (!metadata.empty()) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata_) meta[k] = v;
+    for (const auto& [k, v] : metadata) meta[k] = v;
     header["__metadata__"] = meta;
   }
   uint64_t offset = 0;
-  for (const Entry& e : entries_) {
-    header[e.name] = {{"dtype", std::string(DTypeName(e.dtype))},
-                      {"shape", e.shape},
-                      {"data_offsets", {offset, offset + e.bytes.size()}}};
-    offset += e.bytes.size();
+  for (const auto& t : tensors) {
+    header[t.name] = {{"dtype", std::string(DTypeName(t.dtype))},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.num_bytes()}}};
+    offset += t.num_bytes();
   }
   std::string header_text = header.dump();
   while ((8 + header_text.size()) % 8 != 0) header_text.push_back(' ');
   std::string out;
-  out.reserve(8 + header_text.size() + offset);
-  uint64_t len = header_text.size();
+  const uint64_t len = header_text.size();
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
   out += header_text;
-  for (const Entry& e : entries_) {
-    out.append(reinterpret_cast<const char*>(e.bytes.data()), e.bytes.size());
-  }
   return out;
+}
+
+uint64_t SafetensorsStreamWriter::TensorSpec::num_bytes() const {
+  uint64_t n = DTypeSize(dtype);
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+std::string SafetensorsWriter::Serialize() const {
+  std::vector<SafetensorsStreamWriter::TensorSpec> specs;
+  uint64_t total = 0;
+  for (const Entry& e : entries_) {
+    specs.push_back({e.name, e.dtype, e.shape});
+    total += e.bytes.size();
+  }
+  std::string out = SafetensorsHeader(specs, metadata_);
+  out.reserve(out.size() + total);
+  for (const Entry& e : entries_) out.append(reinterpret_cast<const char*>(e.bytes.data()), e.bytes.size());
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::Create(
+    const std::string& path, std::vector<TensorSpec> tensors, const std::map<std::string, std::string>& metadata) {
+  std::unique_ptr<SafetensorsStreamWriter> w(new SafetensorsStreamWriter());
+  w->path_ = path;
+  w->tensors_ = std::move(tensors);
+  w->file_ = std::fopen((path + ".tmp").c_str(), "wb");
+  if (w->file_ == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot create '", path, ".tmp': ", std::strerror(errno)));
+  }
+  const std::string header = SafetensorsHeader(w->tensors_, metadata);
+  if (std::fwrite(header.data(), 1, header.size(), w->file_) != header.size()) {
+    return absl::InternalError(absl::StrCat("cannot write '", path, ".tmp': ", std::strerror(errno)));
+  }
+  return w;
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::remove((path_ + ".tmp").c_str());
+  }
+}
+
+absl::Status SafetensorsStreamWriter::Append(std::span<const std::byte> bytes) {
+  TANDEM_CHECK_LT(next_, tensors_.size()) << "more tensors appended than declared";
+  TANDEM_CHECK_EQ(bytes.size(), tensors_[next_].num_bytes()) << tensors_[next_].name;
+  ++next_;
+  if (std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) {
+    return absl::InternalError(absl::StrCat("cannot write '", path_, ".tmp': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsStreamWriter::Finish() {
+  if (next_ != tensors_.size()) {
+    return absl::InternalError(absl::StrCat(path_, ": ", tensors_.size() - next_, " declared tensors never written"));
+  }
+  const bool ok = std::fflush(file_) == 0;
+  std::fclose(file_);
+  file_ = nullptr;
+  if (!ok || std::rename((path_ + ".tmp").c_str(), path_.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot finish '", path_, "': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SafetensorsWriter::WriteFile(const std::string& path) const {

@@ -7,7 +7,9 @@
 // the tensor, never a crash or an out-of-bounds read.
 #pragma once
 
+#include <cstdio>
 #include <map>
+#include <span>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,5 +62,38 @@ class SafetensorsWriter {
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
 };
+
+// Writes a safetensors file whose tensors are known up front but produced one at a time,
+// so a checkpoint larger than memory can be written: the header goes first, then each
+// tensor's bytes in the declared order. The file appears under its name only after
+// Finish() succeeds (it is written to path.tmp until then).
+class SafetensorsStreamWriter {
+ public:
+  struct TensorSpec {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    uint64_t num_bytes() const;
+  };
+  // Errors: file system errors.
+  static absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> Create(
+      const std::string& path, std::vector<TensorSpec> tensors, const std::map<std::string, std::string>& metadata);
+  ~SafetensorsStreamWriter();
+  // The bytes of the next tensor, exactly its size (checked).
+  absl::Status Append(std::span<const std::byte> bytes);
+  // Errors: INTERNAL if tensors are missing; file system errors.
+  absl::Status Finish();
+
+ private:
+  SafetensorsStreamWriter() = default;
+  std::string path_;
+  std::vector<TensorSpec> tensors_;
+  size_t next_ = 0;
+  std::FILE* file_ = nullptr;
+};
+
+// The header bytes (8-byte length + padded JSON) of a file holding `tensors` in order.
+std::string SafetensorsHeader(const std::vector<SafetensorsStreamWriter::TensorSpec>& tensors,
+                              const std::map<std::string, std::string>& metadata);
 
 }  // namespace tandem

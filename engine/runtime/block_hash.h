@@ -1,0 +1,54 @@
+// The KV block hash chain (DESIGN.md §4): h_i = XXH3(h_{i-1}, tokens of block i, layout
+// fingerprint). Only full blocks get a hash. The same values index the local prefix cache
+// (block_manager.h), the kvstore and the router's cache-aware routing table, so they are
+// defined on canonical little-endian byte encodings and are stable across processes,
+// machines and builds: never change an encoding below without bumping
+// KvLayout::layout_version (which changes every fingerprint and so every hash).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+// Everything that decides whether the KV bytes of a block computed by one process can be
+// reused by another. Two layouts with equal fields have equal fingerprints.
+struct KvLayout {
+  std::string model_id;    // e.g. model_type + a hash of config.json
+  std::string dtype;       // storage type of the cache entries, e.g. "bf16"
+  int32_t block_size = 0;  // tokens per block (64 by default)
+  int32_t entry_dim = 0;   // values per token per layer (576 for MLA: latent 512 + rope 64)
+  int32_t num_layers = 0;
+  int32_t layout_version = 0;
+};
+
+// XXH3-64 (seed 0) of the encoding
+//   u32 len(model_id) | model_id bytes | u32 len(dtype) | dtype bytes |
+//   i32 block_size | i32 entry_dim | i32 num_layers | i32 layout_version
+// with every integer little-endian.
+uint64_t LayoutFingerprint(const KvLayout& layout);
+
+// The parent hash of a sequence's first block ("tandemKV" read as a big-endian u64).
+inline constexpr uint64_t kRootBlockParentHash = 0x74616e64656d4b56ull;
+
+// The hash of one block: XXH3-64 (seed 0) of
+//   u64 parent_hash | u64 fingerprint | i32 token[0] | ... | i32 token[n-1]
+// little-endian. `block_tokens` is the whole (full) block; its length is not encoded
+// separately because the fingerprint covers the block size.
+uint64_t HashBlock(uint64_t parent_hash, std::span<const int32_t> block_tokens, uint64_t fingerprint);
+
+// One hash per full block of `tokens`, chained from kRootBlockParentHash; a trailing
+// partial block gets none. block_size must be positive (checked).
+std::vector<uint64_t> HashFullBlocks(std::span<const int32_t> tokens, int32_t block_size,
+                                     uint64_t fingerprint);
+
+// Incremental form for a growing sequence: appends to *hashes the hashes of the full
+// blocks of `tokens` beyond the first hashes->size() (which must be the chain of those
+// blocks, as made by an earlier call on a prefix of `tokens`). A no-op until another block
+// is full. block_size must be positive and hashes->size() at most the full block count.
+void ExtendBlockHashes(std::span<const int32_t> tokens, int32_t block_size, uint64_t fingerprint,
+                       std::vector<uint64_t>* hashes);
+
+}  // namespace tandem
