@@ -85,7 +85,9 @@ absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const Forwar
         return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is outside the vocabulary (size ",
                                                        c.vocab_size, ")"));
       }
-      if (s.all_logits || j + 1 == s.tokens.size()) logit_rows.push_back(static_cast<int64_t>(tokens.size()));
+      if (!s.no_logits && (s.all_logits || j + 1 == s.tokens.size())) {
+        logit_rows.push_back(static_cast<int64_t>(tokens.size()));
+      }
       tokens.push_back(t);
       positions.push_back(s.start_position + static_cast<int64_t>(j));
     }
@@ -101,6 +103,7 @@ absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const Forwar
     cpu::RmsNorm(x.data(), rows, hidden, hidden, layer.input_norm, static_cast<float>(c.rms_norm_eps), h.data(),
                  hidden);
     Attention(layer.attention, l, batch, positions, h.data(), delta.data(), cache, options.attention);
+    if (options.after_layer_kv) options.after_layer_kv(l);
     for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
 
     cpu::RmsNorm(x.data(), rows, hidden, hidden, layer.post_attention_norm, static_cast<float>(c.rms_norm_eps),
@@ -114,6 +117,7 @@ absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const Forwar
   }
 
   const int64_t out_rows = static_cast<int64_t>(logit_rows.size());
+  if (out_rows == 0) return std::vector<float>();
   std::vector<float> last(static_cast<size_t>(out_rows * hidden));
   for (int64_t i = 0; i < out_rows; ++i) {
     cpu::RmsNorm(&x[logit_rows[i] * hidden], 1, hidden, hidden, w.final_norm, static_cast<float>(c.rms_norm_eps),

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -26,10 +27,15 @@ struct ForwardSequence {
   int64_t start_position = 0;            // tokens of this sequence already in the cache
   std::span<const int32_t> block_table;  // cache blocks covering start_position + tokens.size()
   bool all_logits = false;               // logits for every new token, not only the last
+  bool no_logits = false;                // no logits at all (a prefill chunk short of the end)
 };
 
 struct ForwardOptions {
   AttentionForm attention = AttentionForm::kAuto;
+  // Called on the calling thread once layer `layer` has written the latent KV of every
+  // new token of the batch, before the next layer starts: lets a prefill stream each
+  // layer's KV out while later layers compute.
+  std::function<void(int64_t layer)> after_layer_kv;
 };
 
 class DeepseekModel {
@@ -55,7 +61,7 @@ class DeepseekModel {
 
   // Runs the batch, writing each new token's latent KV into `cache` and returning logits,
   // [rows][vocab] with rows in batch order: every token of sequences with all_logits,
-  // the last token of the others. Errors: INVALID_ARGUMENT for token ids out of the
+  // none of sequences with no_logits, the last token of the others. Errors: INVALID_ARGUMENT for token ids out of the
   // vocabulary, positions past max_position_embeddings, or block tables too short.
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& cache,
                                              const ForwardOptions& options = {});

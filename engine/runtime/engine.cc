@@ -1,0 +1,470 @@
+#include "engine/runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/runtime/block_hash.h"
+#include "engine/util/mapped_file.h"
+#include "engine/util/status_macros.h"
+#include "xxhash.h"
+
+namespace tandem {
+namespace {
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir, EngineOptions options) {
+  std::unique_ptr<Engine> e(new Engine());
+  if (!options.clock) options.clock = SteadySeconds;
+  e->options_ = options;
+  DeepseekModel::LoadOptions load;
+  load.num_threads = options.num_threads;
+  ASSIGN_OR_RETURN(e->model_, DeepseekModel::Load(model_dir, load));
+  ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromDir(model_dir));
+  const ModelConfig& c = e->model_->config();
+
+  int64_t blocks = options.num_kv_blocks;
+  const int64_t block_bytes = c.num_hidden_layers * kKvBlockSize * c.kv_entry_dim() * static_cast<int64_t>(sizeof(float));
+  if (blocks <= 0) blocks = std::max<int64_t>(1, options.kv_cache_bytes / block_bytes);
+  if (blocks > (1 << 30)) return absl::InvalidArgumentError("KV cache too large");
+  e->cache_ = std::make_unique<LatentKvCache>(e->model_->MakeKvCache(blocks));
+
+  ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(model_dir + "/config.json"));
+  KvLayout layout{.model_id = absl::StrFormat("%s:%016x", c.model_type, XXH64(config_text.data(), config_text.size(), 0)),
+                  .dtype = "f32",
+                  .block_size = static_cast<int32_t>(kKvBlockSize),
+                  .entry_dim = static_cast<int32_t>(c.kv_entry_dim()),
+                  .num_layers = static_cast<int32_t>(c.num_hidden_layers),
+                  .layout_version = 1};
+  e->layout_fingerprint_ = LayoutFingerprint(layout);
+
+  for (int64_t id : c.eos_token_ids) e->eos_ids_.push_back(static_cast<int32_t>(id));
+  if (auto eos = e->tokenizer_->eos_id(); eos && std::find(e->eos_ids_.begin(), e->eos_ids_.end(), *eos) == e->eos_ids_.end()) {
+    e->eos_ids_.push_back(*eos);
+  }
+  SchedulerOptions so{.block_size = static_cast<int32_t>(kKvBlockSize), .max_batch_tokens = options.max_batch_tokens,
+                      .max_running = options.max_running, .enable_prefix_cache = options.enable_prefix_cache,
+                      .layout_fingerprint = e->layout_fingerprint_};
+  if (so.max_batch_tokens <= 0 || so.max_running <= 0 || options.max_waiting <= 0) {
+    return absl::InvalidArgumentError("max_batch_tokens, max_running and max_waiting must be positive");
+  }
+  e->scheduler_ = std::make_unique<Scheduler>(so, static_cast<int32_t>(blocks));
+  e->seed_counter_ = std::random_device{}();
+  e->PublishStats();
+  e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
+  return e;
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
+  const ModelConfig& c = model_->config();
+  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt: empty (a request needs at least one token)");
+  for (int32_t t : r.prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt: token id ", t, " is outside the vocabulary (size ",
+                                                     c.vocab_size, ")"));
+    }
+  }
+  if (static_cast<int64_t>(r.prompt.size()) >= c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt: ", r.prompt.size(),
+                                                   " tokens leave no room to generate in the model's context of ",
+                                                   c.max_position_embeddings, " tokens"));
+  }
+  RETURN_IF_ERROR(Validate(r.sampling, c.vocab_size));
+  RETURN_IF_ERROR(Validate(r.stop, c.vocab_size));
+  const int32_t need = scheduler_->BlocksFor(static_cast<int64_t>(r.prompt.size()) + 1);
+  if (need > cache_->num_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat("prompt: ", r.prompt.size(), " tokens need ", need,
+                                                     " KV cache blocks; the cache has ", cache_->num_blocks()));
+  }
+  if (r.id.empty()) return absl::InvalidArgumentError("request id: empty");
+  return absl::OkStatus();
+}
+
+std::unique_ptr<Sequence> Engine::MakeSequence(EngineRequest r, std::shared_ptr<OutputStream> out) {
+  auto seq = std::make_unique<Sequence>();
+  const int64_t context = model_->config().max_position_embeddings;
+  seq->id = std::move(r.id);
+  seq->prompt_len = static_cast<int32_t>(r.prompt.size());
+  seq->tokens = std::move(r.prompt);
+  seq->sampling = r.sampling;
+  if (r.sampling.seed) {
+    seq->seed = *r.sampling.seed;
+  } else {
+    const uint64_t n = seed_counter_.fetch_add(1);
+    seq->seed = XXH64(&n, sizeof n, 0x7a6e64656dull);
+  }
+  StopParams stop = std::move(r.stop);
+  // Generation ends at the context's end at the latest.
+  stop.max_tokens = static_cast<int32_t>(std::min<int64_t>(stop.max_tokens, context - seq->prompt_len));
+  stop.min_tokens = std::min(stop.min_tokens, stop.max_tokens);
+  seq->min_tokens = stop.min_tokens;
+  seq->stop_token_ids = stop.stop_token_ids;
+  seq->stop = std::make_unique<StopChecker>(*tokenizer_, std::move(stop), eos_ids_);
+  seq->output = std::move(out);
+  seq->kv_sink = r.kv_sink;
+  seq->metrics.prompt_tokens = seq->prompt_len;
+  seq->submitted_at = Now();
+  return seq;
+}
+
+absl::StatusOr<std::shared_ptr<OutputStream>> Engine::Submit(EngineRequest request) {
+  RETURN_IF_ERROR(ValidateRequest(request));
+  auto out = std::make_shared<OutputStream>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return absl::UnavailableError("engine is shutting down");
+    if (live_ids_.contains(request.id)) {
+      return absl::InvalidArgumentError(absl::StrCat("request id '", request.id, "' is already in use"));
+    }
+    if (queued_ >= options_.max_waiting) {
+      return absl::ResourceExhaustedError(absl::StrCat("the engine's waiting queue is full (", options_.max_waiting,
+                                                       " requests); retry later"));
+    }
+    ++queued_;
+    live_ids_[request.id] = true;
+  }
+  auto seq = std::make_shared<std::unique_ptr<Sequence>>(MakeSequence(std::move(request), out));
+  (*seq)->queued = true;
+  Post([this, seq] { scheduler_->Add(std::move(*seq)); });
+  return out;
+}
+
+void Engine::Cancel(const std::string& id) {
+  Post([this, id] {
+    if (auto it = reservations_.find(id); it != reservations_.end()) {
+      scheduler_->blocks().Release(it->second.blocks);
+      reservations_.erase(it);
+    }
+    std::unique_ptr<Sequence> seq = scheduler_->Remove(id);
+    if (!seq) return;
+    RequestOutput out;
+    out.text = seq->stop->Flush();
+    out.finished = true;
+    out.status = absl::CancelledError(absl::StrCat("request '", id, "' was cancelled"));
+    Finish(std::move(seq), std::move(out));
+  });
+}
+
+void Engine::Post(Command c) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back(std::move(c));
+  }
+  cv_.notify_all();
+}
+
+absl::StatusOr<std::vector<int32_t>> Engine::ReserveKv(const std::string& id, int32_t num_tokens) {
+  if (num_tokens <= 0) return absl::InvalidArgumentError("ReserveKv: num_tokens must be positive");
+  if (num_tokens >= model_->config().max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("ReserveKv: ", num_tokens, " tokens exceed the model's context"));
+  }
+  auto promise = std::make_shared<std::promise<absl::StatusOr<std::vector<int32_t>>>>();
+  auto future = promise->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return absl::UnavailableError("engine is shutting down");
+    if (live_ids_.contains(id)) return absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use"));
+  }
+  Post([this, id, num_tokens, promise] {
+    if (reservations_.contains(id) || scheduler_->Find(id) != nullptr) {
+      promise->set_value(absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use")));
+      return;
+    }
+    // One position more than the prompt: the first decode step writes there.
+    const int32_t need = scheduler_->BlocksFor(static_cast<int64_t>(num_tokens) + 1);
+    absl::StatusOr<std::vector<int32_t>> blocks = scheduler_->blocks().Allocate(need);
+    if (!blocks.ok()) {
+      promise->set_value(absl::ResourceExhaustedError(absl::StrCat("ReserveKv: ", need, " KV blocks needed, ",
+                                                                   scheduler_->blocks().num_free(), " free")));
+      return;
+    }
+    reservations_[id] = {*blocks, num_tokens, Now() + options_.kv_lease_seconds};
+    promise->set_value(*blocks);
+  });
+  return future.get();
+}
+
+absl::Status Engine::WriteKv(std::span<const int32_t> block_table, int64_t layer, int64_t first_position,
+                             std::span<const float> entries) {
+  const int64_t dim = kv_entry_dim();
+  if (layer < 0 || layer >= cache_->num_layers()) return absl::InvalidArgumentError(absl::StrCat("WriteKv: layer ", layer, " out of range"));
+  if (entries.size() % dim != 0) return absl::InvalidArgumentError("WriteKv: entries are not whole positions");
+  const int64_t n = static_cast<int64_t>(entries.size()) / dim;
+  if (first_position < 0 || first_position + n > static_cast<int64_t>(block_table.size()) * cache_->block_size()) {
+    return absl::InvalidArgumentError("WriteKv: positions beyond the reserved blocks");
+  }
+  for (int32_t b : block_table) {
+    if (b < 0 || b >= cache_->num_blocks()) return absl::InvalidArgumentError(absl::StrCat("WriteKv: block ", b, " out of range"));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(cache_->Entry(layer, block_table, first_position + i), entries.data() + i * dim, dim * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineRequest request, int32_t first_token) {
+  RETURN_IF_ERROR(ValidateRequest(request));
+  if (first_token < 0 || first_token >= model_->config().vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary"));
+  }
+  auto out = std::make_shared<OutputStream>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return absl::UnavailableError("engine is shutting down");
+    if (live_ids_.contains(request.id)) {
+      return absl::InvalidArgumentError(absl::StrCat("request id '", request.id, "' is already in use"));
+    }
+    live_ids_[request.id] = true;
+  }
+  auto seq = std::make_shared<std::unique_ptr<Sequence>>(MakeSequence(std::move(request), out));
+  auto promise = std::make_shared<std::promise<absl::Status>>();
+  auto future = promise->get_future();
+  Post([this, seq, promise, first_token] {
+    Sequence& s = **seq;
+    auto it = reservations_.find(s.id);
+    if (it == reservations_.end() || it->second.num_tokens < s.prompt_len) {
+      promise->set_value(absl::FailedPreconditionError(absl::StrCat(
+          "no KV reservation of ", s.prompt_len, " tokens for request '", s.id, "' (expired or never made)")));
+      return;
+    }
+    s.blocks = std::move(it->second.blocks);
+    reservations_.erase(it);
+    s.num_computed = s.prompt_len;
+    s.prefix_looked_up = true;
+    s.first_scheduled_at = s.first_token_at = Now();
+    const StopResult r = s.stop->OnToken(first_token);
+    s.tokens.push_back(first_token);
+    RequestOutput o;
+    o.token_ids.push_back(first_token);
+    o.text = r.text_delta;
+    o.metrics = s.metrics;
+    promise->set_value(absl::OkStatus());
+    if (r.finished) {
+      o.finished = true;
+      o.finish_reason = r.reason;
+      o.matched_stop = r.matched_stop;
+      scheduler_->blocks().Release(s.blocks);
+      s.blocks.clear();
+      Finish(std::move(*seq), std::move(o));
+      return;
+    }
+    s.output->Push(std::move(o));
+    scheduler_->AddRunning(std::move(*seq));
+  });
+  absl::Status st = future.get();
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ids_.erase((*seq) ? (*seq)->id : std::string());
+    return st;
+  }
+  return out;
+}
+
+void Engine::Finish(std::unique_ptr<Sequence> seq, RequestOutput out) {
+  const double now = Now();
+  if (seq->queued) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --queued_;
+    seq->queued = false;
+  }
+  RequestMetrics& m = seq->metrics;
+  m.completion_tokens = seq->num_generated();
+  m.e2e_s = now - seq->submitted_at;
+  if (seq->first_scheduled_at >= 0) m.queue_s = seq->first_scheduled_at - seq->submitted_at;
+  if (seq->first_token_at >= 0) {
+    m.ttft_s = seq->first_token_at - seq->submitted_at;
+    m.prefill_s = seq->first_token_at - std::max(seq->first_scheduled_at, seq->submitted_at);
+  }
+  out.finished = true;
+  out.metrics = m;
+  counters_.requests_finished++;
+  counters_.prompt_tokens_cached += m.cached_prompt_tokens;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ids_.erase(seq->id);
+  }
+  seq->output->Push(std::move(out));
+}
+
+void Engine::ExpireLeases() {
+  const double now = Now();
+  for (auto it = reservations_.begin(); it != reservations_.end();) {
+    if (it->second.expires_at <= now) {
+      scheduler_->blocks().Release(it->second.blocks);
+      counters_.kv_leases_expired++;
+      it = reservations_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Engine::PublishStats() {
+  EngineStats s = counters_;
+  s.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
+  s.num_running = static_cast<int64_t>(scheduler_->num_running());
+  s.kv_blocks_total = scheduler_->blocks().num_blocks();
+  s.kv_blocks_in_use = scheduler_->blocks().num_in_use();
+  s.kv_usage = scheduler_->blocks().usage();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = s;
+}
+
+EngineStats Engine::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Engine::Loop() {
+  for (;;) {
+    std::deque<Command> commands;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      const bool idle = scheduler_->empty();
+      if (idle && commands_.empty() && !stop_) {
+        if (reservations_.empty()) {
+          cv_.wait(lock, [this] { return stop_ || !commands_.empty(); });
+        } else {
+          double next = reservations_.begin()->second.expires_at;
+          for (const auto& [id, r] : reservations_) next = std::min(next, r.expires_at);
+          const double wait_s = std::max(0.0, next - Now());
+          cv_.wait_for(lock, std::chrono::duration<double>(std::min(wait_s, 1.0)),
+                       [this] { return stop_ || !commands_.empty(); });
+        }
+      }
+      if (stop_) break;
+      commands.swap(commands_);
+    }
+    for (Command& c : commands) c();
+    ExpireLeases();
+    if (!scheduler_->empty()) Step();
+    PublishStats();
+  }
+  // Shutdown: end everything still live.
+  for (auto& [id, r] : reservations_) scheduler_->blocks().Release(r.blocks);
+  reservations_.clear();
+  for (std::unique_ptr<Sequence>& seq : scheduler_->TakeAll()) {
+    RequestOutput out;
+    out.status = absl::UnavailableError("the engine shut down");
+    Finish(std::move(seq), std::move(out));
+  }
+  PublishStats();
+}
+
+void Engine::Step() {
+  StepPlan plan = scheduler_->Schedule();
+  counters_.preemptions += plan.num_preempted;
+  for (std::unique_ptr<Sequence>& seq : plan.rejected) {
+    RequestOutput out;
+    out.text = seq->stop->Flush();
+    out.status = absl::ResourceExhaustedError(absl::StrCat(
+        "request '", seq->id, "' needs more KV cache blocks than the engine has (", cache_->num_blocks(), ")"));
+    Finish(std::move(seq), std::move(out));
+  }
+  if (plan.empty()) return;
+  const double now = Now();
+  std::vector<ForwardSequence> batch;
+  batch.reserve(plan.chunks.size());
+  bool has_sink = false;
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence& s = *c.seq;
+    if (s.first_scheduled_at < 0) s.first_scheduled_at = now;
+    if (s.queued) {
+      std::lock_guard<std::mutex> lock(mu_);
+      --queued_;
+      s.queued = false;
+    }
+    has_sink |= s.kv_sink != nullptr;
+    batch.push_back({.tokens = std::span<const int32_t>(s.tokens.data() + c.start, c.num_tokens),
+                     .start_position = c.start,
+                     .block_table = s.blocks,
+                     .no_logits = !c.reaches_end()});
+    const int32_t prompt_part = std::max(0, std::min(c.start + c.num_tokens, s.prompt_len) - c.start);
+    s.metrics.computed_prompt_tokens += prompt_part;
+    counters_.prompt_tokens_computed += prompt_part;
+  }
+  ForwardOptions fo;
+  if (has_sink) {
+    fo.after_layer_kv = [this, &plan](int64_t layer) {
+      for (const ScheduledChunk& c : plan.chunks) {
+        Sequence& s = *c.seq;
+        if (s.kv_sink == nullptr) continue;
+        s.kv_sink->OnLayerKv({.request_id = &s.id, .layer = layer, .begin = s.exported_upto,
+                              .end = c.start + c.num_tokens, .entry_dim = kv_entry_dim(), .cache = cache_.get(),
+                              .block_table = s.blocks});
+      }
+    };
+  }
+  absl::StatusOr<std::vector<float>> logits = model_->Forward(batch, *cache_, fo);
+  counters_.steps++;
+  if (!logits.ok()) {
+    // Inputs were validated at submission: a failure here is the engine's bug, but it
+    // must end the requests it hit rather than the process.
+    for (const ScheduledChunk& c : plan.chunks) {
+      std::unique_ptr<Sequence> seq = scheduler_->Remove(c.seq->id);
+      RequestOutput out;
+      out.status = absl::InternalError(absl::StrCat("forward pass failed: ", logits.status().message()));
+      Finish(std::move(seq), std::move(out));
+    }
+    return;
+  }
+  scheduler_->OnStepComputed(plan);
+
+  const int64_t vocab = model_->config().vocab_size;
+  int64_t row = 0;
+  const double after = Now();
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence& s = *c.seq;
+    if (s.kv_sink != nullptr) s.exported_upto = c.start + c.num_tokens;
+    if (!c.reaches_end()) continue;
+    std::span<float> lg(logits->data() + row * vocab, static_cast<size_t>(vocab));
+    ++row;
+    const int32_t step = s.num_generated();
+    if (step < s.min_tokens) {
+      SuppressTokens(lg, eos_ids_);
+      SuppressTokens(lg, s.stop_token_ids);
+    }
+    const SampledToken t = sampler_.Sample(lg, s.sampling, s.seed, step, s.prompt(), s.generated());
+    const StopResult r = s.stop->OnToken(t.token);
+    s.tokens.push_back(t.token);
+    scheduler_->OnTokenAppended(s);
+    counters_.generated_tokens++;
+    if (s.first_token_at < 0) s.first_token_at = after;
+
+    RequestOutput out;
+    out.token_ids.push_back(t.token);
+    out.text = r.text_delta;
+    if (s.sampling.logprobs > 0) out.logprobs.push_back({t.token, t.logprob, t.top_logprobs});
+    const bool context_full = static_cast<int64_t>(s.tokens.size()) >= model_->config().max_position_embeddings;
+    if (r.finished || s.kv_sink != nullptr || context_full) {
+      out.finish_reason = r.finished ? r.reason : (context_full ? FinishReason::kLength : FinishReason::kNone);
+      out.matched_stop = r.matched_stop;
+      if (!r.finished && context_full) out.text += s.stop->Flush();
+      Finish(scheduler_->Remove(s.id), std::move(out));
+      continue;
+    }
+    if (step == 0) out.metrics.ttft_s = s.first_token_at - s.submitted_at;
+    s.output->Push(std::move(out));
+  }
+}
+
+}  // namespace tandem
+

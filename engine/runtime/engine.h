@@ -1,0 +1,153 @@
+// The engine: one thread owns the model, the KV cache and the scheduler; callers talk to
+// it through a bounded submission queue and get each request's outputs through an
+// OutputStream. This is the API the services build on:
+//   - Submit: generate (prefill, then decode until a stop), or prefill only (the prompt's
+//     KV streamed to a KvSink layer by layer as computed; ends with the first token);
+//   - ReserveKv + WriteKv + SubmitImported: continue a request whose prompt KV another
+//     engine computed (the decode side of disaggregation); an unused reservation expires;
+//   - Cancel, Stats.
+// Thread-safe: every public method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/deepseek_model.h"
+#include "engine/runtime/kv_sink.h"
+#include "engine/runtime/output_stream.h"
+#include "engine/runtime/sampler.h"
+#include "engine/runtime/sampling_params.h"
+#include "engine/runtime/scheduler.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace tandem {
+
+struct EngineOptions {
+  int num_threads = 0;                     // CPU threads for the model (0: all)
+  int64_t kv_cache_bytes = 512ll << 20;    // sizes the KV cache when num_kv_blocks is 0
+  int32_t num_kv_blocks = 0;
+  int32_t max_batch_tokens = 2048;         // tokens per step
+  int32_t max_running = 64;                // sequences decoding together
+  int32_t max_waiting = 1024;              // admitted but not yet running; beyond: RESOURCE_EXHAUSTED
+  bool enable_prefix_cache = true;
+  double kv_lease_seconds = 30.0;          // an unused ReserveKv expires after this
+  // Seconds on a monotonic clock; injectable for tests.
+  std::function<double()> clock;
+};
+
+struct EngineRequest {
+  std::string id;  // unique among the engine's live requests
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  StopParams stop;
+  // Prefill only: the prompt's KV goes to kv_sink as each layer computes it (the sink
+  // must outlive the request); the request ends after its first token.
+  KvSink* kv_sink = nullptr;
+};
+
+struct EngineStats {
+  int64_t num_waiting = 0;
+  int64_t num_running = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_in_use = 0;
+  double kv_usage = 0;
+  int64_t prompt_tokens_computed = 0;
+  int64_t prompt_tokens_cached = 0;
+  int64_t generated_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+  int64_t requests_finished = 0;
+  int64_t kv_leases_expired = 0;
+};
+
+class Engine {
+ public:
+  // Loads the model and tokenizer from a checkpoint directory and starts the engine thread.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const std::string& model_dir, EngineOptions options);
+  // Stops the thread; live requests end with UNAVAILABLE.
+  ~Engine();
+
+  // Errors (nothing is queued then): INVALID_ARGUMENT (empty prompt, a token outside the
+  // vocabulary, a prompt that leaves no room in the context, bad sampling/stop parameters
+  // (named), an id in use), RESOURCE_EXHAUSTED (the waiting queue is full: retry later; or
+  // a prompt larger than the whole KV cache).
+  absl::StatusOr<std::shared_ptr<OutputStream>> Submit(EngineRequest request);
+  // Ends a live request with CANCELLED and frees its blocks; unknown ids are ignored.
+  void Cancel(const std::string& id);
+
+  // Decode side of disaggregation. Reserves KV blocks for `num_tokens` positions under
+  // `id` (freed if no SubmitImported follows within kv_lease_seconds) and returns the
+  // block table to write into. Errors: RESOURCE_EXHAUSTED (not enough free blocks now),
+  // INVALID_ARGUMENT (an id in use).
+  absl::StatusOr<std::vector<int32_t>> ReserveKv(const std::string& id, int32_t num_tokens);
+  // Copies entries of positions [first_position, first_position + n) of one layer into a
+  // reservation's blocks (n = entries.size() / entry_dim). Safe from any thread: it only
+  // touches the reserved blocks.
+  absl::Status WriteKv(std::span<const int32_t> block_table, int64_t layer, int64_t first_position,
+                       std::span<const float> entries);
+  // Continues `request` (its prompt's KV written into the reservation `request.id`) from
+  // `first_token`, which the prefill side sampled: its output stream starts with that
+  // token. Errors: FAILED_PRECONDITION (no live reservation: expired or never made),
+  // and Submit's.
+  absl::StatusOr<std::shared_ptr<OutputStream>> SubmitImported(EngineRequest request, int32_t first_token);
+
+  EngineStats Stats() const;
+  const ModelConfig& config() const { return model_->config(); }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  int64_t kv_entry_dim() const { return model_->config().kv_entry_dim(); }
+  uint64_t layout_fingerprint() const { return layout_fingerprint_; }
+
+ private:
+  Engine() = default;
+  struct Reservation {
+    std::vector<int32_t> blocks;
+    int32_t num_tokens = 0;
+    double expires_at = 0;
+  };
+  using Command = std::function<void()>;
+
+  absl::Status ValidateRequest(const EngineRequest& r) const;
+  std::unique_ptr<Sequence> MakeSequence(EngineRequest r, std::shared_ptr<OutputStream> out);
+  void Post(Command c);
+  void Loop();
+  void Step();
+  // Sends `out` as the request's final output (filling metrics) and forgets the request.
+  // The sequence must already be out of the scheduler (its blocks released).
+  void Finish(std::unique_ptr<Sequence> seq, RequestOutput out);
+  void ExpireLeases();
+  void PublishStats();
+  double Now() const { return options_.clock(); }
+
+  EngineOptions options_;
+  std::unique_ptr<DeepseekModel> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<LatentKvCache> cache_;
+  std::unique_ptr<Scheduler> scheduler_;  // engine thread only
+  Sampler sampler_;                       // engine thread only
+  std::vector<int32_t> eos_ids_;
+  uint64_t layout_fingerprint_ = 0;
+  std::map<std::string, Reservation> reservations_;  // engine thread only
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Command> commands_;
+  std::map<std::string, bool> live_ids_;  // ids submitted and not yet finished (guarded by mu_)
+  int64_t queued_ = 0;                    // requests submitted, not yet running (guarded by mu_)
+  bool stop_ = false;
+  EngineStats stats_;  // guarded by mu_
+  EngineStats counters_;  // engine thread's running totals
+  std::thread thread_;
+  std::atomic<uint64_t> seed_counter_{0x5eed};
+};
+
+}  // namespace tandem

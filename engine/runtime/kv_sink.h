@@ -1,0 +1,35 @@
+// Where a prefill-only request's KV goes as it is produced: the engine calls the sink on
+// its thread after each layer of each step, for the positions whose KV that layer has just
+// finalized (the first call of a request also covers positions that came from the prefix
+// cache). The KV transfer layer implements it with remote writes; tests copy.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "engine/model/latent_kv_cache.h"
+
+namespace tandem {
+
+struct KvSlice {
+  const std::string* request_id = nullptr;
+  int64_t layer = 0;
+  int64_t begin = 0;  // positions [begin, end) of the request
+  int64_t end = 0;
+  int64_t entry_dim = 0;  // floats per position (kv_lora_rank + qk_rope_head_dim)
+  LatentKvCache* cache = nullptr;
+  std::span<const int32_t> block_table;
+
+  // Position p's entry; valid during the call only.
+  const float* Entry(int64_t position) const { return cache->Entry(layer, block_table, position); }
+};
+
+class KvSink {
+ public:
+  virtual ~KvSink() = default;
+  // Must not block for long: it runs between two layers of the forward pass.
+  virtual void OnLayerKv(const KvSlice& slice) = 0;
+};
+
+}  // namespace tandem

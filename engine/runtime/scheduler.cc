@@ -1,0 +1,204 @@
+#include "engine/runtime/scheduler.h"
+
+#include <algorithm>
+
+#include "engine/runtime/block_hash.h"
+#include "kernels/common/check.h"
+
+namespace tandem {
+
+Scheduler::Scheduler(const SchedulerOptions& options, int32_t num_blocks)
+    : options_(options), blocks_(num_blocks) {
+  TANDEM_CHECK(options_.block_size > 0 && options_.max_batch_tokens > 0 && options_.max_running > 0);
+}
+
+void Scheduler::Add(std::unique_ptr<Sequence> seq) {
+  seq->state = SequenceState::kWaiting;
+  seq->arrival = next_arrival_++;
+  ExtendBlockHashes(seq->tokens, options_.block_size, options_.layout_fingerprint, &seq->block_hashes);
+  waiting_.push_back(std::move(seq));
+}
+
+void Scheduler::AddRunning(std::unique_ptr<Sequence> seq) {
+  seq->state = SequenceState::kRunning;
+  seq->arrival = next_arrival_++;
+  seq->prefix_looked_up = true;
+  ExtendBlockHashes(seq->tokens, options_.block_size, options_.layout_fingerprint, &seq->block_hashes);
+  running_.push_back(std::move(seq));
+}
+
+std::unique_ptr<Sequence> Scheduler::Remove(const std::string& id) {
+  std::unique_ptr<Sequence> out;
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if ((*it)->id == id) {
+      out = std::move(*it);
+      running_.erase(it);
+      break;
+    }
+  }
+  if (!out) {
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if ((*it)->id == id) {
+        out = std::move(*it);
+        waiting_.erase(it);
+        break;
+      }
+    }
+  }
+  if (out) ReleaseBlocks(*out);
+  return out;
+}
+
+Sequence* Scheduler::Find(const std::string& id) {
+  for (auto& s : running_) {
+    if (s->id == id) return s.get();
+  }
+  for (auto& s : waiting_) {
+    if (s->id == id) return s.get();
+  }
+  return nullptr;
+}
+
+std::vector<std::unique_ptr<Sequence>> Scheduler::TakeAll() {
+  std::vector<std::unique_ptr<Sequence>> all;
+  for (auto& s : running_) all.push_back(std::move(s));
+  for (auto& s : waiting_) all.push_back(std::move(s));
+  running_.clear();
+  waiting_.clear();
+  for (auto& s : all) ReleaseBlocks(*s);
+  return all;
+}
+
+void Scheduler::ReleaseBlocks(Sequence& seq) {
+  blocks_.Release(seq.blocks);
+  seq.blocks.clear();
+  seq.num_published = 0;
+  seq.num_computed = 0;
+}
+
+bool Scheduler::EnsureBlocks(Sequence& seq, int64_t positions) {
+  const int32_t need = BlocksFor(positions) - static_cast<int32_t>(seq.blocks.size());
+  if (need <= 0) return true;
+  if (!blocks_.CanAllocate(need)) return false;
+  absl::StatusOr<std::vector<int32_t>> got = blocks_.Allocate(need);
+  TANDEM_CHECK(got.ok()) << got.status();
+  seq.blocks.insert(seq.blocks.end(), got->begin(), got->end());
+  return true;
+}
+
+void Scheduler::Preempt(Sequence& seq) {
+  ReleaseBlocks(seq);
+  seq.prefix_looked_up = false;
+  seq.metrics.preemptions++;
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if (it->get() == &seq) {
+      std::unique_ptr<Sequence> s = std::move(*it);
+      running_.erase(it);
+      s->state = SequenceState::kWaiting;
+      waiting_.push_front(std::move(s));
+      return;
+    }
+  }
+  TANDEM_CHECK(false) << "preempting a sequence that is not running: " << seq.id;
+}
+
+void Scheduler::LookUpPrefix(Sequence& seq) {
+  seq.prefix_looked_up = true;
+  TANDEM_CHECK(seq.blocks.empty() && seq.num_computed == 0);
+  if (!options_.enable_prefix_cache) return;
+  // At least the last token is computed: its logits are what the step is for.
+  const size_t usable = std::min(seq.block_hashes.size(), (seq.tokens.size() - 1) / options_.block_size);
+  seq.blocks = blocks_.AcquireCachedPrefix(std::span<const uint64_t>(seq.block_hashes.data(), usable));
+  seq.num_computed = static_cast<int32_t>(seq.blocks.size()) * options_.block_size;
+  seq.num_published = static_cast<int32_t>(seq.blocks.size());
+  if (seq.first_scheduled_at < 0) {
+    seq.metrics.cached_prompt_tokens = std::min(seq.num_computed, seq.prompt_len);
+  }
+}
+
+StepPlan Scheduler::Schedule() {
+  StepPlan plan;
+  int32_t budget = options_.max_batch_tokens;
+
+  // Running sequences, oldest first; a sequence short of blocks preempts the newest ones.
+  std::vector<Sequence*> order;
+  for (auto& s : running_) order.push_back(s.get());
+  std::vector<bool> gone(order.size(), false);
+  for (size_t i = 0; i < order.size() && budget > 0; ++i) {
+    if (gone[i]) continue;
+    Sequence& seq = *order[i];
+    const int32_t n = std::min<int32_t>(static_cast<int32_t>(seq.tokens.size()) - seq.num_computed, budget);
+    TANDEM_CHECK_GE(n, 1);
+    bool fits = EnsureBlocks(seq, seq.num_computed + n);
+    for (size_t j = order.size(); !fits && j-- > i + 1;) {
+      if (gone[j]) continue;
+      Preempt(*order[j]);
+      gone[j] = true;
+      ++plan.num_preempted;
+      fits = EnsureBlocks(seq, seq.num_computed + n);
+    }
+    if (!fits) {
+      const bool alone = running_.size() == 1;
+      const int32_t needed = BlocksFor(seq.num_computed + n);
+      if (alone && needed > blocks_.num_blocks()) {
+        // It can never fit, even with the cache to itself.
+        std::unique_ptr<Sequence> s = Remove(seq.id);
+        plan.rejected.push_back(std::move(s));
+      } else {
+        Preempt(seq);
+        ++plan.num_preempted;
+      }
+      gone[i] = true;
+      continue;
+    }
+    plan.chunks.push_back({&seq, seq.num_computed, n});
+    budget -= n;
+  }
+
+  // Waiting sequences, in order, while budget, batch room and blocks allow.
+  while (budget > 0 && !waiting_.empty() && static_cast<int32_t>(running_.size()) < options_.max_running) {
+    Sequence& seq = *waiting_.front();
+    if (!seq.prefix_looked_up) LookUpPrefix(seq);
+    const int32_t n = std::min<int32_t>(static_cast<int32_t>(seq.tokens.size()) - seq.num_computed, budget);
+    if (!EnsureBlocks(seq, seq.num_computed + n)) {
+      if (running_.empty() && BlocksFor(seq.num_computed + n) > blocks_.num_blocks()) {
+        std::unique_ptr<Sequence> s = std::move(waiting_.front());
+        waiting_.pop_front();
+        ReleaseBlocks(*s);
+        plan.rejected.push_back(std::move(s));
+        continue;
+      }
+      // Hold no cache blocks while waiting: others may need them to finish.
+      ReleaseBlocks(seq);
+      seq.prefix_looked_up = false;
+      break;
+    }
+    std::unique_ptr<Sequence> s = std::move(waiting_.front());
+    waiting_.pop_front();
+    s->state = SequenceState::kRunning;
+    plan.chunks.push_back({s.get(), s->num_computed, n});
+    budget -= n;
+    running_.push_back(std::move(s));
+  }
+  return plan;
+}
+
+void Scheduler::OnStepComputed(const StepPlan& plan) {
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence& seq = *c.seq;
+    seq.num_computed = c.start + c.num_tokens;
+    const int32_t full = seq.num_computed / options_.block_size;
+    while (seq.num_published < full && seq.num_published < static_cast<int32_t>(seq.block_hashes.size())) {
+      if (options_.enable_prefix_cache) {
+        blocks_.Publish(seq.blocks[seq.num_published], seq.block_hashes[seq.num_published]);
+      }
+      ++seq.num_published;
+    }
+  }
+}
+
+void Scheduler::OnTokenAppended(Sequence& seq) {
+  ExtendBlockHashes(seq.tokens, options_.block_size, options_.layout_fingerprint, &seq.block_hashes);
+}
+
+}  // namespace tandem

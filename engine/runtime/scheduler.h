@@ -1,0 +1,94 @@
+// Continuous batching with chunked prefill. Each step takes, in order: every running
+// sequence's next tokens (one for a decode, the next chunk for an unfinished prefill),
+// then waiting sequences in arrival order, all under a per-step token budget. A newly
+// admitted sequence first takes the longest prefix of its prompt the prefix cache holds.
+// When KV blocks run out, the newest running sequences are preempted: their blocks are
+// released (published ones stay findable in the prefix cache) and they go back to the
+// front of the waiting queue, to be recomputed from their tokens later.
+//
+// Pure bookkeeping on the engine thread: no model, no threads, no clock.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <vector>
+
+#include "engine/runtime/block_manager.h"
+#include "engine/runtime/sequence.h"
+
+namespace tandem {
+
+struct SchedulerOptions {
+  int32_t block_size = 64;
+  int32_t max_batch_tokens = 2048;  // tokens per step (decodes + prefill chunks)
+  int32_t max_running = 64;         // sequences in the running batch
+  bool enable_prefix_cache = true;
+  uint64_t layout_fingerprint = 0;  // for the block hash chain
+};
+
+struct ScheduledChunk {
+  Sequence* seq = nullptr;
+  int32_t start = 0;       // first position computed this step
+  int32_t num_tokens = 0;  // positions [start, start + num_tokens)
+  bool reaches_end() const { return start + num_tokens == static_cast<int32_t>(seq->tokens.size()); }
+};
+
+struct StepPlan {
+  std::vector<ScheduledChunk> chunks;
+  // Sequences that can never fit the KV cache, removed from the scheduler: the caller
+  // ends them with RESOURCE_EXHAUSTED. Their blocks are already released.
+  std::vector<std::unique_ptr<Sequence>> rejected;
+  int32_t num_preempted = 0;
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& options, int32_t num_blocks);
+
+  // Takes ownership; the sequence waits for admission.
+  void Add(std::unique_ptr<Sequence> seq);
+  // Adds a sequence whose KV for positions [0, num_computed) is already in `seq->blocks`
+  // (imported from a prefill replica), directly into the running batch.
+  void AddRunning(std::unique_ptr<Sequence> seq);
+  // Removes a sequence (finished or cancelled), releasing its blocks. Null if unknown.
+  std::unique_ptr<Sequence> Remove(const std::string& id);
+
+  StepPlan Schedule();
+  // After the step's forward pass: marks the chunks computed and offers newly completed
+  // full blocks to the prefix cache. Call before sampling appends tokens.
+  void OnStepComputed(const StepPlan& plan);
+  // After a token was appended to `seq`: extends its block hashes.
+  void OnTokenAppended(Sequence& seq);
+
+  Sequence* Find(const std::string& id);
+  // Removes every sequence (engine shutdown), releasing their blocks.
+  std::vector<std::unique_ptr<Sequence>> TakeAll();
+  bool empty() const { return running_.empty() && waiting_.empty(); }
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size(); }
+  BlockManager& blocks() { return blocks_; }
+  const BlockManager& blocks() const { return blocks_; }
+  const SchedulerOptions& options() const { return options_; }
+
+  // Blocks needed to hold `tokens` positions.
+  int32_t BlocksFor(int64_t tokens) const {
+    return static_cast<int32_t>((tokens + options_.block_size - 1) / options_.block_size);
+  }
+
+ private:
+  bool EnsureBlocks(Sequence& seq, int64_t positions);
+  void Preempt(Sequence& seq);
+  void LookUpPrefix(Sequence& seq);
+  void ReleaseBlocks(Sequence& seq);
+
+  SchedulerOptions options_;
+  BlockManager blocks_;
+  std::list<std::unique_ptr<Sequence>> running_;  // oldest first
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  uint64_t next_arrival_ = 0;
+};
+
+}  // namespace tandem

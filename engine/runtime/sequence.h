@@ -1,0 +1,58 @@
+// The engine's state of one request. Owned by the scheduler; touched by the engine
+// thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/kv_sink.h"
+#include "engine/runtime/output_stream.h"
+#include "engine/runtime/sampling_params.h"
+#include "engine/runtime/stop_checker.h"
+
+namespace tandem {
+
+enum class SequenceState { kWaiting, kRunning };
+
+struct Sequence {
+  std::string id;
+  std::vector<int32_t> tokens;  // the prompt, then every generated token
+  int32_t prompt_len = 0;
+  // Tokens whose KV is in the cache, from position 0. Drops to 0 on preemption.
+  int32_t num_computed = 0;
+  std::vector<int32_t> blocks;        // block table: KV blocks of positions [0, 64 * size)
+  std::vector<uint64_t> block_hashes;  // hash chain of the full blocks of `tokens`
+  int32_t num_published = 0;          // leading blocks offered to the prefix cache
+  bool prefix_looked_up = false;      // the prefix cache was consulted since (re)admission
+  SequenceState state = SequenceState::kWaiting;
+  uint64_t arrival = 0;  // admission order (older first)
+
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  int32_t min_tokens = 0;               // EOS and stop tokens are not sampled before this
+  std::vector<int32_t> stop_token_ids;
+  bool queued = false;                  // counted in the engine's waiting-queue bound
+  std::unique_ptr<StopChecker> stop;
+  std::shared_ptr<OutputStream> output;
+
+  // Prefill-only (disaggregated prefill): KV goes to `kv_sink` as produced, the request
+  // ends with its first token.
+  KvSink* kv_sink = nullptr;
+  int64_t exported_upto = 0;
+
+  RequestMetrics metrics;
+  double submitted_at = 0;
+  double first_scheduled_at = -1;
+  double first_token_at = -1;
+
+  int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
+  std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<size_t>(prompt_len)}; }
+  std::span<const int32_t> generated() const {
+    return {tokens.data() + prompt_len, tokens.size() - static_cast<size_t>(prompt_len)};
+  }
+};
+
+}  // namespace tandem
