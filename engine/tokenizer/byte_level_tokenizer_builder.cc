@@ -223,8 +223,8 @@ GeneratedTokenizerFiles BuildByteLevelTokenizer(int vocab_size) {
     if (capitalized[0] >= 'a' && capitalized[0] <= 'z') {
       capitalized[0] = static_cast<char>(capitalized[0] - 'a' + 'A');
     }
-    for (const std::string& form : {std::string(word), " " + std::string(word), capitalized,
-                                    absl::StrCat(" ", capitalized)}) {
+    for (const std::string& form :
+         {std::string(word), " " + std::string(word), capitalized, " " + capitalized}) {
       builder.Form(form);
     }
   }

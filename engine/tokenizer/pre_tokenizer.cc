@@ -139,8 +139,11 @@ void ByteLevelPreTokenizer::PreTokenize(std::vector<std::string>* pieces) const 
 
 DigitsPreTokenizer::DigitsPreTokenizer(bool individual_digits)
     : individual_digits_(individual_digits) {
-  // One match per numeric character, as Rust's char::is_numeric (Nd, Nl, No) splits.
-  static const Regex* const numeric = CompileShared(R"(\p{N})");
+  // One match per numeric character, as Rust's char::is_numeric (Nd, Nl, No) splits. The
+  // Rust standard library of tokenizers 0.22 knows Unicode 17.0, one version beyond its
+  // regexes: the Tolong Siki digits and U+16FF4..U+16FF6 are numeric there too.
+  static const Regex* const numeric =
+      CompileShared(R"([\p{N}\x{11DE0}-\x{11DE9}\x{16FF4}-\x{16FF6}])");
   numeric_regex_ = numeric;
 }
 

@@ -95,6 +95,10 @@ class TokenizerReferenceTest : public ::testing::TestWithParam<std::string> {
     load_seconds_ = it->second.second;
   }
 
+  // Whether decoding gives back the encoded text (the mixed variant adds prefix spaces and
+  // removes NULs).
+  bool Lossless() const { return GetParam() != "generated_mixed"; }
+
   Reference reference_;
   std::shared_ptr<Tokenizer> tokenizer_;
   double load_seconds_ = 0;
@@ -153,7 +157,9 @@ TEST_P(TokenizerReferenceTest, DecodeOfEncodeMatchesHuggingFace) {
     lossless += c.decoded == c.text;
   }
   // Byte-level BPE without pre-tokenization that alters text gives every string back.
-  if (GetParam() != "generated_mixed") EXPECT_EQ(lossless, reference_.encode.size());
+  if (Lossless()) {
+    EXPECT_EQ(lossless, reference_.encode.size());
+  }
 }
 
 TEST_P(TokenizerReferenceTest, BosIsPrependedWithSpecialTokens) {
@@ -215,7 +221,9 @@ TEST_P(TokenizerReferenceTest, InvalidUtf8IsRepairedBeforeEncoding) {
     const std::string repaired = tokenizer_internal::Utf8Lossy(text);
     const Ids ids = tokenizer_->Encode(text, false);
     EXPECT_EQ(ids, tokenizer_->Encode(repaired, false)) << Escaped(repaired);
-    EXPECT_EQ(tokenizer_->Decode(ids, false), repaired);
+    if (Lossless()) {
+      EXPECT_EQ(tokenizer_->Decode(ids, false), repaired);
+    }
   }
 }
 
@@ -259,8 +267,8 @@ TEST_P(TokenizerReferenceTest, LongInputsAreFast) {
           s += "<\xEF\xBD\x9C"
                "tool\xE2\x96\x81"
                "call";  // partial tokens
-          return s;
         }
+        return s;
       }(),
   };
   double slowest = 0;
@@ -269,7 +277,10 @@ TEST_P(TokenizerReferenceTest, LongInputsAreFast) {
     const Ids ids = tokenizer_->Encode(input, false);
     const double seconds = Seconds(start);
     slowest = std::max(slowest, seconds);
-    EXPECT_EQ(tokenizer_->Decode(ids, false), input);
+    // (Not EXPECT_EQ: gtest's diff of two 100k-line strings takes minutes.)
+    if (Lossless()) {
+      EXPECT_TRUE(tokenizer_->Decode(ids, false) == input);
+    }
 #ifdef NDEBUG
     EXPECT_LT(seconds, 1.0) << Escaped(input.substr(0, 20)) << "... (" << input.size() << " bytes)";
 #endif

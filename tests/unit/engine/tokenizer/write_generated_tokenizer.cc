@@ -9,9 +9,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "engine/tokenizer/byte_level_tokenizer_builder.h"
 
@@ -25,16 +24,18 @@ OrderedJson Split(OrderedJson pattern, const char* behavior, bool invert = false
 
 std::string MixedVariant(const std::string& tokenizer_json) {
   OrderedJson json = OrderedJson::parse(tokenizer_json);
-  json["pre_tokenizer"] = {
-      {"type", "Sequence"},
-      {"pretokenizers",
-       {Split({{"String", "--"}}, "MergedWithNext"),
-        Split({{"Regex", "[.!?]+"}}, "MergedWithPrevious"),
-        Split({{"String", std::string(1, '\0')}}, "Removed"),
-        {{"type", "Digits"}, {"individual_digits", false}},
-        Split({{"Regex", "\\p{Lu}"}}, "Contiguous"),
-        Split({{"Regex", "[^\\s]+"}}, "Isolated", /*invert=*/true),
-        {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}}}}};
+  json["pre_tokenizer"] = {{"type", "Sequence"},
+                           {"pretokenizers",
+                            {Split({{"String", "--"}}, "MergedWithNext"),
+                             Split({{"Regex", "[.!?]+"}}, "MergedWithPrevious"),
+                             Split({{"String", std::string(1, '\0')}}, "Removed"),
+                             {{"type", "Digits"}, {"individual_digits", false}},
+                             Split({{"Regex", "\\p{Lu}"}}, "Contiguous"),
+                             Split({{"Regex", "[^\\s]+"}}, "Isolated", /*invert=*/true),
+                             {{"type", "ByteLevel"},
+                              {"add_prefix_space", true},
+                              {"trim_offsets", true},
+                              {"use_regex", true}}}}};
   int next_id = static_cast<int>(json["model"]["vocab"].size());
   auto add = [&](const char* content, bool special, bool normalized, bool lstrip, bool rstrip,
                  bool single_word) {
