@@ -301,6 +301,8 @@ void Engine::Finish(std::unique_ptr<Sequence> seq, RequestOutput out) {
     std::lock_guard<std::mutex> lock(mu_);
     live_ids_.erase(seq->id);
   }
+  // Whoever sees the final output also sees the engine's state after it (blocks freed).
+  PublishStats();
   seq->output->Push(std::move(out));
 }
 

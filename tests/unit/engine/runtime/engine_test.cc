@@ -1,0 +1,368 @@
+// The engine as the services use it: continuous batching, prefix reuse, disaggregated
+// prefill/decode through KV export and import, preemption, cancellation, and every exit
+// path returning its KV blocks.
+#include "engine/runtime/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/unit/engine/model/test_models.h"
+
+namespace tandem {
+namespace {
+
+using testing::MakeModel;
+using testing::PresetJson;
+using testing::TempDir;
+
+// One generated tiny model shared by the whole test binary.
+const std::string& ModelDir() {
+  static TempDir* dir = new TempDir();
+  static const std::string path = [] {
+    nlohmann::json j = nlohmann::json::parse(PresetJson("tiny"));
+    j["vocab_size"] = 1024;
+    return MakeModel(*dir, "tiny", j.dump());
+  }();
+  return path;
+}
+
+std::unique_ptr<Engine> MakeEngine(EngineOptions o = {}) {
+  if (o.num_threads == 0) o.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(ModelDir(), o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+std::vector<int32_t> Tokens(int n, int salt) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[i] = 3 + (i * 131 + salt * 7919 + (i * i) % 17) % 1000;
+  return t;
+}
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::string text;
+  RequestOutput final;
+};
+
+Result Drain(OutputStream& s) {
+  Result r;
+  RequestOutput o;
+  while (s.Next(&o)) {
+    r.tokens.insert(r.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+    r.text += o.text;
+    if (o.finished) r.final = o;
+  }
+  return r;
+}
+
+EngineRequest Req(const std::string& id, std::vector<int32_t> prompt, int max_tokens, std::optional<uint64_t> seed,
+                  float temperature = 0.8f) {
+  EngineRequest r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = temperature;
+  r.sampling.top_p = 0.95f;
+  r.sampling.seed = seed;
+  r.stop.max_tokens = max_tokens;
+  r.stop.ignore_eos = true;
+  return r;
+}
+
+Result RunToEnd(Engine& e, EngineRequest r) {
+  absl::StatusOr<std::shared_ptr<OutputStream>> s = e.Submit(std::move(r));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? Drain(**s) : Result{};
+}
+
+void ExpectNoBlocksInUse(Engine& e) {
+  // Stats are published after each loop iteration; give the thread a moment.
+  for (int i = 0; i < 200 && e.Stats().kv_blocks_in_use != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(e.Stats().kv_blocks_in_use, 0);
+}
+
+TEST(EngineTest, SeededRequestIsBatchIndependent) {
+  auto alone_engine = MakeEngine();
+  const EngineRequest target = Req("target", Tokens(90, 1), 24, 1234);
+  const Result alone = RunToEnd(*alone_engine, target);
+  ASSERT_EQ(alone.tokens.size(), 24u);
+
+  // The same request among 16 mixed ones: different lengths, sampling parameters and
+  // arrival times, a small step budget so prefill chunks mix with decodes.
+  auto busy = MakeEngine({.max_batch_tokens = 48});
+  std::vector<std::shared_ptr<OutputStream>> others;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 16; ++i) {
+    if (i == 6) {
+      auto s = busy->Submit(target);
+      ASSERT_TRUE(s.ok()) << s.status();
+      others.push_back(*s);
+      continue;
+    }
+    EngineRequest r = Req("r" + std::to_string(i), Tokens(5 + static_cast<int>(rng() % 150), 100 + i),
+                          4 + static_cast<int>(rng() % 30), i % 3 == 0 ? std::nullopt : std::optional<uint64_t>(i),
+                          i % 4 == 0 ? 0.0f : 0.5f + 0.1f * (i % 5));
+    r.sampling.top_k = i % 2 ? 50 : 0;
+    r.sampling.repetition_penalty = i % 5 == 0 ? 1.2f : 1.0f;
+    auto s = busy->Submit(std::move(r));
+    ASSERT_TRUE(s.ok()) << s.status();
+    others.push_back(*s);
+    if (i % 4 == 3) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // staggered arrivals
+  }
+  std::vector<Result> results;
+  for (auto& s : others) results.push_back(Drain(*s));
+  EXPECT_EQ(results[6].tokens, alone.tokens);
+  EXPECT_EQ(results[6].text, alone.text);
+  for (const Result& r : results) EXPECT_TRUE(r.final.status.ok()) << r.final.status;
+  ExpectNoBlocksInUse(*busy);
+}
+
+TEST(EngineTest, SharedPrefixIsReusedWithIdenticalOutput) {
+  const std::vector<int32_t> prefix = Tokens(512, 2);
+  std::vector<int32_t> p1 = prefix, p2 = prefix;
+  const std::vector<int32_t> s1 = Tokens(40, 3), s2 = Tokens(37, 4);
+  p1.insert(p1.end(), s1.begin(), s1.end());
+  p2.insert(p2.end(), s2.begin(), s2.end());
+  for (std::optional<uint64_t> seed : {std::optional<uint64_t>(), std::optional<uint64_t>(99)}) {
+    const float temperature = seed ? 0.9f : 0.0f;
+    auto warm = MakeEngine();
+    const Result first = RunToEnd(*warm, Req("a", p1, 8, seed, temperature));
+    EXPECT_EQ(first.final.metrics.cached_prompt_tokens, 0);
+    const Result second = RunToEnd(*warm, Req("b", p2, 16, seed, temperature));
+    EXPECT_EQ(second.final.metrics.cached_prompt_tokens, 512);
+    EXPECT_EQ(second.final.metrics.computed_prompt_tokens, static_cast<int32_t>(p2.size()) - 512);
+    EXPECT_EQ(warm->Stats().prompt_tokens_cached, 512);
+
+    auto cold = MakeEngine({.enable_prefix_cache = false});
+    const Result reference = RunToEnd(*cold, Req("b", p2, 16, seed, temperature));
+    EXPECT_EQ(reference.final.metrics.computed_prompt_tokens, static_cast<int32_t>(p2.size()));
+    EXPECT_EQ(second.tokens, reference.tokens) << (seed ? "seeded" : "greedy");
+  }
+}
+
+// Collects exported KV: layer -> position -> entry.
+class CollectingSink : public KvSink {
+ public:
+  void OnLayerKv(const KvSlice& s) override {
+    EXPECT_GE(s.layer, last_layer_ == -1 ? 0 : 0);
+    for (int64_t p = s.begin; p < s.end; ++p) {
+      const float* e = s.Entry(p);
+      entries_[s.layer][p].assign(e, e + s.entry_dim);
+    }
+    ++calls_;
+    last_layer_ = s.layer;
+  }
+  std::map<int64_t, std::map<int64_t, std::vector<float>>> entries_;
+  int calls_ = 0;
+  int64_t last_layer_ = -1;
+};
+
+TEST(EngineTest, PrefillExportThenImportedDecodeMatchesOneEngine) {
+  for (std::optional<uint64_t> seed : {std::optional<uint64_t>(), std::optional<uint64_t>(7)}) {
+    const float temperature = seed ? 0.7f : 0.0f;
+    const std::vector<int32_t> prompt = Tokens(150, 9);
+    auto single = MakeEngine();
+    const Result reference = RunToEnd(*single, Req("x", prompt, 20, seed, temperature));
+
+    // Prefill on engine P, in chunks (small step budget), with a warm prefix cache so the
+    // export must also cover positions P did not compute.
+    auto p = MakeEngine({.max_batch_tokens = 64});
+    RunToEnd(*p, Req("warmup", std::vector<int32_t>(prompt.begin(), prompt.begin() + 130), 1, seed, temperature));
+    CollectingSink sink;
+    EngineRequest pre = Req("x", prompt, 20, seed, temperature);
+    pre.kv_sink = &sink;
+    auto ps = p->Submit(pre);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    const Result prefilled = Drain(**ps);
+    ASSERT_EQ(prefilled.tokens.size(), 1u);
+    EXPECT_EQ(prefilled.final.metrics.cached_prompt_tokens, 128);
+    EXPECT_EQ(prefilled.tokens[0], reference.tokens[0]);
+    const int64_t layers = p->config().num_hidden_layers;
+    ASSERT_EQ(static_cast<int64_t>(sink.entries_.size()), layers);
+    for (auto& [layer, positions] : sink.entries_) ASSERT_EQ(positions.size(), prompt.size()) << layer;
+    EXPECT_EQ(sink.calls_ % layers, 0);
+
+    // Decode on engine D from the imported KV.
+    auto d = MakeEngine();
+    absl::StatusOr<std::vector<int32_t>> blocks = d->ReserveKv("x", static_cast<int32_t>(prompt.size()));
+    ASSERT_TRUE(blocks.ok()) << blocks.status();
+    for (auto& [layer, positions] : sink.entries_) {
+      std::vector<float> flat;
+      for (auto& [pos, e] : positions) flat.insert(flat.end(), e.begin(), e.end());
+      ASSERT_TRUE(d->WriteKv(*blocks, layer, 0, flat).ok());
+    }
+    auto ds = d->SubmitImported(Req("x", prompt, 20, seed, temperature), prefilled.tokens[0]);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    const Result decoded = Drain(**ds);
+    EXPECT_EQ(decoded.tokens, reference.tokens) << (seed ? "seeded" : "greedy");
+    EXPECT_EQ(decoded.text, reference.text);
+    ExpectNoBlocksInUse(*d);
+    ExpectNoBlocksInUse(*p);
+  }
+}
+
+TEST(EngineTest, ImportWithoutReservationFailsAndLeasesExpire) {
+  std::atomic<double> now{1000.0};
+  auto e = MakeEngine({.kv_lease_seconds = 5.0, .clock = [&now] { return now.load(); }});
+  auto s = e->SubmitImported(Req("nope", Tokens(10, 1), 4, 1), 5);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+
+  ASSERT_TRUE(e->ReserveKv("lease", 100).ok());
+  EXPECT_EQ(e->ReserveKv("lease", 100).status().code(), absl::StatusCode::kInvalidArgument);
+  for (int i = 0; i < 200 && e->Stats().kv_blocks_in_use == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(e->Stats().kv_blocks_in_use, 2);
+  now = 1006.0;
+  e->Cancel("unrelated");  // wakes the engine thread
+  ExpectNoBlocksInUse(*e);
+  EXPECT_EQ(e->Stats().kv_leases_expired, 1);
+  EXPECT_EQ(e->SubmitImported(Req("lease", Tokens(100, 1), 4, 1), 5).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(EngineTest, PreemptionUnderKvPressureKeepsOutputsIdentical) {
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 5; ++i) reqs.push_back(Req("q" + std::to_string(i), Tokens(60 + 10 * i, 20 + i), 40, 100 + i));
+  auto roomy = MakeEngine();
+  std::vector<Result> expected;
+  for (const auto& r : reqs) expected.push_back(RunToEnd(*roomy, r));
+
+  // 8 blocks of 64 tokens: five sequences growing past 100 tokens cannot all stay.
+  auto tight = MakeEngine({.num_kv_blocks = 8});
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (const auto& r : reqs) {
+    auto s = tight->Submit(r);
+    ASSERT_TRUE(s.ok()) << s.status();
+    streams.push_back(*s);
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const Result got = Drain(*streams[i]);
+    EXPECT_TRUE(got.final.status.ok()) << got.final.status;
+    EXPECT_EQ(got.tokens, expected[i].tokens) << i;
+    EXPECT_EQ(got.text, expected[i].text) << i;
+  }
+  EXPECT_GT(tight->Stats().preemptions, 0);
+  ExpectNoBlocksInUse(*tight);
+}
+
+TEST(EngineTest, ThousandRequestsWithCancellationsAndStopsFreeEveryBlock) {
+  auto e = MakeEngine({.num_kv_blocks = 24, .max_batch_tokens = 256, .max_running = 16});
+  std::mt19937 rng(11);
+  std::vector<std::pair<std::string, std::shared_ptr<OutputStream>>> live;
+  int finished = 0, cancelled = 0, stopped = 0;
+  auto drain_some = [&](size_t keep) {
+    while (live.size() > keep) {
+      Result r = Drain(*live.front().second);
+      EXPECT_TRUE(r.final.finished);
+      if (r.final.status.code() == absl::StatusCode::kCancelled) ++cancelled;
+      else EXPECT_TRUE(r.final.status.ok()) << r.final.status;
+      if (r.final.finish_reason == FinishReason::kStop) ++stopped;
+      ++finished;
+      live.erase(live.begin());
+    }
+  };
+  for (int i = 0; i < 1000; ++i) {
+    EngineRequest r = Req("r" + std::to_string(i), Tokens(1 + static_cast<int>(rng() % 120), i),
+                          1 + static_cast<int>(rng() % 12), rng() % 2 ? std::optional<uint64_t>(i) : std::nullopt,
+                          rng() % 3 == 0 ? 0.0f : 1.0f);
+    r.stop.ignore_eos = rng() % 2 == 0;
+    if (rng() % 4 == 0) r.stop.stop = {"e", "a"};
+    if (rng() % 5 == 0) r.stop.stop_token_ids = {static_cast<int32_t>(3 + rng() % 1000)};
+    auto s = e->Submit(std::move(r));
+    ASSERT_TRUE(s.ok()) << s.status();
+    live.emplace_back("r" + std::to_string(i), *s);
+    if (rng() % 4 == 0) e->Cancel(live[rng() % live.size()].first);
+    drain_some(24);
+  }
+  drain_some(0);
+  EXPECT_EQ(finished, 1000);
+  EXPECT_GT(cancelled, 0);
+  EXPECT_GT(stopped, 0);
+  ExpectNoBlocksInUse(*e);
+  EXPECT_EQ(e->Stats().num_running + e->Stats().num_waiting, 0);
+}
+
+TEST(EngineTest, StopStringAcrossTokensIsCutAndNotEmitted) {
+  auto e = MakeEngine();
+  const std::vector<int32_t> prompt = Tokens(30, 5);
+  const Result free_run = RunToEnd(*e, Req("free", prompt, 40, std::nullopt, 0.0f));
+  // A stop string made of the end of one generated token and the start of the next.
+  std::string chosen;
+  size_t cut = 0;
+  for (size_t i = 3; i + 1 < free_run.tokens.size() && chosen.empty(); ++i) {
+    const std::string a = e->tokenizer().Decode(std::vector<int32_t>(free_run.tokens.begin(), free_run.tokens.begin() + i), true);
+    const std::string b = e->tokenizer().Decode(std::vector<int32_t>(free_run.tokens.begin(), free_run.tokens.begin() + i + 1), true);
+    const auto printable = [](const std::string& x) {
+      return std::all_of(x.begin(), x.end(), [](char ch) { return ch >= 0x20 && ch < 0x7f; });
+    };
+    if (a.size() >= 2 && b.size() >= a.size() + 2 && printable(b.substr(a.size() - 2, 4)) &&
+        free_run.text.find(b.substr(a.size() - 2, 4)) == a.size() - 2) {
+      chosen = b.substr(a.size() - 2, 4);
+      cut = a.size() - 2;
+    }
+  }
+  ASSERT_FALSE(chosen.empty()) << "no suitable stop string in: " << free_run.text;
+  EngineRequest r = Req("stopped", prompt, 40, std::nullopt, 0.0f);
+  r.stop.stop = {chosen};
+  const Result stopped = RunToEnd(*e, r);
+  EXPECT_EQ(stopped.final.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(stopped.final.matched_stop, chosen);
+  EXPECT_EQ(stopped.text, free_run.text.substr(0, cut));
+}
+
+TEST(EngineTest, EdgeCasesAreClear) {
+  auto e = MakeEngine({.max_waiting = 2});
+  // max_tokens = 1
+  const Result one = RunToEnd(*e, Req("one", Tokens(10, 1), 1, 3));
+  EXPECT_EQ(one.tokens.size(), 1u);
+  EXPECT_EQ(one.final.finish_reason, FinishReason::kLength);
+  EXPECT_GT(one.final.metrics.ttft_s, 0.0);
+  // Empty prompt.
+  auto empty = e->Submit(Req("empty", {}, 4, 1));
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(empty.status().message()).find("prompt"), std::string::npos);
+  // Longer than the context (4096 for tiny).
+  auto huge = e->Submit(Req("huge", Tokens(5000, 1), 4, 1));
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(huge.status().message()).find("context"), std::string::npos) << huge.status();
+  // Token outside the vocabulary; NaN temperature.
+  EXPECT_EQ(e->Submit(Req("oov", {5, 2000}, 4, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  EngineRequest nan = Req("nan", Tokens(5, 1), 4, 1);
+  nan.sampling.temperature = std::nanf("");
+  EXPECT_EQ(e->Submit(nan).status().code(), absl::StatusCode::kInvalidArgument);
+  // Cancel a long request.
+  auto longer = e->Submit(Req("long", Tokens(20, 1), 2000, 1));
+  ASSERT_TRUE(longer.ok());
+  e->Cancel("long");
+  const Result cancelled = Drain(**longer);
+  EXPECT_EQ(cancelled.final.status.code(), absl::StatusCode::kCancelled);
+  // Duplicate id while live.
+  auto a = e->Submit(Req("dup", Tokens(20, 1), 500, 1));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(e->Submit(Req("dup", Tokens(20, 1), 5, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  e->Cancel("dup");
+  Drain(**a);
+  ExpectNoBlocksInUse(*e);
+}
+
+TEST(EngineTest, FullWaitingQueueIsResourceExhausted) {
+  auto e = MakeEngine({.max_running = 1, .max_waiting = 2});
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  int refused = 0;
+  for (int i = 0; i < 12; ++i) {
+    auto s = e->Submit(Req("w" + std::to_string(i), Tokens(30, i), 30, 1));
+    if (s.ok()) streams.push_back(*s);
+    else if (s.status().code() == absl::StatusCode::kResourceExhausted) ++refused;
+  }
+  EXPECT_GT(refused, 0);
+  for (auto& s : streams) EXPECT_TRUE(Drain(*s).final.status.ok());
+}
+
+}  // namespace
+}  // namespace tandem
