@@ -27,6 +27,10 @@ struct GenerateArgs {
   double temperature = 1.0;
   double top_p = 1.0;
   int top_k = 0;
+  double min_p = 0.0;
+  double repetition_penalty = 1.0;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
   int64_t seed = -1;
   std::vector<std::string> stop;
   bool ignore_eos = false;
@@ -65,6 +69,10 @@ int RunLocal(const GenerateArgs& a) {
   request.sampling.temperature = static_cast<float>(a.temperature);
   request.sampling.top_p = static_cast<float>(a.top_p);
   request.sampling.top_k = a.top_k;
+  request.sampling.min_p = static_cast<float>(a.min_p);
+  request.sampling.repetition_penalty = static_cast<float>(a.repetition_penalty);
+  request.sampling.presence_penalty = static_cast<float>(a.presence_penalty);
+  request.sampling.frequency_penalty = static_cast<float>(a.frequency_penalty);
   if (a.seed >= 0) request.sampling.seed = static_cast<uint64_t>(a.seed);
   request.stop.max_tokens = a.max_tokens;
   request.stop.stop = a.stop;
@@ -113,6 +121,20 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass")->check(FiniteRange(0.0, 1.0))->capture_default_str();
   cmd->add_option("--top-k", args->top_k, "Sample from the k most likely tokens (0 = all)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--min-p", args->min_p, "Drop tokens below this fraction of the most likely one's probability")
+      ->check(FiniteRange(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--repetition-penalty", args->repetition_penalty,
+                  "Penalty for tokens already in the prompt or output (1 = off)")
+      ->check(FiniteRange(0.01, 10.0))
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", args->presence_penalty, "Subtracted from logits of tokens already generated")
+      ->check(FiniteRange(-2.0, 2.0))
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", args->frequency_penalty,
+                  "Subtracted from a token's logit per occurrence in the output")
+      ->check(FiniteRange(-2.0, 2.0))
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Random seed (default: random)");
   cmd->add_option("--stop", args->stop, "Stop string (repeatable); not included in the output");

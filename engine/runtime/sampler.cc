@@ -7,10 +7,142 @@
 
 #include "kernels/common/check.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TANDEM_SAMPLER_AVX2 1
+#endif
+
 namespace tandem {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Weights below e^-87 (relative to the most likely token) are 0: such tokens are no
+// candidates. The others are bucketed by -log(weight): about kTargetBuckets over the
+// range the candidates span (few enough for the histogram to stay in L1), but no coarser
+// than kMinBucketsPerNat; kNumBuckets holds the widest range at that resolution.
+constexpr float kExpCutoff = -87.0f;
+constexpr float kMinBucketsPerNat = 64.0f;
+constexpr float kTargetBuckets = 1024.0f;
+constexpr size_t kNumBuckets = 88 * 64;
+constexpr uint16_t kNoBucket = 0xFFFF;
+
+// Cephes' expf: exp(x) = 2^n * exp(r), n = round(x / ln 2), |r| <= ln 2 / 2.
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpP0 = 1.9875691500e-4f;
+constexpr float kExpP1 = 1.3981999507e-3f;
+constexpr float kExpP2 = 8.3334519073e-3f;
+constexpr float kExpP3 = 4.1665795894e-2f;
+constexpr float kExpP4 = 1.6666665459e-1f;
+constexpr float kExpP5 = 5.0000001201e-1f;
+
+#if TANDEM_SAMPLER_AVX2
+// Eight SamplerExp at once, operation for operation the scalar form.
+__m256 ExpAvx2(__m256 x) {
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(kExpCutoff), _CMP_GE_OQ);
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Lo), r);
+  __m256 y = _mm256_set1_ps(kExpP0);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExpP1));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExpP2));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExpP3));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExpP4));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExpP5));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
+  y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+  const __m256i n = _mm256_cvtps_epi32(fx);
+  const __m256 scale =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+  return _mm256_and_ps(_mm256_mul_ps(y, scale), keep);
+}
+
+double HorizontalSum(__m256d v) {
+  const __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+#endif
+
+// Max and smallest finite value of the logits (NaN makes *has_nan true).
+float MinMaxLogit(const float* l, size_t n, float* min_finite, bool* has_nan) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  size_t i = 0;
+  float max = kNegInf;
+  float min = kInf;
+  bool nan = false;
+#if TANDEM_SAMPLER_AVX2
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  const __m256 pos_inf = _mm256_set1_ps(kInf);
+  __m256 vmax = neg_inf;
+  __m256 vmin = pos_inf;
+  __m256 vnan = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(l + i);
+    vmax = _mm256_max_ps(vmax, v);
+    vmin = _mm256_min_ps(vmin, _mm256_blendv_ps(v, pos_inf, _mm256_cmp_ps(v, neg_inf, _CMP_EQ_OQ)));
+    vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  for (const float x : lanes) max = std::max(max, x);
+  _mm256_store_ps(lanes, vmin);
+  for (const float x : lanes) min = std::min(min, x);
+  nan = _mm256_movemask_ps(vnan) != 0;
+#endif
+  for (; i < n; ++i) {
+    nan |= std::isnan(l[i]);
+    if (l[i] > max) max = l[i];
+    if (l[i] < min && l[i] != kNegInf) min = l[i];
+  }
+  *has_nan = nan;
+  *min_finite = min;
+  return max;
+}
+
+// The first index whose logit equals v (present).
+size_t FirstIndexOf(const float* l, size_t n, float v) {
+  size_t i = 0;
+#if TANDEM_SAMPLER_AVX2
+  const __m256 target = _mm256_set1_ps(v);
+  for (; i + 8 <= n; i += 8) {
+    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(l + i), target, _CMP_EQ_OQ));
+    if (mask != 0) return i + static_cast<size_t>(__builtin_ctz(static_cast<unsigned>(mask)));
+  }
+#endif
+  for (; i < n; ++i) {
+    if (l[i] == v) return i;
+  }
+  TANDEM_CHECK(false) << "max logit not found";
+  return 0;
+}
+
+// sum_i SamplerExp((l[i] - max) * inv_t), in double; the terms go to w when not null.
+double ExpWeights(const float* l, size_t n, float max, float inv_t, float* w) {
+  size_t i = 0;
+  double sum = 0.0;
+#if TANDEM_SAMPLER_AVX2
+  const __m256 vmax = _mm256_set1_ps(max);
+  const __m256 vinv = _mm256_set1_ps(inv_t);
+  __m256d acc0 = _mm256_setzero_pd();
+  __m256d acc1 = _mm256_setzero_pd();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = ExpAvx2(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(l + i), vmax), vinv));
+    if (w != nullptr) _mm256_storeu_ps(w + i, e);
+    acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  sum = HorizontalSum(_mm256_add_pd(acc0, acc1));
+#endif
+  for (; i < n; ++i) {
+    const float e = SamplerExp((l[i] - max) * inv_t);
+    if (w != nullptr) w[i] = e;
+    sum += e;
+  }
+  return sum;
+}
 
 // SplitMix64's finalizer: a bijection of 64-bit integers with good avalanche.
 uint64_t Mix64(uint64_t z) {
@@ -39,34 +171,57 @@ void CheckTokenId(int32_t id, size_t vocab) {
       << "token id " << id << " outside the vocabulary of " << vocab;
 }
 
-// sum_i exp(logits[i] - max), in double.
-double SumExp(const float* logits, size_t n, float max) {
-  double sum = 0.0;
-  for (size_t i = 0; i < n; ++i) sum += std::exp(logits[i] - max);
-  return sum;
-}
-
-// The `count` smallest canonical keys of all logits, sorted: a bounded max-heap, so one
-// pass whose common case is a single comparison.
+// The `count` smallest canonical keys of all logits, sorted: a bounded max-heap whose
+// common case is one float comparison (ids come in ascending order, so a token that
+// ties the worst kept logit never enters).
 std::vector<uint64_t> TopKeys(const float* logits, size_t vocab, size_t count) {
   std::vector<uint64_t> heap;
-  heap.reserve(count + 1);
+  heap.reserve(count);
+  float worst = kNegInf;
   for (size_t i = 0; i < vocab; ++i) {
+    if (heap.size() == count && !(logits[i] > worst)) continue;
     const uint64_t key = CanonicalKey(logits[i], i);
     if (heap.size() < count) {
       heap.push_back(key);
       std::push_heap(heap.begin(), heap.end());
-    } else if (key < heap.front()) {
+    } else {
       std::pop_heap(heap.begin(), heap.end());
       heap.back() = key;
       std::push_heap(heap.begin(), heap.end());
     }
+    if (heap.size() == count) worst = logits[KeyId(heap.front())];
   }
   std::sort(heap.begin(), heap.end());
   return heap;
 }
 
 }  // namespace
+
+float SamplerExp(float x) {
+  // Fused where the vector form is (std::fma without hardware FMA is a slow library call,
+  // and there is no vector form to match then).
+#if defined(__FMA__)
+  const auto fma = [](float a, float b, float c) { return std::fma(a, b, c); };
+#else
+  const auto fma = [](float a, float b, float c) { return a * b + c; };
+#endif
+  if (!(x >= kExpCutoff)) return 0.0f;
+  const float fx = std::nearbyint(x * kLog2e);
+  float r = fma(fx, -kLn2Hi, x);
+  r = fma(fx, -kLn2Lo, r);
+  float y = kExpP0;
+  y = fma(y, r, kExpP1);
+  y = fma(y, r, kExpP2);
+  y = fma(y, r, kExpP3);
+  y = fma(y, r, kExpP4);
+  y = fma(y, r, kExpP5);
+  y = fma(y, r * r, r);
+  y = y + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(fx) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
 
 double UniformFromSeedStep(uint64_t seed, int64_t step) {
   constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ULL;  // SplitMix64's increment
@@ -132,21 +287,142 @@ void Sampler::ApplyPenalties(std::span<float> logits, const SamplingParams& p,
   }
 }
 
-size_t Sampler::SelectPrefix(size_t n, double target, bool strict, double* mass) {
-  // Invariant: keys[0, lo) are the lo first candidates and weigh acc, short of the target;
-  // keys[lo, hi) are the next ones (unordered); the answer lies in (lo, hi].
-  // The first probe is small (real models put most of the mass on few tokens); after it,
+void Sampler::BuildHistogram(const float* l, size_t vocab, float max, float min_finite,
+                             float inv_t, float min_p) {
+  weights_.resize(vocab);
+  bucket_.resize(vocab);
+  keys_.resize(vocab);
+  bucket_count_.assign(kNumBuckets, 0);
+  bucket_mass_.assign(kNumBuckets, 0.0);
+  total_mass_ = ExpWeights(l, vocab, max, inv_t, weights_.data());
+  // -log(weight) times buckets per nat, computed from the logit so that buckets follow
+  // the canonical order.
+  const float range = std::min((max - min_finite) * inv_t, -kExpCutoff);
+  float scale = inv_t * std::max(kMinBucketsPerNat, kTargetBuckets / range);
+  if (!(range > 0.0f) || !std::isfinite(scale)) scale = inv_t * kMinBucketsPerNat;
+  constexpr float kLastBucket = static_cast<float>(kNumBuckets - 1);
+  const float* w = weights_.data();
+  size_t candidates = 0;
+  size_t min_p_count = 0;
+  double min_p_mass = 0.0;
+  for (size_t i = 0; i < vocab; ++i) {
+    if (!(w[i] > 0.0f)) {
+      bucket_[i] = kNoBucket;
+      continue;
+    }
+    const size_t b = static_cast<size_t>(std::min((max - l[i]) * scale, kLastBucket));
+    bucket_[i] = static_cast<uint16_t>(b);
+    ++bucket_count_[b];
+    bucket_mass_[b] += w[i];
+    ++candidates;
+    if (w[i] >= min_p) {
+      ++min_p_count;
+      min_p_mass += w[i];
+    }
+  }
+  num_candidates_ = candidates;
+  min_p_count_ = min_p_count;
+  min_p_mass_ = min_p_mass;
+}
+
+Sampler::Cut Sampler::Locate(size_t length) const {
+  TANDEM_CHECK(length >= 1 && length <= num_candidates_) << length;
+  size_t before = 0;
+  for (size_t b = 0; b < kNumBuckets; ++b) {
+    if (before + bucket_count_[b] >= length) return Cut{b, length - before};
+    before += bucket_count_[b];
+  }
+  TANDEM_CHECK(false) << "histogram holds fewer than " << length << " candidates";
+  return Cut{};
+}
+
+bool Sampler::CollectBucket(const float* l, Cut cut) {
+  const size_t vocab = bucket_.size();
+  const uint16_t* bucket = bucket_.data();
+  const uint16_t target = static_cast<uint16_t>(cut.bucket);
+  uint64_t* keys = keys_.data();
+  size_t m = 0;
+  size_t i = 0;
+  bool sorted = true;  // typical when the bucket's logits are all equal
+#if TANDEM_SAMPLER_AVX2
+  const __m256i vtarget = _mm256_set1_epi16(static_cast<int16_t>(target));
+  for (; i + 16 <= vocab; i += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bucket + i));
+    uint32_t mask = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi16(v, vtarget)));
+    while (mask != 0) {  // two mask bits per match
+      const size_t j = i + static_cast<size_t>(__builtin_ctz(mask)) / 2;
+      const uint64_t key = CanonicalKey(l[j], j);
+      sorted &= m == 0 || key > keys[m - 1];
+      keys[m++] = key;
+      mask &= mask - 1;
+      mask &= mask - 1;
+    }
+  }
+#endif
+  for (; i < vocab; ++i) {
+    if (bucket[i] != target) continue;
+    const uint64_t key = CanonicalKey(l[i], i);
+    sorted &= m == 0 || key > keys[m - 1];
+    keys[m++] = key;
+  }
+  TANDEM_CHECK_EQ(m, static_cast<size_t>(bucket_count_[cut.bucket]));
+  if (!sorted && cut.in_bucket < m) std::nth_element(keys, keys + cut.in_bucket, keys + m);
+  return sorted;
+}
+
+double Sampler::PrefixMass(const float* l, size_t length) {
+  const Cut cut = Locate(length);
+  double mass = 0.0;
+  for (size_t b = 0; b < cut.bucket; ++b) mass += bucket_mass_[b];
+  if (cut.in_bucket == bucket_count_[cut.bucket]) return mass + bucket_mass_[cut.bucket];
+  CollectBucket(l, cut);
+  for (size_t i = 0; i < cut.in_bucket; ++i) mass += weights_[KeyId(keys_[i])];
+  return mass;
+}
+
+Sampler::Selection Sampler::SelectByMass(const float* l, double target, bool strict,
+                                         size_t limit) {
+  const Cut end = Locate(limit);
+  double acc = 0.0;
+  size_t before = 0;
+  for (size_t b = 0; b <= end.bucket; ++b) {
+    const bool last = b == end.bucket;
+    if (!last) {
+      const double m = acc + bucket_mass_[b];
+      if (bucket_count_[b] == 0 || !(strict ? m > target : m >= target)) {
+        acc = m;
+        before += bucket_count_[b];
+        continue;
+      }
+    }
+    // The boundary lies in bucket b (or rounding kept every earlier prefix short).
+    const Cut cut{b, last ? end.in_bucket : bucket_count_[b]};
+    const bool sorted = CollectBucket(l, cut);
+    Selection selection;
+    const size_t k = SelectPrefix(cut.in_bucket, target, strict, sorted, acc, &selection.mass);
+    selection.length = before + k;
+    selection.last = KeyId(keys_[k - 1]);
+    return selection;
+  }
+  TANDEM_CHECK(false) << "unreachable";
+  return Selection{};
+}
+
+size_t Sampler::SelectPrefix(size_t n, double target, bool strict, bool sorted, double acc,
+                             double* mass) {
+  // Invariant: keys[0, lo) are the lo first candidates and, with acc, weigh less than
+  // the target; keys[lo, hi) are the next ones (unordered); the answer lies in (lo, hi].
+  // The first probe is small (most of the mass is usually on few tokens); after it,
   // bisection, so the total work is O(n).
   constexpr size_t kSortBelow = 128;
-  constexpr size_t kFirstProbe = 512;
+  constexpr size_t kFirstProbe = 256;
   uint64_t* keys = keys_.data();
   const float* w = weights_.data();
   const auto reaches = [&](double m) { return strict ? m > target : m >= target; };
   size_t lo = 0;
   size_t hi = n;
-  double acc = 0.0;
   size_t probe = kFirstProbe;
-  while (hi - lo > kSortBelow) {
+  while (!sorted && hi - lo > kSortBelow) {
     const size_t mid = lo + std::min(probe, (hi - lo) / 2);
     probe = std::numeric_limits<size_t>::max();
     std::nth_element(keys + lo, keys + mid, keys + hi);
@@ -159,7 +435,7 @@ size_t Sampler::SelectPrefix(size_t n, double target, bool strict, double* mass)
       lo = mid;
     }
   }
-  std::sort(keys + lo, keys + hi);
+  if (!sorted) std::sort(keys + lo, keys + hi);
   for (size_t i = lo; i < hi; ++i) {
     acc += w[KeyId(keys[i])];
     if (reaches(acc)) {
@@ -175,75 +451,52 @@ SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& p, u
                              int64_t step, std::span<const int32_t> prompt_tokens,
                              std::span<const int32_t> output_tokens) {
   const size_t vocab = logits.size();
-  TANDEM_CHECK(vocab > 0 && vocab <= static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+  TANDEM_CHECK(vocab > 0 && vocab < static_cast<size_t>(std::numeric_limits<int32_t>::max()))
       << vocab;
   ApplyPenalties(logits, p, prompt_tokens, output_tokens);
   const float* l = logits.data();
 
-  // Max and argmax (first index wins ties).
-  float max = kNegInf;
-  size_t argmax = 0;
-  for (size_t i = 0; i < vocab; ++i) {
-    if (l[i] > max) {
-      max = l[i];
-      argmax = i;
-    }
-  }
-  TANDEM_CHECK(std::isfinite(max)) << "no finite logit (max " << max << ")";
+  bool has_nan = false;
+  float min_finite = 0.0f;
+  const float max = MinMaxLogit(l, vocab, &min_finite, &has_nan);
+  TANDEM_CHECK(!has_nan) << "NaN logits";
+  TANDEM_CHECK(std::isfinite(max)) << "no finite logit, or +inf (max " << max << ")";
 
   SampledToken result;
   double sum_exp = 0.0;  // sum exp(l - max), for the log-softmax
   if (p.temperature < kGreedyTemperature) {
-    result.token = static_cast<int32_t>(argmax);
-    sum_exp = SumExp(l, vocab, max);
+    result.token = static_cast<int32_t>(FirstIndexOf(l, vocab, max));
+    sum_exp = ExpWeights(l, vocab, max, 1.0f, nullptr);
   } else {
-    // Weights exp((l - max) / T): the largest is exactly 1. Tokens of weight 0 (masked or
-    // underflowed) can never be drawn and are no candidates.
-    weights_.resize(vocab);
-    keys_.resize(vocab);
     const float inv_t = 1.0f / p.temperature;
-    float* w = weights_.data();
-    double total = 0.0;
-    size_t n = 0;
-    for (size_t i = 0; i < vocab; ++i) {
-      w[i] = std::exp((l[i] - max) * inv_t);
-      total += w[i];
-      if (w[i] > 0.0f) keys_[n++] = CanonicalKey(l[i], i);
-    }
-    sum_exp = inv_t == 1.0f ? total : SumExp(l, vocab, max);
-
-    // top-k
+    BuildHistogram(l, vocab, max, min_finite, inv_t, p.min_p);
+    sum_exp = inv_t == 1.0f ? total_mass_ : ExpWeights(l, vocab, max, 1.0f, nullptr);
+    // Each step keeps a canonical prefix of what the previous one kept, so the kept set
+    // is always the first n candidates, weighing `kept`.
+    size_t n = num_candidates_;
+    double top_k_mass = total_mass_;
     if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) {
-      const size_t all = n;
       n = static_cast<size_t>(p.top_k);
-      std::nth_element(keys_.begin(), keys_.begin() + n, keys_.begin() + all);
-      total = 0.0;
-      for (size_t i = 0; i < n; ++i) total += w[KeyId(keys_[i])];
+      top_k_mass = PrefixMass(l, n);
     }
-    // min-p drops a canonical suffix and top-p keeps a canonical prefix, so their
-    // intersection is the shorter one: filter by min-p first (cheap), then look for the
-    // top-p prefix among what is left, against the mass of the whole top-k set.
-    double kept = total;
-    if (p.min_p > 0.0f) {
-      const float threshold = p.min_p;  // times the largest weight, 1
-      n = static_cast<size_t>(
-          std::partition(keys_.begin(), keys_.begin() + n,
-                         [&](uint64_t key) { return w[KeyId(key)] >= threshold; }) -
-          keys_.begin());
-      kept = 0.0;
-      for (size_t i = 0; i < n; ++i) kept += w[KeyId(keys_[i])];
+    double kept = top_k_mass;
+    // min-p drops a canonical suffix and top-p keeps a prefix, so applying min-p first
+    // and then top-p within it (against the top-k mass) keeps the same tokens.
+    if (p.min_p > 0.0f && min_p_count_ < n) {
+      n = min_p_count_;
+      kept = min_p_mass_;
     }
     if (p.top_p < 1.0f) {
-      n = SelectPrefix(n, static_cast<double>(p.top_p) * total, /*strict=*/false, &kept);
+      const Selection s =
+          SelectByMass(l, static_cast<double>(p.top_p) * top_k_mass, /*strict=*/false, n);
+      n = s.length;
+      kept = s.mass;
     }
     // Inverse CDF in canonical order.
     const double u = UniformFromSeedStep(seed, step);
-    double unused;
-    const size_t j = n == 1 ? 1 : SelectPrefix(n, u * kept, /*strict=*/true, &unused);
-    result.token = KeyId(keys_[j - 1]);
+    result.token = SelectByMass(l, u * kept, /*strict=*/true, n).last;
   }
 
-  TANDEM_CHECK(std::isfinite(sum_exp) && sum_exp >= 1.0) << "NaN or +inf logits";
   const double log_z = static_cast<double>(max) + std::log(sum_exp);
   result.logprob = static_cast<float>(static_cast<double>(l[result.token]) - log_z);
   if (p.logprobs > 0) {
