@@ -41,6 +41,9 @@ class LatentKvCache {
             .entry_dim = entry_dim_};
   }
 
+  // The whole pool: [layer][block][slot][entry_dim] floats.
+  std::span<float> data() { return data_; }
+
   // One layer's bytes of one block (for KV export/import).
   std::span<float> Block(int64_t layer, int32_t block) {
     return {LayerBase(layer) + static_cast<int64_t>(block) * block_size_ * entry_dim_,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/runtime/block_hash.h"
+#include "engine/runtime/kv_layout.h"
 #include "engine/util/mapped_file.h"
 #include "engine/util/status_macros.h"
 #include "xxhash.h"
@@ -39,12 +40,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   e->cache_ = std::make_unique<LatentKvCache>(e->model_->MakeKvCache(blocks));
 
   ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(model_dir + "/config.json"));
-  KvLayout layout{.model_id = absl::StrFormat("%s:%016x", c.model_type, XXH64(config_text.data(), config_text.size(), 0)),
-                  .dtype = "f32",
-                  .block_size = static_cast<int32_t>(kKvBlockSize),
-                  .entry_dim = static_cast<int32_t>(c.kv_entry_dim()),
-                  .num_layers = static_cast<int32_t>(c.num_hidden_layers),
-                  .layout_version = 1};
+  const KvLayout layout = KvLayoutFor(c, config_text);
   e->layout_fingerprint_ = LayoutFingerprint(layout);
 
   for (int64_t id : c.eos_token_ids) e->eos_ids_.push_back(static_cast<int32_t>(id));
@@ -220,7 +216,8 @@ absl::Status Engine::WriteKv(std::span<const int32_t> block_table, int64_t layer
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineRequest request, int32_t first_token) {
+absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineRequest request, int32_t first_token,
+                                                                     bool emit_first_token) {
   RETURN_IF_ERROR(ValidateRequest(request));
   if (first_token < 0 || first_token >= model_->config().vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary"));
@@ -237,7 +234,7 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
   auto seq = std::make_shared<std::unique_ptr<Sequence>>(MakeSequence(std::move(request), out));
   auto promise = std::make_shared<std::promise<absl::Status>>();
   auto future = promise->get_future();
-  Post([this, seq, promise, first_token] {
+  Post([this, seq, promise, first_token, emit_first_token] {
     Sequence& s = **seq;
     auto it = reservations_.find(s.id);
     if (it == reservations_.end() || it->second.num_tokens < s.prompt_len) {
@@ -258,6 +255,10 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
     o.metrics = s.metrics;
     promise->set_value(absl::OkStatus());
     if (r.finished) {
+      if (!emit_first_token) {
+        o.token_ids.clear();
+        o.text.clear();
+      }
       o.finished = true;
       o.finish_reason = r.reason;
       o.matched_stop = r.matched_stop;
@@ -266,7 +267,7 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
       Finish(std::move(*seq), std::move(o));
       return;
     }
-    s.output->Push(std::move(o));
+    if (emit_first_token) s.output->Push(std::move(o));
     scheduler_->AddRunning(std::move(*seq));
   });
   absl::Status st = future.get();
@@ -328,6 +329,12 @@ void Engine::PublishStats() {
   s.kv_usage = scheduler_->blocks().usage();
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = s;
+}
+
+Engine::KvMemory Engine::kv_memory() const {
+  std::span<float> d = cache_->data();
+  return {.base = d.data(), .bytes = d.size() * sizeof(float), .num_layers = cache_->num_layers(),
+          .num_blocks = cache_->num_blocks(), .block_size = cache_->block_size(), .entry_dim = cache_->entry_dim()};
 }
 
 EngineStats Engine::Stats() const {

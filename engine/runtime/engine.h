@@ -96,10 +96,26 @@ class Engine {
   absl::Status WriteKv(std::span<const int32_t> block_table, int64_t layer, int64_t first_position,
                        std::span<const float> entries);
   // Continues `request` (its prompt's KV written into the reservation `request.id`) from
-  // `first_token`, which the prefill side sampled: its output stream starts with that
-  // token. Errors: FAILED_PRECONDITION (no live reservation: expired or never made),
-  // and Submit's.
-  absl::StatusOr<std::shared_ptr<OutputStream>> SubmitImported(EngineRequest request, int32_t first_token);
+  // `first_token`, which the prefill side sampled. With emit_first_token the output
+  // stream starts with that token; without, it starts with the next one (the prefill
+  // side already reported the first, with the same text delta: the stop checker sees the
+  // token either way). Errors: FAILED_PRECONDITION (no live reservation: expired or never
+  // made), and Submit's.
+  absl::StatusOr<std::shared_ptr<OutputStream>> SubmitImported(EngineRequest request, int32_t first_token,
+                                                               bool emit_first_token = true);
+
+  // The KV cache memory, for a transfer layer to register: `num_layers` x `num_blocks` x
+  // `block_size` entries of `entry_dim` floats, layer-major. Writers must only touch
+  // blocks reserved with ReserveKv.
+  struct KvMemory {
+    float* base = nullptr;
+    size_t bytes = 0;
+    int64_t num_layers = 0;
+    int64_t num_blocks = 0;
+    int64_t block_size = 0;
+    int64_t entry_dim = 0;
+  };
+  KvMemory kv_memory() const;
 
   EngineStats Stats() const;
   const ModelConfig& config() const { return model_->config(); }

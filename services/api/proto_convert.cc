@@ -1,0 +1,170 @@
+#include "services/api/proto_convert.h"
+
+#include <atomic>
+#include <chrono>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/util/status_macros.h"
+
+namespace tandem {
+namespace {
+
+absl::Status Prefixed(const std::string& prefix, const absl::Status& s) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p, int64_t vocab_size) {
+  SamplingParams s;
+  if (p.has_temperature()) s.temperature = p.temperature();
+  if (p.has_top_p()) s.top_p = p.top_p();
+  if (p.has_top_k()) s.top_k = p.top_k();
+  if (p.has_min_p()) s.min_p = p.min_p();
+  if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
+  if (p.has_presence_penalty()) s.presence_penalty = p.presence_penalty();
+  if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
+  if (p.has_seed()) s.seed = p.seed();
+  s.logprobs = p.logprobs();
+  RETURN_IF_ERROR(Prefixed("sampling.", Validate(s, vocab_size)));
+  return s;
+}
+
+absl::StatusOr<StopParams> FromProto(const v1::StopConditions& p, int64_t vocab_size) {
+  StopParams s;
+  if (p.has_max_tokens()) s.max_tokens = p.max_tokens();
+  s.min_tokens = p.min_tokens();
+  s.stop.assign(p.stop().begin(), p.stop().end());
+  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  s.ignore_eos = p.ignore_eos();
+  s.include_stop_str_in_output = p.include_stop_str_in_output();
+  RETURN_IF_ERROR(Prefixed("stop.", Validate(s, vocab_size)));
+  return s;
+}
+
+void ToProto(const SamplingParams& s, v1::SamplingParams* p) {
+  p->set_temperature(s.temperature);
+  p->set_top_p(s.top_p);
+  p->set_top_k(s.top_k);
+  p->set_min_p(s.min_p);
+  p->set_repetition_penalty(s.repetition_penalty);
+  p->set_presence_penalty(s.presence_penalty);
+  p->set_frequency_penalty(s.frequency_penalty);
+  if (s.seed) p->set_seed(*s.seed);
+  p->set_logprobs(s.logprobs);
+}
+
+void ToProto(const StopParams& s, v1::StopConditions* p) {
+  p->set_max_tokens(s.max_tokens);
+  p->set_min_tokens(s.min_tokens);
+  for (const auto& x : s.stop) p->add_stop(x);
+  for (int32_t id : s.stop_token_ids) p->add_stop_token_ids(id);
+  p->set_ignore_eos(s.ignore_eos);
+  p->set_include_stop_str_in_output(s.include_stop_str_in_output);
+}
+
+absl::StatusOr<std::string> FormatChat(const v1::ChatMessages& chat, const Tokenizer& tokenizer) {
+  if (chat.messages().empty()) return absl::InvalidArgumentError("chat.messages: empty");
+  std::string system, turns;
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const v1::ChatMessage& m = chat.messages(i);
+    if (m.role() == "system") {
+      system += m.content();
+    } else if (m.role() == "user") {
+      turns += "<｜User｜>" + m.content();
+    } else if (m.role() == "assistant") {
+      turns += "<｜Assistant｜>" + m.content() + "<｜end▁of▁sentence｜>";
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("chat.messages[", i, "].role: '", m.role(),
+                                                     "' (expected system, user or assistant)"));
+    }
+  }
+  (void)tokenizer;
+  return system + turns + "<｜Assistant｜>";
+}
+
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& r, const Tokenizer& tokenizer,
+                                                  int64_t vocab_size) {
+  std::vector<int32_t> ids;
+  switch (r.prompt_case()) {
+    case v1::GenerateRequest::kText:
+      if (r.text().empty()) return absl::InvalidArgumentError("text: empty prompt");
+      ids = tokenizer.Encode(r.text(), /*add_special_tokens=*/true);
+      break;
+    case v1::GenerateRequest::kTokenIds:
+      ids.assign(r.token_ids().ids().begin(), r.token_ids().ids().end());
+      if (ids.empty()) return absl::InvalidArgumentError("token_ids.ids: empty prompt");
+      for (int i = 0; i < static_cast<int>(ids.size()); ++i) {
+        if (ids[i] < 0 || ids[i] >= vocab_size) {
+          return absl::InvalidArgumentError(absl::StrCat("token_ids.ids[", i, "]: ", ids[i],
+                                                         " is outside the vocabulary [0, ", vocab_size, ")"));
+        }
+      }
+      break;
+    case v1::GenerateRequest::kChat: {
+      ASSIGN_OR_RETURN(std::string text, FormatChat(r.chat(), tokenizer));
+      ids = tokenizer.Encode(text, /*add_special_tokens=*/true);
+      break;
+    }
+    case v1::GenerateRequest::PROMPT_NOT_SET:
+      return absl::InvalidArgumentError("prompt: set one of text, token_ids or chat");
+  }
+  if (ids.empty()) return absl::InvalidArgumentError("prompt: no tokens");
+  return ids;
+}
+
+absl::StatusOr<std::string> RequestIdOrNew(const std::string& requested) {
+  if (!requested.empty()) {
+    if (requested.size() > 128) return absl::InvalidArgumentError("request_id: longer than 128 bytes");
+    for (char c : requested) {
+      if (c < 0x21 || c > 0x7e) return absl::InvalidArgumentError("request_id: only printable ASCII without spaces");
+    }
+    return requested;
+  }
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}() ^ static_cast<uint64_t>(
+      std::chrono::steady_clock::now().time_since_epoch().count());
+  return absl::StrFormat("req-%08x-%d", static_cast<uint32_t>(salt), counter.fetch_add(1));
+}
+
+v1::FinishReason ToProto(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return v1::FINISH_REASON_STOP;
+    case FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kNone: return v1::FINISH_REASON_UNSPECIFIED;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+void ToProto(const RequestOutput& o, v1::GenerateResponse* out) {
+  for (int32_t t : o.token_ids) out->add_token_ids(t);
+  out->mutable_text()->append(o.text);
+  for (const TokenLogprobs& l : o.logprobs) {
+    v1::TokenLogprob* p = out->add_logprobs();
+    p->set_token_id(l.token);
+    p->set_logprob(l.logprob);
+    for (const auto& [id, lp] : l.top) {
+      v1::TopLogprob* t = p->add_top();
+      t->set_token_id(id);
+      t->set_logprob(lp);
+    }
+  }
+  if (o.finished) {
+    out->set_finish_reason(ToProto(o.finish_reason));
+    if (o.matched_stop) out->set_matched_stop(*o.matched_stop);
+    v1::Usage* u = out->mutable_usage();
+    u->set_prompt_tokens(o.metrics.prompt_tokens);
+    u->set_completion_tokens(o.metrics.completion_tokens);
+    u->set_cached_prompt_tokens(o.metrics.cached_prompt_tokens);
+    v1::Timing* t = out->mutable_timing();
+    t->set_queue_ms(o.metrics.queue_s * 1e3);
+    t->set_prefill_ms(o.metrics.prefill_s * 1e3);
+    t->set_ttft_ms(o.metrics.ttft_s * 1e3);
+    t->set_e2e_ms(o.metrics.e2e_s * 1e3);
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,134 @@
+#include "services/prefill/prefill_service.h"
+
+#include <memory>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "services/api/grpc_status.h"
+#include "services/api/proto_convert.h"
+#include "services/prefill/transfer_kv_sink.h"
+
+namespace tandem {
+
+absl::Status CheckDestination(const v1::KvDestination& d, const Engine& engine, int64_t num_tokens) {
+  if (d.layout_fingerprint() != engine.layout_fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "destination.layout_fingerprint: ", d.layout_fingerprint(), " differs from this replica's ",
+        engine.layout_fingerprint(), " (different model or build): no KV is sent"));
+  }
+  const Engine::KvMemory m = engine.kv_memory();
+  if (d.entry_dim() != m.entry_dim || d.num_layers() != m.num_layers || d.block_size() != m.block_size ||
+      d.bytes_per_value() != static_cast<int32_t>(sizeof(float))) {
+    return absl::FailedPreconditionError("destination: KV geometry differs from this replica's");
+  }
+  if (d.num_blocks() <= 0 || static_cast<int64_t>(d.block_ids_size()) * d.block_size() < num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("destination.block_ids: ", d.block_ids_size(),
+                                                   " blocks cannot hold ", num_tokens, " tokens"));
+  }
+  for (int32_t b : d.block_ids()) {
+    if (b < 0 || b >= d.num_blocks()) {
+      return absl::InvalidArgumentError(absl::StrCat("destination.block_ids: ", b, " outside the pool"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+class PrefillReactor : public grpc::ServerUnaryReactor {
+ public:
+  PrefillReactor(Engine* engine, KvTransport* transport, const v1::PrefillRequest* request,
+                 v1::PrefillResponse* response)
+      : engine_(engine), response_(response), id_(request->request_id()) {
+    absl::Status st = Start(transport, *request);
+    if (!st.ok()) Finish(ToGrpcStatus(st));
+  }
+
+  void OnCancel() override {
+    if (started_) engine_->Cancel(id_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Start(KvTransport* transport, const v1::PrefillRequest& r) {
+    const int64_t vocab = engine_->config().vocab_size;
+    if (r.request_id().empty()) return absl::InvalidArgumentError("request_id: empty");
+    if (r.prompt().empty()) return absl::InvalidArgumentError("prompt: empty");
+    absl::Status st = CheckDestination(r.destination(), *engine_, r.prompt_size());
+    if (!st.ok()) return st;
+    absl::StatusOr<SamplingParams> sampling = FromProto(r.sampling(), vocab);
+    if (!sampling.ok()) return sampling.status();
+    absl::StatusOr<StopParams> stop = FromProto(r.stop(), vocab);
+    if (!stop.ok()) return stop.status();
+    absl::StatusOr<std::unique_ptr<KvWriteSession>> session = transport->OpenSession(r.destination().memory_descriptor());
+    if (!session.ok()) return session.status();
+    sink_ = std::make_unique<TransferKvSink>(std::move(*session), r.destination());
+    EngineRequest req{.id = id_, .prompt = std::vector<int32_t>(r.prompt().begin(), r.prompt().end()),
+                      .sampling = *sampling, .stop = std::move(*stop), .kv_sink = sink_.get()};
+    absl::StatusOr<std::shared_ptr<OutputStream>> stream = engine_->Submit(std::move(req));
+    if (!stream.ok()) return stream.status();
+    stream_ = std::move(*stream);
+    started_ = true;
+    // The engine pushes exactly one (final) output for a prefill-only request.
+    stream_->SetListener([this] { OnOutput(); });
+    OnOutput();
+    return absl::OkStatus();
+  }
+
+  void OnOutput() {
+    std::optional<RequestOutput> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (got_output_) return;
+      out = stream_->TryNext();
+      if (!out) return;
+      got_output_ = true;
+    }
+    if (!out->status.ok()) {
+      // Writes already issued must still complete before the call ends (the sink's
+      // staging memory is in use until then).
+      sink_->Flush([this, st = out->status](absl::Status) { Finish(ToGrpcStatus(st)); });
+      return;
+    }
+    response_->set_first_token(out->token_ids.empty() ? -1 : out->token_ids[0]);
+    response_->set_text(out->text);
+    v1::GenerateResponse tmp;
+    ToProto(*out, &tmp);
+    *response_->mutable_logprobs() = tmp.logprobs();
+    const bool finished_by_stop = out->finish_reason != FinishReason::kNone;
+    response_->set_finished(finished_by_stop);
+    response_->set_finish_reason(ToProto(out->finish_reason));
+    if (out->matched_stop) response_->set_matched_stop(*out->matched_stop);
+    response_->set_cached_prompt_tokens(out->metrics.cached_prompt_tokens);
+    response_->set_queue_ms(out->metrics.queue_s * 1e3);
+    response_->set_prefill_ms(out->metrics.prefill_s * 1e3);
+    sink_->Flush([this](absl::Status st) {
+      if (!st.ok()) {
+        Finish(ToGrpcStatus(absl::AbortedError(absl::StrCat("KV transfer failed: ", st.message()))));
+        return;
+      }
+      response_->set_transfer_ms(sink_->transfer_seconds() * 1e3);
+      response_->set_kv_bytes(sink_->bytes());
+      response_->set_kv_checksum(sink_->checksum());
+      Finish(grpc::Status::OK);
+    });
+  }
+
+  Engine* engine_;
+  v1::PrefillResponse* response_;
+  std::string id_;
+  std::unique_ptr<TransferKvSink> sink_;
+  std::shared_ptr<OutputStream> stream_;
+  std::mutex mu_;
+  bool got_output_ = false;
+  bool started_ = false;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* PrefillServiceImpl::Prefill(grpc::CallbackServerContext*, const v1::PrefillRequest* request,
+                                                      v1::PrefillResponse* response) {
+  return new PrefillReactor(engine_, transport_, request, response);
+}
+
+}  // namespace tandem

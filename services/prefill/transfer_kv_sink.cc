@@ -1,0 +1,65 @@
+#include "services/prefill/transfer_kv_sink.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+TransferKvSink::TransferKvSink(std::unique_ptr<KvWriteSession> session, const v1::KvDestination& d)
+    : session_(std::move(session)),
+      block_ids_(d.block_ids().begin(), d.block_ids().end()),
+      num_blocks_(d.num_blocks()),
+      block_size_(d.block_size()),
+      entry_dim_(d.entry_dim()),
+      checksum_(d.num_layers()) {}
+
+void TransferKvSink::OnLayerKv(const KvSlice& s) {
+  if (!error_.ok() || s.end <= s.begin) return;
+  if (s.entry_dim != entry_dim_ || s.end > static_cast<int64_t>(block_ids_.size()) * block_size_) {
+    error_ = absl::FailedPreconditionError(absl::StrCat("KV slice [", s.begin, ", ", s.end,
+                                                        ") does not fit the destination's reservation"));
+    return;
+  }
+  if (!started_) {
+    first_put_ = std::chrono::steady_clock::now();
+    started_ = true;
+  }
+  // Stage the slice contiguously, then one write per run of positions within a block.
+  std::vector<float>& stage = staging_.emplace_back(static_cast<size_t>((s.end - s.begin) * entry_dim_));
+  for (int64_t p = s.begin; p < s.end; ++p) {
+    std::memcpy(&stage[(p - s.begin) * entry_dim_], s.Entry(p), entry_dim_ * sizeof(float));
+  }
+  checksum_.Update(s.layer, stage.data(), stage.size() * sizeof(float));
+  for (int64_t p = s.begin; p < s.end;) {
+    const int64_t slot = p % block_size_;
+    const int64_t n = std::min(block_size_ - slot, s.end - p);
+    const int64_t block = block_ids_[p / block_size_];
+    const uint64_t offset =
+        static_cast<uint64_t>(((s.layer * num_blocks_ + block) * block_size_ + slot) * entry_dim_) * sizeof(float);
+    const size_t length = static_cast<size_t>(n * entry_dim_) * sizeof(float);
+    absl::Status st = session_->Put(&stage[(p - s.begin) * entry_dim_], length, offset);
+    if (!st.ok()) {
+      error_ = st;
+      return;
+    }
+    bytes_ += static_cast<int64_t>(length);
+    p += n;
+  }
+}
+
+void TransferKvSink::Flush(std::function<void(absl::Status)> done) {
+  if (!error_.ok()) {
+    done(error_);
+    return;
+  }
+  session_->Flush([this, done = std::move(done)](absl::Status st) {
+    if (started_) {
+      transfer_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_put_).count();
+    }
+    done(st);
+  });
+}
+
+}  // namespace tandem

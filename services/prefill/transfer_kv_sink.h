@@ -1,0 +1,53 @@
+// The prefill side of disaggregation: an engine KvSink that stages each layer's freshly
+// computed KV and writes it into the decode replica's reserved blocks through the
+// transfer layer while later layers compute, checksumming what it sends.
+//
+// Staging (a copy out of the engine's cache) is what lets the engine release the
+// request's blocks as soon as prefill ends while writes are still in flight.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/runtime/kv_sink.h"
+#include "services/worker/kv_checksum.h"
+#include "services/worker/kv_transport.h"
+#include "tandem/v1/internal.pb.h"
+
+namespace tandem {
+
+class TransferKvSink : public KvSink {
+ public:
+  // `destination` must have been checked against the engine's layout (geometry and
+  // fingerprint) by the caller.
+  TransferKvSink(std::unique_ptr<KvWriteSession> session, const v1::KvDestination& destination);
+
+  void OnLayerKv(const KvSlice& slice) override;
+
+  // Completes every write; `done` gets the first error if any. Call once, after the
+  // engine's final output for the request.
+  void Flush(std::function<void(absl::Status)> done);
+
+  int64_t bytes() const { return bytes_; }
+  uint64_t checksum() const { return checksum_.Digest(); }
+  // Seconds from the first write to Flush completing (0 before).
+  double transfer_seconds() const { return transfer_seconds_; }
+
+ private:
+  std::unique_ptr<KvWriteSession> session_;
+  std::vector<int32_t> block_ids_;
+  int64_t num_blocks_, block_size_, entry_dim_;
+  std::deque<std::vector<float>> staging_;  // stable addresses until Flush completes
+  KvChecksum checksum_;
+  absl::Status error_;
+  int64_t bytes_ = 0;
+  std::chrono::steady_clock::time_point first_put_;
+  bool started_ = false;
+  double transfer_seconds_ = 0;
+};
+
+}  // namespace tandem

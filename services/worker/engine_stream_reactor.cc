@@ -1,0 +1,103 @@
+#include "services/worker/engine_stream_reactor.h"
+
+#include "services/api/grpc_status.h"
+#include "services/api/proto_convert.h"
+
+namespace tandem {
+
+EngineStreamReactor* EngineStreamReactor::Failed(const grpc::Status& error) {
+  auto* r = new EngineStreamReactor();
+  r->finished_ = true;
+  r->Finish(error);
+  return r;
+}
+
+EngineStreamReactor* EngineStreamReactor::Start(Engine* engine, std::string request_id,
+                                                std::shared_ptr<OutputStream> stream) {
+  auto* r = new EngineStreamReactor();
+  r->engine_ = engine;
+  r->request_id_ = std::move(request_id);
+  r->stream_ = std::move(stream);
+  r->shared_ = std::make_shared<Shared>();
+  r->shared_->reactor = r;
+  std::weak_ptr<Shared> weak = r->shared_;
+  r->stream_->SetListener([weak] {
+    std::shared_ptr<Shared> s = weak.lock();
+    if (!s) return;
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (s->reactor != nullptr) s->reactor->Pump();
+  });
+  r->Pump();  // outputs may have arrived before the listener was set
+  return r;
+}
+
+void EngineStreamReactor::Pump() {
+  // Decide under the lock; call into gRPC outside it (its callbacks may run on any thread).
+  grpc::Status finish_with;
+  bool finish = false, write = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (writing_ || final_written_ || finished_) return;
+    std::optional<RequestOutput> out = stream_->TryNext();
+    if (!out) return;
+    if (out->finished && !out->status.ok()) {
+      // An error ends the call; outputs before it were already sent.
+      finished_ = finish = true;
+      finish_with = ToGrpcStatus(out->status);
+    } else {
+      response_.Clear();
+      ToProto(*out, &response_);
+      if (first_) {
+        response_.set_request_id(request_id_);
+        first_ = false;
+      }
+      writing_ = write = true;
+      final_written_ = out->finished;
+    }
+  }
+  if (finish) Finish(finish_with);
+  if (write) StartWrite(&response_);
+}
+
+void EngineStreamReactor::OnWriteDone(bool ok) {
+  bool finish = false;
+  grpc::Status status = grpc::Status::OK;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok && !finished_) {
+      // The client went away: stop the engine work.
+      finished_ = finish = true;
+      engine_->Cancel(request_id_);
+      status = grpc::Status(grpc::StatusCode::CANCELLED, "client stream closed");
+    } else if (ok && final_written_ && !finished_) {
+      finished_ = finish = true;
+    }
+  }
+  if (finish) {
+    Finish(status);
+    return;
+  }
+  if (ok) Pump();
+}
+
+void EngineStreamReactor::OnCancel() {
+  if (engine_ != nullptr) engine_->Cancel(request_id_);
+  bool finish = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!finished_ && !writing_) finished_ = finish = true;
+  }
+  // With a write in flight, OnWriteDone(false) finishes the call.
+  if (finish) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+}
+
+void EngineStreamReactor::OnDone() {
+  if (shared_) {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->reactor = nullptr;
+  }
+  delete this;
+}
+
+}  // namespace tandem

@@ -1,0 +1,51 @@
+// A server-streaming RPC fed by an engine OutputStream: writes each output as a
+// GenerateResponse, one write in flight at a time (outputs merge in the stream while a
+// write is pending, so a slow client never blocks the engine), cancels the engine request
+// when the call is cancelled or its deadline passes, and deletes itself when done.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "engine/runtime/engine.h"
+#include "tandem/v1/generation.pb.h"
+
+namespace tandem {
+
+class EngineStreamReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  // Ends immediately with `error` (not OK).
+  static EngineStreamReactor* Failed(const grpc::Status& error);
+  // Streams `stream`'s outputs for engine request `request_id`. The first response
+  // carries the request id.
+  static EngineStreamReactor* Start(Engine* engine, std::string request_id, std::shared_ptr<OutputStream> stream);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  EngineStreamReactor() = default;
+  // Shared with the engine-thread listener, which may outlive the reactor by a moment.
+  struct Shared {
+    std::mutex mu;
+    EngineStreamReactor* reactor = nullptr;  // null once the RPC is done
+  };
+  void Pump();  // writes the next pending output if no write is in flight
+
+  Engine* engine_ = nullptr;
+  std::string request_id_;
+  std::shared_ptr<OutputStream> stream_;
+  std::shared_ptr<Shared> shared_;
+  std::mutex mu_;
+  bool writing_ = false;
+  bool final_written_ = false;
+  bool finished_ = false;
+  bool first_ = true;
+  v1::GenerateResponse response_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,41 @@
+// What the prefill and decode services need from the KV transfer layer, kept this small
+// so the services are tested over an in-process transport and run over UCX:
+//  - the decode side exposes its KV pool (a serialized memory descriptor, registered once
+//    at startup);
+//  - the prefill side opens a write session to a peer's pool, puts byte ranges at pool
+//    offsets, and flushes (completion once every byte is remotely visible).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tandem {
+
+class KvWriteSession {
+ public:
+  virtual ~KvWriteSession() = default;
+  // Queues a write of `length` bytes at `local` (which must stay valid until Flush
+  // completes) to byte `pool_offset` of the destination pool. Errors: INVALID_ARGUMENT
+  // for a range outside the pool (nothing is written).
+  virtual absl::Status Put(const void* local, size_t length, uint64_t pool_offset) = 0;
+  // Calls `done` (on a transport thread) once every queued write is complete, or with the
+  // first failure (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED). Call once.
+  virtual void Flush(std::function<void(absl::Status)> done) = 0;
+};
+
+class KvTransport {
+ public:
+  virtual ~KvTransport() = default;
+  // Decode side: registers the KV pool (once) and returns its serialized descriptor.
+  virtual absl::StatusOr<std::string> ExposePool(void* base, size_t bytes) = 0;
+  // Prefill side. Errors: INVALID_ARGUMENT (a descriptor that does not parse), UNAVAILABLE.
+  virtual absl::StatusOr<std::unique_ptr<KvWriteSession>> OpenSession(const std::string& pool_descriptor) = 0;
+  virtual std::string name() const = 0;  // "ucx", "in-process"
+};
+
+}  // namespace tandem
