@@ -116,6 +116,19 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& r, 
   return ids;
 }
 
+absl::Status CheckLength(int64_t prompt_tokens, const StopParams& stop, int64_t context) {
+  if (prompt_tokens >= context) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt: ", prompt_tokens, " tokens; the model's context is ",
+                                                   context, " tokens"));
+  }
+  if (prompt_tokens + stop.max_tokens > context) {
+    return absl::InvalidArgumentError(absl::StrCat("stop.max_tokens: ", stop.max_tokens, " more tokens after a ",
+                                                   prompt_tokens, "-token prompt exceed the model's context of ",
+                                                   context, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> RequestIdOrNew(const std::string& requested) {
   if (!requested.empty()) {
     if (requested.size() > 128) return absl::InvalidArgumentError("request_id: longer than 128 bytes");

@@ -30,6 +30,10 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& r, 
 // ending with "<｜Assistant｜>" for the reply.
 absl::StatusOr<std::string> FormatChat(const v1::ChatMessages& chat, const Tokenizer& tokenizer);
 
+// The prompt must leave room for max_tokens in the model's context (as vLLM checks).
+// Errors: INVALID_ARGUMENT naming "prompt" or "stop.max_tokens".
+absl::Status CheckLength(int64_t prompt_tokens, const StopParams& stop, int64_t context);
+
 // A request id the caller chose (printable ASCII, <= 128 bytes) or a fresh one.
 absl::StatusOr<std::string> RequestIdOrNew(const std::string& requested);
 

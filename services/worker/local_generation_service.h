@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/runtime/engine.h"
+#include "services/api/generation_helpers.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace tandem {
@@ -27,14 +28,5 @@ class LocalGenerationService final : public v1::Generation::CallbackService {
   Engine* engine_;
   std::string model_name_;
 };
-
-// Shared by every Generation implementation: model-name check, tokenize/detokenize and
-// the model list, against a tokenizer and config.
-absl::Status CheckModelName(const std::string& requested, const std::string& served);
-absl::Status TokenizeInto(const v1::TokenizeRequest& r, const Tokenizer& tokenizer, const std::string& model_name,
-                          v1::TokenizeResponse* out);
-absl::Status DetokenizeInto(const v1::DetokenizeRequest& r, const Tokenizer& tokenizer, int64_t vocab_size,
-                            const std::string& model_name, v1::DetokenizeResponse* out);
-void ListModelsInto(const ModelConfig& config, const std::string& model_name, v1::ListModelsResponse* out);
 
 }  // namespace tandem

@@ -1,0 +1,23 @@
+// Pieces every tandem.v1.Generation implementation shares (the router and the workers):
+// the model-name check, Tokenize, Detokenize and ListModels against a tokenizer and config.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/model/model_config.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "tandem/v1/generation.pb.h"
+
+namespace tandem {
+
+// Shared by every Generation implementation: model-name check, tokenize/detokenize and
+// the model list, against a tokenizer and config.
+absl::Status CheckModelName(const std::string& requested, const std::string& served);
+absl::Status TokenizeInto(const v1::TokenizeRequest& r, const Tokenizer& tokenizer, const std::string& model_name,
+                          v1::TokenizeResponse* out);
+absl::Status DetokenizeInto(const v1::DetokenizeRequest& r, const Tokenizer& tokenizer, int64_t vocab_size,
+                            const std::string& model_name, v1::DetokenizeResponse* out);
+void ListModelsInto(const ModelConfig& config, const std::string& model_name, v1::ListModelsResponse* out);
+
+}  // namespace tandem

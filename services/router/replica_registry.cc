@@ -1,0 +1,117 @@
+#include "services/router/replica_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tandem {
+
+ReplicaRegistry::ReplicaRegistry(Options options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::string> ReplicaRegistry::Register(const v1::RegisterRequest& r) {
+  if (r.grpc_address().empty()) return absl::InvalidArgumentError("grpc_address: empty");
+  if (r.role() == v1::ROLE_UNSPECIFIED) return absl::InvalidArgumentError("role: unspecified");
+  if (options_.layout_fingerprint != 0 && r.layout_fingerprint() != options_.layout_fingerprint) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "layout_fingerprint: %016x differs from the router's %016x (another model or build); not admitted",
+        r.layout_fingerprint(), options_.layout_fingerprint));
+  }
+  auto replica = std::make_shared<Replica>();
+  replica->role = r.role();
+  replica->grpc_address = r.grpc_address();
+  replica->admin_address = r.admin_address();
+  replica->pid = r.pid();
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  replica->channel = grpc::CreateCustomChannel(r.grpc_address(), grpc::InsecureChannelCredentials(), args);
+  replica->prefill = v1::Prefill::NewStub(replica->channel);
+  replica->decode = v1::Decode::NewStub(replica->channel);
+  replica->generation = v1::Generation::NewStub(replica->channel);
+  replica->load = r.load();
+  replica->last_heartbeat = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  // A replica restarting on the same address replaces its old entry.
+  for (auto it = replicas_.begin(); it != replicas_.end();) {
+    if (it->second->grpc_address == r.grpc_address()) it = replicas_.erase(it);
+    else ++it;
+  }
+  const char* prefix = r.role() == v1::ROLE_PREFILL ? "prefill" : r.role() == v1::ROLE_DECODE ? "decode" : "both";
+  replica->id = absl::StrCat(prefix, "-", next_id_++);
+  replicas_[replica->id] = replica;
+  return replica->id;
+}
+
+bool ReplicaRegistry::Heartbeat(const v1::HeartbeatRequest& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = replicas_.find(r.replica_id());
+  if (it == replicas_.end()) return false;
+  it->second->load = r.load();
+  it->second->draining = r.draining();
+  it->second->last_heartbeat = std::chrono::steady_clock::now();
+  return true;
+}
+
+void ReplicaRegistry::Deregister(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  replicas_.erase(id);
+}
+
+std::vector<std::string> ReplicaRegistry::DropSilent() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto limit = options_.heartbeat_interval * options_.missed_heartbeats_to_drop;
+  std::vector<std::string> dropped;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = replicas_.begin(); it != replicas_.end();) {
+    if (now - it->second->last_heartbeat > limit) {
+      dropped.push_back(it->first);
+      it = replicas_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
+std::vector<ReplicaPtr> ReplicaRegistry::Candidates(v1::Role role) const {
+  std::vector<ReplicaPtr> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, r] : replicas_) {
+    if (r->draining) continue;
+    if (r->role == role) out.push_back(r);
+  }
+  return out;
+}
+
+ReplicaPtr ReplicaRegistry::PickRoundRobin(v1::Role role, const std::vector<std::string>& exclude) {
+  std::vector<ReplicaPtr> c = Candidates(role);
+  c.erase(std::remove_if(c.begin(), c.end(),
+                         [&](const ReplicaPtr& r) {
+                           return std::find(exclude.begin(), exclude.end(), r->id) != exclude.end();
+                         }),
+          c.end());
+  if (c.empty()) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  return c[rr_[role]++ % c.size()];
+}
+
+void ReplicaRegistry::List(v1::ListReplicasResponse* out) const {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  out->set_model(options_.model);
+  for (const auto& [id, r] : replicas_) {
+    v1::ReplicaInfo* info = out->add_replicas();
+    info->set_replica_id(id);
+    info->set_role(r->role);
+    info->set_grpc_address(r->grpc_address);
+    info->set_admin_address(r->admin_address);
+    *info->mutable_load() = r->load;
+    info->set_outstanding(r->outstanding.load());
+    info->set_state(r->draining ? "draining" : "ready");
+    info->set_last_heartbeat_ms_ago(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - r->last_heartbeat).count());
+    info->set_pid(r->pid);
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,104 @@
+// The router's view of the cluster: replicas that registered, their last load report and
+// heartbeat, the requests the router has in flight on each, and a gRPC channel to each.
+// Replicas that miss heartbeats are dropped; draining ones get no new work.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "tandem/v1/generation.grpc.pb.h"
+#include "tandem/v1/internal.grpc.pb.h"
+
+namespace tandem {
+
+struct Replica {
+  std::string id;
+  v1::Role role = v1::ROLE_UNSPECIFIED;
+  std::string grpc_address;
+  std::string admin_address;
+  int32_t pid = 0;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Prefill::Stub> prefill;
+  std::unique_ptr<v1::Decode::Stub> decode;
+  std::unique_ptr<v1::Generation::Stub> generation;
+  std::atomic<int32_t> outstanding{0};  // requests the router has in flight here
+  // Guarded by the registry's mutex:
+  v1::LoadReport load;
+  std::chrono::steady_clock::time_point last_heartbeat;
+  bool draining = false;
+};
+
+using ReplicaPtr = std::shared_ptr<Replica>;
+
+// Holds one unit of a replica's outstanding count while a request uses it.
+class ReplicaLease {
+ public:
+  ReplicaLease() = default;
+  explicit ReplicaLease(ReplicaPtr r) : replica_(std::move(r)) {
+    if (replica_) replica_->outstanding++;
+  }
+  ~ReplicaLease() { Reset(); }
+  ReplicaLease(ReplicaLease&& o) noexcept : replica_(std::move(o.replica_)) {}
+  ReplicaLease& operator=(ReplicaLease&& o) noexcept {
+    Reset();
+    replica_ = std::move(o.replica_);
+    return *this;
+  }
+  void Reset() {
+    if (replica_) replica_->outstanding--;
+    replica_.reset();
+  }
+  Replica* operator->() const { return replica_.get(); }
+  const ReplicaPtr& get() const { return replica_; }
+  explicit operator bool() const { return replica_ != nullptr; }
+
+ private:
+  ReplicaPtr replica_;
+};
+
+class ReplicaRegistry {
+ public:
+  struct Options {
+    std::chrono::milliseconds heartbeat_interval{1000};
+    int missed_heartbeats_to_drop = 3;
+    uint64_t layout_fingerprint = 0;  // replicas must match (0: accept any)
+    std::string model;
+  };
+  explicit ReplicaRegistry(Options options);
+
+  // Errors: FAILED_PRECONDITION (different KV layout: another model or build),
+  // INVALID_ARGUMENT (no address or role).
+  absl::StatusOr<std::string> Register(const v1::RegisterRequest& r);
+  // False if the replica is unknown (it should register again).
+  bool Heartbeat(const v1::HeartbeatRequest& r);
+  void Deregister(const std::string& id);
+  // Drops replicas silent for too long; returns their ids.
+  std::vector<std::string> DropSilent();
+
+  // Ready replicas able to serve `role` (both-replicas serve every role), in id order.
+  std::vector<ReplicaPtr> Candidates(v1::Role role) const;
+  // Round-robin choice among candidates not in `exclude`; null when none.
+  ReplicaPtr PickRoundRobin(v1::Role role, const std::vector<std::string>& exclude = {});
+  void List(v1::ListReplicasResponse* out) const;
+  const Options& options() const { return options_; }
+
+ private:
+  Options options_;
+  mutable std::mutex mu_;
+  std::map<std::string, ReplicaPtr> replicas_;
+  uint64_t next_id_ = 1;
+  std::map<v1::Role, uint64_t> rr_;
+};
+
+}  // namespace tandem

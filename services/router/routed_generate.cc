@@ -1,0 +1,446 @@
+#include "services/router/routed_generate.h"
+
+#include "absl/strings/str_cat.h"
+#include "services/api/generation_helpers.h"
+#include "services/api/grpc_status.h"
+#include "services/api/proto_convert.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kMaxPrefillAttempts = 3;
+constexpr auto kQueueRetryInterval = std::chrono::milliseconds(20);
+
+double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+bool IsFinal(const v1::GenerateResponse& r) {
+  return r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED || r.has_usage();
+}
+
+// Fire-and-forget release of a decode reservation (the replica also expires it).
+void SendRelease(const ReplicaPtr& replica, const std::string& id) {
+  struct Call {
+    ReplicaPtr replica;
+    grpc::ClientContext ctx;
+    v1::ReleaseRequest req;
+    v1::ReleaseResponse resp;
+  };
+  auto* call = new Call{replica, {}, {}, {}};
+  call->req.set_request_id(id);
+  call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  replica->decode->async()->Release(&call->ctx, &call->req, &call->resp, [call](grpc::Status) { delete call; });
+}
+
+}  // namespace
+
+RoutedGenerate::RoutedGenerate(const RouterContext& rc, grpc::CallbackServerContext* ctx)
+    : rc_(rc), ctx_(ctx), arrived_(Clock::now()), deadline_(ctx->deadline()) {}
+
+RoutedGenerate* RoutedGenerate::Start(const RouterContext& rc, grpc::CallbackServerContext* ctx,
+                                      const v1::GenerateRequest* request) {
+  auto* r = new RoutedGenerate(rc, ctx);
+  absl::Status st = r->Prepare(*request);
+  if (!st.ok()) {
+    r->Fail(ToGrpcStatus(st));
+    return r;
+  }
+  ctx->AddInitialMetadata("x-request-id", r->id_);
+  r->Route();
+  return r;
+}
+
+absl::Status RoutedGenerate::Prepare(const v1::GenerateRequest& r) {
+  const int64_t vocab = rc_.config->vocab_size;
+  if (absl::Status s = CheckModelName(r.model(), rc_.model_name); !s.ok()) return s;
+  absl::StatusOr<std::string> id = RequestIdOrNew(r.request_id());
+  if (!id.ok()) return id.status();
+  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(r, *rc_.tokenizer, vocab);
+  if (!prompt.ok()) return prompt.status();
+  absl::StatusOr<SamplingParams> sampling = FromProto(r.sampling(), vocab);
+  if (!sampling.ok()) return sampling.status();
+  absl::StatusOr<StopParams> stop = FromProto(r.stop(), vocab);
+  if (!stop.ok()) return stop.status();
+  if (absl::Status s = CheckLength(prompt->size(), *stop, rc_.config->max_position_embeddings); !s.ok()) return s;
+  id_ = *id;
+  prompt_ = std::move(*prompt);
+  ToProto(*sampling, &sampling_);
+  ToProto(*stop, &stop_);
+  original_ = r;
+  original_.set_request_id(id_);
+  return absl::OkStatus();
+}
+
+std::unique_ptr<grpc::ClientContext> RoutedGenerate::NewClientContext() {
+  auto c = std::make_unique<grpc::ClientContext>();
+  if (deadline_ != std::chrono::system_clock::time_point::max()) c->set_deadline(deadline_);
+  c->AddMetadata("x-request-id", id_);
+  return c;
+}
+
+bool RoutedGenerate::IsActive() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !finished_ && !cancelled_;
+}
+
+void RoutedGenerate::Route() {
+  if (!rc_.registry->Candidates(v1::ROLE_DECODE).empty() && !rc_.registry->Candidates(v1::ROLE_PREFILL).empty()) {
+    Reserve();
+  } else if (!rc_.registry->Candidates(v1::ROLE_BOTH).empty()) {
+    StartAggregated();
+  } else {
+    Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "no replicas: need prefill and decode replicas, or --role both workers, registered"));
+  }
+}
+
+void RoutedGenerate::Reserve() {
+  ReplicaPtr d = rc_.registry->PickRoundRobin(v1::ROLE_DECODE, tried_decode_);
+  if (!d) {
+    if (!tried_decode_.empty() && !rc_.registry->Candidates(v1::ROLE_DECODE).empty()) {
+      WaitAndRetry();  // every decode replica is full right now
+    } else {
+      Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode replica is available"));
+    }
+    return;
+  }
+  decode_ = ReplicaLease(d);
+  reserve_req_.set_request_id(id_);
+  reserve_req_.set_num_tokens(static_cast<int32_t>(prompt_.size()));
+  reserve_req_.set_layout_fingerprint(rc_.layout_fingerprint);
+  reserve_resp_.Clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || cancelled_) return;
+    reserve_ctx_ = NewClientContext();
+  }
+  Ref();
+  d->decode->async()->Reserve(reserve_ctx_.get(), &reserve_req_, &reserve_resp_, [this](grpc::Status s) {
+    OnReserved(s);
+    Unref();
+  });
+}
+
+void RoutedGenerate::OnReserved(const grpc::Status& s) {
+  if (s.ok()) lease_held_ = true;
+  if (!IsActive()) {
+    ReleaseLease();
+    return;
+  }
+  if (s.ok()) {
+    Prefill();
+    return;
+  }
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED || s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    tried_decode_.push_back(decode_->id);
+    decode_.Reset();
+    Reserve();
+    return;
+  }
+  Fail(s);
+}
+
+void RoutedGenerate::WaitAndRetry() {
+  const auto now = std::chrono::system_clock::now();
+  const auto limit = deadline_ != std::chrono::system_clock::time_point::max()
+                         ? deadline_
+                         : now + rc_.max_queue_wait - std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                                          Clock::now() - arrived_);
+  if (now + kQueueRetryInterval >= limit) {
+    Fail(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "no decode replica had KV cache room for the request in time; retry later"));
+    return;
+  }
+  tried_decode_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || cancelled_) return;
+    alarm_ = std::make_unique<grpc::Alarm>();
+  }
+  Ref();
+  alarm_->Set(now + kQueueRetryInterval, [this](bool ok) {
+    if (ok && IsActive()) Reserve();
+    Unref();
+  });
+}
+
+void RoutedGenerate::Prefill() {
+  ReplicaPtr p = rc_.registry->PickRoundRobin(v1::ROLE_PREFILL, tried_prefill_);
+  if (!p) {
+    ReleaseLease();
+    Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      tried_prefill_.empty() ? "no prefill replica is available" : "prefill failed on every replica"));
+    return;
+  }
+  ++prefill_attempts_;
+  prefill_ = ReplicaLease(p);
+  prefill_req_.Clear();
+  prefill_req_.set_request_id(id_);
+  for (int32_t t : prompt_) prefill_req_.add_prompt(t);
+  *prefill_req_.mutable_sampling() = sampling_;
+  *prefill_req_.mutable_stop() = stop_;
+  *prefill_req_.mutable_destination() = reserve_resp_.destination();
+  prefill_resp_.Clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || cancelled_) return;
+    prefill_ctx_ = NewClientContext();
+  }
+  Ref();
+  p->prefill->async()->Prefill(prefill_ctx_.get(), &prefill_req_, &prefill_resp_, [this](grpc::Status s) {
+    OnPrefilled(s);
+    Unref();
+  });
+}
+
+void RoutedGenerate::OnPrefilled(const grpc::Status& s) {
+  if (!IsActive()) {
+    ReleaseLease();
+    return;
+  }
+  if (!s.ok()) {
+    const bool retry = prefill_attempts_ < kMaxPrefillAttempts;
+    if (retry && s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      // The prefill replica is gone: the same reservation serves another one.
+      tried_prefill_.push_back(prefill_->id);
+      prefill_.Reset();
+      Prefill();
+      return;
+    }
+    if (retry && s.error_code() == grpc::StatusCode::ABORTED) {
+      // The transfer failed: start over with a fresh lease.
+      ReleaseLease();
+      tried_decode_.push_back(decode_->id);
+      decode_.Reset();
+      Reserve();
+      return;
+    }
+    ReleaseLease();
+    Fail(s);
+    return;
+  }
+  prefill_.Reset();
+  first_token_at_ = Clock::now();
+  v1::GenerateResponse first;
+  first.set_request_id(id_);
+  if (prefill_resp_.first_token() >= 0) first.add_token_ids(prefill_resp_.first_token());
+  first.set_text(prefill_resp_.text());
+  *first.mutable_logprobs() = prefill_resp_.logprobs();
+  if (prefill_resp_.finished()) {
+    first.set_finish_reason(prefill_resp_.finish_reason());
+    first.set_matched_stop(prefill_resp_.matched_stop());
+    v1::Usage usage;
+    usage.set_completion_tokens(1);
+    FillFinal(&first, &usage);
+    ReleaseLease();
+    Send(std::move(first), /*final=*/true);
+    return;
+  }
+  Send(std::move(first), /*final=*/false);
+  StartDecode();
+}
+
+void RoutedGenerate::StartDecode() {
+  decode_req_.Clear();
+  decode_req_.set_request_id(id_);
+  for (int32_t t : prompt_) decode_req_.add_prompt(t);
+  decode_req_.set_first_token(prefill_resp_.first_token());
+  *decode_req_.mutable_sampling() = sampling_;
+  *decode_req_.mutable_stop() = stop_;
+  decode_req_.set_kv_bytes(prefill_resp_.kv_bytes());
+  decode_req_.set_kv_checksum(prefill_resp_.kv_checksum());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || cancelled_) return;
+    stream_ctx_ = NewClientContext();
+    reader_ = std::make_unique<Reader>(this);
+    lease_held_ = false;  // the Decode call consumes it
+  }
+  Ref();
+  decode_->decode->async()->Decode(stream_ctx_.get(), &decode_req_, reader_.get());
+  reader_->StartRead(&reader_->message);
+  reader_->StartCall();
+}
+
+void RoutedGenerate::StartAggregated() {
+  ReplicaPtr w = rc_.registry->PickRoundRobin(v1::ROLE_BOTH);
+  if (!w) {
+    Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no worker is available"));
+    return;
+  }
+  decode_ = ReplicaLease(w);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || cancelled_) return;
+    stream_ctx_ = NewClientContext();
+    reader_ = std::make_unique<Reader>(this);
+  }
+  Ref();
+  w->generation->async()->Generate(stream_ctx_.get(), &original_, reader_.get());
+  reader_->StartRead(&reader_->message);
+  reader_->StartCall();
+}
+
+void RoutedGenerate::Reader::OnReadDone(bool ok) {
+  if (ok) parent_->OnReaderMessage();
+}
+
+void RoutedGenerate::Reader::OnDone(const grpc::Status& s) {
+  RoutedGenerate* p = parent_;
+  p->OnReaderDone(s);
+  p->Unref();
+}
+
+void RoutedGenerate::OnReaderMessage() {
+  v1::GenerateResponse msg = std::move(reader_->message);
+  reader_->message.Clear();
+  const bool final = IsFinal(msg);
+  if (!sent_first_) {
+    // Aggregated path: the worker's first message is the first token.
+    first_token_at_ = Clock::now();
+  }
+  if (final) {
+    const v1::Usage usage = msg.usage();
+    FillFinal(&msg, &usage);
+    std::lock_guard<std::mutex> lock(mu_);
+    final_seen_ = true;
+  }
+  if (sent_first_) msg.clear_request_id();
+  bool read_more = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!final) {
+      // Keep reading while the client keeps up; otherwise resume after a write completes.
+      if (pending_writes_.size() < 4) read_more = true;
+      else reader_waiting_for_write_ = true;
+    }
+  }
+  Send(std::move(msg), final);
+  if (read_more) reader_->StartRead(&reader_->message);
+}
+
+void RoutedGenerate::OnReaderDone(const grpc::Status& s) {
+  decode_.Reset();
+  if (!s.ok()) {
+    Fail(s);
+    return;
+  }
+  bool final_seen;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_seen = final_seen_;
+  }
+  if (!final_seen) Fail(grpc::Status(grpc::StatusCode::INTERNAL, "the replica's stream ended without a final message"));
+}
+
+void RoutedGenerate::FillFinal(v1::GenerateResponse* r, const v1::Usage* downstream_usage) {
+  const bool disaggregated = reserve_resp_.has_destination();
+  v1::Usage* u = r->mutable_usage();
+  u->set_prompt_tokens(static_cast<int32_t>(prompt_.size()));
+  u->set_completion_tokens(downstream_usage != nullptr ? downstream_usage->completion_tokens() : 1);
+  u->set_cached_prompt_tokens(disaggregated ? prefill_resp_.cached_prompt_tokens()
+                                            : (downstream_usage ? downstream_usage->cached_prompt_tokens() : 0));
+  v1::Timing* t = r->mutable_timing();
+  if (disaggregated) {
+    t->set_queue_ms(prefill_resp_.queue_ms());
+    t->set_prefill_ms(prefill_resp_.prefill_ms());
+    t->set_transfer_ms(prefill_resp_.transfer_ms());
+  }
+  t->set_ttft_ms(std::chrono::duration<double, std::milli>(first_token_at_ - arrived_).count());
+  t->set_e2e_ms(MsSince(arrived_));
+}
+
+void RoutedGenerate::Send(v1::GenerateResponse r, bool final) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    sent_first_ = true;
+    pending_writes_.emplace_back(std::move(r), final);
+  }
+  PumpWrites();
+}
+
+void RoutedGenerate::PumpWrites() {
+  bool final = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (writing_ || finished_ || pending_writes_.empty()) return;
+    in_flight_ = std::move(pending_writes_.front().first);
+    final = pending_writes_.front().second;
+    pending_writes_.pop_front();
+    writing_ = true;
+    if (final) finished_ = true;
+  }
+  if (final) StartWriteAndFinish(&in_flight_, grpc::WriteOptions(), grpc::Status::OK);
+  else StartWrite(&in_flight_);
+}
+
+void RoutedGenerate::OnWriteDone(bool ok) {
+  bool resume_read = false, fail = false;
+  std::optional<grpc::Status> deferred;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    deferred.swap(deferred_finish_);
+    if (!deferred && finished_) return;  // StartWriteAndFinish: nothing follows
+    if (!ok) {
+      fail = true;
+    } else if (reader_waiting_for_write_ && pending_writes_.size() < 4) {
+      reader_waiting_for_write_ = false;
+      resume_read = true;
+    }
+  }
+  if (deferred) {
+    Finish(*deferred);  // Fail() ran while this write was in flight
+    return;
+  }
+  if (fail) {
+    Fail(grpc::Status(grpc::StatusCode::CANCELLED, "client stream closed"));
+    return;
+  }
+  if (resume_read) reader_->StartRead(&reader_->message);
+  PumpWrites();
+}
+
+void RoutedGenerate::Fail(const grpc::Status& s) {
+  bool finish_now = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    pending_writes_.clear();
+    for (auto* c : {reserve_ctx_.get(), prefill_ctx_.get(), stream_ctx_.get()}) {
+      if (c != nullptr) c->TryCancel();
+    }
+    if (alarm_) alarm_->Cancel();
+    // Finish must not overlap a write: with one in flight, OnWriteDone finishes.
+    if (writing_) deferred_finish_ = s;
+    else finish_now = true;
+  }
+  ReleaseLease();
+  if (finish_now) Finish(s);
+}
+
+void RoutedGenerate::OnCancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+  }
+  Fail(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+}
+
+void RoutedGenerate::ReleaseLease() {
+  ReplicaPtr d;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!lease_held_ || !decode_) return;
+    lease_held_ = false;
+    d = decode_.get();
+  }
+  SendRelease(d, id_);
+}
+
+void RoutedGenerate::OnDone() { Unref(); }
+
+}  // namespace tandem

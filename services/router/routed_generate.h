@@ -1,0 +1,135 @@
+// One client Generate call through the router (DESIGN.md §3):
+//   disaggregated: Decode.Reserve on a decode replica (a lease on KV blocks) -> Prefill on a
+//   prefill replica, which writes the KV into those blocks layer by layer and returns the
+//   first token (sent to the client at once: that is TTFT) -> Decode on the decode
+//   replica, whose tokens are forwarded as they come;
+//   aggregated: when only `--role both` workers are up, their Generate is forwarded.
+// A full decode replica means trying another, or waiting (never failing a request that
+// could wait) until the call's deadline. Cancellation and deadlines propagate downstream;
+// an unused lease is released. The reactor owns itself: it is deleted when the client
+// call and every downstream call have completed.
+#pragma once
+
+#include <grpcpp/alarm.h>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/model/model_config.h"
+#include "engine/runtime/sampling_params.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "services/router/replica_registry.h"
+#include "tandem/v1/generation.pb.h"
+#include "tandem/v1/internal.pb.h"
+
+namespace tandem {
+
+struct RouterContext {
+  ReplicaRegistry* registry = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  const ModelConfig* config = nullptr;
+  std::string model_name;
+  uint64_t layout_fingerprint = 0;
+  // How long a request may wait for KV room on a decode replica when the client set no
+  // deadline.
+  std::chrono::milliseconds max_queue_wait{30000};
+};
+
+class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  static RoutedGenerate* Start(const RouterContext& rc, grpc::CallbackServerContext* ctx,
+                               const v1::GenerateRequest* request);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  // Reads a downstream stream (Decode, or a both-worker's Generate) into the client.
+  class Reader : public grpc::ClientReadReactor<v1::GenerateResponse> {
+   public:
+    explicit Reader(RoutedGenerate* parent) : parent_(parent) {}
+    void OnReadDone(bool ok) override;
+    void OnDone(const grpc::Status& s) override;
+    v1::GenerateResponse message;
+
+   private:
+    RoutedGenerate* parent_;
+  };
+
+  RoutedGenerate(const RouterContext& rc, grpc::CallbackServerContext* ctx);
+  absl::Status Prepare(const v1::GenerateRequest& r);
+  void Route();
+  void Reserve();
+  void OnReserved(const grpc::Status& s);
+  void Prefill();
+  void OnPrefilled(const grpc::Status& s);
+  void StartDecode();
+  void StartAggregated();
+  void WaitAndRetry();
+  void OnReaderMessage();  // Reader has a message in Reader::message
+  void OnReaderDone(const grpc::Status& s);
+  void ReleaseLease();
+
+  void Send(v1::GenerateResponse r, bool final);  // queue a write to the client
+  void PumpWrites();
+  void Fail(const grpc::Status& s);
+  void FillFinal(v1::GenerateResponse* r, const v1::Usage* downstream_usage);
+  std::unique_ptr<grpc::ClientContext> NewClientContext();
+  bool IsActive();  // not finished, not cancelled
+
+  void Ref() { refs_.fetch_add(1); }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  const RouterContext rc_;
+  grpc::CallbackServerContext* const ctx_;
+  const std::chrono::steady_clock::time_point arrived_;
+  std::chrono::system_clock::time_point deadline_;
+  std::atomic<int> refs_{1};  // the server call + each downstream call in flight
+
+  // The request as the replicas get it.
+  std::string id_;
+  std::vector<int32_t> prompt_;
+  v1::SamplingParams sampling_;
+  v1::StopConditions stop_;
+  std::string text_;  // aggregated path: the original request
+  v1::GenerateRequest original_;
+
+  std::mutex mu_;
+  bool finished_ = false;
+  bool cancelled_ = false;
+  std::deque<std::pair<v1::GenerateResponse, bool>> pending_writes_;
+  bool writing_ = false;
+  v1::GenerateResponse in_flight_;
+  bool reader_waiting_for_write_ = false;
+  std::optional<grpc::Status> deferred_finish_;
+
+  ReplicaLease decode_;
+  ReplicaLease prefill_;
+  std::vector<std::string> tried_decode_;
+  std::vector<std::string> tried_prefill_;
+  int prefill_attempts_ = 0;
+  std::unique_ptr<grpc::ClientContext> reserve_ctx_, prefill_ctx_, stream_ctx_;
+  v1::ReserveRequest reserve_req_;
+  v1::ReserveResponse reserve_resp_;
+  v1::PrefillRequest prefill_req_;
+  v1::PrefillResponse prefill_resp_;
+  v1::DecodeRequest decode_req_;
+  bool lease_held_ = false;
+  std::unique_ptr<Reader> reader_;
+  std::unique_ptr<grpc::Alarm> alarm_;
+  std::chrono::steady_clock::time_point first_token_at_;
+  bool sent_first_ = false;
+  bool final_seen_ = false;
+};
+
+}  // namespace tandem
