@@ -47,6 +47,7 @@ void TransferKvSink::OnLayerKv(const KvSlice& s) {
     bytes_ += static_cast<int64_t>(length);
     p += n;
   }
+  session_->Commit();  // this layer moves while the next one computes
 }
 
 void TransferKvSink::Flush(std::function<void(absl::Status)> done) {

@@ -23,8 +23,11 @@ class KvWriteSession {
   // completes) to byte `pool_offset` of the destination pool. Errors: INVALID_ARGUMENT
   // for a range outside the pool (nothing is written).
   virtual absl::Status Put(const void* local, size_t length, uint64_t pool_offset) = 0;
-  // Calls `done` (on a transport thread) once every queued write is complete, or with the
-  // first failure (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED). Call once.
+  // Starts moving what was put so far, without waiting (one layer's writes go while the
+  // next layer computes).
+  virtual void Commit() = 0;
+  // Commits, then calls `done` (on a transport thread) once every write is complete, or
+  // with the first failure (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED). Call once.
   virtual void Flush(std::function<void(absl::Status)> done) = 0;
 };
 

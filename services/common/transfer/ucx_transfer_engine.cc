@@ -1,0 +1,653 @@
+#include "services/common/transfer/ucx_transfer_engine.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "kernels/common/check.h"
+
+namespace tandem::transfer {
+namespace {
+
+absl::Status FromUcs(ucs_status_t status, std::string_view what) {
+  std::string message = absl::StrCat(std::string(what), ": ", ucs_status_string(status));
+  switch (status) {
+    case UCS_OK:
+      return absl::OkStatus();
+    case UCS_ERR_CANCELED:
+      return absl::CancelledError(message);
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+      return absl::InvalidArgumentError(message);
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_EXCEEDS_LIMIT:
+      return absl::ResourceExhaustedError(message);
+    case UCS_ERR_UNSUPPORTED:
+    case UCS_ERR_NOT_IMPLEMENTED:
+      return absl::UnimplementedError(message);
+    case UCS_ERR_NO_RESOURCE:
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_SOME_CONNECTS_FAILED:
+    case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_SHMEM_SEGMENT:
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_CONNECTION_RESET:
+      return absl::UnavailableError(message);
+    default:
+      if (UCS_IS_LINK_ERROR(status) || UCS_IS_ENDPOINT_ERROR(status)) {
+        return absl::UnavailableError(message);
+      }
+      return absl::InternalError(message);
+  }
+}
+
+std::string ErrnoMessage(std::string_view what) {
+  return absl::StrCat(std::string(what), ": ", std::strerror(errno));
+}
+
+}  // namespace
+
+// Owns the ucp context and worker and runs the progress thread. Everything below that
+// touches UCX runs on that thread, except context teardown after the thread stopped.
+class UcxTransferEngine::Worker {
+ public:
+  static absl::StatusOr<std::shared_ptr<Worker>> Create(const Options& options);
+  ~Worker();
+
+  void Start(UcxTransferEngine* engine);
+  // Cancels what is in flight, closes endpoints, destroys the ucp worker, joins the thread.
+  void Stop();
+
+  const std::string& address() const { return address_; }
+  ucp_context_h context() const { return context_; }
+  bool peer_failure_detection() const { return peer_failure_detection_.load(); }
+  bool OnThread() const { return std::this_thread::get_id() == thread_id_.load(); }
+
+  void Submit(Submission submission);
+  // Runs `fn` on the progress thread and waits for it; inline on that thread or once the
+  // thread has stopped (context-only calls such as ucp_mem_unmap stay valid until the
+  // context is cleaned up with the last reference to this Worker).
+  void RunSync(absl::AnyInvocable<void()> fn);
+
+ private:
+  struct Peer;
+  struct Batch {
+    Worker* worker = nullptr;
+    Submission s;
+    Peer* peer = nullptr;
+    int outstanding = 0;  // UCX requests (puts, flush) not completed yet
+    bool posted = false;  // every put and the flush were issued
+    absl::Status status;  // first error
+    void Fail(const absl::Status& error) {
+      if (status.ok()) status = error;
+    }
+  };
+  struct Peer {
+    Worker* worker = nullptr;
+    std::string address;
+    ucp_ep_h ep = nullptr;
+    absl::flat_hash_map<std::string, ucp_rkey_h> rkeys;  // packed rkey -> unpacked
+    absl::flat_hash_set<Batch*> batches;                // in flight on this endpoint
+    absl::Status failure;                               // set once the endpoint is dropped
+    bool close_started = false;
+    bool closed = false;
+  };
+
+  explicit Worker(const Options& options) : options_(options) {}
+  absl::Status Init();
+
+  void Loop();
+  bool RunCommands();
+  void Execute(std::unique_ptr<Batch> batch);
+  absl::StatusOr<Peer*> GetPeer(const std::string& address);
+  absl::StatusOr<ucp_rkey_h> GetRkey(Peer* peer, const std::string& packed);
+  void MaybeFinish(Batch* batch);
+  void DropPeer(Peer* peer, const absl::Status& why);
+  void StartClose(Peer* peer);
+  void AfterProgress();
+  void CheckDeadlines(absl::Time now);
+  absl::Time NextDeadline() const;
+  void Wake();
+
+  static void OnRequestDone(void* request, ucs_status_t status, void* user_data);
+  static void OnCloseDone(void* request, ucs_status_t status, void* user_data);
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  const Options options_;
+  UcxTransferEngine* engine_ = nullptr;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  int epoll_fd_ = -1;
+  int event_fd_ = -1;
+  std::thread thread_;
+  std::atomic<std::thread::id> thread_id_{};
+
+  // Hand-off from callers. `sleeping_` tells producers to write the eventfd.
+  absl::Mutex mu_;
+  std::vector<absl::AnyInvocable<void()>> commands_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> sleeping_{false};
+  std::atomic<bool> peer_failure_detection_{true};
+  absl::Mutex inline_mu_;  // serializes RunSync after the thread stopped
+
+  // Progress-thread state.
+  bool shutting_down_ = false;
+  absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_;  // live endpoints
+  std::vector<std::unique_ptr<Peer>> dropped_;  // closing, or still referenced by batches
+  absl::flat_hash_map<Batch*, std::unique_ptr<Batch>> in_flight_;
+  std::vector<Batch*> finished_;  // done runs after ucp_worker_progress returns
+  absl::Time next_deadline_check_ = absl::InfinitePast();
+};
+
+absl::StatusOr<std::shared_ptr<UcxTransferEngine::Worker>> UcxTransferEngine::Worker::Create(
+    const Options& options) {
+  std::shared_ptr<Worker> worker(new Worker(options));
+  absl::Status status = worker->Init();
+  if (!status.ok()) return status;
+  return worker;
+}
+
+absl::Status UcxTransferEngine::Worker::Init() {
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return FromUcs(st, "ucp_config_read");
+  for (const auto& [name, value] : options_.ucx_config) {
+    st = ucp_config_modify(config, name.c_str(), value.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      return FromUcs(st, absl::StrCat("UCX setting ", name, "=", value));
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.name = "tandem-transfer";
+  st = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (st != UCS_OK) return FromUcs(st, "ucp_init");
+
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+  st = ucp_worker_create(context_, &wparams, &worker_);
+  if (st != UCS_OK) return FromUcs(st, "ucp_worker_create");
+
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  st = ucp_worker_get_address(worker_, &addr, &addr_len);
+  if (st != UCS_OK) return FromUcs(st, "ucp_worker_get_address");
+  address_.assign(reinterpret_cast<const char*>(addr), addr_len);
+  ucp_worker_release_address(worker_, addr);
+
+  int worker_fd = -1;
+  st = ucp_worker_get_efd(worker_, &worker_fd);
+  if (st != UCS_OK) return FromUcs(st, "ucp_worker_get_efd");
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) return absl::InternalError(ErrnoMessage("epoll_create1"));
+  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (event_fd_ < 0) return absl::InternalError(ErrnoMessage("eventfd"));
+  for (int fd : {worker_fd, event_fd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      return absl::InternalError(ErrnoMessage("epoll_ctl"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+UcxTransferEngine::Worker::~Worker() {
+  TANDEM_CHECK(!thread_.joinable()) << "UCX transfer worker destroyed while running";
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);  // only if Start never ran
+  if (context_ != nullptr) ucp_cleanup(context_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (event_fd_ >= 0) close(event_fd_);
+}
+
+void UcxTransferEngine::Worker::Start(UcxTransferEngine* engine) {
+  engine_ = engine;
+  thread_ = std::thread([this] {
+    thread_id_.store(std::this_thread::get_id());
+    Loop();
+  });
+  while (thread_id_.load() == std::thread::id()) std::this_thread::yield();
+}
+
+void UcxTransferEngine::Worker::Stop() {
+  if (!thread_.joinable()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  Wake();
+  thread_.join();
+}
+
+void UcxTransferEngine::Worker::Wake() {
+  const uint64_t one = 1;
+  ssize_t n = write(event_fd_, &one, sizeof(one));
+  (void)n;  // EAGAIN only when the counter is saturated: the thread is awake anyway
+}
+
+void UcxTransferEngine::Worker::Submit(Submission submission) {
+  auto batch = std::make_unique<Batch>();
+  batch->worker = this;
+  batch->s = std::move(submission);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopped_) {
+      commands_.push_back([this, b = std::move(batch)]() mutable { Execute(std::move(b)); });
+    }
+  }
+  if (batch != nullptr) {  // the thread is gone (engine destroyed): nothing can run it
+    batch->s.done(absl::CancelledError("UCX transfer engine was shut down"));
+    return;
+  }
+  if (sleeping_.load()) Wake();
+}
+
+void UcxTransferEngine::Worker::RunSync(absl::AnyInvocable<void()> fn) {
+  if (OnThread()) {
+    fn();
+    return;
+  }
+  absl::Notification done;
+  bool queued = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopped_) {  // the thread runs every command queued before it sets stopped_
+      commands_.push_back([&fn, &done] {
+        fn();
+        done.Notify();
+      });
+      queued = true;
+    }
+  }
+  if (queued) {
+    Wake();
+    done.WaitForNotification();
+    return;
+  }
+  absl::MutexLock lock(&inline_mu_);
+  fn();
+}
+
+bool UcxTransferEngine::Worker::RunCommands() {
+  std::vector<absl::AnyInvocable<void()>> commands;
+  {
+    absl::MutexLock lock(&mu_);
+    commands.swap(commands_);
+    if (stopping_ && !shutting_down_) {
+      shutting_down_ = true;
+      const absl::Status cancelled = absl::CancelledError("UCX transfer engine was shut down");
+      for (auto& [ptr, batch] : in_flight_) batch->Fail(cancelled);
+      std::vector<Peer*> live;
+      for (auto& [address, peer] : peers_) live.push_back(peer.get());
+      for (Peer* peer : live) DropPeer(peer, cancelled);
+    }
+  }
+  for (auto& command : commands) command();
+  return !commands.empty();
+}
+
+void UcxTransferEngine::Worker::Loop() {
+  absl::Time busy_until = absl::Now() + options_.idle_spin;
+  while (true) {
+    const bool ran = RunCommands();
+    const unsigned progressed = ucp_worker_progress(worker_);
+    AfterProgress();
+    const absl::Time now = absl::Now();
+    if (now >= next_deadline_check_) CheckDeadlines(now);
+
+    if (shutting_down_ && in_flight_.empty() && dropped_.empty()) {
+      absl::MutexLock lock(&mu_);
+      if (commands_.empty()) {
+        stopped_ = true;
+        break;
+      }
+      continue;
+    }
+    if (ran || progressed != 0 || !in_flight_.empty() || !dropped_.empty()) {
+      busy_until = now + options_.idle_spin;
+      continue;
+    }
+    if (now < busy_until) continue;
+
+    // Idle: arm the worker and sleep until UCX or a producer has something.
+    sleeping_.store(true);
+    bool has_commands;
+    {
+      absl::MutexLock lock(&mu_);
+      has_commands = !commands_.empty() || stopping_;
+    }
+    if (!has_commands && ucp_worker_arm(worker_) == UCS_OK) {
+      epoll_event events[2];
+      epoll_wait(epoll_fd_, events, 2, -1);
+    }
+    sleeping_.store(false);
+    uint64_t drained;
+    while (read(event_fd_, &drained, sizeof(drained)) > 0) {
+    }
+    busy_until = absl::Now() + options_.idle_spin;
+  }
+
+  // Every endpoint is closed and every batch completed: release the worker here, on its
+  // own thread. The context stays for regions that are still registered.
+  ucp_worker_destroy(worker_);
+  worker_ = nullptr;
+}
+
+void UcxTransferEngine::Worker::Execute(std::unique_ptr<Batch> owned) {
+  Batch* batch = owned.get();
+  in_flight_[batch] = std::move(owned);
+  Submission& s = batch->s;
+  if (!s.error.ok()) {
+    batch->Fail(s.error);
+  } else if (shutting_down_) {
+    batch->Fail(absl::CancelledError("UCX transfer engine was shut down"));
+  } else if (absl::Now() > s.deadline) {
+    batch->Fail(absl::DeadlineExceededError("transfer batch timed out before it started"));
+  }
+  if (!batch->status.ok() || s.puts.empty()) {
+    batch->posted = true;
+    MaybeFinish(batch);
+    return;
+  }
+
+  absl::StatusOr<Peer*> peer = GetPeer(s.destination.engine_address);
+  absl::StatusOr<ucp_rkey_h> rkey =
+      peer.ok() ? GetRkey(*peer, s.destination.rkey) : absl::StatusOr<ucp_rkey_h>(peer.status());
+  if (!rkey.ok()) {
+    batch->Fail(rkey.status());
+    batch->posted = true;
+    MaybeFinish(batch);
+    return;
+  }
+  batch->peer = *peer;
+  batch->peer->batches.insert(batch);
+  next_deadline_check_ = std::min(next_deadline_check_, s.deadline);
+
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  param.cb.send = &Worker::OnRequestDone;
+  param.user_data = batch;
+  param.memory_type = UCS_MEMORY_TYPE_HOST;
+  ucp_ep_h ep = batch->peer->ep;
+  for (const PutOp& op : s.puts) {
+    ucs_status_ptr_t request = ucp_put_nbx(ep, op.local, op.length,
+                                           s.destination.base + op.remote_offset, *rkey, &param);
+    if (UCS_PTR_IS_ERR(request)) {
+      batch->Fail(FromUcs(UCS_PTR_STATUS(request), "ucp_put_nbx"));
+      break;
+    }
+    if (request != nullptr) ++batch->outstanding;
+  }
+  // Remote completion of everything issued on the endpoint so far (puts are only locally
+  // complete when their own requests finish).
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  ucs_status_ptr_t flush = ucp_ep_flush_nbx(ep, &param);
+  if (UCS_PTR_IS_ERR(flush)) {
+    batch->Fail(FromUcs(UCS_PTR_STATUS(flush), "ucp_ep_flush_nbx"));
+  } else if (flush != nullptr) {
+    ++batch->outstanding;
+  }
+  batch->posted = true;
+  MaybeFinish(batch);
+}
+
+absl::StatusOr<UcxTransferEngine::Worker::Peer*> UcxTransferEngine::Worker::GetPeer(
+    const std::string& address) {
+  auto it = peers_.find(address);
+  if (it != peers_.end()) return it->second.get();
+
+  auto peer = std::make_unique<Peer>();
+  peer->worker = this;
+  peer->address = address;
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &Worker::OnEndpointError;
+  params.err_handler.arg = peer.get();
+  ucs_status_t st = ucp_ep_create(worker_, &params, &peer->ep);
+  if (st == UCS_ERR_UNREACHABLE && !options_.require_peer_failure_detection) {
+    // UCX 1.13's shared-memory transports (posix, sysv, self) cannot detect a dead peer, so
+    // with only those no lane qualifies for UCP_ERR_HANDLING_MODE_PEER. Connect without
+    // it: deadlines (and the force close they trigger) are then what bounds a failure.
+    params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(worker_, &params, &peer->ep);
+    if (st == UCS_OK) peer_failure_detection_.store(false);
+  }
+  if (st != UCS_OK) {
+    engine_->CountEndpointFailure();
+    return FromUcs(st, "cannot connect to the transfer peer (ucp_ep_create)");
+  }
+  engine_->CountEndpointCreated();
+  Peer* raw = peer.get();
+  peers_[address] = std::move(peer);
+  return raw;
+}
+
+absl::StatusOr<ucp_rkey_h> UcxTransferEngine::Worker::GetRkey(Peer* peer,
+                                                              const std::string& packed) {
+  auto it = peer->rkeys.find(packed);
+  if (it != peer->rkeys.end()) return it->second;
+  ucp_rkey_h rkey = nullptr;
+  ucs_status_t st = ucp_ep_rkey_unpack(peer->ep, packed.data(), &rkey);
+  if (st != UCS_OK) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the destination's memory key does not unpack: ", ucs_status_string(st)));
+  }
+  peer->rkeys[packed] = rkey;
+  return rkey;
+}
+
+void UcxTransferEngine::Worker::OnRequestDone(void* request, ucs_status_t status,
+                                              void* user_data) {
+  auto* batch = static_cast<Batch*>(user_data);
+  ucp_request_free(request);
+  --batch->outstanding;
+  if (status != UCS_OK) {
+    Peer* peer = batch->peer;
+    batch->Fail(peer != nullptr && !peer->failure.ok()
+                    ? peer->failure
+                    : FromUcs(status, "KV transfer put or flush failed"));
+  }
+  batch->worker->MaybeFinish(batch);
+}
+
+void UcxTransferEngine::Worker::MaybeFinish(Batch* batch) {
+  if (!batch->posted || batch->outstanding > 0) return;
+  if (batch->peer != nullptr) batch->peer->batches.erase(batch);
+  finished_.push_back(batch);
+}
+
+void UcxTransferEngine::Worker::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* peer = static_cast<Peer*>(arg);
+  peer->worker->DropPeer(
+      peer, FromUcs(status, "KV transfer peer failed (endpoint error)"));
+}
+
+// Takes `peer` out of the cache (the next batch reconnects), fails its batches in flight
+// with `why`, and closes the endpoint; the Peer lives on in dropped_ until the close
+// completed and no batch refers to it.
+void UcxTransferEngine::Worker::DropPeer(Peer* peer, const absl::Status& why) {
+  if (!peer->failure.ok()) return;
+  peer->failure = why.code() == absl::StatusCode::kCancelled
+                      ? why
+                      : absl::UnavailableError(std::string(why.message()));
+  for (Batch* batch : peer->batches) batch->Fail(peer->failure);
+  auto it = peers_.find(peer->address);
+  if (it != peers_.end() && it->second.get() == peer) {
+    dropped_.push_back(std::move(it->second));
+    peers_.erase(it);
+  }
+  if (!shutting_down_) engine_->CountEndpointFailure();
+}
+
+void UcxTransferEngine::Worker::StartClose(Peer* peer) {
+  peer->close_started = true;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // completes outstanding requests with errors
+  param.cb.send = &Worker::OnCloseDone;
+  param.user_data = peer;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(peer->ep, &param);
+  if (!UCS_PTR_IS_PTR(request)) peer->closed = true;  // done (or failed: nothing to wait for)
+}
+
+void UcxTransferEngine::Worker::OnCloseDone(void* request, ucs_status_t status,
+                                            void* user_data) {
+  ucp_request_free(request);
+  static_cast<Peer*>(user_data)->closed = true;
+}
+
+void UcxTransferEngine::Worker::AfterProgress() {
+  // Close dropped endpoints outside UCX callbacks; free them once nothing refers to them.
+  for (size_t i = 0; i < dropped_.size(); ++i) {
+    if (!dropped_[i]->close_started) StartClose(dropped_[i].get());
+  }
+  for (size_t i = 0; i < dropped_.size();) {
+    Peer* peer = dropped_[i].get();
+    if (peer->closed && peer->batches.empty()) {
+      for (auto& [packed, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);
+      dropped_[i] = std::move(dropped_.back());
+      dropped_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  // Run done callbacks last: they may submit more work or destroy regions.
+  while (!finished_.empty()) {
+    std::vector<Batch*> finished;
+    finished.swap(finished_);
+    for (Batch* batch : finished) {
+      std::unique_ptr<Batch> owned = std::move(in_flight_[batch]);
+      in_flight_.erase(batch);
+      engine_->CountBatch(owned->s, owned->status);
+      owned->s.done(std::move(owned->status));
+    }
+  }
+}
+
+void UcxTransferEngine::Worker::CheckDeadlines(absl::Time now) {
+  next_deadline_check_ = absl::InfiniteFuture();
+  std::vector<Peer*> expired;
+  for (auto& [ptr, batch] : in_flight_) {
+    if (batch->peer == nullptr || !batch->status.ok()) continue;
+    if (batch->s.deadline <= now) {
+      batch->Fail(absl::DeadlineExceededError(absl::StrCat(
+          "KV transfer batch of ", batch->s.bytes, " bytes did not complete in time")));
+      expired.push_back(batch->peer);
+    } else {
+      next_deadline_check_ = std::min(next_deadline_check_, batch->s.deadline);
+    }
+  }
+  // The endpoint of a timed-out batch is closed by force: that is the only way to get its
+  // outstanding requests back (and the caller's buffers free) from a stuck peer.
+  for (Peer* peer : expired) {
+    DropPeer(peer, absl::UnavailableError(
+                       "KV transfer endpoint closed after a batch to the peer timed out"));
+  }
+}
+
+UcxTransferEngine::UcxTransferEngine(std::shared_ptr<Worker> worker)
+    : worker_(std::move(worker)) {}
+
+absl::StatusOr<std::unique_ptr<UcxTransferEngine>> UcxTransferEngine::Create(Options options) {
+  absl::StatusOr<std::shared_ptr<Worker>> worker = Worker::Create(options);
+  if (!worker.ok()) return worker.status();
+  std::unique_ptr<UcxTransferEngine> engine(new UcxTransferEngine(std::move(*worker)));
+  engine->worker_->Start(engine.get());
+  return engine;
+}
+
+UcxTransferEngine::~UcxTransferEngine() { worker_->Stop(); }
+
+std::string UcxTransferEngine::address() const { return worker_->address(); }
+
+bool UcxTransferEngine::peer_failure_detection() const {
+  return worker_->peer_failure_detection();
+}
+
+void UcxTransferEngine::Submit(Submission submission) { worker_->Submit(std::move(submission)); }
+
+bool UcxTransferEngine::OnCompletionThread() const { return worker_->OnThread(); }
+
+class UcxTransferEngine::Region final : public MemoryRegion {
+ public:
+  Region(std::shared_ptr<Worker> worker, ucp_mem_h memh, void* base, size_t length,
+         RemoteMemoryDescriptor d)
+      : MemoryRegion(base, length, std::move(d)), worker_(std::move(worker)), memh_(memh) {}
+  ~Region() override {
+    worker_->RunSync([this] { ucp_mem_unmap(worker_->context(), memh_); });
+  }
+
+ private:
+  std::shared_ptr<Worker> worker_;
+  ucp_mem_h memh_;
+};
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransferEngine::RegisterMemory(void* base,
+                                                                                size_t length) {
+  if (base == nullptr || length == 0) {
+    return absl::InvalidArgumentError("RegisterMemory of a null or empty range");
+  }
+  absl::Status status;
+  ucp_mem_h memh = nullptr;
+  std::string rkey;
+  worker_->RunSync([&] {
+    ucp_mem_map_params_t params{};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address = base;
+    params.length = length;
+    ucs_status_t st = ucp_mem_map(worker_->context(), &params, &memh);
+    if (st != UCS_OK) {
+      status = FromUcs(st, "ucp_mem_map");
+      return;
+    }
+    void* packed = nullptr;
+    size_t packed_size = 0;
+    st = ucp_rkey_pack(worker_->context(), memh, &packed, &packed_size);
+    if (st != UCS_OK) {
+      ucp_mem_unmap(worker_->context(), memh);
+      status = FromUcs(st, "ucp_rkey_pack");
+      return;
+    }
+    rkey.assign(static_cast<const char*>(packed), packed_size);
+    ucp_rkey_buffer_release(packed);
+  });
+  if (!status.ok()) return status;
+  RemoteMemoryDescriptor d;
+  d.transport = std::string(transport());
+  d.engine_address = worker_->address();
+  d.base = reinterpret_cast<uint64_t>(base);
+  d.length = length;
+  d.rkey = std::move(rkey);
+  return std::unique_ptr<MemoryRegion>(new Region(worker_, memh, base, length, std::move(d)));
+}
+
+}  // namespace tandem::transfer

@@ -1,0 +1,143 @@
+#include "services/router/router_main.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "engine/model/model_config.h"
+#include "engine/model/model_resolver.h"
+#include "engine/runtime/kv_layout.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "prometheus/registry.h"
+#include "services/common/admin_server.h"
+#include "services/common/host_port.h"
+#include "services/common/logging.h"
+#include "services/common/ready_file.h"
+#include "services/common/service_flags.h"
+#include "services/common/shutdown_signal.h"
+#include "services/router/cluster_service.h"
+#include "services/router/replica_registry.h"
+#include "services/router/router_generation_service.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem {
+namespace {
+
+int Fail(const std::string& what, const absl::Status& s) {
+  spdlog::error("{}: {}", what, std::string(s.message()));
+  return 1;
+}
+
+}  // namespace
+
+int RunRouter(int argc, char** argv) {
+  service::InstallShutdownSignalHandling();
+  service::CommonFlags common;
+  int64_t heartbeat_ms = 1000;
+  int missed_heartbeats = 3;
+  int64_t max_queue_wait_ms = 30000;
+  CLI::App app{
+      "tandem-router: Tandem's public gRPC endpoint (tandem.v1.Generation). Picks a decode replica (KV lease) "
+      "and a prefill replica per request, streams the tokens back, and keeps the cluster membership "
+      "(tandem.v1.Cluster) that workers register with."};
+  service::AddCommonFlags(app, &common, {.listen = "127.0.0.1:50051", .with_router = false});
+  app.add_option("--heartbeat-ms", heartbeat_ms, "Heartbeat interval the workers are told to use")
+      ->check(CLI::Range(int64_t{50}, int64_t{60000}))
+      ->capture_default_str();
+  app.add_option("--missed-heartbeats", missed_heartbeats, "Heartbeats a replica may miss before it is dropped")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app.add_option("--max-queue-wait-ms", max_queue_wait_ms,
+                 "How long a request without a deadline may wait for KV room on a decode replica")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}))
+      ->capture_default_str();
+  service::BindEnvironment(app);
+  if (int rc = service::ParseOrExit(app, argc, argv); rc != 0) return rc;
+  if (absl::Status s = service::InitLogging(common.log_level, common.log_format, "tandem-router"); !s.ok()) {
+    std::fprintf(stderr, "tandem-router: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+
+  // The router tokenizes and checks requests itself, and admits only replicas whose KV
+  // layout (model, build) matches: it needs the model's config and tokenizer, not weights.
+  absl::StatusOr<std::string> model_dir = ResolveModelDir(common.model);
+  if (!model_dir.ok()) return Fail("model", model_dir.status());
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(*model_dir);
+  if (!config.ok()) return Fail("model config", config.status());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDir(*model_dir);
+  if (!tokenizer.ok()) return Fail("tokenizer", tokenizer.status());
+  absl::StatusOr<KvLayout> layout = KvLayoutForModel(*model_dir);
+  if (!layout.ok()) return Fail("KV layout", layout.status());
+  const uint64_t fingerprint = LayoutFingerprint(*layout);
+
+  ReplicaRegistry registry({.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms),
+                            .missed_heartbeats_to_drop = missed_heartbeats,
+                            .layout_fingerprint = fingerprint,
+                            .model = common.model});
+  RouterContext rc{.registry = &registry, .tokenizer = tokenizer->get(), .config = &*config,
+                   .model_name = common.model, .layout_fingerprint = fingerprint,
+                   .max_queue_wait = std::chrono::milliseconds(max_queue_wait_ms)};
+  RouterGenerationService generation(rc);
+  ClusterServiceImpl cluster(&registry);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(common.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&generation);
+  builder.RegisterService(&cluster);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) return Fail("gRPC", absl::UnavailableError("cannot listen on " + common.listen));
+  absl::StatusOr<service::HostPort> listen = service::ParseHostPort(common.listen);
+  std::string host = listen.ok() ? listen->host : "127.0.0.1";
+  if (host == "0.0.0.0" || host == "::") host = "127.0.0.1";
+  const std::string grpc_address = service::FormatHostPort(host, static_cast<uint16_t>(port));
+
+  auto metrics = std::make_shared<prometheus::Registry>();
+  service::AdminServer admin(metrics);
+  if (absl::Status s = admin.Start(common.admin_listen); !s.ok()) return Fail("admin server", s);
+  admin.AddHandler("/replicas", [&registry](const service::HttpRequest&) {
+    v1::ListReplicasResponse list;
+    registry.List(&list);
+    nlohmann::json j = nlohmann::json::array();
+    for (const v1::ReplicaInfo& r : list.replicas()) {
+      j.push_back({{"id", r.replica_id()}, {"role", v1::Role_Name(r.role())}, {"grpc", r.grpc_address()},
+                   {"admin", r.admin_address()}, {"state", r.state()}, {"outstanding", r.outstanding()},
+                   {"running", r.load().running()}, {"waiting", r.load().waiting()}, {"kv_usage", r.load().kv_usage()}});
+    }
+    return service::HttpResponse::Json(j.dump());
+  });
+
+  // Drop replicas that stopped heartbeating.
+  std::atomic<bool> stop{false};
+  std::thread reaper([&] {
+    while (!service::WaitForShutdownSignalFor(std::chrono::milliseconds(heartbeat_ms)).has_value() && !stop) {
+      for (const std::string& id : registry.DropSilent()) spdlog::warn("replica {} missed its heartbeats: dropped", id);
+    }
+  });
+
+  admin.SetReady(true);
+  nlohmann::json ready = {{"role", "router"}, {"pid", getpid()}, {"grpc", grpc_address},
+                          {"admin", admin.bound_address()}, {"model", *model_dir}};
+  if (!common.ready_file.empty()) {
+    if (absl::Status s = service::WriteReadyFile(common.ready_file, ready); !s.ok()) return Fail("ready file", s);
+  }
+  spdlog::info("ready: gRPC {} admin {} model {} ({})", grpc_address, admin.bound_address(), *model_dir,
+               config->Summary());
+  const int sig = service::WaitForShutdownSignal();
+  spdlog::info("shutting down ({})", sig == 0 ? "requested" : strsignal(sig));
+  stop = true;
+  admin.SetReady(false);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  reaper.join();
+  admin.Stop();
+  return 0;
+}
+
+}  // namespace tandem

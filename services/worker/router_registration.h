@@ -1,0 +1,50 @@
+// A worker's membership in the cluster: registers with the router (retrying until the
+// router answers), heartbeats with load reports, registers again when the router forgets
+// it (a router restart), and deregisters on shutdown. Runs its own thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "tandem/v1/internal.grpc.pb.h"
+
+namespace tandem {
+
+class RouterRegistration {
+ public:
+  // `load` is called from the registration thread for every heartbeat.
+  RouterRegistration(std::string router_address, v1::RegisterRequest self, std::function<v1::LoadReport()> load);
+  ~RouterRegistration();  // stops the thread and deregisters
+
+  // Registers (retrying every 200 ms up to `timeout`), then starts heartbeating.
+  // Errors: DEADLINE_EXCEEDED (router unreachable), FAILED_PRECONDITION (the router
+  // refused this replica, e.g. another model).
+  absl::Status Start(std::chrono::milliseconds timeout);
+  // From now on heartbeats say "draining": the router sends no new work.
+  void SetDraining();
+  std::string replica_id() const;
+
+ private:
+  absl::Status RegisterOnce();
+  void Loop();
+
+  std::string router_address_;
+  v1::RegisterRequest self_;
+  std::function<v1::LoadReport()> load_;
+  std::unique_ptr<v1::Cluster::Stub> stub_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string replica_id_;
+  std::chrono::milliseconds interval_{1000};
+  bool stop_ = false;
+  std::atomic<bool> draining_{false};
+  std::thread thread_;
+};
+
+}  // namespace tandem

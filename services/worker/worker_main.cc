@@ -1,0 +1,236 @@
+#include "services/worker/worker_main.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "engine/model/model_resolver.h"
+#include "engine/runtime/engine.h"
+#include "nlohmann/json.hpp"
+#include "prometheus/registry.h"
+#include "services/common/admin_server.h"
+#include "services/common/host_port.h"
+#include "services/common/logging.h"
+#include "services/common/ready_file.h"
+#include "services/common/service_flags.h"
+#include "services/common/shutdown_signal.h"
+#include "services/common/transfer/ucx_transfer_engine.h"
+#include "services/decode/decode_service.h"
+#include "services/prefill/prefill_service.h"
+#include "services/worker/local_generation_service.h"
+#include "services/worker/router_registration.h"
+#include "services/worker/transfer_kv_transport.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem {
+namespace {
+
+struct WorkerFlags {
+  service::CommonFlags common;
+  std::string role;
+  std::string advertise;
+  int threads = 0;
+  int64_t kv_cache_mb = 512;
+  int32_t max_batch_tokens = 2048;
+  int32_t max_running = 64;
+  int32_t max_waiting = 1024;
+  int64_t kv_lease_ms = 30000;
+  bool no_prefix_cache = false;
+  int64_t drain_timeout_ms = 30000;
+};
+
+const char* RoleName(v1::Role r) {
+  switch (r) {
+    case v1::ROLE_PREFILL: return "prefill";
+    case v1::ROLE_DECODE: return "decode";
+    case v1::ROLE_BOTH: return "both";
+    default: return "?";
+  }
+}
+
+int Fail(const std::string& what, const absl::Status& s) {
+  spdlog::error("{}: {}", what, std::string(s.message()));
+  return 1;
+}
+
+}  // namespace
+
+int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_name) {
+  service::InstallShutdownSignalHandling();
+  WorkerFlags f;
+  f.role = RoleName(default_role);
+  CLI::App app{std::string(binary_name) +
+               ": a Tandem worker. It runs the engine in prefill mode (computes prompts' KV and writes it into "
+               "decode replicas over UCX), decode mode (continuous batching over imported KV), or both "
+               "(aggregated: serves tandem.v1.Generation itself)."};
+  service::AddCommonFlags(app, &f.common, {.listen = "127.0.0.1:0"});
+  app.add_option("--role", f.role, "prefill, decode or both")
+      ->check(CLI::IsMember({"prefill", "decode", "both"}))
+      ->capture_default_str();
+  app.add_option("--advertise", f.advertise,
+                 "HOST the router should use to reach this worker (default: the --listen host, or 127.0.0.1 "
+                 "when it listens on all interfaces)");
+  app.add_option("--threads", f.threads, "CPU threads for the model (0 = all)")->capture_default_str();
+  app.add_option("--kv-cache-mb", f.kv_cache_mb, "KV cache size in MiB")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per engine step (decodes + prefill chunks)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--max-running", f.max_running, "Sequences decoding together")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--max-waiting", f.max_waiting, "Requests waiting for a slot before RESOURCE_EXHAUSTED")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--kv-lease-ms", f.kv_lease_ms, "How long a decode reservation waits for its KV")
+      ->check(CLI::Range(int64_t{100}, int64_t{3600000}))
+      ->capture_default_str();
+  app.add_flag("--no-prefix-cache", f.no_prefix_cache, "Disable reuse of cached prompt prefixes");
+  app.add_option("--drain-timeout-ms", f.drain_timeout_ms, "On SIGTERM, how long in-flight requests may finish")
+      ->capture_default_str();
+  service::BindEnvironment(app);
+  if (int rc = service::ParseOrExit(app, argc, argv); rc != 0) return rc;
+  const v1::Role role = f.role == "prefill" ? v1::ROLE_PREFILL : f.role == "decode" ? v1::ROLE_DECODE : v1::ROLE_BOTH;
+  if (absl::Status s = service::InitLogging(f.common.log_level, f.common.log_format, binary_name); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", binary_name, std::string(s.message()).c_str());
+    return 2;
+  }
+
+  absl::StatusOr<std::string> model_dir = ResolveModelDir(f.common.model);
+  if (!model_dir.ok()) return Fail("model", model_dir.status());
+  EngineOptions eo;
+  eo.num_threads = f.threads;
+  eo.kv_cache_bytes = f.kv_cache_mb << 20;
+  eo.max_batch_tokens = f.max_batch_tokens;
+  eo.max_running = f.max_running;
+  eo.max_waiting = f.max_waiting;
+  eo.enable_prefix_cache = !f.no_prefix_cache;
+  eo.kv_lease_seconds = f.kv_lease_ms / 1000.0;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);
+  if (!engine.ok()) return Fail("engine", engine.status());
+  spdlog::info("{} worker: model {} ({})", RoleName(role), *model_dir, (*engine)->config().Summary());
+
+  // KV transfer between prefill and decode replicas; an aggregated worker needs none.
+  std::unique_ptr<transfer::UcxTransferEngine> ucx;
+  std::unique_ptr<TransferKvTransport> transport;
+  std::string pool_descriptor;
+  if (role != v1::ROLE_BOTH) {
+    absl::StatusOr<std::unique_ptr<transfer::UcxTransferEngine>> u = transfer::UcxTransferEngine::Create();
+    if (!u.ok()) return Fail("UCX", u.status());
+    ucx = std::move(*u);
+    transport = std::make_unique<TransferKvTransport>(ucx.get());
+    if (role == v1::ROLE_DECODE) {
+      const Engine::KvMemory m = (*engine)->kv_memory();
+      absl::StatusOr<std::string> d = transport->ExposePool(m.base, m.bytes);
+      if (!d.ok()) return Fail("registering the KV pool", d.status());
+      pool_descriptor = *d;
+    }
+  }
+
+  std::unique_ptr<grpc::Service> service;
+  std::unique_ptr<LocalGenerationService> generation;
+  std::unique_ptr<PrefillServiceImpl> prefill;
+  std::unique_ptr<DecodeServiceImpl> decode;
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(f.common.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  const std::string model_name = f.common.model;
+  switch (role) {
+    case v1::ROLE_PREFILL:
+      prefill = std::make_unique<PrefillServiceImpl>(engine->get(), transport.get());
+      builder.RegisterService(prefill.get());
+      break;
+    case v1::ROLE_DECODE:
+      decode = std::make_unique<DecodeServiceImpl>(engine->get(), pool_descriptor, f.kv_lease_ms);
+      builder.RegisterService(decode.get());
+      break;
+    default:
+      generation = std::make_unique<LocalGenerationService>(engine->get(), model_name);
+      builder.RegisterService(generation.get());
+      break;
+  }
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    return Fail("gRPC", absl::UnavailableError("cannot listen on " + f.common.listen));
+  }
+  absl::StatusOr<service::HostPort> listen = service::ParseHostPort(f.common.listen);
+  std::string host = f.advertise.empty() ? (listen.ok() ? listen->host : "127.0.0.1") : f.advertise;
+  if (host == "0.0.0.0" || host == "::" || host.empty()) host = "127.0.0.1";
+  const std::string grpc_address = service::FormatHostPort(host, static_cast<uint16_t>(port));
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  service::AdminServer admin(registry);
+  if (absl::Status s = admin.Start(f.common.admin_listen); !s.ok()) return Fail("admin server", s);
+  Engine* e = engine->get();
+  admin.AddHandler("/stats", [e](const service::HttpRequest&) {
+    const EngineStats s = e->Stats();
+    nlohmann::json j = {{"waiting", s.num_waiting},         {"running", s.num_running},
+                        {"kv_blocks_total", s.kv_blocks_total}, {"kv_blocks_in_use", s.kv_blocks_in_use},
+                        {"kv_usage", s.kv_usage},             {"generated_tokens", s.generated_tokens},
+                        {"prompt_tokens_computed", s.prompt_tokens_computed},
+                        {"prompt_tokens_cached", s.prompt_tokens_cached}, {"preemptions", s.preemptions},
+                        {"requests_finished", s.requests_finished}, {"kv_leases_expired", s.kv_leases_expired}};
+    return service::HttpResponse::Json(j.dump());
+  });
+
+  auto load = [e]() {
+    const EngineStats s = e->Stats();
+    v1::LoadReport r;
+    r.set_waiting(static_cast<int32_t>(s.num_waiting));
+    r.set_running(static_cast<int32_t>(s.num_running));
+    r.set_kv_blocks_total(s.kv_blocks_total);
+    r.set_kv_blocks_free(s.kv_blocks_total - s.kv_blocks_in_use);
+    r.set_kv_usage(s.kv_usage);
+    r.set_requests_finished(s.requests_finished);
+    return r;
+  };
+  std::unique_ptr<RouterRegistration> registration;
+  if (!f.common.router.empty()) {
+    v1::RegisterRequest self;
+    self.set_role(role);
+    self.set_grpc_address(grpc_address);
+    self.set_admin_address(admin.bound_address());
+    self.set_model(model_name);
+    self.set_layout_fingerprint(e->layout_fingerprint());
+    self.set_pid(getpid());
+    registration = std::make_unique<RouterRegistration>(f.common.router, self, load);
+    if (absl::Status s = registration->Start(std::chrono::seconds(30)); !s.ok()) return Fail("registration", s);
+  }
+  admin.SetReady(true);
+  nlohmann::json ready = {{"role", RoleName(role)}, {"pid", getpid()},       {"grpc", grpc_address},
+                          {"admin", admin.bound_address()}, {"model", *model_dir},
+                          {"transport", transport ? transport->name() : "none"}};
+  if (registration) ready["replica_id"] = registration->replica_id();
+  if (!f.common.ready_file.empty()) {
+    if (absl::Status s = service::WriteReadyFile(f.common.ready_file, ready); !s.ok()) return Fail("ready file", s);
+  }
+  spdlog::info("ready: gRPC {} admin {}{}", grpc_address, admin.bound_address(),
+               registration ? " registered as " + registration->replica_id() : "");
+
+  const int sig = service::WaitForShutdownSignal();
+  spdlog::info("shutting down ({})", sig == 0 ? "requested" : strsignal(sig));
+  admin.SetReady(false);
+  if (registration) registration->SetDraining();
+  // Let in-flight requests finish (bounded), then stop.
+  const auto drain_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(f.drain_timeout_ms);
+  while (std::chrono::steady_clock::now() < drain_until) {
+    const EngineStats s = e->Stats();
+    if (s.num_running + s.num_waiting == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  registration.reset();  // deregisters
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  admin.Stop();
+  return 0;
+}
+
+}  // namespace tandem
