@@ -13,6 +13,9 @@
 #include "engine/runtime/engine.h"
 #include "engine/model/model_resolver.h"
 #include "cli/validators.h"
+#ifdef TANDEM_WITH_SERVICES
+#include "cli/remote_client.h"
+#endif
 #include "engine/tokenizer/tokenizer.h"
 
 namespace tandem::cli {
@@ -35,6 +38,8 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   int threads = 0;
+  double timeout_s = 0;
+  bool model_set = false;
 };
 
 int Fail(const absl::Status& s) {
@@ -107,9 +112,11 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
                                                   "(usage and timings go to stderr).");
   cmd->add_option("prompt", args->prompt, "The prompt text")->required();
   cmd->add_flag("--local", args->local, "Run the engine in this process instead of calling a server");
-  cmd->add_option("--addr", args->addr, "Router address HOST:PORT (not available yet: use --local)")
+  cmd->add_option("--addr", args->addr, "Router address HOST:PORT (default 127.0.0.1:50051, serve-local's)")
       ->envname("TANDEM_ADDR");
-  cmd->add_option("--model", args->model, "Checkpoint directory or built-in model (tiny, tiny-v2)")
+  CLI::Option* model_opt = cmd->add_option("--model", args->model,
+                                           "Checkpoint directory or built-in model (tiny, tiny-v2); with --addr, "
+                                           "the served model's name (default: whatever the server serves)")
       ->envname("TANDEM_MODEL")
       ->capture_default_str();
   cmd->add_option("--max-tokens", args->max_tokens, "Maximum tokens to generate")
@@ -140,13 +147,27 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_option("--stop", args->stop, "Stop string (repeatable); not included in the output");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past the end-of-sequence token");
   cmd->add_option("--threads", args->threads, "CPU threads (0 = all)")->capture_default_str();
-  cmd->callback([args, exit_code] {
-    if (!args->local) {
-      std::fprintf(stderr, "tandem generate: serving is not built yet; use --local\n");
-      *exit_code = 2;
+  cmd->add_option("--timeout", args->timeout_s, "Deadline of a remote request, seconds (0 = none)")
+      ->check(FiniteRange(0.0, 86400.0));
+  cmd->callback([args, exit_code, model_opt] {
+    args->model_set = model_opt->count() > 0;
+    if (args->local) {
+      *exit_code = RunLocal(*args);
       return;
     }
-    *exit_code = RunLocal(*args);
+#ifdef TANDEM_WITH_SERVICES
+    RemoteGenerateArgs r{.addr = args->addr.empty() ? "127.0.0.1:50051" : args->addr,
+                         .model = args->model_set ? args->model : "",
+                         .prompt = args->prompt, .max_tokens = args->max_tokens, .temperature = args->temperature,
+                         .top_p = args->top_p, .top_k = args->top_k, .min_p = args->min_p,
+                         .repetition_penalty = args->repetition_penalty, .presence_penalty = args->presence_penalty,
+                         .frequency_penalty = args->frequency_penalty, .seed = args->seed, .stop = args->stop,
+                         .ignore_eos = args->ignore_eos, .timeout_s = args->timeout_s};
+    *exit_code = RunRemoteGenerate(r);
+#else
+    std::fprintf(stderr, "tandem generate: this build has no services (TANDEM_ENGINE_ONLY); use --local\n");
+    *exit_code = 2;
+#endif
   });
 }
 

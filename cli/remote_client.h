@@ -1,0 +1,33 @@
+// The CLI's gRPC client side: `tandem generate --addr`, `tandem status`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tandem::cli {
+
+struct RemoteGenerateArgs {
+  std::string addr;
+  std::string model;
+  std::string prompt;
+  int max_tokens = 64;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int top_k = 0;
+  double min_p = 0.0;
+  double repetition_penalty = 1.0;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  int64_t seed = -1;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  double timeout_s = 0;  // 0: none
+};
+
+// Streams the generation to stdout, usage and timings to stderr. Returns the exit code.
+int RunRemoteGenerate(const RemoteGenerateArgs& a);
+
+// Prints the cluster's replicas (ListReplicas). Returns the exit code.
+int RunStatus(const std::string& addr, bool json);
+
+}  // namespace tandem::cli

@@ -1,0 +1,88 @@
+// A whole Tandem cluster on one machine (`tandem serve-local`, and integration tests):
+// starts the router, then the workers pointed at it, each with a ready file; waits until
+// all are ready; restarts a process that dies (with backoff, logging why); stops every
+// child cleanly (SIGTERM, then SIGKILL after a grace period).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+
+struct LocalClusterOptions {
+  std::string bin_dir;         // where tandem-router, tandem-prefill, tandem-decode live
+  std::string run_dir;         // ready files and logs go here (created)
+  std::string model = "tiny";
+  std::string router_listen = "127.0.0.1:0";
+  int num_prefill = 1;
+  int num_decode = 1;
+  int num_both = 0;            // aggregated workers (--role both)
+  std::vector<std::string> router_args;  // extra flags for the router
+  std::vector<std::string> worker_args;  // extra flags for every worker
+  std::vector<std::string> env;          // extra NAME=value for every child
+  bool restart = true;
+  std::chrono::milliseconds ready_timeout{120000};
+  std::function<void(const std::string&)> log;  // progress and restarts; may be empty
+};
+
+struct ProcessInfo {
+  std::string name;  // "router", "prefill-0", ...
+  std::string role;
+  pid_t pid = 0;
+  nlohmann::json ready;  // the process's ready file
+  int restarts = 0;
+};
+
+class LocalCluster {
+ public:
+  // Starts everything and waits until every process is ready. Errors: a binary missing,
+  // a process exiting before it is ready (with the tail of its log), DEADLINE_EXCEEDED.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(LocalClusterOptions options);
+  ~LocalCluster();  // Stop()
+
+  std::string router_address() const;
+  std::vector<ProcessInfo> processes() const;
+  nlohmann::json ReadyJson() const;
+  // Kills one process with `signal` (tests of fault handling); it is restarted if
+  // restarts are on.
+  absl::Status Kill(const std::string& name, int signal);
+  // Stops all children: SIGTERM, wait up to `grace`, then SIGKILL.
+  void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(10000));
+
+ private:
+  struct Child {
+    ProcessInfo info;
+    std::vector<std::string> argv;
+    std::string ready_file;
+    std::string log_file;
+    std::chrono::steady_clock::time_point started;
+    std::chrono::milliseconds backoff{500};
+  };
+  explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+  absl::Status Spawn(Child& c);
+  absl::Status WaitReady(Child& c, std::chrono::steady_clock::time_point deadline);
+  void Supervise();
+  void Log(const std::string& line) const;
+
+  LocalClusterOptions options_;
+  mutable std::mutex mu_;
+  std::vector<Child> children_;
+  bool stopping_ = false;
+  std::thread supervisor_;
+};
+
+// The directory of the running executable (to find the sibling binaries).
+std::string SelfBinaryDir();
+
+}  // namespace tandem
