@@ -11,7 +11,7 @@
 //   ... admin.bound_address() into the ready file ...
 //   admin.SetReady(true);
 //
-// The Boost.Beast implementation lives in admin_server.cc only.
+// No Boost header here: the transport (Boost.Beast) is compiled in http_transport.cc only.
 #pragma once
 
 #include <chrono>
@@ -83,9 +83,11 @@ class AdminServer {
   void AddHandler(std::string path, Handler handler);
 
   // Serves the files under `directory` at `url_prefix` ("/dashboard" serves
-  // directory/app.js at /dashboard/app.js and directory/index.html at /dashboard and
-  // /dashboard/), with content types from the extension. Paths that would leave the
-  // directory ("..", encoded or not, or a symlink pointing out) are refused with 404.
+  // directory/app.js at /dashboard/app.js and directory/index.html at /dashboard/;
+  // /dashboard redirects there), with content types from the extension (html, js, css,
+  // json, svg, png, ...). Paths that would leave the directory ("." or ".." segments,
+  // encoded or not, or a symlink pointing out) are refused with 404. Exact handlers
+  // win over static files; the longest prefix wins among directories.
   // Errors: NOT_FOUND if `directory` is not a directory, INVALID_ARGUMENT for a prefix
   // not starting with '/'.
   absl::Status AddStaticDirectory(std::string url_prefix, const std::string& directory);

@@ -4,8 +4,6 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
-#include <iterator>
-#include <sstream>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -81,16 +79,18 @@ class YamlConfig : public CLI::Config {
     for (const CLI::Option* opt : app->get_options()) {
       const std::string name = ConfigName(*opt);
       if (name.empty() || !opt->get_configurable() || opt == app->get_help_ptr()) continue;
+      const bool multi = opt->get_items_expected_max() > 1;
       std::vector<std::string> values = opt->results();
       if (values.empty()) {
-        if (!default_also || opt->get_default_str().empty()) continue;
+        // Defaults of list options are shown as "[...]" strings: leave them out.
+        if (!default_also || multi || opt->get_default_str().empty()) continue;
         values = {opt->get_default_str()};
       }
       if (write_description && !opt->get_description().empty()) {
         out << YAML::Comment(opt->get_description());
       }
       out << YAML::Key << prefix + name << YAML::Value;
-      if (opt->get_items_expected_max() > 1) {
+      if (multi) {
         out << YAML::Flow << YAML::BeginSeq;
         for (const auto& value : values) out << value;
         out << YAML::EndSeq;

@@ -39,6 +39,12 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Reserve(grpc::CallbackServerContext
     reactor->Finish(ToGrpcStatus(blocks.status()));
     return reactor;
   }
+  if (ctx->IsCancelled()) {
+    // The router gave up waiting: nobody will use or release this reservation.
+    engine_->Cancel(r->request_id());
+    reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    return reactor;
+  }
   const auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -187,6 +187,10 @@ void RoutedGenerate::Prefill() {
     if (finished_ || cancelled_) return;
     prefill_ctx_ = NewClientContext();
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefill_in_flight_ = true;
+  }
   Ref();
   p->prefill->async()->Prefill(prefill_ctx_.get(), &prefill_req_, &prefill_resp_, [this](grpc::Status s) {
     OnPrefilled(s);
@@ -195,6 +199,13 @@ void RoutedGenerate::Prefill() {
 }
 
 void RoutedGenerate::OnPrefilled(const grpc::Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefill_in_flight_ = false;
+    // Cancelled here, the prefill replica may still be finishing writes into the
+    // reserved blocks: leave them to the lease's expiry rather than free them under it.
+    if (s.error_code() == grpc::StatusCode::CANCELLED) lease_held_ = false;
+  }
   if (!IsActive()) {
     ReleaseLease();
     return;
@@ -434,7 +445,8 @@ void RoutedGenerate::ReleaseLease() {
   ReplicaPtr d;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!lease_held_ || !decode_) return;
+    // Never while a prefill may be writing into the blocks (see OnPrefilled).
+    if (!lease_held_ || !decode_ || prefill_in_flight_) return;
     lease_held_ = false;
     d = decode_.get();
   }

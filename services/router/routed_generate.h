@@ -125,6 +125,7 @@ class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   v1::PrefillResponse prefill_resp_;
   v1::DecodeRequest decode_req_;
   bool lease_held_ = false;
+  bool prefill_in_flight_ = false;
   std::unique_ptr<Reader> reader_;
   std::unique_ptr<grpc::Alarm> alarm_;
   std::chrono::steady_clock::time_point first_token_at_;

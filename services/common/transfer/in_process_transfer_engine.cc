@@ -1,5 +1,6 @@
 #include "services/common/transfer/in_process_transfer_engine.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -43,17 +44,21 @@ Registry& GetRegistry() {
 class InProcessTransferEngine::Region final : public MemoryRegion {
  public:
   Region(std::shared_ptr<Node> node, uint64_t id, void* base, size_t length,
-         RemoteMemoryDescriptor d)
-      : MemoryRegion(base, length, std::move(d)), node_(std::move(node)), id_(id) {}
+         RemoteMemoryDescriptor d, bool owned)
+      : MemoryRegion(base, length, std::move(d)), node_(std::move(node)), id_(id), owned_(owned) {}
   ~Region() override {
-    // Waits for a memcpy into this region in progress (it holds the node's lock).
-    absl::MutexLock lock(&node_->mu);
-    node_->regions.erase(id_);
+    {
+      // Waits for a memcpy into this region in progress (it holds the node's lock).
+      absl::MutexLock lock(&node_->mu);
+      node_->regions.erase(id_);
+    }
+    if (owned_) std::free(base());
   }
 
  private:
   std::shared_ptr<Node> node_;
   uint64_t id_;
+  bool owned_;
 };
 
 // The completion thread: runs submissions in order.
@@ -122,6 +127,23 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> InProcessTransferEngine::RegisterM
   if (base == nullptr || length == 0) {
     return absl::InvalidArgumentError("RegisterMemory of a null or empty range");
   }
+  return Map(base, length, /*owned=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> InProcessTransferEngine::AllocateMemory(
+    size_t length) {
+  if (length == 0) return absl::InvalidArgumentError("AllocateMemory of 0 bytes");
+  constexpr size_t kPage = 4096;
+  const size_t rounded = (length + kPage - 1) / kPage * kPage;
+  void* base = std::aligned_alloc(kPage, rounded);
+  if (base == nullptr) return absl::ResourceExhaustedError("AllocateMemory: out of memory");
+  std::memset(base, 0, rounded);
+  return Map(base, length, /*owned=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> InProcessTransferEngine::Map(void* base,
+                                                                         size_t length,
+                                                                         bool owned) {
   uint64_t id;
   {
     absl::MutexLock lock(&node_->mu);
@@ -134,7 +156,8 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> InProcessTransferEngine::RegisterM
   d.base = reinterpret_cast<uint64_t>(base);
   d.length = length;
   d.rkey = absl::StrCat(id);
-  return std::unique_ptr<MemoryRegion>(new Region(node_, id, base, length, std::move(d)));
+  return std::unique_ptr<MemoryRegion>(
+      new Region(node_, id, base, length, std::move(d), owned));
 }
 
 void InProcessTransferEngine::InjectFailure(absl::Status status) {

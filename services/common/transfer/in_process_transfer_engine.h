@@ -30,6 +30,7 @@ class InProcessTransferEngine final : public TransferEngine {
   std::string address() const override;
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* base,
                                                                size_t length) override;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateMemory(size_t length) override;
 
   // While `status` is not OK, every batch this engine flushes completes with it and writes
   // nothing. OkStatus() turns it off. Thread-safe.
@@ -44,6 +45,7 @@ class InProcessTransferEngine final : public TransferEngine {
   class Region;
   class Completer;
   void Execute(Submission& s);
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Map(void* base, size_t length, bool owned);
 
   std::shared_ptr<Node> node_;
   std::unique_ptr<Completer> completer_;

@@ -147,6 +147,12 @@ class TransferEngine {
   virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* base,
                                                                        size_t length) = 0;
 
+  // Allocates `length` bytes (zeroed, page-aligned) that peers can put into; freed and
+  // deregistered on destruction. Prefer it to RegisterMemory for destinations (a KV pool,
+  // a staging buffer): UCX backs it with shared memory, which peers on the same host write
+  // directly (see ucx_transfer_engine.h). Thread-safe.
+  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateMemory(size_t length) = 0;
+
   // Starts an empty batch of puts into `destination`. Thread-safe.
   std::unique_ptr<TransferBatch> NewBatch(RemoteMemoryDescriptor destination);
 

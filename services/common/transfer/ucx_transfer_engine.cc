@@ -19,9 +19,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "kernels/common/check.h"
+#include "services/common/transfer/ucx_peer_address.h"
 
 namespace tandem::transfer {
 namespace {
+
+using internal::ProcessIdentity;
+using internal::UcxPeerAddress;
 
 absl::Status FromUcs(ucs_status_t status, std::string_view what) {
   std::string message = absl::StrCat(std::string(what), ": ", ucs_status_string(status));
@@ -62,10 +66,13 @@ std::string ErrnoMessage(std::string_view what) {
   return absl::StrCat(std::string(what), ": ", std::strerror(errno));
 }
 
+// How often the busy progress loop looks at deadlines and watched peer processes.
+constexpr absl::Duration kHousekeepingPeriod = absl::Milliseconds(1);
+
 }  // namespace
 
 // Owns the ucp context and worker and runs the progress thread. Everything below that
-// touches UCX runs on that thread, except context teardown after the thread stopped.
+// touches UCX runs on that thread, except context-level calls after the thread stopped.
 class UcxTransferEngine::Worker {
  public:
   static absl::StatusOr<std::shared_ptr<Worker>> Create(const Options& options);
@@ -77,12 +84,12 @@ class UcxTransferEngine::Worker {
 
   const std::string& address() const { return address_; }
   ucp_context_h context() const { return context_; }
-  bool peer_failure_detection() const { return peer_failure_detection_.load(); }
   bool OnThread() const { return std::this_thread::get_id() == thread_id_.load(); }
+  bool peer_failure_detection() const { return peer_failure_detection_.load(); }
 
   void Submit(Submission submission);
-  // Runs `fn` on the progress thread and waits for it; inline on that thread or once the
-  // thread has stopped (context-only calls such as ucp_mem_unmap stay valid until the
+  // Runs `fn` on the progress thread and waits for it; inline on that thread, or once the
+  // thread has stopped (context-level calls such as ucp_mem_unmap stay valid until the
   // context is cleaned up with the last reference to this Worker).
   void RunSync(absl::AnyInvocable<void()> fn);
 
@@ -101,8 +108,10 @@ class UcxTransferEngine::Worker {
   };
   struct Peer {
     Worker* worker = nullptr;
-    std::string address;
+    std::string address;  // the engine address (cache key)
+    ProcessIdentity owner;
     ucp_ep_h ep = nullptr;
+    int pidfd = -1;  // watched owner process, for endpoints without UCX failure detection
     absl::flat_hash_map<std::string, ucp_rkey_h> rkeys;  // packed rkey -> unpacked
     absl::flat_hash_set<Batch*> batches;                // in flight on this endpoint
     absl::Status failure;                               // set once the endpoint is dropped
@@ -115,15 +124,16 @@ class UcxTransferEngine::Worker {
 
   void Loop();
   bool RunCommands();
+  void BeginShutdown();
   void Execute(std::unique_ptr<Batch> batch);
   absl::StatusOr<Peer*> GetPeer(const std::string& address);
-  absl::StatusOr<ucp_rkey_h> GetRkey(Peer* peer, const std::string& packed);
+  absl::StatusOr<ucp_rkey_h> GetRkey(Peer* peer, const RemoteMemoryDescriptor& destination);
   void MaybeFinish(Batch* batch);
   void DropPeer(Peer* peer, const absl::Status& why);
   void StartClose(Peer* peer);
   void AfterProgress();
-  void CheckDeadlines(absl::Time now);
-  absl::Time NextDeadline() const;
+  void Housekeeping(absl::Time now);
+  void PollEvents(int timeout_ms);
   void Wake();
 
   static void OnRequestDone(void* request, ucs_status_t status, void* user_data);
@@ -131,6 +141,7 @@ class UcxTransferEngine::Worker {
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   const Options options_;
+  const ProcessIdentity self_ = ProcessIdentity::Self();
   UcxTransferEngine* engine_ = nullptr;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -139,14 +150,16 @@ class UcxTransferEngine::Worker {
   int event_fd_ = -1;
   std::thread thread_;
   std::atomic<std::thread::id> thread_id_{};
+  std::atomic<bool> peer_failure_detection_{true};
 
-  // Hand-off from callers. `sleeping_` tells producers to write the eventfd.
+  // Hand-off from callers: `pending_` lets the busy loop skip the lock when nothing is
+  // queued; `sleeping_` tells producers to write the eventfd.
   absl::Mutex mu_;
   std::vector<absl::AnyInvocable<void()>> commands_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> pending_{false};
   std::atomic<bool> sleeping_{false};
-  std::atomic<bool> peer_failure_detection_{true};
   absl::Mutex inline_mu_;  // serializes RunSync after the thread stopped
 
   // Progress-thread state.
@@ -154,8 +167,10 @@ class UcxTransferEngine::Worker {
   absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_;  // live endpoints
   std::vector<std::unique_ptr<Peer>> dropped_;  // closing, or still referenced by batches
   absl::flat_hash_map<Batch*, std::unique_ptr<Batch>> in_flight_;
-  std::vector<Batch*> finished_;  // done runs after ucp_worker_progress returns
-  absl::Time next_deadline_check_ = absl::InfinitePast();
+  std::vector<Batch*> finished_;  // their done runs after ucp_worker_progress returns
+  int watched_peers_ = 0;         // peers with a pidfd in the epoll set
+  bool local_peers_need_watch_ = false;  // UCP_ERR_HANDLING_MODE_PEER failed for one
+  absl::Time next_housekeeping_ = absl::InfinitePast();
 };
 
 absl::StatusOr<std::shared_ptr<UcxTransferEngine::Worker>> UcxTransferEngine::Worker::Create(
@@ -195,8 +210,11 @@ absl::Status UcxTransferEngine::Worker::Init() {
   size_t addr_len = 0;
   st = ucp_worker_get_address(worker_, &addr, &addr_len);
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_get_address");
-  address_.assign(reinterpret_cast<const char*>(addr), addr_len);
+  UcxPeerAddress published;
+  published.owner = self_;
+  published.worker_address.assign(reinterpret_cast<const char*>(addr), addr_len);
   ucp_worker_release_address(worker_, addr);
+  address_ = published.Encode();
 
   int worker_fd = -1;
   st = ucp_worker_get_efd(worker_, &worker_fd);
@@ -208,7 +226,7 @@ absl::Status UcxTransferEngine::Worker::Init() {
   for (int fd : {worker_fd, event_fd_}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.fd = fd;
+    ev.data.ptr = nullptr;  // a wake-up; peers' pidfds carry their Peer*
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
       return absl::InternalError(ErrnoMessage("epoll_ctl"));
     }
@@ -239,13 +257,14 @@ void UcxTransferEngine::Worker::Stop() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  pending_.store(true);
   Wake();
   thread_.join();
 }
 
 void UcxTransferEngine::Worker::Wake() {
   const uint64_t one = 1;
-  ssize_t n = write(event_fd_, &one, sizeof(one));
+  const ssize_t n = write(event_fd_, &one, sizeof(one));
   (void)n;  // EAGAIN only when the counter is saturated: the thread is awake anyway
 }
 
@@ -255,11 +274,12 @@ void UcxTransferEngine::Worker::Submit(Submission submission) {
   batch->s = std::move(submission);
   {
     absl::MutexLock lock(&mu_);
-    if (!stopped_) {
+    if (!stopped_) {  // the thread runs every command queued before it sets stopped_
       commands_.push_back([this, b = std::move(batch)]() mutable { Execute(std::move(b)); });
+      pending_.store(true);
     }
   }
-  if (batch != nullptr) {  // the thread is gone (engine destroyed): nothing can run it
+  if (batch != nullptr) {  // the engine is being destroyed and its thread is gone
     batch->s.done(absl::CancelledError("UCX transfer engine was shut down"));
     return;
   }
@@ -275,11 +295,12 @@ void UcxTransferEngine::Worker::RunSync(absl::AnyInvocable<void()> fn) {
   bool queued = false;
   {
     absl::MutexLock lock(&mu_);
-    if (!stopped_) {  // the thread runs every command queued before it sets stopped_
+    if (!stopped_) {
       commands_.push_back([&fn, &done] {
         fn();
         done.Notify();
       });
+      pending_.store(true);
       queued = true;
     }
   }
@@ -293,21 +314,27 @@ void UcxTransferEngine::Worker::RunSync(absl::AnyInvocable<void()> fn) {
 }
 
 bool UcxTransferEngine::Worker::RunCommands() {
+  if (!pending_.load()) return false;
   std::vector<absl::AnyInvocable<void()>> commands;
+  bool stopping;
   {
     absl::MutexLock lock(&mu_);
     commands.swap(commands_);
-    if (stopping_ && !shutting_down_) {
-      shutting_down_ = true;
-      const absl::Status cancelled = absl::CancelledError("UCX transfer engine was shut down");
-      for (auto& [ptr, batch] : in_flight_) batch->Fail(cancelled);
-      std::vector<Peer*> live;
-      for (auto& [address, peer] : peers_) live.push_back(peer.get());
-      for (Peer* peer : live) DropPeer(peer, cancelled);
-    }
+    pending_.store(false);
+    stopping = stopping_;
   }
+  if (stopping && !shutting_down_) BeginShutdown();
   for (auto& command : commands) command();
   return !commands.empty();
+}
+
+void UcxTransferEngine::Worker::BeginShutdown() {
+  shutting_down_ = true;
+  const absl::Status cancelled = absl::CancelledError("UCX transfer engine was shut down");
+  for (auto& [ptr, batch] : in_flight_) batch->Fail(cancelled);
+  std::vector<Peer*> live;
+  for (auto& [address, peer] : peers_) live.push_back(peer.get());
+  for (Peer* peer : live) DropPeer(peer, cancelled);
 }
 
 void UcxTransferEngine::Worker::Loop() {
@@ -317,7 +344,7 @@ void UcxTransferEngine::Worker::Loop() {
     const unsigned progressed = ucp_worker_progress(worker_);
     AfterProgress();
     const absl::Time now = absl::Now();
-    if (now >= next_deadline_check_) CheckDeadlines(now);
+    if (now >= next_housekeeping_) Housekeeping(now);
 
     if (shutting_down_ && in_flight_.empty() && dropped_.empty()) {
       absl::MutexLock lock(&mu_);
@@ -333,28 +360,33 @@ void UcxTransferEngine::Worker::Loop() {
     }
     if (now < busy_until) continue;
 
-    // Idle: arm the worker and sleep until UCX or a producer has something.
+    // Idle: arm the worker and sleep until UCX, a producer or a watched peer wakes us.
     sleeping_.store(true);
-    bool has_commands;
-    {
-      absl::MutexLock lock(&mu_);
-      has_commands = !commands_.empty() || stopping_;
-    }
-    if (!has_commands && ucp_worker_arm(worker_) == UCS_OK) {
-      epoll_event events[2];
-      epoll_wait(epoll_fd_, events, 2, -1);
-    }
+    if (!pending_.load() && ucp_worker_arm(worker_) == UCS_OK) PollEvents(-1);
     sleeping_.store(false);
-    uint64_t drained;
-    while (read(event_fd_, &drained, sizeof(drained)) > 0) {
-    }
     busy_until = absl::Now() + options_.idle_spin;
   }
 
-  // Every endpoint is closed and every batch completed: release the worker here, on its
-  // own thread. The context stays for regions that are still registered.
+  // Every endpoint is closed and every batch completed: release the worker on its own
+  // thread. The context stays for regions that are still registered.
   ucp_worker_destroy(worker_);
   worker_ = nullptr;
+}
+
+// Waits up to timeout_ms (-1: forever) for the eventfd, the worker's fd or a watched peer
+// process; drops peers whose process exited.
+void UcxTransferEngine::Worker::PollEvents(int timeout_ms) {
+  epoll_event events[16];
+  const int n = epoll_wait(epoll_fd_, events, 16, timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.ptr == nullptr) continue;
+    auto* peer = static_cast<Peer*>(events[i].data.ptr);
+    DropPeer(peer, absl::UnavailableError(
+                       absl::StrCat("KV transfer peer process ", peer->owner.pid, " exited")));
+  }
+  uint64_t drained;
+  while (read(event_fd_, &drained, sizeof(drained)) > 0) {
+  }
 }
 
 void UcxTransferEngine::Worker::Execute(std::unique_ptr<Batch> owned) {
@@ -376,7 +408,7 @@ void UcxTransferEngine::Worker::Execute(std::unique_ptr<Batch> owned) {
 
   absl::StatusOr<Peer*> peer = GetPeer(s.destination.engine_address);
   absl::StatusOr<ucp_rkey_h> rkey =
-      peer.ok() ? GetRkey(*peer, s.destination.rkey) : absl::StatusOr<ucp_rkey_h>(peer.status());
+      peer.ok() ? GetRkey(*peer, s.destination) : absl::StatusOr<ucp_rkey_h>(peer.status());
   if (!rkey.ok()) {
     batch->Fail(rkey.status());
     batch->posted = true;
@@ -385,7 +417,7 @@ void UcxTransferEngine::Worker::Execute(std::unique_ptr<Batch> owned) {
   }
   batch->peer = *peer;
   batch->peer->batches.insert(batch);
-  next_deadline_check_ = std::min(next_deadline_check_, s.deadline);
+  next_housekeeping_ = std::min(next_housekeeping_, s.deadline);
 
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -403,8 +435,8 @@ void UcxTransferEngine::Worker::Execute(std::unique_ptr<Batch> owned) {
     }
     if (request != nullptr) ++batch->outstanding;
   }
-  // Remote completion of everything issued on the endpoint so far (puts are only locally
-  // complete when their own requests finish).
+  // Remote completion of everything issued on the endpoint so far (a put's own request
+  // only means its local buffer may be reused).
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   ucs_status_ptr_t flush = ucp_ep_flush_nbx(ep, &param);
   if (UCS_PTR_IS_ERR(flush)) {
@@ -421,24 +453,50 @@ absl::StatusOr<UcxTransferEngine::Worker::Peer*> UcxTransferEngine::Worker::GetP
   auto it = peers_.find(address);
   if (it != peers_.end()) return it->second.get();
 
+  absl::StatusOr<UcxPeerAddress> decoded = UcxPeerAddress::Decode(address);
+  if (!decoded.ok()) return decoded.status();
   auto peer = std::make_unique<Peer>();
   peer->worker = this;
   peer->address = address;
+  peer->owner = decoded->owner;
+
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.address = reinterpret_cast<const ucp_address_t*>(decoded->worker_address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &Worker::OnEndpointError;
   params.err_handler.arg = peer.get();
-  ucs_status_t st = ucp_ep_create(worker_, &params, &peer->ep);
-  if (st == UCS_ERR_UNREACHABLE && !options_.require_peer_failure_detection) {
-    // UCX 1.13's shared-memory transports (posix, sysv, self) cannot detect a dead peer, so
-    // with only those no lane qualifies for UCP_ERR_HANDLING_MODE_PEER. Connect without
-    // it: deadlines (and the force close they trigger) are then what bounds a failure.
+  const bool can_watch = self_.CanWatch(peer->owner);
+  // Once local peers needed the fallback below, skip the attempt (UCX logs an error for it).
+  ucs_status_t st = can_watch && local_peers_need_watch_
+                        ? UCS_ERR_UNREACHABLE
+                        : ucp_ep_create(worker_, &params, &peer->ep);
+  if (st == UCS_ERR_UNREACHABLE && !options_.require_peer_failure_detection && can_watch) {
+    // UCX 1.13's shared-memory transports (posix, sysv, self) cannot detect a dead peer,
+    // so with only those no lane qualifies for UCP_ERR_HANDLING_MODE_PEER. Connect
+    // without it and watch the peer process instead (it is on this host).
+    absl::StatusOr<int> pidfd = internal::OpenProcessHandle(peer->owner);
+    if (!pidfd.ok()) {
+      engine_->CountEndpointFailure();
+      return pidfd.status();
+    }
+    peer->pidfd = *pidfd;
     params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     st = ucp_ep_create(worker_, &params, &peer->ep);
-    if (st == UCS_OK) peer_failure_detection_.store(false);
+    if (st == UCS_OK) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.ptr = peer.get();
+      TANDEM_CHECK(epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, peer->pidfd, &ev) == 0)
+          << ErrnoMessage("epoll_ctl(pidfd)");
+      ++watched_peers_;
+      local_peers_need_watch_ = true;
+      peer_failure_detection_.store(false);
+    } else {
+      close(peer->pidfd);
+      peer->pidfd = -1;
+    }
   }
   if (st != UCS_OK) {
     engine_->CountEndpointFailure();
@@ -450,15 +508,27 @@ absl::StatusOr<UcxTransferEngine::Worker::Peer*> UcxTransferEngine::Worker::GetP
   return raw;
 }
 
-absl::StatusOr<ucp_rkey_h> UcxTransferEngine::Worker::GetRkey(Peer* peer,
-                                                              const std::string& packed) {
+absl::StatusOr<ucp_rkey_h> UcxTransferEngine::Worker::GetRkey(
+    Peer* peer, const RemoteMemoryDescriptor& destination) {
+  const std::string& packed = destination.rkey;
   auto it = peer->rkeys.find(packed);
   if (it != peer->rkeys.end()) return it->second;
+  if (packed.empty()) return absl::InvalidArgumentError("the destination has no memory key");
   ucp_rkey_h rkey = nullptr;
   ucs_status_t st = ucp_ep_rkey_unpack(peer->ep, packed.data(), &rkey);
-  if (st != UCS_OK) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the destination's memory key does not unpack: ", ucs_status_string(st)));
+  if (st != UCS_OK) return FromUcs(st, "the destination's memory key does not unpack");
+  if (peer->pidfd >= 0) {
+    // Without UCX failure detection nothing may wait on the peer: a put into memory this
+    // process cannot map (registered, not allocated, memory) is emulated with messages the
+    // peer must answer, and a dead peer would leave them pending forever, holding the
+    // caller's buffers. Mapped memory is written directly, so nothing ever pends.
+    void* mapped = nullptr;
+    if (ucp_rkey_ptr(rkey, destination.base, &mapped) != UCS_OK) {
+      ucp_rkey_destroy(rkey);
+      return absl::FailedPreconditionError(
+          "with shared-memory transports only (no peer failure detection in UCX 1.13), the "
+          "destination must come from AllocateMemory; or add tcp to UCX_TLS");
+    }
   }
   peer->rkeys[packed] = rkey;
   return rkey;
@@ -480,25 +550,39 @@ void UcxTransferEngine::Worker::OnRequestDone(void* request, ucs_status_t status
 
 void UcxTransferEngine::Worker::MaybeFinish(Batch* batch) {
   if (!batch->posted || batch->outstanding > 0) return;
-  if (batch->peer != nullptr) batch->peer->batches.erase(batch);
+  Peer* peer = batch->peer;
+  if (peer != nullptr) {
+    // Without UCX failure detection, "flushed" may mean "written into the shared memory of
+    // a process that died": report that as the failure it is.
+    if (batch->status.ok() && peer->pidfd >= 0 && internal::ProcessExited(peer->pidfd)) {
+      batch->Fail(absl::UnavailableError(
+          absl::StrCat("KV transfer peer process ", peer->owner.pid, " exited")));
+    }
+    peer->batches.erase(batch);
+  }
   finished_.push_back(batch);
 }
 
 void UcxTransferEngine::Worker::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* peer = static_cast<Peer*>(arg);
-  peer->worker->DropPeer(
-      peer, FromUcs(status, "KV transfer peer failed (endpoint error)"));
+  peer->worker->DropPeer(peer, FromUcs(status, "KV transfer peer failed (endpoint error)"));
 }
 
 // Takes `peer` out of the cache (the next batch reconnects), fails its batches in flight
-// with `why`, and closes the endpoint; the Peer lives on in dropped_ until the close
-// completed and no batch refers to it.
+// with `why`, and schedules the endpoint's close; the Peer lives on in dropped_ until the
+// close completed and no batch refers to it.
 void UcxTransferEngine::Worker::DropPeer(Peer* peer, const absl::Status& why) {
   if (!peer->failure.ok()) return;
   peer->failure = why.code() == absl::StatusCode::kCancelled
                       ? why
                       : absl::UnavailableError(std::string(why.message()));
   for (Batch* batch : peer->batches) batch->Fail(peer->failure);
+  if (peer->pidfd >= 0) {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer->pidfd, nullptr);
+    close(peer->pidfd);
+    peer->pidfd = -1;
+    --watched_peers_;
+  }
   auto it = peers_.find(peer->address);
   if (it != peers_.end() && it->second.get() == peer) {
     dropped_.push_back(std::move(it->second));
@@ -545,16 +629,19 @@ void UcxTransferEngine::Worker::AfterProgress() {
     std::vector<Batch*> finished;
     finished.swap(finished_);
     for (Batch* batch : finished) {
-      std::unique_ptr<Batch> owned = std::move(in_flight_[batch]);
-      in_flight_.erase(batch);
+      auto it = in_flight_.find(batch);
+      std::unique_ptr<Batch> owned = std::move(it->second);
+      in_flight_.erase(it);
       engine_->CountBatch(owned->s, owned->status);
       owned->s.done(std::move(owned->status));
     }
   }
 }
 
-void UcxTransferEngine::Worker::CheckDeadlines(absl::Time now) {
-  next_deadline_check_ = absl::InfiniteFuture();
+// Deadlines of batches in flight, and (while busy) watched peer processes.
+void UcxTransferEngine::Worker::Housekeeping(absl::Time now) {
+  next_housekeeping_ = watched_peers_ > 0 ? now + kHousekeepingPeriod : absl::InfiniteFuture();
+  if (watched_peers_ > 0) PollEvents(0);
   std::vector<Peer*> expired;
   for (auto& [ptr, batch] : in_flight_) {
     if (batch->peer == nullptr || !batch->status.ok()) continue;
@@ -563,7 +650,7 @@ void UcxTransferEngine::Worker::CheckDeadlines(absl::Time now) {
           "KV transfer batch of ", batch->s.bytes, " bytes did not complete in time")));
       expired.push_back(batch->peer);
     } else {
-      next_deadline_check_ = std::min(next_deadline_check_, batch->s.deadline);
+      next_housekeeping_ = std::min(next_housekeeping_, batch->s.deadline);
     }
   }
   // The endpoint of a timed-out batch is closed by force: that is the only way to get its
@@ -616,6 +703,19 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransferEngine::RegisterMemory(
   if (base == nullptr || length == 0) {
     return absl::InvalidArgumentError("RegisterMemory of a null or empty range");
   }
+  return MapMemory(base, length);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransferEngine::AllocateMemory(size_t length) {
+  if (length == 0) return absl::InvalidArgumentError("AllocateMemory of 0 bytes");
+  return MapMemory(nullptr, length);
+}
+
+// ucp_mem_map of [base, base + length), or of new memory when base is null (UCX allocates
+// it, from shared memory where a shared-memory transport is enabled).
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransferEngine::MapMemory(void* base,
+                                                                           size_t length) {
+  const bool allocate = base == nullptr;
   absl::Status status;
   ucp_mem_h memh = nullptr;
   std::string rkey;
@@ -624,23 +724,32 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransferEngine::RegisterMemory(
     params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     params.address = base;
     params.length = length;
+    if (allocate) {
+      params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+      params.flags = UCP_MEM_MAP_ALLOCATE;
+    }
     ucs_status_t st = ucp_mem_map(worker_->context(), &params, &memh);
     if (st != UCS_OK) {
       status = FromUcs(st, "ucp_mem_map");
       return;
     }
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    st = ucp_mem_query(memh, &attr);
     void* packed = nullptr;
     size_t packed_size = 0;
-    st = ucp_rkey_pack(worker_->context(), memh, &packed, &packed_size);
+    if (st == UCS_OK) st = ucp_rkey_pack(worker_->context(), memh, &packed, &packed_size);
     if (st != UCS_OK) {
       ucp_mem_unmap(worker_->context(), memh);
-      status = FromUcs(st, "ucp_rkey_pack");
+      status = FromUcs(st, "ucp_mem_query / ucp_rkey_pack");
       return;
     }
+    if (allocate) base = attr.address;
     rkey.assign(static_cast<const char*>(packed), packed_size);
     ucp_rkey_buffer_release(packed);
   });
   if (!status.ok()) return status;
+  if (allocate) std::memset(base, 0, length);  // UCX's heap fallback does not zero
   RemoteMemoryDescriptor d;
   d.transport = std::string(transport());
   d.engine_address = worker_->address();

@@ -1,40 +1,50 @@
 // UcxTransferEngine: the TransferEngine over UCX ucp RMA (one-sided puts).
 //
 // Connections: a peer is reached by its ucp worker address (ucp_ep_create with
-// UCP_EP_PARAM_FIELD_REMOTE_ADDRESS; no listener, no extra port). The address travels in
-// every RemoteMemoryDescriptor. Endpoints are created on first use, cached per peer
-// address, and dropped when the peer fails (error callback) or a batch to it times out, so
-// the next batch reconnects. Memory is registered with ucp_mem_map and described with
+// UCP_EP_PARAM_FIELD_REMOTE_ADDRESS; no listener, no extra port). The engine's address()
+// wraps that worker address with the owner's identity (pid, start time, boot id, pid
+// namespace; ucx_peer_address.h) and travels in every RemoteMemoryDescriptor. Endpoints
+// are created on first use, cached per peer address, and dropped when the peer fails or a
+// batch to it times out, so the next batch reconnects. Memory is registered with
+// ucp_mem_map (AllocateMemory: ucp_mem_map with UCP_MEM_MAP_ALLOCATE) and described with
 // ucp_rkey_pack; rkeys are unpacked once per (endpoint, packed rkey) and cached.
 //
 // Threads: ONE progress thread per engine owns the ucp_worker (UCS_THREAD_MODE_SINGLE)
-// and every call into UCX (endpoints, puts, flushes, rkeys, mem_map). Callers hand work
-// over through a mutex-protected queue and an eventfd: one hand-off per flushed batch (a
-// batch's puts travel as one vector), not per put, so the lock is cheap next to the data
-// it moves, and the UCX fast path runs without UCX's own locks (THREAD_MODE_MULTI would
-// lock the worker on every call and make the callers' threads contend with progress).
-// While batches are in flight the thread busy-polls ucp_worker_progress (full bandwidth,
-// lowest latency); when idle it spins briefly, then arms the worker and sleeps in
-// epoll_wait on the worker's event fd and the eventfd. Done callbacks run on this thread,
-// outside ucp_worker_progress.
+// and makes every call into UCX (endpoints, puts, flushes, rkeys, mem_map). Callers hand
+// work over through a mutex-protected queue and an eventfd: one hand-off per flushed batch
+// (its puts travel as one vector), not per put, so the lock is cheap next to the data it
+// moves, and the UCX fast path runs without UCX's own locks (UCS_THREAD_MODE_MULTI would
+// take the worker lock on every put and make caller threads contend with progress). While
+// batches are in flight the thread busy-polls ucp_worker_progress; when idle it spins
+// Options::idle_spin, then arms the worker and sleeps in epoll_wait (worker fd, eventfd,
+// watched peers). Done callbacks run on this thread, outside ucp_worker_progress.
 //
 // Completion: a batch posts its puts (ucp_put_nbx) and then ucp_ep_flush_nbx; it is done
 // when the flush and every put request completed, i.e. the data is written remotely.
-// Failures are never silent: a put or flush error, the peer's death (error callback with
-// UCP_ERR_HANDLING_MODE_PEER) or the deadline fail the batch; on a deadline the endpoint
-// is closed with UCP_EP_CLOSE_FLAG_FORCE, which completes every outstanding request (with
-// an error) before done runs, so the caller may free its buffers when done runs.
+// Failures are never silent: a put or flush error, the peer's death or the deadline fail
+// the batch. On a deadline the endpoint is closed with UCP_EP_CLOSE_FLAG_FORCE, which
+// completes the outstanding requests (with errors) before done runs, so the caller may
+// free its buffers when done runs, whatever the outcome.
 //
 // Transports come from the usual UCX environment (UCX_TLS, UCX_NET_DEVICES, ...) or from
-// Options::ucx_config. Measured here with Debian's UCX 1.13.1 (2 cores, loopback):
-//  - UCX_TLS=tcp (UCX_NET_DEVICES=lo): connect by worker address works. tcp has no RMA
-//    lane (no memory keys), so UCX emulates puts with active messages that the target's
-//    worker applies: the destination engine's progress thread must run (it does).
-//  - UCX_TLS=sm,self (or posix,cma,self): works between processes of one host, no tcp
-//    needed when connecting by worker address (unlike a sockaddr listener). Large puts go
-//    zero-copy through cma (process_vm_writev).
-//  - UCX_TLS=sm,tcp (or sm,self,tcp): works; shared memory is chosen for the data.
-// See bench/README.md for the bandwidth figures against ucx_perftest.
+// Options::ucx_config. Measured with Debian's UCX 1.13.1 (2 cores, one host):
+//  - UCX_TLS=tcp (UCX_NET_DEVICES=lo): connecting by worker address works. tcp has no RMA
+//    lane (its memory domain has no keys), so UCX emulates puts with active messages that
+//    the target's worker applies: the destination engine's progress thread does that.
+//    Peer failure: UCP_ERR_HANDLING_MODE_PEER (connection reset, keepalive).
+//  - UCX_TLS=sm,self (or posix,sysv,cma,self; no tcp): connecting by worker address works
+//    (only connecting through a sockaddr listener needs tcp). But UCX 1.13's posix, sysv
+//    and self transports cannot detect a dead peer ("no peer failure handler"), so no
+//    endpoint with UCP_ERR_HANDLING_MODE_PEER can be made. The engine then connects with
+//    UCP_ERR_HANDLING_MODE_NONE and watches the peer process itself (a pidfd; possible
+//    because shared memory implies the same host and pid namespace): a dead peer fails
+//    its batches with UNAVAILABLE. Puts are then only allowed into memory the sender can
+//    map (AllocateMemory on the peer: UCX shared memory; ucp_rkey_ptr succeeds), which
+//    UCX writes directly (no request ever waits on the peer, so none can hang); puts into
+//    registered heap memory fail with FAILED_PRECONDITION in this mode.
+//  - UCX_TLS=sm,tcp (or sm,self,tcp): connects, with failure detection, but as shared
+//    memory lanes cannot serve UCP_ERR_HANDLING_MODE_PEER, every byte goes over tcp.
+// Choose tcp between hosts and sm,self within one. Bandwidth: bench/README.md.
 #pragma once
 
 #include <memory>
@@ -56,9 +66,9 @@ class UcxTransferEngine final : public TransferEngine {
     std::vector<std::pair<std::string, std::string>> ucx_config;
     // How long the idle progress thread keeps polling before it sleeps on the event fd.
     absl::Duration idle_spin = absl::Microseconds(200);
-    // Endpoints are created with UCP_ERR_HANDLING_MODE_PEER (a dead peer fails its batches
-    // at once). When no transport can honour it (shared memory only, see above), connect
-    // without it unless this is set; batch deadlines then bound failures.
+    // Endpoints are created with UCP_ERR_HANDLING_MODE_PEER. When no transport can honour
+    // it (shared memory only, see above), the engine connects without it and watches the
+    // peer process, unless this is set (then such peers are UNAVAILABLE).
     bool require_peer_failure_detection = false;
   };
 
@@ -73,10 +83,12 @@ class UcxTransferEngine final : public TransferEngine {
 
   std::string_view transport() const override { return "ucx"; }
   std::string address() const override;
-  // False once an endpoint had to be created without peer failure detection.
+  // False once an endpoint had to be created without UCX peer failure detection (the
+  // peer process is watched instead).
   bool peer_failure_detection() const;
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* base,
                                                                size_t length) override;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateMemory(size_t length) override;
 
  protected:
   void Submit(Submission submission) override;
@@ -86,6 +98,7 @@ class UcxTransferEngine final : public TransferEngine {
   class Worker;  // the progress thread and everything UCX (ucx_transfer_engine.cc)
   class Region;
   explicit UcxTransferEngine(std::shared_ptr<Worker> worker);
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> MapMemory(void* base, size_t length);
 
   std::shared_ptr<Worker> worker_;
 };

@@ -1,0 +1,116 @@
+#include "tests/integration/cluster_fixture.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "engine/model/model_resolver.h"
+#include "gtest/gtest.h"
+#include "services/api/proto_convert.h"
+#include "services/common/host_port.h"
+
+namespace tandem::testing {
+
+std::unique_ptr<LocalCluster> StartCluster(int prefill, int decode, int both, std::vector<std::string> worker_args,
+                                           std::vector<std::string> router_args) {
+  const char* bin = std::getenv("TANDEM_BINARY_DIR");
+  LocalClusterOptions o;
+  o.bin_dir = std::string(bin != nullptr ? bin : ".") + "/bin";
+  std::string tmpl = (std::filesystem::temp_directory_path() / "tandem-cluster-XXXXXX").string();
+  o.run_dir = ::mkdtemp(tmpl.data());
+  o.num_prefill = prefill;
+  o.num_decode = decode;
+  o.num_both = both;
+  worker_args.push_back("--threads=1");
+  o.worker_args = worker_args;
+  router_args.push_back("--heartbeat-ms=200");
+  o.router_args = router_args;
+  o.log = [](const std::string& line) { std::fprintf(stderr, "[cluster] %s\n", line.c_str()); };
+  absl::StatusOr<std::unique_ptr<LocalCluster>> c = LocalCluster::Start(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return nullptr;
+  // Wait until the router lists every worker (registration completes before a worker
+  // writes its ready file, so this is immediate).
+  return std::move(*c);
+}
+
+std::unique_ptr<v1::Generation::Stub> GenerationStub(const std::string& address) {
+  return v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request, double timeout_s) {
+  StreamResult r;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  auto reader = stub.Generate(&ctx, request);
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    ++r.messages;
+    if (!m.request_id().empty()) r.request_id = m.request_id();
+    r.tokens.insert(r.tokens.end(), m.token_ids().begin(), m.token_ids().end());
+    r.text += m.text();
+    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED || m.has_usage()) r.final = m;
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+std::string HttpGet(const std::string& host_port, const std::string& path) {
+  absl::StatusOr<service::HostPort> hp = service::ParseHostPort(host_port);
+  if (!hp.ok()) return "";
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(hp->port);
+  ::inet_pton(AF_INET, hp->host == "localhost" ? "127.0.0.1" : hp->host.c_str(), &addr.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ::send(fd, req.data(), req.size(), 0);
+  std::string resp;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) resp.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  const size_t body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+std::string TinyModelDir() {
+  absl::StatusOr<std::string> d = ResolveModelDir("tiny");
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.value_or("");
+}
+
+v1::GenerateRequest TextRequest(const std::string& text, int max_tokens, std::optional<uint64_t> seed,
+                                float temperature) {
+  v1::GenerateRequest r;
+  r.set_text(text);
+  r.mutable_sampling()->set_temperature(temperature);
+  if (seed) r.mutable_sampling()->set_seed(*seed);
+  r.mutable_stop()->set_max_tokens(max_tokens);
+  r.mutable_stop()->set_ignore_eos(true);
+  return r;
+}
+
+std::vector<int32_t> ReferenceTokens(Engine& engine, const v1::GenerateRequest& r) {
+  static std::atomic<int> counter{0};
+  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(r, engine.tokenizer(), engine.config().vocab_size);
+  EXPECT_TRUE(prompt.ok()) << prompt.status();
+  absl::StatusOr<SamplingParams> sampling = FromProto(r.sampling(), engine.config().vocab_size);
+  absl::StatusOr<StopParams> stop = FromProto(r.stop(), engine.config().vocab_size);
+  EngineRequest req{.id = "ref-" + std::to_string(counter++), .prompt = *prompt, .sampling = *sampling, .stop = *stop};
+  auto stream = engine.Submit(std::move(req));
+  EXPECT_TRUE(stream.ok()) << stream.status();
+  std::vector<int32_t> tokens;
+  RequestOutput o;
+  while ((*stream)->Next(&o)) tokens.insert(tokens.end(), o.token_ids.begin(), o.token_ids.end());
+  return tokens;
+}
+
+}  // namespace tandem::testing

@@ -1,0 +1,50 @@
+// Helpers for integration tests of the served system: a LocalCluster of the real
+// binaries on loopback (ephemeral ports, ready files), a gRPC client that collects a
+// whole stream, a tiny HTTP GET for admin endpoints, and an in-process engine on the same
+// model as the reference for exactness.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/engine.h"
+#include "nlohmann/json.hpp"
+#include "services/launcher/local_cluster.h"
+#include "tandem/v1/generation.grpc.pb.h"
+#include "tandem/v1/internal.grpc.pb.h"
+
+namespace tandem::testing {
+
+// Starts a cluster of the built binaries (TANDEM_BINARY_DIR/bin) in a fresh run dir.
+std::unique_ptr<LocalCluster> StartCluster(int prefill, int decode, int both,
+                                           std::vector<std::string> worker_args = {},
+                                           std::vector<std::string> router_args = {});
+
+struct StreamResult {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::string text;
+  v1::GenerateResponse final;  // the message carrying finish_reason / usage
+  std::string request_id;
+  int messages = 0;
+};
+
+StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request, double timeout_s = 120);
+std::unique_ptr<v1::Generation::Stub> GenerationStub(const std::string& address);
+
+// GET http://host:port/path; returns the body ("" on failure).
+std::string HttpGet(const std::string& host_port, const std::string& path);
+
+// The model directory every process of a test cluster uses ("tiny", resolved).
+std::string TinyModelDir();
+
+// The tokens the engine alone produces for `request` (text prompts tokenized the same way).
+std::vector<int32_t> ReferenceTokens(Engine& engine, const v1::GenerateRequest& request);
+
+v1::GenerateRequest TextRequest(const std::string& text, int max_tokens, std::optional<uint64_t> seed,
+                                float temperature);
+
+}  // namespace tandem::testing
