@@ -5,6 +5,7 @@
 #include "cli/generate_command.h"
 #include "cli/make_model_command.h"
 #ifdef TANDEM_WITH_SERVICES
+#include "cli/bench_command.h"
 #include "cli/serve_local_command.h"
 #endif
 
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
 #ifdef TANDEM_WITH_SERVICES
   tandem::cli::RegisterServeLocal(app, &exit_code);
   tandem::cli::RegisterStatus(app, &exit_code);
+  tandem::cli::RegisterBench(app, &exit_code);
 #endif
   try {
     app.parse(argc, argv);

@@ -1,0 +1,58 @@
+// Statistics of a serving benchmark run, in the shape `vllm bench serve` reports them:
+// TTFT, TPOT, ITL and end-to-end latency (mean, median, p90, p99), request and token
+// throughput, and goodput under latency SLOs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace tandem::cli {
+
+struct RequestRecord {
+  bool ok = false;
+  std::string error;             // status message when !ok
+  int32_t prompt_tokens = 0;
+  int32_t output_tokens = 0;
+  int32_t cached_prompt_tokens = 0;
+  double start_s = 0;            // since the run started
+  double ttft_s = 0;             // first token - start
+  double e2e_s = 0;              // last message - start
+  std::vector<double> itl_s;     // gaps between consecutive streamed chunks
+};
+
+struct Slo {
+  double ttft_ms = 0;  // 0: no bound
+  double tpot_ms = 0;
+};
+
+struct LatencySummary {
+  double mean = 0, median = 0, p90 = 0, p99 = 0, max = 0;
+  nlohmann::json ToJson() const;
+};
+
+LatencySummary Summarize(std::vector<double> values_ms);
+
+struct BenchReport {
+  int completed = 0;
+  int failed = 0;
+  double duration_s = 0;
+  int64_t total_input_tokens = 0;
+  int64_t total_output_tokens = 0;
+  int64_t cached_input_tokens = 0;
+  double request_throughput = 0;       // completed requests / s
+  double output_throughput = 0;        // output tokens / s
+  double total_token_throughput = 0;   // (input + output) tokens / s
+  double goodput = 0;                  // requests / s meeting every SLO
+  LatencySummary ttft_ms, tpot_ms, itl_ms, e2e_ms;
+  std::vector<std::string> sample_errors;
+
+  nlohmann::json ToJson() const;
+  std::string ToText() const;  // the human-readable table
+};
+
+BenchReport Compute(const std::vector<RequestRecord>& records, double duration_s, const Slo& slo);
+
+}  // namespace tandem::cli
