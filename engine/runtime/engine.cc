@@ -320,7 +320,25 @@ void Engine::ExpireLeases() {
   }
 }
 
+Engine::KvEvents Engine::TakeKvEvents(bool want_full) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KvEvents out;
+  if (events_full_ || want_full) {
+    out.full = true;
+    out.stored.assign(cached_hashes_.begin(), cached_hashes_.end());
+    events_full_ = false;
+  } else {
+    out.stored.swap(pending_stored_);
+    out.removed.swap(pending_removed_);
+  }
+  pending_stored_.clear();
+  pending_removed_.clear();
+  return out;
+}
+
 void Engine::PublishStats() {
+  // Prefix-cache changes since the last call, into the thread-safe mirror.
+  KvCacheEvents ev = scheduler_->blocks().TakeEvents();
   EngineStats s = counters_;
   s.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.num_running = static_cast<int64_t>(scheduler_->num_running());
@@ -329,6 +347,24 @@ void Engine::PublishStats() {
   s.kv_usage = scheduler_->blocks().usage();
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = s;
+  constexpr size_t kMaxPendingEvents = 1 << 16;
+  if (ev.dropped > 0) {
+    // The block manager lost events: rebuild the mirror from its current contents.
+    std::vector<uint64_t> all = scheduler_->blocks().CachedHashes();
+    cached_hashes_ = std::unordered_set<uint64_t>(all.begin(), all.end());
+    events_full_ = true;
+    return;
+  }
+  for (const KvCacheEvent& e : ev.events) {
+    if (e.kind == KvCacheEvent::Kind::kStored) {
+      cached_hashes_.insert(e.hash);
+      if (!events_full_) pending_stored_.push_back(e.hash);
+    } else {
+      cached_hashes_.erase(e.hash);
+      if (!events_full_) pending_removed_.push_back(e.hash);
+    }
+  }
+  if (pending_stored_.size() + pending_removed_.size() > kMaxPendingEvents) events_full_ = true;
 }
 
 Engine::KvMemory Engine::kv_memory() const {

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -118,6 +119,17 @@ class Engine {
   KvMemory kv_memory() const;
 
   EngineStats Stats() const;
+
+  // Prefix-cache changes for cache-aware routing: the block hashes that became cached
+  // (stored) or were evicted (removed) since the previous call. `full` means `stored` is
+  // the complete set of cached hashes (first call, `want_full`, or the change log
+  // overflowed) and the consumer must replace its view. Thread-safe.
+  struct KvEvents {
+    std::vector<uint64_t> stored;
+    std::vector<uint64_t> removed;
+    bool full = false;
+  };
+  KvEvents TakeKvEvents(bool want_full = false);
   const ModelConfig& config() const { return model_->config(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   int64_t kv_entry_dim() const { return model_->config().kv_entry_dim(); }
@@ -161,6 +173,10 @@ class Engine {
   int64_t queued_ = 0;                    // requests submitted, not yet running (guarded by mu_)
   bool stop_ = false;
   EngineStats stats_;  // guarded by mu_
+  // Mirror of the prefix cache's hashes and the changes not yet taken (guarded by mu_).
+  std::unordered_set<uint64_t> cached_hashes_;
+  std::vector<uint64_t> pending_stored_, pending_removed_;
+  bool events_full_ = true;
   EngineStats counters_;  // engine thread's running totals
   std::thread thread_;
   std::atomic<uint64_t> seed_counter_{0x5eed};

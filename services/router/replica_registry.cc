@@ -30,6 +30,7 @@ absl::StatusOr<std::string> ReplicaRegistry::Register(const v1::RegisterRequest&
   replica->generation = v1::Generation::NewStub(replica->channel);
   replica->load = r.load();
   replica->last_heartbeat = std::chrono::steady_clock::now();
+  ApplyKvEvents(r.kv_events(), &replica->cached_blocks);
   std::lock_guard<std::mutex> lock(mu_);
   // A replica restarting on the same address replaces its old entry.
   for (auto it = replicas_.begin(); it != replicas_.end();) {
@@ -48,6 +49,7 @@ bool ReplicaRegistry::Heartbeat(const v1::HeartbeatRequest& r) {
   if (it == replicas_.end()) return false;
   it->second->load = r.load();
   it->second->draining = r.draining();
+  ApplyKvEvents(r.kv_events(), &it->second->cached_blocks);
   it->second->last_heartbeat = std::chrono::steady_clock::now();
   return true;
 }
@@ -111,7 +113,89 @@ void ReplicaRegistry::List(v1::ListReplicasResponse* out) const {
     info->set_last_heartbeat_ms_ago(
         std::chrono::duration_cast<std::chrono::milliseconds>(now - r->last_heartbeat).count());
     info->set_pid(r->pid);
+    info->set_cached_blocks(static_cast<int64_t>(r->cached_blocks.size()));
+    info->set_requests_routed(r->routed.load());
   }
+}
+
+void ApplyKvEvents(const v1::KvCacheEvents& events, std::unordered_set<uint64_t>* cached) {
+  if (events.full()) cached->clear();
+  for (uint64_t h : events.stored()) cached->insert(h);
+  for (uint64_t h : events.removed()) cached->erase(h);
+}
+
+int64_t ReplicaRegistry::PrefixOverlap(const Replica& r, std::span<const uint64_t> block_hashes) const {
+  int64_t n = 0;
+  for (uint64_t h : block_hashes) {
+    if (!r.cached_blocks.contains(h)) break;
+    ++n;
+  }
+  return n;
+}
+
+ReplicaPtr ReplicaRegistry::Pick(v1::Role role, RoutingPolicy policy, std::span<const uint64_t> block_hashes,
+                                 const std::vector<std::string>& exclude, const RoutingWeights& weights) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ReplicaPtr> c;
+  for (const auto& [id, r] : replicas_) {
+    if (r->draining || r->role != role) continue;
+    if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
+    c.push_back(r);
+  }
+  if (c.empty()) return nullptr;
+  // Round-robin order is the tie-break of every policy, so equal replicas share load.
+  const uint64_t turn = rr_[role]++;
+  std::rotate(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(turn % c.size()), c.end());
+  auto load = [](const ReplicaPtr& r) { return static_cast<double>(r->outstanding.load() + r->load.waiting()); };
+  ReplicaPtr best = c[0];
+  switch (policy) {
+    case RoutingPolicy::kRoundRobin:
+      break;
+    case RoutingPolicy::kLeastOutstanding:
+      for (const ReplicaPtr& r : c) {
+        if (load(r) < load(best)) best = r;
+      }
+      break;
+    case RoutingPolicy::kPowerOfTwo:
+      if (c.size() >= 2) {
+        std::uniform_int_distribution<size_t> pick(0, c.size() - 1);
+        const size_t a = pick(rng_);
+        size_t b = pick(rng_);
+        if (b == a) b = (a + 1) % c.size();
+        best = load(c[b]) < load(c[a]) ? c[b] : c[a];
+      }
+      break;
+    case RoutingPolicy::kCacheAware: {
+      double best_score = -1e300;
+      for (const ReplicaPtr& r : c) {
+        const double score =
+            static_cast<double>(PrefixOverlap(*r, block_hashes)) - weights.cache_aware_load_weight * load(r);
+        if (score > best_score) {
+          best_score = score;
+          best = r;
+        }
+      }
+      break;
+    }
+    case RoutingPolicy::kKvAware: {
+      // Free blocks as last reported, less what this router's requests in flight there
+      // will take (about this request's size each), then the smaller running batch.
+      const double need = static_cast<double>(block_hashes.size() + 1);
+      double best_free = -1e300;
+      int32_t best_running = 0;
+      for (const ReplicaPtr& r : c) {
+        const double free = static_cast<double>(r->load.kv_blocks_free()) - need * r->outstanding.load();
+        if (free > best_free || (free == best_free && r->load.running() < best_running)) {
+          best_free = free;
+          best_running = r->load.running();
+          best = r;
+        }
+      }
+      break;
+    }
+  }
+  best->routed++;
+  return best;
 }
 
 }  // namespace tandem

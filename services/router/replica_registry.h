@@ -11,12 +11,16 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
+#include <span>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "services/router/routing_policy.h"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tandem/v1/internal.grpc.pb.h"
 
@@ -33,10 +37,12 @@ struct Replica {
   std::unique_ptr<v1::Decode::Stub> decode;
   std::unique_ptr<v1::Generation::Stub> generation;
   std::atomic<int32_t> outstanding{0};  // requests the router has in flight here
+  std::atomic<int64_t> routed{0};      // requests the router sent it
   // Guarded by the registry's mutex:
   v1::LoadReport load;
   std::chrono::steady_clock::time_point last_heartbeat;
   bool draining = false;
+  std::unordered_set<uint64_t> cached_blocks;  // prefix-cache block hashes (KV events)
 };
 
 using ReplicaPtr = std::shared_ptr<Replica>;
@@ -90,6 +96,12 @@ class ReplicaRegistry {
   std::vector<ReplicaPtr> Candidates(v1::Role role) const;
   // Round-robin choice among candidates not in `exclude`; null when none.
   ReplicaPtr PickRoundRobin(v1::Role role, const std::vector<std::string>& exclude = {});
+  // A replica of `role` by `policy` (routing_policy.h) for a request whose prompt's full
+  // blocks hash to `block_hashes`; not one in `exclude`. Null when none is available.
+  ReplicaPtr Pick(v1::Role role, RoutingPolicy policy, std::span<const uint64_t> block_hashes,
+                  const std::vector<std::string>& exclude, const RoutingWeights& weights);
+  // Cached leading blocks of `block_hashes` on a replica, as the router knows them.
+  int64_t PrefixOverlap(const Replica& r, std::span<const uint64_t> block_hashes) const;
   void List(v1::ListReplicasResponse* out) const;
   const Options& options() const { return options_; }
 
@@ -99,6 +111,10 @@ class ReplicaRegistry {
   std::map<std::string, ReplicaPtr> replicas_;
   uint64_t next_id_ = 1;
   std::map<v1::Role, uint64_t> rr_;
+  std::mt19937_64 rng_{0x7a6e};
 };
+
+// Applies a replica's prefix-cache events to the router's view of it.
+void ApplyKvEvents(const v1::KvCacheEvents& events, std::unordered_set<uint64_t>* cached);
 
 }  // namespace tandem

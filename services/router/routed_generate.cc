@@ -1,6 +1,8 @@
 #include "services/router/routed_generate.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/latent_kv_cache.h"
+#include "engine/runtime/block_hash.h"
 #include "services/api/generation_helpers.h"
 #include "services/api/grpc_status.h"
 #include "services/api/proto_convert.h"
@@ -65,6 +67,7 @@ absl::Status RoutedGenerate::Prepare(const v1::GenerateRequest& r) {
   if (absl::Status s = CheckLength(prompt->size(), *stop, rc_.config->max_position_embeddings); !s.ok()) return s;
   id_ = *id;
   prompt_ = std::move(*prompt);
+  block_hashes_ = HashFullBlocks(prompt_, static_cast<int32_t>(kKvBlockSize), rc_.layout_fingerprint);
   ToProto(*sampling, &sampling_);
   ToProto(*stop, &stop_);
   original_ = r;
@@ -96,7 +99,7 @@ void RoutedGenerate::Route() {
 }
 
 void RoutedGenerate::Reserve() {
-  ReplicaPtr d = rc_.registry->PickRoundRobin(v1::ROLE_DECODE, tried_decode_);
+  ReplicaPtr d = rc_.registry->Pick(v1::ROLE_DECODE, rc_.decode_policy, block_hashes_, tried_decode_, rc_.weights);
   if (!d) {
     if (!tried_decode_.empty() && !rc_.registry->Candidates(v1::ROLE_DECODE).empty()) {
       WaitAndRetry();  // every decode replica is full right now
@@ -166,7 +169,7 @@ void RoutedGenerate::WaitAndRetry() {
 }
 
 void RoutedGenerate::Prefill() {
-  ReplicaPtr p = rc_.registry->PickRoundRobin(v1::ROLE_PREFILL, tried_prefill_);
+  ReplicaPtr p = rc_.registry->Pick(v1::ROLE_PREFILL, rc_.prefill_policy, block_hashes_, tried_prefill_, rc_.weights);
   if (!p) {
     ReleaseLease();
     Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -275,7 +278,7 @@ void RoutedGenerate::StartDecode() {
 }
 
 void RoutedGenerate::StartAggregated() {
-  ReplicaPtr w = rc_.registry->PickRoundRobin(v1::ROLE_BOTH);
+  ReplicaPtr w = rc_.registry->Pick(v1::ROLE_BOTH, rc_.prefill_policy, block_hashes_, {}, rc_.weights);
   if (!w) {
     Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no worker is available"));
     return;

@@ -40,6 +40,9 @@ struct RouterContext {
   // How long a request may wait for KV room on a decode replica when the client set no
   // deadline.
   std::chrono::milliseconds max_queue_wait{30000};
+  RoutingPolicy prefill_policy = RoutingPolicy::kCacheAware;  // also for --role both workers
+  RoutingPolicy decode_policy = RoutingPolicy::kKvAware;
+  RoutingWeights weights;
 };
 
 class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
@@ -99,6 +102,7 @@ class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   // The request as the replicas get it.
   std::string id_;
   std::vector<int32_t> prompt_;
+  std::vector<uint64_t> block_hashes_;  // the prompt's full blocks, for cache-aware routing
   v1::SamplingParams sampling_;
   v1::StopConditions stop_;
   std::string text_;  // aggregated path: the original request

@@ -41,6 +41,8 @@ int RunRouter(int argc, char** argv) {
   int64_t heartbeat_ms = 1000;
   int missed_heartbeats = 3;
   int64_t max_queue_wait_ms = 30000;
+  std::string prefill_policy = "cache-aware", decode_policy = "kv-aware";
+  double cache_aware_load_weight = 4.0;
   CLI::App app{
       "tandem-router: Tandem's public gRPC endpoint (tandem.v1.Generation). Picks a decode replica (KV lease) "
       "and a prefill replica per request, streams the tokens back, and keeps the cluster membership "
@@ -55,6 +57,19 @@ int RunRouter(int argc, char** argv) {
   app.add_option("--max-queue-wait-ms", max_queue_wait_ms,
                  "How long a request without a deadline may wait for KV room on a decode replica")
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}))
+      ->capture_default_str();
+  app.add_option("--prefill-policy", prefill_policy,
+                 "How prefill (and --role both) replicas are chosen: round-robin, least-outstanding, power-of-two, "
+                 "cache-aware")
+      ->check(CLI::IsMember({"round-robin", "least-outstanding", "power-of-two", "cache-aware"}))
+      ->capture_default_str();
+  app.add_option("--decode-policy", decode_policy,
+                 "How decode replicas are chosen: round-robin, least-outstanding, power-of-two, kv-aware")
+      ->check(CLI::IsMember({"round-robin", "least-outstanding", "power-of-two", "kv-aware"}))
+      ->capture_default_str();
+  app.add_option("--cache-aware-load-weight", cache_aware_load_weight,
+                 "cache-aware: how many cached prefix blocks one request in flight is worth")
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   service::BindEnvironment(app);
   if (int rc = service::ParseOrExit(app, argc, argv); rc != 0) return rc;
@@ -81,7 +96,10 @@ int RunRouter(int argc, char** argv) {
                             .model = common.model});
   RouterContext rc{.registry = &registry, .tokenizer = tokenizer->get(), .config = &*config,
                    .model_name = common.model, .layout_fingerprint = fingerprint,
-                   .max_queue_wait = std::chrono::milliseconds(max_queue_wait_ms)};
+                   .max_queue_wait = std::chrono::milliseconds(max_queue_wait_ms),
+                   .prefill_policy = *ParseRoutingPolicy(prefill_policy),
+                   .decode_policy = *ParseRoutingPolicy(decode_policy),
+                   .weights = {.cache_aware_load_weight = cache_aware_load_weight}};
   RouterGenerationService generation(rc);
   ClusterServiceImpl cluster(&registry);
 
@@ -128,8 +146,8 @@ int RunRouter(int argc, char** argv) {
   if (!common.ready_file.empty()) {
     if (absl::Status s = service::WriteReadyFile(common.ready_file, ready); !s.ok()) return Fail("ready file", s);
   }
-  spdlog::info("ready: gRPC {} admin {} model {} ({})", grpc_address, admin.bound_address(), *model_dir,
-               config->Summary());
+  spdlog::info("ready: gRPC {} admin {} model {} ({}); prefill policy {}, decode policy {}", grpc_address,
+               admin.bound_address(), *model_dir, config->Summary(), prefill_policy, decode_policy);
   const int sig = service::WaitForShutdownSignal();
   spdlog::info("shutting down ({})", sig == 0 ? "requested" : strsignal(sig));
   stop = true;

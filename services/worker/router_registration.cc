@@ -7,8 +7,12 @@
 namespace tandem {
 
 RouterRegistration::RouterRegistration(std::string router_address, v1::RegisterRequest self,
-                                       std::function<v1::LoadReport()> load)
-    : router_address_(std::move(router_address)), self_(std::move(self)), load_(std::move(load)) {
+                                       std::function<v1::LoadReport()> load,
+                                       std::function<v1::KvCacheEvents(bool full)> kv_events)
+    : router_address_(std::move(router_address)),
+      self_(std::move(self)),
+      load_(std::move(load)),
+      kv_events_(std::move(kv_events)) {
   stub_ = v1::Cluster::NewStub(grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
 }
 
@@ -35,6 +39,7 @@ absl::Status RouterRegistration::RegisterOnce() {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   v1::RegisterRequest req = self_;
   *req.mutable_load() = load_();
+  if (kv_events_) *req.mutable_kv_events() = kv_events_(/*full=*/true);
   v1::RegisterResponse resp;
   grpc::Status s = stub_->Register(&ctx, req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
@@ -84,6 +89,7 @@ void RouterRegistration::Loop() {
     req.set_replica_id(replica_id());
     *req.mutable_load() = load_();
     req.set_draining(draining_);
+    if (kv_events_) *req.mutable_kv_events() = kv_events_(/*full=*/false);
     v1::HeartbeatResponse resp;
     grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
     if (s.ok() && !resp.known()) {

@@ -18,8 +18,10 @@ namespace tandem {
 
 class RouterRegistration {
  public:
-  // `load` is called from the registration thread for every heartbeat.
-  RouterRegistration(std::string router_address, v1::RegisterRequest self, std::function<v1::LoadReport()> load);
+  // `load` is called from the registration thread for every heartbeat; `kv_events` (may
+  // be empty) too, with full=true wanted when registering.
+  RouterRegistration(std::string router_address, v1::RegisterRequest self, std::function<v1::LoadReport()> load,
+                     std::function<v1::KvCacheEvents(bool full)> kv_events = nullptr);
   ~RouterRegistration();  // stops the thread and deregisters
 
   // Registers (retrying every 200 ms up to `timeout`), then starts heartbeating.
@@ -37,6 +39,7 @@ class RouterRegistration {
   std::string router_address_;
   v1::RegisterRequest self_;
   std::function<v1::LoadReport()> load_;
+  std::function<v1::KvCacheEvents(bool)> kv_events_;
   std::unique_ptr<v1::Cluster::Stub> stub_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
