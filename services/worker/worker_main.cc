@@ -202,7 +202,19 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
     self.set_model(model_name);
     self.set_layout_fingerprint(e->layout_fingerprint());
     self.set_pid(getpid());
-    registration = std::make_unique<RouterRegistration>(f.common.router, self, load);
+    // Prefill replicas report their prefix cache for cache-aware routing.
+    std::function<v1::KvCacheEvents(bool)> events;
+    if (role != v1::ROLE_DECODE) {
+      events = [e](bool full) {
+        Engine::KvEvents ev = e->TakeKvEvents(/*want_full=*/full);
+        v1::KvCacheEvents out;
+        out.set_full(ev.full);
+        for (uint64_t h : ev.stored) out.add_stored(h);
+        for (uint64_t h : ev.removed) out.add_removed(h);
+        return out;
+      };
+    }
+    registration = std::make_unique<RouterRegistration>(f.common.router, self, load, events);
     if (absl::Status s = registration->Start(std::chrono::seconds(30)); !s.ok()) return Fail("registration", s);
   }
   admin.SetReady(true);
