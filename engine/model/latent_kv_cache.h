@@ -20,7 +20,23 @@ class LatentKvCache {
   LatentKvCache(int64_t num_layers, int64_t num_blocks, int64_t entry_dim,
                 int64_t block_size = kKvBlockSize)
       : num_layers_(num_layers), num_blocks_(num_blocks), entry_dim_(entry_dim), block_size_(block_size),
-        data_(static_cast<size_t>(num_layers * num_blocks * block_size * entry_dim), 0.0f) {}
+        owned_(static_cast<size_t>(num_layers * num_blocks * block_size * entry_dim), 0.0f),
+        data_(owned_.data()) {}
+  // Over caller-owned memory of at least BytesFor(...) bytes (e.g. memory a transfer layer
+  // allocated so that peers can write into it), which must outlive the cache.
+  LatentKvCache(float* memory, int64_t num_layers, int64_t num_blocks, int64_t entry_dim,
+                int64_t block_size = kKvBlockSize)
+      : num_layers_(num_layers), num_blocks_(num_blocks), entry_dim_(entry_dim), block_size_(block_size),
+        data_(memory) {}
+  LatentKvCache(LatentKvCache&& o) noexcept
+      : num_layers_(o.num_layers_), num_blocks_(o.num_blocks_), entry_dim_(o.entry_dim_), block_size_(o.block_size_),
+        owned_(std::move(o.owned_)), data_(owned_.empty() ? o.data_ : owned_.data()) {}
+  LatentKvCache(const LatentKvCache&) = delete;
+  LatentKvCache& operator=(const LatentKvCache&) = delete;
+
+  static size_t BytesFor(int64_t num_layers, int64_t num_blocks, int64_t entry_dim, int64_t block_size = kKvBlockSize) {
+    return static_cast<size_t>(num_layers * num_blocks * block_size * entry_dim) * sizeof(float);
+  }
 
   int64_t num_layers() const { return num_layers_; }
   int64_t num_blocks() const { return num_blocks_; }
@@ -42,7 +58,9 @@ class LatentKvCache {
   }
 
   // The whole pool: [layer][block][slot][entry_dim] floats.
-  std::span<float> data() { return data_; }
+  std::span<float> data() {
+    return {data_, static_cast<size_t>(num_layers_ * num_blocks_ * block_size_ * entry_dim_)};
+  }
 
   // One layer's bytes of one block (for KV export/import).
   std::span<float> Block(int64_t layer, int32_t block) {
@@ -53,11 +71,12 @@ class LatentKvCache {
  private:
   float* LayerBase(int64_t layer) {
     TANDEM_CHECK(layer >= 0 && layer < num_layers_);
-    return data_.data() + layer * num_blocks_ * block_size_ * entry_dim_;
+    return data_ + layer * num_blocks_ * block_size_ * entry_dim_;
   }
 
   int64_t num_layers_, num_blocks_, entry_dim_, block_size_;
-  std::vector<float> data_;
+  std::vector<float> owned_;  // empty when the memory is the caller's
+  float* data_;
 };
 
 }  // namespace tandem

@@ -35,9 +35,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
 
   int64_t blocks = options.num_kv_blocks;
   const int64_t block_bytes = c.num_hidden_layers * kKvBlockSize * c.kv_entry_dim() * static_cast<int64_t>(sizeof(float));
+  if (options.kv_memory != nullptr) {
+    const int64_t fit = static_cast<int64_t>(options.kv_memory_bytes) / block_bytes;
+    if (blocks <= 0 || blocks > fit) blocks = fit;
+    if (blocks < 1) return absl::InvalidArgumentError("the KV memory given is smaller than one block");
+  }
   if (blocks <= 0) blocks = std::max<int64_t>(1, options.kv_cache_bytes / block_bytes);
   if (blocks > (1 << 30)) return absl::InvalidArgumentError("KV cache too large");
-  e->cache_ = std::make_unique<LatentKvCache>(e->model_->MakeKvCache(blocks));
+  if (options.kv_memory != nullptr) {
+    e->cache_ = std::make_unique<LatentKvCache>(options.kv_memory, c.num_hidden_layers, blocks, c.kv_entry_dim());
+  } else {
+    e->cache_ = std::make_unique<LatentKvCache>(e->model_->MakeKvCache(blocks));
+  }
 
   ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(model_dir + "/config.json"));
   const KvLayout layout = KvLayoutFor(c, config_text);

@@ -36,6 +36,10 @@ namespace tandem {
 struct EngineOptions {
   int num_threads = 0;                     // CPU threads for the model (0: all)
   int64_t kv_cache_bytes = 512ll << 20;    // sizes the KV cache when num_kv_blocks is 0
+  // Caller-owned memory for the KV cache (e.g. allocated by a transfer layer so peers can
+  // write into it); it must outlive the engine. Null: the engine allocates its own.
+  float* kv_memory = nullptr;
+  size_t kv_memory_bytes = 0;
   int32_t num_kv_blocks = 0;
   int32_t max_batch_tokens = 2048;         // tokens per step
   int32_t max_running = 64;                // sequences decoding together

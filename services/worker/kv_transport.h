@@ -34,8 +34,14 @@ class KvWriteSession {
 class KvTransport {
  public:
   virtual ~KvTransport() = default;
-  // Decode side: registers the KV pool (once) and returns its serialized descriptor.
-  virtual absl::StatusOr<std::string> ExposePool(void* base, size_t bytes) = 0;
+  // Decode side: allocates the KV pool in memory peers can write into (shared memory where
+  // the transport offers it), owned by the transport; once per process.
+  struct Pool {
+    void* base = nullptr;
+    size_t bytes = 0;
+    std::string descriptor;  // serialized, for KvDestination.memory_descriptor
+  };
+  virtual absl::StatusOr<Pool> AllocatePool(size_t bytes) = 0;
   // Prefill side. Errors: INVALID_ARGUMENT (a descriptor that does not parse), UNAVAILABLE.
   virtual absl::StatusOr<std::unique_ptr<KvWriteSession>> OpenSession(const std::string& pool_descriptor) = 0;
   virtual std::string name() const = 0;  // "ucx", "in-process"

@@ -75,11 +75,11 @@ class TransferKvSession : public KvWriteSession {
 
 }  // namespace
 
-absl::StatusOr<std::string> TransferKvTransport::ExposePool(void* base, size_t bytes) {
-  absl::StatusOr<std::unique_ptr<transfer::MemoryRegion>> region = engine_->RegisterMemory(base, bytes);
+absl::StatusOr<KvTransport::Pool> TransferKvTransport::AllocatePool(size_t bytes) {
+  absl::StatusOr<std::unique_ptr<transfer::MemoryRegion>> region = engine_->AllocateMemory(bytes);
   if (!region.ok()) return region.status();
   pool_ = std::move(*region);
-  return pool_->descriptor().Serialize();
+  return Pool{.base = pool_->base(), .bytes = pool_->length(), .descriptor = pool_->descriptor().Serialize()};
 }
 
 absl::StatusOr<std::unique_ptr<KvWriteSession>> TransferKvTransport::OpenSession(const std::string& pool_descriptor) {

@@ -16,7 +16,7 @@ class TransferKvTransport : public KvTransport {
   TransferKvTransport(transfer::TransferEngine* engine, absl::Duration batch_timeout = absl::Seconds(30))
       : engine_(engine), batch_timeout_(batch_timeout) {}
 
-  absl::StatusOr<std::string> ExposePool(void* base, size_t bytes) override;
+  absl::StatusOr<Pool> AllocatePool(size_t bytes) override;
   absl::StatusOr<std::unique_ptr<KvWriteSession>> OpenSession(const std::string& pool_descriptor) override;
   std::string name() const override { return std::string(engine_->transport()); }
 

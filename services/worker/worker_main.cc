@@ -104,6 +104,24 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
 
   absl::StatusOr<std::string> model_dir = ResolveModelDir(f.common.model);
   if (!model_dir.ok()) return Fail("model", model_dir.status());
+
+  // KV transfer between prefill and decode replicas; an aggregated worker needs none. A
+  // decode replica's KV cache lives in memory the transport allocates, so that prefill
+  // replicas can write into it directly (shared memory on one host).
+  std::unique_ptr<transfer::UcxTransferEngine> ucx;
+  std::unique_ptr<TransferKvTransport> transport;
+  KvTransport::Pool pool;
+  if (role != v1::ROLE_BOTH) {
+    absl::StatusOr<std::unique_ptr<transfer::UcxTransferEngine>> u = transfer::UcxTransferEngine::Create();
+    if (!u.ok()) return Fail("UCX", u.status());
+    ucx = std::move(*u);
+    transport = std::make_unique<TransferKvTransport>(ucx.get());
+    if (role == v1::ROLE_DECODE) {
+      absl::StatusOr<KvTransport::Pool> p = transport->AllocatePool(static_cast<size_t>(f.kv_cache_mb) << 20);
+      if (!p.ok()) return Fail("allocating the KV pool", p.status());
+      pool = *p;
+    }
+  }
   EngineOptions eo;
   eo.num_threads = f.threads;
   eo.kv_cache_bytes = f.kv_cache_mb << 20;
@@ -112,27 +130,11 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.max_waiting = f.max_waiting;
   eo.enable_prefix_cache = !f.no_prefix_cache;
   eo.kv_lease_seconds = f.kv_lease_ms / 1000.0;
+  eo.kv_memory = static_cast<float*>(pool.base);
+  eo.kv_memory_bytes = pool.bytes;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);
   if (!engine.ok()) return Fail("engine", engine.status());
   spdlog::info("{} worker: model {} ({})", RoleName(role), *model_dir, (*engine)->config().Summary());
-
-  // KV transfer between prefill and decode replicas; an aggregated worker needs none.
-  std::unique_ptr<transfer::UcxTransferEngine> ucx;
-  std::unique_ptr<TransferKvTransport> transport;
-  std::string pool_descriptor;
-  if (role != v1::ROLE_BOTH) {
-    absl::StatusOr<std::unique_ptr<transfer::UcxTransferEngine>> u = transfer::UcxTransferEngine::Create();
-    if (!u.ok()) return Fail("UCX", u.status());
-    ucx = std::move(*u);
-    transport = std::make_unique<TransferKvTransport>(ucx.get());
-    if (role == v1::ROLE_DECODE) {
-      const Engine::KvMemory m = (*engine)->kv_memory();
-      absl::StatusOr<std::string> d = transport->ExposePool(m.base, m.bytes);
-      if (!d.ok()) return Fail("registering the KV pool", d.status());
-      pool_descriptor = *d;
-    }
-  }
-
   std::unique_ptr<grpc::Service> service;
   std::unique_ptr<LocalGenerationService> generation;
   std::unique_ptr<PrefillServiceImpl> prefill;
@@ -150,7 +152,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       builder.RegisterService(prefill.get());
       break;
     case v1::ROLE_DECODE:
-      decode = std::make_unique<DecodeServiceImpl>(engine->get(), pool_descriptor, f.kv_lease_ms);
+      decode = std::make_unique<DecodeServiceImpl>(engine->get(), pool.descriptor, f.kv_lease_ms);
       builder.RegisterService(decode.get());
       break;
     default:

@@ -29,8 +29,15 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const std::vector
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
+  // extra_env overrides variables of the same name.
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string var(*e);
+    const std::string name = var.substr(0, var.find('='));
+    bool overridden = false;
+    for (const auto& x : extra_env) overridden |= x.rfind(name + "=", 0) == 0;
+    if (!overridden) env_strings.push_back(var);
+  }
   for (const auto& e : extra_env) env_strings.push_back(e);
   std::vector<char*> envp, args;
   for (auto& e : env_strings) envp.push_back(e.data());

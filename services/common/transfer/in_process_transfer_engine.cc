@@ -2,34 +2,35 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 
 namespace tandem::transfer {
 
 // One engine's registered regions, shared with the process-wide table.
 struct internal::InProcessNode {
   std::string address;
-  absl::Mutex mu;
-  uint64_t next_region_id ABSL_GUARDED_BY(mu) = 1;
+  std::mutex mu;  // guards the members below
+  uint64_t next_region_id = 1;
   struct Range {
     char* base;
     size_t length;
   };
-  absl::flat_hash_map<uint64_t, Range> regions ABSL_GUARDED_BY(mu);
-  absl::Status injected ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint64_t, Range> regions;
+  absl::Status injected;
 };
 
 namespace {
 
 struct Registry {
-  absl::Mutex mu;
+  std::mutex mu;  // guards the members below
   uint64_t next_engine = 1;
   absl::flat_hash_map<std::string, std::weak_ptr<internal::InProcessNode>> nodes;
 };
@@ -49,7 +50,7 @@ class InProcessTransferEngine::Region final : public MemoryRegion {
   ~Region() override {
     {
       // Waits for a memcpy into this region in progress (it holds the node's lock).
-      absl::MutexLock lock(&node_->mu);
+      std::lock_guard<std::mutex> lock(node_->mu);
       node_->regions.erase(id_);
     }
     if (owned_) std::free(base());
@@ -68,15 +69,19 @@ class InProcessTransferEngine::Completer {
       : engine_(engine), thread_([this] { Run(); }) {}
   ~Completer() {
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
     }
+    cv_.notify_one();
     thread_.join();
   }
 
   void Push(Submission s) {
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(std::move(s));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(s));
+    }
+    cv_.notify_one();
   }
   bool OnThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
@@ -85,9 +90,8 @@ class InProcessTransferEngine::Completer {
     while (true) {
       Submission s;
       {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](Completer* c) { return c->stopping_ || !c->queue_.empty(); }, this));
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stopping and drained
         s = std::move(queue_.front());
         queue_.pop_front();
@@ -97,16 +101,17 @@ class InProcessTransferEngine::Completer {
   }
 
   InProcessTransferEngine* engine_;
-  absl::Mutex mu_;
-  std::deque<Submission> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::mutex mu_;  // guards queue_ and stopping_
+  std::condition_variable cv_;
+  std::deque<Submission> queue_;
+  bool stopping_ = false;
   std::thread thread_;  // last: starts after the members above exist
 };
 
 InProcessTransferEngine::InProcessTransferEngine() : node_(std::make_shared<Node>()) {
   Registry& registry = GetRegistry();
   {
-    absl::MutexLock lock(&registry.mu);
+    std::lock_guard<std::mutex> lock(registry.mu);
     node_->address = absl::StrCat("inproc:", registry.next_engine++);
     registry.nodes[node_->address] = node_;
   }
@@ -116,7 +121,7 @@ InProcessTransferEngine::InProcessTransferEngine() : node_(std::make_shared<Node
 InProcessTransferEngine::~InProcessTransferEngine() {
   completer_.reset();  // drains the queue
   Registry& registry = GetRegistry();
-  absl::MutexLock lock(&registry.mu);
+  std::lock_guard<std::mutex> lock(registry.mu);
   registry.nodes.erase(node_->address);
 }
 
@@ -146,7 +151,7 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> InProcessTransferEngine::Map(void*
                                                                          bool owned) {
   uint64_t id;
   {
-    absl::MutexLock lock(&node_->mu);
+    std::lock_guard<std::mutex> lock(node_->mu);
     id = node_->next_region_id++;
     node_->regions[id] = Node::Range{static_cast<char*>(base), length};
   }
@@ -161,7 +166,7 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> InProcessTransferEngine::Map(void*
 }
 
 void InProcessTransferEngine::InjectFailure(absl::Status status) {
-  absl::MutexLock lock(&node_->mu);
+  std::lock_guard<std::mutex> lock(node_->mu);
   node_->injected = std::move(status);
 }
 
@@ -174,7 +179,7 @@ bool InProcessTransferEngine::OnCompletionThread() const { return completer_->On
 void InProcessTransferEngine::Execute(Submission& s) {
   absl::Status status = s.error;
   if (status.ok()) {
-    absl::MutexLock lock(&node_->mu);
+    std::lock_guard<std::mutex> lock(node_->mu);
     status = node_->injected;
   }
   if (status.ok() && absl::Now() > s.deadline) {
@@ -183,7 +188,7 @@ void InProcessTransferEngine::Execute(Submission& s) {
   std::shared_ptr<Node> peer;
   if (status.ok()) {
     Registry& registry = GetRegistry();
-    absl::MutexLock lock(&registry.mu);
+    std::lock_guard<std::mutex> lock(registry.mu);
     auto it = registry.nodes.find(s.destination.engine_address);
     if (it != registry.nodes.end()) peer = it->second.lock();
     if (peer == nullptr) {
@@ -192,7 +197,7 @@ void InProcessTransferEngine::Execute(Submission& s) {
     }
   }
   if (status.ok()) {
-    absl::MutexLock lock(&peer->mu);
+    std::lock_guard<std::mutex> lock(peer->mu);
     uint64_t id = 0;
     auto region = absl::SimpleAtoi(s.destination.rkey, &id) ? peer->regions.find(id)
                                                              : peer->regions.end();

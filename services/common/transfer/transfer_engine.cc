@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "kernels/common/check.h"
+#include "services/common/transfer/event.h"
 
 namespace tandem::transfer {
 
@@ -23,8 +23,17 @@ absl::Status TransferBatch::Put(const void* local, size_t length, uint64_t remot
         "put of ", length, " bytes at remote offset ", remote_offset,
         " is outside the destination region of ", destination_.length, " bytes"));
   }
-  puts_.push_back(PutOp{local, remote_offset, length});
   bytes_ += length;
+  if (!puts_.empty()) {
+    // Contiguous on both sides (consecutive blocks of a request): one larger put.
+    PutOp& last = puts_.back();
+    if (static_cast<const char*>(last.local) + last.length == local &&
+        last.remote_offset + last.length == remote_offset) {
+      last.length += length;
+      return absl::OkStatus();
+    }
+  }
+  puts_.push_back(PutOp{local, remote_offset, length});
   return absl::OkStatus();
 }
 
@@ -52,13 +61,13 @@ void TransferBatch::Flush(absl::Duration timeout, TransferCallback done) {
 absl::Status TransferBatch::Wait(absl::Duration timeout) {
   TANDEM_CHECK(!engine_->OnCompletionThread())
       << "TransferBatch::Wait on the engine's completion thread would deadlock";
-  absl::Notification finished;
+  internal::Event finished;
   absl::Status result;
   Flush(timeout, [&](absl::Status status) {
     result = std::move(status);
     finished.Notify();
   });
-  finished.WaitForNotification();
+  finished.Wait();
   return result;
 }
 

@@ -24,7 +24,9 @@
 //    done still runs. Destroying one before Flush discards its puts.
 //  - A MemoryRegion must stay registered while peers may write into it; the transport
 //    cannot always detect a write into memory that was deregistered (UCX over tcp writes
-//    by address). Leases on blocks are the caller's business.
+//    by address). Leases on blocks are the caller's business. A failed batch may have
+//    written any subset of its puts. Destroying the engine first stops every write into
+//    its regions (regions may outlive their engine).
 #pragma once
 
 #include <atomic>
@@ -44,13 +46,14 @@
 namespace tandem::transfer {
 
 // Runs exactly once per flushed batch, on the engine's completion thread (never inside
-// Flush, never on the caller's thread). It must not block; it may start new batches.
+// Flush; the one exception: CANCELLED for a batch flushed while the engine is being
+// destroyed). It must not block; it may start new batches.
 using TransferCallback = absl::AnyInvocable<void(absl::Status)>;
 
 // Plain counters since the engine was created (metrics are built on top of them).
 struct TransferStats {
   uint64_t bytes_put = 0;          // bytes of puts in batches that completed OK
-  uint64_t puts = 0;               // puts in batches that completed OK
+  uint64_t puts = 0;               // puts (contiguous ones merged) in batches that completed OK
   uint64_t batches_ok = 0;
   uint64_t batches_failed = 0;     // any error: validation, peer failure, timeout
   uint64_t endpoints_created = 0;  // connections to peers (UCX endpoints)
@@ -102,7 +105,8 @@ class TransferBatch {
   // Queues a put of [local, local + length) to destination().base + remote_offset.
   // INVALID_ARGUMENT when the range does not fit in destination() (nothing is queued, so
   // nothing is ever written out of bounds) or local is null with length > 0;
-  // FAILED_PRECONDITION after Flush. A zero-length put is a no-op.
+  // FAILED_PRECONDITION after Flush. A zero-length put is a no-op. A put that continues
+  // the previous one on both sides (next local byte, next remote byte) extends it.
   absl::Status Put(const void* local, size_t length, uint64_t remote_offset);
 
   // Hands the puts to the transport; `done` runs once all of them are remotely complete or
@@ -117,7 +121,7 @@ class TransferBatch {
   absl::Status Wait(absl::Duration timeout);
 
   const RemoteMemoryDescriptor& destination() const { return destination_; }
-  size_t num_puts() const { return puts_.size(); }
+  size_t num_puts() const { return puts_.size(); }  // after merging contiguous puts
   uint64_t bytes() const { return bytes_; }
 
  private:

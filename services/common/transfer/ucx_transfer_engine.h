@@ -21,17 +21,29 @@
 //
 // Completion: a batch posts its puts (ucp_put_nbx) and then ucp_ep_flush_nbx; it is done
 // when the flush and every put request completed, i.e. the data is written remotely.
+// Destinations this process can map (memory from AllocateMemory on a peer of this host,
+// with a shared-memory transport enabled: ucp_rkey_ptr succeeds) are written directly by
+// the progress thread instead (streaming stores for large pieces, then a store fence):
+// what UCX's own shared-memory put does, with a faster copy (Options::direct_shared_memory).
+//
 // Failures are never silent: a put or flush error, the peer's death or the deadline fail
-// the batch. On a deadline the endpoint is closed with UCP_EP_CLOSE_FLAG_FORCE, which
-// completes the outstanding requests (with errors) before done runs, so the caller may
-// free its buffers when done runs, whatever the outcome.
+// the batch. Peers on this host (same boot and pid namespace, from their address) are
+// also watched through a pidfd: a write into the shared memory of a process that died
+// completes without it, so the batch reports UNAVAILABLE instead. On a deadline the
+// endpoint is closed with UCP_EP_CLOSE_FLAG_FORCE, which completes the outstanding
+// requests (with errors) before done runs, so the caller may free its buffers when done
+// runs, whatever the outcome.
 //
 // Transports come from the usual UCX environment (UCX_TLS, UCX_NET_DEVICES, ...) or from
 // Options::ucx_config. Measured with Debian's UCX 1.13.1 (2 cores, one host):
 //  - UCX_TLS=tcp (UCX_NET_DEVICES=lo): connecting by worker address works. tcp has no RMA
 //    lane (its memory domain has no keys), so UCX emulates puts with active messages that
 //    the target's worker applies: the destination engine's progress thread does that.
-//    Peer failure: UCP_ERR_HANDLING_MODE_PEER (connection reset, keepalive).
+//    Their size is the tcp segment size: Options::tune_tcp raises it (2-3x bandwidth).
+//    Peer failure: UCP_ERR_HANDLING_MODE_PEER (connection reset, keepalive). Caveat: data
+//    a failed or timed-out batch already handed to the kernel may still land after done
+//    reported the failure; a receiver must not reuse a destination range for another
+//    sender until that sender is known to be gone (leases longer than its timeouts).
 //  - UCX_TLS=sm,self (or posix,sysv,cma,self; no tcp): connecting by worker address works
 //    (only connecting through a sockaddr listener needs tcp). But UCX 1.13's posix, sysv
 //    and self transports cannot detect a dead peer ("no peer failure handler"), so no
@@ -42,9 +54,12 @@
 //    map (AllocateMemory on the peer: UCX shared memory; ucp_rkey_ptr succeeds), which
 //    UCX writes directly (no request ever waits on the peer, so none can hang); puts into
 //    registered heap memory fail with FAILED_PRECONDITION in this mode.
-//  - UCX_TLS=sm,tcp (or sm,self,tcp): connects, with failure detection, but as shared
-//    memory lanes cannot serve UCP_ERR_HANDLING_MODE_PEER, every byte goes over tcp.
-// Choose tcp between hosts and sm,self within one. Bandwidth: bench/README.md.
+//  - UCX_TLS=sm,tcp (or sm,self,tcp): connects with UCP_ERR_HANDLING_MODE_PEER; UCX's
+//    own lanes are then tcp only (shared-memory lanes cannot serve that mode), but
+//    destinations from AllocateMemory are still mapped and written directly, so bytes
+//    move through shared memory and puts into registered heap memory go over tcp.
+// Recommended: tcp between hosts; sm,tcp (or sm,self) within one. UCX logs to stdout
+// unless UCX_LOG_FILE says otherwise. Bandwidth: bench/README.md.
 #pragma once
 
 #include <memory>
@@ -62,10 +77,18 @@ class UcxTransferEngine final : public TransferEngine {
  public:
   struct Options {
     // Extra UCX settings applied on top of the environment, without the UCX_ prefix,
-    // e.g. {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}}.
+    // e.g. {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}}. Transport settings go by their name
+    // inside the transport ({"TX_SEG_SIZE", "256K"} for UCX_TCP_TX_SEG_SIZE).
     std::vector<std::pair<std::string, std::string>> ucx_config;
     // How long the idle progress thread keeps polling before it sleeps on the event fd.
     absl::Duration idle_spin = absl::Microseconds(200);
+    // Larger tcp segments (UCX_TCP_TX_SEG_SIZE=256K, UCX_TCP_RX_SEG_SIZE=1M) unless the
+    // environment sets them: 2-3x the put bandwidth of UCX's defaults over tcp.
+    bool tune_tcp = true;
+    // Write destinations mapped into this process (UCX shared memory, ucp_rkey_ptr) with
+    // the progress thread's own copy (streaming stores for large pieces) instead of
+    // ucp_put_nbx, which copies with memcpy. Off: every put goes through ucp_put_nbx.
+    bool direct_shared_memory = true;
     // Endpoints are created with UCP_ERR_HANDLING_MODE_PEER. When no transport can honour
     // it (shared memory only, see above), the engine connects without it and watches the
     // peer process, unless this is set (then such peers are UNAVAILABLE).
