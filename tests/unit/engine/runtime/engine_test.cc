@@ -228,12 +228,13 @@ TEST(EngineTest, ImportWithoutReservationFailsAndLeasesExpire) {
 
 TEST(EngineTest, PreemptionUnderKvPressureKeepsOutputsIdentical) {
   std::vector<EngineRequest> reqs;
-  for (int i = 0; i < 5; ++i) reqs.push_back(Req("q" + std::to_string(i), Tokens(60 + 10 * i, 20 + i), 40, 100 + i));
+  // Each sequence grows to ~4 blocks; any three running at once exhaust the 8 blocks.
+  for (int i = 0; i < 6; ++i) reqs.push_back(Req("q" + std::to_string(i), Tokens(60 + 10 * i, 20 + i), 150, 100 + i));
   auto roomy = MakeEngine();
   std::vector<Result> expected;
   for (const auto& r : reqs) expected.push_back(RunToEnd(*roomy, r));
 
-  // 8 blocks of 64 tokens: five sequences growing past 100 tokens cannot all stay.
+  // 8 blocks of 64 tokens: six sequences growing past 200 tokens cannot all stay.
   auto tight = MakeEngine({.num_kv_blocks = 8});
   std::vector<std::shared_ptr<OutputStream>> streams;
   for (const auto& r : reqs) {
