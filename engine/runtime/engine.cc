@@ -311,6 +311,7 @@ void Engine::Finish(std::unique_ptr<Sequence> seq, RequestOutput out) {
     std::lock_guard<std::mutex> lock(mu_);
     live_ids_.erase(seq->id);
   }
+  if (options_.on_request_finished) options_.on_request_finished(m, out.status);
   // Whoever sees the final output also sees the engine's state after it (blocks freed).
   PublishStats();
   seq->output->Push(std::move(out));
@@ -354,6 +355,11 @@ void Engine::PublishStats() {
   s.kv_blocks_total = scheduler_->blocks().num_blocks();
   s.kv_blocks_in_use = scheduler_->blocks().num_in_use();
   s.kv_usage = scheduler_->blocks().usage();
+  const BlockManagerStats& bs = scheduler_->blocks().stats();
+  s.prefix_cache_queries = bs.prefix_queries;
+  s.prefix_cache_queried_blocks = bs.queried_blocks;
+  s.prefix_cache_hit_blocks = bs.hit_blocks;
+  s.prefix_cache_evictions = bs.evictions;
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = s;
   constexpr size_t kMaxPendingEvents = 1 << 16;

@@ -48,6 +48,8 @@ struct EngineOptions {
   double kv_lease_seconds = 30.0;          // an unused ReserveKv expires after this
   // Seconds on a monotonic clock; injectable for tests.
   std::function<double()> clock;
+  // Called on the engine thread when a request ends (metrics); must not block.
+  std::function<void(const RequestMetrics&, const absl::Status&)> on_request_finished;
 };
 
 struct EngineRequest {
@@ -73,6 +75,11 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t requests_finished = 0;
   int64_t kv_leases_expired = 0;
+  // Prefix cache (block manager): lookups, blocks looked up and found, evictions.
+  int64_t prefix_cache_queries = 0;
+  int64_t prefix_cache_queried_blocks = 0;
+  int64_t prefix_cache_hit_blocks = 0;
+  int64_t prefix_cache_evictions = 0;
 };
 
 class Engine {

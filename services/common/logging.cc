@@ -49,10 +49,20 @@ class JsonLineFormatter : public spdlog::formatter {
     size_t n = strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(ts + n, sizeof(ts) - n, ".%03dZ", millis);
 
+    // "[request ID] text" (RequestLogPrefix) becomes a request_id field.
+    std::string payload(msg.payload.data(), msg.payload.size());
+    std::string request_field;
+    constexpr std::string_view kTag = "[request ";
+    if (payload.rfind(kTag, 0) == 0) {
+      const size_t close = payload.find("] ", kTag.size());
+      if (close != std::string::npos) {
+        request_field = absl::StrCat(",\"request_id\":", Quote(payload.substr(kTag.size(), close - kTag.size())));
+        payload.erase(0, close + 2);
+      }
+    }
     std::string line = absl::StrCat("{\"ts\":\"", ts, "\",\"level\":\"", LevelName(msg.level),
-                                    "\",\"service\":", service_json_, ",\"msg\":",
-                                    Quote(std::string(msg.payload.data(), msg.payload.size())),
-                                    "}\n");
+                                    "\",\"service\":", service_json_, request_field, ",\"msg\":",
+                                    Quote(payload), "}\n");
     dest.append(line.data(), line.data() + line.size());
   }
 

@@ -21,6 +21,11 @@ class sink;
 
 namespace tandem::service {
 
+// Start a log message with this to tie it to a request: "[request ID] ". Text logs show
+// it as is; JSON logs turn it into a "request_id" field, so one request can be followed
+// across the router, prefill, decode and kvstore logs (they all use the same id).
+inline std::string RequestLogPrefix(const std::string& request_id) { return "[request " + request_id + "] "; }
+
 // The accepted --log-level and --log-format values, for flag validators and help.
 const std::vector<std::string>& LogLevelNames();   // trace debug info warn error off
 const std::vector<std::string>& LogFormatNames();  // text json

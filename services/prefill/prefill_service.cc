@@ -37,9 +37,9 @@ namespace {
 
 class PrefillReactor : public grpc::ServerUnaryReactor {
  public:
-  PrefillReactor(Engine* engine, KvTransport* transport, const v1::PrefillRequest* request,
-                 v1::PrefillResponse* response)
-      : engine_(engine), response_(response), id_(request->request_id()) {
+  PrefillReactor(Engine* engine, KvTransport* transport, const std::function<void(double, int64_t, bool)>* on_transfer,
+                 const v1::PrefillRequest* request, v1::PrefillResponse* response)
+      : engine_(engine), on_transfer_(on_transfer), response_(response), id_(request->request_id()) {
     absl::Status st = Start(transport, *request);
     if (!st.ok()) Finish(ToGrpcStatus(st));
   }
@@ -103,6 +103,7 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     response_->set_queue_ms(out->metrics.queue_s * 1e3);
     response_->set_prefill_ms(out->metrics.prefill_s * 1e3);
     sink_->Flush([this](absl::Status st) {
+      if (*on_transfer_) (*on_transfer_)(sink_->transfer_seconds(), sink_->bytes(), st.ok());
       if (!st.ok()) {
         Finish(ToGrpcStatus(absl::AbortedError(absl::StrCat("KV transfer failed: ", st.message()))));
         return;
@@ -115,6 +116,7 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
   }
 
   Engine* engine_;
+  const std::function<void(double, int64_t, bool)>* on_transfer_;
   v1::PrefillResponse* response_;
   std::string id_;
   std::unique_ptr<TransferKvSink> sink_;
@@ -128,7 +130,7 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
 
 grpc::ServerUnaryReactor* PrefillServiceImpl::Prefill(grpc::CallbackServerContext*, const v1::PrefillRequest* request,
                                                       v1::PrefillResponse* response) {
-  return new PrefillReactor(engine_, transport_, request, response);
+  return new PrefillReactor(engine_, transport_, &on_transfer_, request, response);
 }
 
 }  // namespace tandem

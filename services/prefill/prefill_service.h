@@ -2,6 +2,8 @@
 // layer as it is computed, into the decode replica's blocks named in the request.
 #pragma once
 
+#include <functional>
+
 #include "engine/runtime/engine.h"
 #include "services/worker/kv_transport.h"
 #include "tandem/v1/internal.grpc.pb.h"
@@ -11,7 +13,10 @@ namespace tandem {
 class PrefillServiceImpl final : public v1::Prefill::CallbackService {
  public:
   // `engine` and `transport` must outlive the service.
-  PrefillServiceImpl(Engine* engine, KvTransport* transport) : engine_(engine), transport_(transport) {}
+  // `on_transfer(seconds, bytes, ok)` is told about each request's KV transfer (metrics).
+  PrefillServiceImpl(Engine* engine, KvTransport* transport,
+                     std::function<void(double, int64_t, bool)> on_transfer = nullptr)
+      : engine_(engine), transport_(transport), on_transfer_(std::move(on_transfer)) {}
 
   grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* ctx, const v1::PrefillRequest* request,
                                     v1::PrefillResponse* response) override;
@@ -19,6 +24,7 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
  private:
   Engine* engine_;
   KvTransport* transport_;
+  std::function<void(double, int64_t, bool)> on_transfer_;
 };
 
 // Checks that a destination can hold `num_tokens` positions of this engine's KV layout.

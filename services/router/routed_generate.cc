@@ -6,6 +6,8 @@
 #include "services/api/generation_helpers.h"
 #include "services/api/grpc_status.h"
 #include "services/api/proto_convert.h"
+#include "services/common/logging.h"
+#include "spdlog/spdlog.h"
 
 namespace tandem {
 namespace {
@@ -43,6 +45,7 @@ RoutedGenerate::RoutedGenerate(const RouterContext& rc, grpc::CallbackServerCont
 RoutedGenerate* RoutedGenerate::Start(const RouterContext& rc, grpc::CallbackServerContext* ctx,
                                       const v1::GenerateRequest* request) {
   auto* r = new RoutedGenerate(rc, ctx);
+  if (rc.metrics != nullptr) rc.metrics->RequestStarted();
   absl::Status st = r->Prepare(*request);
   if (!st.ok()) {
     r->Fail(ToGrpcStatus(st));
@@ -235,6 +238,7 @@ void RoutedGenerate::OnPrefilled(const grpc::Status& s) {
     return;
   }
   prefill_.Reset();
+  prefill_done_ = true;
   first_token_at_ = Clock::now();
   v1::GenerateResponse first;
   first.set_request_id(id_);
@@ -355,6 +359,8 @@ void RoutedGenerate::FillFinal(v1::GenerateResponse* r, const v1::Usage* downstr
   u->set_completion_tokens(downstream_usage != nullptr ? downstream_usage->completion_tokens() : 1);
   u->set_cached_prompt_tokens(disaggregated ? prefill_resp_.cached_prompt_tokens()
                                             : (downstream_usage ? downstream_usage->cached_prompt_tokens() : 0));
+  completion_tokens_ = u->completion_tokens();
+  cached_tokens_ = u->cached_prompt_tokens();
   v1::Timing* t = r->mutable_timing();
   if (disaggregated) {
     t->set_queue_ms(prefill_resp_.queue_ms());
@@ -385,6 +391,13 @@ void RoutedGenerate::PumpWrites() {
     pending_writes_.pop_front();
     writing_ = true;
     if (final) finished_ = true;
+  }
+  if (rc_.metrics != nullptr && in_flight_.token_ids_size() > 0) {
+    const auto now = Clock::now();
+    if (last_write_ != Clock::time_point()) {
+      rc_.metrics->InterTokenLatency(std::chrono::duration<double>(now - last_write_).count());
+    }
+    last_write_ = now;
   }
   if (final) StartWriteAndFinish(&in_flight_, grpc::WriteOptions(), grpc::Status::OK);
   else StartWrite(&in_flight_);
@@ -423,6 +436,8 @@ void RoutedGenerate::Fail(const grpc::Status& s) {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
     finished_ = true;
+    final_code_ = s.error_code();
+    final_message_ = s.error_message();
     pending_writes_.clear();
     for (auto* c : {reserve_ctx_.get(), prefill_ctx_.get(), stream_ctx_.get()}) {
       if (c != nullptr) c->TryCancel();
@@ -456,6 +471,29 @@ void RoutedGenerate::ReleaseLease() {
   SendRelease(d, id_);
 }
 
-void RoutedGenerate::OnDone() { Unref(); }
+void RoutedGenerate::OnDone() {
+  const double e2e = std::chrono::duration<double>(Clock::now() - arrived_).count();
+  const double ttft = sent_first_ ? std::chrono::duration<double>(first_token_at_ - arrived_).count() : -1;
+  const bool prefilled = prefill_done_;
+  if (rc_.metrics != nullptr) {
+    rc_.metrics->RequestFinished({.code = final_code_,
+                                  .prompt_tokens = static_cast<int>(prompt_.size()),
+                                  .completion_tokens = completion_tokens_,
+                                  .cached_prompt_tokens = cached_tokens_,
+                                  .ttft_s = ttft,
+                                  .e2e_s = e2e,
+                                  .queue_s = prefilled ? prefill_resp_.queue_ms() / 1e3 : -1,
+                                  .prefill_s = prefilled ? prefill_resp_.prefill_ms() / 1e3 : -1,
+                                  .transfer_s = prefilled ? prefill_resp_.transfer_ms() / 1e3 : -1});
+  }
+  if (final_code_ == grpc::StatusCode::OK) {
+    spdlog::debug("{}done: {} prompt + {} generated tokens ({} cached), TTFT {:.1f} ms, {:.1f} ms total",
+                  service::RequestLogPrefix(id_), prompt_.size(), completion_tokens_, cached_tokens_, ttft * 1e3,
+                  e2e * 1e3);
+  } else if (!id_.empty()) {
+    spdlog::info("{}failed ({}): {}", service::RequestLogPrefix(id_), static_cast<int>(final_code_), final_message_);
+  }
+  Unref();
+}
 
 }  // namespace tandem

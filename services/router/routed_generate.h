@@ -26,6 +26,7 @@
 #include "engine/runtime/sampling_params.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "services/router/replica_registry.h"
+#include "services/router/router_metrics.h"
 #include "tandem/v1/generation.pb.h"
 #include "tandem/v1/internal.pb.h"
 
@@ -43,6 +44,7 @@ struct RouterContext {
   RoutingPolicy prefill_policy = RoutingPolicy::kCacheAware;  // also for --role both workers
   RoutingPolicy decode_policy = RoutingPolicy::kKvAware;
   RoutingWeights weights;
+  RouterMetrics* metrics = nullptr;  // null: metrics off
 };
 
 class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
@@ -135,6 +137,13 @@ class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   std::chrono::steady_clock::time_point first_token_at_;
   bool sent_first_ = false;
   bool final_seen_ = false;
+  // For metrics and the completion log line.
+  grpc::StatusCode final_code_ = grpc::StatusCode::OK;
+  std::string final_message_;
+  int completion_tokens_ = 0;
+  int cached_tokens_ = 0;
+  bool prefill_done_ = false;
+  std::chrono::steady_clock::time_point last_write_;
 };
 
 }  // namespace tandem

@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
 #include "services/common/admin_server.h"
+#include "services/common/collectables.h"
 #include "services/common/host_port.h"
 #include "services/common/logging.h"
 #include "services/common/ready_file.h"
@@ -23,6 +24,7 @@
 #include "services/router/cluster_service.h"
 #include "services/router/replica_registry.h"
 #include "services/router/router_generation_service.h"
+#include "services/router/router_metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {
@@ -43,6 +45,7 @@ int RunRouter(int argc, char** argv) {
   int64_t max_queue_wait_ms = 30000;
   std::string prefill_policy = "cache-aware", decode_policy = "kv-aware";
   double cache_aware_load_weight = 4.0;
+  bool disable_metrics = false;
   CLI::App app{
       "tandem-router: Tandem's public gRPC endpoint (tandem.v1.Generation). Picks a decode replica (KV lease) "
       "and a prefill replica per request, streams the tokens back, and keeps the cluster membership "
@@ -71,6 +74,7 @@ int RunRouter(int argc, char** argv) {
                  "cache-aware: how many cached prefix blocks one request in flight is worth")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
+  app.add_flag("--disable-metrics", disable_metrics, "Do not record request metrics (for overhead measurements)");
   service::BindEnvironment(app);
   if (int rc = service::ParseOrExit(app, argc, argv); rc != 0) return rc;
   if (absl::Status s = service::InitLogging(common.log_level, common.log_format, "tandem-router"); !s.ok()) {
@@ -90,6 +94,9 @@ int RunRouter(int argc, char** argv) {
   if (!layout.ok()) return Fail("KV layout", layout.status());
   const uint64_t fingerprint = LayoutFingerprint(*layout);
 
+  auto metrics = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<RouterMetrics> router_metrics;
+  if (!disable_metrics) router_metrics = std::make_unique<RouterMetrics>(*metrics, common.model);
   ReplicaRegistry registry({.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms),
                             .missed_heartbeats_to_drop = missed_heartbeats,
                             .layout_fingerprint = fingerprint,
@@ -99,7 +106,8 @@ int RunRouter(int argc, char** argv) {
                    .max_queue_wait = std::chrono::milliseconds(max_queue_wait_ms),
                    .prefill_policy = *ParseRoutingPolicy(prefill_policy),
                    .decode_policy = *ParseRoutingPolicy(decode_policy),
-                   .weights = {.cache_aware_load_weight = cache_aware_load_weight}};
+                   .weights = {.cache_aware_load_weight = cache_aware_load_weight},
+                   .metrics = router_metrics.get()};
   RouterGenerationService generation(rc);
   ClusterServiceImpl cluster(&registry);
 
@@ -117,8 +125,7 @@ int RunRouter(int argc, char** argv) {
   if (host == "0.0.0.0" || host == "::") host = "127.0.0.1";
   const std::string grpc_address = service::FormatHostPort(host, static_cast<uint16_t>(port));
 
-  auto metrics = std::make_shared<prometheus::Registry>();
-  service::AdminServer admin(metrics);
+  service::AdminServer admin(CombineCollectables({metrics, ReplicaGaugeCollector(&registry, common.model)}));
   if (absl::Status s = admin.Start(common.admin_listen); !s.ok()) return Fail("admin server", s);
   admin.AddHandler("/replicas", [&registry](const service::HttpRequest&) {
     v1::ListReplicasResponse list;

@@ -14,6 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
 #include "services/common/admin_server.h"
+#include "services/common/collectables.h"
 #include "services/common/host_port.h"
 #include "services/common/logging.h"
 #include "services/common/ready_file.h"
@@ -25,6 +26,7 @@
 #include "services/worker/local_generation_service.h"
 #include "services/worker/router_registration.h"
 #include "services/worker/transfer_kv_transport.h"
+#include "services/worker/worker_metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {
@@ -122,7 +124,10 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       pool = *p;
     }
   }
+  auto metrics_registry = std::make_shared<prometheus::Registry>();
+  WorkerMetrics metrics(*metrics_registry, f.common.model, RoleName(role));
   EngineOptions eo;
+  eo.on_request_finished = [&metrics](const RequestMetrics& m, const absl::Status& s) { metrics.RequestFinished(m, s); };
   eo.num_threads = f.threads;
   eo.kv_cache_bytes = f.kv_cache_mb << 20;
   eo.max_batch_tokens = f.max_batch_tokens;
@@ -148,7 +153,9 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   const std::string model_name = f.common.model;
   switch (role) {
     case v1::ROLE_PREFILL:
-      prefill = std::make_unique<PrefillServiceImpl>(engine->get(), transport.get());
+      prefill = std::make_unique<PrefillServiceImpl>(
+          engine->get(), transport.get(),
+          [&metrics](double seconds, int64_t bytes, bool ok) { metrics.KvTransfer(seconds, bytes, ok); });
       builder.RegisterService(prefill.get());
       break;
     case v1::ROLE_DECODE:
@@ -169,8 +176,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   if (host == "0.0.0.0" || host == "::" || host.empty()) host = "127.0.0.1";
   const std::string grpc_address = service::FormatHostPort(host, static_cast<uint16_t>(port));
 
-  auto registry = std::make_shared<prometheus::Registry>();
-  service::AdminServer admin(registry);
+  service::AdminServer admin(CombineCollectables(
+      {metrics_registry, EngineCollector(engine->get(), ucx.get(), f.common.model, RoleName(role))}));
   if (absl::Status s = admin.Start(f.common.admin_listen); !s.ok()) return Fail("admin server", s);
   Engine* e = engine->get();
   admin.AddHandler("/stats", [e](const service::HttpRequest&) {

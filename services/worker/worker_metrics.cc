@@ -1,0 +1,140 @@
+#include "services/worker/worker_metrics.h"
+
+#include "prometheus/metric_family.h"
+#include "services/api/metric_buckets.h"
+#include "services/common/transfer/transfer_engine.h"
+
+namespace tandem {
+namespace {
+
+prometheus::Histogram& Hist(prometheus::Registry& r, const std::string& name, const std::string& help,
+                            const prometheus::Labels& labels, const std::vector<double>& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Labels(labels).Register(r).Add({}, buckets);
+}
+
+const char* Outcome(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk: return "ok";
+    case absl::StatusCode::kCancelled: return "cancelled";
+    case absl::StatusCode::kResourceExhausted: return "resource_exhausted";
+    case absl::StatusCode::kUnavailable: return "unavailable";
+    case absl::StatusCode::kAborted: return "aborted";
+    default: return "error";
+  }
+}
+
+class EngineStatsCollector : public prometheus::Collectable {
+ public:
+  EngineStatsCollector(const Engine* e, const transfer::TransferEngine* t, std::string model, std::string role)
+      : engine_(e), transfer_(t), model_(std::move(model)), role_(std::move(role)) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    const EngineStats s = engine_->Stats();
+    std::vector<prometheus::MetricFamily> out;
+    auto add = [&](const std::string& name, const std::string& help, prometheus::MetricType type, double value,
+                   prometheus::ClientMetric::Label extra = {}) {
+      prometheus::ClientMetric m;
+      m.label = {{"model", model_}, {"role", role_}};
+      if (!extra.name.empty()) m.label.push_back(extra);
+      if (type == prometheus::MetricType::Counter) m.counter.value = value;
+      else m.gauge.value = value;
+      for (auto& f : out) {
+        if (f.name == name) {
+          f.metric.push_back(m);
+          return;
+        }
+      }
+      out.push_back({name, help, type, {m}});
+    };
+    using prometheus::MetricType;
+    add("tandem_requests_waiting", "Requests admitted but not yet running", MetricType::Gauge, s.num_waiting);
+    add("tandem_requests_running", "Requests in the running batch", MetricType::Gauge, s.num_running);
+    add("tandem_kv_cache_usage_ratio", "KV cache blocks in use / total", MetricType::Gauge, s.kv_usage);
+    add("tandem_kv_cache_blocks", "KV cache blocks by state", MetricType::Gauge,
+        s.kv_blocks_total - s.kv_blocks_in_use, {"state", "free"});
+    add("tandem_kv_cache_blocks", "KV cache blocks by state", MetricType::Gauge, s.kv_blocks_in_use, {"state", "used"});
+    add("tandem_prompt_tokens_total", "Prompt tokens computed by the model", MetricType::Counter,
+        s.prompt_tokens_computed);
+    add("tandem_generation_tokens_total", "Tokens generated", MetricType::Counter, s.generated_tokens);
+    add("tandem_prefix_cache_queries_total", "Prefix cache lookups", MetricType::Counter, s.prefix_cache_queries);
+    add("tandem_prefix_cache_queried_tokens_total", "Prompt tokens (in full blocks) looked up in the prefix cache",
+        MetricType::Counter, s.prefix_cache_queried_blocks * 64.0);
+    add("tandem_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache", MetricType::Counter,
+        s.prefix_cache_hit_blocks * 64.0);
+    add("tandem_prefix_cache_evictions_total", "Cached KV blocks evicted", MetricType::Counter,
+        s.prefix_cache_evictions);
+    add("tandem_preemptions_total", "Sequences preempted for KV cache room (recomputed later)", MetricType::Counter,
+        s.preemptions);
+    add("tandem_engine_steps_total", "Engine steps (batches run)", MetricType::Counter, s.steps);
+    add("tandem_kv_leases_expired_total", "Decode reservations freed because no KV arrived in time",
+        MetricType::Counter, s.kv_leases_expired);
+    if (transfer_ != nullptr) {
+      const transfer::TransferStats t = transfer_->stats();
+      add("tandem_kv_transfer_bytes_total", "KV bytes written to peers", MetricType::Counter,
+          static_cast<double>(t.bytes_put));
+      add("tandem_kv_transfer_batches_total", "KV transfer batches by outcome", MetricType::Counter,
+          static_cast<double>(t.batches_ok), {"outcome", "ok"});
+      add("tandem_kv_transfer_batches_total", "KV transfer batches by outcome", MetricType::Counter,
+          static_cast<double>(t.batches_failed), {"outcome", "failed"});
+    }
+    return out;
+  }
+
+ private:
+  const Engine* engine_;
+  const transfer::TransferEngine* transfer_;
+  std::string model_, role_;
+};
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model, const std::string& role)
+    : queue_(Hist(r, "tandem_request_queue_time_seconds", "Time a request waited before its first step",
+                  {{"model", model}, {"role", role}}, TtftBuckets())),
+      prefill_(Hist(r, "tandem_request_prefill_time_seconds", "From first scheduled to first token",
+                    {{"model", model}, {"role", role}}, TtftBuckets())),
+      ttft_(Hist(r, "tandem_time_to_first_token_seconds", "From arrival at this replica to the first token",
+                 {{"model", model}, {"role", role}}, TtftBuckets())),
+      e2e_(Hist(r, "tandem_e2e_request_latency_seconds", "From arrival at this replica to the end",
+                {{"model", model}, {"role", role}}, RequestLatencyBuckets())),
+      transfer_(Hist(r, "tandem_kv_transfer_duration_seconds", "KV transfer of one request, first write to complete",
+                     {{"model", model}, {"role", role}}, TransferBuckets())),
+      requests_(prometheus::BuildCounter()
+                    .Name("tandem_requests_total")
+                    .Help("Requests this replica ended, by outcome")
+                    .Labels({{"model", model}, {"role", role}})
+                    .Register(r)),
+      transfer_failures_(prometheus::BuildCounter()
+                             .Name("tandem_kv_transfer_failures_total")
+                             .Help("Requests whose KV transfer failed")
+                             .Labels({{"model", model}, {"role", role}})
+                             .Register(r)
+                             .Add({})) {
+  for (const char* o : {"ok", "cancelled", "resource_exhausted", "unavailable", "aborted", "error"}) {
+    requests_.Add({{"outcome", o}});
+  }
+}
+
+void WorkerMetrics::RequestFinished(const RequestMetrics& m, const absl::Status& status) {
+  requests_.Add({{"outcome", Outcome(status)}}).Increment();
+  if (!status.ok()) return;
+  queue_.Observe(m.queue_s);
+  if (m.ttft_s > 0) {
+    prefill_.Observe(m.prefill_s);
+    ttft_.Observe(m.ttft_s);
+  }
+  e2e_.Observe(m.e2e_s);
+}
+
+void WorkerMetrics::KvTransfer(double seconds, int64_t bytes, bool ok) {
+  if (ok) transfer_.Observe(seconds);
+  else transfer_failures_.Increment();
+  (void)bytes;
+}
+
+std::shared_ptr<prometheus::Collectable> EngineCollector(const Engine* engine, const transfer::TransferEngine* transfer,
+                                                         const std::string& model, const std::string& role) {
+  return std::make_shared<EngineStatsCollector>(engine, transfer, model, role);
+}
+
+}  // namespace tandem
