@@ -122,7 +122,10 @@ int RunStatus(const std::string& addr, bool json) {
   std::printf("%-12s %-8s %-22s %-22s %-9s %7s %7s %7s %9s %9s\n", "REPLICA", "ROLE", "GRPC", "ADMIN", "STATE",
               "INFLT", "RUN", "WAIT", "KV USED", "HEARTBEAT");
   for (const auto& r : resp.replicas()) {
-    const char* role = r.role() == v1::ROLE_PREFILL ? "prefill" : r.role() == v1::ROLE_DECODE ? "decode" : "both";
+    const char* role = r.role() == v1::ROLE_PREFILL  ? "prefill"
+                       : r.role() == v1::ROLE_DECODE ? "decode"
+                       : r.role() == v1::ROLE_KVSTORE ? "kvstore"
+                                                      : "both";
     std::printf("%-12s %-8s %-22s %-22s %-9s %7d %7d %7d %8.1f%% %7lldms\n", r.replica_id().c_str(), role,
                 r.grpc_address().c_str(), r.admin_address().c_str(), r.state().c_str(), r.outstanding(),
                 r.load().running(), r.load().waiting(), 100.0 * r.load().kv_usage(),

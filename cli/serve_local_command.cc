@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -17,7 +18,10 @@ namespace {
 struct ServeLocalArgs {
   int prefill = 1;
   int decode = 1;
-  int kvstore = 0;
+  int kvstore = 1;
+  std::string kvstore_capacity = "1G";
+  std::string kvstore_disk_dir;
+  std::vector<std::string> kvstore_args;
   int aggregated = 0;
   std::string model = "tiny";
   std::string device = "cpu";
@@ -31,10 +35,6 @@ struct ServeLocalArgs {
 };
 
 int Run(const ServeLocalArgs& a) {
-  if (a.kvstore > 0) {
-    std::fprintf(stderr, "tandem serve-local: the kvstore tier is not available yet; use --kvstore 0\n");
-    return 2;
-  }
   if (a.device != "cpu") {
     std::fprintf(stderr, "tandem serve-local: --device %s: only the cpu backend is available yet\n", a.device.c_str());
     return 2;
@@ -54,6 +54,14 @@ int Run(const ServeLocalArgs& a) {
   o.num_both = a.aggregated;
   o.router_args = a.router_args;
   o.worker_args = a.worker_args;
+  // The prefix tier: prefill replicas find the kvstores through the router.
+  o.num_kvstore = a.aggregated > 0 ? 0 : a.kvstore;
+  o.kvstore_disk_root = a.kvstore_disk_dir;
+  o.kvstore_args = a.kvstore_args;
+  if (std::none_of(o.kvstore_args.begin(), o.kvstore_args.end(),
+                   [](const std::string& x) { return x.rfind("--capacity", 0) == 0; })) {
+    o.kvstore_args.push_back("--capacity=" + a.kvstore_capacity);
+  }
   o.worker_args.push_back("--threads=" + std::to_string(a.threads));
   o.worker_args.push_back("--kv-cache-mb=" + std::to_string(a.kv_cache_mb));
   o.log = [](const std::string& line) { std::fprintf(stderr, "serve-local: %s\n", line.c_str()); };
@@ -93,11 +101,12 @@ void RegisterServeLocal(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<ServeLocalArgs>();
   CLI::App* cmd = app.add_subcommand(
       "serve-local",
-      "Start a whole Tandem cluster on this machine (router, prefill and decode replicas) and keep it running: "
-      "print its endpoints, restart a replica that dies, stop everything on Ctrl-C or SIGTERM.");
+      "Start a whole Tandem cluster on this machine (router, prefill and decode replicas, kvstores) and keep it "
+      "running: print its endpoints, restart a replica that dies, stop everything on Ctrl-C or SIGTERM.");
   cmd->add_option("--prefill", a->prefill, "Prefill replicas")->check(CLI::Range(0, 64))->capture_default_str();
   cmd->add_option("--decode", a->decode, "Decode replicas")->check(CLI::Range(0, 64))->capture_default_str();
-  cmd->add_option("--kvstore", a->kvstore, "kvstore instances (0 = no prefix tier; not available yet)")
+  cmd->add_option("--kvstore", a->kvstore,
+                  "kvstore instances: the prefix KV tier prefill replicas fetch from and offload to (0 = none)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   cmd->add_option("--aggregated", a->aggregated,
@@ -115,6 +124,12 @@ void RegisterServeLocal(CLI::App& app, int* exit_code) {
   cmd->add_option("--kv-cache-mb", a->kv_cache_mb, "KV cache per worker, MiB")->capture_default_str();
   cmd->add_option("--router-arg", a->router_args, "Extra flag for the router (repeatable), e.g. --router-arg=--heartbeat-ms=500");
   cmd->add_option("--worker-arg", a->worker_args, "Extra flag for every worker (repeatable)");
+  cmd->add_option("--kvstore-capacity", a->kvstore_capacity, "DRAM tier of each kvstore (bytes, or 512M, 4G)")
+      ->capture_default_str();
+  cmd->add_option("--kvstore-disk-dir", a->kvstore_disk_dir,
+                  "SSD tier: kvstore i keeps its blocks under DIR/kvstore-i, across restarts (empty: DRAM only)");
+  cmd->add_option("--kvstore-arg", a->kvstore_args,
+                  "Extra flag for every kvstore (repeatable), e.g. --kvstore-arg=--disk-capacity=8G");
   service::BindEnvironment(*cmd);
   cmd->callback([a, exit_code] { *exit_code = Run(*a); });
 }

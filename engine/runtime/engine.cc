@@ -21,6 +21,24 @@ double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Copies the imported prefix blocks the scheduler allocated for `s` into the cache, then
+// drops the import (its memory goes back to whoever fetched it).
+int64_t CopyImportedPrefix(Sequence& s, LatentKvCache& cache) {
+  const PrefixKv& p = *s.prefix_kv;
+  const int64_t layer_floats = cache.block_size() * cache.entry_dim();
+  for (int32_t b = s.import_begin; b < s.import_end; ++b) {
+    const float* src = p.blocks[static_cast<size_t>(b - p.first_block)];
+    for (int64_t layer = 0; layer < cache.num_layers(); ++layer) {
+      std::span<float> dst = cache.Block(layer, s.blocks[static_cast<size_t>(b)]);
+      std::memcpy(dst.data(), src + layer * layer_floats, static_cast<size_t>(layer_floats) * sizeof(float));
+    }
+  }
+  const int64_t tokens = static_cast<int64_t>(s.import_end - s.import_begin) * cache.block_size();
+  s.import_begin = s.import_end = 0;
+  s.prefix_kv.reset();
+  return tokens;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir, EngineOptions options) {
@@ -87,7 +105,12 @@ absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
                                                      c.vocab_size, ")"));
     }
   }
-  if (static_cast<int64_t>(r.prompt.size()) >= c.max_position_embeddings) {
+  for (int32_t t : r.resume_tokens) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("resume_tokens: token id ", t, " is outside the vocabulary"));
+    }
+  }
+  if (static_cast<int64_t>(r.prompt.size() + r.resume_tokens.size()) >= c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("prompt: ", r.prompt.size(),
                                                    " tokens leave no room to generate in the model's context of ",
                                                    c.max_position_embeddings, " tokens"));
@@ -100,6 +123,25 @@ absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
                                                      " KV cache blocks; the cache has ", cache_->num_blocks()));
   }
   if (r.id.empty()) return absl::InvalidArgumentError("request id: empty");
+  if (r.prefix_kv) {
+    const PrefixKv& p = *r.prefix_kv;
+    const int64_t usable = (static_cast<int64_t>(r.prompt.size()) - 1) / kKvBlockSize;
+    if (p.first_block < 0 || p.blocks.size() != p.hashes.size() ||
+        p.first_block + static_cast<int64_t>(p.hashes.size()) > usable) {
+      return absl::InvalidArgumentError(absl::StrCat("prefix_kv: blocks [", p.first_block, ", ",
+                                                     p.first_block + static_cast<int64_t>(p.hashes.size()),
+                                                     ") do not fit the prompt's ", usable,
+                                                     " full blocks before its last token"));
+    }
+    const std::vector<uint64_t> chain =
+        HashFullBlocks(r.prompt, static_cast<int32_t>(kKvBlockSize), layout_fingerprint_);
+    for (size_t i = 0; i < p.hashes.size(); ++i) {
+      if (p.hashes[i] != chain[static_cast<size_t>(p.first_block) + i] || p.blocks[i] == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("prefix_kv: block ", p.first_block + static_cast<int64_t>(i),
+                                                       " is not this prompt's (hash differs) or has no data"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -123,8 +165,16 @@ std::unique_ptr<Sequence> Engine::MakeSequence(EngineRequest r, std::shared_ptr<
   seq->min_tokens = stop.min_tokens;
   seq->stop_token_ids = stop.stop_token_ids;
   seq->stop = std::make_unique<StopChecker>(*tokenizer_, std::move(stop), eos_ids_);
+  // Replay what was generated before a migration: the stop checker's state (held-back
+  // text, counts) continues exactly; nothing is emitted again.
+  for (int32_t t : r.resume_tokens) {
+    if (seq->stop->done()) break;
+    (void)seq->stop->OnToken(t);
+    seq->tokens.push_back(t);
+  }
   seq->output = std::move(out);
   seq->kv_sink = r.kv_sink;
+  seq->prefix_kv = std::move(r.prefix_kv);
   seq->metrics.prompt_tokens = seq->prompt_len;
   seq->submitted_at = Now();
   return seq;
@@ -246,14 +296,15 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
   Post([this, seq, promise, first_token, emit_first_token] {
     Sequence& s = **seq;
     auto it = reservations_.find(s.id);
-    if (it == reservations_.end() || it->second.num_tokens < s.prompt_len) {
+    const int32_t have = static_cast<int32_t>(s.tokens.size());  // prompt + resumed output
+    if (it == reservations_.end() || it->second.num_tokens < have) {
       promise->set_value(absl::FailedPreconditionError(absl::StrCat(
-          "no KV reservation of ", s.prompt_len, " tokens for request '", s.id, "' (expired or never made)")));
+          "no KV reservation of ", have, " tokens for request '", s.id, "' (expired or never made)")));
       return;
     }
     s.blocks = std::move(it->second.blocks);
     reservations_.erase(it);
-    s.num_computed = s.prompt_len;
+    s.num_computed = have;
     s.prefix_looked_up = true;
     s.first_scheduled_at = s.first_token_at = Now();
     const StopResult r = s.stop->OnToken(first_token);
@@ -388,6 +439,16 @@ Engine::KvMemory Engine::kv_memory() const {
           .num_blocks = cache_->num_blocks(), .block_size = cache_->block_size(), .entry_dim = cache_->entry_dim()};
 }
 
+int32_t Engine::CachedPrefixLength(std::span<const uint64_t> hashes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int32_t n = 0;
+  for (uint64_t h : hashes) {
+    if (!cached_hashes_.contains(h)) break;
+    ++n;
+  }
+  return n;
+}
+
 EngineStats Engine::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
@@ -452,6 +513,7 @@ void Engine::Step() {
       --queued_;
       s.queued = false;
     }
+    if (s.import_end > s.import_begin) counters_.prompt_tokens_imported += CopyImportedPrefix(s, *cache_);
     has_sink |= s.kv_sink != nullptr;
     batch.push_back({.tokens = std::span<const int32_t>(s.tokens.data() + c.start, c.num_tokens),
                      .start_position = c.start,

@@ -26,6 +26,7 @@
 #include "engine/model/deepseek_model.h"
 #include "engine/runtime/kv_sink.h"
 #include "engine/runtime/output_stream.h"
+#include "engine/runtime/prefix_kv.h"
 #include "engine/runtime/sampler.h"
 #include "engine/runtime/sampling_params.h"
 #include "engine/runtime/scheduler.h"
@@ -60,6 +61,15 @@ struct EngineRequest {
   // Prefill only: the prompt's KV goes to kv_sink as each layer computes it (the sink
   // must outlive the request); the request ends after its first token.
   KvSink* kv_sink = nullptr;
+  // Optional: KV of leading full blocks of the prompt computed elsewhere (the kvstore),
+  // copied in instead of computed (prefix_kv.h). Submit checks its hashes against the
+  // prompt (INVALID_ARGUMENT when they differ or it reaches the prompt's last token).
+  std::shared_ptr<const PrefixKv> prefix_kv;
+  // Tokens this request already generated elsewhere (a migration after a replica died):
+  // they join the sequence as its output so far, their text is not emitted again, and
+  // sampling continues at output position resume_tokens.size(), so the continuation is the
+  // one the lost replica would have produced.
+  std::vector<int32_t> resume_tokens;
 };
 
 struct EngineStats {
@@ -80,6 +90,7 @@ struct EngineStats {
   int64_t prefix_cache_queried_blocks = 0;
   int64_t prefix_cache_hit_blocks = 0;
   int64_t prefix_cache_evictions = 0;
+  int64_t prompt_tokens_imported = 0;  // prompt tokens copied in from EngineRequest::prefix_kv
 };
 
 class Engine {
@@ -141,6 +152,10 @@ class Engine {
     bool full = false;
   };
   KvEvents TakeKvEvents(bool want_full = false);
+  // How many leading `hashes` (a prompt's block hash chain) the prefix cache holds, as of
+  // the engine's last step: a hint for what to fetch from elsewhere (the blocks may be
+  // evicted before a request uses them). Thread-safe.
+  int32_t CachedPrefixLength(std::span<const uint64_t> hashes) const;
   const ModelConfig& config() const { return model_->config(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   int64_t kv_entry_dim() const { return model_->config().kv_entry_dim(); }

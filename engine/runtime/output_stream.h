@@ -27,6 +27,7 @@ struct TokenLogprobs {
 struct RequestMetrics {
   int32_t prompt_tokens = 0;
   int32_t cached_prompt_tokens = 0;    // prompt tokens whose KV came from the prefix cache
+  int32_t imported_prompt_tokens = 0;  // of those, imported with the request (prefix_kv.h)
   int32_t computed_prompt_tokens = 0;  // prompt tokens the model ran (recomputation included)
   int32_t completion_tokens = 0;
   int32_t preemptions = 0;

@@ -74,6 +74,7 @@ void Scheduler::ReleaseBlocks(Sequence& seq) {
   seq.blocks.clear();
   seq.num_published = 0;
   seq.num_computed = 0;
+  seq.import_begin = seq.import_end = 0;
 }
 
 bool Scheduler::EnsureBlocks(Sequence& seq, int64_t positions) {
@@ -105,15 +106,34 @@ void Scheduler::Preempt(Sequence& seq) {
 void Scheduler::LookUpPrefix(Sequence& seq) {
   seq.prefix_looked_up = true;
   TANDEM_CHECK(seq.blocks.empty() && seq.num_computed == 0);
-  if (!options_.enable_prefix_cache) return;
   // At least the last token is computed: its logits are what the step is for.
   const size_t usable = std::min(seq.block_hashes.size(), (seq.tokens.size() - 1) / options_.block_size);
-  seq.blocks = blocks_.AcquireCachedPrefix(std::span<const uint64_t>(seq.block_hashes.data(), usable));
-  seq.num_computed = static_cast<int32_t>(seq.blocks.size()) * options_.block_size;
+  if (options_.enable_prefix_cache) {
+    seq.blocks = blocks_.AcquireCachedPrefix(std::span<const uint64_t>(seq.block_hashes.data(), usable));
+  }
   seq.num_published = static_cast<int32_t>(seq.blocks.size());
+  ImportPrefix(seq, static_cast<int32_t>(usable));
+  seq.num_computed = static_cast<int32_t>(seq.blocks.size()) * options_.block_size;
   if (seq.first_scheduled_at < 0) {
     seq.metrics.cached_prompt_tokens = std::min(seq.num_computed, seq.prompt_len);
+    seq.metrics.imported_prompt_tokens = (seq.import_end - seq.import_begin) * options_.block_size;
   }
+}
+
+void Scheduler::ImportPrefix(Sequence& seq, int32_t usable) {
+  seq.import_begin = seq.import_end = 0;
+  if (!seq.prefix_kv) return;
+  // The import continues the locally cached prefix: it needs every block before its first
+  // one, and brings only the blocks beyond what the local cache already gave.
+  const PrefixKv& p = *seq.prefix_kv;
+  const int32_t have = static_cast<int32_t>(seq.blocks.size());
+  const int32_t end = std::min(p.first_block + static_cast<int32_t>(p.hashes.size()), usable);
+  if (have < p.first_block || end <= have || !blocks_.CanAllocate(end - have)) return;
+  absl::StatusOr<std::vector<int32_t>> got = blocks_.Allocate(end - have);
+  TANDEM_CHECK(got.ok()) << got.status();
+  seq.blocks.insert(seq.blocks.end(), got->begin(), got->end());
+  seq.import_begin = have;
+  seq.import_end = end;
 }
 
 StepPlan Scheduler::Schedule() {

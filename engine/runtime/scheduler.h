@@ -1,7 +1,8 @@
 // Continuous batching with chunked prefill. Each step takes, in order: every running
 // sequence's next tokens (one for a decode, the next chunk for an unfinished prefill),
 // then waiting sequences in arrival order, all under a per-step token budget. A newly
-// admitted sequence first takes the longest prefix of its prompt the prefix cache holds.
+// admitted sequence first takes the longest prefix of its prompt the prefix cache holds,
+// then blocks for prefix KV imported with it (prefix_kv.h), which the engine copies in.
 // When KV blocks run out, the newest running sequences are preempted: their blocks are
 // released (published ones stay findable in the prefix cache) and they go back to the
 // front of the waiting queue, to be recomputed from their tokens later.
@@ -82,6 +83,9 @@ class Scheduler {
   bool EnsureBlocks(Sequence& seq, int64_t positions);
   void Preempt(Sequence& seq);
   void LookUpPrefix(Sequence& seq);
+  // Allocates blocks for the part of seq.prefix_kv that continues its cached prefix
+  // (sets import_begin/import_end; the engine copies the KV in).
+  void ImportPrefix(Sequence& seq, int32_t usable);
   void ReleaseBlocks(Sequence& seq);
 
   SchedulerOptions options_;

@@ -10,6 +10,7 @@
 
 #include "engine/runtime/kv_sink.h"
 #include "engine/runtime/output_stream.h"
+#include "engine/runtime/prefix_kv.h"
 #include "engine/runtime/sampling_params.h"
 #include "engine/runtime/stop_checker.h"
 
@@ -42,6 +43,13 @@ struct Sequence {
   // ends with its first token.
   KvSink* kv_sink = nullptr;
   int64_t exported_upto = 0;
+
+  // Prefix KV offered by the caller (prefix_kv.h), dropped once copied in. The scheduler
+  // allocates blocks [import_begin, import_end) of `blocks` for it at admission; the
+  // engine copies them in before the next forward pass and clears the range.
+  std::shared_ptr<const PrefixKv> prefix_kv;
+  int32_t import_begin = 0;
+  int32_t import_end = 0;
 
   RequestMetrics metrics;
   double submitted_at = 0;

@@ -92,8 +92,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
     return EngineStreamReactor::Failed(ToGrpcStatus(absl::FailedPreconditionError(
         absl::StrCat("no KV reservation for request '", r->request_id(), "' (expired or never made)"))));
   }
-  if (r->prompt_size() != res->num_tokens) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("prompt: ", r->prompt_size(), " tokens but ",
+  if (r->prompt_size() + r->resume_tokens_size() != res->num_tokens) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("prompt + resume_tokens: ",
+                                                        r->prompt_size() + r->resume_tokens_size(), " tokens but ",
                                                         res->num_tokens, " were reserved")));
   }
   // What arrived must be exactly what the prefill replica sent.
@@ -115,6 +116,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
   if (!stop.ok()) return fail(stop.status());
   EngineRequest req{.id = r->request_id(), .prompt = std::vector<int32_t>(r->prompt().begin(), r->prompt().end()),
                     .sampling = *sampling, .stop = std::move(*stop)};
+  req.resume_tokens.assign(r->resume_tokens().begin(), r->resume_tokens().end());
   absl::StatusOr<std::shared_ptr<OutputStream>> stream =
       engine_->SubmitImported(std::move(req), r->first_token(), /*emit_first_token=*/false);
   if (!stream.ok()) return fail(stream.status());

@@ -53,21 +53,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
   std::error_code ec;
   fs::create_directories(o.run_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.run_dir, ": ", ec.message()));
-  for (const char* b : {"tandem-router", "tandem-prefill", "tandem-decode"}) {
+  for (const char* b : {"tandem-router", "tandem-prefill", "tandem-decode", "tandem-kvstore"}) {
+    if (std::string(b) == "tandem-kvstore" && o.num_kvstore == 0) continue;
     if (!fs::exists(fs::path(o.bin_dir) / b, ec)) {
       return absl::NotFoundError(absl::StrCat("cannot find ", b, " in ", o.bin_dir, " (build the services)"));
     }
   }
   auto make = [&](const std::string& name, const std::string& role, std::vector<std::string> argv) {
-    Child ch;
-    ch.info.name = name;
-    ch.info.role = role;
-    ch.ready_file = (fs::path(o.run_dir) / (name + ".ready.json")).string();
-    ch.log_file = (fs::path(o.run_dir) / (name + ".log")).string();
-    argv.push_back("--ready-file");
-    argv.push_back(ch.ready_file);
-    ch.argv = std::move(argv);
-    return ch;
+    return c->MakeChild(name, role, std::move(argv));
   };
   std::vector<std::string> router = {(fs::path(o.bin_dir) / "tandem-router").string(), "--listen", o.router_listen,
                                      "--model", o.model};
@@ -82,17 +75,18 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
   for (size_t i = 0; i + 1 < c->children_[0].argv.size(); ++i) {
     if (c->children_[0].argv[i] == "--listen") c->children_[0].argv[i + 1] = router_address;
   }
-  auto worker = [&](const std::string& binary, const std::string& role, int i) {
-    std::vector<std::string> argv = {(fs::path(o.bin_dir) / binary).string(), "--role", role, "--router",
-                                     router_address, "--model", o.model};
-    argv.insert(argv.end(), o.worker_args.begin(), o.worker_args.end());
-    return make(absl::StrCat(role, "-", i), role, argv);
-  };
-  for (int i = 0; i < o.num_prefill; ++i) c->children_.push_back(worker("tandem-prefill", "prefill", i));
-  for (int i = 0; i < o.num_decode; ++i) c->children_.push_back(worker("tandem-decode", "decode", i));
-  for (int i = 0; i < o.num_both; ++i) c->children_.push_back(worker("tandem-decode", "both", i));
-  for (size_t i = 1; i < c->children_.size(); ++i) {
-    if (absl::Status s = c->Spawn(c->children_[i]); !s.ok()) return s;
+  // kvstores first, so that prefill replicas find them when they register.
+  for (int i = 0; i < o.num_kvstore; ++i) {
+    const std::string name = absl::StrCat("kvstore-", i);
+    std::vector<std::string> argv = {(fs::path(o.bin_dir) / "tandem-kvstore").string(), "--router", router_address,
+                                     "--model", o.model, "--instance-name", name};
+    if (!o.kvstore_disk_root.empty()) {
+      argv.push_back("--disk-dir");
+      argv.push_back((fs::path(o.kvstore_disk_root) / name).string());
+    }
+    argv.insert(argv.end(), o.kvstore_args.begin(), o.kvstore_args.end());
+    c->children_.push_back(make(name, "kvstore", argv));
+    if (absl::Status s = c->Spawn(c->children_.back()); !s.ok()) return s;
   }
   for (size_t i = 1; i < c->children_.size(); ++i) {
     if (absl::Status s = c->WaitReady(c->children_[i], deadline); !s.ok()) {
@@ -100,8 +94,90 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
       return s;
     }
   }
+  const size_t first_worker = c->children_.size();
+  auto worker = [&](const std::string&, const std::string& role, int i) {
+    c->next_index_[role] = i + 1;
+    return make(absl::StrCat(role, "-", i), role, c->WorkerArgv(role));
+  };
+  for (int i = 0; i < o.num_prefill; ++i) c->children_.push_back(worker("tandem-prefill", "prefill", i));
+  for (int i = 0; i < o.num_decode; ++i) c->children_.push_back(worker("tandem-decode", "decode", i));
+  for (int i = 0; i < o.num_both; ++i) c->children_.push_back(worker("tandem-decode", "both", i));
+  for (size_t i = first_worker; i < c->children_.size(); ++i) {
+    if (absl::Status s = c->Spawn(c->children_[i]); !s.ok()) return s;
+  }
+  for (size_t i = first_worker; i < c->children_.size(); ++i) {
+    if (absl::Status s = c->WaitReady(c->children_[i], deadline); !s.ok()) {
+      c->Stop(std::chrono::milliseconds(2000));
+      return s;
+    }
+  }
   if (o.restart) c->supervisor_ = std::thread([raw = c.get()] { raw->Supervise(); });
   return c;
+}
+
+LocalCluster::Child LocalCluster::MakeChild(const std::string& name, const std::string& role,
+                                           std::vector<std::string> argv) const {
+  Child ch;
+  ch.info.name = name;
+  ch.info.role = role;
+  ch.ready_file = (fs::path(options_.run_dir) / (name + ".ready.json")).string();
+  ch.log_file = (fs::path(options_.run_dir) / (name + ".log")).string();
+  argv.push_back("--ready-file");
+  argv.push_back(ch.ready_file);
+  ch.argv = std::move(argv);
+  return ch;
+}
+
+std::vector<std::string> LocalCluster::WorkerArgv(const std::string& role) const {
+  const std::string binary = role == "prefill" ? "tandem-prefill" : "tandem-decode";
+  const std::string router = children_.empty() ? "" : children_[0].info.ready.value("grpc", "");
+  std::vector<std::string> argv = {(fs::path(options_.bin_dir) / binary).string(), "--role", role, "--router",
+                                   router, "--model", options_.model};
+  argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
+  if (role == "prefill") argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());
+  return argv;
+}
+
+absl::StatusOr<std::string> LocalCluster::AddWorker(const std::string& role, std::vector<std::string> extra_args) {
+  Child c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> argv = WorkerArgv(role);
+    argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+    c = MakeChild(absl::StrCat(role, "-", next_index_[role]++), role, argv);
+  }
+  if (absl::Status s = Spawn(c); !s.ok()) return s;
+  if (absl::Status s = WaitReady(c, std::chrono::steady_clock::now() + options_.ready_timeout); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  children_.push_back(c);
+  return c.info.name;
+}
+
+absl::StatusOr<int> LocalCluster::StopProcess(const std::string& name, int signal, std::chrono::milliseconds grace) {
+  pid_t pid = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Child& c : children_) {
+      if (c.info.name == name && c.info.pid > 0) {
+        c.retired = true;
+        pid = c.info.pid;
+        c.info.pid = 0;  // the supervisor no longer watches it
+      }
+    }
+  }
+  if (pid == 0) return absl::NotFoundError(absl::StrCat("no running process named ", name));
+  ::kill(pid, signal);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return status;
 }
 
 absl::Status LocalCluster::Spawn(Child& c) {
@@ -167,23 +243,48 @@ absl::Status LocalCluster::WaitReady(Child& c, std::chrono::steady_clock::time_p
 void LocalCluster::Supervise() {
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    for (Child& c : children_) {
-      int status = 0;
-      if (c.info.pid <= 0 || waitpid(c.info.pid, &status, WNOHANG) != c.info.pid) continue;
-      const auto lived = std::chrono::steady_clock::now() - c.started;
-      if (lived > std::chrono::seconds(60)) c.backoff = std::chrono::milliseconds(500);
-      Log(absl::StrCat(c.info.name, " (pid ", c.info.pid, ") ", DescribeExit(status), "; restarting in ",
-                       c.backoff.count(), " ms"));
-      c.info.pid = 0;
-      std::this_thread::sleep_for(c.backoff);
-      c.backoff = std::min(c.backoff * 2, std::chrono::milliseconds(10000));
-      if (Spawn(c).ok()) {
-        c.info.restarts++;
-        const auto deadline = std::chrono::steady_clock::now() + options_.ready_timeout;
-        if (absl::Status s = WaitReady(c, deadline); !s.ok()) Log(std::string(s.message()));
+    std::vector<size_t> dead;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      for (size_t i = 0; i < children_.size(); ++i) {
+        Child& c = children_[i];
+        int status = 0;
+        if (c.retired || c.info.pid <= 0 || waitpid(c.info.pid, &status, WNOHANG) != c.info.pid) continue;
+        if (std::chrono::steady_clock::now() - c.started > std::chrono::seconds(60)) {
+          c.backoff = std::chrono::milliseconds(500);
+        }
+        Log(absl::StrCat(c.info.name, " (pid ", c.info.pid, ") ", DescribeExit(status), "; restarting in ",
+                         c.backoff.count(), " ms"));
+        c.info.pid = 0;
+        dead.push_back(i);
       }
+    }
+    // Restart outside the lock (backoff and readiness take time; the API stays usable).
+    for (size_t i : dead) {
+      Child copy;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        copy = children_[i];
+        children_[i].backoff = std::min(children_[i].backoff * 2, std::chrono::milliseconds(10000));
+      }
+      std::this_thread::sleep_for(copy.backoff);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_ || children_[i].retired) return;
+      }
+      if (!Spawn(copy).ok()) continue;
+      copy.info.restarts++;
+      if (absl::Status s = WaitReady(copy, std::chrono::steady_clock::now() + options_.ready_timeout); !s.ok()) {
+        Log(std::string(s.message()));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      Child& c = children_[i];
+      c.info.pid = copy.info.pid;
+      c.info.ready = copy.info.ready;
+      c.info.restarts = copy.info.restarts;
+      c.started = copy.started;
+      if (stopping_ || c.retired) ::kill(copy.info.pid, SIGTERM);
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,6 +31,12 @@ struct LocalClusterOptions {
   int num_both = 0;            // aggregated workers (--role both)
   std::vector<std::string> router_args;  // extra flags for the router
   std::vector<std::string> worker_args;  // extra flags for every worker
+  std::vector<std::string> prefill_args;  // extra flags for prefill replicas only
+  // kvstore instances (tandem-kvstore, named kvstore-0..N-1: their places on the
+  // consistent-hash ring, kept across restarts), started and ready before the workers.
+  int num_kvstore = 0;
+  std::vector<std::string> kvstore_args;  // extra flags for every kvstore
+  std::string kvstore_disk_root;          // non-empty: kvstore-i gets --disk-dir ROOT/kvstore-i
   std::vector<std::string> env;          // extra NAME=value for every child
   bool restart = true;
   std::chrono::milliseconds ready_timeout{120000};
@@ -57,6 +64,12 @@ class LocalCluster {
   // Kills one process with `signal` (tests of fault handling); it is restarted if
   // restarts are on.
   absl::Status Kill(const std::string& name, int signal);
+  // Starts one more worker ("prefill", "decode" or "both") pointed at the router and waits
+  // until it is ready (scaling out). Returns its name.
+  absl::StatusOr<std::string> AddWorker(const std::string& role, std::vector<std::string> extra_args = {});
+  // Stops one process for good (no restart): `signal` (SIGTERM drains), then waits up to
+  // `grace` for it to exit (then SIGKILL). Returns its wait status.
+  absl::StatusOr<int> StopProcess(const std::string& name, int signal, std::chrono::milliseconds grace);
   // Stops all children: SIGTERM, wait up to `grace`, then SIGKILL.
   void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(10000));
 
@@ -68,7 +81,10 @@ class LocalCluster {
     std::string log_file;
     std::chrono::steady_clock::time_point started;
     std::chrono::milliseconds backoff{500};
+    bool retired = false;  // stopped for good: not restarted
   };
+  Child MakeChild(const std::string& name, const std::string& role, std::vector<std::string> argv) const;
+  std::vector<std::string> WorkerArgv(const std::string& role) const;
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
   absl::Status Spawn(Child& c);
   absl::Status WaitReady(Child& c, std::chrono::steady_clock::time_point deadline);
@@ -77,9 +93,10 @@ class LocalCluster {
 
   LocalClusterOptions options_;
   mutable std::mutex mu_;
-  std::vector<Child> children_;
+  std::deque<Child> children_;  // deque: references stay valid as workers are added
   bool stopping_ = false;
   std::thread supervisor_;
+  std::map<std::string, int> next_index_;  // per role, for names of added workers
 };
 
 // The directory of the running executable (to find the sibling binaries).

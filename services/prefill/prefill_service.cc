@@ -6,7 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "services/api/grpc_status.h"
 #include "services/api/proto_convert.h"
+#include "services/common/logging.h"
+#include "services/prefill/prefix_tier.h"
 #include "services/prefill/transfer_kv_sink.h"
+#include "spdlog/spdlog.h"
 
 namespace tandem {
 
@@ -38,14 +41,24 @@ namespace {
 class PrefillReactor : public grpc::ServerUnaryReactor {
  public:
   PrefillReactor(Engine* engine, KvTransport* transport, const std::function<void(double, int64_t, bool)>* on_transfer,
-                 const v1::PrefillRequest* request, v1::PrefillResponse* response)
-      : engine_(engine), on_transfer_(on_transfer), response_(response), id_(request->request_id()) {
+                 PrefixStore* prefix_store, const v1::PrefillRequest* request, v1::PrefillResponse* response)
+      : engine_(engine), on_transfer_(on_transfer), response_(response), id_(request->request_id()),
+        prefix_store_(prefix_store) {
     absl::Status st = Start(transport, *request);
-    if (!st.ok()) Finish(ToGrpcStatus(st));
+    if (!st.ok()) {
+      spdlog::info("{}prefill refused: {}", service::RequestLogPrefix(id_), st.ToString());
+      Finish(ToGrpcStatus(st));
+    }
   }
 
   void OnCancel() override {
-    if (started_) engine_->Cancel(id_);
+    bool started;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+      started = started_;
+    }
+    if (started) engine_->Cancel(id_);
   }
   void OnDone() override { delete this; }
 
@@ -54,7 +67,7 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     const int64_t vocab = engine_->config().vocab_size;
     if (r.request_id().empty()) return absl::InvalidArgumentError("request_id: empty");
     if (r.prompt().empty()) return absl::InvalidArgumentError("prompt: empty");
-    absl::Status st = CheckDestination(r.destination(), *engine_, r.prompt_size());
+    absl::Status st = CheckDestination(r.destination(), *engine_, r.prompt_size() + r.resume_tokens_size());
     if (!st.ok()) return st;
     absl::StatusOr<SamplingParams> sampling = FromProto(r.sampling(), vocab);
     if (!sampling.ok()) return sampling.status();
@@ -65,14 +78,59 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     sink_ = std::make_unique<TransferKvSink>(std::move(*session), r.destination());
     EngineRequest req{.id = id_, .prompt = std::vector<int32_t>(r.prompt().begin(), r.prompt().end()),
                       .sampling = *sampling, .stop = std::move(*stop), .kv_sink = sink_.get()};
+    req.resume_tokens.assign(r.resume_tokens().begin(), r.resume_tokens().end());
+    if (prefix_store_ != nullptr && prefix_store_->available()) {
+      // The kvstore tier first (asynchronously); the request is submitted after.
+      tier_ = std::make_unique<PrefixTierSession>(prefix_store_, *engine_, req.prompt);
+      pending_ = std::move(req);
+      tier_->Fetch([this] { SubmitAfterFetch(); });
+      return absl::OkStatus();
+    }
+    return Submit(std::move(req));
+  }
+
+  absl::Status Submit(EngineRequest req) {
     absl::StatusOr<std::shared_ptr<OutputStream>> stream = engine_->Submit(std::move(req));
     if (!stream.ok()) return stream.status();
-    stream_ = std::move(*stream);
-    started_ = true;
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stream_ = std::move(*stream);
+      started_ = true;
+      cancelled = cancelled_;
+    }
+    if (cancelled) engine_->Cancel(id_);
     // The engine pushes exactly one (final) output for a prefill-only request.
     stream_->SetListener([this] { OnOutput(); });
     OnOutput();
     return absl::OkStatus();
+  }
+
+  void SubmitAfterFetch() {
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled = cancelled_;
+    }
+    if (cancelled) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+      return;
+    }
+    EngineRequest req = pending_;
+    req.prefix_kv = tier_->prefix();
+    req.kv_sink = tier_->Wrap(sink_.get());
+    absl::Status st = Submit(std::move(req));
+    if (st.code() == absl::StatusCode::kInvalidArgument && tier_->prefix() != nullptr) {
+      // A cache problem never fails a request: without the prefix, it is computed.
+      spdlog::warn("{}prefix from the kvstore refused ({}); computing it", service::RequestLogPrefix(id_),
+                   st.ToString());
+      pending_.kv_sink = req.kv_sink;
+      st = Submit(std::move(pending_));
+    }
+    if (!st.ok()) {
+      spdlog::info("{}prefill refused: {}", service::RequestLogPrefix(id_), st.ToString());
+      Finish(ToGrpcStatus(st));
+    }
   }
 
   void OnOutput() {
@@ -85,6 +143,11 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
       got_output_ = true;
     }
     if (!out->status.ok()) {
+      if (out->status.code() == absl::StatusCode::kCancelled) {
+        spdlog::debug("{}prefill cancelled", service::RequestLogPrefix(id_));
+      } else {
+        spdlog::info("{}prefill failed: {}", service::RequestLogPrefix(id_), out->status.ToString());
+      }
       // Writes already issued must still complete before the call ends (the sink's
       // staging memory is in use until then).
       sink_->Flush([this, st = out->status](absl::Status) { Finish(ToGrpcStatus(st)); });
@@ -105,13 +168,20 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     sink_->Flush([this](absl::Status st) {
       if (*on_transfer_) (*on_transfer_)(sink_->transfer_seconds(), sink_->bytes(), st.ok());
       if (!st.ok()) {
+        spdlog::info("{}KV transfer failed: {}", service::RequestLogPrefix(id_), st.ToString());
         Finish(ToGrpcStatus(absl::AbortedError(absl::StrCat("KV transfer failed: ", st.message()))));
         return;
       }
+      spdlog::debug("{}prefilled ({} prompt tokens cached): queue {:.1f} ms, prefill {:.1f} ms, KV {} bytes in {:.1f} ms",
+                    service::RequestLogPrefix(id_), response_->cached_prompt_tokens(), response_->queue_ms(),
+                    response_->prefill_ms(), sink_->bytes(), sink_->transfer_seconds() * 1e3);
       response_->set_transfer_ms(sink_->transfer_seconds() * 1e3);
       response_->set_kv_bytes(sink_->bytes());
       response_->set_kv_checksum(sink_->checksum());
+      std::unique_ptr<PrefixTierSession> tier = std::move(tier_);  // `this` may go with Finish
       Finish(grpc::Status::OK);
+      // New full blocks to the kvstore tier, in the background, after the response.
+      if (tier) tier->Offload();
     });
   }
 
@@ -121,16 +191,20 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
   std::string id_;
   std::unique_ptr<TransferKvSink> sink_;
   std::shared_ptr<OutputStream> stream_;
+  PrefixStore* prefix_store_;
+  std::unique_ptr<PrefixTierSession> tier_;
+  EngineRequest pending_;  // while the tier is asked
   std::mutex mu_;
   bool got_output_ = false;
   bool started_ = false;
+  bool cancelled_ = false;
 };
 
 }  // namespace
 
 grpc::ServerUnaryReactor* PrefillServiceImpl::Prefill(grpc::CallbackServerContext*, const v1::PrefillRequest* request,
                                                       v1::PrefillResponse* response) {
-  return new PrefillReactor(engine_, transport_, &on_transfer_, request, response);
+  return new PrefillReactor(engine_, transport_, &on_transfer_, prefix_store_, request, response);
 }
 
 }  // namespace tandem

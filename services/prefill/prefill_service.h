@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "engine/runtime/engine.h"
+#include "services/kvstore/prefix_store.h"
 #include "services/worker/kv_transport.h"
 #include "tandem/v1/internal.grpc.pb.h"
 
@@ -21,10 +22,15 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
   grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* ctx, const v1::PrefillRequest* request,
                                     v1::PrefillResponse* response) override;
 
+  // The kvstore tier (prefix_tier.h): fetch cached prefixes before computing, offload new
+  // blocks after. Null (the default): none. Set before serving; must outlive the service.
+  void SetPrefixStore(PrefixStore* store) { prefix_store_ = store; }
+
  private:
   Engine* engine_;
   KvTransport* transport_;
   std::function<void(double, int64_t, bool)> on_transfer_;
+  PrefixStore* prefix_store_ = nullptr;
 };
 
 // Checks that a destination can hold `num_tokens` positions of this engine's KV layout.

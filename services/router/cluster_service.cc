@@ -11,6 +11,7 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Register(grpc::CallbackServerConte
   if (id.ok()) {
     response->set_replica_id(*id);
     response->set_heartbeat_interval_ms(registry_->options().heartbeat_interval.count());
+    for (v1::KvStoreEndpoint& e : registry_->KvStores()) *response->add_kvstores() = std::move(e);
   }
   reactor->Finish(ToGrpcStatus(id.status()));
   return reactor;
@@ -19,6 +20,7 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Register(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ClusterServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* r,
                                                         v1::HeartbeatResponse* response) {
   response->set_known(registry_->Heartbeat(*r));
+  for (v1::KvStoreEndpoint& e : registry_->KvStores()) *response->add_kvstores() = std::move(e);
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

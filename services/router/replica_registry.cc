@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/common/grpc_keepalive.h"
 
 namespace tandem {
 
@@ -22,8 +23,10 @@ absl::StatusOr<std::string> ReplicaRegistry::Register(const v1::RegisterRequest&
   replica->grpc_address = r.grpc_address();
   replica->admin_address = r.admin_address();
   replica->pid = r.pid();
+  replica->instance_name = r.instance_name();
   grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  // Keepalive pings find a silent peer even between heartbeats.
+  service::SetClientKeepalive(args);
   replica->channel = grpc::CreateCustomChannel(r.grpc_address(), grpc::InsecureChannelCredentials(), args);
   replica->prefill = v1::Prefill::NewStub(replica->channel);
   replica->decode = v1::Decode::NewStub(replica->channel);
@@ -34,10 +37,15 @@ absl::StatusOr<std::string> ReplicaRegistry::Register(const v1::RegisterRequest&
   std::lock_guard<std::mutex> lock(mu_);
   // A replica restarting on the same address replaces its old entry.
   for (auto it = replicas_.begin(); it != replicas_.end();) {
-    if (it->second->grpc_address == r.grpc_address()) it = replicas_.erase(it);
+    const bool same_kvstore = r.role() == v1::ROLE_KVSTORE && it->second->role == v1::ROLE_KVSTORE &&
+                              !r.instance_name().empty() && it->second->instance_name == r.instance_name();
+    if (it->second->grpc_address == r.grpc_address() || same_kvstore) it = replicas_.erase(it);
     else ++it;
   }
-  const char* prefix = r.role() == v1::ROLE_PREFILL ? "prefill" : r.role() == v1::ROLE_DECODE ? "decode" : "both";
+  const char* prefix = r.role() == v1::ROLE_PREFILL  ? "prefill"
+                       : r.role() == v1::ROLE_DECODE ? "decode"
+                       : r.role() == v1::ROLE_KVSTORE ? "kvstore"
+                                                      : "both";
   replica->id = absl::StrCat(prefix, "-", next_id_++);
   replicas_[replica->id] = replica;
   return replica->id;
@@ -67,6 +75,7 @@ std::vector<std::string> ReplicaRegistry::DropSilent() {
   for (auto it = replicas_.begin(); it != replicas_.end();) {
     if (now - it->second->last_heartbeat > limit) {
       dropped.push_back(it->first);
+      it->second->MarkLost();  // its calls in flight fail now, so requests move elsewhere
       it = replicas_.erase(it);
     } else {
       ++it;
@@ -116,6 +125,19 @@ void ReplicaRegistry::List(v1::ListReplicasResponse* out) const {
     info->set_cached_blocks(static_cast<int64_t>(r->cached_blocks.size()));
     info->set_requests_routed(r->routed.load());
   }
+}
+
+std::vector<v1::KvStoreEndpoint> ReplicaRegistry::KvStores() const {
+  std::vector<v1::KvStoreEndpoint> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, r] : replicas_) {
+    if (r->role != v1::ROLE_KVSTORE || r->draining) continue;
+    v1::KvStoreEndpoint& e = out.emplace_back();
+    e.set_instance_name(r->instance_name.empty() ? r->grpc_address : r->instance_name);
+    e.set_grpc_address(r->grpc_address);
+    e.set_replica_id(id);
+  }
+  return out;
 }
 
 void ApplyKvEvents(const v1::KvCacheEvents& events, std::unordered_set<uint64_t>* cached) {

@@ -43,6 +43,31 @@ struct Replica {
   std::chrono::steady_clock::time_point last_heartbeat;
   bool draining = false;
   std::unordered_set<uint64_t> cached_blocks;  // prefix-cache block hashes (KV events)
+  std::string instance_name;  // kvstores: place on the consistent-hash ring
+
+  // Calls in flight to this replica, cancelled when it is dropped for missing heartbeats
+  // (a replica cut off the network never answers: its calls would hang until deadlines).
+  void Track(grpc::ClientContext* ctx) {
+    std::lock_guard<std::mutex> lock(calls_mu);
+    if (lost) ctx->TryCancel();
+    calls.insert(ctx);
+  }
+  void Untrack(grpc::ClientContext* ctx) {
+    std::lock_guard<std::mutex> lock(calls_mu);
+    calls.erase(ctx);
+  }
+  void MarkLost() {
+    std::lock_guard<std::mutex> lock(calls_mu);
+    lost = true;
+    for (grpc::ClientContext* c : calls) c->TryCancel();
+  }
+  bool IsLost() {
+    std::lock_guard<std::mutex> lock(calls_mu);
+    return lost;
+  }
+  std::mutex calls_mu;
+  std::unordered_set<grpc::ClientContext*> calls;
+  bool lost = false;
 };
 
 using ReplicaPtr = std::shared_ptr<Replica>;
@@ -103,6 +128,8 @@ class ReplicaRegistry {
   // Cached leading blocks of `block_hashes` on a replica, as the router knows them.
   int64_t PrefixOverlap(const Replica& r, std::span<const uint64_t> block_hashes) const;
   void List(v1::ListReplicasResponse* out) const;
+  // The kvstore instances (ROLE_KVSTORE, not draining), for prefill replicas.
+  std::vector<v1::KvStoreEndpoint> KvStores() const;
   const Options& options() const { return options_; }
 
  private:

@@ -15,6 +15,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kMaxPrefillAttempts = 3;
+constexpr int kMaxMigrations = 3;
 constexpr auto kQueueRetryInterval = std::chrono::milliseconds(20);
 
 double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -102,10 +103,12 @@ void RoutedGenerate::Route() {
 }
 
 void RoutedGenerate::Reserve() {
-  ReplicaPtr d = rc_.registry->Pick(v1::ROLE_DECODE, rc_.decode_policy, block_hashes_, tried_decode_, rc_.weights);
+  std::vector<std::string> exclude = tried_decode_;
+  exclude.insert(exclude.end(), full_decode_.begin(), full_decode_.end());
+  ReplicaPtr d = rc_.registry->Pick(v1::ROLE_DECODE, rc_.decode_policy, block_hashes_, exclude, rc_.weights);
   if (!d) {
-    if (!tried_decode_.empty() && !rc_.registry->Candidates(v1::ROLE_DECODE).empty()) {
-      WaitAndRetry();  // every decode replica is full right now
+    if (!full_decode_.empty()) {
+      WaitAndRetry();  // the decode replicas that answered are full right now: wait for room
     } else {
       Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode replica is available"));
     }
@@ -113,7 +116,7 @@ void RoutedGenerate::Reserve() {
   }
   decode_ = ReplicaLease(d);
   reserve_req_.set_request_id(id_);
-  reserve_req_.set_num_tokens(static_cast<int32_t>(prompt_.size()));
+  reserve_req_.set_num_tokens(static_cast<int32_t>(prompt_.size() + resume_.size()));
   reserve_req_.set_layout_fingerprint(rc_.layout_fingerprint);
   reserve_resp_.Clear();
   {
@@ -138,8 +141,14 @@ void RoutedGenerate::OnReserved(const grpc::Status& s) {
     Prefill();
     return;
   }
-  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED || s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    tried_decode_.push_back(decode_->id);
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    full_decode_.push_back(decode_->id);
+    decode_.Reset();
+    Reserve();
+    return;
+  }
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    tried_decode_.push_back(decode_->id);  // gone: not again for this request
     decode_.Reset();
     Reserve();
     return;
@@ -158,7 +167,7 @@ void RoutedGenerate::WaitAndRetry() {
                       "no decode replica had KV cache room for the request in time; retry later"));
     return;
   }
-  tried_decode_.clear();
+  full_decode_.clear();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_ || cancelled_) return;
@@ -187,6 +196,7 @@ void RoutedGenerate::Prefill() {
   *prefill_req_.mutable_sampling() = sampling_;
   *prefill_req_.mutable_stop() = stop_;
   *prefill_req_.mutable_destination() = reserve_resp_.destination();
+  for (int32_t t : resume_) prefill_req_.add_resume_tokens(t);
   prefill_resp_.Clear();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -198,7 +208,13 @@ void RoutedGenerate::Prefill() {
     prefill_in_flight_ = true;
   }
   Ref();
-  p->prefill->async()->Prefill(prefill_ctx_.get(), &prefill_req_, &prefill_resp_, [this](grpc::Status s) {
+  p->Track(prefill_ctx_.get());
+  p->prefill->async()->Prefill(prefill_ctx_.get(), &prefill_req_, &prefill_resp_, [this, p](grpc::Status s) {
+    p->Untrack(prefill_ctx_.get());
+    if (s.error_code() == grpc::StatusCode::CANCELLED && p->IsLost()) {
+      s = grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill replica " + p->id + " stopped heartbeating");
+      prefill_lost_ = true;
+    }
     OnPrefilled(s);
     Unref();
   });
@@ -219,29 +235,41 @@ void RoutedGenerate::OnPrefilled(const grpc::Status& s) {
   if (!s.ok()) {
     const bool retry = prefill_attempts_ < kMaxPrefillAttempts;
     if (retry && s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      // The prefill replica is gone: the same reservation serves another one.
       tried_prefill_.push_back(prefill_->id);
       prefill_.Reset();
+      if (prefill_lost_) {
+        // Cut off, not dead: it may still write into the reservation when it comes back.
+        // Abandon that lease (it expires) and take a fresh one.
+        prefill_lost_ = false;
+        lease_held_ = false;
+        decode_.Reset();
+        Reserve();
+        return;
+      }
+      // The prefill replica is gone: the same reservation serves another one.
       Prefill();
       return;
     }
     if (retry && s.error_code() == grpc::StatusCode::ABORTED) {
-      // The transfer failed: start over with a fresh lease.
+      // The transfer failed: start over with a fresh lease (possibly on the same replica).
       ReleaseLease();
-      tried_decode_.push_back(decode_->id);
       decode_.Reset();
       Reserve();
       return;
     }
     ReleaseLease();
-    Fail(s);
+    Fail(s.error_code() == grpc::StatusCode::ABORTED
+             ? grpc::Status(grpc::StatusCode::ABORTED,
+                            absl::StrCat("KV transfer failed ", prefill_attempts_, " times: ", s.error_message()))
+             : s);
     return;
   }
   prefill_.Reset();
   prefill_done_ = true;
-  first_token_at_ = Clock::now();
+  const bool migrated = migrations_ > 0;
+  if (!migrated) first_token_at_ = Clock::now();
   v1::GenerateResponse first;
-  first.set_request_id(id_);
+  if (!migrated) first.set_request_id(id_);
   if (prefill_resp_.first_token() >= 0) first.add_token_ids(prefill_resp_.first_token());
   first.set_text(prefill_resp_.text());
   *first.mutable_logprobs() = prefill_resp_.logprobs();
@@ -268,6 +296,7 @@ void RoutedGenerate::StartDecode() {
   *decode_req_.mutable_stop() = stop_;
   decode_req_.set_kv_bytes(prefill_resp_.kv_bytes());
   decode_req_.set_kv_checksum(prefill_resp_.kv_checksum());
+  for (int32_t t : resume_) decode_req_.add_resume_tokens(t);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_ || cancelled_) return;
@@ -276,6 +305,7 @@ void RoutedGenerate::StartDecode() {
     lease_held_ = false;  // the Decode call consumes it
   }
   Ref();
+  decode_->Track(stream_ctx_.get());
   decode_->decode->async()->Decode(stream_ctx_.get(), &decode_req_, reader_.get());
   reader_->StartRead(&reader_->message);
   reader_->StartCall();
@@ -295,6 +325,7 @@ void RoutedGenerate::StartAggregated() {
     reader_ = std::make_unique<Reader>(this);
   }
   Ref();
+  w->Track(stream_ctx_.get());
   w->generation->async()->Generate(stream_ctx_.get(), &original_, reader_.get());
   reader_->StartRead(&reader_->message);
   reader_->StartCall();
@@ -338,18 +369,51 @@ void RoutedGenerate::OnReaderMessage() {
   if (read_more) reader_->StartRead(&reader_->message);
 }
 
-void RoutedGenerate::OnReaderDone(const grpc::Status& s) {
-  decode_.Reset();
+void RoutedGenerate::OnReaderDone(const grpc::Status& status) {
+  grpc::Status s = status;
+  if (decode_) {
+    decode_->Untrack(stream_ctx_.get());
+    if (s.error_code() == grpc::StatusCode::CANCELLED && decode_->IsLost() && IsActive()) {
+      s = grpc::Status(grpc::StatusCode::UNAVAILABLE, "replica " + decode_->id + " stopped heartbeating");
+    }
+  }
   if (!s.ok()) {
-    Fail(s);
+    if (!Migrate(s)) {
+      decode_.Reset();
+      Fail(s);
+    }
     return;
   }
+  decode_.Reset();
   bool final_seen;
   {
     std::lock_guard<std::mutex> lock(mu_);
     final_seen = final_seen_;
   }
   if (!final_seen) Fail(grpc::Status(grpc::StatusCode::INTERNAL, "the replica's stream ended without a final message"));
+}
+
+bool RoutedGenerate::Migrate(const grpc::Status& why) {
+  const grpc::StatusCode c = why.error_code();
+  const bool retryable = c == grpc::StatusCode::UNAVAILABLE || c == grpc::StatusCode::ABORTED ||
+                         c == grpc::StatusCode::FAILED_PRECONDITION || c == grpc::StatusCode::INTERNAL ||
+                         c == grpc::StatusCode::UNKNOWN;
+  if (!retryable || !reserve_resp_.has_destination() || migrations_ >= kMaxMigrations || !IsActive()) return false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (final_seen_) return false;
+    resume_ = sent_tokens_;
+    ++migrations_;
+  }
+  spdlog::warn("{}decode replica {} failed ({}); migrating after {} tokens", service::RequestLogPrefix(id_),
+               decode_ ? decode_->id : std::string("?"), why.error_message(), resume_.size());
+  if (decode_) tried_decode_.push_back(decode_->id);
+  decode_.Reset();
+  lease_held_ = false;
+  prefill_attempts_ = 0;
+  tried_prefill_.clear();
+  Reserve();
+  return true;
 }
 
 void RoutedGenerate::FillFinal(v1::GenerateResponse* r, const v1::Usage* downstream_usage) {
@@ -376,6 +440,7 @@ void RoutedGenerate::Send(v1::GenerateResponse r, bool final) {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
     sent_first_ = true;
+    sent_tokens_.insert(sent_tokens_.end(), r.token_ids().begin(), r.token_ids().end());
     pending_writes_.emplace_back(std::move(r), final);
   }
   PumpWrites();

@@ -81,6 +81,9 @@ class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   void WaitAndRetry();
   void OnReaderMessage();  // Reader has a message in Reader::message
   void OnReaderDone(const grpc::Status& s);
+  // The decode replica failed mid-stream: continue the request on another one, from the
+  // tokens already sent (re-prefill of prompt + those tokens). False when it cannot.
+  bool Migrate(const grpc::Status& why);
   void ReleaseLease();
 
   void Send(v1::GenerateResponse r, bool final);  // queue a write to the client
@@ -121,7 +124,8 @@ class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
   ReplicaLease decode_;
   ReplicaLease prefill_;
-  std::vector<std::string> tried_decode_;
+  std::vector<std::string> tried_decode_;  // failed: excluded for this request
+  std::vector<std::string> full_decode_;   // full: excluded until the next wait
   std::vector<std::string> tried_prefill_;
   int prefill_attempts_ = 0;
   std::unique_ptr<grpc::ClientContext> reserve_ctx_, prefill_ctx_, stream_ctx_;
@@ -132,6 +136,7 @@ class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   v1::DecodeRequest decode_req_;
   bool lease_held_ = false;
   bool prefill_in_flight_ = false;
+  bool prefill_lost_ = false;
   std::unique_ptr<Reader> reader_;
   std::unique_ptr<grpc::Alarm> alarm_;
   std::chrono::steady_clock::time_point first_token_at_;
@@ -143,6 +148,9 @@ class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   int completion_tokens_ = 0;
   int cached_tokens_ = 0;
   bool prefill_done_ = false;
+  std::vector<int32_t> sent_tokens_;  // every token id written (or queued) to the client
+  std::vector<int32_t> resume_;       // sent_tokens_ at the last migration
+  int migrations_ = 0;
   std::chrono::steady_clock::time_point last_write_;
 };
 

@@ -1,3 +1,4 @@
+#include "services/common/grpc_keepalive.h"
 #include "services/router/router_main.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -22,6 +23,8 @@
 #include "services/common/service_flags.h"
 #include "services/common/shutdown_signal.h"
 #include "services/router/cluster_service.h"
+#include "services/router/dashboard_api.h"
+#include "services/router/metrics_history.h"
 #include "services/router/replica_registry.h"
 #include "services/router/router_generation_service.h"
 #include "services/router/router_metrics.h"
@@ -43,9 +46,11 @@ int RunRouter(int argc, char** argv) {
   int64_t heartbeat_ms = 1000;
   int missed_heartbeats = 3;
   int64_t max_queue_wait_ms = 30000;
+  int64_t drain_timeout_ms = 30000;
   std::string prefill_policy = "cache-aware", decode_policy = "kv-aware";
   double cache_aware_load_weight = 4.0;
   bool disable_metrics = false;
+  std::string dashboard_dir;
   CLI::App app{
       "tandem-router: Tandem's public gRPC endpoint (tandem.v1.Generation). Picks a decode replica (KV lease) "
       "and a prefill replica per request, streams the tokens back, and keeps the cluster membership "
@@ -74,7 +79,12 @@ int RunRouter(int argc, char** argv) {
                  "cache-aware: how many cached prefix blocks one request in flight is worth")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
+  app.add_option("--drain-timeout-ms", drain_timeout_ms,
+                 "On SIGTERM: stop accepting requests, let in-flight ones finish up to this long")
+      ->capture_default_str();
   app.add_flag("--disable-metrics", disable_metrics, "Do not record request metrics (for overhead measurements)");
+  app.add_option("--dashboard-dir", dashboard_dir,
+                 "The /dashboard page's files (default: share/tandem/dashboard next to the binary's directory)");
   service::BindEnvironment(app);
   if (int rc = service::ParseOrExit(app, argc, argv); rc != 0) return rc;
   if (absl::Status s = service::InitLogging(common.log_level, common.log_format, "tandem-router"); !s.ok()) {
@@ -114,6 +124,7 @@ int RunRouter(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  service::AcceptClientKeepalive(builder);
   int port = 0;
   builder.AddListeningPort(common.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&generation);
@@ -125,6 +136,13 @@ int RunRouter(int argc, char** argv) {
   if (host == "0.0.0.0" || host == "::") host = "127.0.0.1";
   const std::string grpc_address = service::FormatHostPort(host, static_cast<uint16_t>(port));
 
+  // The router's recent metrics for the dashboard (declared before the admin server whose
+  // handler reads it, so that it outlives it).
+  std::unique_ptr<MetricsHistory> history;
+  if (!disable_metrics) {
+    history = std::make_unique<MetricsHistory>(metrics, RegistryLoads(&registry), MetricsHistory::Options{});
+    history->Start();
+  }
   service::AdminServer admin(CombineCollectables({metrics, ReplicaGaugeCollector(&registry, common.model)}));
   if (absl::Status s = admin.Start(common.admin_listen); !s.ok()) return Fail("admin server", s);
   admin.AddHandler("/replicas", [&registry](const service::HttpRequest&) {
@@ -138,6 +156,11 @@ int RunRouter(int argc, char** argv) {
     }
     return service::HttpResponse::Json(j.dump());
   });
+  // The built-in dashboard: /dashboard/ and the history it charts (/api/summary).
+  if (dashboard_dir.empty()) dashboard_dir = DefaultDashboardDir();
+  if (absl::Status s = InstallDashboard(admin, history.get(), dashboard_dir); !s.ok()) {
+    spdlog::warn("dashboard: {}", std::string(s.message()));
+  }
 
   // Drop replicas that stopped heartbeating.
   std::atomic<bool> stop{false};
@@ -159,7 +182,8 @@ int RunRouter(int argc, char** argv) {
   spdlog::info("shutting down ({})", sig == 0 ? "requested" : strsignal(sig));
   stop = true;
   admin.SetReady(false);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // New calls are refused from now; in-flight streams finish (bounded).
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(drain_timeout_ms));
   reaper.join();
   admin.Stop();
   return 0;

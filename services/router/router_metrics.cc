@@ -71,7 +71,7 @@ class ReplicaCollector : public prometheus::Collectable {
 
 RouterMetrics::RouterMetrics(prometheus::Registry& r, const std::string& model)
     : ttft_(Hist(r, "tandem_time_to_first_token_seconds", "Time from request arrival to the first token sent", model,
-                 TtftBuckets())),
+                 ClientTtftBuckets())),
       itl_(Hist(r, "tandem_inter_token_latency_seconds", "Time between consecutive streamed chunks of a request",
                 model, TokenLatencyBuckets())),
       tpot_(Hist(r, "tandem_time_per_output_token_seconds",

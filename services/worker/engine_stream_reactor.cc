@@ -2,8 +2,31 @@
 
 #include "services/api/grpc_status.h"
 #include "services/api/proto_convert.h"
+#include "services/common/logging.h"
+#include "spdlog/spdlog.h"
 
 namespace tandem {
+namespace {
+
+// One line per request as it ends, tagged with the request id the router assigned
+// (service::RequestLogPrefix), so a request can be followed across processes' logs.
+void LogFinished(const std::string& id, const RequestOutput& out) {
+  const RequestMetrics& m = out.metrics;
+  if (!out.status.ok()) {
+    if (out.status.code() == absl::StatusCode::kCancelled) {
+      spdlog::debug("{}cancelled: {}", service::RequestLogPrefix(id), std::string(out.status.message()));
+    } else {
+      spdlog::info("{}failed ({}): {}", service::RequestLogPrefix(id), absl::StatusCodeToString(out.status.code()),
+                   std::string(out.status.message()));
+    }
+    return;
+  }
+  spdlog::debug("{}done ({}): {} prompt tokens ({} cached) + {} generated, queue {:.1f} ms, {:.1f} ms total",
+                service::RequestLogPrefix(id), out.finish_reason == FinishReason::kStop ? "stop" : "length",
+                m.prompt_tokens, m.cached_prompt_tokens, m.completion_tokens, m.queue_s * 1e3, m.e2e_s * 1e3);
+}
+
+}  // namespace
 
 EngineStreamReactor* EngineStreamReactor::Failed(const grpc::Status& error) {
   auto* r = new EngineStreamReactor();
@@ -40,6 +63,7 @@ void EngineStreamReactor::Pump() {
     if (writing_ || final_written_ || finished_) return;
     std::optional<RequestOutput> out = stream_->TryNext();
     if (!out) return;
+    if (out->finished) LogFinished(request_id_, *out);
     if (out->finished && !out->status.ok()) {
       // An error ends the call; outputs before it were already sent.
       finished_ = finish = true;
@@ -70,6 +94,7 @@ void EngineStreamReactor::OnWriteDone(bool ok) {
       finished_ = finish = true;
       engine_->Cancel(request_id_);
       status = grpc::Status(grpc::StatusCode::CANCELLED, "client stream closed");
+      spdlog::debug("{}client stream closed before the end", service::RequestLogPrefix(request_id_));
     } else if (ok && final_written_ && !finished_) {
       finished_ = finish = true;
     }

@@ -43,9 +43,12 @@ absl::Status RouterRegistration::RegisterOnce() {
   v1::RegisterResponse resp;
   grpc::Status s = stub_->Register(&ctx, req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
-  std::lock_guard<std::mutex> lock(mu_);
-  replica_id_ = resp.replica_id();
-  if (resp.heartbeat_interval_ms() > 0) interval_ = std::chrono::milliseconds(resp.heartbeat_interval_ms());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    replica_id_ = resp.replica_id();
+    if (resp.heartbeat_interval_ms() > 0) interval_ = std::chrono::milliseconds(resp.heartbeat_interval_ms());
+  }
+  if (kvstore_listener_) kvstore_listener_({resp.kvstores().begin(), resp.kvstores().end()});
   return absl::OkStatus();
 }
 
@@ -75,6 +78,11 @@ std::string RouterRegistration::replica_id() const {
   return replica_id_;
 }
 
+std::chrono::milliseconds RouterRegistration::heartbeat_interval() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return interval_;
+}
+
 void RouterRegistration::Loop() {
   for (;;) {
     std::chrono::milliseconds interval;
@@ -92,6 +100,9 @@ void RouterRegistration::Loop() {
     if (kv_events_) *req.mutable_kv_events() = kv_events_(/*full=*/false);
     v1::HeartbeatResponse resp;
     grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+    if (s.ok() && resp.known() && kvstore_listener_) {
+      kvstore_listener_({resp.kvstores().begin(), resp.kvstores().end()});
+    }
     if (s.ok() && !resp.known()) {
       // The router restarted and forgot us: join again (retried at the next beat).
       if (absl::Status r = RegisterOnce(); !r.ok()) continue;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "tandem/v1/internal.grpc.pb.h"
@@ -30,7 +31,14 @@ class RouterRegistration {
   absl::Status Start(std::chrono::milliseconds timeout);
   // From now on heartbeats say "draining": the router sends no new work.
   void SetDraining();
+  // Called on the registration thread with the kvstore instances the router lists in
+  // each successful register or heartbeat answer (the full list each time). Set before
+  // Start.
+  void SetKvStoreListener(std::function<void(const std::vector<v1::KvStoreEndpoint>&)> listener) {
+    kvstore_listener_ = std::move(listener);
+  }
   std::string replica_id() const;
+  std::chrono::milliseconds heartbeat_interval() const;
 
  private:
   absl::Status RegisterOnce();
@@ -40,6 +48,7 @@ class RouterRegistration {
   v1::RegisterRequest self_;
   std::function<v1::LoadReport()> load_;
   std::function<v1::KvCacheEvents(bool)> kv_events_;
+  std::function<void(const std::vector<v1::KvStoreEndpoint>&)> kvstore_listener_;
   std::unique_ptr<v1::Cluster::Stub> stub_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

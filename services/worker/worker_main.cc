@@ -1,3 +1,4 @@
+#include "services/common/grpc_keepalive.h"
 #include "services/worker/worker_main.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -21,6 +22,7 @@
 #include "services/common/service_flags.h"
 #include "services/common/shutdown_signal.h"
 #include "services/common/transfer/ucx_transfer_engine.h"
+#include "services/kvstore/kvstore_client.h"
 #include "services/decode/decode_service.h"
 #include "services/prefill/prefill_service.h"
 #include "services/worker/local_generation_service.h"
@@ -43,6 +45,10 @@ struct WorkerFlags {
   int32_t max_waiting = 1024;
   int64_t kv_lease_ms = 30000;
   bool no_prefix_cache = false;
+  std::vector<std::string> kvstores;  // static kvstore instances (else: the router's list)
+  bool no_kvstore = false;
+  int64_t kvstore_timeout_ms = 1000;
+  int64_t kvstore_staging_mb = 256;
   int64_t drain_timeout_ms = 30000;
 };
 
@@ -94,6 +100,19 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}))
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", f.no_prefix_cache, "Disable reuse of cached prompt prefixes");
+  app.add_option("--kvstore", f.kvstores,
+                 "Prefill: kvstore instances to use, NAME=HOST:PORT or HOST:PORT, comma-separated (default: the "
+                 "instances registered with the router)")
+      ->delimiter(',');
+  app.add_flag("--no-kvstore", f.no_kvstore, "Prefill: do not use the kvstore tier");
+  app.add_option("--kvstore-timeout-ms", f.kvstore_timeout_ms,
+                 "Prefill: how long a request may wait for the kvstore tier (lookup and fetch) before computing")
+      ->check(CLI::Range(int64_t{1}, int64_t{600000}))
+      ->capture_default_str();
+  app.add_option("--kvstore-staging-mb", f.kvstore_staging_mb,
+                 "Prefill: memory the kvstore tier writes fetched blocks into (MiB)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--drain-timeout-ms", f.drain_timeout_ms, "On SIGTERM, how long in-flight requests may finish")
       ->capture_default_str();
   service::BindEnvironment(app);
@@ -140,6 +159,30 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);
   if (!engine.ok()) return Fail("engine", engine.status());
   spdlog::info("{} worker: model {} ({})", RoleName(role), *model_dir, (*engine)->config().Summary());
+  // Prefill replicas use the kvstore tier (services/kvstore): cached prefixes are fetched,
+  // new blocks offloaded. Instances come from --kvstore or from the router.
+  std::unique_ptr<kvstore::KvStoreClient> kvstore_client;
+  if (role == v1::ROLE_PREFILL && !f.no_kvstore) {
+    const Engine::KvMemory m = (*engine)->kv_memory();
+    kvstore::KvStoreClientOptions ko{
+        .layout_fingerprint = (*engine)->layout_fingerprint(),
+        .block_bytes = m.num_layers * m.block_size * m.entry_dim * static_cast<int64_t>(sizeof(float)),
+        .block_tokens = static_cast<int32_t>(m.block_size),
+        .staging_bytes = static_cast<size_t>(f.kvstore_staging_mb) << 20,
+        .fetch_timeout = absl::Milliseconds(f.kvstore_timeout_ms)};
+    absl::StatusOr<std::unique_ptr<kvstore::KvStoreClient>> c = kvstore::KvStoreClient::Create(ucx.get(), ko);
+    if (!c.ok()) return Fail("kvstore client", c.status());
+    kvstore_client = std::move(*c);
+    if (!f.kvstores.empty()) {
+      std::vector<kvstore::KvStoreClient::Instance> list;
+      for (const std::string& k : f.kvstores) {
+        const size_t eq = k.find('=');
+        list.push_back(eq == std::string::npos ? kvstore::KvStoreClient::Instance{k, k}
+                                               : kvstore::KvStoreClient::Instance{k.substr(0, eq), k.substr(eq + 1)});
+      }
+      kvstore_client->SetInstances(std::move(list));
+    }
+  }
   std::unique_ptr<grpc::Service> service;
   std::unique_ptr<LocalGenerationService> generation;
   std::unique_ptr<PrefillServiceImpl> prefill;
@@ -147,6 +190,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  service::AcceptClientKeepalive(builder);
   int port = 0;
   builder.AddListeningPort(f.common.listen, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(64 << 20);
@@ -156,6 +200,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       prefill = std::make_unique<PrefillServiceImpl>(
           engine->get(), transport.get(),
           [&metrics](double seconds, int64_t bytes, bool ok) { metrics.KvTransfer(seconds, bytes, ok); });
+      prefill->SetPrefixStore(kvstore_client.get());
       builder.RegisterService(prefill.get());
       break;
     case v1::ROLE_DECODE:
@@ -180,14 +225,26 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       {metrics_registry, EngineCollector(engine->get(), ucx.get(), f.common.model, RoleName(role))}));
   if (absl::Status s = admin.Start(f.common.admin_listen); !s.ok()) return Fail("admin server", s);
   Engine* e = engine->get();
-  admin.AddHandler("/stats", [e](const service::HttpRequest&) {
+  admin.AddHandler("/stats", [e, kv = kvstore_client.get()](const service::HttpRequest&) {
     const EngineStats s = e->Stats();
     nlohmann::json j = {{"waiting", s.num_waiting},         {"running", s.num_running},
                         {"kv_blocks_total", s.kv_blocks_total}, {"kv_blocks_in_use", s.kv_blocks_in_use},
                         {"kv_usage", s.kv_usage},             {"generated_tokens", s.generated_tokens},
                         {"prompt_tokens_computed", s.prompt_tokens_computed},
                         {"prompt_tokens_cached", s.prompt_tokens_cached}, {"preemptions", s.preemptions},
-                        {"requests_finished", s.requests_finished}, {"kv_leases_expired", s.kv_leases_expired}};
+                        {"requests_finished", s.requests_finished}, {"kv_leases_expired", s.kv_leases_expired},
+                        {"prompt_tokens_imported", s.prompt_tokens_imported}};
+    if (kv != nullptr) {
+      const kvstore::KvStoreClientStats k = kv->stats();
+      j["kvstore"] = {{"instances", kv->instances().size()},     {"fetches", k.fetches},
+                      {"fetch_errors", k.fetch_errors},         {"lookup_blocks", k.lookup_blocks},
+                      {"lookup_hit_blocks", k.lookup_hit_blocks}, {"fetched_blocks", k.fetched_blocks},
+                      {"fetched_bytes", k.fetched_bytes},       {"checksum_mismatches", k.checksum_mismatches},
+                      {"staging_exhausted", k.staging_exhausted}, {"offloads", k.offloads},
+                      {"offload_dropped", k.offload_dropped},   {"offload_blocks", k.offload_blocks},
+                      {"offload_bytes", k.offload_bytes},       {"offload_dedup_blocks", k.offload_dedup_blocks},
+                      {"offload_errors", k.offload_errors}};
+    }
     return service::HttpResponse::Json(j.dump());
   });
 
@@ -224,6 +281,13 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       };
     }
     registration = std::make_unique<RouterRegistration>(f.common.router, self, load, events);
+    if (kvstore_client && f.kvstores.empty()) {
+      registration->SetKvStoreListener([kv = kvstore_client.get()](const std::vector<v1::KvStoreEndpoint>& list) {
+        std::vector<kvstore::KvStoreClient::Instance> instances;
+        for (const v1::KvStoreEndpoint& k : list) instances.push_back({k.instance_name(), k.grpc_address()});
+        kv->SetInstances(std::move(instances));
+      });
+    }
     if (absl::Status s = registration->Start(std::chrono::seconds(30)); !s.ok()) return Fail("registration", s);
   }
   admin.SetReady(true);
@@ -240,9 +304,15 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   const int sig = service::WaitForShutdownSignal();
   spdlog::info("shutting down ({})", sig == 0 ? "requested" : strsignal(sig));
   admin.SetReady(false);
-  if (registration) registration->SetDraining();
-  // Let in-flight requests finish (bounded), then stop.
   const auto drain_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(f.drain_timeout_ms);
+  if (registration) {
+    // Heartbeats now say "draining"; until the router has heard one it may still send
+    // work, which is served like the rest.
+    registration->SetDraining();
+    std::this_thread::sleep_for(std::min(2 * registration->heartbeat_interval() + std::chrono::milliseconds(100),
+                                         std::chrono::milliseconds(f.drain_timeout_ms)));
+  }
+  // Let in-flight requests finish (bounded), then stop.
   while (std::chrono::steady_clock::now() < drain_until) {
     const EngineStats s = e->Stats();
     if (s.num_running + s.num_waiting == 0) break;

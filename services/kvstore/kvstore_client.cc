@@ -1,0 +1,478 @@
+#include "services/kvstore/kvstore_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/check.h"
+#include "services/common/transfer/remote_memory_descriptor.h"
+#include "xxhash.h"
+
+namespace tandem::kvstore {
+namespace {
+
+// What one callback-API call needs alive until it completes.
+template <typename Request, typename Response>
+struct Call {
+  grpc::ClientContext ctx;
+  Request req;
+  Response resp;
+};
+
+}  // namespace
+
+struct KvStoreClient::Snapshot {
+  HashRing ring;
+  std::vector<std::shared_ptr<v1::KvStore::Stub>> stubs;  // by ring node index
+
+  explicit Snapshot(int vnodes) : ring(vnodes) {}
+  // Chain positions [from, to) of `hashes` by owning node.
+  std::map<int, std::vector<int32_t>> Group(const std::vector<uint64_t>& hashes, int32_t from, int32_t to) const {
+    std::map<int, std::vector<int32_t>> g;
+    for (int32_t p = from; p < to; ++p) g[ring.Owner(hashes[static_cast<size_t>(p)])].push_back(p);
+    return g;
+  }
+};
+
+// Block-sized slots of the staging region. Slots held back after a failed get come back
+// once their quarantine passes (checked on the next Allocate).
+class KvStoreClient::StagingPool {
+ public:
+  StagingPool(char* base, int64_t block_bytes, int64_t slots) : base_(base), block_bytes_(block_bytes) {
+    for (int64_t s = slots - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
+  }
+  std::vector<int32_t> Allocate(int32_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const absl::Time now = absl::Now();
+    while (!quarantined_.empty() && quarantined_.front().first <= now) {
+      free_.insert(free_.end(), quarantined_.front().second.begin(), quarantined_.front().second.end());
+      quarantined_.pop_front();
+    }
+    std::vector<int32_t> out;
+    while (static_cast<int32_t>(out.size()) < n && !free_.empty()) {
+      out.push_back(free_.back());
+      free_.pop_back();
+    }
+    return out;
+  }
+  void Release(const std::vector<int32_t>& slots) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.insert(free_.end(), slots.begin(), slots.end());
+  }
+  void Quarantine(std::vector<int32_t> slots, absl::Duration d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    quarantined_.emplace_back(absl::Now() + d, std::move(slots));
+  }
+  char* data(int32_t s) const { return base_ + offset(s); }
+  int64_t offset(int32_t s) const { return static_cast<int64_t>(s) * block_bytes_; }
+
+ private:
+  char* base_;
+  int64_t block_bytes_;
+  std::mutex mu_;
+  std::vector<int32_t> free_;
+  std::deque<std::pair<absl::Time, std::vector<int32_t>>> quarantined_;
+};
+
+namespace {
+
+// Owns one fetch's staging slots (through PrefixKv::owner): back to the pool when the
+// engine drops it, or later when a get failed (its writes may still land).
+struct StagingLease {
+  std::function<void(std::vector<int32_t>, bool)> give_back;
+  std::vector<int32_t> slots;
+  bool quarantine = false;
+  ~StagingLease() { give_back(std::move(slots), quarantine); }
+};
+
+}  // namespace
+
+struct KvStoreClient::FetchOp {
+  FetchRequest req;
+  std::function<void(FetchResult)> done;
+  std::shared_ptr<const Snapshot> snap;
+  absl::Time deadline;
+  std::mutex mu;
+  int pending = 0;
+  bool failed = false;
+  int32_t stored = 0;  // lookup: the stored prefix
+  int32_t end = 0;     // get: blocks [first_block, end) delivered
+  std::vector<uint64_t> checksums;  // get: by block - first_block
+  std::shared_ptr<StagingLease> lease;
+  FetchResult result;
+};
+
+struct KvStoreClient::OffloadOp {
+  OffloadRequest req;
+  std::shared_ptr<const Snapshot> snap;
+  absl::Time deadline;
+  int64_t bytes = 0;
+  std::mutex mu;
+  int pending = 0;
+};
+
+KvStoreClient::KvStoreClient(transfer::TransferEngine* transfer, KvStoreClientOptions options)
+    : transfer_(transfer), options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<KvStoreClient>> KvStoreClient::Create(transfer::TransferEngine* transfer,
+                                                                     KvStoreClientOptions options) {
+  if (options.block_bytes <= 0 || options.block_bytes % static_cast<int64_t>(sizeof(float)) != 0) {
+    return absl::InvalidArgumentError("kvstore client: block_bytes must be a positive multiple of 4");
+  }
+  const int64_t slots = static_cast<int64_t>(options.staging_bytes) / options.block_bytes;
+  if (slots < 1) return absl::InvalidArgumentError("kvstore client: the staging region holds no block");
+  std::unique_ptr<KvStoreClient> c(new KvStoreClient(transfer, options));
+  absl::StatusOr<std::unique_ptr<transfer::MemoryRegion>> region =
+      transfer->AllocateMemory(static_cast<size_t>(slots * options.block_bytes));
+  if (!region.ok()) return region.status();
+  c->staging_region_ = std::move(*region);
+  c->staging_descriptor_ = c->staging_region_->descriptor().Serialize();
+  c->staging_ = std::make_shared<StagingPool>(static_cast<char*>(c->staging_region_->base()), options.block_bytes, slots);
+  return c;
+}
+
+KvStoreClient::~KvStoreClient() {
+  std::unique_lock<std::mutex> lock(ops_mu_);
+  ops_cv_.wait(lock, [this] { return ops_in_flight_ == 0; });
+}
+
+void KvStoreClient::OpStarted() {
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  ops_in_flight_++;
+}
+
+void KvStoreClient::OpDone() {
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  if (--ops_in_flight_ == 0) ops_cv_.notify_all();
+}
+
+void KvStoreClient::SetInstances(std::vector<Instance> instances) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto snap = std::make_shared<Snapshot>(options_.vnodes);
+  std::map<std::string, std::string> address_of;  // name -> address; a repeated name: the last wins
+  for (const Instance& i : instances) {
+    if (!i.name.empty() && !i.address.empty()) address_of[i.name] = i.address;
+  }
+  for (const auto& [name, address] : address_of) snap->ring.Add(name);
+  std::map<std::string, std::shared_ptr<v1::KvStore::Stub>> stubs;
+  for (const std::string& name : snap->ring.nodes()) {
+    const std::string& address = address_of[name];
+    auto it = stubs_.find(address);
+    std::shared_ptr<v1::KvStore::Stub> stub =
+        it != stubs_.end() ? it->second
+                           : std::shared_ptr<v1::KvStore::Stub>(v1::KvStore::NewStub(
+                                 grpc::CreateChannel(address, grpc::InsecureChannelCredentials())));
+    stubs[address] = stub;
+    snap->stubs.push_back(stub);
+  }
+  stubs_ = std::move(stubs);  // channels of instances that left close when their calls end
+  snapshot_ = std::move(snap);
+}
+
+std::vector<KvStoreClient::Instance> KvStoreClient::instances() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Instance> out;
+  if (!snapshot_) return out;
+  // Addresses by stub identity.
+  for (size_t i = 0; i < snapshot_->ring.nodes().size(); ++i) {
+    for (const auto& [address, stub] : stubs_) {
+      if (stub == snapshot_->stubs[i]) out.push_back({snapshot_->ring.nodes()[i], address});
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<const KvStoreClient::Snapshot> KvStoreClient::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+
+bool KvStoreClient::available() const {
+  std::shared_ptr<const Snapshot> s = snapshot();
+  return s != nullptr && !s->ring.empty();
+}
+
+v1::KvBlockFormat KvStoreClient::Format() const {
+  v1::KvBlockFormat f;
+  f.set_layout_fingerprint(options_.layout_fingerprint);
+  f.set_block_bytes(options_.block_bytes);
+  f.set_block_tokens(options_.block_tokens);
+  return f;
+}
+
+KvStoreClientStats KvStoreClient::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+// ---- Fetch ----
+
+void KvStoreClient::Fetch(FetchRequest request, std::function<void(FetchResult)> done) {
+  std::shared_ptr<const Snapshot> snap = snapshot();
+  if (snap == nullptr || snap->ring.empty() || request.hashes.empty()) {
+    done(FetchResult{});
+    return;
+  }
+  auto op = std::make_shared<FetchOp>();
+  op->req = std::move(request);
+  op->done = std::move(done);
+  op->snap = snap;
+  op->deadline = absl::Now() + options_.fetch_timeout;
+  const int32_t n = static_cast<int32_t>(op->req.hashes.size());
+  op->stored = n;
+  Count([n](KvStoreClientStats& s) {
+    s.fetches++;
+    s.lookup_blocks += n;
+  });
+  OpStarted();
+  std::map<int, std::vector<int32_t>> groups = snap->Group(op->req.hashes, 0, n);
+  op->pending = static_cast<int>(groups.size());
+  for (auto& [node, group] : groups) {
+    auto call = std::make_shared<Call<v1::KvLookupRequest, v1::KvLookupResponse>>();
+    call->ctx.set_deadline(absl::ToChronoTime(op->deadline));
+    *call->req.mutable_format() = Format();
+    for (int32_t p : group) call->req.add_block_hashes(op->req.hashes[static_cast<size_t>(p)]);
+    snap->stubs[static_cast<size_t>(node)]->async()->Lookup(
+        &call->ctx, &call->req, &call->resp, [this, op, call, positions = std::move(group)](grpc::Status s) {
+          bool last;
+          {
+            std::lock_guard<std::mutex> lock(op->mu);
+            if (!s.ok()) {
+              op->failed = true;
+            } else if (const int32_t c = call->resp.num_cached(); c < static_cast<int32_t>(positions.size())) {
+              op->stored = std::min(op->stored, positions[static_cast<size_t>(std::max(c, 0))]);
+            }
+            last = --op->pending == 0;
+          }
+          if (last) AfterLookup(op);
+        });
+  }
+}
+
+void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
+  if (op->failed) {
+    Count([](KvStoreClientStats& s) { s.fetch_errors++; });
+    FinishFetch(std::move(op));
+    return;
+  }
+  op->result.available = true;
+  op->result.stored_prefix = op->stored;
+  Count([n = op->stored](KvStoreClientStats& s) { s.lookup_hit_blocks += n; });
+  const int32_t from = std::max(op->req.first_block, 0);
+  int32_t to = std::min(op->stored, op->req.end_block);
+  if (to <= from || absl::Now() >= op->deadline) {
+    FinishFetch(std::move(op));
+    return;
+  }
+  std::vector<int32_t> slots = staging_->Allocate(to - from);
+  if (static_cast<int32_t>(slots.size()) < to - from) {
+    Count([](KvStoreClientStats& s) { s.staging_exhausted++; });
+    to = from + static_cast<int32_t>(slots.size());
+  }
+  auto lease = std::make_shared<StagingLease>();
+  lease->give_back = [pool = staging_, q = options_.quarantine](std::vector<int32_t> s, bool quarantine) {
+    if (quarantine) pool->Quarantine(std::move(s), q);
+    else pool->Release(s);
+  };
+  lease->slots = std::move(slots);
+  op->lease = lease;
+  if (to <= from) {
+    FinishFetch(std::move(op));
+    return;
+  }
+  op->end = to;
+  op->checksums.assign(static_cast<size_t>(to - from), 0);
+  std::map<int, std::vector<int32_t>> groups = op->snap->Group(op->req.hashes, from, to);
+  op->pending = static_cast<int>(groups.size());
+  for (auto& [node, group] : groups) {
+    auto call = std::make_shared<Call<v1::KvGetRequest, v1::KvGetResponse>>();
+    call->ctx.set_deadline(absl::ToChronoTime(op->deadline));
+    *call->req.mutable_format() = Format();
+    call->req.set_destination(staging_descriptor_);
+    for (int32_t p : group) {
+      call->req.add_block_hashes(op->req.hashes[static_cast<size_t>(p)]);
+      call->req.add_offsets(static_cast<uint64_t>(staging_->offset(lease->slots[static_cast<size_t>(p - from)])));
+    }
+    op->snap->stubs[static_cast<size_t>(node)]->async()->Get(
+        &call->ctx, &call->req, &call->resp, [this, op, call, from, positions = std::move(group)](grpc::Status s) {
+          bool last;
+          {
+            std::lock_guard<std::mutex> lock(op->mu);
+            int32_t delivered = 0;
+            if (!s.ok()) {
+              op->failed = true;
+            } else {
+              delivered = std::min(call->resp.num_delivered(), call->resp.checksums_size());
+              delivered = std::clamp(delivered, 0, static_cast<int32_t>(positions.size()));
+            }
+            for (int32_t i = 0; i < delivered; ++i) {
+              op->checksums[static_cast<size_t>(positions[static_cast<size_t>(i)] - from)] = call->resp.checksums(i);
+            }
+            if (delivered < static_cast<int32_t>(positions.size())) {
+              op->end = std::min(op->end, positions[static_cast<size_t>(delivered)]);
+            }
+            last = --op->pending == 0;
+          }
+          if (last) AfterGet(op);
+        });
+  }
+}
+
+void KvStoreClient::AfterGet(std::shared_ptr<FetchOp> op) {
+  if (op->failed) {
+    op->lease->quarantine = true;
+    Count([](KvStoreClientStats& s) { s.fetch_errors++; });
+  }
+  const int32_t from = op->req.first_block;
+  int32_t end = op->end;
+  for (int32_t p = from; p < end; ++p) {
+    const int32_t slot = op->lease->slots[static_cast<size_t>(p - from)];
+    const uint64_t actual = XXH3_64bits(staging_->data(slot), static_cast<size_t>(options_.block_bytes));
+    if (actual != op->checksums[static_cast<size_t>(p - from)]) {
+      Count([](KvStoreClientStats& s) { s.checksum_mismatches++; });
+      end = p;
+      break;
+    }
+  }
+  if (end > from) {
+    auto kv = std::make_shared<PrefixKv>();
+    kv->first_block = from;
+    kv->hashes.assign(op->req.hashes.begin() + from, op->req.hashes.begin() + end);
+    for (int32_t p = from; p < end; ++p) {
+      kv->blocks.push_back(
+          reinterpret_cast<const float*>(staging_->data(op->lease->slots[static_cast<size_t>(p - from)])));
+    }
+    kv->owner = op->lease;
+    op->result.prefix = std::move(kv);
+    Count([n = end - from, bytes = options_.block_bytes](KvStoreClientStats& s) {
+      s.fetched_blocks += n;
+      s.fetched_bytes += n * bytes;
+    });
+  }
+  FinishFetch(std::move(op));
+}
+
+void KvStoreClient::FinishFetch(std::shared_ptr<FetchOp> op) {
+  op->lease.reset();  // the result's PrefixKv holds it when it is used
+  std::function<void(FetchResult)> done = std::move(op->done);
+  FetchResult result = std::move(op->result);
+  op.reset();
+  done(std::move(result));
+  OpDone();
+}
+
+// ---- Offload ----
+
+void KvStoreClient::Offload(OffloadRequest request) {
+  std::shared_ptr<const Snapshot> snap = snapshot();
+  const int64_t bytes = static_cast<int64_t>(request.data.size() * sizeof(float));
+  if (snap == nullptr || snap->ring.empty() || request.hashes.empty() ||
+      bytes != static_cast<int64_t>(request.hashes.size()) * options_.block_bytes) {
+    Count([](KvStoreClientStats& s) { s.offload_dropped++; });
+    return;
+  }
+  if (offload_bytes_in_flight_.fetch_add(bytes) + bytes > options_.max_offload_bytes) {
+    offload_bytes_in_flight_.fetch_sub(bytes);
+    Count([](KvStoreClientStats& s) { s.offload_dropped++; });
+    return;
+  }
+  auto op = std::make_shared<OffloadOp>();
+  op->req = std::move(request);
+  op->snap = snap;
+  op->deadline = absl::Now() + options_.offload_timeout;
+  op->bytes = bytes;
+  Count([](KvStoreClientStats& s) { s.offloads++; });
+  OpStarted();
+  std::map<int, std::vector<int32_t>> groups =
+      snap->Group(op->req.hashes, 0, static_cast<int32_t>(op->req.hashes.size()));
+  op->pending = static_cast<int>(groups.size());
+  for (auto& [node, group] : groups) {
+    std::shared_ptr<v1::KvStore::Stub> stub = snap->stubs[static_cast<size_t>(node)];
+    auto call = std::make_shared<Call<v1::KvReserveRequest, v1::KvReserveResponse>>();
+    call->ctx.set_deadline(absl::ToChronoTime(op->deadline));
+    *call->req.mutable_format() = Format();
+    for (int32_t p : group) call->req.add_block_hashes(op->req.hashes[static_cast<size_t>(p)]);
+    stub->async()->Reserve(&call->ctx, &call->req, &call->resp, [this, op, call, stub,
+                                                                 positions = std::move(group)](grpc::Status s) {
+      const v1::KvReserveResponse& r = call->resp;
+      if (!s.ok() || r.offsets_size() != static_cast<int>(positions.size())) {
+        Count([](KvStoreClientStats& st) { st.offload_errors++; });
+        OffloadShardDone(op);
+        return;
+      }
+      int64_t skipped = 0;
+      for (int64_t o : r.offsets()) skipped += o < 0 ? 1 : 0;
+      Count([skipped](KvStoreClientStats& st) { st.offload_dedup_blocks += skipped; });
+      if (r.reservation_id().empty()) {
+        OffloadShardDone(op);
+        return;
+      }
+      auto commit = std::make_shared<Call<v1::KvCommitRequest, v1::KvCommitResponse>>();
+      commit->req.set_reservation_id(r.reservation_id());
+      absl::StatusOr<transfer::RemoteMemoryDescriptor> dest = transfer::RemoteMemoryDescriptor::Parse(r.memory_descriptor());
+      absl::Status st = dest.status();
+      std::unique_ptr<transfer::TransferBatch> batch;
+      std::vector<uint64_t> hashes, checksums;
+      if (st.ok()) {
+        batch = transfer_->NewBatch(*dest);
+        const char* data = reinterpret_cast<const char*>(op->req.data.data());
+        for (size_t i = 0; i < positions.size() && st.ok(); ++i) {
+          if (r.offsets(static_cast<int>(i)) < 0) continue;
+          const char* block = data + static_cast<int64_t>(positions[i]) * options_.block_bytes;
+          st = batch->Put(block, static_cast<size_t>(options_.block_bytes), static_cast<uint64_t>(r.offsets(static_cast<int>(i))));
+          hashes.push_back(op->req.hashes[static_cast<size_t>(positions[i])]);
+          checksums.push_back(XXH3_64bits(block, static_cast<size_t>(options_.block_bytes)));
+        }
+      }
+      auto send_commit = [this, op, stub, commit](absl::Status put_status, std::vector<uint64_t> hashes,
+                                                  std::vector<uint64_t> checksums) {
+        if (put_status.ok()) {
+          for (size_t i = 0; i < hashes.size(); ++i) {
+            commit->req.add_block_hashes(hashes[i]);
+            commit->req.add_checksums(checksums[i]);
+          }
+        }
+        // After a failed put the empty commit frees the slots at once.
+        commit->ctx.set_deadline(absl::ToChronoTime(std::max(op->deadline, absl::Now() + absl::Seconds(1))));
+        stub->async()->Commit(&commit->ctx, &commit->req, &commit->resp,
+                              [this, op, commit, put_ok = put_status.ok()](grpc::Status cs) {
+                                if (cs.ok() && put_ok) {
+                                  const int64_t n = commit->resp.committed();
+                                  Count([n, bytes = options_.block_bytes](KvStoreClientStats& s) {
+                                    s.offload_blocks += n;
+                                    s.offload_bytes += n * bytes;
+                                  });
+                                }
+                                if (!cs.ok() || !put_ok || commit->resp.rejected() > 0) {
+                                  Count([](KvStoreClientStats& s) { s.offload_errors++; });
+                                }
+                                OffloadShardDone(op);
+                              });
+      };
+      if (!st.ok()) {
+        send_commit(st, {}, {});
+        return;
+      }
+      // The puts read op->req.data, which op keeps alive until this shard is done.
+      batch->Flush(std::max(op->deadline - absl::Now(), absl::Milliseconds(1)),
+                   [send_commit, hashes = std::move(hashes), checksums = std::move(checksums)](absl::Status ps) mutable {
+                     send_commit(ps, std::move(hashes), std::move(checksums));
+                   });
+    });
+  }
+}
+
+void KvStoreClient::OffloadShardDone(const std::shared_ptr<OffloadOp>& op) {
+  bool last;
+  {
+    std::lock_guard<std::mutex> lock(op->mu);
+    last = --op->pending == 0;
+  }
+  if (!last) return;
+  offload_bytes_in_flight_.fetch_sub(op->bytes);
+  OpDone();
+}
+
+}  // namespace tandem::kvstore

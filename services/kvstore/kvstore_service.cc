@@ -1,0 +1,245 @@
+#include "services/kvstore/kvstore_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "services/api/grpc_status.h"
+#include "services/common/transfer/remote_memory_descriptor.h"
+
+namespace tandem::kvstore {
+
+KvStoreServiceImpl::KvStoreServiceImpl(BlockStore* store, transfer::TransferEngine* transfer,
+                                       std::string region_descriptor, KvStoreServiceOptions options)
+    : store_(store),
+      transfer_(transfer),
+      region_descriptor_(std::move(region_descriptor)),
+      options_(std::move(options)) {
+  io_thread_ = std::thread([this] { IoLoop(); });
+}
+
+KvStoreServiceImpl::~KvStoreServiceImpl() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  io_thread_.join();
+}
+
+absl::Status KvStoreServiceImpl::CheckFormat(const v1::KvBlockFormat& f) const {
+  if (f.layout_fingerprint() != options_.layout_fingerprint) {
+    return absl::FailedPreconditionError(absl::StrCat("format.layout_fingerprint: ", f.layout_fingerprint(),
+                                                      " differs from this kvstore's ", options_.layout_fingerprint,
+                                                      " (another model or build)"));
+  }
+  if (f.block_bytes() != store_->block_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat("format.block_bytes: ", f.block_bytes(),
+                                                      " differs from this kvstore's ", store_->block_bytes()));
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvStoreServiceImpl::Lookup(grpc::CallbackServerContext* ctx, const v1::KvLookupRequest* r,
+                                                     v1::KvLookupResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::Status st = CheckFormat(r->format());
+  if (st.ok()) {
+    response->set_num_cached(store_->Lookup(r->format().layout_fingerprint(),
+                                            std::span<const uint64_t>(r->block_hashes().data(), r->block_hashes_size())));
+  }
+  reactor->Finish(ToGrpcStatus(st));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvStoreServiceImpl::Reserve(grpc::CallbackServerContext* ctx, const v1::KvReserveRequest* r,
+                                                      v1::KvReserveResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::Status st = CheckFormat(r->format());
+  if (st.ok()) {
+    BlockStore::Reservation res = store_->Reserve(
+        r->format().layout_fingerprint(), std::span<const uint64_t>(r->block_hashes().data(), r->block_hashes_size()));
+    response->set_reservation_id(res.id);
+    if (!res.id.empty()) response->set_memory_descriptor(region_descriptor_);
+    for (int64_t o : res.offsets) response->add_offsets(o);
+    response->set_lease_ms(options_.lease_ms);
+  }
+  reactor->Finish(ToGrpcStatus(st));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvStoreServiceImpl::Commit(grpc::CallbackServerContext* ctx, const v1::KvCommitRequest* r,
+                                                     v1::KvCommitResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<BlockStore::CommitResult> res =
+      store_->Commit(r->reservation_id(), std::span<const uint64_t>(r->block_hashes().data(), r->block_hashes_size()),
+                     std::span<const uint64_t>(r->checksums().data(), r->checksums_size()));
+  if (res.ok()) {
+    response->set_committed(res->committed);
+    response->set_rejected(res->rejected);
+  }
+  reactor->Finish(ToGrpcStatus(res.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvStoreServiceImpl::Get(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* r,
+                                                  v1::KvGetResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::Status st = CheckFormat(r->format());
+  if (st.ok() && r->offsets_size() != r->block_hashes_size()) {
+    st = absl::InvalidArgumentError("offsets: one per block hash expected");
+  }
+  if (!st.ok()) {
+    reactor->Finish(ToGrpcStatus(st));
+    return reactor;
+  }
+  absl::Time deadline = absl::Now() + options_.get_timeout;
+  if (const auto call_deadline = ctx->deadline(); call_deadline < std::chrono::system_clock::now() + std::chrono::hours(1)) {
+    deadline = std::min(deadline, absl::FromChrono(call_deadline));  // no deadline: "infinite future"
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gets_in_flight_++;
+    io_queue_.push_back([this, reactor, r, response, deadline] { RunGet(reactor, r, response, deadline); });
+  }
+  cv_.notify_all();
+  return reactor;
+}
+
+void KvStoreServiceImpl::RunGet(grpc::ServerUnaryReactor* reactor, const v1::KvGetRequest* r,
+                                v1::KvGetResponse* response, absl::Time deadline) {
+  absl::StatusOr<transfer::RemoteMemoryDescriptor> dest = transfer::RemoteMemoryDescriptor::Parse(r->destination());
+  if (!dest.ok()) {
+    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("destination: ", dest.status().message()))));
+    GetDone();
+    return;
+  }
+  std::shared_ptr<BlockStore::ReadHandle> handle = store_->Read(
+      r->format().layout_fingerprint(), std::span<const uint64_t>(r->block_hashes().data(), r->block_hashes_size()));
+  const auto& blocks = handle->blocks();
+  if (blocks.empty()) {
+    response->set_num_delivered(0);
+    reactor->Finish(grpc::Status::OK);
+    GetDone();
+    return;
+  }
+  std::unique_ptr<transfer::TransferBatch> batch = transfer_->NewBatch(*dest);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    absl::Status st = batch->Put(blocks[i].data, static_cast<size_t>(store_->block_bytes()), r->offsets(static_cast<int>(i)));
+    if (!st.ok()) {
+      reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("offsets[", i, "]: ", st.message()))));
+      GetDone();
+      return;
+    }
+  }
+  // The handle keeps the source slots pinned until the puts are remotely complete.
+  batch->Flush(deadline - absl::Now(), [this, reactor, response, handle](absl::Status st) {
+    if (st.ok()) {
+      response->set_num_delivered(static_cast<int32_t>(handle->blocks().size()));
+      for (const BlockStore::ReadBlock& b : handle->blocks()) response->add_checksums(b.checksum);
+    }
+    reactor->Finish(ToGrpcStatus(st.ok() ? st : absl::UnavailableError(absl::StrCat("KV get failed: ", st.message()))));
+    GetDone();
+  });
+}
+
+void KvStoreServiceImpl::GetDone() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gets_in_flight_--;
+  }
+  cv_.notify_all();
+}
+
+bool KvStoreServiceImpl::Drain(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [this] { return gets_in_flight_ == 0; });
+}
+
+void KvStoreServiceImpl::IoLoop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !io_queue_.empty(); });
+      if (io_queue_.empty()) return;
+      task = std::move(io_queue_.front());
+      io_queue_.pop_front();
+    }
+    task();
+  }
+}
+
+grpc::ServerUnaryReactor* KvStoreServiceImpl::Stats(grpc::CallbackServerContext* ctx, const v1::KvStatsRequest*,
+                                                    v1::KvStatsResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  ToProto(store_->stats(), response);
+  response->set_instance_name(options_.instance_name);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+void ToProto(const KvStoreStats& s, v1::KvStatsResponse* out) {
+  out->set_lookups(s.lookups);
+  out->set_lookup_blocks(s.lookup_blocks);
+  out->set_lookup_hit_blocks(s.lookup_hit_blocks);
+  out->set_get_blocks(s.get_blocks);
+  out->set_get_bytes(s.get_bytes);
+  out->set_get_misses(s.get_misses);
+  out->set_hit_tokens(s.hit_tokens);
+  out->set_reserved_blocks(s.reserved_blocks);
+  out->set_dedup_blocks(s.dedup_blocks);
+  out->set_no_room_blocks(s.no_room_blocks);
+  out->set_committed_blocks(s.committed_blocks);
+  out->set_put_bytes(s.put_bytes);
+  out->set_rejected_blocks(s.rejected_blocks);
+  out->set_expired_reservations(s.expired_reservations);
+  out->set_dram_evictions(s.dram_evictions);
+  out->set_dram_blocks(s.dram_blocks);
+  out->set_dram_bytes_used(s.dram_bytes_used);
+  out->set_dram_capacity_bytes(s.dram_capacity_bytes);
+  out->set_disk_blocks(s.disk_blocks);
+  out->set_disk_bytes_used(s.disk_bytes_used);
+  out->set_disk_capacity_bytes(s.disk_capacity_bytes);
+  out->set_disk_writes(s.disk_writes);
+  out->set_disk_write_failures(s.disk_write_failures);
+  out->set_disk_reads(s.disk_reads);
+  out->set_disk_evictions(s.disk_evictions);
+  out->set_disk_corrupt_dropped(s.disk_corrupt_dropped);
+  out->set_disk_loaded_blocks(s.disk_loaded_blocks);
+}
+
+nlohmann::json StatsJson(const KvStoreStats& s, const std::string& instance_name) {
+  return {{"instance_name", instance_name},
+          {"lookups", s.lookups},
+          {"lookup_blocks", s.lookup_blocks},
+          {"lookup_hit_blocks", s.lookup_hit_blocks},
+          {"get_blocks", s.get_blocks},
+          {"get_bytes", s.get_bytes},
+          {"get_misses", s.get_misses},
+          {"hit_tokens", s.hit_tokens},
+          {"reserved_blocks", s.reserved_blocks},
+          {"dedup_blocks", s.dedup_blocks},
+          {"no_room_blocks", s.no_room_blocks},
+          {"committed_blocks", s.committed_blocks},
+          {"put_bytes", s.put_bytes},
+          {"rejected_blocks", s.rejected_blocks},
+          {"expired_reservations", s.expired_reservations},
+          {"dram_evictions", s.dram_evictions},
+          {"dram_blocks", s.dram_blocks},
+          {"dram_bytes_used", s.dram_bytes_used},
+          {"dram_capacity_bytes", s.dram_capacity_bytes},
+          {"disk_blocks", s.disk_blocks},
+          {"disk_bytes_used", s.disk_bytes_used},
+          {"disk_capacity_bytes", s.disk_capacity_bytes},
+          {"disk_writes", s.disk_writes},
+          {"disk_write_failures", s.disk_write_failures},
+          {"disk_reads", s.disk_reads},
+          {"disk_evictions", s.disk_evictions},
+          {"disk_corrupt_dropped", s.disk_corrupt_dropped},
+          {"disk_loaded_blocks", s.disk_loaded_blocks}};
+}
+
+}  // namespace tandem::kvstore

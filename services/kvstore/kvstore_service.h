@@ -1,0 +1,78 @@
+// tandem.v1.KvStore (kvstore.proto) over a BlockStore: the control plane in gRPC, the
+// block bytes over the transfer layer (UCX between processes). Writers put straight into
+// the slots Reserve hands out (the BlockStore's memory is a region of the transfer
+// engine); for Get, this instance puts the blocks into the reader's region, then
+// answers. Gets run on one I/O thread of their own (they may read the SSD tier), never
+// on gRPC's threads, and complete on the transfer layer's thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/time/time.h"
+#include "nlohmann/json_fwd.hpp"
+#include "services/common/transfer/transfer_engine.h"
+#include "services/kvstore/block_store.h"
+#include "tandem/v1/kvstore.grpc.pb.h"
+
+namespace tandem::kvstore {
+
+struct KvStoreServiceOptions {
+  std::string instance_name;
+  uint64_t layout_fingerprint = 0;  // requests for another layout: FAILED_PRECONDITION
+  int64_t lease_ms = 30000;         // told to writers (the BlockStore enforces it)
+  absl::Duration get_timeout = absl::Seconds(10);  // a Get's puts, at most (and the call's deadline)
+};
+
+class KvStoreServiceImpl final : public v1::KvStore::CallbackService {
+ public:
+  // `store` and `transfer` must outlive the service; `region_descriptor` is the serialized
+  // descriptor of the store's memory (what writers put into).
+  KvStoreServiceImpl(BlockStore* store, transfer::TransferEngine* transfer, std::string region_descriptor,
+                     KvStoreServiceOptions options);
+  // Stops the I/O thread; call Drain first.
+  ~KvStoreServiceImpl() override;
+
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const v1::KvLookupRequest* request,
+                                   v1::KvLookupResponse* response) override;
+  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* ctx, const v1::KvReserveRequest* request,
+                                    v1::KvReserveResponse* response) override;
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* ctx, const v1::KvCommitRequest* request,
+                                   v1::KvCommitResponse* response) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* request,
+                                v1::KvGetResponse* response) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::KvStatsRequest* request,
+                                  v1::KvStatsResponse* response) override;
+
+  // Waits (up to `timeout`) until no Get is in flight. Returns whether none is.
+  bool Drain(absl::Duration timeout);
+
+ private:
+  absl::Status CheckFormat(const v1::KvBlockFormat& f) const;
+  void RunGet(grpc::ServerUnaryReactor* reactor, const v1::KvGetRequest* request, v1::KvGetResponse* response,
+              absl::Time deadline);
+  void GetDone();
+  void IoLoop();
+
+  BlockStore* store_;
+  transfer::TransferEngine* transfer_;
+  std::string region_descriptor_;
+  KvStoreServiceOptions options_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> io_queue_;
+  int64_t gets_in_flight_ = 0;
+  bool stop_ = false;
+  std::thread io_thread_;
+};
+
+void ToProto(const KvStoreStats& s, v1::KvStatsResponse* out);
+nlohmann::json StatsJson(const KvStoreStats& s, const std::string& instance_name);
+
+}  // namespace tandem::kvstore

@@ -1,0 +1,85 @@
+// The prefill replica's side of the kvstore tier, for one request (DESIGN.md §3 step 4):
+//
+//   1. before computing: the prompt's full-block hash chain; how much of it the engine's
+//      own prefix cache holds (Engine::CachedPrefixLength, a hint); then, asynchronously,
+//      how much the tier holds and the KV of the blocks after the local ones (PrefixStore
+//      ::Fetch). The engine thread never waits on this: the request is submitted once the
+//      fetch is done, with the fetched blocks as its EngineRequest::prefix_kv, and other
+//      requests keep computing meanwhile;
+//   2. while computing: the engine's KvSink for the request is wrapped so that the KV of
+//      the prompt's full blocks the tier lacks is also collected (OffloadKvSink);
+//   3. after the response: those blocks go to the tier in the background (Offload).
+//
+// Nothing here can fail a request or change its output: a tier that is missing, slow,
+// full or down gives no prefix (the engine computes everything) and takes no offload.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "engine/runtime/engine.h"
+#include "engine/runtime/kv_sink.h"
+#include "services/kvstore/prefix_store.h"
+
+namespace tandem {
+
+// A KvSink that passes everything to `inner` and also copies the KV of prompt blocks
+// [first_block, end_block) into one buffer in the PrefixStore layout (block-major, then
+// layer, slot, entry), for an offload once the request is done.
+class OffloadKvSink : public KvSink {
+ public:
+  OffloadKvSink(KvSink* inner, int32_t first_block, int32_t end_block, int64_t num_layers, int64_t block_size,
+                int64_t entry_dim);
+
+  void OnLayerKv(const KvSlice& slice) override;
+
+  // Every entry of the blocks arrived (each position of each layer exactly once).
+  bool complete() const { return copied_ == expected_; }
+  int32_t first_block() const { return first_block_; }
+  int32_t end_block() const { return end_block_; }
+  // The collected blocks; call once, after the request ended.
+  std::vector<float> TakeData() { return std::move(data_); }
+
+ private:
+  KvSink* inner_;
+  int32_t first_block_, end_block_;
+  int64_t num_layers_, block_size_, entry_dim_;
+  std::vector<float> data_;
+  int64_t copied_ = 0;  // entries
+  int64_t expected_ = 0;
+};
+
+class PrefixTierSession {
+ public:
+  // `store` must outlive the session. `max_offload_bytes` caps what one request offloads
+  // (its leading blocks).
+  PrefixTierSession(PrefixStore* store, const Engine& engine, const std::vector<int32_t>& prompt,
+                    int64_t max_offload_bytes = int64_t{512} << 20);
+
+  // Step 1. `then` runs exactly once, on any thread (possibly inside this call).
+  void Fetch(std::function<void()> then);
+  // The fetched prefix for EngineRequest::prefix_kv (null: none). After Fetch's `then`.
+  std::shared_ptr<const PrefixKv> prefix() const { return result_.prefix; }
+  // Step 2: the sink the engine should use instead of `inner` (which it wraps), or
+  // `inner` itself when there is nothing to offload. After Fetch's `then`.
+  KvSink* Wrap(KvSink* inner);
+  // Step 3: after the request's final output, when it succeeded.
+  void Offload();
+
+  int32_t local_blocks() const { return local_; }
+  const PrefixStore::FetchResult& result() const { return result_; }
+
+ private:
+  PrefixStore* store_;
+  std::vector<uint64_t> hashes_;  // the prompt's full blocks
+  int32_t usable_ = 0;            // blocks the engine may import (the last token is computed)
+  int32_t local_ = 0;
+  int64_t num_layers_, block_size_, entry_dim_;
+  int64_t max_offload_blocks_;
+  PrefixStore::FetchResult result_;
+  std::unique_ptr<OffloadKvSink> offload_;
+};
+
+}  // namespace tandem

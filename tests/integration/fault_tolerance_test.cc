@@ -1,0 +1,263 @@
+// The router under faults and scaling (DESIGN.md §3 step 7, §6): replicas killed with
+// kill -9 mid-stream, replicas added under load and drained with SIGTERM, balance of the
+// routing policies, and cache-aware routing. Real binaries on loopback, UCX over tcp.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_fixture.h"
+
+namespace tandem {
+namespace {
+
+using testing::Generate;
+using testing::GenerationStub;
+using testing::StartCluster;
+using testing::StreamResult;
+using testing::TextRequest;
+
+std::string Words(int n, int salt) {
+  static const char* kWords[] = {"alpha", "beta", "gamma", "delta", "router", "prefill", "decode", "cache",
+                                 "block", "token", "stream", "lease", "replica", "expert", "latent"};
+  std::string s;
+  for (int i = 0; i < n; ++i) s += std::string(kWords[(i * 5 + salt * 3 + i / 7) % 15]) + " ";
+  return s;
+}
+
+v1::ListReplicasResponse Replicas(const std::string& router) {
+  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ListReplicasResponse r;
+  EXPECT_TRUE(stub->ListReplicas(&ctx, v1::ListReplicasRequest(), &r).ok());
+  return r;
+}
+
+int64_t KvBlocksInUse(const ProcessInfo& p) {
+  const std::string body = testing::HttpGet(p.ready.value("admin", ""), "/stats");
+  nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  return j.is_object() ? j.value("kv_blocks_in_use", -1) : -1;
+}
+
+void ExpectAllKvFree(LocalCluster& cluster) {
+  for (const ProcessInfo& p : cluster.processes()) {
+    if (p.role == "router" || p.pid <= 0) continue;
+    int64_t in_use = -1;
+    for (int i = 0; i < 300 && in_use != 0; ++i) {
+      in_use = KvBlocksInUse(p);
+      if (in_use != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(in_use, 0) << p.name;
+  }
+}
+
+class FaultToleranceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    EngineOptions o;
+    o.num_threads = 1;
+    auto e = Engine::Create(testing::TinyModelDir(), o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = e->release();
+  }
+  static void TearDownTestSuite() { delete engine_; }
+  static Engine* engine_;
+};
+Engine* FaultToleranceTest::engine_ = nullptr;
+
+TEST_F(FaultToleranceTest, KillingAPrefillAndADecodeReplicaMidStream) {
+  // A short lease so reservations of requests cut mid-prefill come back quickly.
+  auto cluster = StartCluster(2, 2, 0, {"--kv-lease-ms=3000"});
+  ASSERT_NE(cluster, nullptr);
+  constexpr int kStreams = 100;
+  std::vector<v1::GenerateRequest> reqs;
+  std::vector<std::vector<int32_t>> expected(kStreams);
+  for (int i = 0; i < kStreams; ++i) reqs.push_back(TextRequest(Words(20 + i % 60, i), 30 + i % 20, std::nullopt, 0.0f));
+  {
+    std::vector<std::thread> t;
+    for (int i = 0; i < kStreams; ++i) t.emplace_back([&, i] { expected[i] = testing::ReferenceTokens(*engine_, reqs[i]); });
+    for (auto& x : t) x.join();
+  }
+  auto stub = GenerationStub(cluster->router_address());
+  std::vector<StreamResult> got(kStreams);
+  std::vector<std::thread> streams;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kStreams; ++i) streams.emplace_back([&, i] { got[i] = Generate(*stub, reqs[i], 60); });
+  std::mt19937 rng(std::random_device{}());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200 + rng() % 800));
+  ASSERT_TRUE(cluster->Kill("prefill-0", SIGKILL).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 800));
+  ASSERT_TRUE(cluster->Kill("decode-0", SIGKILL).ok());
+  for (auto& t : streams) t.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int ok = 0, failed = 0;
+  for (int i = 0; i < kStreams; ++i) {
+    const grpc::StatusCode c = got[i].status.error_code();
+    if (c == grpc::StatusCode::OK) {
+      ++ok;
+      EXPECT_EQ(got[i].tokens, expected[i]) << "stream " << i << " completed with other tokens";
+    } else {
+      ++failed;
+      EXPECT_TRUE(c == grpc::StatusCode::UNAVAILABLE || c == grpc::StatusCode::ABORTED)
+          << "stream " << i << ": " << static_cast<int>(c) << " " << got[i].status.error_message();
+    }
+  }
+  std::printf("chaos: %d completed exactly, %d ended UNAVAILABLE/ABORTED, %.1f s\n", ok, failed, took);
+  EXPECT_GT(ok, kStreams / 2);
+
+  // 5 s later everything works again (the dead replicas were dropped or restarted).
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  std::vector<StreamResult> after(20);
+  std::vector<std::thread> t2;
+  for (int i = 0; i < 20; ++i) t2.emplace_back([&, i] { after[i] = Generate(*stub, reqs[i], 60); });
+  for (auto& t : t2) t.join();
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_TRUE(after[i].status.ok()) << i << ": " << after[i].status.error_message();
+    EXPECT_EQ(after[i].tokens, expected[i]) << i;
+  }
+  ExpectAllKvFree(*cluster);
+}
+
+TEST_F(FaultToleranceTest, ScalingOutUnderLoadAndDrainingOnSigterm) {
+  auto cluster = StartCluster(1, 1, 0);
+  ASSERT_NE(cluster, nullptr);
+  auto stub = GenerationStub(cluster->router_address());
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::vector<std::thread> load;
+  for (int w = 0; w < 6; ++w) {
+    load.emplace_back([&, w] {
+      for (int i = 0; !stop; ++i) {
+        StreamResult r = Generate(*stub, TextRequest(Words(30, w * 100 + i), 12, i, 0.8f), 60);
+        if (r.status.ok()) ++ok;
+        else {
+          ++failed;
+          std::fprintf(stderr, "load request failed: %s\n", r.status.error_message().c_str());
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  // New replicas get work within two heartbeats (200 ms each here), plus a margin for the
+  // request that carries it to be routed.
+  for (const char* role : {"decode", "prefill"}) {
+    absl::StatusOr<std::string> name = cluster->AddWorker(role);
+    ASSERT_TRUE(name.ok()) << name.status();
+    const auto added = std::chrono::steady_clock::now();
+    int64_t routed = 0;
+    while (routed == 0 && std::chrono::steady_clock::now() - added < std::chrono::seconds(5)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const v1::ListReplicasResponse list = Replicas(cluster->router_address());
+      for (const v1::ReplicaInfo& r : list.replicas()) {
+        for (const ProcessInfo& p : cluster->processes()) {
+          if (p.name == *name && p.ready.value("replica_id", "") == r.replica_id()) routed = r.requests_routed();
+        }
+      }
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - added).count();
+    std::printf("%s got its first request %.0f ms after it was ready\n", name->c_str(), ms);
+    EXPECT_GT(routed, 0) << *name;
+    EXPECT_LT(ms, 2 * 200 + 400) << *name;
+  }
+  // SIGTERM the original decode replica: it drains, nothing fails.
+  absl::StatusOr<int> status = cluster->StopProcess("decode-0", SIGTERM, std::chrono::seconds(30));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << *status;
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  stop = true;
+  for (auto& t : load) t.join();
+  std::printf("scaling: %d ok, %d failed\n", ok.load(), failed.load());
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_GT(ok.load(), 20);
+}
+
+TEST_F(FaultToleranceTest, LeastOutstandingAndPowerOfTwoBalanceFourDecodeReplicas) {
+  for (const char* policy : {"least-outstanding", "power-of-two"}) {
+    auto cluster = StartCluster(1, 4, 0, {}, {std::string("--decode-policy=") + policy});
+    ASSERT_NE(cluster, nullptr);
+    auto stub = GenerationStub(cluster->router_address());
+    std::atomic<int> next{0};
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 16; ++w) {
+      workers.emplace_back([&] {
+        for (int i; (i = next++) < 1000;) {
+          StreamResult r = Generate(*stub, TextRequest(Words(4, i), 2, i, 1.0f), 60);
+          EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+        }
+      });
+    }
+    for (auto& t : workers) t.join();
+    int64_t lo = INT64_MAX, hi = 0;
+    const v1::ListReplicasResponse list = Replicas(cluster->router_address());
+    for (const v1::ReplicaInfo& r : list.replicas()) {
+      if (r.role() != v1::ROLE_DECODE) continue;
+      lo = std::min(lo, r.requests_routed());
+      hi = std::max(hi, r.requests_routed());
+    }
+    std::printf("%s: decode replicas served between %lld and %lld of 1000 requests\n", policy,
+                static_cast<long long>(lo), static_cast<long long>(hi));
+    EXPECT_LE(static_cast<double>(hi), 1.3 * static_cast<double>(lo)) << policy;
+  }
+}
+
+TEST_F(FaultToleranceTest, CacheAwareRoutingSendsAPrefixGroupToItsReplica) {
+  auto cluster = StartCluster(2, 1, 0, {}, {"--prefill-policy=cache-aware"});
+  ASSERT_NE(cluster, nullptr);
+  auto stub = GenerationStub(cluster->router_address());
+  constexpr int kGroups = 6;
+  std::vector<std::vector<int32_t>> prefixes(kGroups);
+  std::mt19937 rng(5);
+  for (auto& p : prefixes) {
+    for (int i = 0; i < 320; ++i) p.push_back(3 + static_cast<int32_t>(rng() % 100000));
+  }
+  auto request = [&](int group, int i) {
+    v1::GenerateRequest r;
+    for (int32_t t : prefixes[group]) r.mutable_token_ids()->add_ids(t);
+    for (int k = 0; k < 20; ++k) r.mutable_token_ids()->add_ids(3 + static_cast<int32_t>((i * 31 + k) % 100000));
+    r.mutable_stop()->set_max_tokens(2);
+    return r;
+  };
+  // Each group's first request lands somewhere (by load); its blocks are then cached there.
+  for (int g = 0; g < kGroups; ++g) ASSERT_TRUE(Generate(*stub, request(g, 0)).status.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the KV events reach the router
+  int64_t hits_before = 0;
+  for (const ProcessInfo& p : cluster->processes()) {
+    if (p.role != "prefill") continue;
+    nlohmann::json j = nlohmann::json::parse(testing::HttpGet(p.ready.value("admin", ""), "/stats"), nullptr, false);
+    hits_before += j.value("prompt_tokens_cached", 0);
+  }
+  constexpr int kRequests = 120;
+  std::vector<std::thread> t;
+  std::atomic<int> next{0};
+  for (int w = 0; w < 8; ++w) {
+    t.emplace_back([&] {
+      for (int i; (i = next++) < kRequests;) EXPECT_TRUE(Generate(*stub, request(i % kGroups, i + 1)).status.ok());
+    });
+  }
+  for (auto& x : t) x.join();
+  int64_t hits = -hits_before;
+  std::vector<int64_t> routed;
+  for (const ProcessInfo& p : cluster->processes()) {
+    if (p.role != "prefill") continue;
+    nlohmann::json j = nlohmann::json::parse(testing::HttpGet(p.ready.value("admin", ""), "/stats"), nullptr, false);
+    hits += j.value("prompt_tokens_cached", 0);
+  }
+  const v1::ListReplicasResponse list = Replicas(cluster->router_address());
+  for (const v1::ReplicaInfo& r : list.replicas()) {
+    if (r.role() == v1::ROLE_PREFILL) routed.push_back(r.requests_routed());
+  }
+  // A request routed to its group's replica reuses the 5 full prefix blocks (320 tokens).
+  const double share = static_cast<double>(hits) / (kRequests * 320.0);
+  std::printf("cache-aware: %.1f%% of the requests reused their group's prefix; prefill loads %lld / %lld\n",
+              100 * share, static_cast<long long>(routed[0]), static_cast<long long>(routed[1]));
+  EXPECT_GE(share, 0.9);
+  ASSERT_EQ(routed.size(), 2u);
+  EXPECT_LE(std::max(routed[0], routed[1]), 2 * std::min(routed[0], routed[1]));
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,225 @@
+// The kvstore tier end to end inside one process: KvStore gRPC services on loopback over
+// BlockStores whose DRAM tiers are transfer-layer regions (the in-process transfer
+// engine standing in for UCX), and the sharded client the prefill replicas use: offload
+// then fetch across shards with byte-exact data, deduplication, a partial prefix, staging
+// exhaustion, and instances that are down or of another layout (fetch answers "not
+// available" promptly, never an error).
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "services/common/transfer/in_process_transfer_engine.h"
+#include "services/kvstore/block_store.h"
+#include "services/kvstore/kvstore_client.h"
+#include "services/kvstore/kvstore_service.h"
+#include "xxhash.h"
+
+namespace tandem::kvstore {
+namespace {
+
+constexpr uint64_t kFp = 0x1234;
+constexpr int64_t kBlockFloats = 2 * 64 * 8;  // 2 layers, 64 tokens, entry_dim 8
+constexpr int64_t kBlock = kBlockFloats * 4;
+
+struct Instance {
+  std::string name;
+  transfer::InProcessTransferEngine transfer;
+  std::unique_ptr<transfer::MemoryRegion> region;
+  std::unique_ptr<BlockStore> store;
+  std::unique_ptr<KvStoreServiceImpl> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+
+  Instance(std::string n, int64_t slots, uint64_t fingerprint = kFp) : name(std::move(n)) {
+    region = *transfer.AllocateMemory(static_cast<size_t>(slots * kBlock));
+    store = std::make_unique<BlockStore>(region->base(), region->length(), BlockStoreOptions{.block_bytes = kBlock},
+                                         nullptr);
+    service = std::make_unique<KvStoreServiceImpl>(store.get(), &transfer, region->descriptor().Serialize(),
+                                                   KvStoreServiceOptions{.instance_name = name,
+                                                                         .layout_fingerprint = fingerprint});
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(service.get());
+    server = b.BuildAndStart();
+    address = "127.0.0.1:" + std::to_string(port);
+  }
+  void Stop() {
+    if (!server) return;
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    service->Drain(absl::Seconds(5));
+    server.reset();
+  }
+  ~Instance() { Stop(); }
+};
+
+std::vector<uint64_t> Hashes(int n, uint64_t salt) {
+  std::vector<uint64_t> h;
+  for (int i = 0; i < n; ++i) h.push_back(XXH3_64bits_withSeed(&i, sizeof i, salt));
+  return h;
+}
+
+std::vector<float> Data(int blocks, int salt) {
+  std::vector<float> d(static_cast<size_t>(blocks * kBlockFloats));
+  std::mt19937 rng(salt);
+  for (float& f : d) f = static_cast<float>(rng() % 100000) / 7.0f;
+  return d;
+}
+
+std::unique_ptr<KvStoreClient> MakeClient(transfer::TransferEngine* t, std::vector<Instance*> instances,
+                                          size_t staging_blocks = 64, uint64_t fingerprint = kFp) {
+  auto c = KvStoreClient::Create(t, {.layout_fingerprint = fingerprint, .block_bytes = kBlock,
+                                     .staging_bytes = staging_blocks * kBlock,
+                                     .fetch_timeout = absl::Seconds(5)});
+  EXPECT_TRUE(c.ok()) << c.status();
+  std::vector<KvStoreClient::Instance> list;
+  for (Instance* i : instances) list.push_back({i->name, i->address});
+  (*c)->SetInstances(list);
+  return std::move(*c);
+}
+
+PrefixStore::FetchResult FetchSync(KvStoreClient& c, PrefixStore::FetchRequest r) {
+  std::promise<PrefixStore::FetchResult> p;
+  auto f = p.get_future();
+  c.Fetch(std::move(r), [&p](PrefixStore::FetchResult res) { p.set_value(std::move(res)); });
+  return f.get();
+}
+
+void WaitOffloaded(KvStoreClient& c, int64_t blocks, int64_t dedup = 0) {
+  for (int i = 0; i < 1000; ++i) {
+    const KvStoreClientStats s = c.stats();
+    if (s.offload_blocks >= blocks && s.offload_dedup_blocks >= dedup) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ADD_FAILURE() << "offload did not complete: " << c.stats().offload_blocks << " blocks";
+}
+
+void ExpectBlocks(const PrefixKv& kv, const std::vector<float>& data) {
+  for (size_t i = 0; i < kv.blocks.size(); ++i) {
+    const int64_t b = kv.first_block + static_cast<int64_t>(i);
+    EXPECT_EQ(std::memcmp(kv.blocks[i], data.data() + b * kBlockFloats, kBlock), 0) << "block " << b;
+  }
+}
+
+TEST(KvStoreClientTest, OffloadThenFetchAcrossShards) {
+  Instance a("kvstore-0", 64), b("kvstore-1", 64), c("kvstore-2", 64);
+  transfer::InProcessTransferEngine local;
+  auto client = MakeClient(&local, {&a, &b, &c});
+  const std::vector<uint64_t> hashes = Hashes(24, 1);
+  const std::vector<float> data = Data(24, 1);
+
+  PrefixStore::FetchResult empty = FetchSync(*client, {.hashes = hashes, .first_block = 0, .end_block = 24});
+  EXPECT_TRUE(empty.available);
+  EXPECT_EQ(empty.stored_prefix, 0);
+  EXPECT_EQ(empty.prefix, nullptr);
+
+  client->Offload({.hashes = hashes, .data = data});
+  WaitOffloaded(*client, 24);
+  int64_t total = 0;
+  for (Instance* i : {&a, &b, &c}) {
+    const int64_t n = i->store->stats().committed_blocks;
+    EXPECT_GT(n, 0) << i->name << " owns part of the key space";
+    total += n;
+  }
+  EXPECT_EQ(total, 24);
+
+  PrefixStore::FetchResult all = FetchSync(*client, {.hashes = hashes, .first_block = 0, .end_block = 23});
+  ASSERT_TRUE(all.available);
+  EXPECT_EQ(all.stored_prefix, 24);
+  ASSERT_NE(all.prefix, nullptr);
+  EXPECT_EQ(all.prefix->first_block, 0);
+  EXPECT_EQ(all.prefix->blocks.size(), 23u);
+  EXPECT_EQ(all.prefix->hashes, std::vector<uint64_t>(hashes.begin(), hashes.begin() + 23));
+  ExpectBlocks(*all.prefix, data);
+
+  PrefixStore::FetchResult middle = FetchSync(*client, {.hashes = hashes, .first_block = 5, .end_block = 12});
+  ASSERT_NE(middle.prefix, nullptr);
+  EXPECT_EQ(middle.prefix->first_block, 5);
+  EXPECT_EQ(middle.prefix->blocks.size(), 7u);
+  ExpectBlocks(*middle.prefix, data);
+
+  // The same blocks again: every one deduplicated, nothing rewritten.
+  client->Offload({.hashes = hashes, .data = data});
+  WaitOffloaded(*client, 24, 24);
+  EXPECT_EQ(client->stats().offload_blocks, 24);
+  EXPECT_EQ(a.store->stats().committed_blocks + b.store->stats().committed_blocks + c.store->stats().committed_blocks, 24);
+  EXPECT_EQ(client->stats().fetched_blocks, 30);
+  EXPECT_EQ(client->stats().checksum_mismatches, 0);
+}
+
+TEST(KvStoreClientTest, PrefixEndsAtTheFirstMissingBlockOnAnyShard) {
+  Instance a("kvstore-0", 64), b("kvstore-1", 64);
+  transfer::InProcessTransferEngine local;
+  auto client = MakeClient(&local, {&a, &b});
+  const std::vector<uint64_t> hashes = Hashes(16, 2);
+  const std::vector<float> data = Data(16, 2);
+  // Blocks 0-9 and 12-15 stored, 10 and 11 not.
+  client->Offload({.hashes = std::vector<uint64_t>(hashes.begin(), hashes.begin() + 10),
+                   .data = std::vector<float>(data.begin(), data.begin() + 10 * kBlockFloats)});
+  client->Offload({.hashes = std::vector<uint64_t>(hashes.begin() + 12, hashes.end()),
+                   .data = std::vector<float>(data.begin() + 12 * kBlockFloats, data.end())});
+  WaitOffloaded(*client, 14);
+  PrefixStore::FetchResult r = FetchSync(*client, {.hashes = hashes, .first_block = 3, .end_block = 16});
+  EXPECT_EQ(r.stored_prefix, 10);
+  ASSERT_NE(r.prefix, nullptr);
+  EXPECT_EQ(r.prefix->first_block, 3);
+  EXPECT_EQ(r.prefix->blocks.size(), 7u);
+  ExpectBlocks(*r.prefix, data);
+}
+
+TEST(KvStoreClientTest, StagingExhaustionShortensTheFetchAndSlotsComeBack) {
+  Instance a("kvstore-0", 64);
+  transfer::InProcessTransferEngine local;
+  auto client = MakeClient(&local, {&a}, /*staging_blocks=*/6);
+  const std::vector<uint64_t> hashes = Hashes(10, 3);
+  const std::vector<float> data = Data(10, 3);
+  client->Offload({.hashes = hashes, .data = data});
+  WaitOffloaded(*client, 10);
+  PrefixStore::FetchResult first = FetchSync(*client, {.hashes = hashes, .first_block = 0, .end_block = 10});
+  ASSERT_NE(first.prefix, nullptr);
+  EXPECT_EQ(first.prefix->blocks.size(), 6u);
+  EXPECT_EQ(client->stats().staging_exhausted, 1);
+  ExpectBlocks(*first.prefix, data);
+  PrefixStore::FetchResult second = FetchSync(*client, {.hashes = hashes, .first_block = 0, .end_block = 10});
+  EXPECT_EQ(second.prefix, nullptr) << "every staging slot is held by the first fetch";
+  first.prefix.reset();  // the engine copied it in: the slots return
+  PrefixStore::FetchResult third = FetchSync(*client, {.hashes = hashes, .first_block = 4, .end_block = 10});
+  ASSERT_NE(third.prefix, nullptr);
+  EXPECT_EQ(third.prefix->blocks.size(), 6u);
+  ExpectBlocks(*third.prefix, data);
+}
+
+TEST(KvStoreClientTest, DownOrForeignInstancesMakeTheTierUnavailableNotAnError) {
+  Instance a("kvstore-0", 64), b("kvstore-1", 64);
+  transfer::InProcessTransferEngine local;
+  auto client = MakeClient(&local, {&a, &b});
+  const std::vector<uint64_t> hashes = Hashes(12, 4);
+  client->Offload({.hashes = hashes, .data = Data(12, 4)});
+  WaitOffloaded(*client, 12);
+  b.Stop();
+  const auto start = std::chrono::steady_clock::now();
+  PrefixStore::FetchResult r = FetchSync(*client, {.hashes = hashes, .first_block = 0, .end_block = 12});
+  EXPECT_FALSE(r.available);
+  EXPECT_EQ(r.prefix, nullptr);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  EXPECT_GE(client->stats().fetch_errors, 1);
+  client->Offload({.hashes = Hashes(4, 5), .data = Data(4, 5)});  // does not hang or crash
+
+  // An instance serving another model's layout refuses: no data of the wrong layout.
+  Instance foreign("kvstore-0", 64, /*fingerprint=*/999);
+  auto other = MakeClient(&local, {&foreign});
+  EXPECT_FALSE(FetchSync(*other, {.hashes = hashes, .first_block = 0, .end_block = 12}).available);
+
+  // No instance at all: nothing to ask.
+  auto none = MakeClient(&local, {});
+  EXPECT_FALSE(none->available());
+  EXPECT_FALSE(FetchSync(*none, {.hashes = hashes, .first_block = 0, .end_block = 12}).available);
+}
+
+}  // namespace
+}  // namespace tandem::kvstore
