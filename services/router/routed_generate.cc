@@ -93,8 +93,10 @@ bool RoutedGenerate::IsActive() {
 
 void RoutedGenerate::Route() {
   if (!rc_.registry->Candidates(v1::ROLE_DECODE).empty() && !rc_.registry->Candidates(v1::ROLE_PREFILL).empty()) {
+    if (!EnterQueue(Admission::Queue::kPrefill)) return;
     Reserve();
   } else if (!rc_.registry->Candidates(v1::ROLE_BOTH).empty()) {
+    if (!EnterQueue(Admission::Queue::kPrefill)) return;
     StartAggregated();
   } else {
     Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -132,7 +134,10 @@ void RoutedGenerate::Reserve() {
 }
 
 void RoutedGenerate::OnReserved(const grpc::Status& s) {
-  if (s.ok()) lease_held_ = true;
+  if (s.ok()) {
+    lease_held_ = true;
+    LeaveQueue(Admission::Queue::kDecode);
+  }
   if (!IsActive()) {
     ReleaseLease();
     return;
@@ -167,6 +172,7 @@ void RoutedGenerate::WaitAndRetry() {
                       "no decode replica had KV cache room for the request in time; retry later"));
     return;
   }
+  if (!in_decode_queue_ && !EnterQueue(Admission::Queue::kDecode)) return;
   full_decode_.clear();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -266,6 +272,7 @@ void RoutedGenerate::OnPrefilled(const grpc::Status& s) {
   }
   prefill_.Reset();
   prefill_done_ = true;
+  LeaveQueue(Admission::Queue::kPrefill);
   const bool migrated = migrations_ > 0;
   if (!migrated) first_token_at_ = Clock::now();
   v1::GenerateResponse first;
@@ -348,6 +355,7 @@ void RoutedGenerate::OnReaderMessage() {
   if (!sent_first_) {
     // Aggregated path: the worker's first message is the first token.
     first_token_at_ = Clock::now();
+    LeaveQueue(Admission::Queue::kPrefill);
   }
   if (final) {
     const v1::Usage usage = msg.usage();
@@ -513,6 +521,8 @@ void RoutedGenerate::Fail(const grpc::Status& s) {
     else finish_now = true;
   }
   ReleaseLease();
+  LeaveQueue(Admission::Queue::kPrefill);
+  LeaveQueue(Admission::Queue::kDecode);
   if (finish_now) Finish(s);
 }
 
@@ -522,6 +532,23 @@ void RoutedGenerate::OnCancel() {
     cancelled_ = true;
   }
   Fail(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+}
+
+bool RoutedGenerate::EnterQueue(Admission::Queue q) {
+  if (rc_.admission == nullptr) return true;
+  if (!rc_.admission->TryEnter(q)) {
+    ctx_->AddTrailingMetadata(Admission::kRetryPushbackKey, std::to_string(rc_.admission->retry_after().count()));
+    Fail(rc_.admission->Refusal(q));
+    return false;
+  }
+  (q == Admission::Queue::kPrefill ? in_prefill_queue_ : in_decode_queue_) = true;
+  return true;
+}
+
+void RoutedGenerate::LeaveQueue(Admission::Queue q) {
+  if ((q == Admission::Queue::kPrefill ? in_prefill_queue_ : in_decode_queue_).exchange(false)) {
+    rc_.admission->Leave(q);
+  }
 }
 
 void RoutedGenerate::ReleaseLease() {

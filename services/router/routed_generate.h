@@ -25,6 +25,7 @@
 #include "engine/model/model_config.h"
 #include "engine/runtime/sampling_params.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "services/router/admission.h"
 #include "services/router/replica_registry.h"
 #include "services/router/router_metrics.h"
 #include "tandem/v1/generation.pb.h"
@@ -45,6 +46,7 @@ struct RouterContext {
   RoutingPolicy decode_policy = RoutingPolicy::kKvAware;
   RoutingWeights weights;
   RouterMetrics* metrics = nullptr;  // null: metrics off
+  Admission* admission = nullptr;    // null: unbounded
 };
 
 class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
@@ -85,6 +87,10 @@ class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   // tokens already sent (re-prefill of prompt + those tokens). False when it cannot.
   bool Migrate(const grpc::Status& why);
   void ReleaseLease();
+  // Takes a place in the router's queue `q` (admission.h); false after failing the
+  // request with the refusal. LeaveQueue is idempotent.
+  bool EnterQueue(Admission::Queue q);
+  void LeaveQueue(Admission::Queue q);
 
   void Send(v1::GenerateResponse r, bool final);  // queue a write to the client
   void PumpWrites();
@@ -137,6 +143,7 @@ class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   bool lease_held_ = false;
   bool prefill_in_flight_ = false;
   bool prefill_lost_ = false;
+  std::atomic<bool> in_prefill_queue_{false}, in_decode_queue_{false};
   std::unique_ptr<Reader> reader_;
   std::unique_ptr<grpc::Alarm> alarm_;
   std::chrono::steady_clock::time_point first_token_at_;

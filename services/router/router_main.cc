@@ -46,6 +46,8 @@ int RunRouter(int argc, char** argv) {
   int64_t heartbeat_ms = 1000;
   int missed_heartbeats = 3;
   int64_t max_queue_wait_ms = 30000;
+  Admission::Limits admission_limits;
+  int64_t retry_after_ms = admission_limits.retry_after.count();
   int64_t drain_timeout_ms = 30000;
   std::string prefill_policy = "cache-aware", decode_policy = "kv-aware";
   double cache_aware_load_weight = 4.0;
@@ -64,6 +66,20 @@ int RunRouter(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-queue-wait-ms", max_queue_wait_ms,
                  "How long a request without a deadline may wait for KV room on a decode replica")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}))
+      ->capture_default_str();
+  app.add_option("--max-prefill-queue", admission_limits.max_prefill_queue,
+                 "Requests the router holds before their first token (waiting for or in prefill); more get "
+                 "RESOURCE_EXHAUSTED with a retry hint")
+      ->check(CLI::Range(int64_t{1}, int64_t{10000000}))
+      ->capture_default_str();
+  app.add_option("--max-decode-queue", admission_limits.max_decode_queue,
+                 "Requests the router holds waiting for KV cache room on a decode replica; more get "
+                 "RESOURCE_EXHAUSTED with a retry hint")
+      ->check(CLI::Range(int64_t{1}, int64_t{10000000}))
+      ->capture_default_str();
+  app.add_option("--retry-after-ms", retry_after_ms,
+                 "The retry hint of a refused request (grpc-retry-pushback-ms trailer and message)")
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}))
       ->capture_default_str();
   app.add_option("--prefill-policy", prefill_policy,
@@ -111,13 +127,16 @@ int RunRouter(int argc, char** argv) {
                             .missed_heartbeats_to_drop = missed_heartbeats,
                             .layout_fingerprint = fingerprint,
                             .model = common.model});
+  admission_limits.retry_after = std::chrono::milliseconds(retry_after_ms);
+  Admission admission(admission_limits);
   RouterContext rc{.registry = &registry, .tokenizer = tokenizer->get(), .config = &*config,
                    .model_name = common.model, .layout_fingerprint = fingerprint,
                    .max_queue_wait = std::chrono::milliseconds(max_queue_wait_ms),
                    .prefill_policy = *ParseRoutingPolicy(prefill_policy),
                    .decode_policy = *ParseRoutingPolicy(decode_policy),
                    .weights = {.cache_aware_load_weight = cache_aware_load_weight},
-                   .metrics = router_metrics.get()};
+                   .metrics = router_metrics.get(),
+                   .admission = &admission};
   RouterGenerationService generation(rc);
   ClusterServiceImpl cluster(&registry);
 

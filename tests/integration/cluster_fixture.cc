@@ -56,6 +56,10 @@ StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req
     if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED || m.has_usage()) r.final = m;
   }
   r.status = reader->Finish();
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  if (auto it = trailers.find("grpc-retry-pushback-ms"); it != trailers.end()) {
+    r.retry_pushback_ms = std::string(it->second.data(), it->second.size());
+  }
   return r;
 }
 

@@ -30,6 +30,7 @@ struct StreamResult {
   v1::GenerateResponse final;  // the message carrying finish_reason / usage
   std::string request_id;
   int messages = 0;
+  std::string retry_pushback_ms;  // the grpc-retry-pushback-ms trailer, if any
 };
 
 StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request, double timeout_s = 120);

@@ -175,6 +175,45 @@ TEST_F(FaultToleranceTest, ScalingOutUnderLoadAndDrainingOnSigterm) {
   EXPECT_GT(ok.load(), 20);
 }
 
+TEST_F(FaultToleranceTest, FullQueuesRefuseWithARetryHintAndNothingLeaks) {
+  // A decode replica with room for only a few requests and small router queues: requests
+  // beyond the queues are refused at once with RESOURCE_EXHAUSTED and a retry hint; the
+  // admitted ones all complete; once the load is gone the queues are empty again.
+  auto cluster = StartCluster(1, 1, 0, {"--kv-cache-mb=1"},
+                              {"--max-prefill-queue=6", "--max-decode-queue=2", "--retry-after-ms=250"});
+  ASSERT_NE(cluster, nullptr);
+  auto stub = GenerationStub(cluster->router_address());
+  std::vector<StreamResult> got(24);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 24; ++i) {
+    threads.emplace_back([&, i] { got[i] = Generate(*stub, TextRequest(Words(150, i), 20, i, 0.7f), 300); });
+  }
+  for (auto& t : threads) t.join();
+  int ok = 0, refused = 0;
+  for (int i = 0; i < 24; ++i) {
+    if (got[i].status.ok()) {
+      ++ok;
+      EXPECT_EQ(got[i].tokens.size(), 20u) << i;
+      continue;
+    }
+    ++refused;
+    EXPECT_EQ(got[i].status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << got[i].status.error_message();
+    EXPECT_EQ(got[i].retry_pushback_ms, "250") << i;
+    EXPECT_NE(got[i].status.error_message().find("retry after 250 ms"), std::string::npos)
+        << got[i].status.error_message();
+  }
+  std::printf("admission: %d completed, %d refused with a retry hint\n", ok, refused);
+  EXPECT_GT(refused, 0);
+  EXPECT_GE(ok, 6);
+  // Every place in the queues came back: more than the limits' worth of requests, one
+  // after the other, all pass.
+  for (int i = 0; i < 10; ++i) {
+    StreamResult r = Generate(*stub, TextRequest(Words(20, i), 4, i, 0.7f), 60);
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+  ExpectAllKvFree(*cluster);
+}
+
 TEST_F(FaultToleranceTest, LeastOutstandingAndPowerOfTwoBalanceFourDecodeReplicas) {
   for (const char* policy : {"least-outstanding", "power-of-two"}) {
     auto cluster = StartCluster(1, 4, 0, {}, {std::string("--decode-policy=") + policy});

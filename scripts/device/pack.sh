@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Packs binaries built here, with the shared libraries they need that a CUDA machine
+# image may lack (abseil, pcre2, xxhash, ...), into .carry/device/{bin,lib} so that a GPU
+# machine without those packages can run them (the device tool carries `.carry`).
+#   scripts/device/pack.sh BINARY...      then, there:  scripts/device/env.sh BINARY ARGS...
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+dest="$root/.carry/device"
+mkdir -p "$dest/bin" "$dest/lib"
+for b in "$@"; do
+  cp -f "$b" "$dest/bin/"
+  # Everything but the C/C++ runtime and the driver, which the GPU machine has (newer).
+  ldd "$b" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libcuda)\.so' |
+    while read -r lib; do cp -Lf "$lib" "$dest/lib/"; done
+done
+du -sh "$dest" >&2

@@ -1,0 +1,52 @@
+// The router's bounded queues, one per role (DESIGN.md §6): requests that have not yet
+// got their first token (waiting for or inside a prefill) count against the prefill
+// queue; requests waiting for KV room on a decode replica count against the decode
+// queue. A request that would go over a limit is refused with RESOURCE_EXHAUSTED and a
+// retry hint (the `grpc-retry-pushback-ms` trailer gRPC's retry policy honours, and the
+// same figure in the message) instead of queueing without bound.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include <grpcpp/support/status.h>
+
+namespace tandem {
+
+class Admission {
+ public:
+  enum class Queue { kPrefill, kDecode };
+
+  struct Limits {
+    int64_t max_prefill_queue = 4096;
+    int64_t max_decode_queue = 1024;
+    std::chrono::milliseconds retry_after{500};
+  };
+
+  explicit Admission(Limits limits) : limits_(limits) {}
+
+  // Takes a place in `q`; false when the queue is full (nothing taken).
+  bool TryEnter(Queue q);
+  void Leave(Queue q);
+
+  int64_t size(Queue q) const { return counter(q).load(std::memory_order_relaxed); }
+  int64_t limit(Queue q) const { return q == Queue::kPrefill ? limits_.max_prefill_queue : limits_.max_decode_queue; }
+  std::chrono::milliseconds retry_after() const { return limits_.retry_after; }
+
+  // The status a refused request ends with (the caller adds the trailer, see
+  // kRetryPushbackKey).
+  grpc::Status Refusal(Queue q) const;
+  static constexpr const char* kRetryPushbackKey = "grpc-retry-pushback-ms";
+
+ private:
+  std::atomic<int64_t>& counter(Queue q) { return q == Queue::kPrefill ? prefill_ : decode_; }
+  const std::atomic<int64_t>& counter(Queue q) const { return q == Queue::kPrefill ? prefill_ : decode_; }
+
+  Limits limits_;
+  std::atomic<int64_t> prefill_{0};
+  std::atomic<int64_t> decode_{0};
+};
+
+}  // namespace tandem
