@@ -38,6 +38,8 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   int threads = 0;
+  std::string device = "cpu";
+  double gpu_memory_utilization = 0.9;
   double timeout_s = 0;
   bool model_set = false;
 };
@@ -63,6 +65,8 @@ int RunLocal(const GenerateArgs& a) {
   const auto t_load = std::chrono::steady_clock::now();
   EngineOptions options;
   options.num_threads = a.threads;
+  options.device = a.device;
+  options.gpu_memory_utilization = a.gpu_memory_utilization;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*dir, options);
   if (!engine.ok()) return Fail(engine.status());
   std::fprintf(stderr, "model %s (%s), loaded in %.2f s\n", dir->c_str(), (*engine)->config().Summary().c_str(),
@@ -147,6 +151,12 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_option("--stop", args->stop, "Stop string (repeatable); not included in the output");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past the end-of-sequence token");
   cmd->add_option("--threads", args->threads, "CPU threads (0 = all)")->capture_default_str();
+  cmd->add_option("--device", args->device, "--local: where the model runs: cpu, cuda or cuda:N")
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
+                  "--local with cuda: fraction of the GPU's memory for weights, activations and KV cache")
+      ->check(CLI::Range(0.05, 0.99))
+      ->capture_default_str();
   cmd->add_option("--timeout", args->timeout_s, "Deadline of a remote request, seconds (0 = none)")
       ->check(FiniteRange(0.0, 86400.0));
   cmd->callback([args, exit_code, model_opt] {

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "cli/remote_client.h"
+#include "engine/model/model_backend.h"
 #include "services/common/ready_file.h"
 #include "services/common/service_flags.h"
 #include "services/common/shutdown_signal.h"
@@ -35,8 +36,8 @@ struct ServeLocalArgs {
 };
 
 int Run(const ServeLocalArgs& a) {
-  if (a.device != "cpu") {
-    std::fprintf(stderr, "tandem serve-local: --device %s: only the cpu backend is available yet\n", a.device.c_str());
+  if (absl::StatusOr<DeviceSpec> d = ParseDevice(a.device); !d.ok()) {
+    std::fprintf(stderr, "tandem serve-local: %s\n", std::string(d.status().message()).c_str());
     return 2;
   }
   if (a.aggregated == 0 && (a.prefill < 1 || a.decode < 1)) {
@@ -63,6 +64,7 @@ int Run(const ServeLocalArgs& a) {
     o.kvstore_args.push_back("--capacity=" + a.kvstore_capacity);
   }
   o.worker_args.push_back("--threads=" + std::to_string(a.threads));
+  o.worker_args.push_back("--device=" + a.device);
   o.worker_args.push_back("--kv-cache-mb=" + std::to_string(a.kv_cache_mb));
   o.log = [](const std::string& line) { std::fprintf(stderr, "serve-local: %s\n", line.c_str()); };
   std::fprintf(stderr, "serve-local: starting %s in %s ...\n",
@@ -114,7 +116,7 @@ void RegisterServeLocal(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   cmd->add_option("--model", a->model, "Checkpoint directory or built-in model (tiny, tiny-v2)")->capture_default_str();
-  cmd->add_option("--device", a->device, "Engine backend: cpu (cuda: not yet)")->capture_default_str();
+  cmd->add_option("--device", a->device, "Where every worker's model runs: cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--listen", a->listen, "The router's public gRPC address (port 0 = any free port)")
       ->capture_default_str();
   cmd->add_option("--ready-file", a->ready_file,

@@ -6,6 +6,8 @@
 #include <future>
 #include <random>
 
+#include <sys/mman.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/runtime/block_hash.h"
@@ -45,11 +47,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   std::unique_ptr<Engine> e(new Engine());
   if (!options.clock) options.clock = SteadySeconds;
   e->options_ = options;
-  DeepseekModel::LoadOptions load;
-  load.num_threads = options.num_threads;
-  ASSIGN_OR_RETURN(e->model_, DeepseekModel::Load(model_dir, load));
+  ASSIGN_OR_RETURN(e->backend_, LoadBackend(model_dir, {.device = options.device,
+                                                        .num_threads = options.num_threads,
+                                                        .gpu_memory_utilization = options.gpu_memory_utilization,
+                                                        .max_batch_tokens = options.max_batch_tokens,
+                                                        .max_running = options.max_running}));
   ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromDir(model_dir));
-  const ModelConfig& c = e->model_->config();
+  const ModelConfig& c = e->backend_->config();
 
   int64_t blocks = options.num_kv_blocks;
   const int64_t block_bytes = c.num_hidden_layers * kKvBlockSize * c.kv_entry_dim() * static_cast<int64_t>(sizeof(float));
@@ -58,12 +62,26 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
     if (blocks <= 0 || blocks > fit) blocks = fit;
     if (blocks < 1) return absl::InvalidArgumentError("the KV memory given is smaller than one block");
   }
-  if (blocks <= 0) blocks = std::max<int64_t>(1, options.kv_cache_bytes / block_bytes);
+  const bool device = !e->backend_->kv_in_host_pool();
+  if (blocks <= 0) {
+    // A device backend's pool is sized by the device's memory; the host pool mirrors it.
+    blocks = device ? e->backend_->device_kv_blocks() : std::max<int64_t>(1, options.kv_cache_bytes / block_bytes);
+  }
+  if (device && e->backend_->device_kv_blocks() > 0) blocks = std::min(blocks, e->backend_->device_kv_blocks());
+  if (blocks < 1) return absl::ResourceExhaustedError("no room for a single KV cache block");
   if (blocks > (1 << 30)) return absl::InvalidArgumentError("KV cache too large");
   if (options.kv_memory != nullptr) {
     e->cache_ = std::make_unique<LatentKvCache>(options.kv_memory, c.num_hidden_layers, blocks, c.kv_entry_dim());
+  } else if (device) {
+    // Only the blocks that KV export/import touch ever get pages: an untouched anonymous
+    // mapping costs no memory.
+    const size_t bytes = LatentKvCache::BytesFor(c.num_hidden_layers, blocks, c.kv_entry_dim());
+    void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return absl::ResourceExhaustedError("cannot map the host KV pool");
+    e->host_pool_memory_ = std::shared_ptr<void>(m, [bytes](void* p) { ::munmap(p, bytes); });
+    e->cache_ = std::make_unique<LatentKvCache>(static_cast<float*>(m), c.num_hidden_layers, blocks, c.kv_entry_dim());
   } else {
-    e->cache_ = std::make_unique<LatentKvCache>(e->model_->MakeKvCache(blocks));
+    e->cache_ = std::make_unique<LatentKvCache>(c.num_hidden_layers, blocks, c.kv_entry_dim());
   }
 
   ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(model_dir + "/config.json"));
@@ -97,7 +115,7 @@ Engine::~Engine() {
 }
 
 absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
-  const ModelConfig& c = model_->config();
+  const ModelConfig& c = backend_->config();
   if (r.prompt.empty()) return absl::InvalidArgumentError("prompt: empty (a request needs at least one token)");
   for (int32_t t : r.prompt) {
     if (t < 0 || t >= c.vocab_size) {
@@ -147,7 +165,7 @@ absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
 
 std::unique_ptr<Sequence> Engine::MakeSequence(EngineRequest r, std::shared_ptr<OutputStream> out) {
   auto seq = std::make_unique<Sequence>();
-  const int64_t context = model_->config().max_position_embeddings;
+  const int64_t context = backend_->config().max_position_embeddings;
   seq->id = std::move(r.id);
   seq->prompt_len = static_cast<int32_t>(r.prompt.size());
   seq->tokens = std::move(r.prompt);
@@ -228,7 +246,7 @@ void Engine::Post(Command c) {
 
 absl::StatusOr<std::vector<int32_t>> Engine::ReserveKv(const std::string& id, int32_t num_tokens) {
   if (num_tokens <= 0) return absl::InvalidArgumentError("ReserveKv: num_tokens must be positive");
-  if (num_tokens >= model_->config().max_position_embeddings) {
+  if (num_tokens >= backend_->config().max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("ReserveKv: ", num_tokens, " tokens exceed the model's context"));
   }
   auto promise = std::make_shared<std::promise<absl::StatusOr<std::vector<int32_t>>>>();
@@ -278,7 +296,7 @@ absl::Status Engine::WriteKv(std::span<const int32_t> block_table, int64_t layer
 absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineRequest request, int32_t first_token,
                                                                      bool emit_first_token) {
   RETURN_IF_ERROR(ValidateRequest(request));
-  if (first_token < 0 || first_token >= model_->config().vocab_size) {
+  if (first_token < 0 || first_token >= backend_->config().vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary"));
   }
   auto out = std::make_shared<OutputStream>();
@@ -305,6 +323,7 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
     s.blocks = std::move(it->second.blocks);
     reservations_.erase(it);
     s.num_computed = have;
+    s.host_kv_upload_end = backend_->kv_in_host_pool() ? 0 : have;
     s.prefix_looked_up = true;
     s.first_scheduled_at = s.first_token_at = Now();
     const StopResult r = s.stop->OnToken(first_token);
@@ -505,6 +524,7 @@ void Engine::Step() {
   std::vector<ForwardSequence> batch;
   batch.reserve(plan.chunks.size());
   bool has_sink = false;
+  absl::Status device_error;  // a failed copy between the host and device KV pools
   for (const ScheduledChunk& c : plan.chunks) {
     Sequence& s = *c.seq;
     if (s.first_scheduled_at < 0) s.first_scheduled_at = now;
@@ -513,7 +533,16 @@ void Engine::Step() {
       --queued_;
       s.queued = false;
     }
-    if (s.import_end > s.import_begin) counters_.prompt_tokens_imported += CopyImportedPrefix(s, *cache_);
+    if (s.import_end > s.import_begin) {
+      const int64_t first = static_cast<int64_t>(s.import_begin) * cache_->block_size();
+      const int64_t tokens = CopyImportedPrefix(s, *cache_);
+      counters_.prompt_tokens_imported += tokens;
+      if (!backend_->kv_in_host_pool()) device_error.Update(backend_->KvFromHost(s.blocks, first, first + tokens, *cache_));
+    }
+    if (s.host_kv_upload_end > 0) {
+      device_error.Update(backend_->KvFromHost(s.blocks, 0, s.host_kv_upload_end, *cache_));
+      s.host_kv_upload_end = 0;
+    }
     has_sink |= s.kv_sink != nullptr;
     batch.push_back({.tokens = std::span<const int32_t>(s.tokens.data() + c.start, c.num_tokens),
                      .start_position = c.start,
@@ -525,17 +554,24 @@ void Engine::Step() {
   }
   ForwardOptions fo;
   if (has_sink) {
-    fo.after_layer_kv = [this, &plan](int64_t layer) {
+    fo.after_layer_kv = [this, &plan, &device_error](int64_t layer) {
       for (const ScheduledChunk& c : plan.chunks) {
         Sequence& s = *c.seq;
         if (s.kv_sink == nullptr) continue;
+        if (!backend_->kv_in_host_pool()) {
+          absl::Status st = backend_->KvToHost(layer, s.blocks, s.exported_upto, c.start + c.num_tokens, *cache_);
+          device_error.Update(st);
+          if (!st.ok()) continue;  // nothing to send; the step fails below
+        }
         s.kv_sink->OnLayerKv({.request_id = &s.id, .layer = layer, .begin = s.exported_upto,
                               .end = c.start + c.num_tokens, .entry_dim = kv_entry_dim(), .cache = cache_.get(),
                               .block_table = s.blocks});
       }
     };
   }
-  absl::StatusOr<std::vector<float>> logits = model_->Forward(batch, *cache_, fo);
+  absl::StatusOr<std::vector<float>> logits =
+      device_error.ok() ? backend_->Forward(batch, *cache_, fo) : absl::StatusOr<std::vector<float>>(device_error);
+  if (logits.ok() && !device_error.ok()) logits = device_error;
   counters_.steps++;
   if (!logits.ok()) {
     // Inputs were validated at submission: a failure here is the engine's bug, but it
@@ -550,7 +586,7 @@ void Engine::Step() {
   }
   scheduler_->OnStepComputed(plan);
 
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = backend_->config().vocab_size;
   int64_t row = 0;
   const double after = Now();
   for (const ScheduledChunk& c : plan.chunks) {
@@ -575,7 +611,7 @@ void Engine::Step() {
     out.token_ids.push_back(t.token);
     out.text = r.text_delta;
     if (s.sampling.logprobs > 0) out.logprobs.push_back({t.token, t.logprob, t.top_logprobs});
-    const bool context_full = static_cast<int64_t>(s.tokens.size()) >= model_->config().max_position_embeddings;
+    const bool context_full = static_cast<int64_t>(s.tokens.size()) >= backend_->config().max_position_embeddings;
     if (r.finished || s.kv_sink != nullptr || context_full) {
       out.finish_reason = r.finished ? r.reason : (context_full ? FinishReason::kLength : FinishReason::kNone);
       out.matched_stop = r.matched_stop;

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/deepseek_model.h"
+#include "engine/model/model_backend.h"
 #include "engine/runtime/kv_sink.h"
 #include "engine/runtime/output_stream.h"
 #include "engine/runtime/prefix_kv.h"
@@ -35,7 +36,9 @@
 namespace tandem {
 
 struct EngineOptions {
+  std::string device = "cpu";              // cpu, cuda, cuda:N (model_backend.h)
   int num_threads = 0;                     // CPU threads for the model (0: all)
+  double gpu_memory_utilization = 0.9;     // cuda: fraction of the GPU for weights + KV cache
   int64_t kv_cache_bytes = 512ll << 20;    // sizes the KV cache when num_kv_blocks is 0
   // Caller-owned memory for the KV cache (e.g. allocated by a transfer layer so peers can
   // write into it); it must outlive the engine. Null: the engine allocates its own.
@@ -156,9 +159,10 @@ class Engine {
   // the engine's last step: a hint for what to fetch from elsewhere (the blocks may be
   // evicted before a request uses them). Thread-safe.
   int32_t CachedPrefixLength(std::span<const uint64_t> hashes) const;
-  const ModelConfig& config() const { return model_->config(); }
+  const ModelConfig& config() const { return backend_->config(); }
+  std::string device_name() const { return backend_->device_name(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
-  int64_t kv_entry_dim() const { return model_->config().kv_entry_dim(); }
+  int64_t kv_entry_dim() const { return backend_->config().kv_entry_dim(); }
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
 
  private:
@@ -183,7 +187,8 @@ class Engine {
   double Now() const { return options_.clock(); }
 
   EngineOptions options_;
-  std::unique_ptr<DeepseekModel> model_;
+  std::unique_ptr<ModelBackend> backend_;
+  std::shared_ptr<void> host_pool_memory_;  // the host KV pool of a device backend (mmap)
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<LatentKvCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only

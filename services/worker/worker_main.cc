@@ -23,6 +23,7 @@
 #include "services/common/shutdown_signal.h"
 #include "services/common/transfer/ucx_transfer_engine.h"
 #include "services/kvstore/kvstore_client.h"
+#include "services/kvstore/kvstore_metrics.h"
 #include "services/decode/decode_service.h"
 #include "services/prefill/prefill_service.h"
 #include "services/worker/local_generation_service.h"
@@ -39,6 +40,8 @@ struct WorkerFlags {
   std::string role;
   std::string advertise;
   int threads = 0;
+  std::string device = "cpu";
+  double gpu_memory_utilization = 0.9;
   int64_t kv_cache_mb = 512;
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 64;
@@ -84,6 +87,14 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                  "HOST the router should use to reach this worker (default: the --listen host, or 127.0.0.1 "
                  "when it listens on all interfaces)");
   app.add_option("--threads", f.threads, "CPU threads for the model (0 = all)")->capture_default_str();
+  app.add_option("--device", f.device,
+                 "Where the model runs: cpu, cuda or cuda:N (the GPU's KV pool is mirrored in host memory for KV "
+                 "transfer: with --role prefill/decode, --kv-cache-mb also caps the GPU pool)")
+      ->capture_default_str();
+  app.add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
+                 "cuda: fraction of the GPU's memory for the weights, activations and the KV cache")
+      ->check(CLI::Range(0.05, 0.99))
+      ->capture_default_str();
   app.add_option("--kv-cache-mb", f.kv_cache_mb, "KV cache size in MiB")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();
@@ -147,6 +158,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   WorkerMetrics metrics(*metrics_registry, f.common.model, RoleName(role));
   EngineOptions eo;
   eo.on_request_finished = [&metrics](const RequestMetrics& m, const absl::Status& s) { metrics.RequestFinished(m, s); };
+  eo.device = f.device;
+  eo.gpu_memory_utilization = f.gpu_memory_utilization;
   eo.num_threads = f.threads;
   eo.kv_cache_bytes = f.kv_cache_mb << 20;
   eo.max_batch_tokens = f.max_batch_tokens;
@@ -221,8 +234,13 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   if (host == "0.0.0.0" || host == "::" || host.empty()) host = "127.0.0.1";
   const std::string grpc_address = service::FormatHostPort(host, static_cast<uint16_t>(port));
 
-  service::AdminServer admin(CombineCollectables(
-      {metrics_registry, EngineCollector(engine->get(), ucx.get(), f.common.model, RoleName(role))}));
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {
+      metrics_registry, EngineCollector(engine->get(), ucx.get(), f.common.model, RoleName(role))};
+  if (kvstore_client) {
+    collectables.push_back(kvstore::KvStoreClientCollector(kvstore_client.get(), f.common.model, RoleName(role),
+                                                           static_cast<int32_t>((*engine)->kv_memory().block_size)));
+  }
+  service::AdminServer admin(CombineCollectables(std::move(collectables)));
   if (absl::Status s = admin.Start(f.common.admin_listen); !s.ok()) return Fail("admin server", s);
   Engine* e = engine->get();
   admin.AddHandler("/stats", [e, kv = kvstore_client.get()](const service::HttpRequest&) {

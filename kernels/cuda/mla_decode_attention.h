@@ -1,0 +1,74 @@
+// Paged multi-head latent attention for decode, absorbed form (DESIGN.md §8): every query
+// head attends directly over the cached latent entries (kv_lora_rank normalized latent
+// values, then qk_rope_head_dim rotated rotary key), so the cache is read once per
+// sequence for all heads. The caller has already folded kv_b's key half into the query
+// (q_latent = q_nope · W_UK per head) and applies kv_b's value half to the output.
+//
+//   score[h][p] = softmax_scale * (q[h][0:R+P] · entry[p][0:R+P])   R = kv_lora_rank, P = rope
+//   out[h]      = sum_p softmax(score[h])[p] * entry[p][0:R]
+//
+// Several query tokens per sequence (q_per_seq, e.g. for speculative decoding): query
+// token t of sequence s sits at position cache_lens[s] - q_per_seq + t and attends to
+// positions [0, cache_lens[s] - q_per_seq + t]. Long contexts are split across thread
+// blocks (split-KV) and combined with their log-sum-exp; the workspace holds the
+// partial results. No allocation inside: CUDA-graph safe (the grid is sized from
+// max_cache_len; each sequence's splits share its actual length).
+//
+// Two kernels: a portable one (mma.sync m16n8k16 tensor cores, 16 or 32 query rows per
+// thread block; all dimensions, sm_90a and sm_100a) and, on sm_90 for kv_lora_rank 512 +
+// rope 64 with at least 64 query rows (heads x q_per_seq) per sequence, a wgmma one (64
+// rows per thread block). Each KV tile of 64 positions is loaded once into shared memory
+// (cp.async, double-buffered) and serves as keys (all R+P columns) and values (first R).
+// Pointers q and kv_cache must be 16-byte aligned and q_stride a multiple of 8; out must
+// be 8-byte aligned with an even out_stride; the workspace 16-byte aligned.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace tandem::cuda {
+
+struct MlaDecodeParams {
+  // [num_seqs * q_per_seq][num_heads][kv_lora_rank + rope_dim], row stride q_stride
+  // elements between query tokens (heads contiguous inside a token).
+  const __nv_bfloat16* q = nullptr;
+  int64_t q_stride = 0;
+  // One layer of the paged cache: [num_blocks][block_size][kv_lora_rank + rope_dim].
+  const __nv_bfloat16* kv_cache = nullptr;
+  const int32_t* block_tables = nullptr;  // [num_seqs][max_blocks_per_seq]
+  const int32_t* cache_lens = nullptr;    // [num_seqs], each >= q_per_seq
+  int num_seqs = 0;
+  int q_per_seq = 1;
+  int num_heads = 0;
+  int kv_lora_rank = 0;  // multiple of 32, at most 512
+  int rope_dim = 0;      // multiple of 16, at most 64
+  int block_size = 64;
+  int max_blocks_per_seq = 0;
+  int max_cache_len = 0;  // an upper bound of cache_lens (sizes the split-KV grid)
+  float softmax_scale = 1.0f;
+  // [num_seqs * q_per_seq][num_heads][kv_lora_rank] float32, row stride out_stride
+  // elements between query tokens.
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  // Split-KV scratch, at least MlaDecodeWorkspaceBytes(...) bytes.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  // Overrides for tests and benchmarks; 0 = automatic. num_splits: KV splits per sequence
+  // (1 = no split; the workspace must then hold MlaDecodeWorkspaceBytesForSplits(...)).
+  // impl: 1 = portable mma.sync kernel, 2 = sm_90a wgmma kernel (rejected where unsupported).
+  int num_splits = 0;
+  int impl = 0;
+};
+
+// Workspace bytes for the largest launch of these dimensions on the current device (any
+// max_cache_len up to this one); 0 when no launch of them splits.
+size_t MlaDecodeWorkspaceBytes(int num_seqs, int q_per_seq, int num_heads, int kv_lora_rank, int max_cache_len);
+// Workspace bytes for a launch forced to num_splits splits (MlaDecodeParams::num_splits).
+size_t MlaDecodeWorkspaceBytesForSplits(int num_seqs, int q_per_seq, int num_heads, int kv_lora_rank, int num_splits);
+
+cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream);
+
+}  // namespace tandem::cuda
