@@ -110,7 +110,9 @@ void RoutedGenerate::Reserve() {
   ReplicaPtr d = rc_.registry->Pick(v1::ROLE_DECODE, rc_.decode_policy, block_hashes_, exclude, rc_.weights);
   if (!d) {
     if (!full_decode_.empty()) {
-      WaitAndRetry();  // the decode replicas that answered are full right now: wait for room
+      WaitAndRetry(/*for_room=*/true);  // the decode replicas that answered are full right now: wait for room
+    } else if (!tried_decode_.empty()) {
+      WaitAndRetry(/*for_room=*/false);  // every replica left failed this request: a replacement may register
     } else {
       Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode replica is available"));
     }
@@ -161,15 +163,17 @@ void RoutedGenerate::OnReserved(const grpc::Status& s) {
   Fail(s);
 }
 
-void RoutedGenerate::WaitAndRetry() {
+void RoutedGenerate::WaitAndRetry(bool for_room) {
   const auto now = std::chrono::system_clock::now();
   const auto limit = deadline_ != std::chrono::system_clock::time_point::max()
                          ? deadline_
                          : now + rc_.max_queue_wait - std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                                           Clock::now() - arrived_);
   if (now + kQueueRetryInterval >= limit) {
-    Fail(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                      "no decode replica had KV cache room for the request in time; retry later"));
+    Fail(for_room ? grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                 "no decode replica had KV cache room for the request in time; retry later")
+                  : grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "no decode replica is available: those left failed this request"));
     return;
   }
   if (!in_decode_queue_ && !EnterQueue(Admission::Queue::kDecode)) return;
@@ -415,7 +419,9 @@ bool RoutedGenerate::Migrate(const grpc::Status& why) {
   }
   spdlog::warn("{}decode replica {} failed ({}); migrating after {} tokens", service::RequestLogPrefix(id_),
                decode_ ? decode_->id : std::string("?"), why.error_message(), resume_.size());
-  if (decode_) tried_decode_.push_back(decode_->id);
+  // Only a replica that is gone is not asked again; one that lost the lease (it expired
+  // while the re-prefill queued) or the KV (a failed transfer) may take the request again.
+  if (decode_ && (c == grpc::StatusCode::UNAVAILABLE || decode_->IsLost())) tried_decode_.push_back(decode_->id);
   decode_.Reset();
   lease_held_ = false;
   prefill_attempts_ = 0;

@@ -80,7 +80,9 @@ class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   void OnPrefilled(const grpc::Status& s);
   void StartDecode();
   void StartAggregated();
-  void WaitAndRetry();
+  // Reserve again after a pause: `for_room` when decode replicas were full, else when
+  // every replica left had failed this request.
+  void WaitAndRetry(bool for_room);
   void OnReaderMessage();  // Reader has a message in Reader::message
   void OnReaderDone(const grpc::Status& s);
   // The decode replica failed mid-stream: continue the request on another one, from the
