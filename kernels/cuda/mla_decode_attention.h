@@ -14,11 +14,11 @@
 // partial results. No allocation inside: CUDA-graph safe (the grid is sized from
 // max_cache_len; each sequence's splits share its actual length).
 //
-// Two kernels: a portable one (mma.sync m16n8k16 tensor cores, 16 or 32 query rows per
-// thread block; all dimensions, sm_90a and sm_100a) and, on sm_90 for kv_lora_rank 512 +
-// rope 64 with at least 64 query rows (heads x q_per_seq) per sequence, a wgmma one (64
-// rows per thread block). Each KV tile of 64 positions is loaded once into shared memory
-// (cp.async, double-buffered) and serves as keys (all R+P columns) and values (first R).
+// Two kernels: a portable one (mma.sync m16n8k16 tensor cores, 16 or 32 query rows
+// (heads x q_per_seq) per thread block; all dimensions, sm_90a and sm_100a) and, on sm_90
+// for kv_lora_rank 512 + rope 64, a wgmma one (64 query rows per thread block, padded when
+// fewer). Each KV tile of 64 positions is loaded once into shared memory (double-buffered)
+// and serves as keys (all R+P columns) and values (first R).
 // Pointers q and kv_cache must be 16-byte aligned and q_stride a multiple of 8; out must
 // be 8-byte aligned with an even out_stride; the workspace 16-byte aligned.
 #pragma once
@@ -57,7 +57,8 @@ struct MlaDecodeParams {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // Overrides for tests and benchmarks; 0 = automatic. num_splits: KV splits per sequence
-  // (1 = no split; the workspace must then hold MlaDecodeWorkspaceBytesForSplits(...)).
+  // (1 = no split; at most 128 and the 64-position tiles of max_cache_len; the workspace
+  // must then hold MlaDecodeWorkspaceBytesForSplits(...)).
   // impl: 1 = portable mma.sync kernel, 2 = sm_90a wgmma kernel (rejected where unsupported).
   int num_splits = 0;
   int impl = 0;

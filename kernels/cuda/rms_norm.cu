@@ -1,41 +1,75 @@
 #include "kernels/cuda/rms_norm.h"
 
+#include "kernels/cuda/cuda_common.cuh"
+
 namespace tandem::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void RmsNormKernel(RmsNormParams p) {
+// One block per row. delta (optional) is added into x first; x is read from row
+// in_row and the sum written back there when delta is set.
+__global__ void RmsNormKernel(const float* x_in, float* x_out, const float* delta, int64_t delta_stride,
+                              const int32_t* row_index, const float* weight, float* out,
+                              __nv_bfloat16* out_bf16, __nv_bfloat16* out_lo, int64_t dim, int64_t x_stride,
+                              int64_t out_stride, float eps) {
+  __shared__ float scratch[kThreads / 32];
   const int64_t row = blockIdx.x;
-  const float* x = p.x + row * p.x_stride;
-  float* out = p.out + row * p.out_stride;
+  const int64_t in_row = row_index != nullptr ? row_index[row] : row;
+  const float* x = x_in + in_row * x_stride;
   float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) sum += x[i] * x[i];
-  // Warp reduction, then across warps through shared memory.
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  __shared__ float warp_sums[kThreads / 32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_sums[warp] = sum;
-  __syncthreads();
-  if (warp == 0) {
-    sum = lane < kThreads / 32 ? warp_sums[lane] : 0.0f;
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) warp_sums[0] = sum;
+  if (delta != nullptr) {
+    const float* d = delta + row * delta_stride;
+    float* xo = x_out + in_row * x_stride;
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+      const float v = x[i] + d[i];
+      xo[i] = v;
+      sum += v * v;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum += x[i] * x[i];
   }
-  __syncthreads();
-  const float inv = rsqrtf(warp_sums[0] / static_cast<float>(p.dim) + p.eps);
-  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) out[i] = p.weight[i] * (x[i] * inv);
+  // Each thread re-reads only the elements it wrote itself: no barrier needed for x.
+  sum = internal::BlockSum<kThreads>(sum, scratch);
+  const float inv = rsqrtf(sum / static_cast<float>(dim) + eps);
+  const float* xr = delta != nullptr ? x_out + in_row * x_stride : x;
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+    const float v = weight[i] * (xr[i] * inv);
+    if (out != nullptr) out[row * out_stride + i] = v;
+    if (out_bf16 != nullptr) {
+      const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+      out_bf16[row * out_stride + i] = hi;
+      if (out_lo != nullptr) out_lo[row * out_stride + i] = __float2bfloat16_rn(v - __bfloat162float(hi));
+    }
+  }
 }
 
 }  // namespace
 
 cudaError_t RmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
-  if (p.x == nullptr || p.weight == nullptr || p.out == nullptr || p.dim <= 0 || p.x_stride < p.dim ||
-      p.out_stride < p.dim || p.rows > 0x7fffffff) {
+  if (p.x == nullptr || p.weight == nullptr || (p.out == nullptr && p.out_bf16 == nullptr) ||
+      (p.out_bf16_lo != nullptr && p.out_bf16 == nullptr) || p.dim <= 0 ||
+      p.x_stride < p.dim || p.out_stride < p.dim || p.rows < 0 || p.rows > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }
-  RmsNormKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  RmsNormKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(
+      p.x, nullptr, nullptr, 0, p.row_index, p.weight, p.out, p.out_bf16, p.out_bf16_lo, p.dim, p.x_stride,
+      p.out_stride, p.eps);
+  return cudaGetLastError();
+}
+
+cudaError_t AddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  if (p.x == nullptr || p.delta == nullptr || p.weight == nullptr || (p.out == nullptr && p.out_bf16 == nullptr) ||
+      (p.out_bf16_lo != nullptr && p.out_bf16 == nullptr) ||
+      p.dim <= 0 || p.x_stride < p.dim || p.delta_stride < p.dim || p.out_stride < p.dim || p.rows < 0 ||
+      p.rows > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
+  RmsNormKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(
+      p.x, p.x, p.delta, p.delta_stride, nullptr, p.weight, p.out, p.out_bf16, p.out_bf16_lo, p.dim, p.x_stride,
+      p.out_stride, p.eps);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,397 @@
+// The CUDA forward pass of a DeepSeek model against references measured in the same run
+// (DESIGN.md §11): decode steps against the memory-bandwidth roofline, prefill against
+// cuBLAS's bf16 GEMM rate, and the GPU's idle time between decode steps.
+//
+//   cuda_model_bench (--config FILE [--seed S] | --model DIR) [--context N] [--steps N]
+//                    [--batches 1,64,256] [--prefill N] [--profile] [--json FILE]
+//
+// --config builds the model of a config.json on the GPU with the random weights
+// `tandem make-model --config FILE --seed S` would write (bit-identical, no checkpoint
+// on disk); --model loads a checkpoint directory.
+//
+// References, measured first: a 2 GiB device-to-device copy (bytes read + written per
+// second) and an 8192^3 bf16 GEMM through cuBLAS (FLOP/s), both on random data.
+//
+// Decode at batch B: B sequences with `context` tokens already cached take `steps` greedy
+// steps (graph replay after the first two of a shape). Roofline time of a step = (weight
+// bytes the step must read: embedding rows, every dense weight, the experts at least one
+// token was routed to, the LM head; plus the KV bytes its attention reads, B x context x
+// (kv_lora_rank + rope) x 2 bytes x layers) / copy bandwidth. Reported fraction = roofline
+// time / measured step time (host wall time per step, results on the host included).
+// Idle time: from CUDA events at each step's first and last GPU operation, the gaps
+// between one step's end and the next one's beginning, over the step period.
+//
+// Prefill: one prompt of N tokens (logits of its last token), FLOPs counted from the
+// config (projections, expanded attention with its causal half, MLPs or routed + shared
+// experts, one LM-head row) over the wall time, against the cuBLAS rate.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "engine/model/cuda/cuda_deepseek_model.h"
+#include "kernels/cuda/cublas_gemm.h"
+#include "kernels/cuda/random_init.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;
+
+double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+#define CHECK_CUDA(expr)                                                                     \
+  do {                                                                                       \
+    const cudaError_t e_ = (expr);                                                           \
+    if (e_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+template <typename T>
+T OrDie(absl::StatusOr<T> v, const char* what) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, v.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(*v);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+double Mean(const std::vector<double>& v) {
+  return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+// Bytes read + written per second by a large device-to-device copy (best of 10).
+double CopyBandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  void *src, *dst;
+  CHECK_CUDA(cudaMalloc(&src, bytes));
+  CHECK_CUDA(cudaMalloc(&dst, bytes));
+  CHECK_CUDA(cudaMemset(src, 1, bytes));
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  double best = 0;
+  for (int i = 0; i < 12; ++i) {
+    CHECK_CUDA(cudaEventRecord(a));
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 2) best = std::max(best, 2.0 * bytes / (ms * 1e-3));
+  }
+  cudaFree(src);
+  cudaFree(dst);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return best;
+}
+
+// FLOP/s of an n^3 bf16 GEMM (fp32 accumulation, bf16 out) through cuBLAS, random data,
+// median of 10 after 3 warm-ups.
+double CublasRate(int64_t n) {
+  cuda::CublasGemm gemm;
+  if (gemm.Init() != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  __nv_bfloat16 *x, *w, *y;
+  CHECK_CUDA(cudaMalloc(&x, n * n * 2));
+  CHECK_CUDA(cudaMalloc(&w, n * n * 2));
+  CHECK_CUDA(cudaMalloc(&y, n * n * 2));
+  CHECK_CUDA(cuda::RandomInitFill({.key = 1, .n = n * n, .init = cuda::RandomInit::kEmbedding, .out_bf16 = x}, nullptr));
+  CHECK_CUDA(cuda::RandomInitFill({.key = 2, .n = n * n, .fan_in = n, .out_bf16 = w}, nullptr));
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<double> rates;
+  for (int i = 0; i < 13; ++i) {
+    CHECK_CUDA(cudaEventRecord(a));
+    if (gemm.Linear({.x = x, .ldx = n, .w = w, .ldw = n, .y = y, .ldy = n, .y_bf16 = true, .m = n, .n = n, .k = n},
+                    nullptr) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cuBLAS GEMM failed\n");
+      std::exit(1);
+    }
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 3) rates.push_back(2.0 * n * n * n / (ms * 1e-3));
+  }
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+  return Median(rates);
+}
+
+Json ProfileJson(const std::vector<std::pair<std::string, double>>& profile) {
+  Json j = Json::object();
+  for (const auto& [name, ms] : profile) j[name] = ms;
+  return j;
+}
+
+struct DecodeResult {
+  Json json;
+  double roofline_fraction = 0;
+  double idle_fraction = 0;
+};
+
+DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps, bool graphs, double copy_bw,
+                    bool profile) {
+  const ModelConfig& c = model.config();
+  const int warmup = 3;
+  const int64_t blocks_per_seq = (context + warmup + steps + 2 + 63) / 64;
+  std::vector<std::vector<int32_t>> tables(batch);
+  for (int s = 0; s < batch; ++s) {
+    tables[s].resize(blocks_per_seq);
+    std::iota(tables[s].begin(), tables[s].end(), static_cast<int32_t>(s * blocks_per_seq));
+  }
+  std::vector<int32_t> tokens(batch);
+  for (int s = 0; s < batch; ++s) tokens[s] = static_cast<int32_t>(3 + (s * 7919) % (c.vocab_size - 3));
+  int64_t pos = context;  // the cache holds `context` entries per sequence (their values do not matter here)
+  model.set_cuda_graphs(graphs);
+  auto step = [&]() {
+    std::vector<ForwardSequence> seqs(batch);
+    for (int s = 0; s < batch; ++s) {
+      seqs[s] = {.tokens = {&tokens[s], 1}, .start_position = pos, .block_table = tables[s]};
+    }
+    tokens = OrDie(model.ForwardGreedy(seqs), "decode step");
+    ++pos;
+  };
+  for (int i = 0; i < warmup; ++i) step();
+  model.set_step_events(true);
+  std::vector<double> wall;
+  const int64_t first_pos = pos;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = Clock::now();
+    step();
+    wall.push_back(Ms(t0, Clock::now()));
+  }
+  model.set_step_events(false);
+  const std::vector<std::pair<double, double>> times = OrDie(model.TakeStepTimes(), "step events");
+  const uint64_t weight_bytes = OrDie(model.LastForwardWeightBytes(), "weight bytes");
+  std::vector<double> gpu, gaps, periods;
+  for (size_t i = 0; i < times.size(); ++i) {
+    gpu.push_back(times[i].second - times[i].first);
+    if (i + 1 < times.size()) {
+      gaps.push_back(times[i + 1].first - times[i].second);
+      periods.push_back(times[i + 1].first - times[i].first);
+    }
+  }
+  // KV the attention reads per step, at the mean cache length of the timed steps.
+  const double mean_len = static_cast<double>(first_pos) + 1 + (steps - 1) / 2.0;
+  const double kv_bytes = static_cast<double>(batch) * mean_len * c.kv_entry_dim() * 2.0 * c.num_hidden_layers;
+  const double step_ms = Median(wall);
+  const double roofline_ms = (weight_bytes + kv_bytes) / copy_bw * 1e3;
+  DecodeResult r;
+  r.roofline_fraction = roofline_ms / step_ms;
+  r.idle_fraction = Mean(gaps) / Mean(periods);
+  r.json = {{"batch", batch},
+            {"context", context},
+            {"steps", steps},
+            {"cuda_graphs", graphs},
+            {"step_ms_p50", step_ms},
+            {"step_ms_mean", Mean(wall)},
+            {"step_ms_min", *std::min_element(wall.begin(), wall.end())},
+            {"gpu_step_ms_mean", Mean(gpu)},
+            {"idle_between_steps_ms_mean", Mean(gaps)},
+            {"idle_fraction", r.idle_fraction},
+            {"tokens_per_s", batch / (step_ms * 1e-3)},
+            {"weight_bytes_per_step", weight_bytes},
+            {"kv_bytes_per_step", kv_bytes},
+            {"roofline_ms", roofline_ms},
+            {"achieved_bandwidth_gbs", (weight_bytes + kv_bytes) / (step_ms * 1e-3) / 1e9},
+            {"roofline_fraction", r.roofline_fraction}};
+  if (profile) {
+    model.set_profiling(true);
+    step();
+    OrDie(model.TakeProfile(), "profile");  // the first profiled step warms the events
+    step();
+    r.json["profile_ms"] = ProfileJson(OrDie(model.TakeProfile(), "profile"));
+    model.set_profiling(false);
+  }
+  std::printf("decode batch %4d ctx %d graphs %d: step %.3f ms (gpu %.3f, idle %.3f ms = %.1f%%), %.0f tok/s, "
+              "roofline %.3f ms -> %.1f%%\n",
+              batch, context, graphs ? 1 : 0, step_ms, Mean(gpu), Mean(gaps), 100 * r.idle_fraction,
+              batch / (step_ms * 1e-3), roofline_ms, 100 * r.roofline_fraction);
+  std::fflush(stdout);
+  return r;
+}
+
+// FLOPs of a prefill of n tokens (see the header comment).
+double PrefillFlops(const ModelConfig& c, int64_t n) {
+  const double hidden = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim(), v = c.v_head_dim;
+  const double rank = c.kv_lora_rank, nope = c.qk_nope_head_dim;
+  const double q_rows = c.q_lora_rank ? static_cast<double>(*c.q_lora_rank) : heads * qk;
+  double per_token_layers = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    double f = 2 * hidden * (q_rows + rank + c.qk_rope_head_dim);
+    if (c.q_lora_rank) f += 2 * q_rows * heads * qk;
+    f += 2 * rank * heads * (nope + v);  // kv_b expansion of this token's latent
+    f += 2 * heads * v * hidden;         // o_proj
+    if (c.IsMoeLayer(l)) {
+      f += 2 * hidden * c.n_routed_experts;
+      f += 2 * 3 * hidden * c.moe_intermediate_size * (c.num_experts_per_tok + c.n_shared_experts);
+    } else {
+      f += 2 * 3 * hidden * c.intermediate_size;
+    }
+    per_token_layers += f;
+  }
+  const double nn = static_cast<double>(n);
+  const double attention = c.num_hidden_layers * heads * 2 * (qk + v) * nn * (nn + 1) / 2;
+  return per_token_layers * nn + attention + 2 * hidden * c.vocab_size;
+}
+
+int Main(int argc, char** argv) {
+  std::string config_file, model_dir, json_file;
+  uint64_t seed = 0;
+  int context = 1024, steps = 32, prefill = 8192;
+  std::vector<int> batches = {1, 64, 256};
+  bool profile = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--config") config_file = next();
+    else if (a == "--model") model_dir = next();
+    else if (a == "--seed") seed = std::stoull(next());
+    else if (a == "--context") context = std::stoi(next());
+    else if (a == "--steps") steps = std::stoi(next());
+    else if (a == "--prefill") prefill = std::stoi(next());
+    else if (a == "--json") json_file = next();
+    else if (a == "--profile") profile = true;
+    else if (a == "--batches") {
+      batches.clear();
+      std::stringstream ss(next());
+      for (std::string item; std::getline(ss, item, ',');) batches.push_back(std::stoi(item));
+    } else {
+      std::fprintf(stderr,
+                   "usage: cuda_model_bench (--config FILE [--seed S] | --model DIR) [--context N] [--steps N] "
+                   "[--batches 1,64,256] [--prefill N] [--profile] [--json FILE]\n");
+      return 2;
+    }
+  }
+  if (config_file.empty() == model_dir.empty()) {
+    std::fprintf(stderr, "give exactly one of --config and --model\n");
+    return 2;
+  }
+
+  const double copy_bw = CopyBandwidth();
+  const double gemm_rate = CublasRate(8192);
+  std::printf("references: device-to-device copy %.0f GB/s (read + write), cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s\n",
+              copy_bw / 1e9, gemm_rate / 1e12);
+  std::fflush(stdout);
+
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  CudaDeepseekModel::LoadOptions o;
+  o.max_batch_tokens = std::max(prefill, max_batch);
+  o.max_seqs = max_batch;
+  o.max_context = std::max(prefill, context + steps + 8) + 64;
+  const int64_t blocks_per_seq = (context + steps + 8 + 63) / 64;
+  o.kv_blocks = max_batch * blocks_per_seq + (prefill + 63) / 64 + 8;
+  const auto t0 = Clock::now();
+  std::unique_ptr<CudaDeepseekModel> model;
+  if (!config_file.empty()) {
+    std::ifstream f(config_file);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    model = OrDie(CudaDeepseekModel::CreateGenerated(ss.str(), seed, o), "creating the model");
+  } else {
+    model = OrDie(CudaDeepseekModel::Load(model_dir, o), "loading the model");
+  }
+  const double load_s = Ms(t0, Clock::now()) / 1e3;
+  const ModelConfig& c = model->config();
+  std::printf("%s on %s: %.2f GB of weights, %.2f GB KV cache (%lld blocks), %.2f GB activations, ready in %.1f s\n",
+              c.Summary().c_str(), model->device_name().c_str(), model->weight_bytes() / 1e9,
+              model->kv_cache_bytes() / 1e9, static_cast<long long>(model->num_blocks()),
+              model->activation_bytes() / 1e9, load_s);
+  std::fflush(stdout);
+
+  Json out;
+  out["benchmark"] = "cuda_model";
+  out["device"] = model->device_name();
+  out["model"] = c.Summary();
+  out["source"] = config_file.empty() ? "checkpoint " + model_dir
+                                      : "generated on the GPU from " + config_file + " (make-model values, seed " +
+                                            std::to_string(seed) + ")";
+  out["weight_bytes"] = model->weight_bytes();
+  out["reference"] = {{"copy_bandwidth_gbs", copy_bw / 1e9}, {"cublas_bf16_gemm_tflops", gemm_rate / 1e12}};
+
+  Json decode = Json::array();
+  Json acceptance = Json::object();
+  for (int b : batches) {
+    const DecodeResult r = Decode(*model, b, context, steps, /*graphs=*/true, copy_bw, profile);
+    decode.push_back(r.json);
+    if (b == 1) acceptance["batch1_roofline_fraction_ge_0.6"] = r.roofline_fraction >= 0.6;
+    if (b == 256) acceptance["batch256_roofline_fraction_ge_0.5"] = r.roofline_fraction >= 0.5;
+    if (b == 64) acceptance["batch64_idle_fraction_lt_0.05"] = r.idle_fraction < 0.05;
+  }
+  decode.push_back(Decode(*model, batches.front(), context, steps, /*graphs=*/false, copy_bw, false).json);
+  out["decode"] = decode;
+
+  if (prefill > 0) {
+    std::vector<int32_t> prompt(prefill), table((prefill + 63) / 64);
+    for (int i = 0; i < prefill; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 104729) % (c.vocab_size - 3));
+    std::iota(table.begin(), table.end(), static_cast<int32_t>(model->num_blocks() - table.size()));
+    ForwardSequence s{.tokens = prompt, .start_position = 0, .block_table = table};
+    OrDie(model->ForwardGreedy({&s, 1}), "prefill");  // warm-up
+    std::vector<double> ms;
+    for (int i = 0; i < 3; ++i) {
+      const auto a = Clock::now();
+      OrDie(model->ForwardGreedy({&s, 1}), "prefill");
+      ms.push_back(Ms(a, Clock::now()));
+    }
+    const double flops = PrefillFlops(c, prefill);
+    const double best = *std::min_element(ms.begin(), ms.end());
+    const double rate = flops / (best * 1e-3);
+    Json p = {{"tokens", prefill},
+              {"ms_best", best},
+              {"ms_median", Median(ms)},
+              {"tokens_per_s", prefill / (best * 1e-3)},
+              {"flops", flops},
+              {"tflops", rate / 1e12},
+              {"fraction_of_cublas", rate / gemm_rate}};
+    if (profile) {
+      model->set_profiling(true);
+      OrDie(model->ForwardGreedy({&s, 1}), "prefill");
+      p["profile_ms"] = ProfileJson(OrDie(model->TakeProfile(), "profile"));
+      model->set_profiling(false);
+    }
+    std::printf("prefill %d tokens: %.1f ms (%.0f tok/s), %.1f TFLOP/s = %.1f%% of cuBLAS\n", prefill, best,
+                prefill / (best * 1e-3), rate / 1e12, 100 * rate / gemm_rate);
+    out["prefill"] = p;
+    acceptance["prefill_fraction_of_cublas_ge_0.35"] = rate / gemm_rate >= 0.35;
+  }
+  out["acceptance"] = acceptance;
+  const std::string text = out.dump(2);
+  std::printf("%s\n", text.c_str());
+  if (!json_file.empty()) {
+    std::ofstream f(json_file);
+    f << text << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) { return tandem::Main(argc, argv); }

@@ -1,0 +1,130 @@
+// The DeepSeek-V2/V3 forward pass on an NVIDIA GPU (DESIGN.md §7-§8), with exactly the
+// contract of DeepseekModel::Forward (deepseek_model.h): the same ForwardSequence and
+// ForwardOptions, block tables into a paged latent KV cache, logits returned to the host
+// as float32. The GPU holds bf16 weights (cuda_weights.h), a paged bf16 latent cache
+// ([layer][block][64][kv_lora_rank + rope]) and every activation buffer, preallocated
+// for max_batch_tokens tokens of max_seqs sequences: no allocation per step.
+//
+// Numerics: float32 residual stream, bf16 GEMM operands with float32 accumulation,
+// float32 norms, rotary embedding, router and routing.
+//
+// Attention: prefill chunks (several new tokens) in the expanded form (the chunk's
+// latents gathered, projected by kv_b into per-head keys and values, causal attention);
+// single decode tokens in the absorbed form (q_nope . W_UK per head, attention over the
+// latents, then W_UV), batched over sequences. MoE: routing on the GPU, tokens permuted
+// by expert, routed and shared experts in one grouped GEMM with SiLU fused; large
+// batches (prefill) run cuBLAS per expert instead.
+//
+// Decode steps (every sequence one token, logits for all) replay a CUDA graph captured
+// once per (batch size, context bucket) when cuda_graphs is on.
+//
+// Not thread-safe: one thread owns the model (the engine thread), like DeepseekModel.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model/deepseek_model.h"
+#include "engine/model/model_config.h"
+
+namespace tandem {
+
+class CudaDeepseekModel {
+ public:
+  struct LoadOptions {
+    int device = 0;
+    int64_t max_batch_tokens = 2048;  // new tokens of one Forward
+    int64_t max_seqs = 256;           // sequences of one Forward
+    // Longest sequence (cached + new tokens); 0: min(max_position_embeddings, 32768).
+    int64_t max_context = 0;
+    // KV cache blocks per layer; 0: what gpu_memory_utilization leaves after weights and
+    // activations.
+    int64_t kv_blocks = 0;
+    double gpu_memory_utilization = 0.9;  // of the GPU's total memory
+    int64_t max_logit_rows = 0;           // logits rows per LM-head pass; 0: max(max_seqs, 256)
+    bool cuda_graphs = true;              // replay decode steps from captured graphs
+    // Dense GEMMs of at most this many rows run the grouped bf16 kernel (memory-bound
+    // decode shapes); larger ones cuBLAS. 0: always cuBLAS.
+    int64_t small_gemm_max_rows = 64;
+    // MoE layers of at most this many tokens run the grouped kernel (graph-safe, no host
+    // synchronization); larger ones cuBLAS per expert after reading the expert counts.
+    int64_t moe_grouped_max_tokens = 256;
+    // Steps of at most this many tokens give the grouped-kernel GEMMs split activations
+    // (bf16 value + bf16 remainder, ~16 mantissa bits: near-float32 results at no extra
+    // weight traffic, grouped_gemm.h); larger steps round GEMM inputs to bf16.
+    int64_t split_activations_max_tokens = 64;
+  };
+
+  // Loads config.json and the safetensors weights of a checkpoint directory onto the GPU.
+  // Errors: as DeepseekModel::Load, plus FAILED_PRECONDITION without a usable GPU and
+  // RESOURCE_EXHAUSTED when the GPU lacks memory.
+  static absl::StatusOr<std::unique_ptr<CudaDeepseekModel>> Load(const std::string& dir, const LoadOptions& options);
+  // A model of the architecture in config_json (vocab_size required) whose weights are
+  // generated on the GPU with the values `tandem make-model --seed seed` writes in bf16:
+  // bit-identical to loading that checkpoint, without writing or reading it (benchmarks).
+  static absl::StatusOr<std::unique_ptr<CudaDeepseekModel>> CreateGenerated(const std::string& config_json,
+                                                                           uint64_t seed,
+                                                                           const LoadOptions& options);
+  ~CudaDeepseekModel();
+
+  const ModelConfig& config() const;
+  std::string device_name() const;   // "cuda:0 (NVIDIA H200)"
+  int64_t num_blocks() const;         // KV cache blocks per layer
+  int64_t max_context() const;
+  uint64_t weight_bytes() const;      // GPU bytes of the weights
+  uint64_t kv_cache_bytes() const;    // GPU bytes of the KV cache
+  uint64_t activation_bytes() const;  // GPU bytes of the preallocated activations
+
+  // DeepseekModel::Forward on the GPU's own cache. Errors: INVALID_ARGUMENT as the CPU
+  // model, plus batches beyond max_batch_tokens / max_seqs / max_context; INTERNAL for
+  // CUDA failures.
+  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch,
+                                             const ForwardOptions& options = {});
+  // The same, but only the argmax of each logits row (greedy, ties to the lowest id)
+  // crosses to the host.
+  absl::StatusOr<std::vector<int32_t>> ForwardGreedy(std::span<const ForwardSequence> batch,
+                                                     const ForwardOptions& options = {});
+
+  // KV export/import (float32 on the host, bf16 in the cache). ReadKvBlocks writes
+  // block_ids.size() blocks of [64][kv_entry_dim] floats of one layer; ReadKvEntries the
+  // entries of positions [first_position, first_position + n) of a sequence;
+  // WriteKvEntries stores n entries [n][kv_entry_dim] at those positions.
+  absl::Status ReadKvBlocks(int64_t layer, std::span<const int32_t> block_ids, float* host);
+  absl::Status ReadKvEntries(int64_t layer, std::span<const int32_t> block_table, int64_t first_position, int64_t n,
+                             float* host);
+  absl::Status WriteKvEntries(int64_t layer, std::span<const int32_t> block_table, int64_t first_position,
+                              const float* entries, int64_t n);
+
+  // For benchmarks: bytes of weights the last Forward had to read (embedding rows, every
+  // dense weight, the experts at least one token was routed to, LM head rows computed).
+  absl::StatusOr<uint64_t> LastForwardWeightBytes();
+  // Turns graph replay on or off (for measurements of both).
+  void set_cuda_graphs(bool on);
+  // For benchmarks: with step events on, each Forward records a CUDA event when its GPU
+  // work begins (before the batch upload) and when it ends (after the results are read
+  // back); TakeStepTimes returns {begin, end} per recorded step in ms since the first
+  // recorded begin, and clears the record. With profiling on, steps run without graphs
+  // and TakeProfile returns the GPU ms spent per kind of launch (summed, cleared).
+  void set_step_events(bool on);
+  absl::StatusOr<std::vector<std::pair<double, double>>> TakeStepTimes();
+  void set_profiling(bool on);
+  absl::StatusOr<std::vector<std::pair<std::string, double>>> TakeProfile();
+  // Waits for the GPU work of this model.
+  absl::Status Synchronize();
+  // The CUDA stream this model runs on (cudaStream_t), for event timing.
+  void* stream() const;
+
+  class Impl;
+
+ private:
+  explicit CudaDeepseekModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,450 @@
+// The launches of one forward step of CudaDeepseekModel: embedding, per layer attention
+// and MLP/MoE, final norm, LM head, argmax. Everything here only enqueues work on the
+// model's stream; host synchronization happens only where the MoE layer of a large batch
+// reads its expert counts (never in a captured decode step).
+#include <algorithm>
+#include <cstring>
+
+#include "engine/model/cuda/cuda_model_impl.h"
+#include "engine/util/status_macros.h"
+#include "kernels/cuda/argmax.h"
+#include "kernels/cuda/convert.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/kv_gather.h"
+#include "kernels/cuda/mla_decode_attention.h"
+#include "kernels/cuda/mla_prefill_attention.h"
+#include "kernels/cuda/mla_prepare.h"
+#include "kernels/cuda/moe_permute.h"
+#include "kernels/cuda/moe_routing.h"
+#include "kernels/cuda/rms_norm.h"
+#include "kernels/cuda/silu_mul.h"
+
+namespace tandem {
+
+using cuda_model::AttentionJob;
+using cuda_model::CudaStatus;
+using cuda_model::StepPlan;
+
+namespace {
+
+// DeepSeek's q_a_layernorm and kv_a_layernorm use RMSNorm's default epsilon (as the CPU
+// forward does).
+constexpr float kLatentNormEps = 1e-6f;
+constexpr int64_t kBlock = 64;
+// MoE down projections of at most this many routed rows add straight into the residual
+// stream (fp32 atomics); more rows go through a buffer and a combine pass, cheaper then.
+constexpr int64_t kScatterMaxRows = 512;
+
+cuda::MoeScoring Scoring(ScoringFunc f) {
+  return f == ScoringFunc::kSigmoid ? cuda::MoeScoring::kSigmoid : cuda::MoeScoring::kSoftmax;
+}
+
+cuda::MoeTopk Method(TopkMethod m) {
+  switch (m) {
+    case TopkMethod::kGreedy: return cuda::MoeTopk::kGreedy;
+    case TopkMethod::kGroupLimitedGreedy: return cuda::MoeTopk::kGroupLimitedGreedy;
+    case TopkMethod::kNoauxTc: return cuda::MoeTopk::kNoauxTc;
+  }
+  return cuda::MoeTopk::kGreedy;
+}
+
+}  // namespace
+
+absl::Status CudaDeepseekModel::Impl::Dense(const DeviceMatrix& w, const __nv_bfloat16* x,
+                                            const __nv_bfloat16* x_lo, int64_t ldx, int64_t rows, void* y,
+                                            int64_t ldy, Out out) {
+  if (rows == 0) return absl::OkStatus();
+  const bool custom = rows <= options.small_gemm_max_rows && w.rows % 8 == 0 && w.cols % 8 == 0 && ldx % 8 == 0 &&
+                      ldy % 2 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (!custom) {
+    return cuda_model::CublasStatus(
+        gemm_.Linear({.x = x, .ldx = ldx, .w = w.data, .ldw = w.cols, .y = y, .ldy = ldy, .y_bf16 = out == Out::kBf16,
+                      .accumulate = out == Out::kAccumulate, .m = rows, .n = w.rows, .k = w.cols},
+                     stream),
+        "dense GEMM (cuBLAS)");
+  }
+  // Split K when the output tiles alone would leave most multiprocessors idle (each split
+  // keeps at least 8 K tiles).
+  const int64_t tiles = (w.rows + 63) / 64, k_tiles = (w.cols + 63) / 64;
+  int split = 1;
+  if (out != Out::kBf16 && tiles < 2 * sm_count) {
+    split = static_cast<int>(std::min<int64_t>({(2 * sm_count + tiles - 1) / tiles, std::max<int64_t>(k_tiles / 8, 1), 8}));
+  }
+  cuda::GemmEpilogue epilogue = cuda::GemmEpilogue::kAccumulateF32;
+  if (out == Out::kBf16) {
+    epilogue = cuda::GemmEpilogue::kStoreBf16;
+  } else if (out == Out::kF32) {
+    if (split == 1) {
+      epilogue = cuda::GemmEpilogue::kStoreF32;
+    } else {
+      TANDEM_CUDA_RETURN(cudaMemset2DAsync(y, ldy * sizeof(float), 0, w.rows * sizeof(float), rows, stream),
+                         "clearing a GEMM output");
+    }
+  }
+  return CudaStatus(cuda::GroupedGemm({.a = x, .lda = ldx, .a_lo = x_lo, .b = w.data, .n = static_cast<int>(w.rows),
+                                       .k = static_cast<int>(w.cols), .num_rows = static_cast<int>(rows),
+                                       .rows_hint = static_cast<int>(rows), .epilogue = epilogue, .out = y, .ldo = ldy,
+                                       .split_k = split},
+                                      stream),
+                    "dense GEMM");
+}
+
+absl::Status CudaDeepseekModel::Impl::EnqueueStep(const StepPlan& plan, const ForwardOptions& fo) {
+  const ModelConfig& c = config;
+  TANDEM_CUDA_RETURN(cuda::EmbeddingGather({.table = weights->embed.data, .tokens = plan.meta.tokens,
+                                            .num_tokens = plan.rows, .dim = c.hidden_size, .out = act_.x,
+                                            .out_stride = c.hidden_size},
+                                           stream),
+                     "embedding");
+  RETURN_IF_ERROR(Mark("embedding"));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    RETURN_IF_ERROR(Attention(l, plan));
+    if (fo.after_layer_kv) {
+      TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "writing the KV cache");
+      fo.after_layer_kv(l);
+    }
+    if (weights->layers[l].moe) {
+      RETURN_IF_ERROR(Moe(l, plan));
+    } else {
+      RETURN_IF_ERROR(Mlp(l, plan));
+    }
+  }
+  if (plan.out_rows == 0) return absl::OkStatus();
+  return EnqueueLogits(plan, 0, std::min(plan.out_rows, max_logit_rows));
+}
+
+absl::Status CudaDeepseekModel::Impl::EnqueueLogits(const StepPlan& plan, int64_t begin, int64_t count) {
+  const ModelConfig& c = config;
+  const bool split = count <= options.split_activations_max_tokens;
+  TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = weights->final_norm, .rows = count, .dim = c.hidden_size,
+                                    .x_stride = c.hidden_size, .out_stride = c.hidden_size,
+                                    .eps = static_cast<float>(c.rms_norm_eps), .out_bf16 = act_.final_bf16,
+                                    .row_index = plan.meta.logit_rows + begin,
+                                    .out_bf16_lo = split ? act_.final_lo : nullptr},
+                                   stream),
+                     "final norm");
+  RETURN_IF_ERROR(Mark("final norm"));
+  RETURN_IF_ERROR(Dense(weights->lm_head, act_.final_bf16, split ? act_.final_lo : nullptr, c.hidden_size, count,
+                        act_.logits, c.vocab_size, Out::kF32));
+  RETURN_IF_ERROR(Mark("LM head"));
+  TANDEM_CUDA_RETURN(cuda::Argmax({.logits = act_.logits, .stride = c.vocab_size, .rows = count, .vocab = c.vocab_size,
+                                   .out = act_.argmax},
+                                  stream),
+                     "argmax");
+  RETURN_IF_ERROR(Mark("argmax"));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& plan) {
+  const ModelConfig& c = config;
+  const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
+  const cuda_model::CudaAttentionWeights& w = lw.attention;
+  const int64_t t = plan.rows, hidden = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, v = c.v_head_dim;
+  const int64_t qk = nope + rope, entry = rank + rope;
+  const int64_t qkv_cols = w.qkv_a.rows;
+  const bool split = t <= options.split_activations_max_tokens;
+
+  TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = lw.input_norm, .rows = t, .dim = hidden, .x_stride = hidden,
+                                    .out_stride = hidden, .eps = static_cast<float>(c.rms_norm_eps),
+                                    .out_bf16 = act_.h_bf16, .out_bf16_lo = split ? act_.h_lo : nullptr},
+                                   stream),
+                     "input norm");
+  RETURN_IF_ERROR(Mark("attention norm"));
+  RETURN_IF_ERROR(Dense(w.qkv_a, act_.h_bf16, split ? act_.h_lo : nullptr, hidden, t, act_.qkv, qkv_cols, Out::kF32));
+  RETURN_IF_ERROR(Mark("q/kv_a projection"));
+  const float* q = act_.qkv;
+  int64_t q_stride = qkv_cols;
+  const float* kv = act_.qkv + heads * qk;
+  if (c.q_lora_rank) {
+    const int64_t qr = *c.q_lora_rank;
+    TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.qkv, .weight = w.q_a_norm, .rows = t, .dim = qr, .x_stride = qkv_cols,
+                                      .out_stride = qr, .eps = kLatentNormEps, .out_bf16 = act_.qa_bf16,
+                                      .out_bf16_lo = split ? act_.qa_lo : nullptr},
+                                     stream),
+                       "q_a norm");
+    RETURN_IF_ERROR(Mark("q_a norm"));
+    RETURN_IF_ERROR(Dense(w.q_b, act_.qa_bf16, split ? act_.qa_lo : nullptr, qr, t, act_.q_f32, heads * qk, Out::kF32));
+    RETURN_IF_ERROR(Mark("q_b projection"));
+    q = act_.q_f32;
+    q_stride = heads * qk;
+    kv = act_.qkv + qr;
+  }
+  __nv_bfloat16* kv_layer = KvLayer(layer);
+  TANDEM_CUDA_RETURN(
+      cuda::MlaPrepare({.num_tokens = t, .positions = plan.meta.positions, .slots = plan.meta.slots, .q = q,
+                        .q_stride = q_stride, .num_heads = static_cast<int>(heads), .nope_dim = static_cast<int>(nope),
+                        .rope_dim = static_cast<int>(rope), .q_out = act_.q_bf16, .q_out_stride = heads * qk,
+                        .q_rope_out = act_.q_dec + rank, .q_rope_out_stride = heads * entry,
+                        .q_rope_out_head_stride = entry, .q_rope_out_rows = plan.rope_out_rows, .kv = kv,
+                        .kv_stride = qkv_cols, .kv_lora_rank = static_cast<int>(rank), .kv_norm_weight = w.kv_a_norm,
+                        .kv_norm_eps = kLatentNormEps, .kv_cache = kv_layer, .num_slots = num_blocks * kBlock,
+                        .inv_freq = inv_freq_.get<float>(), .attention_factor = rope_attention_factor_,
+                        .interleaved = c.rope_interleave},
+                       stream),
+      "MLA prepare");
+  RETURN_IF_ERROR(Mark("MLA prepare"));
+
+  for (const AttentionJob& job : plan.jobs) {
+    const int64_t r0 = job.row_begin, rows = job.num_seqs * job.q_per_seq;
+    if (job.absorbed) {
+      // q_latent = q_nope . W_UK per head, into the decode queries' first kv_lora_rank values.
+      TANDEM_CUBLAS_RETURN(gemm_.Batched({.a = act_.q_bf16 + r0 * heads * qk, .lda = heads * qk, .stride_a = qk,
+                                          .b = w.kv_b.data, .ldb = rank, .stride_b = (nope + v) * rank,
+                                          .b_transposed = false, .c = act_.q_dec + r0 * heads * entry,
+                                          .ldc = heads * entry, .stride_c = entry, .c_bf16 = true, .m = rows,
+                                          .n = rank, .k = nope, .batch = heads},
+                                         stream),
+                           "W_UK");
+      RETURN_IF_ERROR(Mark("W_UK"));
+      TANDEM_CUDA_RETURN(
+          cuda::MlaDecodeAttention(
+              {.q = act_.q_dec + r0 * heads * entry, .q_stride = heads * entry, .kv_cache = kv_layer,
+               .block_tables = plan.meta.block_tables + job.table_row * max_blocks_per_seq,
+               .cache_lens = plan.meta.cache_lens + job.table_row, .num_seqs = static_cast<int>(job.num_seqs),
+               .q_per_seq = static_cast<int>(job.q_per_seq), .num_heads = static_cast<int>(heads),
+               .kv_lora_rank = static_cast<int>(rank), .rope_dim = static_cast<int>(rope), .block_size = kBlock,
+               .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
+               .max_cache_len = static_cast<int>(job.max_cache_len), .softmax_scale = softmax_scale_,
+               .out = act_.lat_out + r0 * heads * rank, .out_stride = heads * rank, .workspace = act_.decode_ws,
+               .workspace_bytes = act_.decode_ws_bytes},
+              stream),
+          "MLA decode attention");
+      RETURN_IF_ERROR(Mark("decode attention"));
+      // out = latent_out . W_UV^T per head: in float32 for small steps (the latent output
+      // stays unrounded), else through bf16 (tensor cores).
+      if (split) {
+        TANDEM_CUBLAS_RETURN(gemm_.BatchedF32({.a = act_.lat_out + r0 * heads * rank, .lda = heads * rank,
+                                               .stride_a = rank, .b = w.w_uv, .ldb = rank, .stride_b = v * rank,
+                                               .b_transposed = true, .c = act_.attn_f32 + r0 * heads * v,
+                                               .ldc = heads * v, .stride_c = v, .m = rows, .n = v, .k = rank,
+                                               .batch = heads},
+                                              stream),
+                             "W_UV");
+      } else {
+        TANDEM_CUDA_RETURN(cuda::ConvertF32ToBf16({.src = act_.lat_out + r0 * heads * rank, .src_stride = rank,
+                                                   .dst = act_.lat_bf16 + r0 * heads * rank, .dst_stride = rank,
+                                                   .rows = rows * heads, .cols = rank},
+                                                  stream),
+                           "attention output");
+        TANDEM_CUBLAS_RETURN(gemm_.Batched({.a = act_.lat_bf16 + r0 * heads * rank, .lda = heads * rank,
+                                            .stride_a = rank, .b = w.kv_b.data + nope * rank, .ldb = rank,
+                                            .stride_b = (nope + v) * rank, .b_transposed = true,
+                                            .c = act_.attn_f32 + r0 * heads * v, .ldc = heads * v, .stride_c = v,
+                                            .m = rows, .n = v, .k = rank, .batch = heads},
+                                           stream),
+                             "W_UV");
+      }
+      RETURN_IF_ERROR(Mark("W_UV"));
+    } else {
+      // Expanded: the sequence's latents [0, num_kv) projected into per-head keys and values.
+      const int64_t num_kv = job.max_cache_len;
+      TANDEM_CUDA_RETURN(cuda::KvGather({.kv_cache = kv_layer,
+                                         .block_table = plan.meta.block_tables + job.table_row * max_blocks_per_seq,
+                                         .block_size = kBlock, .entry_dim = static_cast<int>(entry),
+                                         .first_position = 0, .num_positions = num_kv, .out_bf16 = act_.kv_gathered,
+                                         .out_stride = entry},
+                                        stream),
+                         "gathering latents");
+      RETURN_IF_ERROR(Mark("latent gather"));
+      RETURN_IF_ERROR(Dense(w.kv_b_split, act_.kv_gathered, nullptr, entry, num_kv, act_.kv_expanded,
+                            heads * (nope + v), Out::kBf16));
+      RETURN_IF_ERROR(Mark("kv_b expansion"));
+      TANDEM_CUDA_RETURN(
+          cuda::MlaPrefillAttention(
+              {.q = act_.q_bf16 + r0 * heads * qk, .k_nope = act_.kv_expanded, .k_rope = act_.kv_gathered + rank,
+               .v = act_.kv_expanded + heads * nope, .q_stride = heads * qk, .k_nope_stride = heads * (nope + v),
+               .k_rope_stride = entry, .v_stride = heads * (nope + v), .num_q = static_cast<int>(rows),
+               .num_kv = static_cast<int>(num_kv), .num_heads = static_cast<int>(heads),
+               .nope_dim = static_cast<int>(nope), .rope_dim = static_cast<int>(rope), .v_dim = static_cast<int>(v),
+               .softmax_scale = softmax_scale_, .out = act_.attn_f32 + r0 * heads * v, .out_stride = heads * v},
+              stream),
+          "MLA prefill attention");
+      RETURN_IF_ERROR(Mark("prefill attention"));
+    }
+  }
+  TANDEM_CUDA_RETURN(cuda::ConvertF32ToBf16({.src = act_.attn_f32, .src_stride = heads * v, .dst = act_.attn_bf16,
+                                             .dst_stride = heads * v, .rows = t, .cols = heads * v,
+                                             .dst_lo = split ? act_.attn_lo : nullptr},
+                                            stream),
+                     "attention output");
+  RETURN_IF_ERROR(Mark("attention output convert"));
+  RETURN_IF_ERROR(Dense(w.o_proj, act_.attn_bf16, split ? act_.attn_lo : nullptr, heads * v, t, act_.x, hidden,
+                        Out::kAccumulate));
+  return Mark("o_proj");
+}
+
+absl::Status CudaDeepseekModel::Impl::Mlp(int64_t layer, const StepPlan& plan) {
+  const ModelConfig& c = config;
+  const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
+  const cuda_model::CudaMlpWeights& w = *lw.mlp;
+  const int64_t t = plan.rows, hidden = c.hidden_size, inter = w.down.cols;
+  const bool split = t <= options.split_activations_max_tokens;
+  TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = lw.post_attention_norm, .rows = t, .dim = hidden,
+                                    .x_stride = hidden, .out_stride = hidden, .eps = static_cast<float>(c.rms_norm_eps),
+                                    .out_bf16 = act_.h_bf16, .out_bf16_lo = split ? act_.h_lo : nullptr},
+                                   stream),
+                     "post-attention norm");
+  RETURN_IF_ERROR(Mark("MLP/MoE norm"));
+  if (t <= options.small_gemm_max_rows) {
+    TANDEM_CUDA_RETURN(cuda::GroupedGemm({.a = act_.h_bf16, .lda = hidden, .a_lo = split ? act_.h_lo : nullptr,
+                                          .b = w.gate_up.data, .n = static_cast<int>(w.gate_up.rows),
+                                          .k = static_cast<int>(hidden), .num_rows = static_cast<int>(t),
+                                          .rows_hint = static_cast<int>(t),
+                                          .epilogue = cuda::GemmEpilogue::kSiluMulBf16, .out = act_.act_bf16,
+                                          .ldo = inter, .out_lo = split ? act_.act_lo : nullptr},
+                                         stream),
+                       "MLP gate_up");
+    RETURN_IF_ERROR(Mark("MLP gate_up"));
+  } else {
+    RETURN_IF_ERROR(Dense(w.gate_up, act_.h_bf16, nullptr, hidden, t, act_.gu, 2 * inter, Out::kF32));
+    RETURN_IF_ERROR(Mark("MLP gate_up"));
+    TANDEM_CUDA_RETURN(cuda::SiluMul({.x = act_.gu, .x_stride = 2 * inter, .rows = t, .cols = inter,
+                                      .interleave = cuda_model::kGateUpInterleave, .out_bf16 = act_.act_bf16,
+                                      .out_stride = inter},
+                                     stream),
+                       "SiLU");
+    RETURN_IF_ERROR(Mark("SiLU"));
+  }
+  const bool split_act = split && t <= options.small_gemm_max_rows;  // the SiLU epilogue wrote act_lo
+  RETURN_IF_ERROR(Dense(w.down, act_.act_bf16, split_act ? act_.act_lo : nullptr, inter, t, act_.x, hidden,
+                        Out::kAccumulate));
+  return Mark("MLP down");
+}
+
+absl::Status CudaDeepseekModel::Impl::Moe(int64_t layer, const StepPlan& plan) {
+  const ModelConfig& c = config;
+  const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
+  const cuda_model::CudaMoeWeights& w = *lw.moe;
+  const int64_t t = plan.rows, hidden = c.hidden_size, experts = c.n_routed_experts, top_k = c.num_experts_per_tok;
+  const int64_t shared = c.n_shared_experts, inter = w.inter, per_token = top_k + shared, rows = t * per_token;
+  int32_t* offsets = act_.group_offsets + layer * (groups_ + 1);
+  const bool split = t <= options.split_activations_max_tokens;
+  // The grouped kernels run one thread block per tile of an expert's rows (memory-bound at
+  // decode sizes; the tiles of one expert share its weights through L2). Tiles about as
+  // tall as a routed expert's mean row count: fewer re-reads of the weights.
+  const bool grouped = t <= options.moe_grouped_max_tokens;
+  const int64_t mean_rows = t * top_k / experts;
+  const int kTileRows = mean_rows <= 16 ? 16 : mean_rows <= 32 ? 32 : 64;
+
+  TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = lw.post_attention_norm, .out = act_.h_f32, .rows = t,
+                                    .dim = hidden, .x_stride = hidden, .out_stride = hidden,
+                                    .eps = static_cast<float>(c.rms_norm_eps), .out_bf16 = act_.h_bf16,
+                                    .out_bf16_lo = split ? act_.h_lo : nullptr},
+                                   stream),
+                     "post-attention norm");
+  RETURN_IF_ERROR(Mark("MLP/MoE norm"));
+  TANDEM_CUBLAS_RETURN(gemm_.LinearF32({.x = act_.h_f32, .ldx = hidden, .w = w.router, .ldw = hidden,
+                                        .y = act_.router_logits, .ldy = experts, .m = t, .n = experts, .k = hidden},
+                                       stream),
+                       "router");
+  RETURN_IF_ERROR(Mark("router"));
+  TANDEM_CUDA_RETURN(
+      cuda::MoeRouting({.logits = act_.router_logits, .logits_stride = experts, .num_tokens = static_cast<int>(t),
+                        .num_experts = static_cast<int>(experts), .num_groups = static_cast<int>(c.n_group),
+                        .topk_groups = static_cast<int>(c.topk_group), .top_k = static_cast<int>(top_k),
+                        .scoring = Scoring(c.scoring_func), .method = Method(c.topk_method),
+                        .correction_bias = w.correction_bias, .normalize = c.norm_topk_prob,
+                        .scale_normalized = c.model_type != "deepseek_v2",
+                        .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
+                        .expert_ids = act_.expert_ids, .weights = act_.expert_weights},
+                       stream),
+      "routing");
+  RETURN_IF_ERROR(Mark("routing"));
+  TANDEM_CUDA_RETURN(cuda::MoePermute({.expert_ids = act_.expert_ids, .weights = act_.expert_weights,
+                                       .num_tokens = static_cast<int>(t), .top_k = static_cast<int>(top_k),
+                                       .num_experts = static_cast<int>(experts), .num_shared = static_cast<int>(shared),
+                                       .group_offsets = offsets, .active_groups = act_.active_groups,
+                                       .num_active = act_.num_active, .sorted_token = act_.sorted_token,
+                                       .sorted_weight = act_.sorted_weight, .entry_row = act_.entry_row,
+                                       .tile_rows = grouped ? kTileRows : 0, .tile_group = act_.tile_group,
+                                       .tile_row = act_.tile_row, .num_tiles = act_.num_tiles},
+                                      stream),
+                     "MoE permutation");
+  RETURN_IF_ERROR(Mark("MoE permute"));
+
+  if (grouped) {
+    // One grouped launch per projection over every tile of every active expert.
+    const int max_tiles = static_cast<int>(std::min<int64_t>(groups_, t * top_k + shared) + rows / kTileRows);
+    TANDEM_CUDA_RETURN(
+        cuda::GroupedGemm({.a = act_.h_bf16, .lda = hidden, .a_rows = act_.sorted_token,
+                           .a_lo = split ? act_.h_lo : nullptr, .b = w.gate_up,
+                           .b_group_stride = 2 * inter * hidden, .n = static_cast<int>(2 * inter),
+                           .k = static_cast<int>(hidden), .group_offsets = offsets, .tile_group = act_.tile_group,
+                           .tile_row = act_.tile_row, .num_tiles = act_.num_tiles, .num_groups = groups_,
+                           .max_active = max_tiles, .rows_hint = kTileRows,
+                           .epilogue = cuda::GemmEpilogue::kSiluMulBf16, .out = act_.act_bf16, .ldo = inter,
+                           .out_lo = split ? act_.act_lo : nullptr},
+                          stream),
+        "experts gate_up");
+    RETURN_IF_ERROR(Mark("experts gate_up"));
+    const bool scatter = rows <= kScatterMaxRows;
+    // A few tokens: few weight tiles per expert, so split K as well (atomics add anyway).
+    const int down_split = scatter && t <= 16 ? 2 : 1;
+    TANDEM_CUDA_RETURN(
+        cuda::GroupedGemm({.a = act_.act_bf16, .lda = inter, .a_lo = split ? act_.act_lo : nullptr, .b = w.down,
+                           .b_group_stride = hidden * inter,
+                           .n = static_cast<int>(hidden), .k = static_cast<int>(inter), .group_offsets = offsets,
+                           .tile_group = act_.tile_group, .tile_row = act_.tile_row, .num_tiles = act_.num_tiles,
+                           .num_groups = groups_, .max_active = max_tiles, .rows_hint = kTileRows,
+                           .epilogue = scatter ? cuda::GemmEpilogue::kScatterAddF32 : cuda::GemmEpilogue::kStoreF32,
+                           .out = scatter ? act_.x : act_.y, .ldo = hidden,
+                           .out_rows = scatter ? act_.sorted_token : nullptr,
+                           .row_scale = scatter ? act_.sorted_weight : nullptr, .split_k = down_split},
+                          stream),
+        "experts down");
+    RETURN_IF_ERROR(Mark("experts down"));
+    if (scatter) return absl::OkStatus();
+  } else {
+    // Large batches: cuBLAS per expert over contiguous permuted rows.
+    int32_t* host_offsets = small_host_.get<int32_t>();
+    TANDEM_CUDA_RETURN(cudaMemcpyAsync(host_offsets, offsets, (groups_ + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                       stream),
+                       "reading expert counts");
+    TANDEM_CUDA_RETURN(cuda::GatherRows({.src = act_.h_bf16, .src_stride = hidden, .rows = act_.sorted_token,
+                                         .num_rows = rows, .cols = hidden, .dst = act_.perm_bf16, .dst_stride = hidden},
+                                        stream),
+                       "permuting tokens");
+    RETURN_IF_ERROR(Mark("MoE gather rows"));
+    TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "reading expert counts");
+    const std::vector<int32_t> off(host_offsets, host_offsets + groups_ + 1);
+    for (int g = 0; g < groups_; ++g) {
+      const int64_t begin = off[g], count = off[g + 1] - off[g];
+      if (count == 0) continue;
+      const DeviceMatrix gate_up{w.gate_up + g * 2 * inter * hidden, 2 * inter, hidden};
+      TANDEM_CUBLAS_RETURN(gemm_.Linear({.x = act_.perm_bf16 + begin * hidden, .ldx = hidden, .w = gate_up.data,
+                                         .ldw = hidden, .y = act_.gu + begin * 2 * inter, .ldy = 2 * inter,
+                                         .m = count, .n = 2 * inter, .k = hidden},
+                                        stream),
+                           "expert gate_up");
+    }
+    RETURN_IF_ERROR(Mark("experts gate_up"));
+    TANDEM_CUDA_RETURN(cuda::SiluMul({.x = act_.gu, .x_stride = 2 * inter, .rows = rows, .cols = inter,
+                                      .interleave = cuda_model::kGateUpInterleave, .out_bf16 = act_.act_bf16,
+                                      .out_stride = inter},
+                                     stream),
+                       "SiLU");
+    RETURN_IF_ERROR(Mark("SiLU"));
+    for (int g = 0; g < groups_; ++g) {
+      const int64_t begin = off[g], count = off[g + 1] - off[g];
+      if (count == 0) continue;
+      TANDEM_CUBLAS_RETURN(gemm_.Linear({.x = act_.act_bf16 + begin * inter, .ldx = inter,
+                                         .w = w.down + g * hidden * inter, .ldw = inter, .y = act_.y + begin * hidden,
+                                         .ldy = hidden, .m = count, .n = hidden, .k = inter},
+                                        stream),
+                           "expert down");
+    }
+    RETURN_IF_ERROR(Mark("experts down"));
+  }
+  TANDEM_CUDA_RETURN(cuda::MoeCombine({.y = act_.y, .y_stride = hidden, .entry_row = act_.entry_row,
+                                       .sorted_weight = act_.sorted_weight, .num_tokens = static_cast<int>(t),
+                                       .entries_per_token = static_cast<int>(per_token), .dim = hidden, .out = act_.x,
+                                       .out_stride = hidden},
+                                      stream),
+                     "MoE combine");
+  RETURN_IF_ERROR(Mark("MoE combine"));
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

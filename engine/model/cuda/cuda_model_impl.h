@@ -1,0 +1,203 @@
+// Internals of CudaDeepseekModel shared by its source files: the device state, the
+// per-step plan (how a batch maps onto rows, attention jobs and block tables) and the
+// layer launchers. Not part of the public API.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model/cuda/cuda_deepseek_model.h"
+#include "engine/model/cuda/cuda_weights.h"
+#include "engine/model/cuda/device_memory.h"
+#include "kernels/cuda/cublas_gemm.h"
+
+namespace tandem {
+
+namespace cuda_model {
+
+// One attention launch group of a step. Absorbed: num_seqs sequences of q_per_seq query
+// tokens each, rows [row_begin, row_begin + num_seqs * q_per_seq), block tables and cache
+// lengths at table_row.. (the decode group, or one chunk of a sequence forced into the
+// absorbed form). Expanded: one sequence's rows attending over its num_kv positions.
+struct AttentionJob {
+  bool absorbed = true;
+  int64_t row_begin = 0;
+  int64_t num_seqs = 1;
+  int64_t q_per_seq = 1;
+  int64_t table_row = 0;
+  int64_t max_cache_len = 0;  // absorbed: bound of the cache lengths; expanded: num_kv
+};
+
+// Device pointers of a step's metadata, packed in one buffer (one upload per step).
+struct StepMeta {
+  int32_t* tokens = nullptr;        // [rows]
+  int32_t* positions = nullptr;     // [rows]
+  int32_t* slots = nullptr;         // [rows]
+  int32_t* logit_rows = nullptr;    // [out_rows]: internal row of each logits row, output order
+  int32_t* cache_lens = nullptr;    // [table_rows]
+  int32_t* block_tables = nullptr;  // [table_rows][max_blocks_per_seq]
+};
+
+struct StepPlan {
+  int64_t rows = 0;
+  int64_t out_rows = 0;
+  int64_t table_rows = 0;
+  int64_t rope_out_rows = 0;  // rows whose rotated query rope parts the absorbed form reads
+  std::vector<AttentionJob> jobs;
+  bool decode_only = false;  // every sequence one token, absorbed, logits for each
+  size_t meta_bytes = 0;
+  StepMeta meta;  // device pointers
+};
+
+// Packs the metadata arrays of a step; base null computes the size only.
+StepMeta LayoutMeta(char* base, int64_t rows, int64_t out_rows, int64_t table_rows, int64_t max_blocks_per_seq,
+                    size_t* bytes);
+
+// Preallocated activations (sizes: CudaDeepseekModel::Impl::AllocateActivations).
+struct Activations {
+  float* x = nullptr;  // residual stream [T][hidden]
+  float* h_f32 = nullptr;
+  __nv_bfloat16* h_bf16 = nullptr;
+  __nv_bfloat16* h_lo = nullptr;  // split activations: remainders of the bf16 buffers
+  __nv_bfloat16* qa_lo = nullptr;
+  __nv_bfloat16* attn_lo = nullptr;
+  __nv_bfloat16* act_lo = nullptr;
+  __nv_bfloat16* final_lo = nullptr;
+  float* qkv = nullptr;             // [T][q_rows + rank + rope]
+  __nv_bfloat16* qa_bf16 = nullptr;  // [T][q_lora_rank]
+  float* q_f32 = nullptr;           // [T][heads * qk] (q_lora models)
+  __nv_bfloat16* q_bf16 = nullptr;   // [T][heads][qk]
+  __nv_bfloat16* q_dec = nullptr;    // [T][heads][rank + rope]
+  float* lat_out = nullptr;         // [T][heads][rank]
+  __nv_bfloat16* lat_bf16 = nullptr;
+  float* attn_f32 = nullptr;  // [T][heads * v]
+  __nv_bfloat16* attn_bf16 = nullptr;
+  __nv_bfloat16* kv_gathered = nullptr;  // [max_context][rank + rope]
+  __nv_bfloat16* kv_expanded = nullptr;  // [max_context][heads * (nope + v)]
+  void* decode_ws = nullptr;
+  size_t decode_ws_bytes = 0;
+  float* gu = nullptr;  // [max(T * 2 inter, P * 2 moe_inter)]
+  __nv_bfloat16* act_bf16 = nullptr;
+  float* router_logits = nullptr;  // [T][experts]
+  int32_t* expert_ids = nullptr;   // [T][top_k]
+  float* expert_weights = nullptr;
+  int32_t* group_offsets = nullptr;  // [layers][groups + 1]
+  int32_t* active_groups = nullptr;  // [groups]
+  int32_t* num_active = nullptr;
+  int32_t* tile_group = nullptr;  // grouped-GEMM work list (moe_permute.h)
+  int32_t* tile_row = nullptr;
+  int32_t* num_tiles = nullptr;
+  int32_t* sorted_token = nullptr;  // [P]
+  float* sorted_weight = nullptr;
+  int32_t* entry_row = nullptr;
+  __nv_bfloat16* perm_bf16 = nullptr;  // [P][hidden]
+  float* y = nullptr;                  // [P][hidden]
+  float* logits = nullptr;             // [max_logit_rows][vocab]
+  int32_t* argmax = nullptr;           // [max_logit_rows]
+  __nv_bfloat16* final_bf16 = nullptr;  // [max_logit_rows][hidden]
+};
+
+}  // namespace cuda_model
+
+class CudaDeepseekModel::Impl {
+ public:
+  ~Impl();
+
+  absl::Status Init(const ModelConfig& config, const ModelWeights* host, uint64_t seed, const LoadOptions& options);
+
+  // Forward; with greedy, *ids gets the argmax of each logits row instead of the logits.
+  absl::Status Run(std::span<const ForwardSequence> batch, const ForwardOptions& options, std::vector<float>* logits,
+                   std::vector<int32_t>* ids);
+
+  absl::Status ReadKv(int64_t layer, std::span<const int32_t> table, int64_t first, int64_t n, float* host);
+  absl::Status WriteKv(int64_t layer, std::span<const int32_t> table, int64_t first, const float* entries, int64_t n);
+  absl::StatusOr<uint64_t> LastForwardWeightBytes();
+
+  ModelConfig config;
+  LoadOptions options;
+  std::string device_name;
+  cudaStream_t stream = nullptr;
+  int sm_count = 132;
+  int64_t num_blocks = 0;
+  int64_t max_context = 0;
+  int64_t max_blocks_per_seq = 0;
+  int64_t max_table_rows = 0;
+  int64_t max_logit_rows = 0;
+  uint64_t kv_bytes = 0;
+  uint64_t activation_bytes = 0;
+  std::unique_ptr<cuda_model::CudaModelWeights> weights;
+
+ private:
+  using DeviceMatrix = cuda_model::DeviceMatrix;
+  enum class Out { kF32, kBf16, kAccumulate };
+
+  absl::Status AllocateActivations();
+  absl::Status AllocateKvCache();
+  absl::StatusOr<cuda_model::StepPlan> Plan(std::span<const ForwardSequence> batch, AttentionForm form);
+  // Everything of a step after the metadata upload: layers, final norm and LM head of
+  // logits rows [0, min(out_rows, max_logit_rows)), argmax. Capturable when
+  // plan.decode_only and no callback.
+  absl::Status EnqueueStep(const cuda_model::StepPlan& plan, const ForwardOptions& options);
+  absl::Status EnqueueLogits(const cuda_model::StepPlan& plan, int64_t begin, int64_t count);
+  absl::Status Attention(int64_t layer, const cuda_model::StepPlan& plan);
+  absl::Status Mlp(int64_t layer, const cuda_model::StepPlan& plan);
+  absl::Status Moe(int64_t layer, const cuda_model::StepPlan& plan);
+  // y (+)= x . w^T for `rows` rows: the grouped kernel for small row counts, cuBLAS else.
+  absl::Status Dense(const DeviceMatrix& w, const __nv_bfloat16* x, const __nv_bfloat16* x_lo, int64_t ldx,
+                     int64_t rows, void* y, int64_t ldy, Out out);
+  absl::Status RunGraph(const cuda_model::StepPlan& plan, const ForwardOptions& options);
+
+  __nv_bfloat16* KvLayer(int64_t layer) const {
+    return kv_cache_.get<__nv_bfloat16>() + layer * num_blocks * 64 * config.kv_entry_dim();
+  }
+
+  cuda::CublasGemm gemm_;
+  cuda_model::DeviceBuffer inv_freq_;
+  float rope_attention_factor_ = 1.0f;
+  float softmax_scale_ = 1.0f;
+  cuda_model::DeviceBuffer kv_cache_;
+  cuda_model::DeviceBuffer act_buffer_;
+  cuda_model::Activations act_;
+  cuda_model::DeviceBuffer meta_dev_;
+  cuda_model::PinnedBuffer meta_host_;
+  cuda_model::PinnedBuffer logits_host_;
+  cuda_model::PinnedBuffer small_host_;  // expert offsets, argmax ids
+  cuda_model::DeviceBuffer kv_staging_;  // KV import/export
+  cuda_model::PinnedBuffer kv_staging_host_;
+  int64_t kv_staging_entries_ = 0;
+  int groups_ = 0;  // MoE groups (routed + shared), 0 without MoE layers
+  int64_t moe_rows_ = 0;  // P: max_batch_tokens * (top_k + shared)
+  // Graphs of decode steps, by (batch size, context bucket); seen once before capture.
+  std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs_;
+  std::map<std::pair<int64_t, int64_t>, int> graph_seen_;
+  bool graphs_on_ = true;
+  // Benchmark instrumentation (set_step_events, set_profiling).
+  absl::Status Mark(const char* what);
+  absl::Status RecordStepEnd(bool last);
+  cudaEvent_t NextEvent();
+  absl::StatusOr<std::vector<std::pair<double, double>>> TakeStepTimes();
+  absl::StatusOr<std::vector<std::pair<std::string, double>>> TakeProfile();
+  bool step_events_ = false;
+  std::vector<cudaEvent_t> step_begin_, step_end_;
+  bool profiling_ = false;
+  std::vector<std::pair<const char*, cudaEvent_t>> marks_;
+  std::vector<std::pair<std::string, double>> profile_;
+  std::vector<cudaEvent_t> event_pool_;
+  size_t events_used_ = 0;
+  // The last step's shape, for LastForwardWeightBytes.
+  int64_t last_rows_ = 0;
+  int64_t last_out_rows_ = 0;
+
+  friend class CudaDeepseekModel;
+};
+
+}  // namespace tandem

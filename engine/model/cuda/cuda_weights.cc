@@ -1,0 +1,317 @@
+#include "engine/model/cuda/cuda_weights.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/util/status_macros.h"
+#include "kernels/cuda/convert.h"
+#include "kernels/cuda/random_init.h"
+#include "xxhash.h"
+
+namespace tandem::cuda_model {
+namespace {
+
+using cuda::RandomInit;
+
+class Builder {
+ public:
+  Builder(const ModelConfig& c, const ModelWeights* host, uint64_t seed, cudaStream_t stream)
+      : c_(c), host_(host), seed_(seed), stream_(stream), out_(std::make_unique<CudaModelWeights>()) {}
+
+  absl::StatusOr<std::unique_ptr<CudaModelWeights>> Build() {
+    const int64_t hidden = c_.hidden_size;
+    if (c_.vocab_size <= 0) return absl::InvalidArgumentError("config.json: vocab_size must be set");
+    ASSIGN_OR_RETURN(out_->embed, NewMatrix(c_.vocab_size, hidden, "embedding"));
+    RETURN_IF_ERROR(Fill("model.embed_tokens.weight", host_ ? &host_->embed : nullptr, c_.vocab_size, hidden,
+                         RandomInit::kEmbedding, out_->embed.data));
+    for (int64_t i = 0; i < c_.num_hidden_layers; ++i) {
+      ASSIGN_OR_RETURN(CudaLayerWeights layer, Layer(i));
+      out_->layers.push_back(layer);
+    }
+    ASSIGN_OR_RETURN(out_->final_norm, Vector("model.norm.weight", host_ ? host_->final_norm : nullptr, hidden,
+                                              RandomInit::kNorm, /*stored_bf16=*/true));
+    const bool tied = host_ != nullptr ? host_->lm_head.data == host_->embed.data : c_.tie_word_embeddings;
+    if (tied) {
+      out_->lm_head = out_->embed;
+    } else {
+      ASSIGN_OR_RETURN(out_->lm_head, NewMatrix(c_.vocab_size, hidden, "lm_head"));
+      RETURN_IF_ERROR(Fill("lm_head.weight", host_ ? &host_->lm_head : nullptr, c_.vocab_size, hidden,
+                           RandomInit::kLinear, out_->lm_head.data));
+    }
+    TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "uploading weights");
+    temp_[0].Reset();
+    temp_[1].Reset();
+    raw_.Reset();
+    scales_.Reset();
+    return std::move(out_);
+  }
+
+ private:
+  absl::StatusOr<CudaLayerWeights> Layer(int64_t i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    const DecoderLayerWeights* hl = host_ ? &host_->layers[i] : nullptr;
+    const int64_t hidden = c_.hidden_size, heads = c_.num_attention_heads;
+    const int64_t rank = c_.kv_lora_rank, rope = c_.qk_rope_head_dim, nope = c_.qk_nope_head_dim, v = c_.v_head_dim;
+    CudaLayerWeights l;
+    ASSIGN_OR_RETURN(l.input_norm, Vector(p + "input_layernorm.weight", hl ? hl->input_norm : nullptr, hidden,
+                                          RandomInit::kNorm, true));
+    ASSIGN_OR_RETURN(l.post_attention_norm, Vector(p + "post_attention_layernorm.weight",
+                                                   hl ? hl->post_attention_norm : nullptr, hidden, RandomInit::kNorm,
+                                                   true));
+    const std::string s = p + "self_attn.";
+    const AttentionWeights* ha = hl ? &hl->attention : nullptr;
+    CudaAttentionWeights& a = l.attention;
+    const int64_t q_rows = c_.q_lora_rank ? *c_.q_lora_rank : heads * c_.qk_head_dim();
+    ASSIGN_OR_RETURN(a.qkv_a, NewMatrix(q_rows + rank + rope, hidden, "q/kv_a projection"));
+    if (c_.q_lora_rank) {
+      const int64_t qr = *c_.q_lora_rank;
+      RETURN_IF_ERROR(Fill(s + "q_a_proj.weight", ha ? &ha->q_a_proj : nullptr, qr, hidden, RandomInit::kLinear,
+                           a.qkv_a.data));
+      ASSIGN_OR_RETURN(a.q_a_norm, Vector(s + "q_a_layernorm.weight", ha ? ha->q_a_norm : nullptr, qr,
+                                          RandomInit::kNorm, true));
+      ASSIGN_OR_RETURN(a.q_b, NewMatrix(heads * c_.qk_head_dim(), qr, "q_b_proj"));
+      RETURN_IF_ERROR(Fill(s + "q_b_proj.weight", ha ? &ha->q_b_proj : nullptr, heads * c_.qk_head_dim(), qr,
+                           RandomInit::kLinear, a.q_b.data));
+    } else {
+      RETURN_IF_ERROR(Fill(s + "q_proj.weight", ha ? &ha->q_proj : nullptr, q_rows, hidden, RandomInit::kLinear,
+                           a.qkv_a.data));
+    }
+    RETURN_IF_ERROR(Fill(s + "kv_a_proj_with_mqa.weight", ha ? &ha->kv_a_proj : nullptr, rank + rope, hidden,
+                         RandomInit::kLinear, a.qkv_a.data + q_rows * hidden));
+    ASSIGN_OR_RETURN(a.kv_a_norm, Vector(s + "kv_a_layernorm.weight", ha ? ha->kv_a_norm : nullptr, rank,
+                                         RandomInit::kNorm, true));
+    ASSIGN_OR_RETURN(a.kv_b, NewMatrix(heads * (nope + v), rank, "kv_b_proj"));
+    RETURN_IF_ERROR(Fill(s + "kv_b_proj.weight", ha ? &ha->kv_b_proj : nullptr, heads * (nope + v), rank,
+                         RandomInit::kLinear, a.kv_b.data));
+    ASSIGN_OR_RETURN(a.kv_b_split, NewMatrix(heads * (nope + v), rank, "kv_b_proj (split)"));
+    const size_t row_bytes = static_cast<size_t>(rank) * 2;
+    TANDEM_CUDA_RETURN(cudaMemcpy2DAsync(a.kv_b_split.data, nope * row_bytes, a.kv_b.data, (nope + v) * row_bytes,
+                                         nope * row_bytes, heads, cudaMemcpyDeviceToDevice, stream_),
+                       "splitting kv_b_proj");
+    TANDEM_CUDA_RETURN(cudaMemcpy2DAsync(a.kv_b_split.data + heads * nope * rank, v * row_bytes,
+                                         a.kv_b.data + nope * rank, (nope + v) * row_bytes, v * row_bytes, heads,
+                                         cudaMemcpyDeviceToDevice, stream_),
+                       "splitting kv_b_proj");
+    ASSIGN_OR_RETURN(float* w_uv, Alloc<float>(heads * v * rank, "W_UV"));
+    for (int64_t h = 0; h < heads; ++h) {
+      TANDEM_CUDA_RETURN(cuda::ConvertBf16ToF32({.src = a.kv_b.data + (h * (nope + v) + nope) * rank, .src_stride = rank,
+                                                 .dst = w_uv + h * v * rank, .dst_stride = rank, .rows = v,
+                                                 .cols = rank},
+                                                stream_),
+                         "converting W_UV");
+    }
+    a.w_uv = w_uv;
+    ASSIGN_OR_RETURN(a.o_proj, NewMatrix(hidden, heads * v, "o_proj"));
+    RETURN_IF_ERROR(Fill(s + "o_proj.weight", ha ? &ha->o_proj : nullptr, hidden, heads * v, RandomInit::kLinear,
+                         a.o_proj.data));
+
+    const std::string m = p + "mlp.";
+    if (c_.IsMoeLayer(i)) {
+      const MoeWeights* hm = hl ? &*hl->moe : nullptr;
+      const int64_t experts = c_.n_routed_experts, inter = c_.moe_intermediate_size;
+      const int64_t shared = c_.n_shared_experts;
+      CudaMoeWeights moe;
+      moe.groups = static_cast<int>(experts + shared);
+      moe.inter = inter;
+      ASSIGN_OR_RETURN(float* router, Alloc<float>(experts * hidden, "router"));
+      RETURN_IF_ERROR(Router(m + "gate.weight", hm ? &hm->router : nullptr, experts, hidden, router));
+      moe.router = router;
+      if (c_.topk_method == TopkMethod::kNoauxTc) {
+        ASSIGN_OR_RETURN(moe.correction_bias, Vector(m + "gate.e_score_correction_bias",
+                                                     hm ? hm->correction_bias : nullptr, experts, RandomInit::kBias,
+                                                     /*stored_bf16=*/false));
+      }
+      ASSIGN_OR_RETURN(moe.gate_up, Alloc<__nv_bfloat16>(moe.groups * 2 * inter * hidden, "expert gate_up"));
+      ASSIGN_OR_RETURN(moe.down, Alloc<__nv_bfloat16>(moe.groups * hidden * inter, "expert down"));
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string ep = absl::StrCat(m, "experts.", e, ".");
+        const MlpWeights* he = hm ? &hm->experts[e] : nullptr;
+        RETURN_IF_ERROR(GateUp(ep, he, inter, 1, moe.gate_up + e * 2 * inter * hidden));
+        RETURN_IF_ERROR(Fill(ep + "down_proj.weight", he ? &he->down : nullptr, hidden, inter, RandomInit::kLinear,
+                             moe.down + e * hidden * inter));
+      }
+      if (shared > 0) {
+        const std::string sp = m + "shared_experts.";
+        const MlpWeights* hs = hm && hm->shared ? &*hm->shared : nullptr;
+        RETURN_IF_ERROR(GateUp(sp, hs, inter, static_cast<int>(shared), moe.gate_up + experts * 2 * inter * hidden));
+        // down [hidden][shared * inter]: column range s becomes group experts + s.
+        ASSIGN_OR_RETURN(__nv_bfloat16 * tmp, Temp(0, hidden * shared * inter));
+        RETURN_IF_ERROR(Fill(sp + "down_proj.weight", hs ? &hs->down : nullptr, hidden, shared * inter,
+                             RandomInit::kLinear, tmp));
+        for (int64_t j = 0; j < shared; ++j) {
+          TANDEM_CUDA_RETURN(cudaMemcpy2DAsync(moe.down + (experts + j) * hidden * inter, inter * 2, tmp + j * inter,
+                                               shared * inter * 2, inter * 2, hidden, cudaMemcpyDeviceToDevice, stream_),
+                             "splitting shared experts");
+        }
+      }
+      l.moe = moe;
+    } else {
+      const MlpWeights* hm = hl ? &*hl->mlp : nullptr;
+      const int64_t inter = c_.intermediate_size;
+      CudaMlpWeights mlp;
+      ASSIGN_OR_RETURN(mlp.gate_up, NewMatrix(2 * inter, hidden, "gate_up"));
+      RETURN_IF_ERROR(GateUp(m, hm, inter, 1, mlp.gate_up.data));
+      ASSIGN_OR_RETURN(mlp.down, NewMatrix(hidden, inter, "down"));
+      RETURN_IF_ERROR(Fill(m + "down_proj.weight", hm ? &hm->down : nullptr, hidden, inter, RandomInit::kLinear,
+                           mlp.down.data));
+      l.mlp = mlp;
+    }
+    return l;
+  }
+
+  // gate_proj/up_proj [chunks * inter][hidden] into `chunks` consecutive [2 * inter][hidden]
+  // matrices, each interleaving its gate and up rows in blocks of kGateUpInterleave.
+  absl::Status GateUp(const std::string& prefix, const MlpWeights* host, int64_t inter, int chunks,
+                      __nv_bfloat16* dst) {
+    const int64_t hidden = c_.hidden_size, total = inter * chunks;
+    if (inter % kGateUpInterleave != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("intermediate size ", inter, " is not a multiple of ",
+                                                     kGateUpInterleave, " (needed by the CUDA backend)"));
+    }
+    ASSIGN_OR_RETURN(__nv_bfloat16 * gate, Temp(0, total * hidden));
+    ASSIGN_OR_RETURN(__nv_bfloat16 * up, Temp(1, total * hidden));
+    RETURN_IF_ERROR(Fill(prefix + "gate_proj.weight", host ? &host->gate : nullptr, total, hidden,
+                         RandomInit::kLinear, gate));
+    RETURN_IF_ERROR(Fill(prefix + "up_proj.weight", host ? &host->up : nullptr, total, hidden, RandomInit::kLinear,
+                         up));
+    const size_t block = static_cast<size_t>(kGateUpInterleave) * hidden * 2;  // bytes of 8 rows
+    for (int j = 0; j < chunks; ++j) {
+      __nv_bfloat16* d = dst + static_cast<int64_t>(j) * 2 * inter * hidden;
+      const int64_t src_off = static_cast<int64_t>(j) * inter * hidden;
+      TANDEM_CUDA_RETURN(cudaMemcpy2DAsync(d, 2 * block, gate + src_off, block, block, inter / kGateUpInterleave,
+                                           cudaMemcpyDeviceToDevice, stream_),
+                         "interleaving gate_up");
+      TANDEM_CUDA_RETURN(cudaMemcpy2DAsync(d + kGateUpInterleave * hidden, 2 * block, up + src_off, block, block,
+                                           inter / kGateUpInterleave, cudaMemcpyDeviceToDevice, stream_),
+                         "interleaving gate_up");
+    }
+    return absl::OkStatus();
+  }
+
+  uint64_t Key(const std::string& name) const { return XXH64(name.data(), name.size(), seed_); }
+
+  // Tensor `name` as bf16 into dst [rows][cols].
+  absl::Status Fill(const std::string& name, const WeightMatrix* host, int64_t rows, int64_t cols, RandomInit init,
+                    __nv_bfloat16* dst) {
+    const int64_t n = rows * cols;
+    if (host == nullptr) {
+      return CudaStatus(cuda::RandomInitFill({.key = Key(name), .n = n, .fan_in = cols, .init = init, .out_bf16 = dst},
+                                             stream_),
+                        "generating weights");
+    }
+    if (host->rows != rows || host->cols != cols) {
+      return absl::InternalError(absl::StrCat("tensor '", name, "' has an unexpected shape"));
+    }
+    switch (host->dtype) {
+      case DType::kBF16:
+        TANDEM_CUDA_RETURN(cudaMemcpyAsync(dst, host->data, n * 2, cudaMemcpyHostToDevice, stream_), "uploading");
+        return absl::OkStatus();
+      case DType::kF32: {
+        ASSIGN_OR_RETURN(void* raw, Raw(n * 4));
+        TANDEM_CUDA_RETURN(cudaMemcpyAsync(raw, host->data, n * 4, cudaMemcpyHostToDevice, stream_), "uploading");
+        return CudaStatus(cuda::ConvertF32ToBf16({.src = raw, .src_stride = cols, .dst = dst, .dst_stride = cols,
+                                                  .rows = rows, .cols = cols},
+                                                 stream_),
+                          "converting to bf16");
+      }
+      case DType::kF8E4M3: {
+        const int64_t num_scales = ((rows + 127) / 128) * ((cols + 127) / 128);
+        ASSIGN_OR_RETURN(void* raw, Raw(n));
+        if (scales_.bytes() < static_cast<size_t>(num_scales) * 4) {
+          TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "uploading weights");
+          RETURN_IF_ERROR(scales_.Allocate(num_scales * 4, "weight scales"));
+        }
+        TANDEM_CUDA_RETURN(cudaMemcpyAsync(raw, host->data, n, cudaMemcpyHostToDevice, stream_), "uploading");
+        TANDEM_CUDA_RETURN(cudaMemcpyAsync(scales_.get(), host->block_scales, num_scales * 4, cudaMemcpyHostToDevice,
+                                           stream_),
+                           "uploading scales");
+        return CudaStatus(cuda::DequantizeFp8ToBf16({.src = static_cast<const uint8_t*>(raw),
+                                                     .scales = scales_.get<float>(), .dst = dst, .rows = rows,
+                                                     .cols = cols},
+                                                    stream_),
+                          "dequantizing fp8");
+      }
+      case DType::kF16:
+        break;
+    }
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has a type the CUDA backend cannot load"));
+  }
+
+  // The router, float32 (the loader keeps it in float32; generated: bf16-stored values).
+  absl::Status Router(const std::string& name, const WeightMatrix* host, int64_t rows, int64_t cols, float* dst) {
+    if (host == nullptr) {
+      return CudaStatus(cuda::RandomInitFill({.key = Key(name), .n = rows * cols, .fan_in = cols,
+                                              .init = RandomInit::kLinear, .out_f32 = dst, .round_to_bf16 = true},
+                                             stream_),
+                        "generating weights");
+    }
+    if (host->dtype != DType::kF32 || host->rows != rows || host->cols != cols) {
+      return absl::InternalError(absl::StrCat("router '", name, "' is not a float32 [", rows, ", ", cols, "] matrix"));
+    }
+    TANDEM_CUDA_RETURN(cudaMemcpyAsync(dst, host->data, rows * cols * 4, cudaMemcpyHostToDevice, stream_),
+                       "uploading the router");
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<const float*> Vector(const std::string& name, const float* host, int64_t n, RandomInit init,
+                                      bool stored_bf16) {
+    ASSIGN_OR_RETURN(float* dst, Alloc<float>(n, "vector"));
+    if (host == nullptr) {
+      TANDEM_CUDA_RETURN(cuda::RandomInitFill({.key = Key(name), .n = n, .fan_in = 1, .init = init, .out_f32 = dst,
+                                               .round_to_bf16 = stored_bf16},
+                                              stream_),
+                         "generating weights");
+    } else {
+      TANDEM_CUDA_RETURN(cudaMemcpyAsync(dst, host, n * 4, cudaMemcpyHostToDevice, stream_), "uploading");
+    }
+    return dst;
+  }
+
+  template <typename T>
+  absl::StatusOr<T*> Alloc(int64_t count, const char* what) {
+    DeviceBuffer b;
+    RETURN_IF_ERROR(b.Allocate(static_cast<size_t>(count) * sizeof(T), what));
+    T* p = b.get<T>();
+    out_->bytes += b.bytes();
+    out_->buffers.push_back(std::move(b));
+    return p;
+  }
+
+  absl::StatusOr<DeviceMatrix> NewMatrix(int64_t rows, int64_t cols, const char* what) {
+    ASSIGN_OR_RETURN(__nv_bfloat16 * p, Alloc<__nv_bfloat16>(rows * cols, what));
+    return DeviceMatrix{p, rows, cols};
+  }
+
+  // Scratch reused across tensors; the stream orders the reuse.
+  absl::StatusOr<__nv_bfloat16*> Temp(int slot, int64_t elems) {
+    DeviceBuffer& t = temp_[slot];
+    if (t.bytes() < static_cast<size_t>(elems) * 2) {
+      TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "uploading weights");
+      RETURN_IF_ERROR(t.Allocate(static_cast<size_t>(elems) * 2, "weight conversion scratch"));
+    }
+    return t.get<__nv_bfloat16>();
+  }
+  absl::StatusOr<void*> Raw(int64_t bytes) {
+    if (raw_.bytes() < static_cast<size_t>(bytes)) {
+      TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "uploading weights");
+      RETURN_IF_ERROR(raw_.Allocate(static_cast<size_t>(bytes), "weight conversion scratch"));
+    }
+    return raw_.get();
+  }
+
+  const ModelConfig& c_;
+  const ModelWeights* host_;
+  uint64_t seed_;
+  cudaStream_t stream_;
+  std::unique_ptr<CudaModelWeights> out_;
+  DeviceBuffer temp_[2], raw_, scales_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaModelWeights>> UploadWeights(const ModelConfig& config, const ModelWeights* host,
+                                                                uint64_t seed, cudaStream_t stream) {
+  return Builder(config, host, seed, stream).Build();
+}
+
+}  // namespace tandem::cuda_model

@@ -1,0 +1,88 @@
+// The weights of a DeepSeek-V2/V3 model on the GPU, in the layouts the CUDA forward pass
+// reads (bf16 matrices, float32 norms and router):
+//   - attention: [q_proj | kv_a_proj] (or [q_a_proj | kv_a_proj]) stacked into one matrix,
+//     one GEMM for both; kv_b_proj as stored (per head [nope rows | v rows]: the absorbed
+//     form's W_UK and W_UV) and split ([all heads' nope rows | all heads' v rows]: the
+//     expanded form's keys and values as two contiguous column ranges);
+//   - MLPs: gate_up with gate and up rows interleaved in blocks of 8 (one GEMM, SiLU fused
+//     into its epilogue), down as stored;
+//   - MoE: the routed experts then the shared experts split into n_shared experts of
+//     moe_intermediate_size each (an MLP of intermediate a + b is the sum of two MLPs), all
+//     in one [groups][...] tensor per projection, so one grouped GEMM runs them all.
+// Loaded from a checkpoint's LoadedWeights (BF16 copied, F32 and block-scaled FP8
+// converted on the GPU) or generated on the GPU with the values `tandem make-model`
+// writes for a seed (random_init.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "absl/status/statusor.h"
+#include "engine/model/cuda/device_memory.h"
+#include "engine/model/model_config.h"
+#include "engine/model/weights.h"
+
+namespace tandem::cuda_model {
+
+inline constexpr int kGateUpInterleave = 8;
+
+struct DeviceMatrix {
+  __nv_bfloat16* data = nullptr;  // [rows][cols]
+  int64_t rows = 0;
+  int64_t cols = 0;
+  uint64_t bytes() const { return static_cast<uint64_t>(rows * cols) * 2; }
+};
+
+struct CudaAttentionWeights {
+  DeviceMatrix qkv_a;  // [q_dim + kv_lora_rank + rope][hidden], q_dim = q_lora_rank or heads * qk
+  const float* q_a_norm = nullptr;
+  DeviceMatrix q_b;  // [heads * qk][q_lora_rank] (q_lora models)
+  const float* kv_a_norm = nullptr;
+  DeviceMatrix kv_b;        // [heads * (nope + v)][kv_lora_rank], as stored
+  DeviceMatrix kv_b_split;  // [heads * nope + heads * v][kv_lora_rank]
+  const float* w_uv = nullptr;  // [heads][v][kv_lora_rank] float32: kv_b's value rows (absorbed form)
+  DeviceMatrix o_proj;      // [hidden][heads * v]
+};
+
+struct CudaMlpWeights {
+  DeviceMatrix gate_up;  // [2 * inter][hidden], interleaved by kGateUpInterleave
+  DeviceMatrix down;     // [hidden][inter]
+};
+
+struct CudaMoeWeights {
+  const float* router = nullptr;           // [experts][hidden] float32
+  const float* correction_bias = nullptr;  // [experts] or null
+  int groups = 0;                          // routed + split shared experts
+  int64_t inter = 0;                       // moe_intermediate_size
+  __nv_bfloat16* gate_up = nullptr;        // [groups][2 * inter][hidden], interleaved
+  __nv_bfloat16* down = nullptr;           // [groups][hidden][inter]
+};
+
+struct CudaLayerWeights {
+  const float* input_norm = nullptr;
+  const float* post_attention_norm = nullptr;
+  CudaAttentionWeights attention;
+  std::optional<CudaMlpWeights> mlp;
+  std::optional<CudaMoeWeights> moe;
+};
+
+struct CudaModelWeights {
+  DeviceMatrix embed;    // [vocab][hidden]
+  DeviceMatrix lm_head;  // [vocab][hidden]; the embedding when tied
+  const float* final_norm = nullptr;
+  std::vector<CudaLayerWeights> layers;
+  uint64_t bytes = 0;  // GPU bytes of all weights
+  std::vector<DeviceBuffer> buffers;
+};
+
+// host == nullptr: generate the weights make-model would write with `seed` (bf16).
+// Errors: RESOURCE_EXHAUSTED when the GPU lacks memory, INTERNAL for CUDA failures.
+absl::StatusOr<std::unique_ptr<CudaModelWeights>> UploadWeights(const ModelConfig& config, const ModelWeights* host,
+                                                                uint64_t seed, cudaStream_t stream);
+
+}  // namespace tandem::cuda_model

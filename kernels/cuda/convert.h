@@ -1,0 +1,40 @@
+// Element type conversions on the GPU, 2-D with row strides: float32 <-> bf16 (round to
+// nearest even, as kernels/common/dtype.h's F32ToBf16), and FP8 E4M3 weights with
+// 128x128 block scales to bf16 (value = fp8 * scale[row / 128][col / 128], rounded once).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace tandem::cuda {
+
+struct ConvertParams {
+  const void* src = nullptr;
+  int64_t src_stride = 0;  // elements
+  void* dst = nullptr;
+  int64_t dst_stride = 0;  // elements
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // ConvertF32ToBf16 only, optional: the remainder v - bf16(v) in bf16, same layout as dst
+  // (split activations, grouped_gemm.h).
+  void* dst_lo = nullptr;
+};
+
+// src float, dst __nv_bfloat16.
+cudaError_t ConvertF32ToBf16(const ConvertParams& p, cudaStream_t stream);
+// src __nv_bfloat16, dst float.
+cudaError_t ConvertBf16ToF32(const ConvertParams& p, cudaStream_t stream);
+
+struct DequantizeFp8Params {
+  const uint8_t* src = nullptr;  // [rows][cols] E4M3 ("fn": no infinities)
+  const float* scales = nullptr;  // [ceil(rows / 128)][ceil(cols / 128)]
+  __nv_bfloat16* dst = nullptr;   // [rows][cols]
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+cudaError_t DequantizeFp8ToBf16(const DequantizeFp8Params& p, cudaStream_t stream);
+
+}  // namespace tandem::cuda

@@ -1,0 +1,80 @@
+// Token permutation for the MoE layers on the GPU (DESIGN.md §8).
+//
+// MoePermute sorts the (token, expert) pairs of a routing by expert: group g's rows are
+// [group_offsets[g], group_offsets[g + 1]) of the permuted order, tokens ascending inside
+// a group (stable, so results never depend on thread timing). Shared experts can ride
+// along as groups num_experts .. num_experts + num_shared - 1 that every token uses with
+// weight 1, so that one grouped GEMM runs routed and shared experts together. The active
+// groups (with at least one row) are listed for the grouped GEMM's grid, and optionally
+// its work list: every group's rows cut into tiles of tile_rows (group, first row), so
+// that a grouped GEMM gives each tile one thread block whatever the groups' sizes. One
+// block; no host synchronization, so it can be captured in a CUDA graph.
+//
+// GatherRows copies rows of a bf16 matrix in permuted order (for GEMM libraries that need
+// contiguous rows); MoeCombine adds the weighted expert outputs back to the tokens.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace tandem::cuda {
+
+inline constexpr int kMoeMaxGroups = 1024;
+
+struct MoePermuteParams {
+  const int32_t* expert_ids = nullptr;  // [num_tokens][top_k]
+  const float* weights = nullptr;       // [num_tokens][top_k]
+  int num_tokens = 0;
+  int top_k = 0;
+  int num_experts = 0;
+  int num_shared = 0;  // groups appended after the routed experts, weight 1 for every token
+  // Outputs; G = num_experts + num_shared (at most kMoeMaxGroups), E = top_k + num_shared.
+  int32_t* group_offsets = nullptr;  // [G + 1]
+  int32_t* active_groups = nullptr;  // [G], ascending; entries past *num_active unspecified
+  int32_t* num_active = nullptr;     // [1]
+  int32_t* sorted_token = nullptr;   // [num_tokens * E]: token of each permuted row
+  float* sorted_weight = nullptr;    // [num_tokens * E]: its routing weight
+  int32_t* entry_row = nullptr;      // [num_tokens][E]: permuted row of each pair (routed first)
+  // Optional work list, with tile_rows > 0: at most MoeMaxTiles(...) tiles.
+  int tile_rows = 0;
+  int32_t* tile_group = nullptr;  // group of each tile
+  int32_t* tile_row = nullptr;    // first permuted row of each tile
+  int32_t* num_tiles = nullptr;   // [1]
+};
+
+// An upper bound of the tiles of a permutation of `rows` rows over `groups` groups.
+inline int MoeMaxTiles(int64_t rows, int groups, int tile_rows) {
+  return static_cast<int>(rows / tile_rows + groups);
+}
+
+cudaError_t MoePermute(const MoePermuteParams& p, cudaStream_t stream);
+
+struct GatherRowsParams {
+  const __nv_bfloat16* src = nullptr;  // [*][src_stride]
+  int64_t src_stride = 0;
+  const int32_t* rows = nullptr;  // [num_rows] source row of each output row
+  int64_t num_rows = 0;
+  int64_t cols = 0;  // a multiple of 8, strides too (16-byte vectors)
+  __nv_bfloat16* dst = nullptr;  // [num_rows][dst_stride]
+  int64_t dst_stride = 0;
+};
+
+cudaError_t GatherRows(const GatherRowsParams& p, cudaStream_t stream);
+
+struct MoeCombineParams {
+  const float* y = nullptr;  // [permuted rows][y_stride]: expert outputs
+  int64_t y_stride = 0;
+  const int32_t* entry_row = nullptr;     // [num_tokens][entries_per_token]
+  const float* sorted_weight = nullptr;  // weight of each permuted row
+  int num_tokens = 0;
+  int entries_per_token = 0;
+  int64_t dim = 0;
+  float* out = nullptr;  // [num_tokens][out_stride]: out += sum_j weight_j * y[row_j]
+  int64_t out_stride = 0;
+};
+
+cudaError_t MoeCombine(const MoeCombineParams& p, cudaStream_t stream);
+
+}  // namespace tandem::cuda

@@ -1,0 +1,839 @@
+// The CUDA ops of the DeepSeek forward pass against the CPU reference ops (kernels/cpu)
+// or a float64 reference, over grids of shapes. Skips, saying why, where no GPU is usable.
+//
+// Tolerances: element-wise float32 ops (norms, rotary, SiLU, routing weights) agree to a
+// few float32 ulps of the value's scale (different summation orders, cosf/expf within
+// 2 ulp); bf16 outputs to one bf16 rounding (2^-8 relative); GEMMs with bf16 operands and
+// float32 accumulation to 1e-4 of the sum of |products| (the float32 accumulation error
+// bound for K <= 8192 is far below that); integer outputs (expert ids, permutations,
+// argmax) exactly.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "gtest/gtest.h"
+#include "kernels/common/dtype.h"
+#include "kernels/cpu/moe_routing.h"
+#include "kernels/cpu/norm_rope_act.h"
+#include "kernels/cpu/weight_matrix.h"
+#include "kernels/cuda/argmax.h"
+#include "kernels/cuda/convert.h"
+#include "kernels/cuda/cublas_gemm.h"
+#include "kernels/cuda/device_info.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/kv_gather.h"
+#include "kernels/cuda/mla_prepare.h"
+#include "kernels/cuda/moe_permute.h"
+#include "kernels/cuda/moe_routing.h"
+#include "kernels/cuda/rms_norm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/silu_mul.h"
+
+namespace tandem {
+namespace {
+
+// A device array that frees itself; poisoned (0xff bytes: NaN floats) when created so
+// that unwritten outputs show.
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p_, 0xff, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) { Upload(v); }
+  ~Dev() { cudaFree(p_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  T* get() const { return p_; }
+  void Upload(const std::vector<T>& v) {
+    ASSERT_LE(v.size(), n_);
+    ASSERT_EQ(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> Download() const {
+    std::vector<T> v(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+template <typename T>
+__nv_bfloat16* Bf(const Dev<T>& d) {
+  return reinterpret_cast<__nv_bfloat16*>(d.get());
+}
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = F32ToBf16(v[i]);
+  return out;
+}
+
+std::vector<float> FromBf16(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = Bf16ToF32(v[i]);
+  return out;
+}
+
+// Rounds through bf16 (what a GPU operand sees).
+std::vector<float> RoundBf16(const std::vector<float>& v) { return FromBf16(ToBf16(v)); }
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float rel, const std::string& what) {
+  ASSERT_GE(got.size(), want.size()) << what;
+  float scale = 0.0f;
+  for (float w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], rel * (scale + std::fabs(want[i])) + 1e-30f) << what << " @" << i;
+  }
+}
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<cuda::DeviceInfo> devices;
+    const std::string why = cuda::QueryDevices(&devices);
+    if (!why.empty()) GTEST_SKIP() << "no usable GPU: " << why;
+  }
+};
+
+TEST_F(CudaOpsTest, AddRmsNormAndBf16Output) {
+  for (auto [rows, dim] : {std::pair{1, 64}, {7, 576}, {33, 2048}, {5, 7168}}) {
+    const std::vector<float> x = Random(rows * dim, rows + dim, 2.0f), delta = Random(rows * dim, 3 * dim);
+    std::vector<float> w = Random(dim, 7);
+    for (float& v : w) v = 1.0f + 0.1f * v;
+    std::vector<float> sum(x.size()), expected(x.size());
+    for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + delta[i];
+    cpu::RmsNorm(sum.data(), rows, dim, dim, w.data(), 1e-6f, expected.data(), dim);
+
+    Dev<float> dx(x), dd(delta), dw(w), dout(x.size());
+    Dev<uint16_t> dbf(x.size());
+    ASSERT_EQ(cuda::AddRmsNorm({.x = dx.get(), .delta = dd.get(), .weight = dw.get(), .out = dout.get(),
+                                .out_bf16 = Bf(dbf), .rows = rows, .dim = dim, .x_stride = dim, .delta_stride = dim,
+                                .out_stride = dim, .eps = 1e-6f},
+                               nullptr),
+              cudaSuccess);
+    ExpectClose(dx.Download(), sum, 1e-6f, "residual");
+    ExpectClose(dout.Download(), expected, 2e-6f, "norm");
+    ExpectClose(FromBf16(dbf.Download()), expected, 4e-3f, "norm bf16");
+
+    // Plain RMSNorm over gathered rows, bf16 only.
+    std::vector<int32_t> index(rows);
+    for (int r = 0; r < rows; ++r) index[r] = rows - 1 - r;
+    std::vector<float> gathered_expected(x.size());
+    for (int r = 0; r < rows; ++r) {
+      cpu::RmsNorm(&x[index[r] * dim], 1, dim, dim, w.data(), 1e-6f, &gathered_expected[r * dim], dim);
+    }
+    Dev<float> dx2(x);
+    Dev<int32_t> didx(index);
+    Dev<uint16_t> dbf2(x.size());
+    ASSERT_EQ(cuda::RmsNorm({.x = dx2.get(), .weight = dw.get(), .rows = rows, .dim = dim, .x_stride = dim,
+                             .out_stride = dim, .eps = 1e-6f, .out_bf16 = Bf(dbf2), .row_index = didx.get()},
+                            nullptr),
+              cudaSuccess);
+    ExpectClose(FromBf16(dbf2.Download()), gathered_expected, 4e-3f, "gathered norm bf16");
+  }
+}
+
+TEST_F(CudaOpsTest, RopeMatchesCpu) {
+  for (int heads : {1, 4, 16}) {
+    for (int rope_dim : {16, 64}) {
+      for (bool interleaved : {true, false}) {
+        const int rows = 9, nope = 32, head = nope + rope_dim;
+        const int half = rope_dim / 2;
+        std::vector<float> inv_freq(half);
+        for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / rope_dim) * (i % 3 == 0 ? 0.25f : 1.0f);
+        std::vector<int32_t> pos(rows);
+        for (int r = 0; r < rows; ++r) pos[r] = r * 613 % 5000;
+        std::vector<float> x = Random(rows * heads * head, heads + rope_dim), expected = x;
+        std::vector<float> c(half), s(half);
+        for (int r = 0; r < rows; ++r) {
+          cpu::RopeCosSin(pos[r], inv_freq.data(), half, 1.3f, c.data(), s.data());
+          for (int h = 0; h < heads; ++h) {
+            cpu::ApplyRope(&expected[(r * heads + h) * head + nope], c.data(), s.data(), half, interleaved);
+          }
+        }
+        Dev<float> dx(x), dfreq(inv_freq);
+        Dev<int32_t> dpos(pos);
+        ASSERT_EQ(cuda::Rope({.x = dx.get() + nope, .rows = rows, .num_heads = heads, .row_stride = heads * head,
+                              .head_stride = head, .rope_dim = rope_dim, .positions = dpos.get(),
+                              .inv_freq = dfreq.get(), .attention_factor = 1.3f, .interleaved = interleaved},
+                             nullptr),
+                  cudaSuccess);
+        ExpectClose(dx.Download(), expected, 2e-6f, "rope");
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, SiluMulMatchesCpu) {
+  for (int interleave : {0, 8}) {
+    for (auto [rows, cols] : {std::pair{1, 64}, {13, 1408}, {64, 2816}}) {
+      const std::vector<float> x = Random(rows * 2 * cols, rows + cols + interleave, 3.0f);
+      std::vector<float> gate(rows * cols), up(rows * cols), expected(rows * cols);
+      for (int r = 0; r < rows; ++r) {
+        for (int i = 0; i < cols; ++i) {
+          const int g = interleave == 0 ? i : (i / interleave) * 2 * interleave + i % interleave;
+          const int u = interleave == 0 ? i + cols : g + interleave;
+          gate[r * cols + i] = x[r * 2 * cols + g];
+          up[r * cols + i] = x[r * 2 * cols + u];
+        }
+      }
+      cpu::SiluMul(gate.data(), up.data(), expected.data(), rows * cols);
+      Dev<float> dx(x), dout(rows * cols);
+      Dev<uint16_t> dbf(rows * cols);
+      ASSERT_EQ(cuda::SiluMul({.x = dx.get(), .x_stride = 2 * cols, .rows = rows, .cols = cols,
+                               .interleave = interleave, .out = dout.get(), .out_bf16 = Bf(dbf), .out_stride = cols},
+                              nullptr),
+                cudaSuccess);
+      ExpectClose(dout.Download(), expected, 1e-6f, "silu_mul");
+      ExpectClose(FromBf16(dbf.Download()), expected, 4e-3f, "silu_mul bf16");
+    }
+  }
+}
+
+struct RoutingCase {
+  int experts, groups, topk_groups, top_k;
+  cpu::MoeScoring scoring;
+  cpu::MoeTopk method;
+  bool bias, normalize, scale_normalized;
+};
+
+TEST_F(CudaOpsTest, MoeRoutingMatchesCpu) {
+  using S = cpu::MoeScoring;
+  using M = cpu::MoeTopk;
+  const std::vector<RoutingCase> cases = {
+      {8, 1, 1, 2, S::kSoftmax, M::kGreedy, false, false, false},
+      {64, 1, 1, 6, S::kSoftmax, M::kGreedy, false, false, true},
+      {64, 8, 3, 6, S::kSoftmax, M::kGroupLimitedGreedy, false, false, false},
+      {160, 8, 3, 6, S::kSoftmax, M::kGroupLimitedGreedy, false, true, false},
+      {8, 2, 1, 2, S::kSigmoid, M::kNoauxTc, true, true, true},
+      {256, 8, 4, 8, S::kSigmoid, M::kNoauxTc, true, true, true},
+      {256, 8, 4, 8, S::kSigmoid, M::kNoauxTc, true, false, true},
+      {72, 4, 2, 5, S::kSigmoid, M::kGreedy, true, true, false},
+  };
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const RoutingCase& c = cases[ci];
+    for (int tokens : {1, 5, 130}) {
+      const std::vector<float> logits = Random(tokens * c.experts, ci * 100 + tokens, 2.0f);
+      const std::vector<float> bias = Random(c.experts, ci + 9, 0.1f);
+      std::vector<int32_t> ids(tokens * c.top_k);
+      std::vector<float> weights(tokens * c.top_k);
+      cpu::RouteMoe({.logits = logits.data(), .num_tokens = tokens, .num_experts = c.experts, .num_groups = c.groups,
+                     .topk_groups = c.topk_groups, .top_k = c.top_k, .scoring = c.scoring, .method = c.method,
+                     .correction_bias = c.bias ? bias.data() : nullptr, .normalize = c.normalize,
+                     .scale_normalized = c.scale_normalized, .routed_scaling_factor = 2.5f,
+                     .expert_ids = ids.data(), .weights = weights.data()});
+      Dev<float> dl(logits), db(bias), dw(tokens * c.top_k);
+      Dev<int32_t> di(tokens * c.top_k);
+      ASSERT_EQ(cuda::MoeRouting(
+                    {.logits = dl.get(), .logits_stride = c.experts, .num_tokens = tokens, .num_experts = c.experts,
+                     .num_groups = c.groups, .topk_groups = c.topk_groups, .top_k = c.top_k,
+                     .scoring = c.scoring == S::kSoftmax ? cuda::MoeScoring::kSoftmax : cuda::MoeScoring::kSigmoid,
+                     .method = c.method == M::kGreedy           ? cuda::MoeTopk::kGreedy
+                               : c.method == M::kNoauxTc        ? cuda::MoeTopk::kNoauxTc
+                                                                : cuda::MoeTopk::kGroupLimitedGreedy,
+                     .correction_bias = c.bias ? db.get() : nullptr, .normalize = c.normalize,
+                     .scale_normalized = c.scale_normalized, .routed_scaling_factor = 2.5f,
+                     .expert_ids = di.get(), .weights = dw.get()},
+                    nullptr),
+                cudaSuccess);
+      const std::vector<int32_t> got_ids = di.Download();
+      const std::vector<float> got_w = dw.Download();
+      for (size_t i = 0; i < ids.size(); ++i) {
+        ASSERT_EQ(got_ids[i], ids[i]) << "case " << ci << " tokens " << tokens << " @" << i;
+        ASSERT_NEAR(got_w[i], weights[i], 1e-5f * (1.0f + std::fabs(weights[i]))) << "case " << ci << " @" << i;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, MoePermuteGatherCombine) {
+  for (auto [tokens, top_k, experts, shared] : {std::tuple{1, 6, 64, 2}, {37, 2, 8, 1}, {300, 8, 256, 0},
+                                                 {2000, 6, 64, 2}}) {
+    std::mt19937 rng(tokens * 7 + experts);
+    std::vector<int32_t> ids(tokens * top_k);
+    std::vector<float> weights(tokens * top_k);
+    std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+    for (int t = 0; t < tokens; ++t) {
+      // Distinct experts per token, skewed towards low ids (some experts stay unused).
+      for (int k = 0; k < top_k;) {
+        const int e = std::min(experts - 1, static_cast<int>(experts * uni(rng) * uni(rng)));
+        if (std::find(&ids[t * top_k], &ids[t * top_k] + k, e) != &ids[t * top_k] + k) continue;
+        ids[t * top_k + k] = e;
+        weights[t * top_k + k] = 0.1f * (k + 1) + 0.001f * t;
+        ++k;
+      }
+    }
+    const int groups = experts + shared, per_token = top_k + shared, n = tokens * per_token;
+    // Reference: stable counting sort.
+    std::vector<int32_t> offsets(groups + 1, 0), sorted_token(n), entry_row(n);
+    std::vector<float> sorted_weight(n);
+    auto expert_of = [&](int i) {
+      const int t = i / per_token, j = i % per_token;
+      return j < top_k ? ids[t * top_k + j] : experts + j - top_k;
+    };
+    for (int i = 0; i < n; ++i) offsets[expert_of(i) + 1]++;
+    for (int g = 0; g < groups; ++g) offsets[g + 1] += offsets[g];
+    std::vector<int32_t> fill(offsets.begin(), offsets.end() - 1);
+    for (int i = 0; i < n; ++i) {
+      const int t = i / per_token, j = i % per_token, pos = fill[expert_of(i)]++;
+      sorted_token[pos] = t;
+      sorted_weight[pos] = j < top_k ? weights[t * top_k + j] : 1.0f;
+      entry_row[i] = pos;
+    }
+    std::vector<int32_t> active;
+    for (int g = 0; g < groups; ++g) {
+      if (offsets[g + 1] > offsets[g]) active.push_back(g);
+    }
+
+    const int max_tiles = cuda::MoeMaxTiles(n, groups, 16);
+    Dev<int32_t> dids(ids), doff(groups + 1), dact(groups), dnum(1), dtok(n), drow(n), dtg(max_tiles),
+        dtr(max_tiles), dnt(1);
+    Dev<float> dw(weights), dsw(n);
+    ASSERT_EQ(cuda::MoePermute({.expert_ids = dids.get(), .weights = dw.get(), .num_tokens = tokens, .top_k = top_k,
+                                .num_experts = experts, .num_shared = shared, .group_offsets = doff.get(),
+                                .active_groups = dact.get(), .num_active = dnum.get(), .sorted_token = dtok.get(),
+                                .sorted_weight = dsw.get(), .entry_row = drow.get(), .tile_rows = 16,
+                                .tile_group = dtg.get(), .tile_row = dtr.get(), .num_tiles = dnt.get()},
+                               nullptr),
+              cudaSuccess);
+    std::vector<int32_t> tile_group, tile_row;
+    for (int g = 0; g < groups; ++g) {
+      for (int r = offsets[g]; r < offsets[g + 1]; r += 16) {
+        tile_group.push_back(g);
+        tile_row.push_back(r);
+      }
+    }
+    const int num_tiles = dnt.Download()[0];
+    ASSERT_EQ(num_tiles, static_cast<int>(tile_group.size()));
+    ASSERT_LE(num_tiles, max_tiles);
+    std::vector<int32_t> got_tg = dtg.Download(), got_tr = dtr.Download();
+    got_tg.resize(num_tiles);
+    got_tr.resize(num_tiles);
+    EXPECT_EQ(got_tg, tile_group);
+    EXPECT_EQ(got_tr, tile_row);
+    EXPECT_EQ(doff.Download(), offsets);
+    ASSERT_EQ(dnum.Download()[0], static_cast<int>(active.size()));
+    std::vector<int32_t> got_active = dact.Download();
+    got_active.resize(active.size());
+    EXPECT_EQ(got_active, active);
+    EXPECT_EQ(dtok.Download(), sorted_token);
+    EXPECT_EQ(dsw.Download(), sorted_weight);
+    EXPECT_EQ(drow.Download(), entry_row);
+
+    // Gather rows of a bf16 matrix in permuted order.
+    const int dim = 64;
+    const std::vector<uint16_t> h = ToBf16(Random(tokens * dim, tokens));
+    Dev<uint16_t> dh(h), dperm(n * dim);
+    ASSERT_EQ(cuda::GatherRows({.src = Bf(dh), .src_stride = dim, .rows = dtok.get(), .num_rows = n, .cols = dim,
+                                .dst = Bf(dperm), .dst_stride = dim},
+                               nullptr),
+              cudaSuccess);
+    const std::vector<uint16_t> perm = dperm.Download();
+    for (int p = 0; p < n; ++p) {
+      ASSERT_EQ(0, std::memcmp(&perm[p * dim], &h[sorted_token[p] * dim], dim * 2)) << p;
+    }
+
+    // Combine: out[t] += sum_j w_j y[row_j].
+    const std::vector<float> y = Random(n * dim, n), base = Random(tokens * dim, 5);
+    std::vector<float> expected = base;
+    for (int t = 0; t < tokens; ++t) {
+      for (int d = 0; d < dim; ++d) {
+        float acc = 0.0f;
+        for (int j = 0; j < per_token; ++j) {
+          const int r = entry_row[t * per_token + j];
+          acc += sorted_weight[r] * y[r * dim + d];
+        }
+        expected[t * dim + d] += acc;
+      }
+    }
+    Dev<float> dy(y), dout(base);
+    ASSERT_EQ(cuda::MoeCombine({.y = dy.get(), .y_stride = dim, .entry_row = drow.get(), .sorted_weight = dsw.get(),
+                                .num_tokens = tokens, .entries_per_token = per_token, .dim = dim, .out = dout.get(),
+                                .out_stride = dim},
+                               nullptr),
+              cudaSuccess);
+    ExpectClose(dout.Download(), expected, 1e-6f, "combine");
+  }
+}
+
+// float64 reference of one grouped GEMM output element from bf16-rounded operands.
+struct GemmRef {
+  double value = 0, magnitude = 0;
+};
+GemmRef Dot(const float* a, const float* b, int k) {
+  GemmRef r;
+  for (int i = 0; i < k; ++i) {
+    r.value += static_cast<double>(a[i]) * b[i];
+    r.magnitude += std::fabs(static_cast<double>(a[i]) * b[i]);
+  }
+  return r;
+}
+
+TEST_F(CudaOpsTest, GroupedGemmDenseEpilogues) {
+  for (auto [m, n, k] : {std::tuple{1, 64, 64}, {5, 136, 200}, {16, 2048, 1408}, {33, 256, 512}, {64, 96, 2048},
+                         {100, 128, 256}}) {
+    const std::vector<float> a = RoundBf16(Random(m * k, m + n)), b = RoundBf16(Random(n * k, n + k, 0.05f));
+    Dev<uint16_t> da(ToBf16(a)), db(ToBf16(b));
+    for (int hint : {16, 32, 64}) {
+      // Store f32, then accumulate with split-K on top of it.
+      Dev<float> dout(m * n);
+      ASSERT_EQ(cuda::GroupedGemm({.a = Bf(da), .lda = k, .b = Bf(db), .n = n, .k = k, .num_rows = m,
+                                   .rows_hint = hint, .epilogue = cuda::GemmEpilogue::kStoreF32, .out = dout.get(),
+                                   .ldo = n},
+                                  nullptr),
+                cudaSuccess);
+      std::vector<float> got = dout.Download();
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          const GemmRef r = Dot(&a[i * k], &b[j * k], k);
+          ASSERT_NEAR(got[i * n + j], r.value, 1e-4 * r.magnitude + 1e-6) << m << "x" << n << "x" << k << " @" << i
+                                                                           << "," << j;
+        }
+      }
+      const int split = k >= 512 ? 4 : 1;
+      ASSERT_EQ(cuda::GroupedGemm({.a = Bf(da), .lda = k, .b = Bf(db), .n = n, .k = k, .num_rows = m,
+                                   .rows_hint = hint, .epilogue = cuda::GemmEpilogue::kAccumulateF32,
+                                   .out = dout.get(), .ldo = n, .split_k = split},
+                                  nullptr),
+                cudaSuccess);
+      const std::vector<float> twice = dout.Download();
+      for (int i = 0; i < m * n; ++i) {
+        const GemmRef r = Dot(&a[(i / n) * k], &b[(i % n) * k], k);
+        ASSERT_NEAR(twice[i], 2 * r.value, 2e-4 * r.magnitude + 1e-6) << "accumulate split " << split << " @" << i;
+      }
+    }
+    // bf16 output.
+    Dev<uint16_t> dbf(m * n);
+    ASSERT_EQ(cuda::GroupedGemm({.a = Bf(da), .lda = k, .b = Bf(db), .n = n, .k = k, .num_rows = m,
+                                 .epilogue = cuda::GemmEpilogue::kStoreBf16, .out = dbf.get(), .ldo = n},
+                                nullptr),
+              cudaSuccess);
+    const std::vector<float> got = FromBf16(dbf.Download());
+    for (int i = 0; i < m * n; ++i) {
+      const GemmRef r = Dot(&a[(i / n) * k], &b[(i % n) * k], k);
+      ASSERT_NEAR(got[i], r.value, 4e-3 * std::fabs(r.value) + 1e-4 * r.magnitude + 1e-6) << "bf16 @" << i;
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, GroupedGemmMoe) {
+  // Routed tokens grouped by expert, A rows gathered, SiLU-and-mul then scatter-add.
+  const int tokens = 45, experts = 9, hidden = 128, inter = 48, per_token = 3;
+  std::mt19937 rng(11);
+  std::vector<int32_t> group_of(tokens * per_token);
+  for (int i = 0; i < tokens * per_token; ++i) group_of[i] = (i * 7 + i / 5) % experts == 3 ? 0 : (i * 7 + i / 5) % experts;
+  std::vector<int32_t> offsets(experts + 1, 0), a_rows, order;
+  for (int g = 0; g < experts; ++g) {
+    for (int i = 0; i < tokens * per_token; ++i) {
+      if (group_of[i] == g) {
+        a_rows.push_back(i / per_token);
+        order.push_back(i);
+      }
+    }
+    offsets[g + 1] = static_cast<int>(a_rows.size());
+  }
+  std::vector<int32_t> active;
+  for (int g = 0; g < experts; ++g) {
+    if (offsets[g + 1] > offsets[g]) active.push_back(g);
+  }
+  const int rows = static_cast<int>(a_rows.size());
+  std::vector<float> scale(rows);
+  for (int p = 0; p < rows; ++p) scale[p] = 0.5f + 0.01f * p;
+  const std::vector<float> h = RoundBf16(Random(tokens * hidden, 1));
+  const std::vector<float> w1 = RoundBf16(Random(experts * 2 * inter * hidden, 2, 0.1f));  // interleaved by 8
+  const std::vector<float> w2 = RoundBf16(Random(experts * hidden * inter, 3, 0.1f));
+
+  Dev<uint16_t> dh(ToBf16(h)), dw1(ToBf16(w1)), dw2(ToBf16(w2)), dact(rows * inter), dact_lo(rows * inter);
+  Dev<int32_t> doff(offsets), dact_groups(active), dnum(std::vector<int32_t>{static_cast<int32_t>(active.size())}),
+      darows(a_rows);
+  Dev<float> dscale(scale), dout(std::vector<float>(tokens * hidden, 0.0f));
+  for (auto [hint, chunks] : {std::pair{16, 1}, {64, 1}, {16, 3}}) {
+    ASSERT_EQ(cuda::GroupedGemm({.a = Bf(dh), .lda = hidden, .a_rows = darows.get(), .b = Bf(dw1),
+                                 .b_group_stride = 2 * inter * hidden, .n = 2 * inter, .k = hidden,
+                                 .group_offsets = doff.get(), .active_groups = dact_groups.get(),
+                                 .num_active = dnum.get(), .num_groups = experts, .max_active = experts,
+                                 .rows_hint = hint, .epilogue = cuda::GemmEpilogue::kSiluMulBf16, .out = dact.get(),
+                                 .ldo = inter, .out_lo = chunks > 1 ? Bf(dact_lo) : nullptr, .m_chunks = chunks},
+                                nullptr),
+              cudaSuccess);
+    std::vector<float> act = FromBf16(dact.Download());
+    float rel = 8e-3f;
+    if (chunks > 1) {  // hi + lo: the float32 result
+      const std::vector<float> lo = FromBf16(dact_lo.Download());
+      for (size_t i = 0; i < act.size(); ++i) act[i] += lo[i];
+      rel = 1e-4f;
+    }
+    std::vector<float> act_ref(rows * inter);
+    for (int g = 0; g < experts; ++g) {
+      for (int p = offsets[g]; p < offsets[g + 1]; ++p) {
+        for (int i = 0; i < inter; ++i) {
+          const int gate_row = (i / 8) * 16 + i % 8;
+          const float* wg = &w1[(static_cast<size_t>(g) * 2 * inter + gate_row) * hidden];
+          const double gate = Dot(&h[a_rows[p] * hidden], wg, hidden).value;
+          const double up = Dot(&h[a_rows[p] * hidden], wg + 8 * hidden, hidden).value;
+          act_ref[p * inter + i] = static_cast<float>(gate / (1.0 + std::exp(-gate)) * up);
+        }
+      }
+    }
+    ExpectClose(act, act_ref, rel, "silu_mul epilogue");
+  }
+  // Scatter-add of the down projection with each row's weight, from the bf16 activations,
+  // over a work list of 16-row tiles, split K.
+  const std::vector<float> act = FromBf16(dact.Download());
+  std::vector<int32_t> tile_group, tile_row;
+  for (int g = 0; g < experts; ++g) {
+    for (int r = offsets[g]; r < offsets[g + 1]; r += 16) {
+      tile_group.push_back(g);
+      tile_row.push_back(r);
+    }
+  }
+  Dev<int32_t> dtg(tile_group), dtr(tile_row), dnt(std::vector<int32_t>{static_cast<int32_t>(tile_group.size())});
+  ASSERT_EQ(cuda::GroupedGemm({.a = Bf(dact), .lda = inter, .b = Bf(dw2), .b_group_stride = hidden * inter,
+                               .n = hidden, .k = inter, .group_offsets = doff.get(), .tile_group = dtg.get(),
+                               .tile_row = dtr.get(), .num_tiles = dnt.get(), .num_groups = experts,
+                               .max_active = static_cast<int>(tile_group.size()) + 3, .rows_hint = 16,
+                               .epilogue = cuda::GemmEpilogue::kScatterAddF32, .out = dout.get(), .ldo = hidden,
+                               .out_rows = darows.get(), .row_scale = dscale.get(), .split_k = 2},
+                              nullptr),
+            cudaSuccess);
+  std::vector<double> expected(tokens * hidden, 0.0), magnitude(tokens * hidden, 0.0);
+  for (int g = 0; g < experts; ++g) {
+    for (int p = offsets[g]; p < offsets[g + 1]; ++p) {
+      for (int d = 0; d < hidden; ++d) {
+        const GemmRef r = Dot(&act[p * inter], &w2[(static_cast<size_t>(g) * hidden + d) * inter], inter);
+        expected[a_rows[p] * hidden + d] += scale[p] * r.value;
+        magnitude[a_rows[p] * hidden + d] += scale[p] * r.magnitude;
+      }
+    }
+  }
+  const std::vector<float> got = dout.Download();
+  for (int i = 0; i < tokens * hidden; ++i) ASSERT_NEAR(got[i], expected[i], 1e-4 * magnitude[i] + 1e-6) << i;
+}
+
+TEST_F(CudaOpsTest, SplitActivationsGiveNearFloat32Products) {
+  // A float32 activation split into bf16 value + bf16 remainder (by RMSNorm, the convert
+  // op or the SiLU epilogue) and multiplied by bf16 weights: within ~2^-16 of the float32
+  // product, where plain bf16 activations are off by ~2^-9.
+  const int m = 7, n = 192, k = 512;
+  const std::vector<float> x = Random(m * k, 41, 3.0f), w = RoundBf16(Random(n * k, 42, 0.05f));
+  std::vector<float> ones(k, 1.0f);
+  std::vector<float> normed(m * k);
+  cpu::RmsNorm(x.data(), m, k, k, ones.data(), 1e-6f, normed.data(), k);
+  Dev<float> dx(x), dones(ones), dout(m * n), dplain(m * n);
+  Dev<uint16_t> dhi(m * k), dlo(m * k), dw(ToBf16(w)), chi(m * k), clo(m * k);
+  ASSERT_EQ(cuda::RmsNorm({.x = dx.get(), .weight = dones.get(), .rows = m, .dim = k, .x_stride = k, .out_stride = k,
+                           .eps = 1e-6f, .out_bf16 = Bf(dhi), .out_bf16_lo = Bf(dlo)},
+                          nullptr),
+            cudaSuccess);
+  Dev<float> dnormed(normed);
+  ASSERT_EQ(cuda::ConvertF32ToBf16({.src = dnormed.get(), .src_stride = k, .dst = chi.get(), .dst_stride = k, .rows = m,
+                                    .cols = k, .dst_lo = clo.get()},
+                                   nullptr),
+            cudaSuccess);
+  const std::vector<float> hi = FromBf16(dhi.Download()), lo = FromBf16(dlo.Download());
+  const std::vector<float> hi2 = FromBf16(chi.Download()), lo2 = FromBf16(clo.Download());
+  for (int i = 0; i < m * k; ++i) {
+    ASSERT_NEAR(hi[i] + lo[i], normed[i], 1e-5f * std::fabs(normed[i]) + 1e-7f) << i;
+    ASSERT_EQ(hi2[i], Bf16ToF32(F32ToBf16(normed[i]))) << i;
+    ASSERT_NEAR(hi2[i] + lo2[i], normed[i], 1e-5f * std::fabs(normed[i]) + 1e-7f) << i;
+  }
+  ASSERT_EQ(cuda::GroupedGemm({.a = Bf(dhi), .lda = k, .a_lo = Bf(dlo), .b = Bf(dw), .n = n, .k = k, .num_rows = m,
+                               .rows_hint = m, .out = dout.get(), .ldo = n},
+                              nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::GroupedGemm({.a = Bf(dhi), .lda = k, .b = Bf(dw), .n = n, .k = k, .num_rows = m, .rows_hint = m,
+                               .out = dplain.get(), .ldo = n},
+                              nullptr),
+            cudaSuccess);
+  const std::vector<float> got = dout.Download(), plain = dplain.Download();
+  double split_err = 0, plain_err = 0;
+  for (int i = 0; i < m * n; ++i) {
+    const GemmRef r = Dot(&normed[(i / n) * k], &w[(i % n) * k], k);
+    split_err = std::max(split_err, std::fabs(got[i] - r.value) / r.magnitude);
+    plain_err = std::max(plain_err, std::fabs(plain[i] - r.value) / r.magnitude);
+  }
+  std::printf("split activations: error %.2e of the products' magnitude (plain bf16: %.2e)\n", split_err, plain_err);
+  EXPECT_LE(split_err, 3e-5);
+  EXPECT_GE(plain_err, 4 * split_err);
+}
+
+TEST_F(CudaOpsTest, CublasGemms) {
+  cuda::CublasGemm gemm;
+  ASSERT_EQ(gemm.Init(), CUBLAS_STATUS_SUCCESS);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (auto [m, n, k] : {std::tuple{1, 576, 128}, {7, 3072, 2048}, {300, 512, 256}}) {
+    const std::vector<float> x = RoundBf16(Random(m * k, m)), w = RoundBf16(Random(n * k, n, 0.05f));
+    Dev<uint16_t> dx(ToBf16(x)), dw(ToBf16(w)), dybf(m * n);
+    Dev<float> dy(m * n);
+    ASSERT_EQ(gemm.Linear({.x = Bf(dx), .ldx = k, .w = Bf(dw), .ldw = k, .y = dy.get(), .ldy = n, .m = m, .n = n,
+                           .k = k},
+                          stream),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(gemm.Linear({.x = Bf(dx), .ldx = k, .w = Bf(dw), .ldw = k, .y = dy.get(), .ldy = n,
+                           .accumulate = true, .m = m, .n = n, .k = k},
+                          stream),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(gemm.Linear({.x = Bf(dx), .ldx = k, .w = Bf(dw), .ldw = k, .y = dybf.get(), .ldy = n, .y_bf16 = true,
+                           .m = m, .n = n, .k = k},
+                          stream),
+              CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> y = dy.Download(), ybf = FromBf16(dybf.Download());
+    for (int i = 0; i < m * n; ++i) {
+      const GemmRef r = Dot(&x[(i / n) * k], &w[(i % n) * k], k);
+      ASSERT_NEAR(y[i], 2 * r.value, 2e-4 * r.magnitude + 1e-6) << i;
+      ASSERT_NEAR(ybf[i], r.value, 4e-3 * std::fabs(r.value) + 1e-4 * r.magnitude + 1e-6) << i;
+    }
+    // Plain fp32 (the router).
+    const std::vector<float> xf = Random(m * k, 2 * m), wf = Random(n * k, 3 * n, 0.05f);
+    Dev<float> dxf(xf), dwf(wf), dyf(m * n);
+    ASSERT_EQ(gemm.LinearF32({.x = dxf.get(), .ldx = k, .w = dwf.get(), .ldw = k, .y = dyf.get(), .ldy = n, .m = m,
+                              .n = n, .k = k},
+                             stream),
+              CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> yf = dyf.Download();
+    for (int i = 0; i < m * n; ++i) {
+      const GemmRef r = Dot(&xf[(i / n) * k], &wf[(i % n) * k], k);
+      ASSERT_NEAR(yf[i], r.value, 1e-5 * r.magnitude + 1e-6) << "fp32 @" << i;
+    }
+  }
+  // Per-head products of MLA's absorbed form: q_latent[t][h] = q_nope[t][h] . W_UK_h ([nope][R]).
+  const int tokens = 5, heads = 4, nope = 32, v = 16, rank = 64, qk = 48;
+  const std::vector<float> q = RoundBf16(Random(tokens * heads * qk, 1)), kvb = RoundBf16(Random(heads * (nope + v) * rank, 2, 0.1f));
+  Dev<uint16_t> dq(ToBf16(q)), dkvb(ToBf16(kvb));
+  Dev<float> dql(tokens * heads * rank);
+  ASSERT_EQ(gemm.Batched({.a = Bf(dq), .lda = heads * qk, .stride_a = qk, .b = Bf(dkvb), .ldb = rank,
+                          .stride_b = (nope + v) * rank, .b_transposed = false, .c = dql.get(), .ldc = heads * rank,
+                          .stride_c = rank, .m = tokens, .n = rank, .k = nope, .batch = heads},
+                         stream),
+            CUBLAS_STATUS_SUCCESS);
+  const std::vector<float> ql = dql.Download();
+  for (int t = 0; t < tokens; ++t) {
+    for (int h = 0; h < heads; ++h) {
+      for (int j = 0; j < rank; ++j) {
+        double acc = 0, mag = 0;
+        for (int i = 0; i < nope; ++i) {
+          const double prod = static_cast<double>(q[(t * heads + h) * qk + i]) * kvb[(h * (nope + v) + i) * rank + j];
+          acc += prod;
+          mag += std::fabs(prod);
+        }
+        ASSERT_NEAR(ql[(t * heads + h) * rank + j], acc, 1e-4 * mag + 1e-6);
+      }
+    }
+  }
+  // out[t][h] = lat[t][h] . W_UV_h^T in float32 (W_UV_h [v][rank]).
+  const std::vector<float> lat = Random(tokens * heads * rank, 3), wuv = Random(heads * v * rank, 4, 0.1f);
+  Dev<float> dlat(lat), dwuv(wuv), dattn(tokens * heads * v);
+  ASSERT_EQ(gemm.BatchedF32({.a = dlat.get(), .lda = heads * rank, .stride_a = rank, .b = dwuv.get(), .ldb = rank,
+                             .stride_b = v * rank, .b_transposed = true, .c = dattn.get(), .ldc = heads * v,
+                             .stride_c = v, .m = tokens, .n = v, .k = rank, .batch = heads},
+                            stream),
+            CUBLAS_STATUS_SUCCESS);
+  const std::vector<float> attn = dattn.Download();
+  for (int t = 0; t < tokens; ++t) {
+    for (int h = 0; h < heads; ++h) {
+      for (int j = 0; j < v; ++j) {
+        const GemmRef r = Dot(&lat[(t * heads + h) * rank], &wuv[(h * v + j) * rank], rank);
+        ASSERT_NEAR(attn[(t * heads + h) * v + j], r.value, 1e-5 * r.magnitude + 1e-6);
+      }
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST_F(CudaOpsTest, EmbeddingArgmaxConvertDequantize) {
+  const int vocab = 1000, dim = 96, tokens = 6;
+  const std::vector<uint16_t> table = ToBf16(Random(vocab * dim, 1));
+  const std::vector<int32_t> ids = {0, 999, 5, 5, 123, 7};
+  Dev<uint16_t> dt(table);
+  Dev<int32_t> dids(ids);
+  Dev<float> dout(tokens * dim);
+  ASSERT_EQ(cuda::EmbeddingGather({.table = Bf(dt), .tokens = dids.get(), .num_tokens = tokens, .dim = dim,
+                                   .out = dout.get(), .out_stride = dim},
+                                  nullptr),
+            cudaSuccess);
+  const std::vector<float> emb = dout.Download();
+  for (int t = 0; t < tokens; ++t) {
+    for (int d = 0; d < dim; ++d) ASSERT_EQ(emb[t * dim + d], Bf16ToF32(table[ids[t] * dim + d]));
+  }
+
+  // Argmax with ties to the lowest index.
+  std::vector<float> logits = Random(3 * 129280, 2);
+  logits[77] = 50.0f;
+  logits[90000] = 50.0f;
+  logits[129280 + 129279] = 60.0f;
+  logits[2 * 129280 + 4] = -1.0f;
+  for (int i = 0; i < 129280; ++i) logits[2 * 129280 + i] = -3.0f;
+  logits[2 * 129280 + 1000] = -2.5f;
+  logits[2 * 129280 + 999] = -2.5f;
+  Dev<float> dl(logits);
+  Dev<int32_t> dam(3);
+  ASSERT_EQ(cuda::Argmax({.logits = dl.get(), .stride = 129280, .rows = 3, .vocab = 129280, .out = dam.get()}, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(dam.Download(), (std::vector<int32_t>{77, 129279, 999}));
+
+  // float <-> bf16, strided.
+  const std::vector<float> f = Random(5 * 40, 3);
+  Dev<float> df(f), dback(5 * 32);
+  Dev<uint16_t> dbf(5 * 32);
+  ASSERT_EQ(cuda::ConvertF32ToBf16({.src = df.get(), .src_stride = 40, .dst = dbf.get(), .dst_stride = 32, .rows = 5,
+                                    .cols = 32},
+                                   nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::ConvertBf16ToF32({.src = dbf.get(), .src_stride = 32, .dst = dback.get(), .dst_stride = 32,
+                                    .rows = 5, .cols = 32},
+                                   nullptr),
+            cudaSuccess);
+  const std::vector<uint16_t> bf = dbf.Download();
+  const std::vector<float> back = dback.Download();
+  for (int r = 0; r < 5; ++r) {
+    for (int c = 0; c < 32; ++c) {
+      ASSERT_EQ(bf[r * 32 + c], F32ToBf16(f[r * 40 + c]));
+      ASSERT_EQ(back[r * 32 + c], Bf16ToF32(bf[r * 32 + c]));
+    }
+  }
+
+  // FP8 E4M3 with 128x128 block scales, against the CPU dequantizer.
+  const int rows = 200, cols = 300;
+  std::vector<uint8_t> q(rows * cols);
+  for (int i = 0; i < rows * cols; ++i) q[i] = static_cast<uint8_t>((i * 37 + i / 301) & 0xff);
+  std::vector<float> scales(2 * 3);
+  for (int i = 0; i < 6; ++i) scales[i] = 0.01f * (i + 1);
+  cpu::WeightMatrix w{.dtype = DType::kF8E4M3, .rows = rows, .cols = cols,
+                      .data = reinterpret_cast<const std::byte*>(q.data()), .block_scales = scales.data()};
+  std::vector<float> expected(rows * cols);
+  cpu::DequantizeRows(w, 0, rows, expected.data());
+  Dev<uint8_t> dq(q);
+  Dev<float> ds(scales);
+  Dev<uint16_t> dd(rows * cols);
+  ASSERT_EQ(cuda::DequantizeFp8ToBf16({.src = dq.get(), .scales = ds.get(), .dst = Bf(dd), .rows = rows, .cols = cols},
+                                      nullptr),
+            cudaSuccess);
+  const std::vector<uint16_t> got = dd.Download();
+  for (int i = 0; i < rows * cols; ++i) {
+    if (std::isnan(expected[i])) {
+      ASSERT_TRUE(std::isnan(Bf16ToF32(got[i]))) << i;
+    } else {
+      ASSERT_EQ(got[i], F32ToBf16(expected[i])) << i;
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, MlaPrepareMatchesCpu) {
+  for (bool interleaved : {true, false}) {
+    const int tokens = 7, heads = 4, nope = 32, rope = 16, rank = 64, entry = rank + rope, head = nope + rope;
+    const int block = 64, num_blocks = 4;
+    const int half = rope / 2;
+    std::vector<float> inv_freq(half);
+    for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / rope);
+    const std::vector<float> q = Random(tokens * heads * head, 1), kv = Random(tokens * (entry + 8), 2);
+    std::vector<float> norm_w = Random(rank, 3);
+    for (float& v : norm_w) v = 1.0f + 0.2f * v;
+    std::vector<int32_t> pos(tokens), slots(tokens);
+    for (int t = 0; t < tokens; ++t) {
+      pos[t] = 100 + 17 * t;
+      slots[t] = t == 3 ? -1 : (t % num_blocks) * block + (pos[t] % block);
+    }
+    // CPU: normalize the latent, rotate the key and the queries.
+    std::vector<float> q_ref = q, kv_ref(tokens * entry);
+    std::vector<float> c(half), s(half);
+    for (int t = 0; t < tokens; ++t) {
+      cpu::RopeCosSin(pos[t], inv_freq.data(), half, 0.9f, c.data(), s.data());
+      cpu::RmsNorm(&kv[t * (entry + 8)], 1, rank, rank, norm_w.data(), 1e-6f, &kv_ref[t * entry], rank);
+      std::copy(&kv[t * (entry + 8) + rank], &kv[t * (entry + 8) + entry], &kv_ref[t * entry + rank]);
+      cpu::ApplyRope(&kv_ref[t * entry + rank], c.data(), s.data(), half, interleaved);
+      for (int h = 0; h < heads; ++h) {
+        cpu::ApplyRope(&q_ref[(t * heads + h) * head + nope], c.data(), s.data(), half, interleaved);
+      }
+    }
+    Dev<float> dq(q), dkv(kv), dnorm(norm_w), dfreq(inv_freq);
+    Dev<int32_t> dpos(pos), dslots(slots);
+    Dev<uint16_t> dqout(tokens * heads * head), drope(tokens * heads * (rank + rope)),
+        dcache(num_blocks * block * entry);
+    ASSERT_EQ(cuda::MlaPrepare({.num_tokens = tokens, .positions = dpos.get(), .slots = dslots.get(), .q = dq.get(),
+                                .q_stride = heads * head, .num_heads = heads, .nope_dim = nope, .rope_dim = rope,
+                                .q_out = Bf(dqout), .q_out_stride = heads * head, .q_rope_out = Bf(drope) + rank,
+                                .q_rope_out_stride = heads * (rank + rope), .q_rope_out_head_stride = rank + rope,
+                                .q_rope_out_rows = 5, .kv = dkv.get(), .kv_stride = entry + 8, .kv_lora_rank = rank,
+                                .kv_norm_weight = dnorm.get(), .kv_norm_eps = 1e-6f, .kv_cache = Bf(dcache),
+                                .num_slots = num_blocks * block, .inv_freq = dfreq.get(), .attention_factor = 0.9f,
+                                .interleaved = interleaved},
+                               nullptr),
+              cudaSuccess);
+    const std::vector<float> qout = FromBf16(dqout.Download()), rope_out = FromBf16(drope.Download()),
+                             cache = FromBf16(dcache.Download());
+    ExpectClose(qout, q_ref, 4e-3f, "q");
+    for (int t = 0; t < tokens; ++t) {
+      for (int h = 0; h < heads; ++h) {
+        for (int i = 0; i < rope; ++i) {
+          const float got = rope_out[(t * heads + h) * (rank + rope) + rank + i];
+          if (t < 5) {
+            ASSERT_EQ(got, qout[(t * heads + h) * head + nope + i]);
+          } else {
+            ASSERT_TRUE(std::isnan(got)) << "row past q_rope_out_rows written";
+          }
+        }
+      }
+      if (slots[t] < 0) continue;
+      for (int i = 0; i < entry; ++i) {
+        const float want = kv_ref[t * entry + i];
+        ASSERT_NEAR(cache[slots[t] * entry + i], want, 4e-3f * std::fabs(want) + 1e-5f) << t << " " << i;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, KvGather) {
+  const int block = 64, entry = 576, num_blocks = 5;
+  const std::vector<uint16_t> cache = ToBf16(Random(num_blocks * block * entry, 4));
+  const std::vector<int32_t> table = {3, 0, 4};
+  Dev<uint16_t> dc(cache), dout(150 * entry);
+  Dev<int32_t> dt(table);
+  Dev<float> dout32(150 * entry);
+  ASSERT_EQ(cuda::KvGather({.kv_cache = Bf(dc), .block_table = dt.get(), .block_size = block, .entry_dim = entry,
+                            .first_position = 10, .num_positions = 150, .out_bf16 = Bf(dout), .out_stride = entry},
+                           nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::KvGather({.kv_cache = Bf(dc), .block_table = dt.get(), .block_size = block, .entry_dim = entry,
+                            .first_position = 10, .num_positions = 150, .out_f32 = dout32.get(), .out_stride = entry},
+                           nullptr),
+            cudaSuccess);
+  const std::vector<uint16_t> got = dout.Download();
+  const std::vector<float> got32 = dout32.Download();
+  for (int i = 0; i < 150; ++i) {
+    const int p = 10 + i;
+    const size_t src = (static_cast<size_t>(table[p / block]) * block + p % block) * entry;
+    ASSERT_EQ(0, std::memcmp(&got[i * entry], &cache[src], entry * 2)) << i;
+    for (int d = 0; d < entry; ++d) ASSERT_EQ(got32[i * entry + d], Bf16ToF32(cache[src + d]));
+  }
+}
+
+TEST_F(CudaOpsTest, RejectsBadParams) {
+  EXPECT_EQ(cuda::GroupedGemm({.n = 8, .k = 8, .num_rows = 1}, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::MoeRouting({.num_tokens = 1, .num_experts = 10, .num_groups = 3}, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::Rope({.rows = 1, .rope_dim = 3}, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::SiluMul({.rows = 1, .cols = 4}, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace tandem
