@@ -80,6 +80,7 @@ struct BackendOptions {
   double gpu_memory_utilization = 0.9;    // cuda: fraction of the GPU's memory for weights + KV
   int64_t max_batch_tokens = 2048;        // cuda: sizes the preallocated activations
   int64_t max_running = 64;
+  int64_t kv_blocks = 0;                  // cuda: the device pool's blocks (0: from gpu_memory_utilization)
 };
 
 // Loads the checkpoint in `dir` onto the device of `options`. A CUDA device in a build

@@ -51,7 +51,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
                                                         .num_threads = options.num_threads,
                                                         .gpu_memory_utilization = options.gpu_memory_utilization,
                                                         .max_batch_tokens = options.max_batch_tokens,
-                                                        .max_running = options.max_running}));
+                                                        .max_running = options.max_running,
+                                                        .kv_blocks = options.num_kv_blocks}));
   ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromDir(model_dir));
   const ModelConfig& c = e->backend_->config();
 

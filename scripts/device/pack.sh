@@ -8,9 +8,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 dest="$root/.carry/device"
 mkdir -p "$dest/bin" "$dest/lib"
 for b in "$@"; do
-  cp -f "$b" "$dest/bin/"
-  # Everything but the C/C++ runtime and the driver, which the GPU machine has (newer).
-  ldd "$b" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libcuda)\.so' |
+  # Without debug info: the device tool carries at most 64 MiB.
+  strip -o "$dest/bin/$(basename "$b")" "$b"
+  # Everything but the C/C++ runtime, the driver and the CUDA toolkit's libraries, which
+  # the GPU machine has (newer).
+  ldd "$b" | awk '/=> \// {print $3}' |
+    grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libcuda|libcublas|libcublasLt|libcudart|libnccl)\.so' |
     while read -r lib; do cp -Lf "$lib" "$dest/lib/"; done
 done
 du -sh "$dest" >&2

@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> LoadCudaBackend(const std::string&
   lo.max_batch_tokens = options.max_batch_tokens;
   lo.max_seqs = options.max_running;
   lo.gpu_memory_utilization = options.gpu_memory_utilization;
+  lo.kv_blocks = options.kv_blocks;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaDeepseekModel> model, CudaDeepseekModel::Load(dir, lo));
   return std::unique_ptr<ModelBackend>(new CudaBackend(std::move(model)));
 }
