@@ -214,6 +214,47 @@ TEST_F(FaultToleranceTest, FullQueuesRefuseWithARetryHintAndNothingLeaks) {
   ExpectAllKvFree(*cluster);
 }
 
+TEST_F(FaultToleranceTest, RouterRestartEndsStreamsClearlyAndReplicasRejoin) {
+  auto cluster = StartCluster(1, 1, 0);
+  ASSERT_NE(cluster, nullptr);
+  const std::string router = cluster->router_address();
+  std::vector<StreamResult> got(10);
+  {
+    auto stub = GenerationStub(router);
+    std::vector<std::thread> streams;
+    for (int i = 0; i < 10; ++i) {
+      streams.emplace_back([&, i] { got[i] = Generate(*stub, TextRequest(Words(30, i), 400, std::nullopt, 0.0f), 60); });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    ASSERT_TRUE(cluster->Kill("router", SIGKILL).ok());
+    for (auto& t : streams) t.join();
+  }
+  for (int i = 0; i < 10; ++i) {
+    // In-flight streams cannot survive their router: they end at once with UNAVAILABLE.
+    EXPECT_EQ(got[i].status.error_code(), grpc::StatusCode::UNAVAILABLE) << i << ": " << got[i].status.error_message();
+    EXPECT_FALSE(got[i].status.error_message().empty());
+  }
+  // The supervisor restarts the router on the same port; the replicas, told "unknown
+  // replica" by their next heartbeat, register again.
+  int ready = 0;
+  for (int i = 0; i < 200 && ready < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto stub = v1::Cluster::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    v1::ListReplicasResponse r;
+    if (!stub->ListReplicas(&ctx, v1::ListReplicasRequest(), &r).ok()) continue;
+    ready = r.replicas_size();
+  }
+  ASSERT_EQ(ready, 2) << "the replicas did not register with the restarted router";
+  const v1::GenerateRequest req = TextRequest(Words(30, 1), 16, std::nullopt, 0.0f);
+  auto stub = GenerationStub(router);
+  StreamResult after = Generate(*stub, req, 60);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens, testing::ReferenceTokens(*engine_, req));
+  ExpectAllKvFree(*cluster);  // the cut streams' KV came back too
+}
+
 TEST_F(FaultToleranceTest, LeastOutstandingAndPowerOfTwoBalanceFourDecodeReplicas) {
   for (const char* policy : {"least-outstanding", "power-of-two"}) {
     auto cluster = StartCluster(1, 4, 0, {}, {std::string("--decode-policy=") + policy});
