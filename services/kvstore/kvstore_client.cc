@@ -21,6 +21,12 @@ struct Call {
   Response resp;
 };
 
+// The request a call serves, for the kvstore's logs (gRPC metadata, as the router sends
+// it to the workers).
+void TagRequest(grpc::ClientContext& ctx, const std::string& request_id) {
+  if (!request_id.empty()) ctx.AddMetadata("x-request-id", request_id);
+}
+
 }  // namespace
 
 struct KvStoreClient::Snapshot {
@@ -232,6 +238,7 @@ void KvStoreClient::Fetch(FetchRequest request, std::function<void(FetchResult)>
   for (auto& [node, group] : groups) {
     auto call = std::make_shared<Call<v1::KvLookupRequest, v1::KvLookupResponse>>();
     call->ctx.set_deadline(absl::ToChronoTime(op->deadline));
+    TagRequest(call->ctx, op->req.request_id);
     *call->req.mutable_format() = Format();
     for (int32_t p : group) call->req.add_block_hashes(op->req.hashes[static_cast<size_t>(p)]);
     snap->stubs[static_cast<size_t>(node)]->async()->Lookup(
@@ -289,6 +296,7 @@ void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
   for (auto& [node, group] : groups) {
     auto call = std::make_shared<Call<v1::KvGetRequest, v1::KvGetResponse>>();
     call->ctx.set_deadline(absl::ToChronoTime(op->deadline));
+    TagRequest(call->ctx, op->req.request_id);
     *call->req.mutable_format() = Format();
     call->req.set_destination(staging_descriptor_);
     for (int32_t p : group) {
@@ -392,6 +400,7 @@ void KvStoreClient::Offload(OffloadRequest request) {
     std::shared_ptr<v1::KvStore::Stub> stub = snap->stubs[static_cast<size_t>(node)];
     auto call = std::make_shared<Call<v1::KvReserveRequest, v1::KvReserveResponse>>();
     call->ctx.set_deadline(absl::ToChronoTime(op->deadline));
+    TagRequest(call->ctx, op->req.request_id);
     *call->req.mutable_format() = Format();
     for (int32_t p : group) call->req.add_block_hashes(op->req.hashes[static_cast<size_t>(p)]);
     stub->async()->Reserve(&call->ctx, &call->req, &call->resp, [this, op, call, stub,
@@ -410,6 +419,7 @@ void KvStoreClient::Offload(OffloadRequest request) {
         return;
       }
       auto commit = std::make_shared<Call<v1::KvCommitRequest, v1::KvCommitResponse>>();
+      TagRequest(commit->ctx, op->req.request_id);
       commit->req.set_reservation_id(r.reservation_id());
       absl::StatusOr<transfer::RemoteMemoryDescriptor> dest = transfer::RemoteMemoryDescriptor::Parse(r.memory_descriptor());
       absl::Status st = dest.status();

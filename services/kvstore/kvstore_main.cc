@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
 #include "services/common/admin_server.h"
+#include "services/common/collectables.h"
 #include "services/common/host_port.h"
 #include "services/common/logging.h"
 #include "services/common/ready_file.h"
@@ -27,6 +28,7 @@
 #include "services/kvstore/block_store.h"
 #include "services/kvstore/byte_size.h"
 #include "services/kvstore/disk_tier.h"
+#include "services/kvstore/kvstore_metrics.h"
 #include "services/kvstore/kvstore_service.h"
 #include "services/worker/router_registration.h"
 #include "spdlog/spdlog.h"
@@ -118,8 +120,13 @@ int RunKvStore(int argc, char** argv) {
   int port = 0;
   builder.AddListeningPort(common.listen, grpc::InsecureServerCredentials(), &port);
   absl::StatusOr<service::HostPort> listen = service::ParseHostPort(common.listen);
+  // Metrics from an injected registry: the RPC decorator's latencies and outcomes, and the
+  // store's counters read when scraped.
+  auto registry = std::make_shared<prometheus::Registry>();
+  kvstore::KvStoreRpcMetrics rpc_metrics(*registry, common.model);
   // The service needs its name before the server starts; the address is known after.
-  kvstore::KvStoreServiceOptions so{.layout_fingerprint = fingerprint, .lease_ms = lease_ms};
+  kvstore::KvStoreServiceOptions so{
+      .instance_name = instance_name, .layout_fingerprint = fingerprint, .lease_ms = lease_ms, .metrics = &rpc_metrics};
   auto service = std::make_unique<kvstore::KvStoreServiceImpl>(&store, ucx->get(),
                                                                 (*region)->descriptor().Serialize(), so);
   builder.RegisterService(service.get());
@@ -129,9 +136,11 @@ int RunKvStore(int argc, char** argv) {
   if (host == "0.0.0.0" || host == "::" || host.empty()) host = "127.0.0.1";
   const std::string grpc_address = service::FormatHostPort(host, static_cast<uint16_t>(port));
   if (instance_name.empty()) instance_name = grpc_address;
+  service->SetInstanceName(instance_name);
 
-  auto registry = std::make_shared<prometheus::Registry>();
-  service::AdminServer admin(registry);
+  service::AdminServer admin(CombineCollectables(
+      {registry, kvstore::KvStoreStatsCollector([&store] { return store.stats(); }, common.model,
+                                                layout->block_size)}));
   if (absl::Status s = admin.Start(common.admin_listen); !s.ok()) return Fail("admin server", s);
   admin.AddHandler("/stats", [&store, instance_name](const service::HttpRequest&) {
     return service::HttpResponse::Json(kvstore::StatsJson(store.stats(), instance_name).dump());

@@ -7,7 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "services/api/grpc_status.h"
+#include "services/common/logging.h"
 #include "services/common/transfer/remote_memory_descriptor.h"
+#include "services/kvstore/kvstore_metrics.h"
+#include "spdlog/spdlog.h"
 
 namespace tandem::kvstore {
 
@@ -42,37 +45,87 @@ absl::Status KvStoreServiceImpl::CheckFormat(const v1::KvBlockFormat& f) const {
   return absl::OkStatus();
 }
 
+// The decorator every RPC goes through: times it, counts its outcome, logs it with the
+// caller's request id, and finishes the reactor exactly once.
+class KvStoreServiceImpl::RpcScope {
+ public:
+  RpcScope(const char* rpc, grpc::CallbackServerContext* ctx, KvStoreRpcMetrics* metrics)
+      : rpc_(rpc), reactor_(ctx->DefaultReactor()), metrics_(metrics), start_(absl::Now()) {
+    const auto& md = ctx->client_metadata();
+    if (auto it = md.find("x-request-id"); it != md.end()) {
+      request_id_.assign(it->second.data(), std::min<size_t>(it->second.size(), 128));
+    }
+  }
+
+  // `detail` describes the result for the log (called only when the line is written).
+  template <typename Detail>
+  void Finish(const absl::Status& st, Detail detail) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    if (metrics_ != nullptr) metrics_->Observe(rpc_, seconds, std::string(absl::StatusCodeToString(st.code())));
+    const spdlog::level::level_enum level = st.ok() ? spdlog::level::debug : spdlog::level::info;
+    if (spdlog::default_logger_raw()->should_log(level)) {
+      const std::string prefix = request_id_.empty() ? std::string() : service::RequestLogPrefix(request_id_);
+      if (st.ok()) {
+        spdlog::log(level, "{}kvstore {}: {} in {:.2f} ms", prefix, rpc_, detail(), seconds * 1e3);
+      } else {
+        spdlog::log(level, "{}kvstore {} failed: {}", prefix, rpc_, st.ToString());
+      }
+    }
+    reactor_->Finish(ToGrpcStatus(st));
+  }
+  void Finish(const absl::Status& st) {
+    Finish(st, [] { return std::string("done"); });
+  }
+
+  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+
+ private:
+  const char* rpc_;
+  grpc::ServerUnaryReactor* reactor_;
+  KvStoreRpcMetrics* metrics_;
+  absl::Time start_;
+  std::string request_id_;
+};
+
 grpc::ServerUnaryReactor* KvStoreServiceImpl::Lookup(grpc::CallbackServerContext* ctx, const v1::KvLookupRequest* r,
                                                      v1::KvLookupResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
+  RpcScope call("Lookup", ctx, options_.metrics);
   absl::Status st = CheckFormat(r->format());
   if (st.ok()) {
     response->set_num_cached(store_->Lookup(r->format().layout_fingerprint(),
                                             std::span<const uint64_t>(r->block_hashes().data(), r->block_hashes_size())));
   }
-  reactor->Finish(ToGrpcStatus(st));
-  return reactor;
+  call.Finish(st, [&] { return absl::StrCat(response->num_cached(), " of ", r->block_hashes_size(), " blocks cached"); });
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* KvStoreServiceImpl::Reserve(grpc::CallbackServerContext* ctx, const v1::KvReserveRequest* r,
                                                       v1::KvReserveResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
+  RpcScope call("Reserve", ctx, options_.metrics);
   absl::Status st = CheckFormat(r->format());
+  int reserved = 0;
   if (st.ok()) {
     BlockStore::Reservation res = store_->Reserve(
         r->format().layout_fingerprint(), std::span<const uint64_t>(r->block_hashes().data(), r->block_hashes_size()));
     response->set_reservation_id(res.id);
     if (!res.id.empty()) response->set_memory_descriptor(region_descriptor_);
-    for (int64_t o : res.offsets) response->add_offsets(o);
+    for (int64_t o : res.offsets) {
+      response->add_offsets(o);
+      reserved += o >= 0 ? 1 : 0;
+    }
     response->set_lease_ms(options_.lease_ms);
   }
-  reactor->Finish(ToGrpcStatus(st));
-  return reactor;
+  call.Finish(st, [&] {
+    return absl::StrCat(reserved, " of ", r->block_hashes_size(), " blocks reserved",
+                        response->reservation_id().empty() ? "" : " (reservation ", response->reservation_id(),
+                        response->reservation_id().empty() ? "" : ")");
+  });
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* KvStoreServiceImpl::Commit(grpc::CallbackServerContext* ctx, const v1::KvCommitRequest* r,
                                                      v1::KvCommitResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
+  RpcScope call("Commit", ctx, options_.metrics);
   absl::StatusOr<BlockStore::CommitResult> res =
       store_->Commit(r->reservation_id(), std::span<const uint64_t>(r->block_hashes().data(), r->block_hashes_size()),
                      std::span<const uint64_t>(r->checksums().data(), r->checksums_size()));
@@ -80,39 +133,43 @@ grpc::ServerUnaryReactor* KvStoreServiceImpl::Commit(grpc::CallbackServerContext
     response->set_committed(res->committed);
     response->set_rejected(res->rejected);
   }
-  reactor->Finish(ToGrpcStatus(res.status()));
-  return reactor;
+  call.Finish(res.status(), [&] {
+    return absl::StrCat("reservation ", r->reservation_id(), ": ", response->committed(), " blocks committed, ",
+                        response->rejected(), " rejected");
+  });
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* KvStoreServiceImpl::Get(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* r,
                                                   v1::KvGetResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
+  auto call = std::make_shared<RpcScope>("Get", ctx, options_.metrics);
   absl::Status st = CheckFormat(r->format());
   if (st.ok() && r->offsets_size() != r->block_hashes_size()) {
     st = absl::InvalidArgumentError("offsets: one per block hash expected");
   }
   if (!st.ok()) {
-    reactor->Finish(ToGrpcStatus(st));
-    return reactor;
+    call->Finish(st);
+    return call->reactor();
   }
   absl::Time deadline = absl::Now() + options_.get_timeout;
   if (const auto call_deadline = ctx->deadline(); call_deadline < std::chrono::system_clock::now() + std::chrono::hours(1)) {
     deadline = std::min(deadline, absl::FromChrono(call_deadline));  // no deadline: "infinite future"
   }
+  grpc::ServerUnaryReactor* reactor = call->reactor();
   {
     std::lock_guard<std::mutex> lock(mu_);
     gets_in_flight_++;
-    io_queue_.push_back([this, reactor, r, response, deadline] { RunGet(reactor, r, response, deadline); });
+    io_queue_.push_back([this, call, r, response, deadline] { RunGet(call, r, response, deadline); });
   }
   cv_.notify_all();
   return reactor;
 }
 
-void KvStoreServiceImpl::RunGet(grpc::ServerUnaryReactor* reactor, const v1::KvGetRequest* r,
+void KvStoreServiceImpl::RunGet(std::shared_ptr<RpcScope> call, const v1::KvGetRequest* r,
                                 v1::KvGetResponse* response, absl::Time deadline) {
   absl::StatusOr<transfer::RemoteMemoryDescriptor> dest = transfer::RemoteMemoryDescriptor::Parse(r->destination());
   if (!dest.ok()) {
-    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("destination: ", dest.status().message()))));
+    call->Finish(absl::InvalidArgumentError(absl::StrCat("destination: ", dest.status().message())));
     GetDone();
     return;
   }
@@ -121,7 +178,7 @@ void KvStoreServiceImpl::RunGet(grpc::ServerUnaryReactor* reactor, const v1::KvG
   const auto& blocks = handle->blocks();
   if (blocks.empty()) {
     response->set_num_delivered(0);
-    reactor->Finish(grpc::Status::OK);
+    call->Finish(absl::OkStatus(), [&] { return absl::StrCat("0 of ", r->block_hashes_size(), " blocks delivered"); });
     GetDone();
     return;
   }
@@ -129,20 +186,28 @@ void KvStoreServiceImpl::RunGet(grpc::ServerUnaryReactor* reactor, const v1::KvG
   for (size_t i = 0; i < blocks.size(); ++i) {
     absl::Status st = batch->Put(blocks[i].data, static_cast<size_t>(store_->block_bytes()), r->offsets(static_cast<int>(i)));
     if (!st.ok()) {
-      reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("offsets[", i, "]: ", st.message()))));
+      call->Finish(absl::InvalidArgumentError(absl::StrCat("offsets[", i, "]: ", st.message())));
       GetDone();
       return;
     }
   }
   // The handle keeps the source slots pinned until the puts are remotely complete.
-  batch->Flush(deadline - absl::Now(), [this, reactor, response, handle](absl::Status st) {
+  batch->Flush(deadline - absl::Now(), [this, call, r, response, handle](absl::Status st) {
     if (st.ok()) {
       response->set_num_delivered(static_cast<int32_t>(handle->blocks().size()));
       for (const BlockStore::ReadBlock& b : handle->blocks()) response->add_checksums(b.checksum);
     }
-    reactor->Finish(ToGrpcStatus(st.ok() ? st : absl::UnavailableError(absl::StrCat("KV get failed: ", st.message()))));
+    call->Finish(st.ok() ? st : absl::UnavailableError(absl::StrCat("KV get failed: ", st.message())), [&] {
+      return absl::StrCat(response->num_delivered(), " of ", r->block_hashes_size(), " blocks delivered (",
+                          static_cast<int64_t>(response->num_delivered()) * store_->block_bytes(), " bytes)");
+    });
     GetDone();
   });
+}
+
+void KvStoreServiceImpl::SetInstanceName(std::string name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.instance_name = std::move(name);
 }
 
 void KvStoreServiceImpl::GetDone() {
@@ -174,11 +239,14 @@ void KvStoreServiceImpl::IoLoop() {
 
 grpc::ServerUnaryReactor* KvStoreServiceImpl::Stats(grpc::CallbackServerContext* ctx, const v1::KvStatsRequest*,
                                                     v1::KvStatsResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
+  RpcScope call("Stats", ctx, options_.metrics);
   ToProto(store_->stats(), response);
-  response->set_instance_name(options_.instance_name);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    response->set_instance_name(options_.instance_name);
+  }
+  call.Finish(absl::OkStatus());
+  return call.reactor();
 }
 
 void ToProto(const KvStoreStats& s, v1::KvStatsResponse* out) {

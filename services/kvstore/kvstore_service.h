@@ -4,12 +4,19 @@
 // engine); for Get, this instance puts the blocks into the reader's region, then
 // answers. Gets run on one I/O thread of their own (they may read the SSD tier), never
 // on gRPC's threads, and complete on the transfer layer's thread.
+//
+// Every RPC goes through one decorator (RpcScope in the .cc): it times the call, counts
+// its outcome (KvStoreRpcMetrics, when given) and logs it with the caller's request id
+// (gRPC metadata x-request-id, which the prefill replicas' client sends): at debug level
+// when it succeeds, at info when it fails, so that one request can be followed from the
+// router through prefill into the kvstore's log.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -22,11 +29,14 @@
 
 namespace tandem::kvstore {
 
+class KvStoreRpcMetrics;
+
 struct KvStoreServiceOptions {
   std::string instance_name;
   uint64_t layout_fingerprint = 0;  // requests for another layout: FAILED_PRECONDITION
   int64_t lease_ms = 30000;         // told to writers (the BlockStore enforces it)
   absl::Duration get_timeout = absl::Seconds(10);  // a Get's puts, at most (and the call's deadline)
+  KvStoreRpcMetrics* metrics = nullptr;            // may be null; must outlive the service
 };
 
 class KvStoreServiceImpl final : public v1::KvStore::CallbackService {
@@ -49,12 +59,16 @@ class KvStoreServiceImpl final : public v1::KvStore::CallbackService {
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::KvStatsRequest* request,
                                   v1::KvStatsResponse* response) override;
 
+  // The name Stats reports (known once the server has its address).
+  void SetInstanceName(std::string name);
+
   // Waits (up to `timeout`) until no Get is in flight. Returns whether none is.
   bool Drain(absl::Duration timeout);
 
  private:
   absl::Status CheckFormat(const v1::KvBlockFormat& f) const;
-  void RunGet(grpc::ServerUnaryReactor* reactor, const v1::KvGetRequest* request, v1::KvGetResponse* response,
+  class RpcScope;
+  void RunGet(std::shared_ptr<RpcScope> call, const v1::KvGetRequest* request, v1::KvGetResponse* response,
               absl::Time deadline);
   void GetDone();
   void IoLoop();

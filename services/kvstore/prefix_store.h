@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/runtime/prefix_kv.h"
@@ -24,6 +25,7 @@ class PrefixStore {
     std::vector<uint64_t> hashes;  // the prompt's full blocks' hash chain, in order
     int32_t first_block = 0;       // fetch from this block on (earlier ones are cached locally)
     int32_t end_block = 0;         // and before this one (the blocks the engine can import)
+    std::string request_id;        // for the tier's logs (may be empty)
   };
   struct FetchResult {
     // The tier answered (some instance is known and every lookup succeeded). When false,
@@ -43,6 +45,7 @@ class PrefixStore {
     // Their KV, hashes.size() blocks back to back, each num_layers x block_size x
     // entry_dim floats, layer-major (the layout of PrefixKv::blocks).
     std::vector<float> data;
+    std::string request_id;  // for the tier's logs (may be empty)
   };
   // Stores the blocks (those the tier lacks) in the background; returns at once. Dropped
   // when too much is already in flight.

@@ -82,6 +82,7 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     if (prefix_store_ != nullptr && prefix_store_->available()) {
       // The kvstore tier first (asynchronously); the request is submitted after.
       tier_ = std::make_unique<PrefixTierSession>(prefix_store_, *engine_, req.prompt);
+      tier_->set_request_id(id_);
       pending_ = std::move(req);
       tier_->Fetch([this] { SubmitAfterFetch(); });
       return absl::OkStatus();
@@ -116,6 +117,10 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
       return;
     }
+    spdlog::debug("{}kvstore tier: {} blocks cached here, {} stored in the tier, {} fetched in {:.1f} ms{}",
+                  service::RequestLogPrefix(id_), tier_->local_blocks(), tier_->result().stored_prefix,
+                  tier_->prefix() ? tier_->prefix()->blocks.size() : 0, tier_->fetch_seconds() * 1e3,
+                  tier_->result().available ? "" : " (tier unavailable: computing)");
     EngineRequest req = pending_;
     req.prefix_kv = tier_->prefix();
     req.kv_sink = tier_->Wrap(sink_.get());

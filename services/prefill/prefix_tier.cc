@@ -1,6 +1,7 @@
 #include "services/prefill/prefix_tier.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "engine/runtime/block_hash.h"
@@ -53,9 +54,11 @@ void PrefixTierSession::Fetch(std::function<void()> then) {
     then();
     return;
   }
-  store_->Fetch({.hashes = hashes_, .first_block = local_, .end_block = usable_},
-                [this, then = std::move(then)](PrefixStore::FetchResult r) {
+  const auto start = std::chrono::steady_clock::now();
+  store_->Fetch({.hashes = hashes_, .first_block = local_, .end_block = usable_, .request_id = request_id_},
+                [this, start, then = std::move(then)](PrefixStore::FetchResult r) {
                   result_ = std::move(r);
+                  fetch_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
                   then();
                 });
 }
@@ -74,6 +77,7 @@ void PrefixTierSession::Offload() {
   PrefixStore::OffloadRequest r;
   r.hashes.assign(hashes_.begin() + offload_->first_block(), hashes_.begin() + offload_->end_block());
   r.data = offload_->TakeData();
+  r.request_id = request_id_;
   store_->Offload(std::move(r));
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/runtime/engine.h"
@@ -58,6 +59,9 @@ class PrefixTierSession {
   PrefixTierSession(PrefixStore* store, const Engine& engine, const std::vector<int32_t>& prompt,
                     int64_t max_offload_bytes = int64_t{512} << 20);
 
+  // The request the session serves: sent along to the tier, for its logs.
+  void set_request_id(std::string id) { request_id_ = std::move(id); }
+
   // Step 1. `then` runs exactly once, on any thread (possibly inside this call).
   void Fetch(std::function<void()> then);
   // The fetched prefix for EngineRequest::prefix_kv (null: none). After Fetch's `then`.
@@ -70,15 +74,19 @@ class PrefixTierSession {
 
   int32_t local_blocks() const { return local_; }
   const PrefixStore::FetchResult& result() const { return result_; }
+  // How long the tier took to answer Fetch (after Fetch's `then`).
+  double fetch_seconds() const { return fetch_seconds_; }
 
  private:
   PrefixStore* store_;
+  std::string request_id_;
   std::vector<uint64_t> hashes_;  // the prompt's full blocks
   int32_t usable_ = 0;            // blocks the engine may import (the last token is computed)
   int32_t local_ = 0;
   int64_t num_layers_, block_size_, entry_dim_;
   int64_t max_offload_blocks_;
   PrefixStore::FetchResult result_;
+  double fetch_seconds_ = 0;
   std::unique_ptr<OffloadKvSink> offload_;
 };
 

@@ -276,9 +276,10 @@ MetricsHistory::ReplicaSource RegistryLoads(const ReplicaRegistry* registry) {
     std::vector<MetricsHistory::ReplicaLoad> out;
     for (const v1::ReplicaInfo& r : list.replicas()) {
       out.push_back({.id = r.replica_id(),
-                     .role = r.role() == v1::ROLE_PREFILL  ? "prefill"
-                             : r.role() == v1::ROLE_DECODE ? "decode"
-                                                           : "both",
+                     .role = r.role() == v1::ROLE_PREFILL   ? "prefill"
+                             : r.role() == v1::ROLE_DECODE  ? "decode"
+                             : r.role() == v1::ROLE_KVSTORE ? "kvstore"
+                                                            : "both",
                      .state = r.state(),
                      .running = r.load().running(),
                      .waiting = r.load().waiting(),

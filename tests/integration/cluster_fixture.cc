@@ -17,11 +17,7 @@ namespace tandem::testing {
 
 std::unique_ptr<LocalCluster> StartCluster(int prefill, int decode, int both, std::vector<std::string> worker_args,
                                            std::vector<std::string> router_args) {
-  const char* bin = std::getenv("TANDEM_BINARY_DIR");
   LocalClusterOptions o;
-  o.bin_dir = std::string(bin != nullptr ? bin : ".") + "/bin";
-  std::string tmpl = (std::filesystem::temp_directory_path() / "tandem-cluster-XXXXXX").string();
-  o.run_dir = ::mkdtemp(tmpl.data());
   o.num_prefill = prefill;
   o.num_decode = decode;
   o.num_both = both;
@@ -29,12 +25,22 @@ std::unique_ptr<LocalCluster> StartCluster(int prefill, int decode, int both, st
   o.worker_args = worker_args;
   router_args.push_back("--heartbeat-ms=200");
   o.router_args = router_args;
+  return StartCluster(std::move(o));
+}
+
+std::unique_ptr<LocalCluster> StartCluster(LocalClusterOptions o) {
+  const char* bin = std::getenv("TANDEM_BINARY_DIR");
+  o.bin_dir = std::string(bin != nullptr ? bin : ".") + "/bin";
+  if (o.run_dir.empty()) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tandem-cluster-XXXXXX").string();
+    o.run_dir = ::mkdtemp(tmpl.data());
+  }
   o.log = [](const std::string& line) { std::fprintf(stderr, "[cluster] %s\n", line.c_str()); };
   absl::StatusOr<std::unique_ptr<LocalCluster>> c = LocalCluster::Start(o);
   EXPECT_TRUE(c.ok()) << c.status();
   if (!c.ok()) return nullptr;
-  // Wait until the router lists every worker (registration completes before a worker
-  // writes its ready file, so this is immediate).
+  // Registration completes before a process writes its ready file: the router lists every
+  // process once Start returns.
   return std::move(*c);
 }
 
@@ -56,6 +62,10 @@ StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req
     if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED || m.has_usage()) r.final = m;
   }
   r.status = reader->Finish();
+  const auto& initial = ctx.GetServerInitialMetadata();
+  if (auto it = initial.find("x-request-id"); it != initial.end()) {
+    r.header_request_id.assign(it->second.data(), it->second.size());
+  }
   const auto& trailers = ctx.GetServerTrailingMetadata();
   if (auto it = trailers.find("grpc-retry-pushback-ms"); it != trailers.end()) {
     r.retry_pushback_ms = std::string(it->second.data(), it->second.size());

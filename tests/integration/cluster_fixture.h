@@ -22,13 +22,17 @@ namespace tandem::testing {
 std::unique_ptr<LocalCluster> StartCluster(int prefill, int decode, int both,
                                            std::vector<std::string> worker_args = {},
                                            std::vector<std::string> router_args = {});
+// The same with every option given: bin_dir, log and (when empty) run_dir, a fresh one,
+// are filled in; the rest is used as is.
+std::unique_ptr<LocalCluster> StartCluster(LocalClusterOptions options);
 
 struct StreamResult {
   grpc::Status status;
   std::vector<int32_t> tokens;
   std::string text;
   v1::GenerateResponse final;  // the message carrying finish_reason / usage
-  std::string request_id;
+  std::string request_id;         // from the messages' request_id field
+  std::string header_request_id;  // from the response's initial metadata (x-request-id)
   int messages = 0;
   std::string retry_pushback_ms;  // the grpc-retry-pushback-ms trailer, if any
 };

@@ -4,8 +4,10 @@
 // benchmark measured; every Grafana panel's query must return data; every service's
 // /metrics must pass `promtool check metrics`; the router's /dashboard page, loaded in
 // headless Chromium during the load, must draw its charts (a screenshot is kept under the
-// build directory). And one request followed through the router's, prefill's and decode's
-// JSON logs by its id.
+// build directory). Every service's /metrics (router, prefill, decode, both, kvstore), each
+// under traffic, passes promtool and names its families. And one request followed through
+// the router's, prefill's, decode's and kvstore's JSON logs by its id, which the client gets
+// in the response's metadata (x-request-id).
 //
 // Needs prometheus, promtool and chromium (Debian packages; scripts/install-deps.sh).
 #include <arpa/inet.h>
@@ -22,6 +24,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -316,8 +319,15 @@ TEST(ObservabilityTest, PrometheusGrafanaAndDashboardAgreeWithTheBenchmark) {
   fs::create_directories(artifacts);
 
   // 1. The cluster: router, two prefill replicas (cache-aware routing keeps each prefix on
-  // one of them), one decode replica.
-  auto cluster = testing::StartCluster(2, 1, 0);
+  // one of them), one decode replica, one kvstore (the prefill replicas' prefix tier).
+  LocalClusterOptions options;
+  options.num_prefill = 2;
+  options.num_decode = 1;
+  options.num_kvstore = 1;
+  options.kvstore_args = {"--capacity=256M"};
+  options.worker_args = {"--threads=1"};
+  options.router_args = {"--heartbeat-ms=200"};
+  auto cluster = testing::StartCluster(std::move(options));
   ASSERT_NE(cluster, nullptr);
   const nlohmann::json ready = cluster->ReadyJson();
   WriteFile(tmp / "ready.json", ready.dump(2));
@@ -402,7 +412,7 @@ TEST(ObservabilityTest, PrometheusGrafanaAndDashboardAgreeWithTheBenchmark) {
   EXPECT_NE(dom.out.find("data-ready=\"true\""), std::string::npos)
       << "the dashboard's charts got no data; DOM saved in " << (artifacts / "dashboard.html") << "\n" << dom.err;
   std::smatch m;
-  EXPECT_TRUE(std::regex_search(dom.out, m, std::regex("data-replicas=\"3\""))) << "replica table";
+  EXPECT_TRUE(std::regex_search(dom.out, m, std::regex("data-replicas=\"4\""))) << "replica table";
   EXPECT_EQ(screenshot.exit_code, 0) << screenshot.err;
   EXPECT_TRUE(fs::exists(artifacts / "dashboard.png") && fs::file_size(artifacts / "dashboard.png") > 10000)
       << "no screenshot";
@@ -503,15 +513,116 @@ TEST(ObservabilityTest, PrometheusGrafanaAndDashboardAgreeWithTheBenchmark) {
   fs::remove_all(tmp, ec);
 }
 
-// One request followed through every process's JSON log by the id the router assigned.
-TEST(ObservabilityTest, OneRequestIdInTheRouterPrefillAndDecodeLogs) {
-  auto cluster = testing::StartCluster(1, 1, 0, {"--log-format=json", "--log-level=debug"},
-                                       {"--log-format=json", "--log-level=debug"});
+// Every kind of service under traffic, its /metrics checked by promtool and for the
+// families it must have: requests through the router (prefill and decode replicas, the
+// kvstore tier serving hits: the prefill replica keeps no prefix cache of its own) and
+// requests straight to an aggregated (--role both) worker.
+TEST(ObservabilityTest, EveryServiceExpositionPassesPromtoolUnderTraffic) {
+  const std::string promtool = FindTool("promtool");
+  ASSERT_FALSE(promtool.empty()) << "promtool not found" << kInstallHint;
+  LocalClusterOptions options;
+  options.num_prefill = 1;
+  options.num_decode = 1;
+  options.num_both = 1;
+  options.num_kvstore = 1;
+  options.kvstore_args = {"--capacity=64M"};
+  options.worker_args = {"--threads=1"};
+  options.prefill_args = {"--no-prefix-cache"};
+  options.router_args = {"--heartbeat-ms=200"};
+  auto cluster = testing::StartCluster(std::move(options));
+  ASSERT_NE(cluster, nullptr);
+  const nlohmann::json ready = cluster->ReadyJson();
+  std::string both_grpc;
+  for (const nlohmann::json& p : ready["processes"]) {
+    if (p["role"] == "both") both_grpc = p["grpc"];
+  }
+  ASSERT_FALSE(both_grpc.empty());
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "The kvstore keeps prefix blocks; ";
+  auto router = testing::GenerationStub(cluster->router_address());
+  auto both = testing::GenerationStub(both_grpc);
+  for (int i = 0; i < 4; ++i) {
+    for (auto* stub : {router.get(), both.get()}) {
+      testing::StreamResult r = testing::Generate(*stub, testing::TextRequest(prompt, 8, std::nullopt, 0.0f));
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the offload lands
+  }
+  // Families each role must expose (besides promtool's checks of every line).
+  const std::map<std::string, std::vector<std::string>> required = {
+      {"router",
+       {"tandem_time_to_first_token_seconds", "tandem_inter_token_latency_seconds", "tandem_time_per_output_token_seconds",
+        "tandem_e2e_request_latency_seconds", "tandem_request_queue_time_seconds", "tandem_requests_total",
+        "tandem_prompt_tokens_total", "tandem_generation_tokens_total", "tandem_replicas"}},
+      {"prefill",
+       {"tandem_time_to_first_token_seconds", "tandem_request_prefill_time_seconds", "tandem_requests_waiting",
+        "tandem_requests_running", "tandem_kv_cache_usage_ratio", "tandem_prefix_cache_queries_total",
+        "tandem_kv_transfer_bytes_total", "tandem_kv_transfer_duration_seconds", "tandem_kvstore_client_queries_total",
+        "tandem_kvstore_client_hit_tokens_total", "tandem_kvstore_client_bytes_total"}},
+      {"decode", {"tandem_requests_running", "tandem_kv_cache_usage_ratio", "tandem_generation_tokens_total"}},
+      {"both",
+       {"tandem_time_to_first_token_seconds", "tandem_requests_total", "tandem_generation_tokens_total",
+        "tandem_prefix_cache_hit_tokens_total"}},
+      {"kvstore",
+       {"tandem_kvstore_lookups_total", "tandem_kvstore_hit_tokens_total", "tandem_kvstore_bytes_total",
+        "tandem_kvstore_evictions_total", "tandem_kvstore_used_bytes", "tandem_kvstore_rpc_duration_seconds",
+        "tandem_kvstore_rpcs_total"}}};
+  const fs::path tmp = MakeTempDir("tandem-promtool-services");
+  std::set<std::string> roles;
+  for (const nlohmann::json& p : ready["processes"]) {
+    const std::string role = p["role"], name = p["name"];
+    roles.insert(role);
+    const std::string text = Http10Get(p["admin"], "/metrics");
+    ASSERT_FALSE(text.empty()) << name;
+    const fs::path file = tmp / (name + ".metrics.txt");
+    WriteFile(file, text);
+    testing::ProcessResult check =
+        RunProcess({"/bin/sh", "-c", "exec \"$0\" check metrics < \"$1\"", promtool, file.string()});
+    EXPECT_EQ(check.exit_code, 0) << name << ": " << check.out << check.err;
+    for (const std::string& family : required.at(role)) {
+      EXPECT_NE(text.find("# TYPE " + family + " "), std::string::npos) << name << " has no " << family;
+    }
+  }
+  EXPECT_EQ(roles, (std::set<std::string>{"router", "prefill", "decode", "both", "kvstore"}));
+  // The kvstore served hits, and both sides count them.
+  auto value = [](const std::string& text, const std::string& series) {
+    const size_t at = text.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::strtod(text.c_str() + at + series.size() + 2, nullptr);
+  };
+  for (const nlohmann::json& p : ready["processes"]) {
+    const std::string text = ReadFile(tmp / (p["name"].get<std::string>() + ".metrics.txt"));
+    if (p["role"] == "kvstore") {
+      EXPECT_GT(value(text, "tandem_kvstore_hit_tokens_total{model=\"tiny\",role=\"kvstore\"}"), 0) << text;
+    }
+    if (p["role"] == "prefill") {
+      EXPECT_GT(value(text, "tandem_kvstore_client_hit_tokens_total{model=\"tiny\",role=\"prefill\"}"), 0) << text;
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+}
+
+// One request followed through every process's JSON log by the id the router assigned,
+// which the client also gets in the response's initial metadata (x-request-id). The prompt
+// spans full KV blocks, so the prefill replica asks the kvstore tier (and offloads to it).
+TEST(ObservabilityTest, OneRequestIdInTheRouterPrefillDecodeAndKvstoreLogs) {
+  LocalClusterOptions options;
+  options.num_prefill = 1;
+  options.num_decode = 1;
+  options.num_kvstore = 1;
+  options.kvstore_args = {"--capacity=64M", "--log-format=json", "--log-level=debug"};
+  options.worker_args = {"--log-format=json", "--log-level=debug", "--threads=1"};
+  options.router_args = {"--log-format=json", "--log-level=debug", "--heartbeat-ms=200"};
+  auto cluster = testing::StartCluster(std::move(options));
   ASSERT_NE(cluster, nullptr);
   auto stub = testing::GenerationStub(cluster->router_address());
-  testing::StreamResult r = testing::Generate(*stub, testing::TextRequest("Follow me through the logs", 8, 1, 0.0f));
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "Follow me through the logs. ";
+  testing::StreamResult r = testing::Generate(*stub, testing::TextRequest(prompt, 8, 1, 0.0f));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   ASSERT_FALSE(r.request_id.empty());
+  EXPECT_EQ(r.header_request_id, r.request_id) << "x-request-id in the response metadata";
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the offload's RPCs
   const nlohmann::json ready = cluster->ReadyJson();
   cluster->Stop();  // every process has written its last line
 
@@ -530,7 +641,7 @@ TEST(ObservabilityTest, OneRequestIdInTheRouterPrefillAndDecodeLogs) {
     EXPECT_GT(json_lines, 0) << p["name"] << " wrote no JSON log lines";
     EXPECT_EQ(json_lines, lines) << p["name"] << ": a line starting with '{' is not JSON";
   }
-  EXPECT_EQ(roles_with_id, (std::set<std::string>{"router", "prefill", "decode"}))
+  EXPECT_EQ(roles_with_id, (std::set<std::string>{"router", "prefill", "decode", "kvstore"}))
       << "request " << r.request_id << " is not in every process's log";
 }
 

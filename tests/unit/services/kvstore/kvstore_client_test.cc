@@ -3,19 +3,24 @@
 // engine standing in for UCX), and the sharded client the prefill replicas use: offload
 // then fetch across shards with byte-exact data, deduplication, a partial prefix, staging
 // exhaustion, and instances that are down or of another layout (fetch answers "not
-// available" promptly, never an error).
+// available" promptly, never an error); the metrics of both sides (kvstore_metrics.h).
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
+#include <map>
 #include <random>
 #include <thread>
 
 #include "gtest/gtest.h"
 #include "services/common/transfer/in_process_transfer_engine.h"
 #include "services/kvstore/block_store.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
 #include "services/kvstore/kvstore_client.h"
+#include "services/kvstore/kvstore_metrics.h"
 #include "services/kvstore/kvstore_service.h"
 #include "xxhash.h"
 
@@ -31,6 +36,8 @@ struct Instance {
   transfer::InProcessTransferEngine transfer;
   std::unique_ptr<transfer::MemoryRegion> region;
   std::unique_ptr<BlockStore> store;
+  prometheus::Registry registry;
+  KvStoreRpcMetrics rpc_metrics{registry, "m"};
   std::unique_ptr<KvStoreServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
   std::string address;
@@ -41,7 +48,8 @@ struct Instance {
                                          nullptr);
     service = std::make_unique<KvStoreServiceImpl>(store.get(), &transfer, region->descriptor().Serialize(),
                                                    KvStoreServiceOptions{.instance_name = name,
-                                                                         .layout_fingerprint = fingerprint});
+                                                                         .layout_fingerprint = fingerprint,
+                                                                         .metrics = &rpc_metrics});
     grpc::ServerBuilder b;
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -219,6 +227,102 @@ TEST(KvStoreClientTest, DownOrForeignInstancesMakeTheTierUnavailableNotAnError) 
   auto none = MakeClient(&local, {});
   EXPECT_FALSE(none->available());
   EXPECT_FALSE(FetchSync(*none, {.hashes = hashes, .first_block = 0, .end_block = 12}).available);
+}
+
+}  // namespace
+}  // namespace tandem::kvstore
+
+namespace tandem::kvstore {
+namespace {
+
+// The value of the sample of `name` whose labels include `labels` (NaN when absent);
+// histograms: their sample count.
+double Sample(const std::vector<prometheus::MetricFamily>& families, const std::string& name,
+              const std::map<std::string, std::string>& labels = {}) {
+  for (const prometheus::MetricFamily& f : families) {
+    if (f.name != name) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      size_t matched = 0;
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        auto it = labels.find(l.name);
+        matched += it != labels.end() && it->second == l.value ? 1 : 0;
+      }
+      if (matched != labels.size()) continue;
+      switch (f.type) {
+        case prometheus::MetricType::Counter: return m.counter.value;
+        case prometheus::MetricType::Gauge: return m.gauge.value;
+        case prometheus::MetricType::Histogram: return static_cast<double>(m.histogram.sample_count);
+        default: return std::nan("");
+      }
+    }
+  }
+  return std::nan("");
+}
+
+TEST(KvStoreMetricsTest, BothSidesCountQueriesHitTokensBytesEvictionsAndRpcs) {
+  Instance a("kvstore-0", 8);
+  transfer::InProcessTransferEngine local;
+  auto client = MakeClient(&local, {&a});
+  auto server_side = KvStoreStatsCollector([&a] { return a.store->stats(); }, "m", 64);
+  auto client_side = KvStoreClientCollector(client.get(), "m", "prefill", 64);
+
+  const std::vector<uint64_t> first = Hashes(6, 7), second = Hashes(6, 8);
+  client->Offload({.hashes = first, .data = Data(6, 7)});
+  WaitOffloaded(*client, 6);
+  PrefixStore::FetchResult r = FetchSync(*client, {.hashes = first, .first_block = 0, .end_block = 6});
+  ASSERT_NE(r.prefix, nullptr);
+  EXPECT_EQ(r.prefix->blocks.size(), 6u);
+  r = {};
+  // Six more blocks into 8 slots: the least recently used go.
+  client->Offload({.hashes = second, .data = Data(6, 8)});
+  WaitOffloaded(*client, 12);
+  // A lookup of another layout, refused.
+  {
+    auto stub = v1::KvStore::NewStub(grpc::CreateChannel(a.address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::KvLookupRequest req;
+    req.mutable_format()->set_layout_fingerprint(kFp + 1);
+    req.mutable_format()->set_block_bytes(kBlock);
+    v1::KvLookupResponse resp;
+    EXPECT_EQ(stub->Lookup(&ctx, req, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+
+  const KvStoreStats st = a.store->stats();
+  const std::vector<prometheus::MetricFamily> s = server_side->Collect();
+  const std::map<std::string, std::string> kv = {{"model", "m"}, {"role", "kvstore"}};
+  EXPECT_EQ(Sample(s, "tandem_kvstore_lookups_total", kv), static_cast<double>(st.lookups));
+  EXPECT_GE(st.lookups, 1);
+  EXPECT_EQ(Sample(s, "tandem_kvstore_lookup_tokens_total"), 6 * 64);
+  EXPECT_EQ(Sample(s, "tandem_kvstore_lookup_hit_tokens_total"), 6 * 64);
+  EXPECT_EQ(Sample(s, "tandem_kvstore_hit_tokens_total"), 6 * 64);
+  EXPECT_EQ(Sample(s, "tandem_kvstore_bytes_total", {{"op", "get"}}), 6 * kBlock);
+  EXPECT_EQ(Sample(s, "tandem_kvstore_bytes_total", {{"op", "put"}}), 12 * kBlock);
+  EXPECT_EQ(Sample(s, "tandem_kvstore_put_blocks_total", {{"outcome", "committed"}}), 12);
+  EXPECT_GT(st.dram_evictions, 0);
+  EXPECT_EQ(Sample(s, "tandem_kvstore_evictions_total", {{"tier", "dram"}}), static_cast<double>(st.dram_evictions));
+  EXPECT_EQ(Sample(s, "tandem_kvstore_capacity_bytes", {{"tier", "dram"}}), 8 * kBlock);
+  EXPECT_LE(Sample(s, "tandem_kvstore_used_bytes", {{"tier", "dram"}}), 8 * kBlock);
+  // The RPC decorator: every call timed and counted by outcome.
+  const std::vector<prometheus::MetricFamily> rpcs = a.registry.Collect();
+  EXPECT_EQ(Sample(rpcs, "tandem_kvstore_rpcs_total", {{"rpc", "Lookup"}, {"code", "OK"}}), 1);
+  EXPECT_EQ(Sample(rpcs, "tandem_kvstore_rpcs_total", {{"rpc", "Lookup"}, {"code", "FAILED_PRECONDITION"}}), 1);
+  EXPECT_EQ(Sample(rpcs, "tandem_kvstore_rpcs_total", {{"rpc", "Get"}, {"code", "OK"}}), 1);
+  EXPECT_EQ(Sample(rpcs, "tandem_kvstore_rpcs_total", {{"rpc", "Reserve"}, {"code", "OK"}}), 2);
+  EXPECT_EQ(Sample(rpcs, "tandem_kvstore_rpcs_total", {{"rpc", "Commit"}, {"code", "OK"}}), 2);
+  EXPECT_EQ(Sample(rpcs, "tandem_kvstore_rpc_duration_seconds", {{"rpc", "Get"}}), 1);
+  EXPECT_EQ(Sample(rpcs, "tandem_kvstore_rpc_duration_seconds", {{"rpc", "Lookup"}}), 2);
+
+  const std::vector<prometheus::MetricFamily> c = client_side->Collect();
+  const std::map<std::string, std::string> pf = {{"model", "m"}, {"role", "prefill"}};
+  EXPECT_EQ(Sample(c, "tandem_kvstore_client_instances", pf), 1);
+  EXPECT_EQ(Sample(c, "tandem_kvstore_client_queries_total"), 1);
+  EXPECT_EQ(Sample(c, "tandem_kvstore_client_queried_tokens_total"), 6 * 64);
+  EXPECT_EQ(Sample(c, "tandem_kvstore_client_hit_tokens_total"), 6 * 64);
+  EXPECT_EQ(Sample(c, "tandem_kvstore_client_bytes_total", {{"op", "fetch"}}), 6 * kBlock);
+  EXPECT_EQ(Sample(c, "tandem_kvstore_client_bytes_total", {{"op", "offload"}}), 12 * kBlock);
+  EXPECT_EQ(Sample(c, "tandem_kvstore_client_offloads_total", {{"outcome", "sent"}}), 2);
+  EXPECT_EQ(Sample(c, "tandem_kvstore_client_offload_blocks_total", {{"outcome", "written"}}), 12);
+  EXPECT_EQ(Sample(c, "tandem_kvstore_client_errors_total", {{"op", "fetch"}}), 0);
 }
 
 }  // namespace
