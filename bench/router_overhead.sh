@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Router overhead: TTFT through tandem-router vs calling the same aggregated worker's
 # Generate directly (`--role both`), in one run, at 1 and at 256 concurrent streams.
-#   bench/router_overhead.sh [BUILD_DIR] [OUT_JSON]
+#   bench/router_overhead.sh [BUILD_DIR] [OUT_JSON]     (MODEL=DIR|tiny, the served model)
+# BUILD_DIR/bin holds the binaries (scripts/device/pack.sh's .carry/device works too).
 # Rounds alternate router/direct so machine noise hits both alike; each figure is the
 # median over rounds of the per-round p50/p99.
 set -euo pipefail
@@ -10,7 +11,7 @@ out="${2:-$build/router_overhead.json}"
 bin="$build/bin"
 run="$(mktemp -d /tmp/tandem-router-overhead.XXXXXX)"
 export UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}"
-"$bin/tandem" serve-local --aggregated 1 --listen 127.0.0.1:0 --run-dir "$run" --ready-file "$run/cluster.json" \
+"$bin/tandem" serve-local --model "${MODEL:-tiny}" --kvstore 0 --aggregated 1 --listen 127.0.0.1:0 --run-dir "$run" --ready-file "$run/cluster.json" \
   >/dev/null 2>"$run/serve.err" &
 cluster=$!
 trap 'kill -TERM $cluster 2>/dev/null; wait $cluster 2>/dev/null; rm -rf "$run"' EXIT
