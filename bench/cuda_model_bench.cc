@@ -13,7 +13,10 @@
 // second) and an 8192^3 bf16 GEMM through cuBLAS (FLOP/s), both on random data.
 //
 // Decode at batch B: B sequences with `context` tokens already cached take `steps` greedy
-// steps (graph replay after the first two of a shape). Roofline time of a step = (weight
+// steps (graph replay after the first two of a shape). Batch 1 also runs with programmatic
+// dependent launch off, with the fused small-batch kernels off as well (the unfused path),
+// and without graphs; batches 1 and 64 also with GPU sampling (ForwardSample, temperature
+// 0.7, top-p 0.9) instead of the argmax. Roofline time of a step = (weight
 // bytes the step must read: embedding rows, every dense weight, the experts at least one
 // token was routed to, the LM head; plus the KV bytes its attention reads, B x context x
 // (kv_lora_rank + rope) x 2 bytes x layers) / copy bandwidth. Reported fraction = roofline
@@ -150,8 +153,17 @@ struct DecodeResult {
   double idle_fraction = 0;
 };
 
-DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps, bool graphs, double copy_bw,
-                    bool profile) {
+struct DecodeVariant {
+  const char* name = "default";
+  bool graphs = true;
+  bool programmatic_launch = true;
+  int64_t fused_decode_max_tokens = 4;
+  bool sample = false;
+};
+
+DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps, const DecodeVariant& variant,
+                    double copy_bw, bool profile) {
+  const bool graphs = variant.graphs;
   const ModelConfig& c = model.config();
   const int warmup = 3;
   const int64_t blocks_per_seq = (context + warmup + steps + 2 + 63) / 64;
@@ -164,12 +176,24 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
   for (int s = 0; s < batch; ++s) tokens[s] = static_cast<int32_t>(3 + (s * 7919) % (c.vocab_size - 3));
   int64_t pos = context;  // the cache holds `context` entries per sequence (their values do not matter here)
   model.set_cuda_graphs(graphs);
+  model.set_programmatic_launch(variant.programmatic_launch);
+  model.set_fused_decode_max_tokens(variant.fused_decode_max_tokens);
+  int64_t sample_step = 0;
   auto step = [&]() {
     std::vector<ForwardSequence> seqs(batch);
     for (int s = 0; s < batch; ++s) {
       seqs[s] = {.tokens = {&tokens[s], 1}, .start_position = pos, .block_table = tables[s]};
     }
-    tokens = OrDie(model.ForwardGreedy(seqs), "decode step");
+    if (variant.sample) {
+      std::vector<CudaDeepseekModel::SampleRow> rows(batch);
+      for (int s = 0; s < batch; ++s) {
+        rows[s] = {.temperature = 0.7f, .top_p = 0.9f, .seed = static_cast<uint64_t>(s), .step = sample_step};
+      }
+      tokens = OrDie(model.ForwardSample(seqs, rows), "decode step");
+      ++sample_step;
+    } else {
+      tokens = OrDie(model.ForwardGreedy(seqs), "decode step");
+    }
     ++pos;
   };
   for (int i = 0; i < warmup; ++i) step();
@@ -201,9 +225,13 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
   r.roofline_fraction = roofline_ms / step_ms;
   r.idle_fraction = Mean(gaps) / Mean(periods);
   r.json = {{"batch", batch},
+            {"variant", variant.name},
             {"context", context},
             {"steps", steps},
             {"cuda_graphs", graphs},
+            {"programmatic_launch", variant.programmatic_launch},
+            {"fused_decode_max_tokens", variant.fused_decode_max_tokens},
+            {"sampling", variant.sample ? "top-p 0.9, temperature 0.7 (GPU)" : "greedy"},
             {"step_ms_p50", step_ms},
             {"step_ms_mean", Mean(wall)},
             {"step_ms_min", *std::min_element(wall.begin(), wall.end())},
@@ -224,9 +252,9 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
     r.json["profile_ms"] = ProfileJson(OrDie(model.TakeProfile(), "profile"));
     model.set_profiling(false);
   }
-  std::printf("decode batch %4d ctx %d graphs %d: step %.3f ms (gpu %.3f, idle %.3f ms = %.1f%%), %.0f tok/s, "
+  std::printf("decode batch %4d ctx %d %-22s: step %.3f ms (gpu %.3f, idle %.3f ms = %.1f%%), %.0f tok/s, "
               "roofline %.3f ms -> %.1f%%\n",
-              batch, context, graphs ? 1 : 0, step_ms, Mean(gpu), Mean(gaps), 100 * r.idle_fraction,
+              batch, context, variant.name, step_ms, Mean(gpu), Mean(gaps), 100 * r.idle_fraction,
               batch / (step_ms * 1e-3), roofline_ms, 100 * r.roofline_fraction);
   std::fflush(stdout);
   return r;
@@ -339,13 +367,28 @@ int Main(int argc, char** argv) {
   Json decode = Json::array();
   Json acceptance = Json::object();
   for (int b : batches) {
-    const DecodeResult r = Decode(*model, b, context, steps, /*graphs=*/true, copy_bw, profile);
+    const DecodeResult r = Decode(*model, b, context, steps, DecodeVariant{}, copy_bw, profile);
     decode.push_back(r.json);
     if (b == 1) acceptance["batch1_roofline_fraction_ge_0.6"] = r.roofline_fraction >= 0.6;
     if (b == 256) acceptance["batch256_roofline_fraction_ge_0.5"] = r.roofline_fraction >= 0.5;
     if (b == 64) acceptance["batch64_idle_fraction_lt_0.05"] = r.idle_fraction < 0.05;
   }
-  decode.push_back(Decode(*model, batches.front(), context, steps, /*graphs=*/false, copy_bw, false).json);
+  const int b0 = batches.front();
+  for (const DecodeVariant& v : {DecodeVariant{.name = "no PDL", .programmatic_launch = false},
+                                 DecodeVariant{.name = "no PDL, unfused", .programmatic_launch = false,
+                                               .fused_decode_max_tokens = 0},
+                                 DecodeVariant{.name = "no graphs", .graphs = false}}) {
+    decode.push_back(Decode(*model, b0, context, steps, v, copy_bw, false).json);
+  }
+  for (int b : batches) {
+    if (b > 64) continue;
+    decode.push_back(Decode(*model, b, context, steps, DecodeVariant{.name = "GPU sampling", .sample = true}, copy_bw,
+                            false)
+                         .json);
+  }
+  model->set_programmatic_launch(true);
+  model->set_fused_decode_max_tokens(4);
+  model->set_cuda_graphs(true);
   out["decode"] = decode;
 
   if (prefill > 0) {

@@ -2,6 +2,8 @@
 
 #include <climits>
 
+#include "kernels/cuda/cuda_common.cuh"
+
 namespace tandem::cuda {
 namespace {
 
@@ -14,6 +16,7 @@ __device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
 __global__ void ArgmaxKernel(ArgmaxParams p) {
   __shared__ float best_v[kThreads / 32];
   __shared__ int best_i[kThreads / 32];
+  internal::WaitAndTrigger();
   const float* l = p.logits + static_cast<int64_t>(blockIdx.x) * p.stride;
   float bv = 0.0f;
   int bi = INT_MAX;
@@ -57,8 +60,7 @@ cudaError_t Argmax(const ArgmaxParams& p, cudaStream_t stream) {
       p.vocab > 0x7fffffff || p.stride < p.vocab) {
     return cudaErrorInvalidValue;
   }
-  ArgmaxKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return internal::Launch(ArgmaxKernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace tandem::cuda

@@ -5,6 +5,8 @@
 
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/cuda_common.cuh"
+
 namespace tandem::cuda {
 namespace {
 
@@ -24,6 +26,7 @@ __device__ __forceinline__ float ConvertValue<__nv_bfloat16, float>(__nv_bfloat1
 // Grid: x covers columns, y (and z for many rows) rows.
 template <typename Src, typename Dst>
 __global__ void ConvertKernel(ConvertParams p) {
+  internal::WaitAndTrigger();
   const int64_t row = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
   if (row >= p.rows) return;
   const Src* src = static_cast<const Src*>(p.src) + row * p.src_stride;
@@ -51,8 +54,17 @@ cudaError_t LaunchConvert(const ConvertParams& p, cudaStream_t stream) {
   const int64_t z = (p.rows + y - 1) / y;
   if (z > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(y), static_cast<unsigned>(z));
-  ConvertKernel<Src, Dst><<<grid, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return internal::Launch(ConvertKernel<Src, Dst>, grid, dim3(kThreads), 0, stream, p);
+}
+
+// Grid: x covers 4-byte words of a row, y rows.
+__global__ void ZeroRowsKernel(ZeroRowsParams p) {
+  internal::WaitAndTrigger();
+  char* row = static_cast<char*>(p.dst) + static_cast<int64_t>(blockIdx.y) * p.pitch_bytes;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < p.row_bytes / 4;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    reinterpret_cast<uint32_t*>(row)[i] = 0u;
+  }
 }
 
 __global__ void DequantizeFp8Kernel(DequantizeFp8Params p) {
@@ -76,6 +88,17 @@ cudaError_t ConvertF32ToBf16(const ConvertParams& p, cudaStream_t stream) {
 
 cudaError_t ConvertBf16ToF32(const ConvertParams& p, cudaStream_t stream) {
   return LaunchConvert<__nv_bfloat16, float>(p, stream);
+}
+
+cudaError_t ZeroRows(const ZeroRowsParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.row_bytes == 0) return cudaSuccess;
+  if (p.dst == nullptr || p.rows < 0 || p.rows > 65535 || p.row_bytes < 0 || p.row_bytes % 4 != 0 ||
+      p.pitch_bytes % 4 != 0 || p.pitch_bytes < p.row_bytes || reinterpret_cast<uintptr_t>(p.dst) % 4 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t x = std::min<int64_t>((p.row_bytes / 4 + kThreads - 1) / kThreads, 64);
+  return internal::Launch(ZeroRowsKernel, dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.rows)),
+                          dim3(kThreads), 0, stream, p);
 }
 
 cudaError_t DequantizeFp8ToBf16(const DequantizeFp8Params& p, cudaStream_t stream) {

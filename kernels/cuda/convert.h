@@ -27,6 +27,18 @@ cudaError_t ConvertF32ToBf16(const ConvertParams& p, cudaStream_t stream);
 // src __nv_bfloat16, dst float.
 cudaError_t ConvertBf16ToF32(const ConvertParams& p, cudaStream_t stream);
 
+// Zeroes rows x row_bytes bytes at dst, rows pitch_bytes apart (what cudaMemset2DAsync
+// does, as a kernel: a programmatic dependent launch can follow it, launch_control.h).
+// row_bytes and pitch_bytes multiples of 4, at most 65535 rows.
+struct ZeroRowsParams {
+  void* dst = nullptr;
+  int64_t pitch_bytes = 0;
+  int64_t row_bytes = 0;
+  int64_t rows = 0;
+};
+
+cudaError_t ZeroRows(const ZeroRowsParams& p, cudaStream_t stream);
+
 struct DequantizeFp8Params {
   const uint8_t* src = nullptr;  // [rows][cols] E4M3 ("fn": no infinities)
   const float* scales = nullptr;  // [ceil(rows / 128)][ceil(cols / 128)]

@@ -1,13 +1,53 @@
 // Device helpers shared by the CUDA kernels of this directory (not a public API): warp
-// reductions, bf16 packing, the rotary angle as the CPU reference computes it.
+// reductions, bf16 packing, the rotary angle as the CPU reference computes it, and the
+// launch helper with programmatic dependent launch (launch_control.h).
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/launch_control.h"
+
 namespace tandem::cuda::internal {
+
+// Programmatic dependent launch, device side (no-ops below sm_90 and when the kernel was
+// launched without the attribute). A kernel launched through Launch() must call
+// GridDependencyWait() in every thread before it touches memory that an earlier kernel
+// writes or reads (weights and other constants may be read before), and before any early
+// return: a successor's wait then also covers every kernel before this one.
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Lets the next kernel of the stream start (its blocks run up to their own wait).
+__device__ __forceinline__ void TriggerDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Both, at the top of a kernel that has nothing to do before its wait.
+__device__ __forceinline__ void WaitAndTrigger() {
+  GridDependencyWait();
+  TriggerDependentLaunch();
+}
+
+// A hint to bring the 128-byte line holding p into L2.
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// Prefetches bytes [0, bytes) from p into L2, spread over the block's threads.
+__device__ __forceinline__ void PrefetchRangeL2(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  const int64_t step = static_cast<int64_t>(blockDim.x) * 128;
+  for (int64_t off = static_cast<int64_t>(threadIdx.x) * 128; off < bytes; off += step) PrefetchL2(c + off);
+}
 
 __device__ __forceinline__ float WarpSum(float v) {
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -49,5 +89,26 @@ __device__ __forceinline__ int2 RopePair(int i, int half, bool interleaved) {
 }
 
 __device__ __forceinline__ float SiluMulValue(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent
+// launch when ProgrammaticLaunch() is on (the kernel must follow GridDependencyWait's
+// rule). Returns the launch's error.
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (ProgrammaticLaunch()) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
 
 }  // namespace tandem::cuda::internal

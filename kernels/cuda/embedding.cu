@@ -1,9 +1,12 @@
 #include "kernels/cuda/embedding.h"
 
+#include "kernels/cuda/cuda_common.cuh"
+
 namespace tandem::cuda {
 namespace {
 
 __global__ void EmbeddingKernel(EmbeddingParams p) {
+  internal::WaitAndTrigger();
   const int64_t r = blockIdx.x;
   const __nv_bfloat16* row = p.table + static_cast<int64_t>(p.tokens[r]) * p.dim;
   float* out = p.out + r * p.out_stride;
@@ -18,8 +21,7 @@ cudaError_t EmbeddingGather(const EmbeddingParams& p, cudaStream_t stream) {
       p.num_tokens > 0x7fffffff || p.dim <= 0 || p.out_stride < p.dim) {
     return cudaErrorInvalidValue;
   }
-  EmbeddingKernel<<<static_cast<unsigned>(p.num_tokens), 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return internal::Launch(EmbeddingKernel, dim3(static_cast<unsigned>(p.num_tokens)), dim3(256), 0, stream, p);
 }
 
 }  // namespace tandem::cuda

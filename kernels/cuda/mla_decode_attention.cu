@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cmath>
 
+#include "kernels/cuda/cuda_common.cuh"
+
 namespace tandem::cuda {
 namespace {
 
@@ -131,6 +133,7 @@ __device__ __forceinline__ void StoreLse(const DecodeArgs& a, int seq, int split
 
 template <int MT, int NT>
 __global__ void __launch_bounds__(MT * 128, 1) MlaDecodeMmaKernel(DecodeArgs a) {
+  internal::WaitAndTrigger();
   constexpr int kWarps = MT * 4;
   constexpr int kThreads = kWarps * 32;
   constexpr int TM = MT * 16;
@@ -456,6 +459,7 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
 
 
 __global__ void __launch_bounds__(256, 1) MlaDecodeWgmmaKernel(DecodeArgs a) {
+  internal::WaitAndTrigger();
 #ifdef TANDEM_MLA_WGMMA
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t raw_addr = SmemAddr(smem_raw);
@@ -651,7 +655,34 @@ __global__ void __launch_bounds__(256, 1) MlaDecodeWgmmaKernel(DecodeArgs a) {
 
 constexpr int kCombineThreads = 128;  // x 4 columns >= kv_lora_rank (512)
 
+// The split weights of row `row` into weight[0, splits) (called by one warp).
+__device__ __forceinline__ void SplitWeights(const DecodeArgs& a, int row, float* weight) {
+  const int lane = threadIdx.x % 32;
+  float lse[kMaxSplits / 32];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) {
+    const int s = lane + 32 * k;
+    lse[k] = s < a.splits ? a.ws_lse[static_cast<int64_t>(s) * a.total_rows + row] : -INFINITY;
+    mx = fmaxf(mx, lse[k]);
+  }
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) {
+    lse[k] = lse[k] == -INFINITY ? 0.0f : Exp2(lse[k] - mx);
+    sum += lse[k];
+  }
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) {
+    if (lane + 32 * k < a.splits) weight[lane + 32 * k] = lse[k] * inv;
+  }
+}
+
 __global__ void __launch_bounds__(kCombineThreads) MlaDecodeCombineKernel(DecodeArgs a) {
+  internal::WaitAndTrigger();
   __shared__ float weight[kMaxSplits];
   const int row = blockIdx.x;  // token * heads + head
   const int tid = threadIdx.x;
@@ -697,6 +728,132 @@ __global__ void __launch_bounds__(kCombineThreads) MlaDecodeCombineKernel(Decode
   float* dst = a.out + token * a.out_stride + static_cast<int64_t>(head) * a.R + c;
   *reinterpret_cast<float2*>(dst) = make_float2(acc.x, acc.y);
   *reinterpret_cast<float2*>(dst + 2) = make_float2(acc.z, acc.w);
+}
+
+// ---------------------------------------------------------------------------------------
+// Split combine fused with the value projection (MlaDecodeParams::w_uv): grid (v_dim / 32
+// rounded up, heads); a block combines the latent output of its head for each query token
+// in shared memory (or reads it from `out` without splits; its 8 warps each take every 8th
+// split), then each warp projects it onto 4 value rows whose W_UV values it loaded into
+// registers before waiting for the attention kernel.
+
+struct OutputArgs {
+  const __nv_bfloat16* w_uv;
+  int64_t w_uv_head_stride;
+  int v_dim;
+  float* out_v;
+  int64_t out_v_stride;
+  int num_tokens;
+};
+
+constexpr int kOutThreads = 256;
+constexpr int kOutWarps = kOutThreads / 32;
+constexpr int kOutChunks = kWgR / 128;  // float4 chunks of a latent row per lane
+constexpr int kOutRowsPerWarp = 4;
+constexpr int kOutRows = kOutThreads / 32 * kOutRowsPerWarp;  // value rows per block
+constexpr int kOutPairs = kWgR / 64;  // column pairs per lane: kv_lora_rank <= 512
+
+__global__ void __launch_bounds__(kOutThreads) MlaDecodeOutputKernel(DecodeArgs a, OutputArgs o) {
+  __shared__ __align__(16) float lat[kWgR];
+  __shared__ __align__(16) float part[kOutWarps][kWgR];
+  __shared__ float weight[kMaxSplits];
+  const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int j0 = static_cast<int>(blockIdx.x) * kOutRows + warp * kOutRowsPerWarp;
+  const int pairs = a.R / 2;
+  uint32_t w[kOutRowsPerWarp][kOutPairs];
+#pragma unroll
+  for (int r = 0; r < kOutRowsPerWarp; ++r) {
+    const unsigned int* src = reinterpret_cast<const unsigned int*>(
+        o.w_uv + h * o.w_uv_head_stride + static_cast<int64_t>(min(j0 + r, o.v_dim - 1)) * a.R);
+#pragma unroll
+    for (int i = 0; i < kOutPairs; ++i) {
+      const int pc = lane + 32 * i;
+      w[r][i] = pc < pairs && j0 + r < o.v_dim ? __ldg(src + pc) : 0u;
+    }
+  }
+  internal::WaitAndTrigger();
+  for (int token = 0; token < o.num_tokens; ++token) {
+    const int row = token * a.heads + h;  // = seq * rows + (token % q_per_seq) * heads + h
+    if (a.splits == 1) {
+      const float* src = a.out + token * a.out_stride + static_cast<int64_t>(h) * a.R;
+      for (int c = threadIdx.x; c < a.R; c += kOutThreads) lat[c] = src[c];
+    } else {
+      if (warp == 0) SplitWeights(a, row, weight);
+      __syncthreads();
+      // Warp w sums splits w, w + 8, ... (two at a time: 8 float4 loads in flight per lane;
+      // splits that saw nothing have weight 0 and unwritten partials), then the 8 partial
+      // rows are added in shared memory.
+      float4 acc4[kOutChunks];
+#pragma unroll
+      for (int q = 0; q < kOutChunks; ++q) acc4[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const int chunks = a.R / 4;
+      for (int s0 = warp; s0 < a.splits; s0 += 2 * kOutWarps) {
+        float4 x[2][kOutChunks];
+        float ws[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int s = s0 + u * kOutWarps;
+          ws[u] = s < a.splits ? weight[s] : 0.0f;
+          const float4* src = reinterpret_cast<const float4*>(
+              a.ws_o + (static_cast<int64_t>(min(s, a.splits - 1)) * a.total_rows + row) * a.R);
+#pragma unroll
+          for (int q = 0; q < kOutChunks; ++q) {
+            const int ch = lane + 32 * q;
+            x[u][q] = ws[u] != 0.0f && ch < chunks ? __ldcg(src + ch) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+#pragma unroll
+          for (int q = 0; q < kOutChunks; ++q) {
+            acc4[q].x = fmaf(ws[u], x[u][q].x, acc4[q].x);
+            acc4[q].y = fmaf(ws[u], x[u][q].y, acc4[q].y);
+            acc4[q].z = fmaf(ws[u], x[u][q].z, acc4[q].z);
+            acc4[q].w = fmaf(ws[u], x[u][q].w, acc4[q].w);
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kOutChunks; ++q) {
+        const int ch = lane + 32 * q;
+        if (ch < chunks) reinterpret_cast<float4*>(part[warp])[ch] = acc4[q];
+      }
+      __syncthreads();
+      for (int c = threadIdx.x; c < a.R; c += kOutThreads) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kOutWarps; ++w) v += part[w][c];
+        lat[c] = v;
+      }
+    }
+    __syncthreads();
+    float acc[kOutRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kOutRowsPerWarp; ++r) acc[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kOutPairs; ++i) {
+      const int pc = lane + 32 * i;
+      if (pc < pairs) {
+        const float2 l = reinterpret_cast<const float2*>(lat)[pc];
+#pragma unroll
+        for (int r = 0; r < kOutRowsPerWarp; ++r) {
+          __nv_bfloat162 b;
+          memcpy(&b, &w[r][i], sizeof(b));
+          const float2 wv = __bfloat1622float2(b);
+          acc[r] = fmaf(l.x, wv.x, acc[r]);
+          acc[r] = fmaf(l.y, wv.y, acc[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kOutRowsPerWarp; ++r) {
+      const float s = internal::WarpSum(acc[r]);
+      if (lane == r && j0 + r < o.v_dim) {
+        o.out_v[token * o.out_v_stride + static_cast<int64_t>(h) * o.v_dim + j0 + r] = s;
+      }
+    }
+    __syncthreads();  // lat and weight are reused
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -891,6 +1048,13 @@ cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream) {
       reinterpret_cast<uintptr_t>(p.out) % 8 != 0 || p.num_splits < 0 || p.impl < 0 || p.impl > 2) {
     return cudaErrorInvalidValue;
   }
+  const int64_t tokens = static_cast<int64_t>(p.num_seqs) * p.q_per_seq;
+  if (p.w_uv != nullptr &&
+      (p.out_v == nullptr || tokens > kMlaDecodeFusedMaxTokens || p.v_dim <= 0 || p.v_dim % 2 != 0 ||
+       p.out_v_stride < static_cast<int64_t>(p.num_heads) * p.v_dim || p.w_uv_head_stride % 2 != 0 ||
+       reinterpret_cast<uintptr_t>(p.w_uv) % 4 != 0 || p.num_heads > 65535)) {
+    return cudaErrorInvalidValue;
+  }
   Plan plan;
   if (!MakePlan(p.q_per_seq, p.num_heads, p.kv_lora_rank, p.rope_dim, p.impl, &plan)) return cudaErrorInvalidValue;
   const int tiles = (p.max_cache_len + kTile - 1) / kTile;
@@ -928,15 +1092,18 @@ cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream) {
   }
   const int64_t blocks = static_cast<int64_t>(p.num_seqs) * splits * plan.row_tiles;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  if (plan.impl == Impl::kWgmma) {
-    MlaDecodeWgmmaKernel<<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(a);
-  } else {
-    MmaKernel(plan.mt, plan.nt)<<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(a);
+  const KernelFn kernel = plan.impl == Impl::kWgmma ? MlaDecodeWgmmaKernel : MmaKernel(plan.mt, plan.nt);
+  cudaError_t err = internal::Launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(plan.threads), plan.smem,
+                                     stream, a);
+  if (err != cudaSuccess) return err;
+  if (p.w_uv != nullptr) {
+    const OutputArgs o{p.w_uv, p.w_uv_head_stride, p.v_dim, p.out_v, p.out_v_stride, static_cast<int>(tokens)};
+    return internal::Launch(MlaDecodeOutputKernel, dim3((p.v_dim + kOutRows - 1) / kOutRows, p.num_heads),
+                            dim3(kOutThreads), 0, stream, a, o);
   }
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || splits == 1) return err;
-  MlaDecodeCombineKernel<<<static_cast<unsigned>(a.total_rows), kCombineThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  if (splits == 1) return cudaSuccess;
+  return internal::Launch(MlaDecodeCombineKernel, dim3(static_cast<unsigned>(a.total_rows)), dim3(kCombineThreads), 0,
+                          stream, a);
 }
 
 }  // namespace tandem::cuda

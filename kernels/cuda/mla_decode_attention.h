@@ -20,7 +20,8 @@
 // fewer). Each KV tile of 64 positions is loaded once into shared memory (double-buffered)
 // and serves as keys (all R+P columns) and values (first R).
 // Pointers q and kv_cache must be 16-byte aligned and q_stride a multiple of 8; out must
-// be 8-byte aligned with an even out_stride; the workspace 16-byte aligned.
+// be 8-byte aligned with an even out_stride; the workspace 16-byte aligned. Every kernel
+// here supports programmatic dependent launch (launch_control.h).
 #pragma once
 
 #include <cstddef>
@@ -62,7 +63,19 @@ struct MlaDecodeParams {
   // impl: 1 = portable mma.sync kernel, 2 = sm_90a wgmma kernel (rejected where unsupported).
   int num_splits = 0;
   int impl = 0;
+  // Optional: the absorbed form's value projection fused into the split combine, for
+  // launches of at most kMlaDecodeFusedMaxTokens query tokens (decode steps of a few
+  // sequences): out_v[token][h][0:v_dim] = W_UV[h] . latent_out[token][h] in float32, with
+  // W_UV[h] = w_uv + h * w_uv_head_stride: [v_dim][kv_lora_rank] bf16 (kv_b's value rows of
+  // head h). `out` is then scratch (written when there is one split). v_dim even.
+  const __nv_bfloat16* w_uv = nullptr;
+  int64_t w_uv_head_stride = 0;
+  int v_dim = 0;
+  float* out_v = nullptr;  // [tokens][out_v_stride]: head h at h * v_dim
+  int64_t out_v_stride = 0;
 };
+
+inline constexpr int kMlaDecodeFusedMaxTokens = 16;
 
 // Workspace bytes for the largest launch of these dimensions on the current device (any
 // max_cache_len up to this one); 0 when no launch of them splits.

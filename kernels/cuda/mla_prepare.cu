@@ -10,6 +10,7 @@ constexpr int kThreads = 256;
 __global__ void __launch_bounds__(kThreads) MlaPrepareKernel(MlaPrepareParams p) {
   __shared__ float cos_s[128], sin_s[128];
   __shared__ float scratch[kThreads / 32];
+  internal::WaitAndTrigger();
   const int64_t t = blockIdx.x;
   const int half = p.rope_dim / 2;
   const int64_t position = p.positions[t];
@@ -67,19 +68,137 @@ __global__ void __launch_bounds__(kThreads) MlaPrepareKernel(MlaPrepareParams p)
   }
 }
 
+// Absorbed variant: grid (ceil(R / kAbsorbCols) + 1, heads). Blocks x < chunks compute
+// kAbsorbCols latent columns of head y's q_latent for every token (4 warps split nope_dim,
+// each lane a column pair, its W_UK values in registers); blocks x == chunks rotate head
+// y's query rope parts, and block (chunks, 0) writes the latent KV entries.
+constexpr int kAbsorbThreads = 128;
+constexpr int kAbsorbCols = 64;
+constexpr int kAbsorbMaxJ = 48;  // nope_dim / 4
+
+__global__ void __launch_bounds__(kAbsorbThreads) MlaPrepareAbsorbKernel(MlaPrepareParams p) {
+  __shared__ float q_s[4 * kAbsorbMaxJ];
+  __shared__ float2 part[4][32];
+  __shared__ float cos_s[128], sin_s[128];
+  __shared__ float scratch[kAbsorbThreads / 32];
+  const int h = blockIdx.y;
+  const int chunks = (p.kv_lora_rank + kAbsorbCols - 1) / kAbsorbCols;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int head_dim = p.nope_dim + p.rope_dim;
+  if (static_cast<int>(blockIdx.x) < chunks) {
+    const int col = static_cast<int>(blockIdx.x) * kAbsorbCols + 2 * lane;
+    const bool valid = col < p.kv_lora_rank;
+    const int per_warp = p.nope_dim / 4;
+    const int j0 = warp * per_warp;
+    const __nv_bfloat16* w = p.w_uk + h * p.w_uk_head_stride + col;
+    uint32_t wr[kAbsorbMaxJ];
+#pragma unroll
+    for (int i = 0; i < kAbsorbMaxJ; ++i) {
+      wr[i] = i < per_warp && valid
+                  ? __ldg(reinterpret_cast<const unsigned int*>(w + static_cast<int64_t>(j0 + i) * p.kv_lora_rank))
+                  : 0u;
+    }
+    internal::WaitAndTrigger();
+    for (int64_t t = 0; t < p.num_tokens; ++t) {
+      const float* qt = p.q + t * p.q_stride + h * head_dim;
+      for (int j = threadIdx.x; j < p.nope_dim; j += kAbsorbThreads) q_s[j] = qt[j];
+      __syncthreads();
+      float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kAbsorbMaxJ; ++i) {
+        if (i < per_warp) {
+          const float qv = q_s[j0 + i];
+          __nv_bfloat162 b;
+          memcpy(&b, &wr[i], sizeof(b));
+          const float2 wv = __bfloat1622float2(b);
+          a0 = fmaf(qv, wv.x, a0);
+          a1 = fmaf(qv, wv.y, a1);
+        }
+      }
+      part[warp][lane] = make_float2(a0, a1);
+      __syncthreads();
+      if (warp == 0 && valid) {
+        float2 s = part[0][lane];
+#pragma unroll
+        for (int k = 1; k < 4; ++k) {
+          s.x += part[k][lane].x;
+          s.y += part[k][lane].y;
+        }
+        *reinterpret_cast<__nv_bfloat162*>(p.q_latent_out + t * p.q_rope_out_stride + h * p.q_rope_out_head_stride +
+                                           col) = __floats2bfloat162_rn(s.x, s.y);
+      }
+      __syncthreads();  // q_s and part are reused
+    }
+    return;
+  }
+
+  internal::WaitAndTrigger();
+  const int half = p.rope_dim / 2;
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const int64_t position = p.positions[t];
+    for (int i = threadIdx.x; i < half; i += kAbsorbThreads) {
+      internal::RopeCosSin(position, p.inv_freq[i], p.attention_factor, &cos_s[i], &sin_s[i]);
+    }
+    __syncthreads();
+    const float* qh = p.q + t * p.q_stride + h * head_dim + p.nope_dim;
+    __nv_bfloat16* r = p.q_rope_out + t * p.q_rope_out_stride + h * p.q_rope_out_head_stride;
+    for (int i = threadIdx.x; i < half; i += kAbsorbThreads) {
+      const int2 idx = internal::RopePair(i, half, p.interleaved);
+      const float x0 = qh[idx.x], x1 = qh[idx.y];
+      r[idx.x] = __float2bfloat16_rn(x0 * cos_s[i] - x1 * sin_s[i]);
+      r[idx.y] = __float2bfloat16_rn(x1 * cos_s[i] + x0 * sin_s[i]);
+    }
+    if (h == 0) {
+      // The latent KV entry, as MlaPrepareKernel writes it.
+      const float* kv = p.kv + t * p.kv_stride;
+      float sum = 0.0f;
+      for (int i = threadIdx.x; i < p.kv_lora_rank; i += kAbsorbThreads) sum += kv[i] * kv[i];
+      sum = internal::BlockSum<kAbsorbThreads>(sum, scratch);
+      const int64_t slot = p.slots[t];
+      if (slot >= 0 && slot < p.num_slots) {
+        const float inv = rsqrtf(sum / static_cast<float>(p.kv_lora_rank) + p.kv_norm_eps);
+        __nv_bfloat16* entry = p.kv_cache + slot * (p.kv_lora_rank + p.rope_dim);
+        for (int i = threadIdx.x; i < p.kv_lora_rank; i += kAbsorbThreads) {
+          entry[i] = __float2bfloat16_rn(p.kv_norm_weight[i] * (kv[i] * inv));
+        }
+        const float* k_rope = kv + p.kv_lora_rank;
+        for (int i = threadIdx.x; i < half; i += kAbsorbThreads) {
+          const int2 idx = internal::RopePair(i, half, p.interleaved);
+          const float x0 = k_rope[idx.x], x1 = k_rope[idx.y];
+          entry[p.kv_lora_rank + idx.x] = __float2bfloat16_rn(x0 * cos_s[i] - x1 * sin_s[i]);
+          entry[p.kv_lora_rank + idx.y] = __float2bfloat16_rn(x1 * cos_s[i] + x0 * sin_s[i]);
+        }
+      }
+    }
+    __syncthreads();  // cos_s, sin_s are reused
+  }
+}
+
 }  // namespace
 
 cudaError_t MlaPrepare(const MlaPrepareParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
-  if (p.positions == nullptr || p.slots == nullptr || p.q == nullptr || p.q_out == nullptr || p.kv == nullptr ||
+  if (p.positions == nullptr || p.slots == nullptr || p.q == nullptr || p.kv == nullptr ||
       p.kv_norm_weight == nullptr || p.kv_cache == nullptr || p.inv_freq == nullptr || p.num_tokens < 0 ||
       p.num_tokens > 0x7fffffff || p.num_heads <= 0 || p.nope_dim < 0 || p.rope_dim <= 0 || p.rope_dim % 2 != 0 ||
       p.rope_dim > 256 || p.kv_lora_rank <= 0 || p.q_stride < p.num_heads * (p.nope_dim + p.rope_dim) ||
-      p.q_out_stride < p.num_heads * (p.nope_dim + p.rope_dim) || p.kv_stride < p.kv_lora_rank + p.rope_dim) {
+      p.kv_stride < p.kv_lora_rank + p.rope_dim) {
     return cudaErrorInvalidValue;
   }
-  MlaPrepareKernel<<<static_cast<unsigned>(p.num_tokens), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  if (p.w_uk != nullptr) {
+    if (p.q_latent_out == nullptr || p.q_rope_out == nullptr || p.q_rope_out_rows != p.num_tokens ||
+        p.num_tokens > kMlaPrepareAbsorbMaxTokens || p.nope_dim <= 0 || p.nope_dim % 4 != 0 ||
+        p.nope_dim > 4 * kAbsorbMaxJ || p.kv_lora_rank % 2 != 0 || p.q_rope_out_stride % 2 != 0 ||
+        p.q_rope_out_head_stride % 2 != 0 || p.w_uk_head_stride % 2 != 0 ||
+        reinterpret_cast<uintptr_t>(p.w_uk) % 4 != 0 || reinterpret_cast<uintptr_t>(p.q_latent_out) % 4 != 0 ||
+        p.num_heads > 65535) {
+      return cudaErrorInvalidValue;
+    }
+    const int chunks = (p.kv_lora_rank + kAbsorbCols - 1) / kAbsorbCols;
+    return internal::Launch(MlaPrepareAbsorbKernel, dim3(chunks + 1, p.num_heads), dim3(kAbsorbThreads), 0, stream, p);
+  }
+  if (p.q_out == nullptr || p.q_out_stride < p.num_heads * (p.nope_dim + p.rope_dim)) return cudaErrorInvalidValue;
+  return internal::Launch(MlaPrepareKernel, dim3(static_cast<unsigned>(p.num_tokens)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace tandem::cuda

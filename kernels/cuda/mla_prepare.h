@@ -8,6 +8,12 @@
 //     product), and optionally the rotated rope part alone into a second buffer (the
 //     absorbed form's [head][kv_lora_rank | rope] decode queries).
 // Same arithmetic as the CPU forward (kernels/cpu/norm_rope_act.h) up to the bf16 stores.
+//
+// Absorbed variant (w_uk set; decode steps of a few tokens whose rows all take the absorbed
+// form): the absorbed form's query product is fused in, q_latent_out[t][h][0:kv_lora_rank]
+// = q_nope[t][h] . W_UK[h] from the float32 queries (rounded once, to bf16), instead of the
+// bf16 query copy (q_out is not written). Its blocks load their slice of W_UK before waiting
+// for the previous kernel (programmatic dependent launch, launch_control.h).
 #pragma once
 
 #include <cstdint>
@@ -46,7 +52,15 @@ struct MlaPrepareParams {
   const float* inv_freq = nullptr;  // [rope_dim / 2]
   float attention_factor = 1.0f;
   bool interleaved = true;
+  // Absorbed variant (see above): W_UK[h] = w_uk + h * w_uk_head_stride, [nope_dim][kv_lora_rank]
+  // (kv_b's key rows of head h); q_latent_out takes q_rope_out's strides. Needs q_rope_out,
+  // q_rope_out_rows == num_tokens <= kMlaPrepareAbsorbMaxTokens, nope_dim <= 192.
+  const __nv_bfloat16* w_uk = nullptr;
+  int64_t w_uk_head_stride = 0;
+  __nv_bfloat16* q_latent_out = nullptr;
 };
+
+inline constexpr int64_t kMlaPrepareAbsorbMaxTokens = 16;
 
 cudaError_t MlaPrepare(const MlaPrepareParams& p, cudaStream_t stream);
 

@@ -1,6 +1,10 @@
 #include "kernels/cuda/moe_permute.h"
 
+#include <algorithm>
+#include <atomic>
+
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/moe_routing.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -32,7 +36,8 @@ __device__ int BlockExclusiveScan(int v, int* warp_totals, int* total) {
   return inclusive - v + (warp > 0 ? warp_totals[warp - 1] : 0);
 }
 
-__global__ void __launch_bounds__(kThreads) MoePermuteKernel(MoePermuteParams p) {
+// The permutation, by one block of kThreads threads.
+__device__ void PermuteBlock(const MoePermuteParams& p) {
   __shared__ int counts[kMoeMaxGroups];
   __shared__ int base[kMoeMaxGroups];
   __shared__ uint8_t warp_counts[kWarps][kMoeMaxGroups];
@@ -108,7 +113,197 @@ __global__ void __launch_bounds__(kThreads) MoePermuteKernel(MoePermuteParams p)
   }
 }
 
+// The same permutation for at most kSmallPairs (token, expert) pairs, without block-wide
+// scans: each pair counts the pairs before it directly (a decode step of a few tokens).
+constexpr int kSmallPairs = 64;
+
+__device__ void SmallPermuteBlock(const MoePermuteParams& p) {
+  __shared__ int expert_s[kSmallPairs], count_s[kSmallPairs], before_s[kSmallPairs], rank_s[kSmallPairs];
+  __shared__ bool first_s[kSmallPairs];
+  const int tid = threadIdx.x;
+  const int groups = p.num_experts + p.num_shared;
+  const int per_token = p.top_k + p.num_shared;
+  const int n = p.num_tokens * per_token;
+  if (tid < n) {
+    const int t = tid / per_token, j = tid % per_token;
+    expert_s[tid] = j < p.top_k ? p.expert_ids[t * p.top_k + j] : p.num_experts + (j - p.top_k);
+  }
+  __syncthreads();
+  if (tid < n) {
+    const int e = expert_s[tid];
+    int count = 0, before = 0, rank = 0;
+    for (int k = 0; k < n; ++k) {
+      const int ek = expert_s[k];
+      count += ek == e;
+      before += ek < e;
+      rank += k < tid && ek == e;
+    }
+    count_s[tid] = count;
+    before_s[tid] = before;
+    rank_s[tid] = rank;
+    first_s[tid] = rank == 0;
+  }
+  __syncthreads();
+  for (int g = tid; g <= groups; g += blockDim.x) {
+    int c = 0;
+    for (int k = 0; k < n; ++k) c += expert_s[k] < g;
+    p.group_offsets[g] = c;
+  }
+  const auto tiles_of = [&](int k) { return p.tile_rows > 0 ? (count_s[k] + p.tile_rows - 1) / p.tile_rows : 0; };
+  if (tid < n) {
+    const int t = tid / per_token, j = tid % per_token, e = expert_s[tid];
+    const int pos = before_s[tid] + rank_s[tid];
+    p.sorted_token[pos] = t;
+    p.sorted_weight[pos] = j < p.top_k ? p.weights[t * p.top_k + j] : 1.0f;
+    p.entry_row[tid] = pos;
+    if (first_s[tid]) {
+      int active = 0, tile0 = 0;
+      for (int k = 0; k < n; ++k) {
+        if (first_s[k] && expert_s[k] < e) {
+          ++active;
+          tile0 += tiles_of(k);
+        }
+      }
+      p.active_groups[active] = e;
+      for (int c = 0; c < tiles_of(tid); ++c) {
+        p.tile_group[tile0 + c] = e;
+        p.tile_row[tile0 + c] = before_s[tid] + c * p.tile_rows;
+      }
+    }
+  }
+  if (tid == 0) {
+    int active = 0, tiles = 0;
+    for (int k = 0; k < n; ++k) {
+      if (first_s[k]) {
+        ++active;
+        tiles += tiles_of(k);
+      }
+    }
+    *p.num_active = active;
+    if (p.tile_rows > 0) *p.num_tiles = tiles;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) MoePermuteKernel(MoePermuteParams p) {
+  internal::WaitAndTrigger();
+  PermuteBlock(p);
+}
+
+// Fused front end (MoeFusedRoute): block b computes the router logits of experts
+// [b * kFusedExperts, +kFusedExperts) for every token, kFusedSlices warps per expert
+// each over a slice of the hidden dimension (its router values in registers, loaded
+// before the wait); the last block to finish routes (one warp per token) and permutes.
+constexpr int kFusedExperts = 4;
+constexpr int kFusedSlices = kWarps / kFusedExperts;
+constexpr int kFusedPre = 4;  // float4 router values per lane held in registers (hidden <= 4096)
+
+__global__ void __launch_bounds__(kThreads) MoeFusedRouteKernel(MoeFusedRouteParams p) {
+  extern __shared__ __align__(16) float dyn[];  // [T][hidden] normalized rows; then logits, routing scratch
+  __shared__ float red[kWarps][kMoeFusedMaxTokens];
+  __shared__ bool last_block;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int T = p.routing.num_tokens, E = p.routing.num_experts, K = p.hidden;
+  const int e = static_cast<int>(blockIdx.x) * kFusedExperts + warp / kFusedSlices;
+  const int slice = K / kFusedSlices;  // a multiple of 4
+  const int n4 = slice / 4;
+  const float4* wrow = reinterpret_cast<const float4*>(p.router + static_cast<int64_t>(min(e, E - 1)) * K +
+                                                       (warp % kFusedSlices) * slice);
+  float4 wr[kFusedPre];
+#pragma unroll
+  for (int i = 0; i < kFusedPre; ++i) {
+    const int idx = lane + 32 * i;
+    wr[i] = e < E && idx < n4 ? __ldg(wrow + idx) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  internal::WaitAndTrigger();
+
+  // The normalized rows (RmsNorm's arithmetic); block 0 also stores them in bf16 + remainder.
+  for (int t = 0; t < T; ++t) {
+    const float* x = p.x + static_cast<int64_t>(t) * p.x_stride;
+    float s = 0.0f;
+    for (int i = tid; i < K; i += kThreads) {
+      const float v = x[i];
+      dyn[t * K + i] = v;
+      s += v * v;
+    }
+    s = internal::WarpSum(s);
+    if (lane == 0) red[warp][t] = s;
+  }
+  __syncthreads();
+  for (int t = 0; t < T; ++t) {
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += red[w][t];
+    const float inv = rsqrtf(total / static_cast<float>(K) + p.norm_eps);
+    for (int i = tid; i < K; i += kThreads) {
+      const float v = p.norm_weight[i] * (dyn[t * K + i] * inv);
+      dyn[t * K + i] = v;
+      if (blockIdx.x == 0) {
+        const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+        p.h_bf16[t * p.h_stride + i] = hi;
+        if (p.h_lo != nullptr) p.h_lo[t * p.h_stride + i] = __float2bfloat16_rn(v - __bfloat162float(hi));
+      }
+    }
+  }
+  __syncthreads();
+
+  // This block's router logits.
+  for (int t = 0; t < T; ++t) {
+    const float4* xs = reinterpret_cast<const float4*>(dyn + t * K + (warp % kFusedSlices) * slice);
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kFusedPre; ++i) {
+      const int idx = lane + 32 * i;
+      if (idx < n4) {
+        const float4 xv = xs[idx];
+        acc = fmaf(wr[i].x, xv.x, acc);
+        acc = fmaf(wr[i].y, xv.y, acc);
+        acc = fmaf(wr[i].z, xv.z, acc);
+        acc = fmaf(wr[i].w, xv.w, acc);
+      }
+    }
+    for (int idx = lane + 32 * kFusedPre; idx < n4 && e < E; idx += 32) {  // hidden beyond the registers
+      const float4 w = __ldg(wrow + idx), xv = xs[idx];
+      acc = fmaf(w.x, xv.x, acc);
+      acc = fmaf(w.y, xv.y, acc);
+      acc = fmaf(w.z, xv.z, acc);
+      acc = fmaf(w.w, xv.w, acc);
+    }
+    acc = internal::WarpSum(acc);
+    if (lane == 0) red[warp][t] = acc;  // the sums of squares were consumed above
+  }
+  __syncthreads();
+  if (tid < kFusedExperts * T) {
+    const int el = tid / T, t = tid % T;
+    const int ee = static_cast<int>(blockIdx.x) * kFusedExperts + el;
+    if (ee < E) {
+      float s = 0.0f;
+      for (int k = 0; k < kFusedSlices; ++k) s += red[el * kFusedSlices + k][t];
+      p.router_logits[t * E + ee] = s;
+    }
+  }
+
+  // The last block routes and permutes.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last_block = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  float* logits = dyn;            // [T][E]
+  float* scratch = dyn + T * E;   // [T][2E]
+  for (int i = tid; i < T * E; i += kThreads) logits[i] = __ldcg(p.router_logits + i);
+  if (tid == 0) *p.counter = 0u;  // every block has counted: ready for the next launch
+  __syncthreads();
+  if (warp < T) internal::RouteTokenWarp(p.routing, warp, logits + warp * E, scratch + warp * 2 * E);
+  __syncthreads();
+  if (T * (p.permute.top_k + p.permute.num_shared) <= kSmallPairs) {
+    SmallPermuteBlock(p.permute);
+  } else {
+    PermuteBlock(p.permute);
+  }
+}
+
 __global__ void GatherRowsKernel(GatherRowsParams p) {
+  internal::WaitAndTrigger();
   const int64_t row = blockIdx.x;
   const uint4* src = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(p.rows[row]) * p.src_stride);
   uint4* dst = reinterpret_cast<uint4*>(p.dst + row * p.dst_stride);
@@ -116,6 +311,7 @@ __global__ void GatherRowsKernel(GatherRowsParams p) {
 }
 
 __global__ void MoeCombineKernel(MoeCombineParams p) {
+  internal::WaitAndTrigger();
   const int t = blockIdx.x;
   const int32_t* rows = p.entry_row + static_cast<int64_t>(t) * p.entries_per_token;
   float* out = p.out + static_cast<int64_t>(t) * p.out_stride;
@@ -141,8 +337,41 @@ cudaError_t MoePermute(const MoePermuteParams& p, cudaStream_t stream) {
       static_cast<int64_t>(p.num_tokens) * (p.top_k + p.num_shared) > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }
-  MoePermuteKernel<<<1, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return internal::Launch(MoePermuteKernel, dim3(1), dim3(kThreads), 0, stream, p);
+}
+
+cudaError_t MoeFusedRoute(const MoeFusedRouteParams& p, cudaStream_t stream) {
+  const MoeRoutingParams& r = p.routing;
+  const MoePermuteParams& q = p.permute;
+  if (r.num_tokens == 0) return cudaSuccess;
+  if (p.x == nullptr || p.norm_weight == nullptr || p.router == nullptr || p.h_bf16 == nullptr ||
+      p.router_logits == nullptr || p.counter == nullptr || r.num_tokens < 0 || r.num_tokens > kMoeFusedMaxTokens ||
+      p.hidden <= 0 || p.hidden % (4 * kFusedSlices) != 0 || p.x_stride < p.hidden || p.h_stride < p.hidden ||
+      reinterpret_cast<uintptr_t>(p.router) % 16 != 0 || r.expert_ids == nullptr || r.weights == nullptr ||
+      r.num_experts <= 0 || r.num_experts > 1024 || r.num_groups <= 0 || r.num_groups > 32 ||
+      r.num_experts % r.num_groups != 0 || r.topk_groups <= 0 || r.topk_groups > r.num_groups || r.top_k <= 0 ||
+      r.top_k > 32 || r.top_k > r.num_experts || q.expert_ids != r.expert_ids || q.weights != r.weights ||
+      q.num_tokens != r.num_tokens || q.top_k != r.top_k || q.num_experts != r.num_experts ||
+      q.group_offsets == nullptr || q.active_groups == nullptr || q.num_active == nullptr ||
+      q.sorted_token == nullptr || q.sorted_weight == nullptr || q.entry_row == nullptr || q.tile_rows < 0 ||
+      (q.tile_rows > 0 && (q.tile_group == nullptr || q.tile_row == nullptr || q.num_tiles == nullptr)) ||
+      q.num_shared < 0 || q.num_experts + q.num_shared > kMoeMaxGroups) {
+    return cudaErrorInvalidValue;
+  }
+  const size_t smem = static_cast<size_t>(r.num_tokens) *
+                      std::max<size_t>(static_cast<size_t>(p.hidden), 3 * static_cast<size_t>(r.num_experts)) *
+                      sizeof(float);
+  // With the permutation's static shared memory, even a small dynamic part passes the
+  // default 48 KB limit: raise the kernel's limit whenever a launch needs more than before.
+  static std::atomic<size_t> configured{0};
+  if (smem > configured.load(std::memory_order_relaxed)) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(MoeFusedRouteKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    configured.store(smem, std::memory_order_relaxed);
+  }
+  const unsigned blocks = static_cast<unsigned>((r.num_experts + kFusedExperts - 1) / kFusedExperts);
+  return internal::Launch(MoeFusedRouteKernel, dim3(blocks), dim3(kThreads), smem, stream, p);
 }
 
 cudaError_t GatherRows(const GatherRowsParams& p, cudaStream_t stream) {
@@ -153,8 +382,7 @@ cudaError_t GatherRows(const GatherRowsParams& p, cudaStream_t stream) {
       reinterpret_cast<uintptr_t>(p.dst) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
-  GatherRowsKernel<<<static_cast<unsigned>(p.num_rows), 128, 0, stream>>>(p);
-  return cudaGetLastError();
+  return internal::Launch(GatherRowsKernel, dim3(static_cast<unsigned>(p.num_rows)), dim3(128), 0, stream, p);
 }
 
 cudaError_t MoeCombine(const MoeCombineParams& p, cudaStream_t stream) {
@@ -163,8 +391,7 @@ cudaError_t MoeCombine(const MoeCombineParams& p, cudaStream_t stream) {
       p.num_tokens < 0 || p.entries_per_token <= 0 || p.dim <= 0 || p.y_stride < p.dim || p.out_stride < p.dim) {
     return cudaErrorInvalidValue;
   }
-  MoeCombineKernel<<<static_cast<unsigned>(p.num_tokens), 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return internal::Launch(MoeCombineKernel, dim3(static_cast<unsigned>(p.num_tokens)), dim3(256), 0, stream, p);
 }
 
 }  // namespace tandem::cuda

@@ -19,6 +19,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/moe_routing.h"
+
 namespace tandem::cuda {
 
 inline constexpr int kMoeMaxGroups = 1024;
@@ -50,6 +52,35 @@ inline int MoeMaxTiles(int64_t rows, int groups, int tile_rows) {
 }
 
 cudaError_t MoePermute(const MoePermuteParams& p, cudaStream_t stream);
+
+// The MoE front end of a decode step of a few tokens in one launch: the post-attention
+// RMSNorm of the residual rows x (RmsNorm's arithmetic), the float32 router product, the
+// routing (MoeRouting) and the permutation (MoePermute). Blocks of 1024 threads each
+// compute 4 experts' logits for every token, their router rows loaded before waiting for
+// the previous kernel (programmatic dependent launch, launch_control.h); the last block to
+// finish (a device counter, zero before the first launch and left at zero) routes and
+// permutes. Block 0 also stores the normalized rows in bf16 (and, with h_lo, their
+// remainder) for the expert GEMMs. routing.logits is ignored; permute must name the
+// routing's expert_ids and weights. hidden a multiple of 32.
+inline constexpr int kMoeFusedMaxTokens = 4;
+
+struct MoeFusedRouteParams {
+  const float* x = nullptr;  // [num_tokens][x_stride]
+  int64_t x_stride = 0;
+  const float* norm_weight = nullptr;  // [hidden]
+  float norm_eps = 1e-6f;
+  int hidden = 0;
+  const float* router = nullptr;  // [num_experts][hidden]
+  __nv_bfloat16* h_bf16 = nullptr;  // [num_tokens][h_stride]
+  __nv_bfloat16* h_lo = nullptr;    // optional, same layout
+  int64_t h_stride = 0;
+  float* router_logits = nullptr;  // [num_tokens][num_experts] scratch
+  uint32_t* counter = nullptr;
+  MoeRoutingParams routing;  // num_tokens <= kMoeFusedMaxTokens
+  MoePermuteParams permute;
+};
+
+cudaError_t MoeFusedRoute(const MoeFusedRouteParams& p, cudaStream_t stream);
 
 struct GatherRowsParams {
   const __nv_bfloat16* src = nullptr;  // [*][src_stride]

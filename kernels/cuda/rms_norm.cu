@@ -14,6 +14,7 @@ __global__ void RmsNormKernel(const float* x_in, float* x_out, const float* delt
                               __nv_bfloat16* out_bf16, __nv_bfloat16* out_lo, int64_t dim, int64_t x_stride,
                               int64_t out_stride, float eps) {
   __shared__ float scratch[kThreads / 32];
+  internal::WaitAndTrigger();
   const int64_t row = blockIdx.x;
   const int64_t in_row = row_index != nullptr ? row_index[row] : row;
   const float* x = x_in + in_row * x_stride;
@@ -53,10 +54,9 @@ cudaError_t RmsNorm(const RmsNormParams& p, cudaStream_t stream) {
       p.x_stride < p.dim || p.out_stride < p.dim || p.rows < 0 || p.rows > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }
-  RmsNormKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(
-      p.x, nullptr, nullptr, 0, p.row_index, p.weight, p.out, p.out_bf16, p.out_bf16_lo, p.dim, p.x_stride,
-      p.out_stride, p.eps);
-  return cudaGetLastError();
+  return internal::Launch(RmsNormKernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0, stream, p.x,
+                          static_cast<float*>(nullptr), static_cast<const float*>(nullptr), int64_t{0}, p.row_index,
+                          p.weight, p.out, p.out_bf16, p.out_bf16_lo, p.dim, p.x_stride, p.out_stride, p.eps);
 }
 
 cudaError_t AddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
@@ -67,10 +67,10 @@ cudaError_t AddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
       p.rows > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }
-  RmsNormKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(
-      p.x, p.x, p.delta, p.delta_stride, nullptr, p.weight, p.out, p.out_bf16, p.out_bf16_lo, p.dim, p.x_stride,
-      p.out_stride, p.eps);
-  return cudaGetLastError();
+  return internal::Launch(RmsNormKernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0, stream,
+                          static_cast<const float*>(p.x), p.x, p.delta, p.delta_stride,
+                          static_cast<const int32_t*>(nullptr), p.weight, p.out, p.out_bf16, p.out_bf16_lo, p.dim,
+                          p.x_stride, p.out_stride, p.eps);
 }
 
 }  // namespace tandem::cuda

@@ -8,6 +8,7 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void SiluMulKernel(SiluMulParams p) {
+  internal::WaitAndTrigger();
   const int64_t row = blockIdx.x;
   const float* x = p.x + row * p.x_stride;
   for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) {
@@ -35,8 +36,7 @@ cudaError_t SiluMul(const SiluMulParams& p, cudaStream_t stream) {
       (p.interleave > 0 && p.cols % p.interleave != 0)) {
     return cudaErrorInvalidValue;
   }
-  SiluMulKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return internal::Launch(SiluMulKernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace tandem::cuda

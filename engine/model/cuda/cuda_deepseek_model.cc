@@ -13,6 +13,7 @@
 #include "kernels/cuda/kv_gather.h"
 #include "kernels/cuda/mla_decode_attention.h"
 #include "kernels/cuda/moe_permute.h"
+#include "kernels/cuda/sampling.h"
 
 namespace tandem {
 
@@ -179,6 +180,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
       a->entry_row = ar.Take<int32_t>(p);
       a->perm_bf16 = ar.Take<__nv_bfloat16>(p * hidden);
       a->y = ar.Take<float>(p * hidden);
+      a->route_counter = ar.Take<uint32_t>(1);
     }
     a->logits = ar.Take<float>(max_logit_rows * c.vocab_size);
     a->argmax = ar.Take<int32_t>(max_logit_rows);
@@ -193,6 +195,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
   if (groups_ > 0) {
     TANDEM_CUDA_RETURN(cudaMemset(act_.group_offsets, 0, c.num_hidden_layers * (groups_ + 1) * sizeof(int32_t)),
                        "clearing expert offsets");
+    TANDEM_CUDA_RETURN(cudaMemset(act_.route_counter, 0, sizeof(uint32_t)), "clearing the routing counter");
   }
 
   size_t meta_bytes = 0;
@@ -364,10 +367,78 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
   return plan;
 }
 
+void CudaDeepseekModel::Impl::DropGraphs() {
+  if (stream != nullptr) cudaStreamSynchronize(stream);
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
+  graph_seen_.clear();
+}
+
+absl::Status CudaDeepseekModel::Impl::EnqueueSample(std::span<const CudaDeepseekModel::SampleRow> rows, int64_t begin,
+                                                    int64_t count) {
+  const int64_t vocab = config.vocab_size;
+  std::vector<cuda::SampleRowParams> params(static_cast<size_t>(count));
+  std::vector<cuda::PenaltyEntry> penalties;
+  for (int64_t i = 0; i < count; ++i) {
+    const CudaDeepseekModel::SampleRow& r = rows[begin + i];
+    for (const std::span<const int32_t> tokens : {r.prompt_tokens, r.output_tokens}) {
+      for (const int32_t id : tokens) {
+        if (id < 0 || id >= vocab) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("sampling history token id ", id, " is outside the vocabulary"));
+        }
+      }
+    }
+    cuda::SampleRowParams& p = params[i];
+    p = {.temperature = r.temperature, .top_p = r.top_p, .top_k = r.top_k, .min_p = r.min_p,
+         .repetition_penalty = r.repetition_penalty, .presence_penalty = r.presence_penalty,
+         .frequency_penalty = r.frequency_penalty, .seed = r.seed, .step = r.step};
+    const bool penalized = r.repetition_penalty != 1.0f || r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f;
+    if (penalized) {
+      p.penalty_begin = static_cast<int32_t>(penalties.size());
+      cuda::AppendPenaltyEntries(r.prompt_tokens.data(), r.prompt_tokens.size(), r.output_tokens.data(),
+                                 r.output_tokens.size(), &penalties);
+      p.penalty_count = static_cast<int32_t>(penalties.size()) - p.penalty_begin;
+    }
+  }
+  const size_t param_bytes = (params.size() * sizeof(cuda::SampleRowParams) + 255) / 256 * 256;
+  const size_t bytes = param_bytes + penalties.size() * sizeof(cuda::PenaltyEntry);
+  // The previous step's upload may still be in flight: buffers are reused only after a
+  // synchronization (Run synchronizes at its end), so growing here is safe.
+  if (sample_host_.bytes() < bytes) {
+    RETURN_IF_ERROR(sample_host_.Allocate(bytes * 2, "sampling parameters"));
+    RETURN_IF_ERROR(sample_dev_.Allocate(bytes * 2, "sampling parameters"));
+  }
+  std::memcpy(sample_host_.get(), params.data(), params.size() * sizeof(cuda::SampleRowParams));
+  if (!penalties.empty()) {
+    std::memcpy(sample_host_.get<char>() + param_bytes, penalties.data(),
+                penalties.size() * sizeof(cuda::PenaltyEntry));
+  }
+  TANDEM_CUDA_RETURN(cudaMemcpyAsync(sample_dev_.get(), sample_host_.get(), bytes, cudaMemcpyHostToDevice, stream),
+                     "uploading sampling parameters");
+  TANDEM_CUDA_RETURN(
+      cuda::SampleTokens({.logits = act_.logits, .stride = vocab, .rows = static_cast<int>(count),
+                          .vocab = static_cast<int>(vocab),
+                          .row_params = sample_dev_.get<cuda::SampleRowParams>(),
+                          .penalties = penalties.empty()
+                                           ? nullptr
+                                           : reinterpret_cast<const cuda::PenaltyEntry*>(sample_dev_.get<char>() +
+                                                                                         param_bytes),
+                          .out = act_.argmax},
+                         stream),
+      "sampling");
+  return Mark("sampling");
+}
+
 absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch, const ForwardOptions& fo,
-                                          std::vector<float>* logits, std::vector<int32_t>* ids) {
+                                          std::vector<float>* logits, std::vector<int32_t>* ids,
+                                          std::span<const CudaDeepseekModel::SampleRow> sample) {
   TANDEM_CUDA_RETURN(cudaSetDevice(options.device), "selecting the GPU");
   ASSIGN_OR_RETURN(StepPlan plan, Plan(batch, fo.attention));
+  if (!sample.empty() && static_cast<int64_t>(sample.size()) != plan.out_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(sample.size(), " sampling rows for ", plan.out_rows,
+                                                   " logits rows"));
+  }
   last_rows_ = plan.rows;
   last_out_rows_ = plan.out_rows;
   if (step_events_) {
@@ -392,6 +463,7 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
   for (int64_t begin = 0; begin < plan.out_rows; begin += max_logit_rows) {
     const int64_t count = std::min(max_logit_rows, plan.out_rows - begin);
     if (begin > 0) RETURN_IF_ERROR(EnqueueLogits(plan, begin, count));
+    if (!sample.empty()) RETURN_IF_ERROR(EnqueueSample(sample, begin, count));
     if (ids != nullptr) {
       TANDEM_CUDA_RETURN(cudaMemcpyAsync(small_host_.get(), act_.argmax, count * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, stream),
@@ -634,6 +706,22 @@ absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardGreedy(std::span<
   return ids;
 }
 
+absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardSample(std::span<const ForwardSequence> batch,
+                                                                      std::span<const SampleRow> rows,
+                                                                      const ForwardOptions& options) {
+  std::vector<int32_t> ids;
+  if (rows.empty()) {
+    // Only a batch without logits rows has nothing to sample (Run checks the count).
+    RETURN_IF_ERROR(impl_->Run(batch, options, nullptr, &ids));
+    if (!ids.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("0 sampling rows for ", ids.size(), " logits rows"));
+    }
+    return ids;
+  }
+  RETURN_IF_ERROR(impl_->Run(batch, options, nullptr, &ids, rows));
+  return ids;
+}
+
 absl::Status CudaDeepseekModel::ReadKvBlocks(int64_t layer, std::span<const int32_t> block_ids, float* host) {
   if (layer < 0 || layer >= impl_->config.num_hidden_layers) return absl::InvalidArgumentError("layer out of range");
   for (int32_t b : block_ids) {
@@ -678,6 +766,14 @@ absl::Status CudaDeepseekModel::WriteKvEntries(int64_t layer, std::span<const in
 
 absl::StatusOr<uint64_t> CudaDeepseekModel::LastForwardWeightBytes() { return impl_->LastForwardWeightBytes(); }
 void CudaDeepseekModel::set_cuda_graphs(bool on) { impl_->graphs_on_ = on; }
+void CudaDeepseekModel::set_programmatic_launch(bool on) {
+  impl_->DropGraphs();
+  impl_->options.programmatic_launch = on;
+}
+void CudaDeepseekModel::set_fused_decode_max_tokens(int64_t tokens) {
+  impl_->DropGraphs();
+  impl_->options.fused_decode_max_tokens = tokens;
+}
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {
   return impl_->TakeStepTimes();

@@ -16,7 +16,12 @@
 // batches (prefill) run cuBLAS per expert instead.
 //
 // Decode steps (every sequence one token, logits for all) replay a CUDA graph captured
-// once per (batch size, context bucket) when cuda_graphs is on.
+// once per (batch size, context bucket) when cuda_graphs is on. Steps of at most
+// fused_decode_max_tokens decode tokens take fused kernels (8 launches per MoE layer instead
+// of ~17: RMSNorm fused into float32-activation GEMVs, MLA prepare with the W_UK product,
+// the split combine with W_UV, one MoE front-end kernel for norm + router + routing +
+// permutation), and steps of at most moe_grouped_max_tokens tokens chain their kernels
+// with programmatic dependent launch (kernels/cuda/launch_control.h).
 //
 // Not thread-safe: one thread owns the model (the engine thread), like DeepseekModel.
 #pragma once
@@ -59,6 +64,30 @@ class CudaDeepseekModel {
     // (bf16 value + bf16 remainder, ~16 mantissa bits: near-float32 results at no extra
     // weight traffic, grouped_gemm.h); larger steps round GEMM inputs to bf16.
     int64_t split_activations_max_tokens = 64;
+    // Decode steps of at most this many tokens (every sequence one token) run the fused
+    // small-batch kernels described above; 0: never. At most 4.
+    int64_t fused_decode_max_tokens = 4;
+    // Programmatic dependent launch between the kernels of steps of at most
+    // moe_grouped_max_tokens tokens (graph-captured decode steps included).
+    bool programmatic_launch = true;
+  };
+
+  // How ForwardSample chooses each logits row's token: SamplingParams' fields with the CPU
+  // Sampler's semantics (engine/runtime/sampler.h; temperature below 1e-5 is greedy), the
+  // seed and output position of UniformFromSeedStep, and the sequence's history for the
+  // penalties. The spans must stay valid during the call.
+  struct SampleRow {
+    float temperature = 1.0f;
+    float top_p = 1.0f;
+    int32_t top_k = 0;
+    float min_p = 0.0f;
+    float repetition_penalty = 1.0f;
+    float presence_penalty = 0.0f;
+    float frequency_penalty = 0.0f;
+    uint64_t seed = 0;
+    int64_t step = 0;
+    std::span<const int32_t> prompt_tokens;
+    std::span<const int32_t> output_tokens;
   };
 
   // Loads config.json and the safetensors weights of a checkpoint directory onto the GPU.
@@ -90,6 +119,13 @@ class CudaDeepseekModel {
   // crosses to the host.
   absl::StatusOr<std::vector<int32_t>> ForwardGreedy(std::span<const ForwardSequence> batch,
                                                      const ForwardOptions& options = {});
+  // The same, but each logits row's token is sampled on the GPU (kernels/cuda/sampling.h)
+  // as the CPU Sampler would choose it from the same logits: rows[i] for logits row i (one
+  // per row, in Forward's order). Token ids only cross to the host. INVALID_ARGUMENT for a
+  // row count that does not match or history ids outside the vocabulary.
+  absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch,
+                                                     std::span<const SampleRow> rows,
+                                                     const ForwardOptions& options = {});
 
   // KV export/import (float32 on the host, bf16 in the cache). ReadKvBlocks writes
   // block_ids.size() blocks of [64][kv_entry_dim] floats of one layer; ReadKvEntries the
@@ -106,6 +142,10 @@ class CudaDeepseekModel {
   absl::StatusOr<uint64_t> LastForwardWeightBytes();
   // Turns graph replay on or off (for measurements of both).
   void set_cuda_graphs(bool on);
+  // For measurements: LoadOptions::programmatic_launch and fused_decode_max_tokens
+  // (captured graphs are dropped).
+  void set_programmatic_launch(bool on);
+  void set_fused_decode_max_tokens(int64_t tokens);
   // For benchmarks: with step events on, each Forward records a CUDA event when its GPU
   // work begins (before the batch upload) and when it ends (after the results are read
   // back); TakeStepTimes returns {begin, end} per recorded step in ms since the first

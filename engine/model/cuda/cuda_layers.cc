@@ -12,6 +12,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/kv_gather.h"
+#include "kernels/cuda/launch_control.h"
 #include "kernels/cuda/mla_decode_attention.h"
 #include "kernels/cuda/mla_prefill_attention.h"
 #include "kernels/cuda/mla_prepare.h"
@@ -19,6 +20,7 @@
 #include "kernels/cuda/moe_routing.h"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/silu_mul.h"
+#include "kernels/cuda/small_gemv.h"
 
 namespace tandem {
 
@@ -78,7 +80,10 @@ absl::Status CudaDeepseekModel::Impl::Dense(const DeviceMatrix& w, const __nv_bf
     if (split == 1) {
       epilogue = cuda::GemmEpilogue::kStoreF32;
     } else {
-      TANDEM_CUDA_RETURN(cudaMemset2DAsync(y, ldy * sizeof(float), 0, w.rows * sizeof(float), rows, stream),
+      // A kernel rather than a memset: the GEMM can then start as its programmatic dependent.
+      TANDEM_CUDA_RETURN(cuda::ZeroRows({.dst = y, .pitch_bytes = static_cast<int64_t>(ldy * sizeof(float)),
+                                         .row_bytes = static_cast<int64_t>(w.rows * sizeof(float)), .rows = rows},
+                                        stream),
                          "clearing a GEMM output");
     }
   }
@@ -90,8 +95,21 @@ absl::Status CudaDeepseekModel::Impl::Dense(const DeviceMatrix& w, const __nv_bf
                     "dense GEMM");
 }
 
+bool CudaDeepseekModel::Impl::Fused(const StepPlan& plan) const {
+  const ModelConfig& c = config;
+  return plan.decode_only && plan.jobs.size() == 1 &&
+         plan.rows <= std::min<int64_t>(options.fused_decode_max_tokens, cuda::kSmallGemvMaxRows) &&
+         plan.rows <= options.moe_grouped_max_tokens && plan.rows <= options.split_activations_max_tokens &&
+         c.hidden_size % 32 == 0;
+}
+
 absl::Status CudaDeepseekModel::Impl::EnqueueStep(const StepPlan& plan, const ForwardOptions& fo) {
   const ModelConfig& c = config;
+  // Programmatic dependent launch for steps without host synchronization inside (the MoE
+  // layers of larger steps read their expert counts); not while profiling (the events
+  // between launches would serialize them anyway).
+  const cuda::ScopedProgrammaticLaunch pdl(options.programmatic_launch && !profiling_ &&
+                                           plan.rows <= options.moe_grouped_max_tokens);
   TANDEM_CUDA_RETURN(cuda::EmbeddingGather({.table = weights->embed.data, .tokens = plan.meta.tokens,
                                             .num_tokens = plan.rows, .dim = c.hidden_size, .out = act_.x,
                                             .out_stride = c.hidden_size},
@@ -117,6 +135,23 @@ absl::Status CudaDeepseekModel::Impl::EnqueueStep(const StepPlan& plan, const Fo
 absl::Status CudaDeepseekModel::Impl::EnqueueLogits(const StepPlan& plan, int64_t begin, int64_t count) {
   const ModelConfig& c = config;
   const bool split = count <= options.split_activations_max_tokens;
+  if (count <= std::min<int64_t>(options.fused_decode_max_tokens, cuda::kSmallGemvMaxRows)) {
+    // Final norm fused into the LM head's GEMV.
+    TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.x, .ldx = c.hidden_size, .x_rows = plan.meta.logit_rows + begin,
+                                        .norm_weight = weights->final_norm,
+                                        .norm_eps = static_cast<float>(c.rms_norm_eps),
+                                        .w = weights->lm_head.data, .n = static_cast<int>(c.vocab_size),
+                                        .k = static_cast<int>(c.hidden_size), .rows = static_cast<int>(count),
+                                        .out = act_.logits, .ldo = c.vocab_size},
+                                       stream),
+                       "LM head");
+    RETURN_IF_ERROR(Mark("LM head (final norm fused)"));
+    TANDEM_CUDA_RETURN(cuda::Argmax({.logits = act_.logits, .stride = c.vocab_size, .rows = count,
+                                     .vocab = c.vocab_size, .out = act_.argmax},
+                                    stream),
+                       "argmax");
+    return Mark("argmax");
+  }
   TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = weights->final_norm, .rows = count, .dim = c.hidden_size,
                                     .x_stride = c.hidden_size, .out_stride = c.hidden_size,
                                     .eps = static_cast<float>(c.rms_norm_eps), .out_bf16 = act_.final_bf16,
@@ -145,6 +180,7 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
   const int64_t qk = nope + rope, entry = rank + rope;
   const int64_t qkv_cols = w.qkv_a.rows;
   const bool split = t <= options.split_activations_max_tokens;
+  if (Fused(plan)) return FusedAttention(layer, plan);
 
   TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = lw.input_norm, .rows = t, .dim = hidden, .x_stride = hidden,
                                     .out_stride = hidden, .eps = static_cast<float>(c.rms_norm_eps),
@@ -275,6 +311,77 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
   return Mark("o_proj");
 }
 
+// A decode step of a few tokens (Fused): 4 launches (5 with q_lora) instead of 8 or more,
+// float32 activations into the GEMVs, W_UK and W_UV read once in bf16.
+absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPlan& plan) {
+  const ModelConfig& c = config;
+  const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
+  const cuda_model::CudaAttentionWeights& w = lw.attention;
+  const int64_t t = plan.rows, hidden = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, v = c.v_head_dim;
+  const int64_t qk = nope + rope, entry = rank + rope;
+  const int64_t qkv_cols = w.qkv_a.rows;
+  TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.x, .ldx = hidden, .norm_weight = lw.input_norm,
+                                      .norm_eps = static_cast<float>(c.rms_norm_eps), .w = w.qkv_a.data,
+                                      .n = static_cast<int>(qkv_cols), .k = static_cast<int>(hidden),
+                                      .rows = static_cast<int>(t), .out = act_.qkv, .ldo = qkv_cols},
+                                     stream),
+                     "q/kv_a projection");
+  RETURN_IF_ERROR(Mark("q/kv_a projection (norm fused)"));
+  const float* q = act_.qkv;
+  int64_t q_stride = qkv_cols;
+  const float* kv = act_.qkv + heads * qk;
+  if (c.q_lora_rank) {
+    const int64_t qr = *c.q_lora_rank;
+    TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.qkv, .ldx = qkv_cols, .norm_weight = w.q_a_norm,
+                                        .norm_eps = kLatentNormEps, .w = w.q_b.data,
+                                        .n = static_cast<int>(heads * qk), .k = static_cast<int>(qr),
+                                        .rows = static_cast<int>(t), .out = act_.q_f32, .ldo = heads * qk},
+                                       stream),
+                       "q_b projection");
+    RETURN_IF_ERROR(Mark("q_b projection (norm fused)"));
+    q = act_.q_f32;
+    q_stride = heads * qk;
+    kv = act_.qkv + qr;
+  }
+  __nv_bfloat16* kv_layer = KvLayer(layer);
+  TANDEM_CUDA_RETURN(
+      cuda::MlaPrepare({.num_tokens = t, .positions = plan.meta.positions, .slots = plan.meta.slots, .q = q,
+                        .q_stride = q_stride, .num_heads = static_cast<int>(heads), .nope_dim = static_cast<int>(nope),
+                        .rope_dim = static_cast<int>(rope), .q_rope_out = act_.q_dec + rank,
+                        .q_rope_out_stride = heads * entry, .q_rope_out_head_stride = entry, .q_rope_out_rows = t,
+                        .kv = kv, .kv_stride = qkv_cols, .kv_lora_rank = static_cast<int>(rank),
+                        .kv_norm_weight = w.kv_a_norm, .kv_norm_eps = kLatentNormEps, .kv_cache = kv_layer,
+                        .num_slots = num_blocks * kBlock, .inv_freq = inv_freq_.get<float>(),
+                        .attention_factor = rope_attention_factor_, .interleaved = c.rope_interleave,
+                        .w_uk = w.kv_b.data, .w_uk_head_stride = (nope + v) * rank, .q_latent_out = act_.q_dec},
+                       stream),
+      "MLA prepare");
+  RETURN_IF_ERROR(Mark("MLA prepare + W_UK"));
+  const AttentionJob& job = plan.jobs.front();
+  TANDEM_CUDA_RETURN(
+      cuda::MlaDecodeAttention(
+          {.q = act_.q_dec, .q_stride = heads * entry, .kv_cache = kv_layer,
+           .block_tables = plan.meta.block_tables + job.table_row * max_blocks_per_seq,
+           .cache_lens = plan.meta.cache_lens + job.table_row, .num_seqs = static_cast<int>(job.num_seqs),
+           .q_per_seq = static_cast<int>(job.q_per_seq), .num_heads = static_cast<int>(heads),
+           .kv_lora_rank = static_cast<int>(rank), .rope_dim = static_cast<int>(rope), .block_size = kBlock,
+           .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
+           .max_cache_len = static_cast<int>(job.max_cache_len), .softmax_scale = softmax_scale_, .out = act_.lat_out,
+           .out_stride = heads * rank, .workspace = act_.decode_ws, .workspace_bytes = act_.decode_ws_bytes,
+           .w_uv = w.kv_b.data + nope * rank, .w_uv_head_stride = (nope + v) * rank, .v_dim = static_cast<int>(v),
+           .out_v = act_.attn_f32, .out_v_stride = heads * v},
+          stream),
+      "MLA decode attention");
+  RETURN_IF_ERROR(Mark("decode attention + W_UV"));
+  TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.attn_f32, .ldx = heads * v, .w = w.o_proj.data,
+                                      .n = static_cast<int>(hidden), .k = static_cast<int>(heads * v),
+                                      .rows = static_cast<int>(t), .out = act_.x, .ldo = hidden, .accumulate = true},
+                                     stream),
+                     "o_proj");
+  return Mark("o_proj");
+}
+
 absl::Status CudaDeepseekModel::Impl::Mlp(int64_t layer, const StepPlan& plan) {
   const ModelConfig& c = config;
   const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
@@ -318,7 +425,7 @@ absl::Status CudaDeepseekModel::Impl::Moe(int64_t layer, const StepPlan& plan) {
   const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
   const cuda_model::CudaMoeWeights& w = *lw.moe;
   const int64_t t = plan.rows, hidden = c.hidden_size, experts = c.n_routed_experts, top_k = c.num_experts_per_tok;
-  const int64_t shared = c.n_shared_experts, inter = w.inter, per_token = top_k + shared, rows = t * per_token;
+  const int64_t shared = c.n_shared_experts;
   int32_t* offsets = act_.group_offsets + layer * (groups_ + 1);
   const bool split = t <= options.split_activations_max_tokens;
   // The grouped kernels run one thread block per tile of an expert's rows (memory-bound at
@@ -327,7 +434,47 @@ absl::Status CudaDeepseekModel::Impl::Moe(int64_t layer, const StepPlan& plan) {
   const bool grouped = t <= options.moe_grouped_max_tokens;
   const int64_t mean_rows = t * top_k / experts;
   const int kTileRows = mean_rows <= 16 ? 16 : mean_rows <= 32 ? 32 : 64;
+  const cuda::MoeRoutingParams routing{
+      .logits = act_.router_logits, .logits_stride = experts, .num_tokens = static_cast<int>(t),
+      .num_experts = static_cast<int>(experts), .num_groups = static_cast<int>(c.n_group),
+      .topk_groups = static_cast<int>(c.topk_group), .top_k = static_cast<int>(top_k),
+      .scoring = Scoring(c.scoring_func), .method = Method(c.topk_method), .correction_bias = w.correction_bias,
+      .normalize = c.norm_topk_prob, .scale_normalized = c.model_type != "deepseek_v2",
+      .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor), .expert_ids = act_.expert_ids,
+      .weights = act_.expert_weights};
+  const cuda::MoePermuteParams permute{
+      .expert_ids = act_.expert_ids, .weights = act_.expert_weights, .num_tokens = static_cast<int>(t),
+      .top_k = static_cast<int>(top_k), .num_experts = static_cast<int>(experts),
+      .num_shared = static_cast<int>(shared),
+      .group_offsets = offsets, .active_groups = act_.active_groups, .num_active = act_.num_active,
+      .sorted_token = act_.sorted_token, .sorted_weight = act_.sorted_weight, .entry_row = act_.entry_row,
+      .tile_rows = grouped ? kTileRows : 0, .tile_group = act_.tile_group, .tile_row = act_.tile_row,
+      .num_tiles = act_.num_tiles};
 
+  if (Fused(plan)) {
+    TANDEM_CUDA_RETURN(cuda::MoeFusedRoute({.x = act_.x, .x_stride = hidden, .norm_weight = lw.post_attention_norm,
+                                            .norm_eps = static_cast<float>(c.rms_norm_eps),
+                                            .hidden = static_cast<int>(hidden), .router = w.router,
+                                            .h_bf16 = act_.h_bf16, .h_lo = split ? act_.h_lo : nullptr,
+                                            .h_stride = hidden, .router_logits = act_.router_logits,
+                                            .counter = act_.route_counter, .routing = routing, .permute = permute},
+                                           stream),
+                       "MoE routing");
+    RETURN_IF_ERROR(Mark("MoE norm + router + routing + permutation"));
+  } else {
+    RETURN_IF_ERROR(MoeFrontEnd(layer, plan, routing, permute));
+  }
+  return MoeExperts(layer, plan);
+}
+
+absl::Status CudaDeepseekModel::Impl::MoeFrontEnd(int64_t layer, const StepPlan& plan,
+                                                  const cuda::MoeRoutingParams& routing,
+                                                  const cuda::MoePermuteParams& permute) {
+  const ModelConfig& c = config;
+  const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
+  const cuda_model::CudaMoeWeights& w = *lw.moe;
+  const int64_t t = plan.rows, hidden = c.hidden_size, experts = c.n_routed_experts;
+  const bool split = t <= options.split_activations_max_tokens;
   TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = lw.post_attention_norm, .out = act_.h_f32, .rows = t,
                                     .dim = hidden, .x_stride = hidden, .out_stride = hidden,
                                     .eps = static_cast<float>(c.rms_norm_eps), .out_bf16 = act_.h_bf16,
@@ -340,30 +487,22 @@ absl::Status CudaDeepseekModel::Impl::Moe(int64_t layer, const StepPlan& plan) {
                                        stream),
                        "router");
   RETURN_IF_ERROR(Mark("router"));
-  TANDEM_CUDA_RETURN(
-      cuda::MoeRouting({.logits = act_.router_logits, .logits_stride = experts, .num_tokens = static_cast<int>(t),
-                        .num_experts = static_cast<int>(experts), .num_groups = static_cast<int>(c.n_group),
-                        .topk_groups = static_cast<int>(c.topk_group), .top_k = static_cast<int>(top_k),
-                        .scoring = Scoring(c.scoring_func), .method = Method(c.topk_method),
-                        .correction_bias = w.correction_bias, .normalize = c.norm_topk_prob,
-                        .scale_normalized = c.model_type != "deepseek_v2",
-                        .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
-                        .expert_ids = act_.expert_ids, .weights = act_.expert_weights},
-                       stream),
-      "routing");
+  TANDEM_CUDA_RETURN(cuda::MoeRouting(routing, stream), "routing");
   RETURN_IF_ERROR(Mark("routing"));
-  TANDEM_CUDA_RETURN(cuda::MoePermute({.expert_ids = act_.expert_ids, .weights = act_.expert_weights,
-                                       .num_tokens = static_cast<int>(t), .top_k = static_cast<int>(top_k),
-                                       .num_experts = static_cast<int>(experts), .num_shared = static_cast<int>(shared),
-                                       .group_offsets = offsets, .active_groups = act_.active_groups,
-                                       .num_active = act_.num_active, .sorted_token = act_.sorted_token,
-                                       .sorted_weight = act_.sorted_weight, .entry_row = act_.entry_row,
-                                       .tile_rows = grouped ? kTileRows : 0, .tile_group = act_.tile_group,
-                                       .tile_row = act_.tile_row, .num_tiles = act_.num_tiles},
-                                      stream),
-                     "MoE permutation");
-  RETURN_IF_ERROR(Mark("MoE permute"));
+  TANDEM_CUDA_RETURN(cuda::MoePermute(permute, stream), "MoE permutation");
+  return Mark("MoE permute");
+}
 
+absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& plan) {
+  const ModelConfig& c = config;
+  const cuda_model::CudaMoeWeights& w = *weights->layers[layer].moe;
+  const int64_t t = plan.rows, hidden = c.hidden_size, experts = c.n_routed_experts, top_k = c.num_experts_per_tok;
+  const int64_t shared = c.n_shared_experts, inter = w.inter, per_token = top_k + shared, rows = t * per_token;
+  int32_t* offsets = act_.group_offsets + layer * (groups_ + 1);
+  const bool split = t <= options.split_activations_max_tokens;
+  const bool grouped = t <= options.moe_grouped_max_tokens;
+  const int64_t mean_rows = t * top_k / experts;
+  const int kTileRows = mean_rows <= 16 ? 16 : mean_rows <= 32 ? 32 : 64;
   if (grouped) {
     // One grouped launch per projection over every tile of every active expert.
     const int max_tiles = static_cast<int>(std::min<int64_t>(groups_, t * top_k + shared) + rows / kTileRows);

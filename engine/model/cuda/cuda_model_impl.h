@@ -22,6 +22,11 @@
 
 namespace tandem {
 
+namespace cuda {
+struct MoeRoutingParams;
+struct MoePermuteParams;
+}  // namespace cuda
+
 namespace cuda_model {
 
 // One attention launch group of a step. Absorbed: num_seqs sequences of q_per_seq query
@@ -103,6 +108,7 @@ struct Activations {
   float* y = nullptr;                  // [P][hidden]
   float* logits = nullptr;             // [max_logit_rows][vocab]
   int32_t* argmax = nullptr;           // [max_logit_rows]
+  uint32_t* route_counter = nullptr;   // MoeFusedRoute's block counter (zero between launches)
   __nv_bfloat16* final_bf16 = nullptr;  // [max_logit_rows][hidden]
 };
 
@@ -114,9 +120,11 @@ class CudaDeepseekModel::Impl {
 
   absl::Status Init(const ModelConfig& config, const ModelWeights* host, uint64_t seed, const LoadOptions& options);
 
-  // Forward; with greedy, *ids gets the argmax of each logits row instead of the logits.
+  // Forward; with ids, *ids gets the argmax of each logits row instead of the logits, or
+  // with sample also set, the token sampled from it.
   absl::Status Run(std::span<const ForwardSequence> batch, const ForwardOptions& options, std::vector<float>* logits,
-                   std::vector<int32_t>* ids);
+                   std::vector<int32_t>* ids, std::span<const CudaDeepseekModel::SampleRow> sample = {});
+  void DropGraphs();
 
   absl::Status ReadKv(int64_t layer, std::span<const int32_t> table, int64_t first, int64_t n, float* host);
   absl::Status WriteKv(int64_t layer, std::span<const int32_t> table, int64_t first, const float* entries, int64_t n);
@@ -150,11 +158,22 @@ class CudaDeepseekModel::Impl {
   absl::Status EnqueueLogits(const cuda_model::StepPlan& plan, int64_t begin, int64_t count);
   absl::Status Attention(int64_t layer, const cuda_model::StepPlan& plan);
   absl::Status Mlp(int64_t layer, const cuda_model::StepPlan& plan);
+  absl::Status FusedAttention(int64_t layer, const cuda_model::StepPlan& plan);
   absl::Status Moe(int64_t layer, const cuda_model::StepPlan& plan);
+  // The MoE layer's norm, router, routing and permutation as separate launches; then the
+  // expert GEMMs (and the combine).
+  absl::Status MoeFrontEnd(int64_t layer, const cuda_model::StepPlan& plan, const cuda::MoeRoutingParams& routing,
+                           const cuda::MoePermuteParams& permute);
+  absl::Status MoeExperts(int64_t layer, const cuda_model::StepPlan& plan);
   // y (+)= x . w^T for `rows` rows: the grouped kernel for small row counts, cuBLAS else.
   absl::Status Dense(const DeviceMatrix& w, const __nv_bfloat16* x, const __nv_bfloat16* x_lo, int64_t ldx,
                      int64_t rows, void* y, int64_t ldy, Out out);
   absl::Status RunGraph(const cuda_model::StepPlan& plan, const ForwardOptions& options);
+  // Whether a step takes the fused small-batch kernels (cuda_deepseek_model.h).
+  bool Fused(const cuda_model::StepPlan& plan) const;
+  // Uploads the sampling parameters of logits rows [begin, begin + count) and enqueues the
+  // sampling kernel over act_.logits into act_.argmax.
+  absl::Status EnqueueSample(std::span<const CudaDeepseekModel::SampleRow> rows, int64_t begin, int64_t count);
 
   __nv_bfloat16* KvLayer(int64_t layer) const {
     return kv_cache_.get<__nv_bfloat16>() + layer * num_blocks * 64 * config.kv_entry_dim();
@@ -174,6 +193,8 @@ class CudaDeepseekModel::Impl {
   cuda_model::DeviceBuffer kv_staging_;  // KV import/export
   cuda_model::PinnedBuffer kv_staging_host_;
   int64_t kv_staging_entries_ = 0;
+  cuda_model::PinnedBuffer sample_host_;  // sampling rows + penalty entries of one chunk
+  cuda_model::DeviceBuffer sample_dev_;
   int groups_ = 0;  // MoE groups (routed + shared), 0 without MoE layers
   int64_t moe_rows_ = 0;  // P: max_batch_tokens * (top_k + shared)
   // Graphs of decode steps, by (batch size, context bucket); seen once before capture.

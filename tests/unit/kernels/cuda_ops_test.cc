@@ -5,8 +5,9 @@
 // few float32 ulps of the value's scale (different summation orders, cosf/expf within
 // 2 ulp); bf16 outputs to one bf16 rounding (2^-8 relative); GEMMs with bf16 operands and
 // float32 accumulation to 1e-4 of the sum of |products| (the float32 accumulation error
-// bound for K <= 8192 is far below that); integer outputs (expert ids, permutations,
-// argmax) exactly.
+// bound for K <= 8192 is far below that); the float32-activation GEMVs of the fused decode
+// path to 2e-5 of it; integer outputs (expert ids, permutations, argmax) exactly, and the
+// fused kernels' integer outputs exactly equal to the separate kernels' on the same inputs.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -29,12 +30,15 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/kv_gather.h"
+#include "kernels/cuda/launch_control.h"
+#include "kernels/cuda/mla_decode_attention.h"
 #include "kernels/cuda/mla_prepare.h"
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/moe_routing.h"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/silu_mul.h"
+#include "kernels/cuda/small_gemv.h"
 
 namespace tandem {
 namespace {
@@ -828,11 +832,379 @@ TEST_F(CudaOpsTest, KvGather) {
   }
 }
 
+TEST_F(CudaOpsTest, SmallGemvMatchesFloat64) {
+  for (auto [rows, n, k] : {std::tuple{1, 8, 8}, {1, 3648, 2048}, {2, 100, 136}, {3, 513, 1024}, {4, 2048, 2048},
+                            {1, 20000, 256}}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool norm = variant & 1, gather = variant & 2;
+      const int x_rows_total = 6;
+      const std::vector<float> x = Random(x_rows_total * (k + 8), rows * 31 + k, 1.5f);
+      const std::vector<float> w = RoundBf16(Random(static_cast<size_t>(n) * k, n + k, 0.05f));
+      std::vector<float> g = Random(k, 5);
+      for (float& v : g) v = 1.0f + 0.1f * v;
+      std::vector<int32_t> x_rows(rows);
+      for (int r = 0; r < rows; ++r) x_rows[r] = gather ? x_rows_total - 1 - r : r;
+      const std::vector<float> base = Random(rows * n, 77);
+      const bool accumulate = variant == 3 || variant == 0;
+      Dev<float> dx(x), dg(g), dout(base);
+      Dev<int32_t> drows(x_rows);
+      Dev<uint16_t> dw(ToBf16(w));
+      ASSERT_EQ(cuda::SmallGemv({.x = dx.get(), .ldx = k + 8, .x_rows = gather ? drows.get() : nullptr,
+                                 .norm_weight = norm ? dg.get() : nullptr, .norm_eps = 1e-6f, .w = Bf(dw), .n = n,
+                                 .k = k, .rows = rows, .out = dout.get(), .ldo = n, .accumulate = accumulate},
+                                nullptr),
+                cudaSuccess);
+      const std::vector<float> got = dout.Download();
+      for (int r = 0; r < rows; ++r) {
+        const float* xr = &x[x_rows[r] * (k + 8)];
+        std::vector<double> xn(xr, xr + k);
+        if (norm) {
+          double ss = 0;
+          for (double v : xn) ss += v * v;
+          const double inv = 1.0 / std::sqrt(ss / k + 1e-6);
+          for (int i = 0; i < k; ++i) xn[i] = g[i] * (xn[i] * inv);
+        }
+        for (int c = 0; c < n; ++c) {
+          double value = accumulate ? base[r * n + c] : 0.0, magnitude = std::fabs(value);
+          for (int i = 0; i < k; ++i) {
+            value += xn[i] * w[static_cast<size_t>(c) * k + i];
+            magnitude += std::fabs(xn[i] * w[static_cast<size_t>(c) * k + i]);
+          }
+          ASSERT_NEAR(got[r * n + c], value, 2e-5 * magnitude + 1e-30)
+              << "rows " << rows << " n " << n << " k " << k << " variant " << variant << " @" << r << "," << c;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, MlaPrepareAbsorbedMatchesSeparateSteps) {
+  struct Case {
+    int tokens, heads, nope, rope, rank, v;
+  };
+  for (const Case& cs : {Case{3, 4, 32, 16, 64, 32}, Case{1, 16, 128, 64, 512, 128}, Case{4, 2, 192, 32, 96, 64}}) {
+    const int tokens = cs.tokens, heads = cs.heads, nope = cs.nope, rope = cs.rope, rank = cs.rank;
+    const int entry = rank + rope, head = nope + rope, block = 64, num_blocks = 3, half = rope / 2;
+    std::vector<float> inv_freq(half);
+    for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / rope);
+    const std::vector<float> q = Random(tokens * heads * head, 11), kv = Random(tokens * (entry + 8), 12);
+    // kv_b: per head [nope rows | v rows] of rank values.
+    const std::vector<float> kv_b = RoundBf16(Random(static_cast<size_t>(heads) * (nope + cs.v) * rank, 13, 0.1f));
+    std::vector<float> norm_w = Random(rank, 14);
+    for (float& v : norm_w) v = 1.0f + 0.2f * v;
+    std::vector<int32_t> pos(tokens), slots(tokens);
+    for (int t = 0; t < tokens; ++t) {
+      pos[t] = 50 + 9 * t;
+      slots[t] = (t % num_blocks) * block + (pos[t] % block);
+    }
+    Dev<float> dq(q), dkv(kv), dnorm(norm_w), dfreq(inv_freq);
+    Dev<int32_t> dpos(pos), dslots(slots);
+    Dev<uint16_t> dkvb(ToBf16(kv_b));
+    Dev<uint16_t> dqout(tokens * heads * head), dref(tokens * heads * entry), dfused(tokens * heads * entry),
+        cache_ref(num_blocks * block * entry), cache_fused(num_blocks * block * entry);
+    cuda::MlaPrepareParams p{.num_tokens = tokens, .positions = dpos.get(), .slots = dslots.get(), .q = dq.get(),
+                             .q_stride = heads * head, .num_heads = heads, .nope_dim = nope, .rope_dim = rope,
+                             .q_out = Bf(dqout), .q_out_stride = heads * head, .q_rope_out = Bf(dref) + rank,
+                             .q_rope_out_stride = heads * entry, .q_rope_out_head_stride = entry,
+                             .q_rope_out_rows = tokens, .kv = dkv.get(), .kv_stride = entry + 8, .kv_lora_rank = rank,
+                             .kv_norm_weight = dnorm.get(), .kv_norm_eps = 1e-6f, .kv_cache = Bf(cache_ref),
+                             .num_slots = num_blocks * block, .inv_freq = dfreq.get(), .attention_factor = 0.8f,
+                             .interleaved = true};
+    ASSERT_EQ(cuda::MlaPrepare(p, nullptr), cudaSuccess);
+    p.q_out = nullptr;
+    p.q_out_stride = 0;
+    p.q_rope_out = Bf(dfused) + rank;
+    p.kv_cache = Bf(cache_fused);
+    p.w_uk = Bf(dkvb);
+    p.w_uk_head_stride = static_cast<int64_t>(nope + cs.v) * rank;
+    p.q_latent_out = Bf(dfused);
+    ASSERT_EQ(cuda::MlaPrepare(p, nullptr), cudaSuccess);
+    const std::vector<float> ref = FromBf16(dref.Download()), fused = FromBf16(dfused.Download());
+    const std::vector<float> cref = FromBf16(cache_ref.Download()), cfused = FromBf16(cache_fused.Download());
+    for (int t = 0; t < tokens; ++t) {
+      for (int h = 0; h < heads; ++h) {
+        const float* qn = &q[(t * heads + h) * head];
+        for (int r = 0; r < rank; ++r) {
+          double value = 0, magnitude = 0;
+          for (int j = 0; j < nope; ++j) {
+            const double prod =
+                static_cast<double>(qn[j]) * kv_b[(static_cast<size_t>(h) * (nope + cs.v) + j) * rank + r];
+            value += prod;
+            magnitude += std::fabs(prod);
+          }
+          ASSERT_NEAR(fused[(t * heads + h) * entry + r], value, 4e-3 * std::fabs(value) + 1e-5 * magnitude)
+              << "q_latent " << t << " " << h << " " << r;
+        }
+        for (int i = 0; i < rope; ++i) {
+          const float want = ref[(t * heads + h) * entry + rank + i];
+          ASSERT_NEAR(fused[(t * heads + h) * entry + rank + i], want, 8e-3f * std::fabs(want) + 1e-6f) << "rope";
+        }
+      }
+      for (int i = 0; i < entry; ++i) {
+        const float want = cref[slots[t] * entry + i];
+        ASSERT_NEAR(cfused[slots[t] * entry + i], want, 8e-3f * std::fabs(want) + 1e-6f) << "cache " << t << " " << i;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, MlaDecodeFusedValueProjection) {
+  struct Case {
+    int seqs, heads, rank, rope, v, len;
+  };
+  for (const Case& cs : {Case{1, 16, 512, 64, 128, 1040}, Case{3, 16, 512, 64, 128, 300}, Case{2, 4, 64, 16, 32, 130},
+                         Case{4, 4, 64, 16, 48, 2000}}) {
+    const int entry = cs.rank + cs.rope, block = 64, blocks_per_seq = (cs.len + block - 1) / block;
+    const int num_blocks = cs.seqs * blocks_per_seq;
+    const std::vector<uint16_t> cache = ToBf16(Random(static_cast<size_t>(num_blocks) * block * entry, 21, 0.5f));
+    const std::vector<uint16_t> q = ToBf16(Random(cs.seqs * cs.heads * entry, 22, 0.5f));
+    const std::vector<float> w_uv = RoundBf16(Random(static_cast<size_t>(cs.heads) * cs.v * cs.rank, 23, 0.1f));
+    std::vector<int32_t> tables(cs.seqs * blocks_per_seq), lens(cs.seqs);
+    for (int i = 0; i < num_blocks; ++i) tables[i] = num_blocks - 1 - i;
+    for (int s = 0; s < cs.seqs; ++s) lens[s] = cs.len - 7 * s;
+    Dev<uint16_t> dcache(cache), dq(q), dw(ToBf16(w_uv));
+    Dev<int32_t> dtables(tables), dlens(lens);
+    Dev<float> dlat(cs.seqs * cs.heads * cs.rank), dlat2(cs.seqs * cs.heads * cs.rank), dv(cs.seqs * cs.heads * cs.v);
+    const size_t ws_bytes = cuda::MlaDecodeWorkspaceBytes(cs.seqs, 1, cs.heads, cs.rank, cs.len);
+    Dev<char> dws(std::max<size_t>(ws_bytes, 256));
+    for (int splits : {1, 0}) {
+      cuda::MlaDecodeParams p{.q = Bf(dq), .q_stride = cs.heads * entry, .kv_cache = Bf(dcache),
+                              .block_tables = dtables.get(), .cache_lens = dlens.get(), .num_seqs = cs.seqs,
+                              .q_per_seq = 1, .num_heads = cs.heads, .kv_lora_rank = cs.rank, .rope_dim = cs.rope,
+                              .block_size = block, .max_blocks_per_seq = blocks_per_seq, .max_cache_len = cs.len,
+                              .softmax_scale = 0.07f, .out = dlat.get(), .out_stride = cs.heads * cs.rank,
+                              .workspace = dws.get(), .workspace_bytes = ws_bytes, .num_splits = splits};
+      ASSERT_EQ(cuda::MlaDecodeAttention(p, nullptr), cudaSuccess);
+      p.out = dlat2.get();
+      p.w_uv = Bf(dw);
+      p.w_uv_head_stride = static_cast<int64_t>(cs.v) * cs.rank;
+      p.v_dim = cs.v;
+      p.out_v = dv.get();
+      p.out_v_stride = cs.heads * cs.v;
+      ASSERT_EQ(cuda::MlaDecodeAttention(p, nullptr), cudaSuccess);
+      const std::vector<float> lat = dlat.Download(), out = dv.Download();
+      for (int t = 0; t < cs.seqs; ++t) {
+        for (int h = 0; h < cs.heads; ++h) {
+          for (int j = 0; j < cs.v; ++j) {
+            double value = 0, magnitude = 0;
+            for (int r = 0; r < cs.rank; ++r) {
+              const double prod = static_cast<double>(lat[(t * cs.heads + h) * cs.rank + r]) *
+                                  w_uv[(static_cast<size_t>(h) * cs.v + j) * cs.rank + r];
+              value += prod;
+              magnitude += std::fabs(prod);
+            }
+            ASSERT_NEAR(out[(t * cs.heads + h) * cs.v + j], value, 2e-5 * magnitude + 1e-30)
+                << "splits " << splits << " seq " << t << " head " << h << " col " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, MoeFusedRouteMatchesSeparateKernels) {
+  struct Case {
+    int experts, groups, topk_groups, top_k, shared, hidden;
+    cuda::MoeScoring scoring;
+    cuda::MoeTopk method;
+    bool bias, normalize;
+  };
+  const std::vector<Case> cases = {
+      {64, 1, 1, 6, 2, 2048, cuda::MoeScoring::kSoftmax, cuda::MoeTopk::kGreedy, false, false},
+      {8, 2, 1, 2, 1, 128, cuda::MoeScoring::kSigmoid, cuda::MoeTopk::kNoauxTc, true, true},
+      {8, 2, 1, 2, 2, 128, cuda::MoeScoring::kSoftmax, cuda::MoeTopk::kGroupLimitedGreedy, false, false},
+      {256, 8, 4, 8, 1, 7168, cuda::MoeScoring::kSigmoid, cuda::MoeTopk::kNoauxTc, true, true},
+  };
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    for (int tokens : {1, 3, cuda::kMoeFusedMaxTokens}) {
+      const int hidden = c.hidden, groups = c.experts + c.shared, per_token = c.top_k + c.shared;
+      const int n = tokens * per_token, max_tiles = cuda::MoeMaxTiles(n, groups, 16);
+      const std::vector<float> x = Random(tokens * hidden, ci * 10 + tokens, 2.0f);
+      const std::vector<float> router = Random(static_cast<size_t>(c.experts) * hidden, ci + 40, 0.05f);
+      const std::vector<float> bias = Random(c.experts, ci + 41, 0.1f);
+      std::vector<float> g = Random(hidden, ci + 42);
+      for (float& v : g) v = 1.0f + 0.1f * v;
+      Dev<float> dx(x), drouter(router), dbias(bias), dg(g), dlogits(tokens * c.experts);
+      Dev<uint32_t> dcounter(std::vector<uint32_t>{0});
+      Dev<uint16_t> dh(tokens * hidden), dlo(tokens * hidden);
+      // Fused outputs, then the separate kernels' on the fused logits.
+      Dev<int32_t> ids1(tokens * c.top_k), off1(groups + 1), act1(groups), num1(1), tok1(n), row1(n), tg1(max_tiles),
+          tr1(max_tiles), nt1(1);
+      Dev<float> w1(tokens * c.top_k), sw1(n);
+      Dev<int32_t> ids2(tokens * c.top_k), off2(groups + 1), act2(groups), num2(1), tok2(n), row2(n), tg2(max_tiles),
+          tr2(max_tiles), nt2(1);
+      Dev<float> w2(tokens * c.top_k), sw2(n);
+      auto routing = [&](const Dev<int32_t>& ids, const Dev<float>& w) {
+        return cuda::MoeRoutingParams{.logits = dlogits.get(), .logits_stride = c.experts, .num_tokens = tokens,
+                                      .num_experts = c.experts, .num_groups = c.groups, .topk_groups = c.topk_groups,
+                                      .top_k = c.top_k, .scoring = c.scoring, .method = c.method,
+                                      .correction_bias = c.bias ? dbias.get() : nullptr, .normalize = c.normalize,
+                                      .scale_normalized = true, .routed_scaling_factor = 2.5f,
+                                      .expert_ids = ids.get(), .weights = w.get()};
+      };
+      auto permute = [&](const Dev<int32_t>& ids, const Dev<float>& w, const Dev<int32_t>& off, const Dev<int32_t>& act,
+                         const Dev<int32_t>& num, const Dev<int32_t>& tok, const Dev<float>& sw,
+                         const Dev<int32_t>& row, const Dev<int32_t>& tg, const Dev<int32_t>& tr,
+                         const Dev<int32_t>& nt) {
+        return cuda::MoePermuteParams{.expert_ids = ids.get(), .weights = w.get(), .num_tokens = tokens,
+                                      .top_k = c.top_k, .num_experts = c.experts, .num_shared = c.shared,
+                                      .group_offsets = off.get(), .active_groups = act.get(), .num_active = num.get(),
+                                      .sorted_token = tok.get(), .sorted_weight = sw.get(), .entry_row = row.get(),
+                                      .tile_rows = 16, .tile_group = tg.get(), .tile_row = tr.get(),
+                                      .num_tiles = nt.get()};
+      };
+      for (int repeat = 0; repeat < 2; ++repeat) {  // the counter is left ready for the next launch
+        ASSERT_EQ(cuda::MoeFusedRoute({.x = dx.get(), .x_stride = hidden, .norm_weight = dg.get(), .norm_eps = 1e-6f,
+                                       .hidden = hidden, .router = drouter.get(), .h_bf16 = Bf(dh), .h_lo = Bf(dlo),
+                                       .h_stride = hidden, .router_logits = dlogits.get(), .counter = dcounter.get(),
+                                       .routing = routing(ids1, w1),
+                                       .permute = permute(ids1, w1, off1, act1, num1, tok1, sw1, row1, tg1, tr1, nt1)},
+                                      nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(dcounter.Download()[0], 0u);
+      }
+      ASSERT_EQ(cuda::MoeRouting(routing(ids2, w2), nullptr), cudaSuccess);
+      ASSERT_EQ(cuda::MoePermute(permute(ids2, w2, off2, act2, num2, tok2, sw2, row2, tg2, tr2, nt2), nullptr),
+                cudaSuccess);
+      const std::string what = "case " + std::to_string(ci) + " tokens " + std::to_string(tokens);
+      EXPECT_EQ(ids1.Download(), ids2.Download()) << what;
+      ExpectClose(w1.Download(), w2.Download(), 1e-6f, what + " weights");
+      EXPECT_EQ(off1.Download(), off2.Download()) << what;
+      EXPECT_EQ(num1.Download(), num2.Download()) << what;
+      const int num_active = num1.Download()[0];
+      std::vector<int32_t> a1 = act1.Download(), a2 = act2.Download();
+      a1.resize(num_active);
+      a2.resize(num_active);
+      EXPECT_EQ(a1, a2) << what;
+      EXPECT_EQ(tok1.Download(), tok2.Download()) << what;
+      ExpectClose(sw1.Download(), sw2.Download(), 1e-6f, what + " sorted weights");
+      EXPECT_EQ(row1.Download(), row2.Download()) << what;
+      const int tiles = nt1.Download()[0];
+      ASSERT_EQ(tiles, nt2.Download()[0]) << what;
+      std::vector<int32_t> g1 = tg1.Download(), g2 = tg2.Download(), r1 = tr1.Download(), r2 = tr2.Download();
+      g1.resize(tiles);
+      g2.resize(tiles);
+      r1.resize(tiles);
+      r2.resize(tiles);
+      EXPECT_EQ(g1, g2) << what;
+      EXPECT_EQ(r1, r2) << what;
+      // The logits and the normalized rows against float64 references.
+      std::vector<float> xn(tokens * hidden);
+      cpu::RmsNorm(x.data(), tokens, hidden, hidden, g.data(), 1e-6f, xn.data(), hidden);
+      const std::vector<float> logits = dlogits.Download();
+      for (int t = 0; t < tokens; ++t) {
+        for (int e = 0; e < c.experts; ++e) {
+          const GemmRef ref = Dot(&xn[t * hidden], &router[static_cast<size_t>(e) * hidden], hidden);
+          ASSERT_NEAR(logits[t * c.experts + e], ref.value, 2e-5 * ref.magnitude) << what << " logit " << t << " " << e;
+        }
+      }
+      const std::vector<float> h = FromBf16(dh.Download()), lo = FromBf16(dlo.Download());
+      for (int i = 0; i < tokens * hidden; ++i) {
+        ASSERT_NEAR(h[i] + lo[i], xn[i], 1e-5f * std::fabs(xn[i]) + 1e-6f) << what << " h @" << i;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, ProgrammaticLaunchChainInAGraph) {
+  // A chain of dependent kernels (GEMV, GEMV accumulating, RMSNorm, grouped GEMM, argmax),
+  // captured with programmatic dependent launch and replayed, equals the plain launches.
+  const int k = 2048, n = 1024;
+  const std::vector<float> x = Random(k, 1);
+  const std::vector<uint16_t> w1 = ToBf16(Random(static_cast<size_t>(n) * k, 2, 0.05f)),
+                              w2 = ToBf16(Random(static_cast<size_t>(k) * n, 3, 0.05f)),
+                              w3 = ToBf16(Random(static_cast<size_t>(n) * k, 4, 0.05f));
+  std::vector<float> g = Random(k, 5);
+  for (float& v : g) v = 1.0f + 0.1f * v;
+  Dev<float> dx(x), dg(g);
+  Dev<uint16_t> dw1(w1), dw2(w2), dw3(w3), dh(k);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  auto chain = [&](Dev<float>& y, Dev<float>& z, Dev<float>& out, Dev<int32_t>& top) {
+    ASSERT_EQ(cuda::SmallGemv({.x = dx.get(), .ldx = k, .norm_weight = dg.get(), .w = Bf(dw1), .n = n, .k = k,
+                               .rows = 1, .out = y.get(), .ldo = n},
+                              stream),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(z.get(), dx.get(), k * sizeof(float), cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+    ASSERT_EQ(cuda::SmallGemv({.x = y.get(), .ldx = n, .w = Bf(dw2), .n = k, .k = n, .rows = 1, .out = z.get(),
+                               .ldo = k, .accumulate = true},
+                              stream),
+              cudaSuccess);
+    ASSERT_EQ(cuda::RmsNorm({.x = z.get(), .weight = dg.get(), .rows = 1, .dim = k, .x_stride = k, .out_stride = k,
+                             .out_bf16 = Bf(dh)},
+                            stream),
+              cudaSuccess);
+    ASSERT_EQ(cuda::GroupedGemm({.a = Bf(dh), .lda = k, .b = Bf(dw3), .n = n, .k = k, .num_rows = 1, .rows_hint = 16,
+                                 .epilogue = cuda::GemmEpilogue::kStoreF32, .out = out.get(), .ldo = n},
+                                stream),
+              cudaSuccess);
+    ASSERT_EQ(cuda::Argmax({.logits = out.get(), .stride = n, .rows = 1, .vocab = n, .out = top.get()}, stream),
+              cudaSuccess);
+  };
+  Dev<float> y1(n), z1(k), o1(n), y2(n), z2(k), o2(n);
+  Dev<int32_t> t1(1), t2(1);
+  chain(y1, z1, o1, t1);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  {
+    const cuda::ScopedProgrammaticLaunch pdl(true);
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    chain(y2, z2, o2, t2);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    // Eager programmatic launches too.
+    chain(y2, z2, o2, t2);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  }
+  EXPECT_FALSE(cuda::ProgrammaticLaunch());
+  EXPECT_EQ(y1.Download(), y2.Download());
+  EXPECT_EQ(z1.Download(), z2.Download());
+  EXPECT_EQ(o1.Download(), o2.Download());
+  EXPECT_EQ(t1.Download(), t2.Download());
+  cudaStreamDestroy(stream);
+}
+
+TEST_F(CudaOpsTest, ZeroRows) {
+  Dev<float> d(5 * 40);
+  ASSERT_EQ(cuda::ZeroRows({.dst = d.get(), .pitch_bytes = 40 * 4, .row_bytes = 33 * 4, .rows = 5}, nullptr),
+            cudaSuccess);
+  const std::vector<float> got = d.Download();
+  for (int r = 0; r < 5; ++r) {
+    for (int c = 0; c < 40; ++c) {
+      if (c < 33) {
+        ASSERT_EQ(got[r * 40 + c], 0.0f);
+      } else {
+        ASSERT_TRUE(std::isnan(got[r * 40 + c]));
+      }
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, RejectsBadParams) {
   EXPECT_EQ(cuda::GroupedGemm({.n = 8, .k = 8, .num_rows = 1}, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::MoeRouting({.num_tokens = 1, .num_experts = 10, .num_groups = 3}, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::Rope({.rows = 1, .rope_dim = 3}, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::SiluMul({.rows = 1, .cols = 4}, nullptr), cudaErrorInvalidValue);
+  Dev<float> f(64);
+  Dev<uint16_t> b(64);
+  EXPECT_EQ(cuda::SmallGemv({.x = f.get(), .ldx = 8, .w = Bf(b), .n = 8, .k = 8, .rows = 5, .out = f.get(), .ldo = 8},
+                            nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::SmallGemv({.x = f.get(), .ldx = 12, .w = Bf(b), .n = 1, .k = 12, .rows = 1, .out = f.get(), .ldo = 8},
+                            nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::MoeFusedRoute({.x = f.get(), .x_stride = 64, .norm_weight = f.get(), .hidden = 64, .router = f.get(),
+                                 .h_bf16 = Bf(b), .h_stride = 64, .router_logits = f.get(),
+                                 .counter = reinterpret_cast<uint32_t*>(f.get()),
+                                 .routing = {.num_tokens = 9, .num_experts = 8, .top_k = 2}},
+                                nullptr),
+            cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -1,13 +1,23 @@
 // The engine on its CUDA backend (--device cuda) against the same engine on the CPU:
 // greedy generations of a batch of prompts, KV export from a CUDA prefill engine imported
 // into a CUDA decode engine (the host <-> device pool copies of model_backend.h), and
-// prefix-cache reuse. Skips, saying why, where no GPU is usable.
+// prefix-cache reuse. Also the GPU sampler (kernels/cuda/sampling.h) against the CPU
+// Sampler, directly and through CudaDeepseekModel::ForwardSample. Skips, saying why, where
+// no GPU is usable.
+#include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <map>
+#include <random>
+#include <span>
 #include <thread>
 
+#include "engine/model/cuda/cuda_deepseek_model.h"
 #include "engine/runtime/engine.h"
+#include "engine/runtime/sampler.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/sampling.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/engine/model/test_models.h"
 
@@ -123,17 +133,24 @@ class CollectingSink : public KvSink {
 
 TEST_F(EngineCudaTest, PrefillExportImportedIntoADecodeEngineContinuesExactly) {
   const std::vector<int32_t> prompt = Tokens(150, 9);
-  auto single = Make("cuda");
+  // Prefill in chunks with a warm prefix cache: the export also covers cached positions.
+  // The reference engine prefills the same chunks (other chunkings give other roundings:
+  // steps of more than 64 tokens take bf16 GEMM inputs), so that the imported cache holds
+  // the reference's own entries and the continuation must match token for token.
+  auto warm = [&](Engine& e) {
+    auto w = e.Submit(Greedy("warmup", std::vector<int32_t>(prompt.begin(), prompt.begin() + 130), 1));
+    ASSERT_TRUE(w.ok());
+    Drain(**w);
+  };
+  auto single = Make("cuda", {.max_batch_tokens = 64});
   ASSERT_TRUE(single);
+  warm(*single);
   auto s0 = single->Submit(Greedy("x", prompt, 24));
   ASSERT_TRUE(s0.ok());
   const std::vector<int32_t> reference = Drain(**s0);
 
-  // Prefill in chunks with a warm prefix cache: the export also covers cached positions.
   auto p = Make("cuda", {.max_batch_tokens = 64});
-  auto w = p->Submit(Greedy("warmup", std::vector<int32_t>(prompt.begin(), prompt.begin() + 130), 1));
-  ASSERT_TRUE(w.ok());
-  Drain(**w);
+  warm(*p);
   CollectingSink sink;
   EngineRequest pre = Greedy("x", prompt, 24);
   pre.kv_sink = &sink;
@@ -179,6 +196,192 @@ TEST_F(EngineCudaTest, PrefixCacheReuseGivesTheColdOutput) {
   auto c = cold->Submit(Greedy("b", p2, 16));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(Drain(**c), reused);
+}
+
+// Random sampling cases, as the CPU Sampler's callers make them: logits of several shapes
+// (flat, peaked, many exact ties, -inf entries, a whole row tied), every combination of
+// temperature (greedy included), top-k, top-p, min-p and penalties.
+struct SamplingCase {
+  std::vector<float> logits;
+  SamplingParams params;
+  uint64_t seed = 0;
+  int64_t step = 0;
+  std::vector<int32_t> prompt, output;
+};
+
+SamplingCase RandomCase(std::mt19937_64& g, int vocab) {
+  SamplingCase c;
+  c.logits.resize(vocab);
+  const int kind = static_cast<int>(g() % 6);
+  std::normal_distribution<float> nd(0.0f, kind == 0 ? 1.0f : kind == 1 ? 5.0f : 3.0f);
+  for (float& x : c.logits) x = nd(g);
+  if (kind == 2) {
+    for (float& x : c.logits) x = std::round(x * 2.0f) / 2.0f;  // many ties
+  } else if (kind == 3) {
+    for (float& x : c.logits) {
+      if (g() % 4 == 0) x = -std::numeric_limits<float>::infinity();
+    }
+  } else if (kind == 4) {
+    for (float& x : c.logits) x = 0.0f;  // one tie group
+  } else if (kind == 5) {
+    for (float& x : c.logits) x = std::round(x);
+    c.logits[g() % vocab] = 20.0f;
+  }
+  const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.5f};
+  c.params.temperature = temps[g() % 5];
+  const int mode = static_cast<int>(g() % 8);
+  if (mode & 1) c.params.top_p = std::vector<float>{0.1f, 0.5f, 0.9f, 0.95f, 0.999f}[g() % 5];
+  if (mode & 2) c.params.top_k = std::vector<int>{1, 2, 5, 50, 1000, 3000, 200000}[g() % 7];
+  if (mode & 4) c.params.min_p = std::vector<float>{0.01f, 0.05f, 0.2f, 1.0f}[g() % 4];
+  if (g() % 3 == 0) {
+    c.params.repetition_penalty = std::vector<float>{0.5f, 1.2f, 2.0f}[g() % 3];
+    c.params.presence_penalty = g() % 2 ? 0.5f : 0.0f;
+    c.params.frequency_penalty = g() % 2 ? -0.3f : 0.2f;
+    for (int i = 0; i < 20; ++i) c.prompt.push_back(static_cast<int32_t>(g() % vocab));
+    for (int i = 0; i < 30; ++i) c.output.push_back(static_cast<int32_t>(g() % std::min(vocab, 100)));
+  }
+  c.seed = g();
+  c.step = static_cast<int64_t>(g() % 1000);
+  return c;
+}
+
+TEST_F(EngineCudaTest, GpuSamplingMatchesTheCpuSampler) {
+  // TANDEM_SAMPLER_TEST_QUICK: a few rows (for compute-sanitizer).
+  const bool quick = std::getenv("TANDEM_SAMPLER_TEST_QUICK") != nullptr;
+  const std::vector<int> vocabs = quick ? std::vector<int>{1000, 102400} : std::vector<int>{50, 1000, 5000, 32000,
+                                                                                            102400, 129280};
+  const int rows = quick ? 3 : 96;
+  std::mt19937_64 g(2024);
+  Sampler cpu;
+  int cases = 0, mismatches = 0;
+  for (int vocab : vocabs) {
+    std::vector<SamplingCase> batch;
+    std::vector<float> logits;
+    std::vector<cuda::SampleRowParams> params;
+    std::vector<cuda::PenaltyEntry> penalties;
+    for (int r = 0; r < rows; ++r) {
+      batch.push_back(RandomCase(g, vocab));
+      const SamplingCase& c = batch.back();
+      logits.insert(logits.end(), c.logits.begin(), c.logits.end());
+      cuda::SampleRowParams p{.temperature = c.params.temperature, .top_p = c.params.top_p, .top_k = c.params.top_k,
+                              .min_p = c.params.min_p, .repetition_penalty = c.params.repetition_penalty,
+                              .presence_penalty = c.params.presence_penalty,
+                              .frequency_penalty = c.params.frequency_penalty,
+                              .penalty_begin = static_cast<int32_t>(penalties.size()), .seed = c.seed,
+                              .step = c.step};
+      cuda::AppendPenaltyEntries(c.prompt.data(), c.prompt.size(), c.output.data(), c.output.size(), &penalties);
+      p.penalty_count = static_cast<int32_t>(penalties.size()) - p.penalty_begin;
+      params.push_back(p);
+    }
+    float* d_logits = nullptr;
+    cuda::SampleRowParams* d_params = nullptr;
+    cuda::PenaltyEntry* d_penalties = nullptr;
+    int32_t* d_out = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_logits, logits.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_params, params.size() * sizeof(params[0])), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_penalties, std::max<size_t>(penalties.size(), 1) * sizeof(cuda::PenaltyEntry)),
+              cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_out, rows * sizeof(int32_t)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_params, params.data(), params.size() * sizeof(params[0]), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_penalties, penalties.data(), penalties.size() * sizeof(cuda::PenaltyEntry),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemset(d_out, 0xff, rows * sizeof(int32_t)), cudaSuccess);
+    ASSERT_EQ(cuda::SampleTokens({.logits = d_logits, .stride = vocab, .rows = rows, .vocab = vocab,
+                                  .row_params = d_params, .penalties = d_penalties, .out = d_out},
+                                 nullptr),
+              cudaSuccess);
+    std::vector<int32_t> got(rows);
+    ASSERT_EQ(cudaMemcpy(got.data(), d_out, rows * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(d_logits);
+    cudaFree(d_params);
+    cudaFree(d_penalties);
+    cudaFree(d_out);
+    for (int r = 0; r < rows; ++r) {
+      SamplingCase& c = batch[r];
+      const int32_t want = cpu.Sample(c.logits, c.params, c.seed, c.step, c.prompt, c.output).token;
+      ++cases;
+      if (got[r] != want) {
+        ++mismatches;
+        ADD_FAILURE() << "vocab " << vocab << " row " << r << ": GPU " << got[r] << ", CPU " << want
+                      << " (temperature " << c.params.temperature << ", top_k " << c.params.top_k << ", top_p "
+                      << c.params.top_p << ", min_p " << c.params.min_p << ", repetition "
+                      << c.params.repetition_penalty << ")";
+      }
+    }
+  }
+  std::printf("GPU sampler: %d of %d cases give the CPU Sampler's token\n", cases - mismatches, cases);
+}
+
+TEST_F(EngineCudaTest, ForwardSampleMatchesTheCpuSamplerOnTheLogits) {
+  CudaDeepseekModel::LoadOptions o;
+  o.max_batch_tokens = 256;
+  o.max_seqs = 8;
+  o.max_context = 512;
+  o.kv_blocks = 64;
+  absl::StatusOr<std::unique_ptr<CudaDeepseekModel>> m = CudaDeepseekModel::Load(ModelDir(), o);
+  ASSERT_TRUE(m.ok()) << m.status();
+  CudaDeepseekModel& model = **m;
+  const int64_t vocab = model.config().vocab_size;
+  constexpr int kSeqs = 4;
+  std::vector<std::vector<int32_t>> history(kSeqs), tables(kSeqs);
+  for (int i = 0; i < kSeqs; ++i) {
+    history[i] = Tokens(20 + 11 * i, 30 + i);
+    tables[i] = {2 * i, 2 * i + 1};
+  }
+  std::vector<int32_t> prompt_len(kSeqs);
+  for (int i = 0; i < kSeqs; ++i) prompt_len[i] = static_cast<int32_t>(history[i].size());
+  Sampler cpu;
+  int rows = 0, same = 0;
+  std::vector<int32_t> next(kSeqs);
+  for (int step = 0; step < 12; ++step) {
+    std::vector<ForwardSequence> batch(kSeqs);
+    for (int i = 0; i < kSeqs; ++i) {
+      const int64_t len = static_cast<int64_t>(history[i].size());
+      batch[i] = step == 0 ? ForwardSequence{.tokens = history[i], .start_position = 0, .block_table = tables[i]}
+                           : ForwardSequence{.tokens = {&history[i][len - 1], 1}, .start_position = len - 1,
+                                             .block_table = tables[i]};
+    }
+    std::vector<CudaDeepseekModel::SampleRow> sample(kSeqs);
+    std::vector<SamplingParams> params(kSeqs);
+    for (int i = 0; i < kSeqs; ++i) {
+      params[i].temperature = i == 3 ? 0.0f : 0.8f;
+      params[i].top_p = i == 1 ? 0.9f : 1.0f;
+      params[i].top_k = i == 2 ? 20 : 0;
+      params[i].repetition_penalty = i == 0 ? 1.3f : 1.0f;
+      params[i].frequency_penalty = i == 0 ? 0.2f : 0.0f;
+      const std::span<const int32_t> all = history[i];
+      sample[i] = {.temperature = params[i].temperature, .top_p = params[i].top_p, .top_k = params[i].top_k,
+                   .min_p = params[i].min_p, .repetition_penalty = params[i].repetition_penalty,
+                   .presence_penalty = params[i].presence_penalty, .frequency_penalty = params[i].frequency_penalty,
+                   .seed = 1000u + i, .step = step, .prompt_tokens = all.first(prompt_len[i]),
+                   .output_tokens = all.subspan(prompt_len[i])};
+    }
+    // The same step twice (it rewrites the same cache entries): logits, then tokens.
+    absl::StatusOr<std::vector<float>> logits = model.Forward(batch);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    absl::StatusOr<std::vector<int32_t>> ids = model.ForwardSample(batch, sample);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    ASSERT_EQ(ids->size(), static_cast<size_t>(kSeqs));
+    for (int i = 0; i < kSeqs; ++i) {
+      std::vector<float> row(logits->begin() + i * vocab, logits->begin() + (i + 1) * vocab);
+      const std::span<const int32_t> all = history[i];
+      const int32_t want =
+          cpu.Sample(row, params[i], 1000u + i, step, all.first(prompt_len[i]), all.subspan(prompt_len[i])).token;
+      ++rows;
+      same += (*ids)[i] == want;
+      next[i] = (*ids)[i];
+    }
+    for (int i = 0; i < kSeqs; ++i) history[i].push_back(next[i]);
+  }
+  std::printf("ForwardSample: %d of %d tokens equal the CPU Sampler's on Forward's logits\n", same, rows);
+  // Forward and ForwardSample may differ in the last bits of a logit (float32 atomics in
+  // the MoE), which moves a draw only when it falls that close to a boundary.
+  EXPECT_GE(same, rows - 2);
+  std::vector<CudaDeepseekModel::SampleRow> wrong(1);
+  EXPECT_EQ(model.ForwardSample({}, wrong).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,188 @@
+#include "kernels/cuda/small_gemv.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kColsPerWarp = 2;
+constexpr int kColsPerBlock = kWarps * kColsPerWarp;
+constexpr int kUnroll = 8;  // 16-byte chunks per lane and column in flight
+
+__device__ __forceinline__ float Dot8(uint4 w, const float* x) {
+  const float4 x0 = *reinterpret_cast<const float4*>(x);
+  const float4 x1 = *reinterpret_cast<const float4*>(x + 4);
+  __nv_bfloat162 b[4];
+  memcpy(b, &w, sizeof(w));
+  const float2 w0 = __bfloat1622float2(b[0]), w1 = __bfloat1622float2(b[1]);
+  const float2 w2 = __bfloat1622float2(b[2]), w3 = __bfloat1622float2(b[3]);
+  float s = x0.x * w0.x;
+  s = fmaf(x0.y, w0.y, s);
+  s = fmaf(x0.z, w1.x, s);
+  s = fmaf(x0.w, w1.y, s);
+  s = fmaf(x1.x, w2.x, s);
+  s = fmaf(x1.y, w2.y, s);
+  s = fmaf(x1.z, w3.x, s);
+  s = fmaf(x1.w, w3.y, s);
+  return s;
+}
+
+// One warp's kColsPerWarp output columns from col0 on, x (normalized) in shared memory.
+template <int M>
+__device__ __forceinline__ void ColumnBlock(const SmallGemvParams& p, const float* xs, int col0) {
+  const int lane = threadIdx.x % 32;
+  const int chunks = p.k / 8;
+  const uint4* wrow[kColsPerWarp];
+#pragma unroll
+  for (int c = 0; c < kColsPerWarp; ++c) {
+    wrow[c] = reinterpret_cast<const uint4*>(p.w + static_cast<int64_t>(min(col0 + c, p.n - 1)) * p.k);
+  }
+  float acc[kColsPerWarp][M];
+#pragma unroll
+  for (int c = 0; c < kColsPerWarp; ++c)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
+  for (int base = 0; base < chunks; base += 32 * kUnroll) {
+    uint4 wv[kColsPerWarp][kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int ch = base + u * 32 + lane;
+#pragma unroll
+      for (int c = 0; c < kColsPerWarp; ++c) wv[c][u] = ch < chunks ? __ldg(wrow[c] + ch) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int ch = base + u * 32 + lane;
+      if (ch < chunks) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const float* x = xs + m * p.k + ch * 8;
+#pragma unroll
+          for (int c = 0; c < kColsPerWarp; ++c) acc[c][m] += Dot8(wv[c][u], x);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kColsPerWarp; ++c) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float s = internal::WarpSum(acc[c][m]);
+      const int col = col0 + c;
+      if (lane == c * M + m && col < p.n && m < p.rows) {
+        float* o = p.out + static_cast<int64_t>(m) * p.ldo + col;
+        *o = p.accumulate ? *o + s : s;
+      }
+    }
+  }
+}
+
+// Grid: at most a few blocks per multiprocessor, each looping over column blocks of
+// kColsPerBlock columns after one pass over x.
+template <int M>
+__global__ void __launch_bounds__(kThreads) SmallGemvKernel(SmallGemvParams p) {
+  extern __shared__ __align__(16) float xs[];  // [M][k], normalized
+  __shared__ float red[kWarps][M];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int col_blocks = (p.n + kColsPerBlock - 1) / kColsPerBlock;
+  {
+    // The weights do not depend on earlier kernels: the first column block's into L2.
+    const int n0 = blockIdx.x * kColsPerBlock;
+    internal::PrefetchRangeL2(p.w + static_cast<int64_t>(n0) * p.k,
+                              static_cast<int64_t>(min(kColsPerBlock, p.n - n0)) * p.k * 2);
+  }
+  internal::WaitAndTrigger();
+
+  float ss[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    ss[m] = 0.0f;
+    if (m < p.rows) {
+      const float* x = p.x + static_cast<int64_t>(p.x_rows != nullptr ? p.x_rows[m] : m) * p.ldx;
+      for (int i = threadIdx.x; i < p.k; i += kThreads) {
+        const float v = x[i];
+        xs[m * p.k + i] = v;
+        ss[m] += v * v;
+      }
+    } else {
+      for (int i = threadIdx.x; i < p.k; i += kThreads) xs[m * p.k + i] = 0.0f;
+    }
+  }
+  if (p.norm_weight != nullptr) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float s = internal::WarpSum(ss[m]);
+      if (lane == 0) red[warp][m] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float total = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) total += red[w][m];
+      const float inv = rsqrtf(total / static_cast<float>(p.k) + p.norm_eps);
+      // Each thread rescales the elements it stored itself.
+      for (int i = threadIdx.x; i < p.k; i += kThreads) xs[m * p.k + i] = p.norm_weight[i] * (xs[m * p.k + i] * inv);
+    }
+  }
+  __syncthreads();
+
+  for (int cb = blockIdx.x; cb < col_blocks; cb += gridDim.x) {
+    ColumnBlock<M>(p, xs, cb * kColsPerBlock + warp * kColsPerWarp);
+  }
+}
+
+int MultiprocessorCount() {
+  constexpr int kDevices = 16;
+  static int cache[kDevices] = {};
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 132;
+  }
+  if (dev >= 0 && dev < kDevices && cache[dev] > 0) return cache[dev];
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
+    cudaGetLastError();
+    return 132;
+  }
+  if (dev >= 0 && dev < kDevices) cache[dev] = v;
+  return v;
+}
+
+template <int M>
+cudaError_t LaunchGemv(const SmallGemvParams& p, cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(M) * p.k * sizeof(float);
+  static std::atomic<size_t> configured{0};  // the kernel's dynamic shared memory limit, raised as needed
+  if (smem > configured.load(std::memory_order_relaxed)) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(SmallGemvKernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    configured.store(smem, std::memory_order_relaxed);
+  }
+  const int col_blocks = (p.n + kColsPerBlock - 1) / kColsPerBlock;
+  const unsigned blocks = static_cast<unsigned>(std::min(col_blocks, 2 * MultiprocessorCount()));
+  return internal::Launch(SmallGemvKernel<M>, dim3(blocks), dim3(kThreads), smem, stream, p);
+}
+
+}  // namespace
+
+cudaError_t SmallGemv(const SmallGemvParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  if (p.x == nullptr || p.w == nullptr || p.out == nullptr || p.rows < 0 || p.rows > kSmallGemvMaxRows ||
+      p.n <= 0 || p.k <= 0 || p.k % 8 != 0 || p.ldx < p.k || p.ldo < p.n ||
+      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || static_cast<int64_t>(kSmallGemvMaxRows) * p.k * 4 > 200 * 1024) {
+    return cudaErrorInvalidValue;
+  }
+  switch (p.rows) {
+    case 1: return LaunchGemv<1>(p, stream);
+    case 2: return LaunchGemv<2>(p, stream);
+    default: return LaunchGemv<4>(p, stream);
+  }
+}
+
+}  // namespace tandem::cuda
