@@ -9,12 +9,16 @@
 // replica's own prefix cache, kept small (--prefill-kv-cache-mb), has long forgotten a
 // conversation when its next turn comes: what is reused is what the kvstore serves.
 //
+// Both clusters (kvstore off, kvstore on) run side by side, and every request goes to
+// both back to back (which one first alternates): the two modes see the same machine
+// load, so the ratio holds on a shared machine too.
+//
 // Reported per mode (JSON): TTFT percentiles measured at the client (all turns, and the
 // repeat turns 2..N), the fraction of repeated prefix tokens served from cache (sum of
 // usage.cached_prompt_tokens over the repeated prefix of each repeat turn: the previous
-// turn's prompt and answer), throughput, and the kvstore's and the prefill replica's
-// /stats; then the ratio p50 TTFT off / on over the repeat turns, and whether every answer
-// was identical in both modes.
+// turn's prompt and answer), the seconds spent in requests, and the kvstore's and the
+// prefill replica's /stats; then the ratio p50 TTFT off / on over the repeat turns, and
+// whether every answer was identical in both modes.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -152,7 +156,17 @@ Turn RunOne(v1::Generation::Stub& stub, const std::vector<int32_t>& prompt, int 
   return t;
 }
 
-nlohmann::json RunMode(const Args& a, bool kvstore_on, std::vector<Turn>* turns_out) {
+// One cluster (kvstore off or on) and the conversations as it answered them.
+struct Mode {
+  bool kvstore_on = false;
+  std::unique_ptr<LocalCluster> cluster;
+  std::unique_ptr<v1::Generation::Stub> stub;
+  std::vector<std::vector<int32_t>> history;  // per conversation: every prompt and answer so far
+  std::vector<int> previous_len;              // per conversation: the last request's prompt + answer
+  std::vector<Turn> turns;
+};
+
+std::unique_ptr<Mode> StartMode(const Args& a, bool kvstore_on) {
   LocalClusterOptions o;
   o.bin_dir = SelfBinaryDir();
   o.run_dir = (fs::path(a.run_dir) / (kvstore_on ? "kvstore-on" : "kvstore-off")).string();
@@ -170,73 +184,18 @@ nlohmann::json RunMode(const Args& a, bool kvstore_on, std::vector<Turn>* turns_
     std::fprintf(stderr, "cannot start the cluster: %s\n", std::string(cluster.status().message()).c_str());
     std::exit(1);
   }
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  auto m = std::make_unique<Mode>();
+  m->kvstore_on = kvstore_on;
+  m->cluster = std::move(*cluster);
+  m->stub = v1::Generation::NewStub(grpc::CreateChannel(m->cluster->router_address(), grpc::InsecureChannelCredentials()));
+  return m;
+}
 
-  // The conversations' documents and user messages: fixed by the seed, equal in both modes.
-  std::vector<std::vector<int32_t>> history(static_cast<size_t>(a.conversations));
-  std::vector<std::vector<std::vector<int32_t>>> users(static_cast<size_t>(a.conversations));
-  std::uniform_int_distribution<int32_t> token(a.vocab_low, a.vocab_high - 1);
-  for (int c = 0; c < a.conversations; ++c) {
-    std::mt19937 rng(static_cast<uint32_t>(1000 + c));
-    for (int i = 0; i < a.history_tokens; ++i) history[static_cast<size_t>(c)].push_back(token(rng));
-    for (int t = 0; t < a.turns; ++t) {
-      std::vector<int32_t>& u = users[static_cast<size_t>(c)].emplace_back();
-      for (int i = 0; i < a.turn_tokens; ++i) u.push_back(token(rng));
-    }
-  }
-  std::vector<int> previous_len(static_cast<size_t>(a.conversations), 0);  // prompt + answer of the last turn
-  const auto start = std::chrono::steady_clock::now();
-  std::mutex mu;
-  for (int t = 0; t < a.turns; ++t) {
-    std::vector<int> todo;
-    for (int c = 0; c < a.conversations; ++c) todo.push_back(c);
-    size_t next = 0;
-    auto worker = [&] {
-      for (;;) {
-        int c;
-        std::vector<int32_t> prompt;
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          if (next >= todo.size()) return;
-          c = todo[next++];
-          prompt = history[static_cast<size_t>(c)];
-        }
-        const std::vector<int32_t>& u = users[static_cast<size_t>(c)][static_cast<size_t>(t)];
-        prompt.insert(prompt.end(), u.begin(), u.end());
-        Turn r = RunOne(*stub, prompt, a.output_tokens);
-        r.conversation = c;
-        r.turn = t + 1;
-        std::lock_guard<std::mutex> lock(mu);
-        r.repeated_tokens = previous_len[static_cast<size_t>(c)];
-        std::vector<int32_t>& h = history[static_cast<size_t>(c)];
-        h = prompt;
-        h.insert(h.end(), r.answer.begin(), r.answer.end());
-        previous_len[static_cast<size_t>(c)] = static_cast<int>(h.size());
-        turns_out->push_back(std::move(r));
-      }
-    };
-    std::vector<std::thread> threads;
-    for (int i = 0; i < std::max(1, a.concurrency); ++i) threads.emplace_back(worker);
-    for (auto& th : threads) th.join();
-    double p50 = 0;
-    {
-      std::vector<double> v;
-      for (const Turn& r : *turns_out) {
-        if (r.turn == t + 1) v.push_back(r.ttft_ms);
-      }
-      p50 = Percentile(v, 50);
-    }
-    std::fprintf(stderr, "kvstore %s: turn %d/%d done, p50 TTFT %.1f ms\n", kvstore_on ? "on" : "off", t + 1, a.turns,
-                 p50);
-  }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  // Let the last offloads land before reading the stats.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-
+nlohmann::json Report(Mode& m, double seconds) {
   std::vector<double> ttft_all, ttft_repeat, ttft_first;
   int64_t repeated = 0, cached = 0, cached_all = 0, prompt_tokens = 0, failed = 0, history_tokens_repeat = 0;
   int64_t output_tokens = 0;
-  for (const Turn& r : *turns_out) {
+  for (const Turn& r : m.turns) {
     if (!r.ok) ++failed;
     ttft_all.push_back(r.ttft_ms);
     prompt_tokens += r.prompt_tokens;
@@ -252,11 +211,10 @@ nlohmann::json RunMode(const Args& a, bool kvstore_on, std::vector<Turn>* turns_
     }
   }
   nlohmann::json out = {
-      {"kvstore", kvstore_on},
-      {"requests", turns_out->size()},
+      {"kvstore", m.kvstore_on},
+      {"requests", m.turns.size()},
       {"failed", failed},
-      {"seconds", seconds},
-      {"requests_per_s", static_cast<double>(turns_out->size()) / seconds},
+      {"busy_seconds", seconds},
       {"prompt_tokens", prompt_tokens},
       {"output_tokens", output_tokens},
       {"mean_prompt_tokens_repeat_turns",
@@ -268,10 +226,82 @@ nlohmann::json RunMode(const Args& a, bool kvstore_on, std::vector<Turn>* turns_
       {"repeated_prefix_tokens_cached", cached},
       {"cached_fraction_of_repeated_prefix", repeated > 0 ? static_cast<double>(cached) / static_cast<double>(repeated) : 0.0},
       {"cached_prompt_tokens_all_turns", cached_all},
-      {"prefill_stats", AdminStats(**cluster, "prefill-0")}};
-  if (kvstore_on) out["kvstore_stats"] = AdminStats(**cluster, "kvstore-0");
-  (*cluster)->Stop();
+      {"prefill_stats", AdminStats(*m.cluster, "prefill-0")}};
+  if (m.kvstore_on) out["kvstore_stats"] = AdminStats(*m.cluster, "kvstore-0");
   return out;
+}
+
+// Runs every conversation turn by turn on every mode's cluster. Each request is sent to
+// the modes back to back (which one goes first alternates), so both see the same machine
+// load, whatever else runs on it. Returns each mode's busy seconds.
+std::vector<double> RunConversations(const Args& a, std::vector<Mode*>& modes) {
+  // The conversations' documents and user messages: fixed by the seed, equal in all modes.
+  std::vector<std::vector<int32_t>> documents(static_cast<size_t>(a.conversations));
+  std::vector<std::vector<std::vector<int32_t>>> users(static_cast<size_t>(a.conversations));
+  std::uniform_int_distribution<int32_t> token(a.vocab_low, a.vocab_high - 1);
+  for (int c = 0; c < a.conversations; ++c) {
+    std::mt19937 rng(static_cast<uint32_t>(1000 + c));
+    for (int i = 0; i < a.history_tokens; ++i) documents[static_cast<size_t>(c)].push_back(token(rng));
+    for (int t = 0; t < a.turns; ++t) {
+      std::vector<int32_t>& u = users[static_cast<size_t>(c)].emplace_back();
+      for (int i = 0; i < a.turn_tokens; ++i) u.push_back(token(rng));
+    }
+  }
+  for (Mode* m : modes) {
+    m->history = documents;
+    m->previous_len.assign(static_cast<size_t>(a.conversations), 0);
+  }
+  std::vector<double> busy(modes.size(), 0.0);
+  std::mutex mu;
+  for (int t = 0; t < a.turns; ++t) {
+    size_t next = 0;
+    auto worker = [&] {
+      for (;;) {
+        int c;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (next >= static_cast<size_t>(a.conversations)) return;
+          c = static_cast<int>(next++);
+        }
+        const std::vector<int32_t>& u = users[static_cast<size_t>(c)][static_cast<size_t>(t)];
+        for (size_t k = 0; k < modes.size(); ++k) {
+          const size_t mi = (k + static_cast<size_t>(c + t)) % modes.size();
+          Mode& m = *modes[mi];
+          std::vector<int32_t> prompt;
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            prompt = m.history[static_cast<size_t>(c)];
+          }
+          prompt.insert(prompt.end(), u.begin(), u.end());
+          Turn r = RunOne(*m.stub, prompt, a.output_tokens);
+          r.conversation = c;
+          r.turn = t + 1;
+          std::lock_guard<std::mutex> lock(mu);
+          busy[mi] += r.e2e_ms / 1e3;
+          r.repeated_tokens = m.previous_len[static_cast<size_t>(c)];
+          std::vector<int32_t>& h = m.history[static_cast<size_t>(c)];
+          h = prompt;
+          h.insert(h.end(), r.answer.begin(), r.answer.end());
+          m.previous_len[static_cast<size_t>(c)] = static_cast<int>(h.size());
+          m.turns.push_back(std::move(r));
+        }
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int i = 0; i < std::max(1, a.concurrency); ++i) threads.emplace_back(worker);
+    for (auto& th : threads) th.join();
+    for (Mode* m : modes) {
+      std::vector<double> v;
+      for (const Turn& r : m->turns) {
+        if (r.turn == t + 1) v.push_back(r.ttft_ms);
+      }
+      std::fprintf(stderr, "kvstore %s: turn %d/%d done, p50 TTFT %.1f ms\n", m->kvstore_on ? "on" : "off", t + 1,
+                   a.turns, Percentile(v, 50));
+    }
+  }
+  // Let the last offloads land before the stats are read.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  return busy;
 }
 
 }  // namespace
@@ -316,10 +346,18 @@ int main(int argc, char** argv) {
         {"threads", a.threads},
         {"prefill_kv_cache_mb", a.prefill_kv_cache_mb},
         {"kvstore_capacity", a.kvstore_capacity}}}};
-  std::map<bool, std::vector<Turn>> turns;
+  std::vector<std::unique_ptr<Mode>> owned;
+  std::vector<Mode*> modes;
   for (bool on : {false, true}) {
     if (a.modes.find(on ? "on" : "off") == std::string::npos) continue;
-    result[on ? "kvstore_on" : "kvstore_off"] = RunMode(a, on, &turns[on]);
+    owned.push_back(StartMode(a, on));
+    modes.push_back(owned.back().get());
+  }
+  const std::vector<double> busy = RunConversations(a, modes);
+  std::map<bool, const Mode*> by_mode;
+  for (size_t i = 0; i < modes.size(); ++i) {
+    result[modes[i]->kvstore_on ? "kvstore_on" : "kvstore_off"] = Report(*modes[i], busy[i]);
+    by_mode[modes[i]->kvstore_on] = modes[i];
   }
   if (result.contains("kvstore_on") && result.contains("kvstore_off")) {
     const double off = result["kvstore_off"]["ttft_ms_repeat_turns"]["p50"].get<double>();
@@ -327,12 +365,13 @@ int main(int argc, char** argv) {
     result["p50_ttft_ratio_off_over_on_repeat_turns"] = on > 0 ? off / on : 0.0;
     // Same conversations, greedy: every answer must be identical with the tier on and off.
     std::map<std::pair<int, int>, std::vector<int32_t>> answers;
-    for (const Turn& t : turns[false]) answers[{t.conversation, t.turn}] = t.answer;
+    for (const Turn& t : by_mode[false]->turns) answers[{t.conversation, t.turn}] = t.answer;
     int64_t differ = 0;
-    for (const Turn& t : turns[true]) differ += answers[{t.conversation, t.turn}] != t.answer ? 1 : 0;
+    for (const Turn& t : by_mode[true]->turns) differ += answers[{t.conversation, t.turn}] != t.answer ? 1 : 0;
     result["answers_identical"] = differ == 0;
     result["answers_differing"] = differ;
   }
+  for (auto& m : owned) m->cluster->Stop();
   const std::string text = result.dump(2);
   std::printf("%s\n", text.c_str());
   if (!a.json.empty()) std::ofstream(a.json) << text << "\n";

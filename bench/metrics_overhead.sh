@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Metrics overhead: router throughput with its Prometheus metrics on vs off
 # (`tandem-router --disable-metrics`), in one run.
-#   bench/metrics_overhead.sh [BUILD_DIR] [OUT_JSON] [ROUNDS]
+#   [PROMPTS=N] [CONCURRENCY=N] bench/metrics_overhead.sh [BUILD_DIR] [OUT_JSON] [ROUNDS] [MODEL]
 # Two identical local clusters (router, one prefill and one decode replica, no kvstore):
 # A with metrics on, B with --disable-metrics. Rounds drive `tandem bench` (closed loop,
 # --max-concurrency streams) at one cluster, then the other, alternating which goes first
 # (A B, B A, ...), so machine noise and warm-up hit both alike; the idle cluster only
-# heartbeats meanwhile. While A is measured, a scraper reads A's router /metrics every
+# heartbeats meanwhile. Many short rounds average the noise of a shared machine better
+# than a few long ones (the throughput of such a cluster moves by 10-30 % between runs of
+# the same configuration, on 2 shared cores and on 16 idle ones alike). While A is measured, a scraper reads A's router /metrics every
 # second (what Prometheus does with deploy/prometheus/prometheus.yml), so the cost of
 # serving the exposition is included. Reported: the median over rounds of each side's
 # request and output-token throughput and TTFT p50/p99, the ratio on/off of the medians,
@@ -15,16 +17,20 @@
 # shared machine other load moves it by more than 5 % between rounds; so the script also
 # reports the router's own CPU time per request (utime + stime from /proc, read around
 # each round), which is what the metrics cost and what bounds a router's throughput
-# when it is the bottleneck.
+# when it is the bottleneck; and, when BUILD_DIR/bin/router_metrics_bench exists, the
+# metrics' own CPU cost (one request's observations, one scrape, one dashboard sample,
+# bench/router_metrics_bench.cc) per request at the measured throughput, as a fraction
+# of the router's CPU time per request.
 set -euo pipefail
 build="${1:-build}"
 out="${2:-$build/metrics_overhead.json}"
-rounds="${3:-6}"
+rounds="${3:-10}"
+model="${4:-tiny}"
 bin="$build/bin"
 run="$(mktemp -d /tmp/tandem-metrics-overhead.XXXXXX)"
 export UCX_TLS="${UCX_TLS:-tcp}" UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}"
-conc=16
-prompts=400
+conc="${CONCURRENCY:-16}"
+prompts="${PROMPTS:-400}"  # per round and side
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -35,7 +41,7 @@ trap cleanup EXIT
 start_cluster() {  # NAME [extra serve-local flags...]
   local name=$1; shift
   mkdir -p "$run/$name"
-  "$bin/tandem" serve-local --prefill 1 --decode 1 --kvstore 0 --threads 1 --listen 127.0.0.1:0 \
+  "$bin/tandem" serve-local --model "$model" --prefill 1 --decode 1 --kvstore 0 --threads 1 --listen 127.0.0.1:0 \
     --run-dir "$run/$name" --ready-file "$run/$name/cluster.json" "$@" >/dev/null 2>"$run/$name/serve.err" &
   pids+=($!)
 }
@@ -55,7 +61,13 @@ bench() {  # NAME ROUND
   a=$on_grpc; [ "$name" = off ] && a=$off_grpc
   local scraper=""
   if [ "$name" = on ]; then
-    (while :; do curl -s -o /dev/null "http://$on_admin/metrics" || true; sleep 1; done) &
+    # One long-lived process, as Prometheus is (a curl per scrape would cost a fork and
+    # exec a second on this machine's cores, which the router does not).
+    python3 -c 'import sys, time, urllib.request
+while True:
+    try: urllib.request.urlopen(sys.argv[1], timeout=5).read()
+    except OSError: pass
+    time.sleep(1)' "http://$on_admin/metrics" &
     scraper=$!
   fi
   local pid=$on_pid; [ "$name" = off ] && pid=$off_pid
@@ -66,18 +78,23 @@ bench() {  # NAME ROUND
   echo $(( $(cpu_ticks "$pid") - before )) >"$run/$name.$r.cpu"
   if [ -n "$scraper" ]; then kill "$scraper"; wait "$scraper" 2>/dev/null || true; fi
 }
+if [ -x "$bin/router_metrics_bench" ]; then
+  "$bin/router_metrics_bench" --benchmark_min_time=0.5 --benchmark_format=json >"$run/micro.json" 2>/dev/null || true
+fi
 for r in $(seq "$rounds"); do
   if [ $((r % 2)) -eq 1 ]; then bench on "$r"; bench off "$r"; else bench off "$r"; bench on "$r"; fi
   echo "round $r/$rounds done" >&2
 done
-python3 - "$run" "$out" "$rounds" "$conc" "$prompts" "$(getconf CLK_TCK)" <<'PY'
+python3 - "$run" "$out" "$rounds" "$conc" "$prompts" "$(getconf CLK_TCK)" "$model" "$(nproc)" <<'PY'
 import json, statistics, sys
 run, out, rounds, conc, prompts, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+model, cpus = sys.argv[7], int(sys.argv[8])
 med = statistics.median
 res = {"benchmark": "metrics_overhead",
        "reference": "the same cluster setup with tandem-router --disable-metrics, measured in the same run",
        "setup": {"rounds": rounds, "max_concurrency": conc, "num_prompts": prompts, "input_len": 64,
-                 "output_len": 16, "cluster": "serve-local --prefill 1 --decode 1 --kvstore 0 --threads 1",
+                 "output_len": 16, "model": model, "cpus": cpus,
+                 "cluster": "serve-local --prefill 1 --decode 1 --kvstore 0 --threads 1",
                  "scrape_interval_s_metrics_on": 1},
        "rounds": []}
 side = {}
@@ -109,6 +126,17 @@ res["within_5_percent"] = abs(res["throughput_ratio_on_over_off"] - 1) <= 0.05
 res["router_cpu_ratio_on_over_off"] = (res["metrics_on"]["router_cpu_ms_per_request"]
                                        / res["metrics_off"]["router_cpu_ms_per_request"])
 res["router_capacity_ratio_on_over_off"] = 1 / res["router_cpu_ratio_on_over_off"]
+try:
+    micro = {b["name"]: b["cpu_time"] / 1e3 for b in json.load(open(f"{run}/micro.json"))["benchmarks"]}  # us
+    per_req = micro["BM_RequestObservations/16"]
+    per_s = micro["BM_Scrape"] + micro["BM_HistorySample"]  # one scrape (1 s interval) and one sample a second
+    est = per_req + per_s / res["metrics_on"]["request_throughput"]
+    res["metrics_cpu"] = {"request_observations_us": per_req, "scrape_us": micro["BM_Scrape"],
+                          "history_sample_us": micro["BM_HistorySample"],
+                          "us_per_request_at_measured_throughput": est,
+                          "fraction_of_router_cpu_per_request": est / (1e3 * res["metrics_off"]["router_cpu_ms_per_request"])}
+except (OSError, KeyError, ValueError):
+    pass
 json.dump(res, open(out, "w"), indent=2)
 print(json.dumps(res, indent=2))
 PY
