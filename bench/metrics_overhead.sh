@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Metrics overhead: router throughput with its Prometheus metrics on vs off
 # (`tandem-router --disable-metrics`), in one run.
-#   [PROMPTS=N] [CONCURRENCY=N] bench/metrics_overhead.sh [BUILD_DIR] [OUT_JSON] [ROUNDS] [MODEL]
+#   [PROMPTS=N] [CONCURRENCY=N] [CONTROL=1] bench/metrics_overhead.sh [BUILD_DIR] [OUT_JSON] [ROUNDS] [MODEL]
+# CONTROL=1 runs the same with metrics off on both clusters (an A/A run): how far apart
+# two identical setups measure on this machine, the noise floor of the comparison.
 # Two identical local clusters (router, one prefill and one decode replica, no kvstore):
 # A with metrics on, B with --disable-metrics. Rounds drive `tandem bench` (closed loop,
 # --max-concurrency streams) at one cluster, then the other, alternating which goes first
@@ -45,7 +47,11 @@ start_cluster() {  # NAME [extra serve-local flags...]
     --run-dir "$run/$name" --ready-file "$run/$name/cluster.json" "$@" >/dev/null 2>"$run/$name/serve.err" &
   pids+=($!)
 }
-start_cluster on
+if [ "${CONTROL:-0}" = 1 ]; then
+  start_cluster on --router-arg=--disable-metrics  # "on" in name only: the A/A control
+else
+  start_cluster on
+fi
 start_cluster off --router-arg=--disable-metrics
 for name in on off; do
   for _ in $(seq 600); do [ -f "$run/$name/cluster.json" ] && break; sleep 0.2; done
@@ -85,12 +91,12 @@ for r in $(seq "$rounds"); do
   if [ $((r % 2)) -eq 1 ]; then bench on "$r"; bench off "$r"; else bench off "$r"; bench on "$r"; fi
   echo "round $r/$rounds done" >&2
 done
-python3 - "$run" "$out" "$rounds" "$conc" "$prompts" "$(getconf CLK_TCK)" "$model" "$(nproc)" <<'PY'
+python3 - "$run" "$out" "$rounds" "$conc" "$prompts" "$(getconf CLK_TCK)" "$model" "$(nproc)" "${CONTROL:-0}" <<'PY'
 import json, statistics, sys
 run, out, rounds, conc, prompts, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-model, cpus = sys.argv[7], int(sys.argv[8])
+model, cpus, control = sys.argv[7], int(sys.argv[8]), sys.argv[9] == "1"
 med = statistics.median
-res = {"benchmark": "metrics_overhead",
+res = {"benchmark": "metrics_overhead" + ("_control_metrics_off_on_both" if control else ""),
        "reference": "the same cluster setup with tandem-router --disable-metrics, measured in the same run",
        "setup": {"rounds": rounds, "max_concurrency": conc, "num_prompts": prompts, "input_len": 64,
                  "output_len": 16, "model": model, "cpus": cpus,
