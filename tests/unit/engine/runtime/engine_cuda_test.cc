@@ -19,7 +19,7 @@
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/sampling.h"
 #include "nlohmann/json.hpp"
-#include "tests/unit/engine/model/test_models.h"
+#include "tests/unit/engine/runtime/engine_test_support.h"
 
 namespace tandem {
 namespace {
@@ -27,22 +27,9 @@ namespace {
 using testing::MakeModel;
 using testing::PresetJson;
 using testing::TempDir;
+using testing::Tokens;
 
-const std::string& ModelDir() {
-  static TempDir* dir = new TempDir();
-  static const std::string path = [] {
-    nlohmann::json j = nlohmann::json::parse(PresetJson("tiny"));
-    j["vocab_size"] = 1024;
-    return MakeModel(*dir, "tiny", j.dump());
-  }();
-  return path;
-}
-
-std::vector<int32_t> Tokens(int n, int salt) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[i] = 3 + (i * 131 + salt * 7919 + (i * i) % 17) % 1000;
-  return t;
-}
+const std::string& ModelDir() { return testing::SmallTinyModelDir(); }
 
 EngineRequest Greedy(const std::string& id, std::vector<int32_t> prompt, int max_tokens) {
   EngineRequest r;

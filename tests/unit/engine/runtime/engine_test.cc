@@ -11,7 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/unit/engine/model/test_models.h"
+#include "tests/unit/engine/runtime/engine_test_support.h"
 
 namespace tandem {
 namespace {
@@ -19,29 +19,16 @@ namespace {
 using testing::MakeModel;
 using testing::PresetJson;
 using testing::TempDir;
+using testing::Tokens;
 
 // One generated tiny model shared by the whole test binary.
-const std::string& ModelDir() {
-  static TempDir* dir = new TempDir();
-  static const std::string path = [] {
-    nlohmann::json j = nlohmann::json::parse(PresetJson("tiny"));
-    j["vocab_size"] = 1024;
-    return MakeModel(*dir, "tiny", j.dump());
-  }();
-  return path;
-}
+const std::string& ModelDir() { return testing::SmallTinyModelDir(); }
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions o = {}) {
   if (o.num_threads == 0) o.num_threads = 2;
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(ModelDir(), o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
-}
-
-std::vector<int32_t> Tokens(int n, int salt) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[i] = 3 + (i * 131 + salt * 7919 + (i * i) % 17) % 1000;
-  return t;
 }
 
 struct Result {

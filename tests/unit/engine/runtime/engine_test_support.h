@@ -1,0 +1,30 @@
+// Shared by the engine tests: one generated tiny model (vocabulary cut to 1,024 so steps
+// are fast) for the whole test binary, and deterministic prompt tokens.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "tests/unit/engine/model/test_models.h"
+
+namespace tandem::testing {
+
+inline const std::string& SmallTinyModelDir() {
+  static TempDir* dir = new TempDir();
+  static const std::string path = [] {
+    nlohmann::json j = nlohmann::json::parse(PresetJson("tiny"));
+    j["vocab_size"] = 1024;
+    return MakeModel(*dir, "tiny", j.dump());
+  }();
+  return path;
+}
+
+// n prompt tokens in [3, 1003), different for each salt.
+inline std::vector<int32_t> Tokens(int n, int salt) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[i] = 3 + (i * 131 + salt * 7919 + (i * i) % 17) % 1000;
+  return t;
+}
+
+}  // namespace tandem::testing
