@@ -1,7 +1,11 @@
 #include "kernels/cuda/mla_prefill_attention.h"
 
+#include "kernels/cuda/mma_sync.cuh"
+
 namespace tandem::cuda {
 namespace {
+
+using namespace mma;  // NOLINT: the kernels below are written in these building blocks
 
 constexpr int kRows = 64;  // queries per thread block (4 warps x 16)
 constexpr int kKeys = 64;  // keys per tile
@@ -15,44 +19,6 @@ struct PrefillArgs {
   float scale_log2;
   int64_t k_head_stride, v_head_stride;  // resolved: never 0
 };
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte global -> shared copy; zero-fills the destination when !valid.
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void CpAsyncWait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-__device__ __forceinline__ void Ldmatrix4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void Ldmatrix4Trans(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// d += a * b, m16n8k16, bf16 in, fp32 accumulate.
-__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ float Exp2(float x) {  // 2^x, -inf -> 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // KS: 16-column steps of the query/key width (nope + rope, zero-padded); VN: 8-column
 // tiles of the value width (zero-padded). Flash-attention 2 layout: each warp owns 16
@@ -129,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(PrefillArgs args) {
 
   for (int j = 0; j < tiles; ++j) {
     const int buf = j & 1;
-    CpAsyncWait1();
+    CpAsyncWait<1>();
     __syncthreads();
     if (j == 0) {
       const uint32_t qa = SmemAddr(sQ + (16 * warp + lane % 16) * SK + 8 * (lane / 16));
@@ -368,7 +334,7 @@ __global__ void __launch_bounds__(256, 1) MlaPrefillWgmmaKernel(PrefillArgs args
 
   for (int j = 0; j < tiles; ++j) {
     const int buf = j & 1;
-    CpAsyncWait1();
+    CpAsyncWait<1>();
     FenceProxyAsync();
     __syncthreads();
     if (j * kKeys <= wg_last_key) {  // warpgroup-uniform: some row sees this tile
