@@ -88,8 +88,9 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                  "when it listens on all interfaces)");
   app.add_option("--threads", f.threads, "CPU threads for the model (0 = all)")->capture_default_str();
   app.add_option("--device", f.device,
-                 "Where the model runs: cpu, cuda or cuda:N (the GPU's KV pool is mirrored in host memory for KV "
-                 "transfer: with --role prefill/decode, --kv-cache-mb also caps the GPU pool)")
+                 "Where the model runs: cpu, cuda or cuda:N (with cuda the GPU's KV pool is sized by "
+                 "--gpu-memory-utilization; --role decode receives KV into a host pool of --kv-cache-mb, which "
+                 "also caps the GPU pool's blocks)")
       ->capture_default_str();
   app.add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
                  "cuda: fraction of the GPU's memory for the weights, activations and the KV cache")
