@@ -40,6 +40,7 @@
 
 #include <cuda_runtime.h>
 
+#include "bench/cuda_check.h"
 #include "engine/model/cuda/cuda_deepseek_model.h"
 #include "kernels/cuda/cublas_gemm.h"
 #include "kernels/cuda/random_init.h"
@@ -52,15 +53,6 @@ using Clock = std::chrono::steady_clock;
 using Json = nlohmann::ordered_json;
 
 double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
-
-#define CHECK_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    const cudaError_t e_ = (expr);                                                           \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 template <typename T>
 T OrDie(absl::StatusOr<T> v, const char* what) {

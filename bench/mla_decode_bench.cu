@@ -27,19 +27,11 @@
 #include <thread>
 #include <vector>
 
+#include "bench/cuda_check.h"
 #include "kernels/cuda/mla_decode_attention.h"
 #include "kernels/cuda/mla_prefill_attention.h"
 
 namespace {
-
-#define CHECK_CUDA(expr)                                                                           \
-  do {                                                                                             \
-    const cudaError_t err_ = (expr);                                                               \
-    if (err_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
 
 // Uniform values in [-2, 2) from a hash of the index: never zeros, never repeating tiles.
 __global__ void FillBf16(__nv_bfloat16* p, size_t n, uint32_t seed) {

@@ -23,6 +23,7 @@ struct MakeModelArgs {
   std::string tokenizer_dir;
   bool generated_tokenizer = false;
   int64_t vocab_size = 0;
+  bool weights_on_gpu = false;
 };
 
 int Run(const MakeModelArgs& a) {
@@ -49,6 +50,7 @@ int Run(const MakeModelArgs& a) {
   options.num_shards = a.shards;
   options.tokenizer_dir = a.generated_tokenizer ? "" : (a.tokenizer_dir.empty() ? DefaultTokenizerDir() : a.tokenizer_dir);
   if (a.vocab_size > 0) options.generated_vocab_size = a.vocab_size;
+  options.write_weights = !a.weights_on_gpu;
 
   std::fprintf(stderr, "tandem make-model: writing %s ...\n", a.out.c_str());
   // Progress for long writes: a live line on a terminal, every 10% otherwise.
@@ -70,9 +72,9 @@ int Run(const MakeModelArgs& a) {
     std::fprintf(stderr, "tandem make-model: %s\n", std::string(model.status().message()).c_str());
     return 1;
   }
-  std::fprintf(stderr, "tandem make-model: %s: %.2fM parameters, %.1f MiB of weights (%s), tokenizer: %s\n",
+  std::fprintf(stderr, "tandem make-model: %s: %.2fM parameters, %.1f MiB of weights (%s%s), tokenizer: %s\n",
                model->dir.c_str(), model->num_parameters / 1e6, model->weight_bytes / 1048576.0, a.dtype.c_str(),
-               model->tokenizer.c_str());
+               a.weights_on_gpu ? ", generated on the GPU at load" : "", model->tokenizer.c_str());
   return 0;
 }
 
@@ -106,6 +108,9 @@ void RegisterMakeModel(CLI::App& app, int* exit_code) {
                 "Always generate a byte-level BPE tokenizer sized to vocab_size");
   cmd->add_option("--vocab-size", args->vocab_size,
                   "Vocabulary of a generated tokenizer when the config gives none (default 1024)");
+  cmd->add_flag("--weights-on-gpu", args->weights_on_gpu,
+                "Write no weight files: --device cuda workers generate the same bf16 weights on the GPU at load "
+                "(for serving benchmarks of large random-weight models; the CPU cannot run such a checkpoint)");
   cmd->callback([args, exit_code] { *exit_code = Run(*args); });
 }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "absl/strings/str_join.h"
 #include "cli/remote_client.h"
 #include "engine/model/model_backend.h"
 #include "services/common/ready_file.h"
@@ -26,6 +27,8 @@ struct ServeLocalArgs {
   int aggregated = 0;
   std::string model = "tiny";
   std::string device = "cpu";
+  std::vector<std::string> prefill_devices;
+  std::vector<std::string> decode_devices;
   std::string listen = "127.0.0.1:50051";
   std::string ready_file;
   std::string run_dir;
@@ -35,10 +38,41 @@ struct ServeLocalArgs {
   std::vector<std::string> worker_args;
 };
 
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b,
+                                const std::vector<std::string>& c) {
+  a.insert(a.end(), b.begin(), b.end());
+  a.insert(a.end(), c.begin(), c.end());
+  return a;
+}
+
+// Which device each worker gets: the explicit lists, else --device; with a bare
+// `--device cuda` on a machine of several GPUs, prefill replicas take the first half of the
+// GPUs and decode replicas the second (aggregated workers all of them, in turn), so the two
+// phases never share a GPU's compute and KV moves GPU to GPU.
+void PlaceWorkers(const ServeLocalArgs& a, LocalClusterOptions* o) {
+  o->prefill_devices = a.prefill_devices.empty() ? std::vector<std::string>{a.device} : a.prefill_devices;
+  o->decode_devices = a.decode_devices.empty() ? std::vector<std::string>{a.device} : a.decode_devices;
+  const int gpus = a.device == "cuda" ? CudaDeviceCount() : 0;
+  if (gpus < 2) return;
+  auto range = [](int begin, int end) {
+    std::vector<std::string> v;
+    for (int i = begin; i < end; ++i) v.push_back("cuda:" + std::to_string(i));
+    return v;
+  };
+  if (a.aggregated > 0) {
+    if (a.decode_devices.empty()) o->decode_devices = range(0, gpus);
+    return;
+  }
+  if (a.prefill_devices.empty()) o->prefill_devices = range(0, gpus / 2);
+  if (a.decode_devices.empty()) o->decode_devices = range(gpus / 2, gpus);
+}
+
 int Run(const ServeLocalArgs& a) {
-  if (absl::StatusOr<DeviceSpec> d = ParseDevice(a.device); !d.ok()) {
-    std::fprintf(stderr, "tandem serve-local: %s\n", std::string(d.status().message()).c_str());
-    return 2;
+  for (const std::string& dev : Concat({a.device}, a.prefill_devices, a.decode_devices)) {
+    if (absl::StatusOr<DeviceSpec> d = ParseDevice(dev); !d.ok()) {
+      std::fprintf(stderr, "tandem serve-local: %s\n", std::string(d.status().message()).c_str());
+      return 2;
+    }
   }
   if (a.aggregated == 0 && (a.prefill < 1 || a.decode < 1)) {
     std::fprintf(stderr, "tandem serve-local: need --prefill >= 1 and --decode >= 1 (or --aggregated N)\n");
@@ -64,9 +98,14 @@ int Run(const ServeLocalArgs& a) {
     o.kvstore_args.push_back("--capacity=" + a.kvstore_capacity);
   }
   o.worker_args.push_back("--threads=" + std::to_string(a.threads));
-  o.worker_args.push_back("--device=" + a.device);
+  PlaceWorkers(a, &o);
   o.worker_args.push_back("--kv-cache-mb=" + std::to_string(a.kv_cache_mb));
   o.log = [](const std::string& line) { std::fprintf(stderr, "serve-local: %s\n", line.c_str()); };
+  if (a.device != "cpu" || !a.prefill_devices.empty() || !a.decode_devices.empty()) {
+    std::fprintf(stderr, "serve-local: prefill replicas on %s, %s on %s\n",
+                 absl::StrJoin(o.prefill_devices, ",").c_str(), a.aggregated > 0 ? "aggregated workers" : "decode replicas",
+                 absl::StrJoin(o.decode_devices, ",").c_str());
+  }
   std::fprintf(stderr, "serve-local: starting %s in %s ...\n",
                a.aggregated > 0 ? (std::to_string(a.aggregated) + " aggregated workers").c_str()
                                 : (std::to_string(a.prefill) + " prefill + " + std::to_string(a.decode) +
@@ -116,7 +155,19 @@ void RegisterServeLocal(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   cmd->add_option("--model", a->model, "Checkpoint directory or built-in model (tiny, tiny-v2)")->capture_default_str();
-  cmd->add_option("--device", a->device, "Where every worker's model runs: cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--device", a->device,
+                  "Where the workers' models run: cpu, cuda or cuda:N. A bare cuda on a machine with several GPUs puts "
+                  "prefill replicas on the first half of them and decode replicas on the second (KV then moves GPU to "
+                  "GPU); aggregated workers take the GPUs in turn")
+      ->capture_default_str();
+  cmd->add_option("--prefill-devices", a->prefill_devices,
+                  "Devices for prefill replicas, comma-separated (replica i gets entry i mod N), e.g. cuda:0 or "
+                  "cuda:0,cuda:1; default: from --device")
+      ->delimiter(',');
+  cmd->add_option("--decode-devices", a->decode_devices,
+                  "Devices for decode replicas (and aggregated workers), comma-separated, e.g. cuda:1; default: from "
+                  "--device")
+      ->delimiter(',');
   cmd->add_option("--listen", a->listen, "The router's public gRPC address (port 0 = any free port)")
       ->capture_default_str();
   cmd->add_option("--ready-file", a->ready_file,

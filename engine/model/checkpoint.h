@@ -14,6 +14,12 @@
 
 namespace tandem {
 
+// A benchmark checkpoint without weight files (`tandem make-model --weights-on-gpu`):
+// config.json, the tokenizer and this file, {"seed": N}; the CUDA backend generates the
+// weights make-model would have written with that seed (bf16, bit-identical) on the GPU
+// at load, so that models of real sizes need not be written and read.
+inline constexpr char kGeneratedWeightsFile[] = "tandem_generated_weights.json";
+
 class Checkpoint {
  public:
   // Errors: NOT_FOUND (no safetensors files), INVALID_ARGUMENT (malformed index, a tensor

@@ -36,6 +36,9 @@ struct ForwardOptions {
   // new token of the batch, before the next layer starts: lets a prefill stream each
   // layer's KV out while later layers compute.
   std::function<void(int64_t layer)> after_layer_kv;
+  // The callback only enqueues work on the device backend's stream (device-to-device KV
+  // writes): the backend need not wait for the layer before calling it.
+  bool after_layer_kv_enqueues_only = false;
 };
 
 class DeepseekModel {

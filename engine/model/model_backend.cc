@@ -1,8 +1,10 @@
 #include "engine/model/model_backend.h"
 
 #include <charconv>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/checkpoint.h"
 #include "engine/util/status_macros.h"
 
 #if TANDEM_HAVE_CUDA
@@ -27,9 +29,22 @@ absl::StatusOr<DeviceSpec> ParseDevice(const std::string& device) {
       absl::StrCat("--device: '", device, "' is not a device; use cpu, cuda or cuda:N"));
 }
 
+int CudaDeviceCount() {
+#if TANDEM_HAVE_CUDA
+  return CudaDevicesVisible();
+#else
+  return 0;
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<ModelBackend>> LoadBackend(const std::string& dir, const BackendOptions& options) {
   ASSIGN_OR_RETURN(DeviceSpec spec, ParseDevice(options.device));
   if (spec.kind == DeviceSpec::Kind::kCpu) {
+    std::error_code ec;
+    if (std::filesystem::exists(std::filesystem::path(dir) / kGeneratedWeightsFile, ec)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, ": its weights are generated on the GPU at load (make-model --weights-on-gpu): use --device cuda"));
+    }
     DeepseekModel::LoadOptions load;
     load.num_threads = options.num_threads;
     ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> model, DeepseekModel::Load(dir, load));

@@ -5,6 +5,11 @@
 // backend keeps its own pool with the same block ids and moves entries between the two
 // only where the engine asks: KvToHost after a layer of a prefill whose KV is exported,
 // KvFromHost before the first step of a request whose KV was imported.
+//
+// Between two processes of one machine, device backends can also move KV device to device
+// (CUDA IPC, DESIGN.md §5): the decode side shares its device pool (ShareKvPool), the
+// prefill side opens a PeerKvWriter into the reserved blocks of that pool and the engine
+// gives it each layer's positions as they are computed; no host pool is involved.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +25,35 @@
 #include "engine/model/model_config.h"
 
 namespace tandem {
+
+// A device KV pool another process of this machine may map (CUDA IPC): what a decode
+// replica hands prefill replicas, next to its host pool's transfer descriptor.
+struct DeviceKvPool {
+  std::string host_id;      // the machine (boot id): IPC works within one OS instance
+  std::string device_uuid;  // the GPU holding the pool (16 bytes)
+  std::string ipc_handle;   // the driver's handle of the allocation (opaque bytes)
+  uint64_t bytes = 0;       // the allocation's length
+  int64_t num_blocks = 0;   // blocks per layer; layout [layer][block][block_size][entry]
+  int32_t bytes_per_value = 0;
+  int32_t pid = 0;          // the process that shares it
+};
+
+// Writes one request's KV into reserved blocks of a peer's device pool.
+class PeerKvWriter {
+ public:
+  virtual ~PeerKvWriter() = default;
+  // Engine thread, from Forward's after_layer_kv: enqueues the copy of positions
+  // [begin, end) of `layer` from this backend's pool (the sequence's `src_blocks`) into
+  // the peer's blocks, after the layer's own KV writes. The copies are complete, and
+  // visible to the peer, when that Forward returns.
+  virtual absl::Status WriteLayer(int64_t layer, std::span<const int32_t> src_blocks, int64_t begin,
+                                  int64_t end) = 0;
+  // After the last Forward that wrote: the bytes written and their checksum (the sum of
+  // kernels/cuda/kv_block_copy.h's KvEntryChecksum over every entry written).
+  virtual int64_t bytes() const = 0;
+  virtual uint64_t checksum() const = 0;
+  virtual std::string path() const = 0;  // "cuda-ipc (cuda:0 -> peer GPU)", for logs
+};
 
 class ModelBackend {
  public:
@@ -46,6 +80,23 @@ class ModelBackend {
   virtual absl::Status KvFromHost(std::span<const int32_t> /*block_table*/, int64_t /*begin*/, int64_t /*end*/,
                                   LatentKvCache& /*host*/) {
     return absl::OkStatus();
+  }
+
+  // Device-to-device transfer; the CPU backend has none (UNIMPLEMENTED). Thread-safe: the
+  // services call these next to the engine thread's Forward.
+  // Decode side: the device pool as peers map it.
+  virtual absl::StatusOr<DeviceKvPool> ShareKvPool() { return absl::UnimplementedError("no device KV pool"); }
+  // Prefill side: a writer into `dst_blocks` of a peer's `pool` (position p in
+  // dst_blocks[p / block_size]). FAILED_PRECONDITION, saying why, when this process cannot
+  // map it (another machine, an unreachable GPU): the caller takes another path.
+  virtual absl::StatusOr<std::unique_ptr<PeerKvWriter>> OpenPeerKv(const DeviceKvPool& /*pool*/,
+                                                                   std::vector<int32_t> /*dst_blocks*/) {
+    return absl::UnimplementedError("no device KV pool");
+  }
+  // Decode side: the checksum of positions [0, num_tokens) of every layer of a sequence's
+  // blocks in the device pool (PeerKvWriter::checksum's function), to check what arrived.
+  virtual absl::StatusOr<uint64_t> DeviceKvChecksum(std::span<const int32_t> /*blocks*/, int64_t /*num_tokens*/) {
+    return absl::UnimplementedError("no device KV pool");
   }
 };
 
@@ -82,6 +133,9 @@ struct BackendOptions {
   int64_t max_running = 64;
   int64_t kv_blocks = 0;                  // cuda: the device pool's blocks (0: from gpu_memory_utilization)
 };
+
+// CUDA devices this process sees (0 in a build without CUDA, or without a driver or GPU).
+int CudaDeviceCount();
 
 // Loads the checkpoint in `dir` onto the device of `options`. A CUDA device in a build
 // without CUDA, or on a machine without a usable GPU, is FAILED_PRECONDITION saying why.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/model/checkpoint.h"
 #include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
 #include "engine/tokenizer/byte_level_tokenizer_builder.h"
@@ -418,7 +419,16 @@ absl::StatusOr<GeneratedModel> GenerateModel(const ModelGeneratorOptions& option
     if (name.ends_with(".safetensors") || name == "model.safetensors.index.json") fs::remove(entry.path(), ec);
   }
   result.weight_bytes = b.total_bytes();
-  RETURN_IF_ERROR(WriteShards(b, options.num_shards, dir, options.progress));
+  fs::remove(dir / kGeneratedWeightsFile, ec);
+  if (options.write_weights) {
+    RETURN_IF_ERROR(WriteShards(b, options.num_shards, dir, options.progress));
+  } else {
+    if (options.weight_dtype != DType::kBF16) {
+      return absl::InvalidArgumentError("weights generated on the GPU are bf16 only");
+    }
+    RETURN_IF_ERROR(WriteStringToFile((dir / kGeneratedWeightsFile).string(),
+                                      absl::StrCat("{\"seed\": ", options.seed, "}\n")));
+  }
   RETURN_IF_ERROR(WriteStringToFile((dir / "config.json").string(), config_text));
   return result;
 }

@@ -27,6 +27,9 @@ struct ModelGeneratorOptions {
   std::string tokenizer_dir;
   // Vocabulary of the generated tokenizer when config_json gives no vocab_size.
   int64_t generated_vocab_size = 1024;
+  // False: no weight files, only checkpoint.h's kGeneratedWeightsFile (bf16 only; the
+  // CUDA backend generates the weights at load).
+  bool write_weights = true;
   // Called after each tensor is written with (bytes written, total bytes); may be empty.
   std::function<void(uint64_t, uint64_t)> progress;
 };

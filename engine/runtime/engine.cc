@@ -295,7 +295,7 @@ absl::Status Engine::WriteKv(std::span<const int32_t> block_table, int64_t layer
 }
 
 absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineRequest request, int32_t first_token,
-                                                                     bool emit_first_token) {
+                                                                     bool emit_first_token, ImportedKv where) {
   RETURN_IF_ERROR(ValidateRequest(request));
   if (first_token < 0 || first_token >= backend_->config().vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary"));
@@ -312,7 +312,10 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
   auto seq = std::make_shared<std::unique_ptr<Sequence>>(MakeSequence(std::move(request), out));
   auto promise = std::make_shared<std::promise<absl::Status>>();
   auto future = promise->get_future();
-  Post([this, seq, promise, first_token, emit_first_token] {
+  if (where == ImportedKv::kDevicePool && backend_->kv_in_host_pool()) {
+    return absl::InvalidArgumentError("KV in a device pool, but the model runs on the CPU");
+  }
+  Post([this, seq, promise, first_token, emit_first_token, where] {
     Sequence& s = **seq;
     auto it = reservations_.find(s.id);
     const int32_t have = static_cast<int32_t>(s.tokens.size());  // prompt + resumed output
@@ -324,7 +327,7 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
     s.blocks = std::move(it->second.blocks);
     reservations_.erase(it);
     s.num_computed = have;
-    s.host_kv_upload_end = backend_->kv_in_host_pool() ? 0 : have;
+    s.host_kv_upload_end = backend_->kv_in_host_pool() || where == ImportedKv::kDevicePool ? 0 : have;
     s.prefix_looked_up = true;
     s.first_scheduled_at = s.first_token_at = Now();
     const StopResult r = s.stop->OnToken(first_token);
@@ -525,6 +528,7 @@ void Engine::Step() {
   std::vector<ForwardSequence> batch;
   batch.reserve(plan.chunks.size());
   bool has_sink = false;
+  bool sink_wants_host = false;
   absl::Status device_error;  // a failed copy between the host and device KV pools
   for (const ScheduledChunk& c : plan.chunks) {
     Sequence& s = *c.seq;
@@ -538,13 +542,19 @@ void Engine::Step() {
       const int64_t first = static_cast<int64_t>(s.import_begin) * cache_->block_size();
       const int64_t tokens = CopyImportedPrefix(s, *cache_);
       counters_.prompt_tokens_imported += tokens;
-      if (!backend_->kv_in_host_pool()) device_error.Update(backend_->KvFromHost(s.blocks, first, first + tokens, *cache_));
+      if (!backend_->kv_in_host_pool()) {
+        device_error.Update(backend_->KvFromHost(s.blocks, first, first + tokens, *cache_));
+        counters_.kv_host_staged_bytes += tokens * cache_->num_layers() * kv_entry_dim() * sizeof(float);
+      }
     }
     if (s.host_kv_upload_end > 0) {
       device_error.Update(backend_->KvFromHost(s.blocks, 0, s.host_kv_upload_end, *cache_));
+      counters_.kv_host_staged_bytes += int64_t{s.host_kv_upload_end} * cache_->num_layers() * kv_entry_dim() *
+                                        static_cast<int64_t>(sizeof(float));
       s.host_kv_upload_end = 0;
     }
     has_sink |= s.kv_sink != nullptr;
+    sink_wants_host |= s.kv_sink != nullptr && s.kv_sink->wants_host_kv();
     batch.push_back({.tokens = std::span<const int32_t>(s.tokens.data() + c.start, c.num_tokens),
                      .start_position = c.start,
                      .block_table = s.blocks,
@@ -559,8 +569,14 @@ void Engine::Step() {
       for (const ScheduledChunk& c : plan.chunks) {
         Sequence& s = *c.seq;
         if (s.kv_sink == nullptr) continue;
+        if (PeerKvWriter* w = s.kv_sink->peer_writer()) {
+          device_error.Update(w->WriteLayer(layer, s.blocks, s.exported_upto, c.start + c.num_tokens));
+        }
+        if (!s.kv_sink->wants_host_kv()) continue;
         if (!backend_->kv_in_host_pool()) {
           absl::Status st = backend_->KvToHost(layer, s.blocks, s.exported_upto, c.start + c.num_tokens, *cache_);
+          counters_.kv_host_staged_bytes +=
+              (c.start + c.num_tokens - s.exported_upto) * kv_entry_dim() * static_cast<int64_t>(sizeof(float));
           device_error.Update(st);
           if (!st.ok()) continue;  // nothing to send; the step fails below
         }
@@ -569,6 +585,7 @@ void Engine::Step() {
                               .block_table = s.blocks});
       }
     };
+    fo.after_layer_kv_enqueues_only = !sink_wants_host;
   }
   absl::StatusOr<std::vector<float>> logits =
       device_error.ok() ? backend_->Forward(batch, *cache_, fo) : absl::StatusOr<std::vector<float>>(device_error);

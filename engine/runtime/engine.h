@@ -94,6 +94,10 @@ struct EngineStats {
   int64_t prefix_cache_hit_blocks = 0;
   int64_t prefix_cache_evictions = 0;
   int64_t prompt_tokens_imported = 0;  // prompt tokens copied in from EngineRequest::prefix_kv
+  // Device backends: KV bytes copied between the device pool and the host pool (export of
+  // prefill-only requests' KV for the transfer layer, imported KV); the device-to-device
+  // path copies none.
+  int64_t kv_host_staged_bytes = 0;
 };
 
 class Engine {
@@ -126,9 +130,16 @@ class Engine {
   // stream starts with that token; without, it starts with the next one (the prefill
   // side already reported the first, with the same text delta: the stop checker sees the
   // token either way). Errors: FAILED_PRECONDITION (no live reservation: expired or never
-  // made), and Submit's.
+  // made), and Submit's. `where`: the KV was written into the host pool (kv_memory(),
+  // uploaded to a device backend's pool before the first step) or straight into the
+  // device backend's pool (ModelBackend::ShareKvPool).
+  enum class ImportedKv { kHostPool, kDevicePool };
   absl::StatusOr<std::shared_ptr<OutputStream>> SubmitImported(EngineRequest request, int32_t first_token,
-                                                               bool emit_first_token = true);
+                                                               bool emit_first_token = true,
+                                                               ImportedKv where = ImportedKv::kHostPool);
+  // The model backend, for the device-to-device KV transfer calls that are thread-safe
+  // (ShareKvPool, OpenPeerKv, DeviceKvChecksum).
+  ModelBackend& backend() const { return *backend_; }
 
   // The KV cache memory, for a transfer layer to register: `num_layers` x `num_blocks` x
   // `block_size` entries of `entry_dim` floats, layer-major. Writers must only touch

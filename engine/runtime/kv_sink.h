@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/model/latent_kv_cache.h"
+#include "engine/model/model_backend.h"
 
 namespace tandem {
 
@@ -28,8 +29,15 @@ struct KvSlice {
 class KvSink {
  public:
   virtual ~KvSink() = default;
-  // Must not block for long: it runs between two layers of the forward pass.
+  // Must not block for long: it runs between two layers of the forward pass. Called only
+  // when wants_host_kv().
   virtual void OnLayerKv(const KvSlice& slice) = 0;
+  // Device to device: a writer of the engine's backend into a peer's device pool; the
+  // engine hands it each layer's new positions (on the device, no host copy).
+  virtual PeerKvWriter* peer_writer() { return nullptr; }
+  // Whether OnLayerKv wants the entries on the host (a device backend copies each layer
+  // into the host pool first, synchronously).
+  virtual bool wants_host_kv() const { return true; }
 };
 
 }  // namespace tandem

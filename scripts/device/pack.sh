@@ -14,6 +14,6 @@ for b in "$@"; do
   # the GPU machine has (newer).
   ldd "$b" | awk '/=> \// {print $3}' |
     grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libcuda|libcublas|libcublasLt|libcudart|libnccl)\.so' |
-    while read -r lib; do cp -Lf "$lib" "$dest/lib/"; done
+    while read -r lib; do cp -Lf "$lib" "$dest/lib/"; done || true  # none to copy is fine
 done
 du -sh "$dest" >&2

@@ -9,8 +9,10 @@
 
 namespace tandem {
 
-DecodeServiceImpl::DecodeServiceImpl(Engine* engine, std::string pool_descriptor, int64_t lease_ms)
-    : engine_(engine), pool_descriptor_(std::move(pool_descriptor)), lease_ms_(lease_ms) {}
+DecodeServiceImpl::DecodeServiceImpl(Engine* engine, std::string pool_descriptor, int64_t lease_ms,
+                                     std::optional<v1::DeviceKvPool> device_pool)
+    : engine_(engine), pool_descriptor_(std::move(pool_descriptor)), lease_ms_(lease_ms),
+      device_pool_(std::move(device_pool)) {}
 
 std::optional<DecodeServiceImpl::Reservation> DecodeServiceImpl::Take(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -67,6 +69,7 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Reserve(grpc::CallbackServerContext
   for (int32_t b : *blocks) d->add_block_ids(b);
   d->set_lease_id(r->request_id());
   d->set_lease_ms(lease_ms_);
+  if (device_pool_) *d->mutable_device_pool() = *device_pool_;
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -97,15 +100,29 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
                                                         r->prompt_size() + r->resume_tokens_size(), " tokens but ",
                                                         res->num_tokens, " were reserved")));
   }
-  // What arrived must be exactly what the prefill replica sent.
+  // What arrived must be exactly what the prefill replica sent, in the pool it went to.
+  const bool device = r->kv_path() == v1::KV_PATH_CUDA_IPC;
+  if (device && !device_pool_) {
+    return fail(absl::FailedPreconditionError("kv_path: CUDA IPC, but this replica offers no device KV pool"));
+  }
+  if (r->kv_path() != v1::KV_PATH_TRANSFER && !device) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("kv_path: unknown value ", r->kv_path())));
+  }
   const Engine::KvMemory m = engine_->kv_memory();
-  const int64_t expected_bytes = static_cast<int64_t>(res->num_tokens) * m.num_layers * m.entry_dim * 4;
+  const int64_t bytes_per_value = device ? device_pool_->bytes_per_value() : 4;
+  const int64_t expected_bytes = static_cast<int64_t>(res->num_tokens) * m.num_layers * m.entry_dim * bytes_per_value;
   if (r->kv_bytes() != expected_bytes) {
     return fail(absl::AbortedError(absl::StrCat("KV transfer incomplete: ", r->kv_bytes(), " bytes reported, ",
                                                 expected_bytes, " expected")));
   }
-  const uint64_t sum = PoolChecksum(m.base, m.num_layers, m.num_blocks, m.block_size, m.entry_dim, res->blocks,
-                                    res->num_tokens);
+  uint64_t sum = 0;
+  if (device) {
+    absl::StatusOr<uint64_t> s = engine_->backend().DeviceKvChecksum(res->blocks, res->num_tokens);
+    if (!s.ok()) return fail(s.status());
+    sum = *s;
+  } else {
+    sum = PoolChecksum(m.base, m.num_layers, m.num_blocks, m.block_size, m.entry_dim, res->blocks, res->num_tokens);
+  }
   if (sum != r->kv_checksum()) {
     return fail(absl::AbortedError(absl::StrFormat("KV arrived corrupted: checksum %016x, the sender's %016x", sum,
                                                    r->kv_checksum())));
@@ -118,7 +135,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
                     .sampling = *sampling, .stop = std::move(*stop)};
   req.resume_tokens.assign(r->resume_tokens().begin(), r->resume_tokens().end());
   absl::StatusOr<std::shared_ptr<OutputStream>> stream =
-      engine_->SubmitImported(std::move(req), r->first_token(), /*emit_first_token=*/false);
+      engine_->SubmitImported(std::move(req), r->first_token(), /*emit_first_token=*/false,
+                              device ? Engine::ImportedKv::kDevicePool : Engine::ImportedKv::kHostPool);
   if (!stream.ok()) return fail(stream.status());
   return EngineStreamReactor::Start(engine_, r->request_id(), std::move(*stream));
 }

@@ -1,11 +1,13 @@
 // tandem.v1.Decode on a local engine: reserves KV blocks under a lease for the prefill
-// replica to write into, checks what arrived (size and checksum), then decodes and
-// streams the tokens after the first.
+// replica to write into (its host pool over the transfer layer, or its GPU pool device to
+// device), checks what arrived (size and checksum, in the pool the KV went to), then
+// decodes and streams the tokens after the first.
 #pragma once
 
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,8 +19,11 @@ namespace tandem {
 class DecodeServiceImpl final : public v1::Decode::CallbackService {
  public:
   // `engine` must outlive the service; `pool_descriptor` is the registered KV pool's
-  // descriptor (KvTransport::ExposePool); `lease_ms` as the engine's lease.
-  DecodeServiceImpl(Engine* engine, std::string pool_descriptor, int64_t lease_ms);
+  // descriptor (KvTransport::ExposePool); `lease_ms` as the engine's lease; `device_pool`,
+  // when set, the engine's GPU pool offered to prefill replicas of this machine
+  // (ModelBackend::ShareKvPool).
+  DecodeServiceImpl(Engine* engine, std::string pool_descriptor, int64_t lease_ms,
+                    std::optional<v1::DeviceKvPool> device_pool = std::nullopt);
 
   grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* ctx, const v1::ReserveRequest* request,
                                     v1::ReserveResponse* response) override;
@@ -39,6 +44,7 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
   Engine* engine_;
   std::string pool_descriptor_;
   int64_t lease_ms_;
+  std::optional<v1::DeviceKvPool> device_pool_;
   std::mutex mu_;
   std::map<std::string, Reservation> reservations_;
 };

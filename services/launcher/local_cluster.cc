@@ -97,7 +97,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
   const size_t first_worker = c->children_.size();
   auto worker = [&](const std::string&, const std::string& role, int i) {
     c->next_index_[role] = i + 1;
-    return make(absl::StrCat(role, "-", i), role, c->WorkerArgv(role));
+    return make(absl::StrCat(role, "-", i), role, c->WorkerArgv(role, i));
   };
   for (int i = 0; i < o.num_prefill; ++i) c->children_.push_back(worker("tandem-prefill", "prefill", i));
   for (int i = 0; i < o.num_decode; ++i) c->children_.push_back(worker("tandem-decode", "decode", i));
@@ -128,13 +128,15 @@ LocalCluster::Child LocalCluster::MakeChild(const std::string& name, const std::
   return ch;
 }
 
-std::vector<std::string> LocalCluster::WorkerArgv(const std::string& role) const {
+std::vector<std::string> LocalCluster::WorkerArgv(const std::string& role, int index) const {
   const std::string binary = role == "prefill" ? "tandem-prefill" : "tandem-decode";
   const std::string router = children_.empty() ? "" : children_[0].info.ready.value("grpc", "");
   std::vector<std::string> argv = {(fs::path(options_.bin_dir) / binary).string(), "--role", role, "--router",
                                    router, "--model", options_.model};
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   if (role == "prefill") argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());
+  const std::vector<std::string>& devices = role == "prefill" ? options_.prefill_devices : options_.decode_devices;
+  if (!devices.empty()) argv.push_back("--device=" + devices[index % devices.size()]);
   return argv;
 }
 
@@ -142,9 +144,10 @@ absl::StatusOr<std::string> LocalCluster::AddWorker(const std::string& role, std
   Child c;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    std::vector<std::string> argv = WorkerArgv(role);
+    const int index = next_index_[role]++;
+    std::vector<std::string> argv = WorkerArgv(role, index);
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-    c = MakeChild(absl::StrCat(role, "-", next_index_[role]++), role, argv);
+    c = MakeChild(absl::StrCat(role, "-", index), role, argv);
   }
   if (absl::Status s = Spawn(c); !s.ok()) return s;
   if (absl::Status s = WaitReady(c, std::chrono::steady_clock::now() + options_.ready_timeout); !s.ok()) return s;

@@ -32,6 +32,10 @@ struct LocalClusterOptions {
   std::vector<std::string> router_args;  // extra flags for the router
   std::vector<std::string> worker_args;  // extra flags for every worker
   std::vector<std::string> prefill_args;  // extra flags for prefill replicas only
+  // Non-empty: replica i of the role gets --device=LIST[i % size] (after worker_args, which
+  // must then not carry --device); decode_devices also places aggregated workers.
+  std::vector<std::string> prefill_devices;
+  std::vector<std::string> decode_devices;
   // kvstore instances (tandem-kvstore, named kvstore-0..N-1: their places on the
   // consistent-hash ring, kept across restarts), started and ready before the workers.
   int num_kvstore = 0;
@@ -84,7 +88,7 @@ class LocalCluster {
     bool retired = false;  // stopped for good: not restarted
   };
   Child MakeChild(const std::string& name, const std::string& role, std::vector<std::string> argv) const;
-  std::vector<std::string> WorkerArgv(const std::string& role) const;
+  std::vector<std::string> WorkerArgv(const std::string& role, int index) const;
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
   absl::Status Spawn(Child& c);
   absl::Status WaitReady(Child& c, std::chrono::steady_clock::time_point deadline);

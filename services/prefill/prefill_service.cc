@@ -2,11 +2,14 @@
 
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "services/api/grpc_status.h"
 #include "services/api/proto_convert.h"
 #include "services/common/logging.h"
+#include "engine/util/status_macros.h"
+#include "services/prefill/device_kv_sink.h"
 #include "services/prefill/prefix_tier.h"
 #include "services/prefill/transfer_kv_sink.h"
 #include "spdlog/spdlog.h"
@@ -38,11 +41,56 @@ absl::Status CheckDestination(const v1::KvDestination& d, const Engine& engine, 
 
 namespace {
 
+// Logs each distinct reason the device path was not taken once (it repeats per request).
+void NoteDeviceFallback(const absl::Status& why) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (seen.insert(std::string(why.message())).second) {
+    spdlog::warn("device-to-device KV transfer not possible ({}): using the transfer layer", std::string(why.message()));
+  }
+}
+
+DeviceKvPool PoolFromProto(const v1::DeviceKvPool& p) {
+  return {.host_id = p.host_id(),
+          .device_uuid = p.device_uuid(),
+          .ipc_handle = p.ipc_handle(),
+          .bytes = p.bytes(),
+          .num_blocks = p.num_blocks(),
+          .bytes_per_value = p.bytes_per_value(),
+          .pid = p.pid()};
+}
+
+// The sink for a request's KV: device to device when possible (and wanted), else the
+// transfer layer.
+absl::StatusOr<std::unique_ptr<OutgoingKvSink>> MakeSink(Engine& engine, KvTransport* transport,
+                                                         KvTransferMode mode, const v1::KvDestination& d) {
+  if (mode != KvTransferMode::kTransfer) {
+    absl::Status why;
+    if (d.has_device_pool()) {
+      absl::StatusOr<std::unique_ptr<PeerKvWriter>> w = engine.backend().OpenPeerKv(
+          PoolFromProto(d.device_pool()), std::vector<int32_t>(d.block_ids().begin(), d.block_ids().end()));
+      if (w.ok()) return std::make_unique<DeviceKvSink>(std::move(*w));
+      why = w.status();
+    } else {
+      why = absl::FailedPreconditionError(
+          "the decode replica offers no device KV pool (its model is not on a GPU, or --kv-transfer transfer)");
+    }
+    if (mode == KvTransferMode::kCudaIpc) {
+      return absl::FailedPreconditionError(absl::StrCat("--kv-transfer cuda-ipc: ", why.message()));
+    }
+    if (d.has_device_pool()) NoteDeviceFallback(why);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<KvWriteSession> session, transport->OpenSession(d.memory_descriptor()));
+  return std::make_unique<TransferKvSink>(std::move(session), d);
+}
+
 class PrefillReactor : public grpc::ServerUnaryReactor {
  public:
-  PrefillReactor(Engine* engine, KvTransport* transport, const std::function<void(double, int64_t, bool)>* on_transfer,
-                 PrefixStore* prefix_store, const v1::PrefillRequest* request, v1::PrefillResponse* response)
-      : engine_(engine), on_transfer_(on_transfer), response_(response), id_(request->request_id()),
+  PrefillReactor(Engine* engine, KvTransport* transport, KvTransferMode mode,
+                 const PrefillServiceImpl::OnTransfer* on_transfer, PrefixStore* prefix_store,
+                 const v1::PrefillRequest* request, v1::PrefillResponse* response)
+      : engine_(engine), mode_(mode), on_transfer_(on_transfer), response_(response), id_(request->request_id()),
         prefix_store_(prefix_store) {
     absl::Status st = Start(transport, *request);
     if (!st.ok()) {
@@ -73,9 +121,9 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     if (!sampling.ok()) return sampling.status();
     absl::StatusOr<StopParams> stop = FromProto(r.stop(), vocab);
     if (!stop.ok()) return stop.status();
-    absl::StatusOr<std::unique_ptr<KvWriteSession>> session = transport->OpenSession(r.destination().memory_descriptor());
-    if (!session.ok()) return session.status();
-    sink_ = std::make_unique<TransferKvSink>(std::move(*session), r.destination());
+    absl::StatusOr<std::unique_ptr<OutgoingKvSink>> sink = MakeSink(*engine_, transport, mode_, r.destination());
+    if (!sink.ok()) return sink.status();
+    sink_ = std::move(*sink);
     EngineRequest req{.id = id_, .prompt = std::vector<int32_t>(r.prompt().begin(), r.prompt().end()),
                       .sampling = *sampling, .stop = std::move(*stop), .kv_sink = sink_.get()};
     req.resume_tokens.assign(r.resume_tokens().begin(), r.resume_tokens().end());
@@ -171,18 +219,21 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     response_->set_queue_ms(out->metrics.queue_s * 1e3);
     response_->set_prefill_ms(out->metrics.prefill_s * 1e3);
     sink_->Flush([this](absl::Status st) {
-      if (*on_transfer_) (*on_transfer_)(sink_->transfer_seconds(), sink_->bytes(), st.ok());
+      const bool device = sink_->path() == v1::KV_PATH_CUDA_IPC;
+      if (*on_transfer_) (*on_transfer_)(sink_->transfer_seconds(), sink_->bytes(), st.ok(), device ? "cuda_ipc" : "transfer");
       if (!st.ok()) {
         spdlog::info("{}KV transfer failed: {}", service::RequestLogPrefix(id_), st.ToString());
         Finish(ToGrpcStatus(absl::AbortedError(absl::StrCat("KV transfer failed: ", st.message()))));
         return;
       }
-      spdlog::debug("{}prefilled ({} prompt tokens cached): queue {:.1f} ms, prefill {:.1f} ms, KV {} bytes in {:.1f} ms",
+      spdlog::debug("{}prefilled ({} prompt tokens cached): queue {:.1f} ms, prefill {:.1f} ms, KV {} bytes in {:.1f} ms{}",
                     service::RequestLogPrefix(id_), response_->cached_prompt_tokens(), response_->queue_ms(),
-                    response_->prefill_ms(), sink_->bytes(), sink_->transfer_seconds() * 1e3);
+                    response_->prefill_ms(), sink_->bytes(), sink_->transfer_seconds() * 1e3,
+                    device ? " (GPU to GPU)" : "");
       response_->set_transfer_ms(sink_->transfer_seconds() * 1e3);
       response_->set_kv_bytes(sink_->bytes());
       response_->set_kv_checksum(sink_->checksum());
+      response_->set_kv_path(sink_->path());
       std::unique_ptr<PrefixTierSession> tier = std::move(tier_);  // `this` may go with Finish
       Finish(grpc::Status::OK);
       // New full blocks to the kvstore tier, in the background, after the response.
@@ -191,10 +242,11 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
   }
 
   Engine* engine_;
-  const std::function<void(double, int64_t, bool)>* on_transfer_;
+  KvTransferMode mode_;
+  const PrefillServiceImpl::OnTransfer* on_transfer_;
   v1::PrefillResponse* response_;
   std::string id_;
-  std::unique_ptr<TransferKvSink> sink_;
+  std::unique_ptr<OutgoingKvSink> sink_;
   std::shared_ptr<OutputStream> stream_;
   PrefixStore* prefix_store_;
   std::unique_ptr<PrefixTierSession> tier_;
@@ -209,7 +261,7 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
 
 grpc::ServerUnaryReactor* PrefillServiceImpl::Prefill(grpc::CallbackServerContext*, const v1::PrefillRequest* request,
                                                       v1::PrefillResponse* response) {
-  return new PrefillReactor(engine_, transport_, &on_transfer_, prefix_store_, request, response);
+  return new PrefillReactor(engine_, transport_, mode_, &on_transfer_, prefix_store_, request, response);
 }
 
 }  // namespace tandem

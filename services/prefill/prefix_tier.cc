@@ -22,7 +22,7 @@ OffloadKvSink::OffloadKvSink(KvSink* inner, int32_t first_block, int32_t end_blo
 }
 
 void OffloadKvSink::OnLayerKv(const KvSlice& s) {
-  if (inner_ != nullptr) inner_->OnLayerKv(s);
+  if (inner_ != nullptr && inner_->wants_host_kv()) inner_->OnLayerKv(s);
   if (s.entry_dim != entry_dim_ || s.layer < 0 || s.layer >= num_layers_) return;
   const int64_t begin = std::max(s.begin, static_cast<int64_t>(first_block_) * block_size_);
   const int64_t end = std::min(s.end, static_cast<int64_t>(end_block_) * block_size_);

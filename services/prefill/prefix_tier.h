@@ -35,6 +35,9 @@ class OffloadKvSink : public KvSink {
                 int64_t entry_dim);
 
   void OnLayerKv(const KvSlice& slice) override;
+  // The inner sink's device writer, if it has one: the engine then writes device to device
+  // for the inner sink and still hands this one the host entries it collects.
+  PeerKvWriter* peer_writer() override { return inner_ != nullptr ? inner_->peer_writer() : nullptr; }
 
   // Every entry of the blocks arrived (each position of each layer exactly once).
   bool complete() const { return copied_ == expected_; }

@@ -13,14 +13,14 @@
 #include <mutex>
 #include <vector>
 
-#include "engine/runtime/kv_sink.h"
+#include "services/prefill/outgoing_kv_sink.h"
 #include "services/worker/kv_checksum.h"
 #include "services/worker/kv_transport.h"
 #include "tandem/v1/internal.pb.h"
 
 namespace tandem {
 
-class TransferKvSink : public KvSink {
+class TransferKvSink : public OutgoingKvSink {
  public:
   // `destination` must have been checked against the engine's layout (geometry and
   // fingerprint) by the caller.
@@ -28,14 +28,11 @@ class TransferKvSink : public KvSink {
 
   void OnLayerKv(const KvSlice& slice) override;
 
-  // Completes every write; `done` gets the first error if any. Call once, after the
-  // engine's final output for the request.
-  void Flush(std::function<void(absl::Status)> done);
-
-  int64_t bytes() const { return bytes_; }
-  uint64_t checksum() const { return checksum_.Digest(); }
-  // Seconds from the first write to Flush completing (0 before).
-  double transfer_seconds() const { return transfer_seconds_; }
+  void Flush(std::function<void(absl::Status)> done) override;
+  int64_t bytes() const override { return bytes_; }
+  uint64_t checksum() const override { return checksum_.Digest(); }
+  double transfer_seconds() const override { return transfer_seconds_; }
+  v1::KvPath path() const override { return v1::KV_PATH_TRANSFER; }
 
  private:
   std::unique_ptr<KvWriteSession> session_;

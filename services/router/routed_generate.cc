@@ -307,6 +307,7 @@ void RoutedGenerate::StartDecode() {
   *decode_req_.mutable_stop() = stop_;
   decode_req_.set_kv_bytes(prefill_resp_.kv_bytes());
   decode_req_.set_kv_checksum(prefill_resp_.kv_checksum());
+  decode_req_.set_kv_path(prefill_resp_.kv_path());
   for (int32_t t : resume_) decode_req_.add_resume_tokens(t);
   {
     std::lock_guard<std::mutex> lock(mu_);

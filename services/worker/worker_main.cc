@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -47,6 +48,7 @@ struct WorkerFlags {
   int32_t max_running = 64;
   int32_t max_waiting = 1024;
   int64_t kv_lease_ms = 30000;
+  std::string kv_transfer = "auto";
   bool no_prefix_cache = false;
   std::vector<std::string> kvstores;  // static kvstore instances (else: the router's list)
   bool no_kvstore = false;
@@ -93,7 +95,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                  "also caps the GPU pool's blocks)")
       ->capture_default_str();
   app.add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
-                 "cuda: fraction of the GPU's memory for the weights, activations and the KV cache")
+                 "cuda: fraction of the GPU's total memory this worker may use for its weights, activations and KV "
+                 "cache (replicas sharing a GPU each take their own fraction)")
       ->check(CLI::Range(0.05, 0.99))
       ->capture_default_str();
   app.add_option("--kv-cache-mb", f.kv_cache_mb, "KV cache size in MiB")
@@ -110,6 +113,13 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       ->capture_default_str();
   app.add_option("--kv-lease-ms", f.kv_lease_ms, "How long a decode reservation waits for its KV")
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}))
+      ->capture_default_str();
+  app.add_option("--kv-transfer", f.kv_transfer,
+                 "How KV goes from prefill to decode replicas: auto (GPU to GPU over CUDA IPC when both models are "
+                 "on GPUs of this machine that can reach each other, else UCX through the host pools), transfer "
+                 "(always UCX), cuda-ipc (always GPU to GPU; requests that cannot go that way fail). Decode "
+                 "replicas offer their GPU pool unless it is transfer")
+      ->check(CLI::IsMember({"auto", "transfer", "ucx", "cuda-ipc"}))
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", f.no_prefix_cache, "Disable reuse of cached prompt prefixes");
   app.add_option("--kvstore", f.kvstores,
@@ -209,16 +219,40 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   builder.AddListeningPort(f.common.listen, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   const std::string model_name = f.common.model;
+  const KvTransferMode kv_mode = *ParseKvTransferMode(f.kv_transfer);
+  std::optional<v1::DeviceKvPool> device_pool;
+  if (role == v1::ROLE_DECODE && kv_mode != KvTransferMode::kTransfer) {
+    absl::StatusOr<DeviceKvPool> p = (*engine)->backend().ShareKvPool();
+    if (p.ok()) {
+      device_pool.emplace();
+      device_pool->set_host_id(p->host_id);
+      device_pool->set_device_uuid(p->device_uuid);
+      device_pool->set_ipc_handle(p->ipc_handle);
+      device_pool->set_bytes(p->bytes);
+      device_pool->set_num_blocks(p->num_blocks);
+      device_pool->set_bytes_per_value(p->bytes_per_value);
+      device_pool->set_pid(p->pid);
+      spdlog::info("offering the GPU KV pool ({} blocks) to prefill replicas of this machine (CUDA IPC)",
+                   p->num_blocks);
+    } else if (kv_mode == KvTransferMode::kCudaIpc) {
+      return Fail("--kv-transfer cuda-ipc", p.status());
+    } else if (p.status().code() != absl::StatusCode::kUnimplemented) {
+      spdlog::warn("cannot offer the GPU KV pool ({}): KV arrives over UCX", std::string(p.status().message()));
+    }
+  }
   switch (role) {
     case v1::ROLE_PREFILL:
       prefill = std::make_unique<PrefillServiceImpl>(
           engine->get(), transport.get(),
-          [&metrics](double seconds, int64_t bytes, bool ok) { metrics.KvTransfer(seconds, bytes, ok); });
+          [&metrics](double seconds, int64_t bytes, bool ok, const std::string& path) {
+            metrics.KvTransfer(seconds, bytes, ok, path);
+          },
+          kv_mode);
       prefill->SetPrefixStore(kvstore_client.get());
       builder.RegisterService(prefill.get());
       break;
     case v1::ROLE_DECODE:
-      decode = std::make_unique<DecodeServiceImpl>(engine->get(), pool.descriptor, f.kv_lease_ms);
+      decode = std::make_unique<DecodeServiceImpl>(engine->get(), pool.descriptor, f.kv_lease_ms, device_pool);
       builder.RegisterService(decode.get());
       break;
     default:
@@ -252,7 +286,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                         {"prompt_tokens_computed", s.prompt_tokens_computed},
                         {"prompt_tokens_cached", s.prompt_tokens_cached}, {"preemptions", s.preemptions},
                         {"requests_finished", s.requests_finished}, {"kv_leases_expired", s.kv_leases_expired},
-                        {"prompt_tokens_imported", s.prompt_tokens_imported}};
+                        {"prompt_tokens_imported", s.prompt_tokens_imported},
+                        {"kv_host_staged_bytes", s.kv_host_staged_bytes}};
     if (kv != nullptr) {
       const kvstore::KvStoreClientStats k = kv->stats();
       j["kvstore"] = {{"instances", kv->instances().size()},     {"fetches", k.fetches},

@@ -68,6 +68,9 @@ class EngineStatsCollector : public prometheus::Collectable {
     add("tandem_engine_steps_total", "Engine steps (batches run)", MetricType::Counter, s.steps);
     add("tandem_kv_leases_expired_total", "Decode reservations freed because no KV arrived in time",
         MetricType::Counter, s.kv_leases_expired);
+    add("tandem_kv_host_staging_bytes_total",
+        "KV bytes copied between the GPU's KV pool and the host pool (export for the transfer layer, imports)",
+        MetricType::Counter, static_cast<double>(s.kv_host_staged_bytes));
     if (transfer_ != nullptr) {
       const transfer::TransferStats t = transfer_->stats();
       add("tandem_kv_transfer_bytes_total", "KV bytes written to peers", MetricType::Counter,
@@ -109,7 +112,22 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model, 
                              .Help("Requests whose KV transfer failed")
                              .Labels({{"model", model}, {"role", role}})
                              .Register(r)
-                             .Add({})) {
+                             .Add({})),
+      transfers_(prometheus::BuildCounter()
+                     .Name("tandem_kv_transfer_requests_total")
+                     .Help("Requests whose KV this prefill replica sent, by path (transfer: host pools over UCX; "
+                           "cuda_ipc: GPU to GPU)")
+                     .Labels({{"model", model}, {"role", role}})
+                     .Register(r)),
+      transfer_bytes_(prometheus::BuildCounter()
+                          .Name("tandem_kv_transfer_request_bytes_total")
+                          .Help("KV bytes of those requests, by path (bf16 on cuda_ipc, float32 on transfer)")
+                          .Labels({{"model", model}, {"role", role}})
+                          .Register(r)) {
+  for (const char* p : {"transfer", "cuda_ipc"}) {
+    transfers_.Add({{"path", p}});
+    transfer_bytes_.Add({{"path", p}});
+  }
   for (const char* o : {"ok", "cancelled", "resource_exhausted", "unavailable", "aborted", "error"}) {
     requests_.Add({{"outcome", o}});
   }
@@ -126,10 +144,14 @@ void WorkerMetrics::RequestFinished(const RequestMetrics& m, const absl::Status&
   e2e_.Observe(m.e2e_s);
 }
 
-void WorkerMetrics::KvTransfer(double seconds, int64_t bytes, bool ok) {
-  if (ok) transfer_.Observe(seconds);
-  else transfer_failures_.Increment();
-  (void)bytes;
+void WorkerMetrics::KvTransfer(double seconds, int64_t bytes, bool ok, const std::string& path) {
+  if (!ok) {
+    transfer_failures_.Increment();
+    return;
+  }
+  transfer_.Observe(seconds);
+  transfers_.Add({{"path", path}}).Increment();
+  transfer_bytes_.Add({{"path", path}}).Increment(static_cast<double>(bytes));
 }
 
 std::shared_ptr<prometheus::Collectable> EngineCollector(const Engine* engine, const transfer::TransferEngine* transfer,

@@ -27,8 +27,8 @@ class WorkerMetrics {
   WorkerMetrics(prometheus::Registry& registry, const std::string& model, const std::string& role);
   // EngineOptions::on_request_finished.
   void RequestFinished(const RequestMetrics& m, const absl::Status& status);
-  // Prefill replicas: one request's KV transfer.
-  void KvTransfer(double seconds, int64_t bytes, bool ok);
+  // Prefill replicas: one request's KV transfer; `path` "transfer" or "cuda_ipc".
+  void KvTransfer(double seconds, int64_t bytes, bool ok, const std::string& path);
 
  private:
   prometheus::Histogram& queue_;
@@ -38,6 +38,8 @@ class WorkerMetrics {
   prometheus::Histogram& transfer_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Counter& transfer_failures_;
+  prometheus::Family<prometheus::Counter>& transfers_;
+  prometheus::Family<prometheus::Counter>& transfer_bytes_;
 };
 
 // Gauges and counters read from Engine::Stats() (and the transfer layer, when given) at

@@ -1,16 +1,24 @@
 #include "engine/model/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <filesystem>
 
+#include <cuda_runtime.h>
+
+#include "engine/model/checkpoint.h"
 #include "engine/model/cuda/cuda_deepseek_model.h"
+#include "engine/model/cuda/cuda_peer_kv.h"
+#include "engine/util/mapped_file.h"
 #include "engine/util/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem {
 namespace {
 
 class CudaBackend : public ModelBackend {
  public:
-  explicit CudaBackend(std::unique_ptr<CudaDeepseekModel> model) : model_(std::move(model)) {}
+  CudaBackend(std::unique_ptr<CudaDeepseekModel> model, std::unique_ptr<cuda_model::CudaPeerKv> peer_kv)
+      : model_(std::move(model)), peer_kv_(std::move(peer_kv)) {}
 
   const ModelConfig& config() const override { return model_->config(); }
   std::string device_name() const override { return model_->device_name(); }
@@ -38,6 +46,15 @@ class CudaBackend : public ModelBackend {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<DeviceKvPool> ShareKvPool() override { return peer_kv_->Share(); }
+  absl::StatusOr<std::unique_ptr<PeerKvWriter>> OpenPeerKv(const DeviceKvPool& pool,
+                                                           std::vector<int32_t> dst_blocks) override {
+    return peer_kv_->Open(pool, std::move(dst_blocks));
+  }
+  absl::StatusOr<uint64_t> DeviceKvChecksum(std::span<const int32_t> blocks, int64_t num_tokens) override {
+    return peer_kv_->Checksum(blocks, num_tokens);
+  }
+
  private:
   // Positions [begin, end) in runs that stay inside one block: contiguous in both pools.
   template <typename F>
@@ -56,9 +73,23 @@ class CudaBackend : public ModelBackend {
   }
 
   std::unique_ptr<CudaDeepseekModel> model_;
+  std::unique_ptr<cuda_model::CudaPeerKv> peer_kv_;
 };
 
+// Device-to-device transfers that may be open at once (requests waiting for a prefill
+// hold one): beyond, requests take the host path.
+constexpr int64_t kMaxPeerKvWriters = 1024;
+
 }  // namespace
+
+int CudaDevicesVisible() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
 
 absl::StatusOr<std::unique_ptr<ModelBackend>> LoadCudaBackend(const std::string& dir, const BackendOptions& options,
                                                               int device_index) {
@@ -68,8 +99,23 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> LoadCudaBackend(const std::string&
   lo.max_seqs = options.max_running;
   lo.gpu_memory_utilization = options.gpu_memory_utilization;
   lo.kv_blocks = options.kv_blocks;
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaDeepseekModel> model, CudaDeepseekModel::Load(dir, lo));
-  return std::unique_ptr<ModelBackend>(new CudaBackend(std::move(model)));
+  std::unique_ptr<CudaDeepseekModel> model;
+  const std::filesystem::path generated = std::filesystem::path(dir) / kGeneratedWeightsFile;
+  std::error_code ec;
+  if (std::filesystem::exists(generated, ec)) {
+    ASSIGN_OR_RETURN(std::string marker, ReadFileToString(generated.string()));
+    ASSIGN_OR_RETURN(std::string config, ReadFileToString((std::filesystem::path(dir) / "config.json").string()));
+    const nlohmann::json j = nlohmann::json::parse(marker, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("seed") || !j["seed"].is_number_unsigned()) {
+      return absl::InvalidArgumentError(absl::StrCat(generated.string(), ": expected {\"seed\": N}"));
+    }
+    ASSIGN_OR_RETURN(model, CudaDeepseekModel::CreateGenerated(config, j["seed"].get<uint64_t>(), lo));
+  } else {
+    ASSIGN_OR_RETURN(model, CudaDeepseekModel::Load(dir, lo));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<cuda_model::CudaPeerKv> peer_kv,
+                   cuda_model::CudaPeerKv::Create(model->kv_pool(), model->stream(), kMaxPeerKvWriters));
+  return std::unique_ptr<ModelBackend>(new CudaBackend(std::move(model), std::move(peer_kv)));
 }
 
 }  // namespace tandem

@@ -12,6 +12,9 @@
 
 namespace tandem {
 
+// cudaGetDeviceCount, 0 when it fails (no driver, no GPU).
+int CudaDevicesVisible();
+
 absl::StatusOr<std::unique_ptr<ModelBackend>> LoadCudaBackend(const std::string& dir, const BackendOptions& options,
                                                               int device_index);
 

@@ -220,7 +220,14 @@ absl::Status CudaDeepseekModel::Impl::AllocateKvCache() {
   if (blocks <= 0) {
     size_t free = 0, total = 0;
     TANDEM_CUDA_RETURN(cudaMemGetInfo(&free, &total), "querying GPU memory");
-    const double budget = options.gpu_memory_utilization * static_cast<double>(total) - static_cast<double>(total - free);
+    // This process's share of the GPU (several replicas may share one, each with its own
+    // fraction, as in vLLM): what it already holds counts against it, other processes'
+    // memory only through what is free. The reserve covers the CUDA context, cuBLAS's
+    // workspace and captured graphs, which cudaMalloc does not see.
+    constexpr double kReserve = 1 << 30;
+    const double own = static_cast<double>(weights->bytes + activation_bytes);
+    const double budget = std::min(options.gpu_memory_utilization * static_cast<double>(total) - own - kReserve,
+                                   static_cast<double>(free) - kReserve);
     blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
     if (blocks <= 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -786,5 +793,11 @@ absl::Status CudaDeepseekModel::Synchronize() {
   return cuda_model::CudaStatus(cudaStreamSynchronize(impl_->stream), "synchronizing");
 }
 void* CudaDeepseekModel::stream() const { return impl_->stream; }
+CudaDeepseekModel::KvPool CudaDeepseekModel::kv_pool() const {
+  const Impl& m = *impl_;
+  return {.base = m.kv_cache_base(), .bytes = m.kv_bytes, .num_layers = m.config.num_hidden_layers,
+          .num_blocks = m.num_blocks, .entry_bytes = m.config.kv_entry_dim() * 2,
+          .max_blocks_per_seq = m.max_blocks_per_seq, .device = m.options.device};
+}
 
 }  // namespace tandem

@@ -51,7 +51,7 @@ class CudaDeepseekModel {
     // KV cache blocks per layer; 0: what gpu_memory_utilization leaves after weights and
     // activations.
     int64_t kv_blocks = 0;
-    double gpu_memory_utilization = 0.9;  // of the GPU's total memory
+    double gpu_memory_utilization = 0.9;  // of the GPU's total memory, for this process
     int64_t max_logit_rows = 0;           // logits rows per LM-head pass; 0: max(max_seqs, 256)
     bool cuda_graphs = true;              // replay decode steps from captured graphs
     // Dense GEMMs of at most this many rows run the grouped bf16 kernel (memory-bound
@@ -159,6 +159,19 @@ class CudaDeepseekModel {
   absl::Status Synchronize();
   // The CUDA stream this model runs on (cudaStream_t), for event timing.
   void* stream() const;
+
+  // The paged KV pool, for device-to-device transfer (cuda_peer_kv.h): bf16 entries,
+  // [num_layers][num_blocks][64][entry_bytes].
+  struct KvPool {
+    void* base = nullptr;
+    uint64_t bytes = 0;
+    int64_t num_layers = 0;
+    int64_t num_blocks = 0;
+    int64_t entry_bytes = 0;
+    int64_t max_blocks_per_seq = 0;  // covers max_context
+    int device = 0;
+  };
+  KvPool kv_pool() const;
 
   class Impl;
 

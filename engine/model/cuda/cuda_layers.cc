@@ -119,7 +119,9 @@ absl::Status CudaDeepseekModel::Impl::EnqueueStep(const StepPlan& plan, const Fo
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     RETURN_IF_ERROR(Attention(l, plan));
     if (fo.after_layer_kv) {
-      TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "writing the KV cache");
+      if (!fo.after_layer_kv_enqueues_only) {
+        TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "writing the KV cache");
+      }
       fo.after_layer_kv(l);
     }
     if (weights->layers[l].moe) {

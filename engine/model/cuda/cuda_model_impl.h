@@ -143,6 +143,7 @@ class CudaDeepseekModel::Impl {
   uint64_t kv_bytes = 0;
   uint64_t activation_bytes = 0;
   std::unique_ptr<cuda_model::CudaModelWeights> weights;
+  void* kv_cache_base() const { return kv_cache_.get(); }
 
  private:
   using DeviceMatrix = cuda_model::DeviceMatrix;

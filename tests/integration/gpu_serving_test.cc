@@ -1,0 +1,164 @@
+// Disaggregated serving on GPUs with the device-to-device KV path (CUDA IPC): real router,
+// prefill and decode processes whose models run on the GPU. On one GPU (two processes
+// sharing it) and, when the machine has two, with prefill and decode on different GPUs:
+// the output equals an aggregated worker's on the GPU, and the replicas' metrics show the
+// KV went GPU to GPU with nothing staged through the host pools or sent over UCX. The
+// host path (--kv-transfer transfer) on the GPU gives the same output.
+//
+// Skips on machines without a GPU (CI). TANDEM_GPU_TEST_MODEL names the checkpoint
+// (default: the built-in tiny model).
+#include <cstdlib>
+#include <sstream>
+
+#include "engine/model/model_backend.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_fixture.h"
+
+namespace tandem {
+namespace {
+
+using testing::Generate;
+using testing::GenerationStub;
+using testing::StreamResult;
+using testing::TextRequest;
+
+std::string ModelDir() {
+  const char* m = std::getenv("TANDEM_GPU_TEST_MODEL");
+  return m != nullptr && *m != '\0' ? m : testing::TinyModelDir();
+}
+
+// The sum of the samples of metric `name` whose labels include `label` (e.g.
+// path="cuda_ipc"; empty: all), from Prometheus text.
+double MetricSum(const std::string& text, const std::string& name, const std::string& label = "") {
+  std::istringstream in(text);
+  double sum = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
+    const char next = line[name.size()];
+    if (next != '{' && next != ' ') continue;
+    const size_t space = line.rfind(' ');
+    if (!label.empty() && line.substr(0, space).find(label) == std::string::npos) continue;
+    sum += std::strtod(line.c_str() + space + 1, nullptr);
+  }
+  return sum;
+}
+
+std::string MetricsOf(LocalCluster& cluster, const std::string& process) {
+  for (const ProcessInfo& p : cluster.processes()) {
+    if (p.name == process) return testing::HttpGet(p.ready.value("admin", ""), "/metrics");
+  }
+  ADD_FAILURE() << "no process " << process;
+  return "";
+}
+
+std::vector<v1::GenerateRequest> Requests() {
+  std::vector<v1::GenerateRequest> out;
+  out.push_back(TextRequest("Hello", 24, std::nullopt, 0.0f));
+  out.push_back(TextRequest("Prefill on one GPU, decode on another: the KV cache moves GPU to GPU.", 32,
+                            std::nullopt, 0.0f));
+  std::string long_prompt;
+  for (int i = 0; i < 90; ++i) long_prompt += "latent attention block " + std::to_string(i) + ". ";
+  out.push_back(TextRequest(long_prompt, 32, std::nullopt, 0.0f));  // several KV blocks
+  out.push_back(TextRequest(long_prompt.substr(0, 700), 16, std::nullopt, 0.0f));  // a partial last block
+  v1::GenerateRequest sampled = TextRequest("Sampling with a seed gives the same tokens either way", 32, 17, 0.8f);
+  sampled.mutable_sampling()->set_top_p(0.9f);
+  out.push_back(sampled);
+  return out;
+}
+
+class GpuServingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+
+  // A cluster on the GPU: `prefill_devices` / `decode_devices` place the replicas
+  // (decode_devices also the aggregated workers).
+  static std::unique_ptr<LocalCluster> Start(int prefill, int decode, int both, std::vector<std::string> prefill_devices,
+                                             std::vector<std::string> decode_devices,
+                                             std::vector<std::string> worker_args = {}) {
+    LocalClusterOptions o;
+    o.model = ModelDir();
+    o.num_prefill = prefill;
+    o.num_decode = decode;
+    o.num_both = both;
+    o.prefill_devices = std::move(prefill_devices);
+    o.decode_devices = std::move(decode_devices);
+    // Several processes share a GPU: each takes a slice of its memory.
+    o.worker_args = {"--gpu-memory-utilization=0.15", "--kv-cache-mb=256", "--no-kvstore"};
+    o.worker_args.insert(o.worker_args.end(), worker_args.begin(), worker_args.end());
+    o.router_args = {"--heartbeat-ms=200"};
+    return testing::StartCluster(std::move(o));
+  }
+
+  static std::vector<std::vector<int32_t>> RunAll(LocalCluster& cluster) {
+    auto stub = GenerationStub(cluster.router_address());
+    std::vector<std::vector<int32_t>> out;
+    for (const v1::GenerateRequest& r : Requests()) {
+      StreamResult s = Generate(*stub, r);
+      EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+      out.push_back(s.tokens);
+    }
+    return out;
+  }
+
+  // The aggregated worker's output on `device`: what every disaggregated run must equal.
+  static std::vector<std::vector<int32_t>> Aggregated(const std::string& device) {
+    std::unique_ptr<LocalCluster> agg = Start(0, 0, 1, {}, {device});
+    if (!agg) return {};
+    return RunAll(*agg);
+  }
+
+  // The KV of every request went GPU to GPU: the prefill replica counted each request on the
+  // cuda_ipc path and none on the transfer path, neither replica copied KV between its GPU
+  // and host pools, and nothing went over UCX.
+  static void ExpectDeviceToDevice(LocalCluster& cluster, size_t requests) {
+    const std::string prefill = MetricsOf(cluster, "prefill-0");
+    const std::string decode = MetricsOf(cluster, "decode-0");
+    EXPECT_EQ(MetricSum(prefill, "tandem_kv_transfer_requests_total", "path=\"cuda_ipc\""), requests);
+    EXPECT_EQ(MetricSum(prefill, "tandem_kv_transfer_requests_total", "path=\"transfer\""), 0);
+    EXPECT_GT(MetricSum(prefill, "tandem_kv_transfer_request_bytes_total", "path=\"cuda_ipc\""), 0);
+    EXPECT_EQ(MetricSum(prefill, "tandem_kv_host_staging_bytes_total"), 0);
+    EXPECT_EQ(MetricSum(decode, "tandem_kv_host_staging_bytes_total"), 0);
+    EXPECT_EQ(MetricSum(prefill, "tandem_kv_transfer_bytes_total"), 0);
+    EXPECT_EQ(MetricSum(prefill, "tandem_kv_transfer_failures_total"), 0);
+  }
+};
+
+TEST_F(GpuServingTest, OneGpuTwoProcessesMoveKvByCudaIpc) {
+  const std::vector<std::vector<int32_t>> want = Aggregated("cuda:0");
+  ASSERT_EQ(want.size(), Requests().size());
+  // cuda-ipc: the decode replica must offer its pool (else it does not start) and a request
+  // that could not go device to device fails.
+  std::unique_ptr<LocalCluster> pd = Start(1, 1, 0, {"cuda:0"}, {"cuda:0"}, {"--kv-transfer=cuda-ipc"});
+  ASSERT_NE(pd, nullptr);
+  EXPECT_EQ(RunAll(*pd), want);
+  ExpectDeviceToDevice(*pd, want.size());
+}
+
+TEST_F(GpuServingTest, TwoGpusMoveKvPeerToPeer) {
+  if (CudaDeviceCount() < 2) GTEST_SKIP() << "one CUDA device: the two-GPU case needs two";
+  const std::vector<std::vector<int32_t>> want = Aggregated("cuda:0");
+  ASSERT_EQ(want.size(), Requests().size());
+  // auto: the path is chosen by the replicas.
+  std::unique_ptr<LocalCluster> pd = Start(1, 1, 0, {"cuda:0"}, {"cuda:1"});
+  ASSERT_NE(pd, nullptr);
+  EXPECT_EQ(RunAll(*pd), want);
+  ExpectDeviceToDevice(*pd, want.size());
+}
+
+TEST_F(GpuServingTest, HostPathOnTheGpuGivesTheSameOutput) {
+  const std::vector<std::vector<int32_t>> want = Aggregated("cuda:0");
+  ASSERT_EQ(want.size(), Requests().size());
+  std::unique_ptr<LocalCluster> pd = Start(1, 1, 0, {"cuda:0"}, {"cuda:0"}, {"--kv-transfer=transfer"});
+  ASSERT_NE(pd, nullptr);
+  EXPECT_EQ(RunAll(*pd), want);
+  const std::string prefill = MetricsOf(*pd, "prefill-0");
+  EXPECT_EQ(MetricSum(prefill, "tandem_kv_transfer_requests_total", "path=\"transfer\""), want.size());
+  EXPECT_EQ(MetricSum(prefill, "tandem_kv_transfer_requests_total", "path=\"cuda_ipc\""), 0);
+  EXPECT_GT(MetricSum(prefill, "tandem_kv_host_staging_bytes_total"), 0);
+  EXPECT_GT(MetricSum(MetricsOf(*pd, "decode-0"), "tandem_kv_host_staging_bytes_total"), 0);
+}
+
+}  // namespace
+}  // namespace tandem
