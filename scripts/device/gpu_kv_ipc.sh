@@ -5,7 +5,7 @@
 # worker on one (a DeepSeek-V2-Lite-shaped random model whose weights are generated on
 # the GPU at load).
 #   Here:  scripts/device/gpu_kv_ipc.sh pack [BUILD_DIR]
-#   There: scripts/device/gpu_kv_ipc.sh run [ttft-only]   (run tool: kind nvidia-h200-x2,
+#   There: scripts/device/gpu_kv_ipc.sh run [all|serving|ttft]   (run tool: kind nvidia-h200-x2,
 #          carry .carry/device.tgz .carry/e2e; results under $OUT)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -29,15 +29,21 @@ out="${OUT:-/tmp}"
 export UCX_TLS=tcp UCX_NET_DEVICES=lo TANDEM_CACHE_DIR=/tmp/tc TANDEM_BINARY_DIR="$root/.carry/device"
 nvidia-smi topo -m | head -5
 fail=0
-if [ "${2:-}" != ttft-only ]; then
+what="${2:-all}"
+if [ "$what" = all ]; then
   "$bin/kernels_cuda_kv_block_copy_test" 2>&1 | tail -3 || fail=1
   compute-sanitizer --tool memcheck "$bin/kernels_cuda_kv_block_copy_test" 2>&1 | tail -2 || fail=1
   "$bin/engine_model_cuda_ipc_test" 2>&1 | grep -E "OK|FAILED|SKIPPED|PASSED|Failure|error" | tail -12 || fail=1
+fi
+if [ "$what" = all ] || [ "$what" = serving ]; then
   TANDEM_GPU_TEST_MODEL="$root/.carry/e2e/model" "$bin/integration_gpu_serving_test" >/tmp/gpu_serving_test.log 2>&1 ||
     { fail=1; cp /tmp/gpu_serving_test.log "$out/"; }
   grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|actual|exited" /tmp/gpu_serving_test.log | head -40
+fi
+if [ "$what" = all ]; then
   "$bin/kv_peer_copy_bench" --json "$out/kv_peer_copy_h200x2.json" 2>&1 | grep -vE '^\s*[{}\[\]"]' | tail -12
 fi
+[ "$what" = all ] || [ "$what" = ttft ] || exit $fail
 
 # TTFT of 8K-token prompts: aggregated on cuda:0, then P/D with prefill on cuda:0 and
 # decode on cuda:1 (serve-local's placement for a bare --device cuda on two GPUs).

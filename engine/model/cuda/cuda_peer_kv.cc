@@ -1,6 +1,9 @@
 #include "engine/model/cuda/cuda_peer_kv.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -172,13 +175,24 @@ absl::StatusOr<DeviceKvPool> CudaPeerKv::Share() {
 
 absl::StatusOr<std::shared_ptr<IpcMapping>> CudaPeerKv::Map(const DeviceKvPool& peer) {
   auto it = mappings_.find(peer.ipc_handle);
-  if (it != mappings_.end()) return it->second;
+  if (it != mappings_.end()) return it->second.mapping;
+  // A new pool: first let go of those of processes that are gone (a restarted decode
+  // replica), which the mapping would otherwise keep allocated on their GPU. A process in
+  // another PID namespace may look gone: its pool is then just mapped again on next use.
+  for (auto m = mappings_.begin(); m != mappings_.end();) {
+    if (m->second.mapping.use_count() == 1 && ::kill(m->second.pid, 0) != 0 && errno == ESRCH) {
+      std::erase(mapping_order_, m->first);
+      m = mappings_.erase(m);
+    } else {
+      ++m;
+    }
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<IpcMapping> m,
                    OpenIpcPool({.host_id = peer.host_id, .device_uuid = peer.device_uuid, .handle = peer.ipc_handle,
                                 .bytes = peer.bytes, .pid = peer.pid},
                                pool_.device));
   std::shared_ptr<IpcMapping> shared(std::move(m));
-  mappings_[peer.ipc_handle] = shared;
+  mappings_[peer.ipc_handle] = {shared, peer.pid};
   mapping_order_.push_back(peer.ipc_handle);
   if (mapping_order_.size() > kMaxCachedMappings) {
     // Writers still using the oldest keep it mapped until they end.

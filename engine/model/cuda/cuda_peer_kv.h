@@ -7,7 +7,8 @@
 // host mirror the stream updates after every layer (so the checksum is readable on the
 // host once the Forward that wrote has returned, without another synchronization).
 // Mappings of peer pools are cached (opening a handle costs milliseconds, and the driver
-// maps one allocation once per process); a few stale ones of restarted peers are evicted.
+// maps one allocation once per process); those of processes that are gone are closed when
+// a new pool is mapped, and beyond 16 the oldest go.
 #pragma once
 
 #include <cstdint>
@@ -63,7 +64,11 @@ class CudaPeerKv {
 
   std::mutex mu_;  // everything below; Checksum's buffers
   std::vector<int> free_slots_;
-  std::map<std::string, std::shared_ptr<IpcMapping>> mappings_;  // by IPC handle
+  struct Mapped {
+    std::shared_ptr<IpcMapping> mapping;
+    int32_t pid = 0;  // the process that exported it
+  };
+  std::map<std::string, Mapped> mappings_;  // by IPC handle
   std::deque<std::string> mapping_order_;                        // oldest first
   std::optional<DeviceKvPool> shared_;
 };
