@@ -15,10 +15,12 @@
 // Decode at batch B: B sequences with `context` tokens already cached take `steps` greedy
 // steps (graph replay after the first two of a shape). Batch 1 also runs with programmatic
 // dependent launch off, with the fused small-batch kernels off as well (the unfused path),
-// and without graphs; batches 1 and 64 also with GPU sampling (ForwardSample, temperature
-// 0.7, top-p 0.9) instead of the argmax. Roofline time of a step = (weight
-// bytes the step must read: embedding rows, every dense weight, the experts at least one
-// token was routed to, the LM head; plus the KV bytes its attention reads, B x context x
+// and without graphs; batches up to 64 also with the grouped expert GEMM instead of the
+// expert GEMVs (moe_expert_gemv off: the same step where the fused kernels do not run);
+// batches 1 and 64 also with GPU sampling (ForwardSample, temperature 0.7, top-p 0.9)
+// instead of the argmax. Roofline time of a step = (weight bytes the step must read:
+// embedding rows, every dense weight, the experts at least one token was routed to, the
+// LM head; plus the KV bytes its attention reads, B x context x
 // (kv_lora_rank + rope) x 2 bytes x layers) / copy bandwidth. Reported fraction = roofline
 // time / measured step time (host wall time per step, results on the host included).
 // Idle time: from CUDA events at each step's first and last GPU operation, the gaps
@@ -150,6 +152,7 @@ struct DecodeVariant {
   bool graphs = true;
   bool programmatic_launch = true;
   int64_t fused_decode_max_tokens = 4;
+  bool moe_expert_gemv = true;
   bool sample = false;
 };
 
@@ -170,6 +173,7 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
   model.set_cuda_graphs(graphs);
   model.set_programmatic_launch(variant.programmatic_launch);
   model.set_fused_decode_max_tokens(variant.fused_decode_max_tokens);
+  model.set_moe_expert_gemv(variant.moe_expert_gemv);
   int64_t sample_step = 0;
   auto step = [&]() {
     std::vector<ForwardSequence> seqs(batch);
@@ -223,6 +227,7 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
             {"cuda_graphs", graphs},
             {"programmatic_launch", variant.programmatic_launch},
             {"fused_decode_max_tokens", variant.fused_decode_max_tokens},
+            {"moe_expert_gemv", variant.moe_expert_gemv},
             {"sampling", variant.sample ? "top-p 0.9, temperature 0.7 (GPU)" : "greedy"},
             {"step_ms_p50", step_ms},
             {"step_ms_mean", Mean(wall)},
@@ -364,6 +369,14 @@ int Main(int argc, char** argv) {
     if (b == 1) acceptance["batch1_roofline_fraction_ge_0.6"] = r.roofline_fraction >= 0.6;
     if (b == 256) acceptance["batch256_roofline_fraction_ge_0.5"] = r.roofline_fraction >= 0.5;
     if (b == 64) acceptance["batch64_idle_fraction_lt_0.05"] = r.idle_fraction < 0.05;
+    // The grouped GEMM for the experts instead of the GEMVs (a difference only where the
+    // fused small-batch kernels run), right after the default row for a like comparison.
+    if (b <= 64) {
+      decode.push_back(Decode(*model, b, context, steps, DecodeVariant{.name = "no expert GEMV",
+                                                                        .moe_expert_gemv = false},
+                              copy_bw, profile)
+                           .json);
+    }
   }
   const int b0 = batches.front();
   for (const DecodeVariant& v : {DecodeVariant{.name = "no PDL", .programmatic_launch = false},
@@ -380,6 +393,7 @@ int Main(int argc, char** argv) {
   }
   model->set_programmatic_launch(true);
   model->set_fused_decode_max_tokens(4);
+  model->set_moe_expert_gemv(true);
   model->set_cuda_graphs(true);
   out["decode"] = decode;
 

@@ -41,6 +41,25 @@ struct ForwardOptions {
   bool after_layer_kv_enqueues_only = false;
 };
 
+// How a device backend chooses one logits row's token (CudaDeepseekModel::ForwardSample,
+// ModelBackend::ForwardSample): the CPU Sampler's parameters with its semantics
+// (engine/runtime/sampler.h; temperature below 1e-5 is greedy), the seed and output
+// position of UniformFromSeedStep, and the sequence's history for the penalties. The
+// spans must stay valid during the call.
+struct SampleRow {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  uint64_t seed = 0;
+  int64_t step = 0;
+  std::span<const int32_t> prompt_tokens;
+  std::span<const int32_t> output_tokens;
+};
+
 class DeepseekModel {
  public:
   struct LoadOptions {

@@ -71,6 +71,18 @@ class ModelBackend {
   virtual absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& host,
                                                      const ForwardOptions& options) = 0;
 
+  // Whether ForwardSample works: the tokens are chosen on the device and only they cross to
+  // the host (no logits copy, no CPU sampling).
+  virtual bool samples_on_device() const { return false; }
+  // Forward, then one token per logits row (rows[i] for logits row i), with the CPU
+  // Sampler's choice from the same logits.
+  virtual absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> /*batch*/,
+                                                             LatentKvCache& /*host*/,
+                                                             std::span<const SampleRow> /*rows*/,
+                                                             const ForwardOptions& /*options*/) {
+    return absl::UnimplementedError("this backend samples on the host");
+  }
+
   // Device backends: copy positions [begin, end) of a sequence (its block table) between
   // the device pool and the host pool: one layer to the host, every layer from it.
   virtual absl::Status KvToHost(int64_t /*layer*/, std::span<const int32_t> /*block_table*/, int64_t /*begin*/,

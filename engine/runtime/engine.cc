@@ -587,8 +587,40 @@ void Engine::Step() {
     };
     fo.after_layer_kv_enqueues_only = !sink_wants_host;
   }
-  absl::StatusOr<std::vector<float>> logits =
-      device_error.ok() ? backend_->Forward(batch, *cache_, fo) : absl::StatusOr<std::vector<float>>(device_error);
+  // Tokens chosen on the device when every row allows it (no logprobs, nothing to suppress).
+  std::vector<SampleRow> sample_rows;
+  bool device_sampling = options_.sample_on_device && backend_->samples_on_device();
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!device_sampling) break;
+    if (!c.reaches_end()) continue;
+    const Sequence& s = *c.seq;
+    if (s.sampling.logprobs > 0 || s.num_generated() < s.min_tokens) {
+      device_sampling = false;
+      break;
+    }
+    sample_rows.push_back({.temperature = s.sampling.temperature,
+                           .top_p = s.sampling.top_p,
+                           .top_k = s.sampling.top_k,
+                           .min_p = s.sampling.min_p,
+                           .repetition_penalty = s.sampling.repetition_penalty,
+                           .presence_penalty = s.sampling.presence_penalty,
+                           .frequency_penalty = s.sampling.frequency_penalty,
+                           .seed = s.seed,
+                           .step = s.num_generated(),
+                           .prompt_tokens = s.prompt(),
+                           .output_tokens = s.generated()});
+  }
+  device_sampling = device_sampling && !sample_rows.empty();
+  absl::StatusOr<std::vector<float>> logits = std::vector<float>{};
+  absl::StatusOr<std::vector<int32_t>> device_tokens = std::vector<int32_t>{};
+  if (!device_error.ok()) {
+    logits = device_error;
+  } else if (device_sampling) {
+    device_tokens = backend_->ForwardSample(batch, *cache_, sample_rows, fo);
+    if (!device_tokens.ok()) logits = device_tokens.status();
+  } else {
+    logits = backend_->Forward(batch, *cache_, fo);
+  }
   if (logits.ok() && !device_error.ok()) logits = device_error;
   counters_.steps++;
   if (!logits.ok()) {
@@ -611,14 +643,20 @@ void Engine::Step() {
     Sequence& s = *c.seq;
     if (s.kv_sink != nullptr) s.exported_upto = c.start + c.num_tokens;
     if (!c.reaches_end()) continue;
-    std::span<float> lg(logits->data() + row * vocab, static_cast<size_t>(vocab));
-    ++row;
     const int32_t step = s.num_generated();
-    if (step < s.min_tokens) {
-      SuppressTokens(lg, eos_ids_);
-      SuppressTokens(lg, s.stop_token_ids);
+    SampledToken t;
+    if (device_sampling) {
+      t.token = (*device_tokens)[row];
+      counters_.device_sampled_tokens++;
+    } else {
+      std::span<float> lg(logits->data() + row * vocab, static_cast<size_t>(vocab));
+      if (step < s.min_tokens) {
+        SuppressTokens(lg, eos_ids_);
+        SuppressTokens(lg, s.stop_token_ids);
+      }
+      t = sampler_.Sample(lg, s.sampling, s.seed, step, s.prompt(), s.generated());
     }
-    const SampledToken t = sampler_.Sample(lg, s.sampling, s.seed, step, s.prompt(), s.generated());
+    ++row;
     const StopResult r = s.stop->OnToken(t.token);
     s.tokens.push_back(t.token);
     scheduler_->OnTokenAppended(s);

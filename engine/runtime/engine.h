@@ -50,6 +50,10 @@ struct EngineOptions {
   int32_t max_waiting = 1024;              // admitted but not yet running; beyond: RESOURCE_EXHAUSTED
   bool enable_prefix_cache = true;
   double kv_lease_seconds = 30.0;          // an unused ReserveKv expires after this
+  // Device backends: choose tokens on the device (ModelBackend::ForwardSample, the CPU
+  // Sampler's choice) for steps where no request wants logprobs or suppressed tokens;
+  // false: logits always cross to the host and the CPU samples.
+  bool sample_on_device = true;
   // Seconds on a monotonic clock; injectable for tests.
   std::function<double()> clock;
   // Called on the engine thread when a request ends (metrics); must not block.
@@ -98,6 +102,7 @@ struct EngineStats {
   // prefill-only requests' KV for the transfer layer, imported KV); the device-to-device
   // path copies none.
   int64_t kv_host_staged_bytes = 0;
+  int64_t device_sampled_tokens = 0;  // tokens chosen on the device (no logits to the host)
 };
 
 class Engine {

@@ -50,6 +50,7 @@ struct WorkerFlags {
   int64_t kv_lease_ms = 30000;
   std::string kv_transfer = "auto";
   bool no_prefix_cache = false;
+  bool no_device_sampling = false;
   std::vector<std::string> kvstores;  // static kvstore instances (else: the router's list)
   bool no_kvstore = false;
   int64_t kvstore_timeout_ms = 1000;
@@ -122,6 +123,9 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       ->check(CLI::IsMember({"auto", "transfer", "ucx", "cuda-ipc"}))
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", f.no_prefix_cache, "Disable reuse of cached prompt prefixes");
+  app.add_flag("--no-device-sampling", f.no_device_sampling,
+               "cuda: copy every step's logits to the host and sample on the CPU (default: tokens are chosen on "
+               "the GPU, identically, unless a request asks for logprobs or min_tokens)");
   app.add_option("--kvstore", f.kvstores,
                  "Prefill: kvstore instances to use, NAME=HOST:PORT or HOST:PORT, comma-separated (default: the "
                  "instances registered with the router)")
@@ -177,6 +181,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.max_running = f.max_running;
   eo.max_waiting = f.max_waiting;
   eo.enable_prefix_cache = !f.no_prefix_cache;
+  eo.sample_on_device = !f.no_device_sampling;
   eo.kv_lease_seconds = f.kv_lease_ms / 1000.0;
   eo.kv_memory = static_cast<float*>(pool.base);
   eo.kv_memory_bytes = pool.bytes;
@@ -287,7 +292,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                         {"prompt_tokens_cached", s.prompt_tokens_cached}, {"preemptions", s.preemptions},
                         {"requests_finished", s.requests_finished}, {"kv_leases_expired", s.kv_leases_expired},
                         {"prompt_tokens_imported", s.prompt_tokens_imported},
-                        {"kv_host_staged_bytes", s.kv_host_staged_bytes}};
+                        {"kv_host_staged_bytes", s.kv_host_staged_bytes},
+                        {"device_sampled_tokens", s.device_sampled_tokens}};
     if (kv != nullptr) {
       const kvstore::KvStoreClientStats k = kv->stats();
       j["kvstore"] = {{"instances", kv->instances().size()},     {"fetches", k.fetches},

@@ -30,6 +30,13 @@ class CudaBackend : public ModelBackend {
     return model_->Forward(batch, options);
   }
 
+  bool samples_on_device() const override { return true; }
+  absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch, LatentKvCache& /*host*/,
+                                                     std::span<const SampleRow> rows,
+                                                     const ForwardOptions& options) override {
+    return model_->ForwardSample(batch, rows, options);
+  }
+
   absl::Status KvToHost(int64_t layer, std::span<const int32_t> table, int64_t begin, int64_t end,
                         LatentKvCache& host) override {
     return ForEachBlockRun(table, begin, end, host, [&](int64_t p, int64_t n) {

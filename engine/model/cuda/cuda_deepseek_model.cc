@@ -781,6 +781,10 @@ void CudaDeepseekModel::set_fused_decode_max_tokens(int64_t tokens) {
   impl_->DropGraphs();
   impl_->options.fused_decode_max_tokens = tokens;
 }
+void CudaDeepseekModel::set_moe_expert_gemv(bool on) {
+  impl_->DropGraphs();
+  impl_->options.moe_expert_gemv = on;
+}
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {
   return impl_->TakeStepTimes();

@@ -20,7 +20,7 @@
 // fused_decode_max_tokens decode tokens take fused kernels (8 launches per MoE layer instead
 // of ~17: RMSNorm fused into float32-activation GEMVs, MLA prepare with the W_UK product,
 // the split combine with W_UV, one MoE front-end kernel for norm + router + routing +
-// permutation), and steps of at most moe_grouped_max_tokens tokens chain their kernels
+// permutation, the expert projections as matrix-vector products), and steps of at most moe_grouped_max_tokens tokens chain their kernels
 // with programmatic dependent launch (kernels/cuda/launch_control.h).
 //
 // Not thread-safe: one thread owns the model (the engine thread), like DeepseekModel.
@@ -67,28 +67,17 @@ class CudaDeepseekModel {
     // Decode steps of at most this many tokens (every sequence one token) run the fused
     // small-batch kernels described above; 0: never. At most 4.
     int64_t fused_decode_max_tokens = 4;
+    // Those fused steps run the MoE expert projections as matrix-vector products
+    // (kernels/cuda/moe_expert_gemv.h: every weight load of a pass in flight, the shared
+    // experts' weights read before the routing is known) instead of the grouped GEMM.
+    bool moe_expert_gemv = true;
     // Programmatic dependent launch between the kernels of steps of at most
     // moe_grouped_max_tokens tokens (graph-captured decode steps included).
     bool programmatic_launch = true;
   };
 
-  // How ForwardSample chooses each logits row's token: SamplingParams' fields with the CPU
-  // Sampler's semantics (engine/runtime/sampler.h; temperature below 1e-5 is greedy), the
-  // seed and output position of UniformFromSeedStep, and the sequence's history for the
-  // penalties. The spans must stay valid during the call.
-  struct SampleRow {
-    float temperature = 1.0f;
-    float top_p = 1.0f;
-    int32_t top_k = 0;
-    float min_p = 0.0f;
-    float repetition_penalty = 1.0f;
-    float presence_penalty = 0.0f;
-    float frequency_penalty = 0.0f;
-    uint64_t seed = 0;
-    int64_t step = 0;
-    std::span<const int32_t> prompt_tokens;
-    std::span<const int32_t> output_tokens;
-  };
+  // How ForwardSample chooses each logits row's token (deepseek_model.h).
+  using SampleRow = ::tandem::SampleRow;
 
   // Loads config.json and the safetensors weights of a checkpoint directory onto the GPU.
   // Errors: as DeepseekModel::Load, plus FAILED_PRECONDITION without a usable GPU and
@@ -146,6 +135,8 @@ class CudaDeepseekModel {
   // (captured graphs are dropped).
   void set_programmatic_launch(bool on);
   void set_fused_decode_max_tokens(int64_t tokens);
+  // For measurements: LoadOptions::moe_expert_gemv (captured graphs are dropped).
+  void set_moe_expert_gemv(bool on);
   // For benchmarks: with step events on, each Forward records a CUDA event when its GPU
   // work begins (before the batch upload) and when it ends (after the results are read
   // back); TakeStepTimes returns {begin, end} per recorded step in ms since the first

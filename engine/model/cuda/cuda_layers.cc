@@ -16,6 +16,7 @@
 #include "kernels/cuda/mla_decode_attention.h"
 #include "kernels/cuda/mla_prefill_attention.h"
 #include "kernels/cuda/mla_prepare.h"
+#include "kernels/cuda/moe_expert_gemv.h"
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/moe_routing.h"
 #include "kernels/cuda/rms_norm.h"
@@ -505,6 +506,38 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
   const bool grouped = t <= options.moe_grouped_max_tokens;
   const int64_t mean_rows = t * top_k / experts;
   const int kTileRows = mean_rows <= 16 ? 16 : mean_rows <= 32 ? 32 : 64;
+  // Fused decode steps (1 to 4 rows per expert): matrix-vector products, the shared
+  // experts' weights read before the routing kernel has finished.
+  const int max_active = static_cast<int>(std::min<int64_t>(groups_, t * top_k + shared));
+  if (Fused(plan) && options.moe_expert_gemv &&
+      cuda::MoeExpertGemvSupports(static_cast<int>(2 * inter), static_cast<int>(hidden), static_cast<int>(t),
+                                  max_active, static_cast<int>(shared)) &&
+      cuda::MoeExpertGemvSupports(static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(t), max_active,
+                                  static_cast<int>(shared))) {
+    TANDEM_CUDA_RETURN(
+        cuda::MoeExpertGemv({.a = act_.h_bf16, .a_lo = split ? act_.h_lo : nullptr, .lda = hidden,
+                             .a_rows = act_.sorted_token, .b = w.gate_up, .b_group_stride = 2 * inter * hidden,
+                             .n = static_cast<int>(2 * inter), .k = static_cast<int>(hidden), .group_offsets = offsets,
+                             .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,
+                             .num_static = static_cast<int>(shared), .max_active = max_active,
+                             .max_rows = static_cast<int>(t), .epilogue = cuda::GemmEpilogue::kSiluMulBf16,
+                             .out = act_.act_bf16, .ldo = inter, .out_lo = split ? act_.act_lo : nullptr},
+                            stream),
+        "experts gate_up (GEMV)");
+    RETURN_IF_ERROR(Mark("experts gate_up"));
+    TANDEM_CUDA_RETURN(
+        cuda::MoeExpertGemv({.a = act_.act_bf16, .a_lo = split ? act_.act_lo : nullptr, .lda = inter, .b = w.down,
+                             .b_group_stride = hidden * inter, .n = static_cast<int>(hidden),
+                             .k = static_cast<int>(inter), .group_offsets = offsets,
+                             .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,
+                             .num_static = static_cast<int>(shared), .max_active = max_active,
+                             .max_rows = static_cast<int>(t), .epilogue = cuda::GemmEpilogue::kScatterAddF32,
+                             .out = act_.x, .ldo = hidden, .out_rows = act_.sorted_token,
+                             .row_scale = act_.sorted_weight},
+                            stream),
+        "experts down (GEMV)");
+    return Mark("experts down");
+  }
   if (grouped) {
     // One grouped launch per projection over every tile of every active expert.
     const int max_tiles = static_cast<int>(std::min<int64_t>(groups_, t * top_k + shared) + rows / kTileRows);

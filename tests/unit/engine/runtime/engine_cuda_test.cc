@@ -118,6 +118,53 @@ class CollectingSink : public KvSink {
   std::map<int64_t, std::map<int64_t, std::vector<float>>> entries;
 };
 
+// The engine choosing tokens on the GPU (EngineOptions::sample_on_device, the default)
+// gives exactly the tokens of the same engine sampling on the CPU from the logits: greedy,
+// seeded top-k/top-p/min-p with penalties, all in one continuous batch; a request that
+// wants logprobs (or min_tokens) makes its steps take the host path.
+TEST_F(EngineCudaTest, DeviceSamplingGivesTheHostSamplersTokens) {
+  auto run = [](Engine& e) {
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    for (int i = 0; i < 8; ++i) {
+      EngineRequest r = Greedy("s" + std::to_string(i), Tokens(20 + 13 * i, i), 24);
+      if (i % 2 == 1) {
+        r.sampling.temperature = 0.7f + 0.1f * i;
+        r.sampling.top_p = 0.9f;
+        r.sampling.top_k = i == 3 ? 0 : 50;
+        r.sampling.min_p = i == 5 ? 0.05f : 0.0f;
+        r.sampling.repetition_penalty = i == 7 ? 1.2f : 1.0f;
+        r.sampling.presence_penalty = i == 7 ? 0.5f : 0.0f;
+        r.sampling.frequency_penalty = i == 5 ? 0.3f : 0.0f;
+        r.sampling.seed = 100 + i;
+      }
+      auto st = e.Submit(std::move(r));
+      EXPECT_TRUE(st.ok()) << st.status();
+      if (st.ok()) streams.push_back(*st);
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (auto& st : streams) out.push_back(Drain(*st));
+    return out;
+  };
+  EngineOptions host_options;
+  host_options.sample_on_device = false;
+  std::unique_ptr<Engine> device = Make("cuda"), host = Make("cuda", host_options);
+  ASSERT_TRUE(device && host);
+  const auto on_device = run(*device), on_host = run(*host);
+  EXPECT_EQ(on_device, on_host);
+  EXPECT_EQ(device->Stats().device_sampled_tokens, 8 * 24);
+  EXPECT_EQ(host->Stats().device_sampled_tokens, 0);
+
+  // Logprobs need the logits: those steps sample on the host, with the same tokens.
+  EngineRequest lp = Greedy("lp", Tokens(40, 9), 8);
+  lp.sampling.logprobs = 2;
+  auto a = device->Submit(lp);
+  lp.id = "lp2";
+  auto b = host->Submit(lp);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(Drain(**a), Drain(**b));
+  EXPECT_EQ(device->Stats().device_sampled_tokens, 8 * 24);
+}
+
 TEST_F(EngineCudaTest, PrefillExportImportedIntoADecodeEngineContinuesExactly) {
   const std::vector<int32_t> prompt = Tokens(150, 9);
   // Prefill in chunks with a warm prefix cache: the export also covers cached positions.

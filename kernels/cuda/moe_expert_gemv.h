@@ -1,0 +1,80 @@
+// The MoE expert projections of a decode step of a few tokens as matrix-vector products
+// (memory-bound on the expert weights): the grouped GEMM's contract (grouped_gemm.h) for
+// groups of 1 .. kMoeExpertGemvMaxRows rows, with its two MoE epilogues,
+//
+//   kSiluMulBf16:   out[p][i] = silu(gate_i) * up_i of  sum_k A[a_row(p)][k] * B[g(p)][.][k]
+//                   (gate_up weights interleaved in blocks of 8 rows, n / 2 output columns,
+//                   bf16 value and optionally its remainder out_lo)
+//   kScatterAddF32: out[out_rows[p]][c] += row_scale[p] * sum_k A[p][k] * B[g(p)][c][k]
+//                   (fp32 atomics: the down projection added into the residual stream)
+//
+// for the rows p of every active group g (rows [group_offsets[g], group_offsets[g + 1]) of
+// the permuted order, moe_permute.h). A is bf16, optionally with its remainder a_lo (split
+// activations): the kernel multiplies float32 a + a_lo by the bf16 weights with float32
+// accumulation, as the grouped GEMM's two tensor-core products do.
+//
+// Work: each group's n weight rows are cut into tiles of 16 rows (the 8 gate + 8 up rows of
+// one interleave block); a block of 8 warps takes one tile at a time, each warp two weight
+// rows over all of k with every 16-byte weight load of a 2048-element pass in flight
+// before the first use (registers; no shared-memory staging, no split-K). The block's
+// tiles are block, block + grid, ... of the list ordered static groups first, then the
+// routed active groups (active_groups without the static ones); the A rows of the tile's
+// group are staged in shared memory as float32 (again only when they change).
+//
+// Static groups: the last num_static groups (the shared experts), which every token uses:
+// their weights do not depend on the routing, so with programmatic dependent launch
+// (launch_control.h) each block issues the loads of its first tile, if static, and
+// prefetches its later static tiles into L2 before waiting for the previous kernel (the
+// routing). They must have rows (at most max_rows, like every group); routed groups may not
+// be static. Nothing but weights is read before the wait.
+//
+// Needs n a multiple of 16, k and lda multiples of 8, 16-byte aligned A and B rows;
+// kScatterAddF32: ldo even and out 8-byte aligned. No allocation; graph-capturable.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/grouped_gemm.h"
+
+namespace tandem::cuda {
+
+inline constexpr int kMoeExpertGemvMaxRows = 4;     // rows of one group
+inline constexpr int kMoeExpertGemvMaxActive = 64;  // active groups, static ones included
+
+struct MoeExpertGemvParams {
+  const __nv_bfloat16* a = nullptr;     // [*][lda]
+  const __nv_bfloat16* a_lo = nullptr;  // optional: A's remainder, same layout
+  int64_t lda = 0;
+  const int32_t* a_rows = nullptr;  // optional [rows]: A row of each permuted row (else the row itself)
+  const __nv_bfloat16* b = nullptr;  // [num_groups][n][k]
+  int64_t b_group_stride = 0;        // elements between groups' matrices
+  int n = 0;
+  int k = 0;
+  const int32_t* group_offsets = nullptr;  // [num_groups + 1]
+  const int32_t* active_groups = nullptr;  // [*num_active], ascending
+  const int32_t* num_active = nullptr;     // device scalar
+  int num_groups = 0;
+  int num_static = 0;  // the last num_static groups: always active, weights streamed before the wait
+  int max_active = 0;  // bound of *num_active (sizes the grid), 1 .. kMoeExpertGemvMaxActive
+  int max_rows = 1;    // bound of any group's rows, 1 .. kMoeExpertGemvMaxRows
+  GemmEpilogue epilogue = GemmEpilogue::kSiluMulBf16;  // or kScatterAddF32
+  void* out = nullptr;  // kSiluMulBf16: __nv_bfloat16 [rows][ldo]; kScatterAddF32: float [tokens][ldo]
+  int64_t ldo = 0;
+  __nv_bfloat16* out_lo = nullptr;    // kSiluMulBf16: optional remainder of the output
+  const int32_t* out_rows = nullptr;  // kScatterAddF32: destination row of each row (null: the row)
+  const float* row_scale = nullptr;   // kScatterAddF32: scale of each row (null: 1)
+};
+
+// Whether shapes of these sizes are supported (the launcher checks the rest).
+inline bool MoeExpertGemvSupports(int n, int k, int max_rows, int max_active, int num_static) {
+  return n > 0 && n % 16 == 0 && k > 0 && k % 8 == 0 && max_rows >= 1 && max_rows <= kMoeExpertGemvMaxRows &&
+         max_active >= 1 && max_active <= kMoeExpertGemvMaxActive && num_static >= 0 && num_static <= max_active &&
+         static_cast<int64_t>(kMoeExpertGemvMaxRows) * k * 4 <= 200 * 1024;
+}
+
+cudaError_t MoeExpertGemv(const MoeExpertGemvParams& p, cudaStream_t stream);
+
+}  // namespace tandem::cuda

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# GPU serving on the device machine, in one device run: the KV copy kernel and CUDA IPC
+# tests, the engine on CUDA, the disaggregated-serving test on one and on two GPUs, the
+# peer-copy benchmark; the TTFT of an 8K-token prompt through P/D on two GPUs vs an
+# aggregated worker on one; serving throughput with tokens chosen on the GPU vs on the CPU
+# (the last two on a DeepSeek-V2-Lite-shaped random model whose weights are generated on
+# the GPU at load).
+#   Here:  scripts/device/gpu_serving.sh pack [BUILD_DIR]
+#   There: scripts/device/gpu_serving.sh run [all|tests|serving|ttft|sampling]
+#          (run tool: kind nvidia-h200-x2 for the two-GPU parts, carry .carry/device.tgz
+#          .carry/e2e; results under $OUT)
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+if [ "${1:-}" = pack ]; then
+  build="${2:-$root/build}"
+  rm -rf "$root/.carry/e2e" "$root/.carry/device" && mkdir -p "$root/.carry/e2e"
+  "$build/bin/tandem" make-model --preset tiny --generated-tokenizer --vocab-size 4096 --seed 3 --out "$root/.carry/e2e/model"
+  "$root/scripts/device/pack.sh" "$build/bin/tandem" "$build/bin/tandem-router" "$build/bin/tandem-prefill" \
+    "$build/bin/tandem-decode" "$build/tests/integration_gpu_serving_test" "$build/tests/kernels_cuda_kv_block_copy_test" \
+    "$build/tests/engine_model_cuda_ipc_test" "$build/bin/kv_peer_copy_bench" \
+    "$build/tests/engine_runtime_engine_cuda_test" || exit 1
+  # Compressed: with the working tree it must fit the device tool's 64 MiB.
+  tar -czf "$root/.carry/device.tgz" -C "$root/.carry" device && rm -rf "$root/.carry/device"
+  du -sh "$root/.carry/device.tgz"
+  exit 0
+fi
+[ "${1:-}" = run ] || { sed -n '2,11p' "$0"; exit 2; }
+[ -d "$root/.carry/device" ] || tar -xzf "$root/.carry/device.tgz" -C "$root/.carry"
+export LD_LIBRARY_PATH="$root/.carry/device/lib"
+bin="$root/.carry/device/bin"
+out="${OUT:-/tmp}"
+export UCX_TLS=tcp UCX_NET_DEVICES=lo TANDEM_CACHE_DIR=/tmp/tc TANDEM_BINARY_DIR="$root/.carry/device"
+nvidia-smi topo -m | head -5
+fail=0
+what="${2:-all}"
+want() { [ "$what" = all ] || [ "$what" = "$1" ]; }
+
+if want tests; then
+  "$bin/engine_runtime_engine_cuda_test" 2>&1 | grep -E "^\[ *(OK|FAILED|PASSED) |Failure|Expected|Which is" | tail -20
+  "$bin/kernels_cuda_kv_block_copy_test" 2>&1 | tail -3 || fail=1
+  compute-sanitizer --tool memcheck "$bin/kernels_cuda_kv_block_copy_test" 2>&1 | tail -2 || fail=1
+  "$bin/engine_model_cuda_ipc_test" 2>&1 | grep -E "OK|FAILED|SKIPPED|PASSED|Failure|error" | tail -12 || fail=1
+fi
+if want serving; then
+  TANDEM_GPU_TEST_MODEL="$root/.carry/e2e/model" "$bin/integration_gpu_serving_test" >/tmp/gpu_serving_test.log 2>&1 ||
+    { fail=1; cp /tmp/gpu_serving_test.log "$out/"; }
+  grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|actual|exited|differ" /tmp/gpu_serving_test.log | head -40
+fi
+if [ "$what" = all ]; then
+  "$bin/kv_peer_copy_bench" --json "$out/kv_peer_copy_h200x2.json" 2>&1 | grep -vE '^\s*[{}\[\]"]' | tail -12
+fi
+want ttft || want sampling || exit $fail
+
+model=/tmp/v2lite
+"$bin/tandem" make-model --config "$root/bench/configs/deepseek_v2_lite_full.json" --weights-on-gpu --seed 1 \
+  --generated-tokenizer --out "$model" 2>&1 | tail -1
+# Starts `tandem serve-local` as NAME with the given arguments; sets $router and $pid.
+start() {
+  local name=$1; shift
+  rm -rf /tmp/run-$name /tmp/ready-$name.json
+  "$bin/tandem" serve-local --model "$model" --kvstore 0 --listen 127.0.0.1:0 --ready-file /tmp/ready-$name.json \
+    --run-dir /tmp/run-$name --kv-cache-mb 4096 "$@" >/tmp/serve-$name.log 2>&1 &
+  pid=$!
+  for _ in $(seq 1800); do [ -f /tmp/ready-$name.json ] && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+  if [ ! -f /tmp/ready-$name.json ]; then
+    echo "$name: cluster not ready"; tail -5 /tmp/serve-$name.log; tail -5 /tmp/run-$name/*.log; fail=1; return 1
+  fi
+  router=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["router"]["grpc"])' /tmp/ready-$name.json)
+}
+
+if want sampling; then
+  # Serving throughput, 64 concurrent sampled streams, one aggregated worker: tokens chosen
+  # on the GPU (default) vs logits copied to the host and sampled on the CPU.
+  for name in device host; do
+    extra=(); [ $name = host ] && extra=(--worker-arg=--no-device-sampling)
+    start sampling-$name --aggregated 1 --device cuda:0 "${extra[@]}" || continue
+    "$bin/tandem" bench --addr "$router" --num-prompts 256 --num-warmup 4 --max-concurrency 64 --input-len 256 \
+      --output-len 128 --ignore-eos --temperature 0.8 --no-progress --json "$out/sampling_$name.json" 2>&1 |
+      grep -iE "output token throughput|median tpot|failed" | sed "s/^/$name: /"
+    kill -TERM $pid; wait $pid
+  done
+fi
+
+if want ttft; then
+  # TTFT of 8K-token prompts: aggregated on cuda:0, then P/D with prefill on cuda:0 and
+  # decode on cuda:1 (serve-local's placement for a bare --device cuda on two GPUs).
+  for name in aggregated pd; do
+    if [ $name = aggregated ]; then start $name --aggregated 1 --device cuda:0 || continue
+    else start $name --device cuda --worker-arg=--log-level=debug || continue; fi
+    "$bin/tandem" bench --addr "$router" --num-prompts 20 --num-warmup 3 --max-concurrency 1 --input-len 8192 \
+      --output-len 4 --ignore-eos --no-progress --json "$out/ttft_8k_$name.json" 2>&1 | grep -iE "ttft|failed" | head -8
+    grep -h "GPU to GPU\|offering the GPU" /tmp/run-$name/*.log | head -3
+    kill -TERM $pid; wait $pid
+    [ -s "$out/ttft_8k_$name.json" ] || { fail=1; tail -20 /tmp/run-$name/*.log; }
+  done
+  python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+a, p = (json.load(open(f"{out}/ttft_8k_{n}.json"))["result"]["ttft_ms"] for n in ("aggregated", "pd"))
+res = {q: {"aggregated_1gpu_ms": a[q], "pd_2gpu_ms": p[q], "ratio": p[q] / a[q]} for q in ("median", "mean", "p99")}
+print(json.dumps({"ttft_8k": res}, indent=1))
+json.dump({"ttft_8k": res}, open(f"{out}/ttft_8k_summary.json", "w"), indent=1)
+PY
+fi
+exit $fail
