@@ -20,7 +20,7 @@ TEST(CliTest, HelpDocumentsEveryCommandAndFlag) {
   EXPECT_NE(top.out.find("generate"), std::string::npos);
   auto mm = RunProcess({BinaryPath("tandem"), "make-model", "--help"});
   for (const char* flag : {"--preset", "--config", "--out", "--seed", "--dtype", "--shards", "--tokenizer-dir",
-                           "--generated-tokenizer", "--vocab-size"}) {
+                           "--generated-tokenizer", "--vocab-size", "--weights-on-gpu"}) {
     EXPECT_NE(mm.out.find(flag), std::string::npos) << flag;
   }
   auto gen = RunProcess({BinaryPath("tandem"), "generate", "--help"});
@@ -30,6 +30,37 @@ TEST(CliTest, HelpDocumentsEveryCommandAndFlag) {
   }
   auto none = RunProcess({BinaryPath("tandem")});
   EXPECT_NE(none.exit_code, 0);
+}
+
+TEST(CliTest, ServeLocalPlacesReplicasOnDevicesAndRefusesBadOnes) {
+  auto help = RunProcess({BinaryPath("tandem"), "serve-local", "--help"});
+  for (const char* flag : {"--device", "--prefill-devices", "--decode-devices", "--aggregated"}) {
+    EXPECT_NE(help.out.find(flag), std::string::npos) << flag;
+  }
+  auto bad = RunProcess({BinaryPath("tandem"), "serve-local", "--prefill-devices", "cuda:0,gpu1"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("'gpu1' is not a device"), std::string::npos) << bad.err;
+  if (!std::filesystem::exists(BinaryPath("tandem-prefill"))) return;  // an engine-only build
+  auto worker = RunProcess({BinaryPath("tandem-prefill"), "--help"});
+  for (const char* flag : {"--kv-transfer", "--no-device-sampling", "--gpu-memory-utilization"}) {
+    EXPECT_NE(worker.out.find(flag), std::string::npos) << flag;
+  }
+  auto mode = RunProcess({BinaryPath("tandem-prefill"), "--kv-transfer", "nvlink"});
+  EXPECT_NE(mode.exit_code, 0);
+  EXPECT_NE(mode.err.find("--kv-transfer"), std::string::npos) << mode.err;
+}
+
+// A checkpoint whose weights are generated on the GPU at load says so on the CPU.
+TEST(CliTest, WeightsOnGpuCheckpointNeedsAGpu) {
+  TempDir tmp;
+  auto mm = RunProcess({BinaryPath("tandem"), "make-model", "--preset", "tiny", "--generated-tokenizer",
+                        "--weights-on-gpu", "--out", tmp.Sub("m")});
+  ASSERT_EQ(mm.exit_code, 0) << mm.err;
+  EXPECT_TRUE(std::filesystem::exists(tmp.Sub("m") + "/tandem_generated_weights.json"));
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("m") + "/model.safetensors"));
+  auto gen = RunProcess({BinaryPath("tandem"), "generate", "--local", "--model", tmp.Sub("m"), "hi"});
+  EXPECT_NE(gen.exit_code, 0);
+  EXPECT_NE(gen.err.find("use --device cuda"), std::string::npos) << gen.err;
 }
 
 TEST(CliTest, MakeModelIsDeterministic) {
