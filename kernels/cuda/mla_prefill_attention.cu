@@ -1,6 +1,7 @@
 #include "kernels/cuda/mla_prefill_attention.h"
 
 #include "kernels/cuda/mma_sync.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -214,35 +215,9 @@ constexpr int kWgSmem = 2 * 3 * kAtom      // Q, two warpgroups
                         + 2 * 2 * kAtom    // V, two stages
                         + 1024;            // alignment slack
 
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define TANDEM_MLA_PREFILL_WGMMA 1
-#endif
 
-#ifdef TANDEM_MLA_PREFILL_WGMMA
-__device__ __forceinline__ uint64_t SmemDesc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo_bytes >> 4) << 16) |
-         (static_cast<uint64_t>(sbo_bytes >> 4) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaWait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void FenceReg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaM64N64K16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
+#ifdef TANDEM_HAS_WGMMA
+using namespace wgmma;  // NOLINT: the kernel below is written in these building blocks
 
 __device__ __forceinline__ void WgmmaM64N128K16RegATransB(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
   asm volatile(
@@ -265,13 +240,13 @@ __device__ __forceinline__ void WgmmaM64N128K16RegATransB(float (&d)[64], const 
 }
 
 __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
-  return (chunk >> 3) * kAtom + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+  return wgmma::SwizzledOffset(row, chunk, kAtom);
 }
-#endif  // TANDEM_MLA_PREFILL_WGMMA
+#endif  // TANDEM_HAS_WGMMA
 
 
 __global__ void __launch_bounds__(256, 1) MlaPrefillWgmmaKernel(PrefillArgs args) {
-#ifdef TANDEM_MLA_PREFILL_WGMMA
+#ifdef TANDEM_HAS_WGMMA
   const MlaPrefillParams& p = args.p;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t raw_addr = SmemAddr(smem_raw);
@@ -349,7 +324,7 @@ __global__ void __launch_bounds__(256, 1) MlaPrefillWgmmaKernel(PrefillArgs args
         WgmmaM64N64K16(s, SmemDesc(qa + off, 16, 1024), SmemDesc(ka + off, 16, 1024), k > 0 ? 1 : 0);
       }
       WgmmaCommit();
-      WgmmaWait0();
+      WgmmaWait<0>();
 #pragma unroll
       for (int i = 0; i < 32; ++i) FenceReg(s[i]);
 
@@ -404,7 +379,7 @@ __global__ void __launch_bounds__(256, 1) MlaPrefillWgmmaKernel(PrefillArgs args
         WgmmaM64N128K16RegATransB(o, pa[kk], SmemDesc(va + kk * 16 * 128, kAtom, 1024));
       }
       WgmmaCommit();
-      WgmmaWait0();
+      WgmmaWait<0>();
 #pragma unroll
       for (int i = 0; i < 64; ++i) FenceReg(o[i]);
     }
