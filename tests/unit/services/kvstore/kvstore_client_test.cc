@@ -273,6 +273,12 @@ TEST(KvStoreMetricsTest, BothSidesCountQueriesHitTokensBytesEvictionsAndRpcs) {
   ASSERT_NE(r.prefix, nullptr);
   EXPECT_EQ(r.prefix->blocks.size(), 6u);
   r = {};
+  // The instance unpins the blocks it served once its Get completes, which may be just
+  // after the client has them: wait until all 8 slots are usable again.
+  for (int i = 0; i < 1000 && a.store->num_available() < 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(a.store->num_available(), 8);
   // Six more blocks into 8 slots: the least recently used go.
   client->Offload({.hashes = second, .data = Data(6, 8)});
   WaitOffloaded(*client, 12);
