@@ -17,12 +17,14 @@ constexpr int kPassChunks = 32 * kUnroll;  // chunks of a weight row per pass (2
 constexpr int kMaxActive = kMoeExpertGemvMaxActive;
 constexpr int kMaxRows = kMoeExpertGemvMaxRows;
 
-// One group of the tile list, read once per block after the wait.
+// One group of the tile list. Slot m of a group: its m-th row, or with a_row_count its A
+// row m (the staged rows), so that every group's products use the same staged rows.
 struct Entry {
   int group;
   int begin;  // first permuted row
   int rows;   // at most the kernel's row bound
-  int a_row[kMaxRows];
+  int a_row[kMaxRows];   // A row of slot m (without a_row_count)
+  int row_of[kMaxRows];  // permuted row of slot m; -1: none
   int dst_row[kMaxRows];
   float scale[kMaxRows];
 };
@@ -117,17 +119,19 @@ __device__ __forceinline__ void Epilogue(const MoeExpertGemvParams& p, const Ent
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
-    if (m >= e.rows) continue;  // warp-uniform
+    const int row = e.row_of[m];
+    if (row < 0) continue;  // warp-uniform
     const float v0 = internal::WarpSum(acc[0][m]), v1 = internal::WarpSum(acc[1][m]);
     if (lane != m) continue;
     if (silu) {
-      const int64_t at = static_cast<int64_t>(e.begin + m) * p.ldo + tile * (kTileRows / 2) + warp;
+      const int64_t at = static_cast<int64_t>(row) * p.ldo + tile * (kTileRows / 2) + warp;
       const float v = internal::SiluMulValue(v0, v1);
       const __nv_bfloat16 hi = __float2bfloat16_rn(v);
       static_cast<__nv_bfloat16*>(p.out)[at] = hi;
       if (p.out_lo != nullptr) p.out_lo[at] = __float2bfloat16_rn(v - __bfloat162float(hi));
     } else {
-      float* dst = static_cast<float*>(p.out) + static_cast<int64_t>(e.dst_row[m]) * p.ldo + tile * kTileRows + 2 * warp;
+      float* dst =
+          static_cast<float*>(p.out) + static_cast<int64_t>(e.dst_row[m]) * p.ldo + tile * kTileRows + 2 * warp;
       const float s = e.scale[m];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       atomicAdd(reinterpret_cast<float2*>(dst), make_float2(s * v0, s * v1));
@@ -139,13 +143,53 @@ __device__ __forceinline__ void Epilogue(const MoeExpertGemvParams& p, const Ent
   }
 }
 
+// Row m of A (bf16 value + optional remainder, read from L2) into the staged rows as float32.
+__device__ __forceinline__ void StageChunk(const MoeExpertGemvParams& p, float4* xs, int kc, int m, int a_row, int ch) {
+  const int64_t at = static_cast<int64_t>(a_row) * p.lda + ch * 8;
+  float f[8];
+  Unpack(__ldcg(reinterpret_cast<const uint4*>(p.a + at)), f);
+  if (p.a_lo != nullptr) {
+    float g[8];
+    Unpack(__ldcg(reinterpret_cast<const uint4*>(p.a_lo + at)), g);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) f[q] += g[q];
+  }
+  xs[(2 * m) * kc + ch] = make_float4(f[0], f[1], f[2], f[3]);
+  xs[(2 * m + 1) * kc + ch] = make_float4(f[4], f[5], f[6], f[7]);
+}
+
+// The slots of entry e (its begin and rows set): A rows, permuted rows, epilogue rows.
+template <int kRows>
+__device__ __forceinline__ void FillSlots(const MoeExpertGemvParams& p, bool silu, Entry& e) {
+#pragma unroll
+  for (int m = 0; m < kMaxRows; ++m) {
+    e.a_row[m] = -1;
+    e.row_of[m] = -1;
+    e.dst_row[m] = 0;
+    e.scale[m] = 0.0f;
+  }
+  for (int i = 0; i < e.rows; ++i) {
+    const int r = e.begin + i;
+    const int a_row = p.a_rows != nullptr ? p.a_rows[r] : r;
+    const int m = p.a_row_count > 0 ? a_row : i;
+    if (m < 0 || m >= (p.a_row_count > 0 ? p.a_row_count : kRows)) continue;  // outside the contract
+    e.a_row[m] = a_row;
+    e.row_of[m] = r;
+    if (!silu) {
+      e.dst_row[m] = p.out_rows != nullptr ? p.out_rows[r] : r;
+      e.scale[m] = p.row_scale != nullptr ? p.row_scale[r] : 1.0f;
+    }
+  }
+}
+
 template <int kRows>
 __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemvParams p) {
-  extern __shared__ float4 xs[];  // [kRows][2][kc]: the A rows of the current group, float32
+  extern __shared__ float4 xs[];  // [kRows][2][kc]: the staged A rows, float32
   __shared__ Entry table[kMaxActive];
-  __shared__ int entries;
+  __shared__ int routed_group[kMaxActive];
   const int tid = threadIdx.x;
   const bool silu = p.epilogue == GemmEpilogue::kSiluMulBf16;
+  const bool all_rows = p.a_row_count > 0;
   const int kc = p.k / 8;
   const int passes = (kc + kPassChunks - 1) / kPassChunks;
   const int tiles = p.n / kTileRows;
@@ -168,72 +212,73 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   }
   internal::WaitAndTrigger();
 
-  // The tile list's groups: the static ones, then the routed active groups (ascending, so
-  // the first entries of active_groups; the static groups are the highest).
+  // One round trip after the wait: the active groups (ascending, so the routed ones come
+  // first; the static groups are the highest), the static groups' rows and, with
+  // a_row_count, the staged A rows. The rest of the table (routed groups' rows, every
+  // group's slots) is read later, while weights are in flight.
+  int routed = 0;
   {
     const int active = min(*p.num_active, p.max_active);
-    const int g = tid < active ? p.active_groups[tid] : INT_MAX;
-    const int routed = __syncthreads_count(g < first_static);
-    auto fill = [&](int slot, int group) {
-      if (slot >= kMaxActive) return;
-      const int begin = p.group_offsets[group];
-      const int rows = max(min(p.group_offsets[group + 1] - begin, kRows), 0);
-      Entry& e = table[slot];
-      e.group = group;
-      e.begin = begin;
-      e.rows = rows;
-#pragma unroll
-      for (int m = 0; m < kMaxRows; ++m) {
-        const int r = begin + m;
-        const bool ok = m < rows;
-        e.a_row[m] = ok ? (p.a_rows != nullptr ? p.a_rows[r] : r) : -1;
-        e.dst_row[m] = ok && !silu ? (p.out_rows != nullptr ? p.out_rows[r] : r) : 0;
-        e.scale[m] = ok && !silu ? (p.row_scale != nullptr ? p.row_scale[r] : 1.0f) : 0.0f;
-      }
-    };
-    if (tid < p.num_static) fill(tid, first_static + tid);
-    if (tid < routed) fill(p.num_static + tid, g);
-    if (tid == 0) entries = min(p.num_static + routed, kMaxActive);
-    __syncthreads();
+    const int g = tid < p.max_active ? p.active_groups[tid] : INT_MAX;  // entries past *num_active: unused
+    int begin = 0, end = 0;
+    if (tid < p.num_static) {
+      begin = p.group_offsets[first_static + tid];
+      end = p.group_offsets[first_static + tid + 1];
+    }
+    if (all_rows) {
+      for (int i = tid; i < p.a_row_count * kc; i += kThreads) StageChunk(p, xs, kc, i / kc, i / kc, i % kc);
+    }
+    if (tid < kMaxActive) routed_group[tid] = g;
+    if (tid < p.num_static) {
+      table[tid].group = first_static + tid;
+      table[tid].begin = begin;
+      table[tid].rows = max(min(end - begin, kRows), 0);
+    }
+    routed = __syncthreads_count(tid < active && g < first_static);
   }
-
+  const int entries = min(p.num_static + routed, kMaxActive);
   const int total = entries * tiles;
-  if (j < total && !preloaded) LoadPass(p, table[j / tiles].group, j % tiles, 0, silu, wv);
+  auto group_of = [&](int v) { return v < p.num_static ? first_static + v : routed_group[v - p.num_static]; };
+  bool table_ready = false;
+  auto complete_table = [&]() {  // block-uniform
+    if (table_ready) return;
+    if (tid < p.num_static) FillSlots<kRows>(p, silu, table[tid]);
+    const int slot = p.num_static + tid;
+    if (tid < routed && slot < kMaxActive) {
+      Entry& e = table[slot];
+      e.group = routed_group[tid];
+      e.begin = p.group_offsets[e.group];
+      e.rows = max(min(p.group_offsets[e.group + 1] - e.begin, kRows), 0);
+      FillSlots<kRows>(p, silu, e);
+    }
+    __syncthreads();
+    table_ready = true;
+  };
+
+  if (j < total && !preloaded) LoadPass(p, group_of(j / tiles), j % tiles, 0, silu, wv);
   float acc[2][kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[0][m] = acc[1][m] = 0.0f;
-  int staged_rows = -1;  // A rows in shared memory (block-uniform)
-  int staged[kMaxRows];
-#pragma unroll
-  for (int m = 0; m < kMaxRows; ++m) staged[m] = -1;
+  int staged_begin = -1, staged_rows = -1;  // the group rows staged (without a_row_count; block-uniform)
   int pass = 0;
   while (j < total) {
     const int v = j / tiles, tile = j % tiles;
-    const int rows = table[v].rows;
-    if (pass == 0) {
-      bool same = rows == staged_rows;
-#pragma unroll
-      for (int m = 0; m < kMaxRows; ++m) same = same && table[v].a_row[m] == staged[m];
-      if (!same) {
+    int rows = p.a_row_count;
+    if (!all_rows) {
+      // The group's rows: a static group's are known; a routed group's, or A rows through
+      // a_rows, need the rest of the table.
+      if (v >= p.num_static || p.a_rows != nullptr) complete_table();
+      const int begin = table[v].begin;
+      rows = table[v].rows;
+      if (pass == 0 && (begin != staged_begin || rows != staged_rows)) {
         __syncthreads();  // the previous rows' readers are done
         for (int i = tid; i < rows * kc; i += kThreads) {
-          const int m = i / kc, ch = i % kc;
-          const int64_t at = static_cast<int64_t>(table[v].a_row[m]) * p.lda + ch * 8;
-          float f[8];
-          Unpack(*reinterpret_cast<const uint4*>(p.a + at), f);
-          if (p.a_lo != nullptr) {
-            float g[8];
-            Unpack(*reinterpret_cast<const uint4*>(p.a_lo + at), g);
-#pragma unroll
-            for (int q = 0; q < 8; ++q) f[q] += g[q];
-          }
-          xs[(2 * m) * kc + ch] = make_float4(f[0], f[1], f[2], f[3]);
-          xs[(2 * m + 1) * kc + ch] = make_float4(f[4], f[5], f[6], f[7]);
+          const int m = i / kc;
+          StageChunk(p, xs, kc, m, p.a_rows != nullptr ? table[v].a_row[m] : begin + m, i % kc);
         }
         __syncthreads();
+        staged_begin = begin;
         staged_rows = rows;
-#pragma unroll
-        for (int m = 0; m < kMaxRows; ++m) staged[m] = table[v].a_row[m];
       }
     }
     ComputePass<kRows>(xs, kc, pass, rows, wv, acc);
@@ -243,8 +288,9 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
       next_pass = 0;
       next = j + stride;
     }
-    if (next < total) LoadPass(p, table[next / tiles].group, next % tiles, next_pass, silu, wv);
+    if (next < total) LoadPass(p, group_of(next / tiles), next % tiles, next_pass, silu, wv);
     if (next_pass == 0) {
+      complete_table();
       Epilogue<kRows>(p, table[v], tile, silu, acc);
 #pragma unroll
       for (int m = 0; m < kRows; ++m) acc[0][m] = acc[1][m] = 0.0f;
@@ -285,7 +331,8 @@ cudaError_t LaunchRows(const MoeExpertGemvParams& p, cudaStream_t stream) {
   // memory allows: every block of the grid is resident at once, none waits for a second wave.
   const int per_sm = smem <= 96 * 1024 ? 2 : 1;
   const int64_t tiles = static_cast<int64_t>(p.max_active) * (p.n / kTileRows);
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(per_sm) * MultiprocessorCount()));
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(per_sm) * MultiprocessorCount()));
   return internal::Launch(MoeExpertGemvKernel<kRows>, dim3(blocks), dim3(kThreads), smem, stream, p);
 }
 
@@ -295,7 +342,8 @@ cudaError_t MoeExpertGemv(const MoeExpertGemvParams& p, cudaStream_t stream) {
   const bool silu = p.epilogue == GemmEpilogue::kSiluMulBf16;
   const bool scatter = p.epilogue == GemmEpilogue::kScatterAddF32;
   if (p.a == nullptr || p.b == nullptr || p.out == nullptr || p.group_offsets == nullptr ||
-      p.active_groups == nullptr || p.num_active == nullptr ||
+      p.active_groups == nullptr || p.num_active == nullptr || p.a_row_count < 0 ||
+      p.a_row_count > p.max_rows || (p.a_row_count > 0 && p.a_rows == nullptr) ||
       !MoeExpertGemvSupports(p.n, p.k, p.max_rows, p.max_active, p.num_static) || p.num_groups <= 0 ||
       p.num_static > p.num_groups || p.lda < p.k || p.lda % 8 != 0 || p.b_group_stride % 8 != 0 ||
       p.b_group_stride < 0 || reinterpret_cast<uintptr_t>(p.a) % 16 != 0 ||

@@ -16,10 +16,15 @@
 // Work: each group's n weight rows are cut into tiles of 16 rows (the 8 gate + 8 up rows of
 // one interleave block); a block of 8 warps takes one tile at a time, each warp two weight
 // rows over all of k with every 16-byte weight load of a 2048-element pass in flight
-// before the first use (registers; no shared-memory staging, no split-K). The block's
-// tiles are block, block + grid, ... of the list ordered static groups first, then the
-// routed active groups (active_groups without the static ones); the A rows of the tile's
-// group are staged in shared memory as float32 (again only when they change).
+// before the first use (registers; no shared-memory staging of weights, no split-K), the
+// next tile's loads issued before the current tile's reduction. The block's tiles are
+// block, block + grid, ... of the list ordered static groups first, then the routed active
+// groups (active_groups without the static ones). The A rows are staged in shared memory
+// as float32: the rows of the tile's group (again only when the group changes), or with
+// a_row_count all A rows once, right after the wait: then every group's products are
+// computed for all of them and stored for the rows the group has (the gate_up projection
+// of a few tokens: its first products need nothing from the routing but the weights and
+// the tokens, one round trip after the wait).
 //
 // Static groups: the last num_static groups (the shared experts), which every token uses:
 // their weights do not depend on the routing, so with programmatic dependent launch
@@ -49,12 +54,15 @@ struct MoeExpertGemvParams {
   const __nv_bfloat16* a_lo = nullptr;  // optional: A's remainder, same layout
   int64_t lda = 0;
   const int32_t* a_rows = nullptr;  // optional [rows]: A row of each permuted row (else the row itself)
+  // With a_rows: 0, or the number of A rows (at most max_rows) when every a_rows value is
+  // below it and a group's rows have distinct ones (the tokens of a step): see above.
+  int a_row_count = 0;
   const __nv_bfloat16* b = nullptr;  // [num_groups][n][k]
   int64_t b_group_stride = 0;        // elements between groups' matrices
   int n = 0;
   int k = 0;
   const int32_t* group_offsets = nullptr;  // [num_groups + 1]
-  const int32_t* active_groups = nullptr;  // [*num_active], ascending
+  const int32_t* active_groups = nullptr;  // [max_active] readable; ascending up to *num_active
   const int32_t* num_active = nullptr;     // device scalar
   int num_groups = 0;
   int num_static = 0;  // the last num_static groups: always active, weights streamed before the wait

@@ -1,7 +1,9 @@
 #include "engine/model/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -37,18 +39,31 @@ class CudaBackend : public ModelBackend {
     return model_->ForwardSample(batch, rows, options);
   }
 
+  // One device read (or write) per layer through a contiguous buffer, scattered to (or
+  // gathered from) the host pool's blocks: a synchronization per 4096 positions rather
+  // than one per block.
   absl::Status KvToHost(int64_t layer, std::span<const int32_t> table, int64_t begin, int64_t end,
                         LatentKvCache& host) override {
+    if (end <= begin) return absl::OkStatus();
+    const int64_t dim = host.entry_dim();
+    staging_.resize(static_cast<size_t>((end - begin) * dim));
+    RETURN_IF_ERROR(model_->ReadKvEntries(layer, table, begin, end - begin, staging_.data()));
     return ForEachBlockRun(table, begin, end, host, [&](int64_t p, int64_t n) {
-      return model_->ReadKvEntries(layer, table, p, n, host.Entry(layer, table, p));
+      std::memcpy(host.Entry(layer, table, p), staging_.data() + (p - begin) * dim, n * dim * sizeof(float));
+      return absl::OkStatus();
     });
   }
 
   absl::Status KvFromHost(std::span<const int32_t> table, int64_t begin, int64_t end, LatentKvCache& host) override {
+    if (end <= begin) return absl::OkStatus();
+    const int64_t dim = host.entry_dim();
+    staging_.resize(static_cast<size_t>((end - begin) * dim));
     for (int64_t layer = 0; layer < host.num_layers(); ++layer) {
       RETURN_IF_ERROR(ForEachBlockRun(table, begin, end, host, [&](int64_t p, int64_t n) {
-        return model_->WriteKvEntries(layer, table, p, host.Entry(layer, table, p), n);
+        std::memcpy(staging_.data() + (p - begin) * dim, host.Entry(layer, table, p), n * dim * sizeof(float));
+        return absl::OkStatus();
       }));
+      RETURN_IF_ERROR(model_->WriteKvEntries(layer, table, begin, staging_.data(), end - begin));
     }
     return absl::OkStatus();
   }
@@ -81,6 +96,7 @@ class CudaBackend : public ModelBackend {
 
   std::unique_ptr<CudaDeepseekModel> model_;
   std::unique_ptr<cuda_model::CudaPeerKv> peer_kv_;
+  std::vector<float> staging_;  // engine thread only
 };
 
 // Device-to-device transfers that may be open at once (requests waiting for a prefill

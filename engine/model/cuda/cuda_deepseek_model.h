@@ -20,8 +20,9 @@
 // fused_decode_max_tokens decode tokens take fused kernels (8 launches per MoE layer instead
 // of ~17: RMSNorm fused into float32-activation GEMVs, MLA prepare with the W_UK product,
 // the split combine with W_UV, one MoE front-end kernel for norm + router + routing +
-// permutation, the expert projections as matrix-vector products), and steps of at most moe_grouped_max_tokens tokens chain their kernels
-// with programmatic dependent launch (kernels/cuda/launch_control.h).
+// permutation, the expert projections as matrix-vector products), and steps of at most
+// moe_grouped_max_tokens tokens chain their kernels with programmatic dependent launch
+// (kernels/cuda/launch_control.h).
 //
 // Not thread-safe: one thread owns the model (the engine thread), like DeepseekModel.
 #pragma once

@@ -507,7 +507,8 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
   const int64_t mean_rows = t * top_k / experts;
   const int kTileRows = mean_rows <= 16 ? 16 : mean_rows <= 32 ? 32 : 64;
   // Fused decode steps (1 to 4 rows per expert): matrix-vector products, the shared
-  // experts' weights read before the routing kernel has finished.
+  // experts' weights read before the routing kernel has finished; gate_up stages the t
+  // token rows once (a_row_count), down the rows of each expert.
   const int max_active = static_cast<int>(std::min<int64_t>(groups_, t * top_k + shared));
   if (Fused(plan) && options.moe_expert_gemv &&
       cuda::MoeExpertGemvSupports(static_cast<int>(2 * inter), static_cast<int>(hidden), static_cast<int>(t),
@@ -516,7 +517,8 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
                                   static_cast<int>(shared))) {
     TANDEM_CUDA_RETURN(
         cuda::MoeExpertGemv({.a = act_.h_bf16, .a_lo = split ? act_.h_lo : nullptr, .lda = hidden,
-                             .a_rows = act_.sorted_token, .b = w.gate_up, .b_group_stride = 2 * inter * hidden,
+                             .a_rows = act_.sorted_token, .a_row_count = static_cast<int>(t), .b = w.gate_up,
+                             .b_group_stride = 2 * inter * hidden,
                              .n = static_cast<int>(2 * inter), .k = static_cast<int>(hidden), .group_offsets = offsets,
                              .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,
                              .num_static = static_cast<int>(shared), .max_active = max_active,

@@ -184,19 +184,29 @@ TEST_F(CudaMoeExpertGemvTest, MatchesFloat64) {
           lo[i] = F32ToBf16(v - Bf16ToF32(hi[i]));
           x[i] = Bf16ToF32(hi[i]) + (split ? static_cast<double>(Bf16ToF32(lo[i])) : 0.0);
         }
+        // gate_up as the model runs it (the token rows staged once, a_row_count), and with
+        // each expert's rows staged through a_rows: the same products, bit for bit.
         Dev<uint16_t> d_hi(hi), d_lo(lo), act(static_cast<size_t>(rows) * I), act_lo(act.size());
-        ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(d_hi), .a_lo = split ? Bf(d_lo) : nullptr, .lda = H,
-                                       .a_rows = perm.d_token.get(), .b = Bf(w1),
-                                       .b_group_stride = static_cast<int64_t>(2) * I * H, .n = 2 * I, .k = H,
-                                       .group_offsets = perm.d_offsets.get(), .active_groups = perm.d_active.get(),
-                                       .num_active = perm.d_num.get(), .num_groups = groups, .num_static = s.shared,
-                                       .max_active = max_active, .max_rows = tokens,
-                                       .epilogue = cuda::GemmEpilogue::kSiluMulBf16, .out = act.get(), .ldo = I,
-                                       .out_lo = split ? Bf(act_lo) : nullptr},
-                                      nullptr),
-                  cudaSuccess)
-            << what;
+        Dev<uint16_t> act2(act.size()), act2_lo(act.size());
+        for (const bool stage_tokens : {true, false}) {
+          ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(d_hi), .a_lo = split ? Bf(d_lo) : nullptr, .lda = H,
+                                         .a_rows = perm.d_token.get(), .a_row_count = stage_tokens ? tokens : 0,
+                                         .b = Bf(w1), .b_group_stride = static_cast<int64_t>(2) * I * H, .n = 2 * I,
+                                         .k = H, .group_offsets = perm.d_offsets.get(),
+                                         .active_groups = perm.d_active.get(), .num_active = perm.d_num.get(),
+                                         .num_groups = groups, .num_static = s.shared, .max_active = max_active,
+                                         .max_rows = tokens, .epilogue = cuda::GemmEpilogue::kSiluMulBf16,
+                                         .out = stage_tokens ? act.get() : act2.get(), .ldo = I,
+                                         .out_lo = split ? Bf(stage_tokens ? act_lo : act2_lo) : nullptr},
+                                        nullptr),
+                    cudaSuccess)
+              << what;
+        }
         const std::vector<uint16_t> got_hi = act.Download(), got_lo = act_lo.Download();
+        ASSERT_EQ(got_hi, act2.Download()) << what;
+        if (split) {
+          ASSERT_EQ(got_lo, act2_lo.Download()) << what;
+        }
         std::vector<double> a(static_cast<size_t>(rows) * I);  // the GPU's activations, for the down check
         for (int g = 0; g < groups; ++g) {
           for (int p = perm.offsets[g]; p < perm.offsets[g + 1]; ++p) {
@@ -205,7 +215,8 @@ TEST_F(CudaMoeExpertGemvTest, MatchesFloat64) {
               const size_t gate_row = (static_cast<size_t>(g) * 2 * I + (i / 8) * 16 + i % 8) * H;
               double gate = 0, up = 0, gate_mag = 0, up_mag = 0;
               for (int k = 0; k < H; ++k) {
-                const double pg = xr[k] * Bf16ToF32(hw1[gate_row + k]), pu = xr[k] * Bf16ToF32(hw1[gate_row + 8 * H + k]);
+                const double pg = xr[k] * Bf16ToF32(hw1[gate_row + k]);
+                const double pu = xr[k] * Bf16ToF32(hw1[gate_row + 8 * H + k]);
                 gate += pg;
                 up += pu;
                 gate_mag += std::fabs(pg);
@@ -265,6 +276,62 @@ TEST_F(CudaMoeExpertGemvTest, MatchesFloat64) {
   }
 }
 
+TEST_F(CudaMoeExpertGemvTest, ScatterAddFromStagedTokenRows) {
+  // The scatter-add epilogue with the token rows staged once (a_row_count): each expert's
+  // product with the tokens routed to it, scaled and added into the token rows.
+  for (const Shape& s : {kShapes[1], kShapes[2], kShapes[5]}) {
+    const int H = s.hidden, N = 48, groups = s.experts + s.shared;
+    Dev<uint16_t> w(static_cast<size_t>(groups) * N * H);
+    FillWeights(w, H, 31);
+    const std::vector<uint16_t> hw = w.Download();
+    for (int tokens = 1; tokens <= cuda::kMoeExpertGemvMaxRows; ++tokens) {
+      std::vector<int32_t> ids;
+      std::vector<float> route_weights;
+      Route(tokens, s, 7 * tokens, &ids, &route_weights);
+      const Permutation perm(ids, route_weights, tokens, s);
+      std::mt19937 rng(tokens);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<uint16_t> x(static_cast<size_t>(tokens) * H);
+      for (uint16_t& v : x) v = F32ToBf16(normal(rng));
+      std::vector<float> base(static_cast<size_t>(tokens) * N);
+      for (float& v : base) v = normal(rng);
+      Dev<uint16_t> dx(x);
+      Dev<float> out(base);
+      ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(dx), .lda = H, .a_rows = perm.d_token.get(), .a_row_count = tokens,
+                                     .b = Bf(w), .b_group_stride = static_cast<int64_t>(N) * H, .n = N, .k = H,
+                                     .group_offsets = perm.d_offsets.get(), .active_groups = perm.d_active.get(),
+                                     .num_active = perm.d_num.get(), .num_groups = groups, .num_static = s.shared,
+                                     .max_active = std::min(groups, tokens * s.top_k + s.shared), .max_rows = tokens,
+                                     .epilogue = cuda::GemmEpilogue::kScatterAddF32, .out = out.get(), .ldo = N,
+                                     .out_rows = perm.d_token.get(), .row_scale = perm.d_weight.get()},
+                                    nullptr),
+                cudaSuccess);
+      const std::vector<float> got = out.Download();
+      std::vector<double> want(base.begin(), base.end()), mag(base.size());
+      for (size_t i = 0; i < base.size(); ++i) mag[i] = std::fabs(base[i]);
+      for (int g = 0; g < groups; ++g) {
+        for (int p = perm.offsets[g]; p < perm.offsets[g + 1]; ++p) {
+          const int t = perm.token[p];
+          for (int c = 0; c < N; ++c) {
+            double sum = 0, sum_mag = 0;
+            for (int k = 0; k < H; ++k) {
+              const double prod = static_cast<double>(Bf16ToF32(x[t * H + k])) *
+                                  Bf16ToF32(hw[(static_cast<size_t>(g) * N + c) * H + k]);
+              sum += prod;
+              sum_mag += std::fabs(prod);
+            }
+            want[t * N + c] += perm.weight[p] * sum;
+            mag[t * N + c] += perm.weight[p] * sum_mag;
+          }
+        }
+      }
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 2e-5 * mag[i] + 1e-30) << s.name << ", " << tokens << " tokens @" << i;
+      }
+    }
+  }
+}
+
 TEST_F(CudaMoeExpertGemvTest, ProgrammaticLaunchInAGraph) {
   // Permutation, gate_up and down chained by programmatic dependent launch and captured in
   // a graph (the shared experts' weights then load before the permutation has finished):
@@ -297,8 +364,9 @@ TEST_F(CudaMoeExpertGemvTest, ProgrammaticLaunchInAGraph) {
     auto chain = [&](Dev<uint16_t>& act, Dev<uint16_t>& act_lo, Dev<float>& out) {
       ASSERT_EQ(cuda::MoePermute(perm.params, stream), cudaSuccess);
       ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(d_hi), .a_lo = Bf(d_lo), .lda = H, .a_rows = perm.d_token.get(),
-                                     .b = Bf(w1), .b_group_stride = static_cast<int64_t>(2) * I * H, .n = 2 * I,
-                                     .k = H, .group_offsets = perm.d_offsets.get(),
+                                     .a_row_count = tokens, .b = Bf(w1),
+                                     .b_group_stride = static_cast<int64_t>(2) * I * H, .n = 2 * I, .k = H,
+                                     .group_offsets = perm.d_offsets.get(),
                                      .active_groups = perm.d_active.get(), .num_active = perm.d_num.get(),
                                      .num_groups = groups, .num_static = s.shared, .max_active = max_active,
                                      .max_rows = tokens, .epilogue = cuda::GemmEpilogue::kSiluMulBf16,
@@ -378,6 +446,12 @@ TEST_F(CudaMoeExpertGemvTest, RejectsBadParams) {
   EXPECT_EQ(with([](cuda::MoeExpertGemvParams& p) { p.num_active = nullptr; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([&](cuda::MoeExpertGemvParams& p) { p.a = Bf(w) + 1; }), cudaErrorInvalidValue);  // misaligned
   EXPECT_EQ(with([&](cuda::MoeExpertGemvParams& p) { p.out_lo = Bf(w); }), cudaErrorInvalidValue);
+  EXPECT_EQ(with([](cuda::MoeExpertGemvParams& p) { p.a_row_count = 1; }), cudaErrorInvalidValue);  // no a_rows
+  EXPECT_EQ(with([&](cuda::MoeExpertGemvParams& p) {
+              p.a_rows = ints.get();
+              p.a_row_count = 2;  // above max_rows
+            }),
+            cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
@@ -385,7 +459,8 @@ TEST_F(CudaMoeExpertGemvTest, V2LiteWeightBandwidth) {
   // Prints (asserts nothing about speed): a batch-1 MoE layer of DeepSeek-V2-Lite (6 routed
   // + 2 shared experts of 2048 x 1408, 92.3 MB gate_up + 46.1 MB down) with the GEMVs and
   // with the grouped GEMM the model used before, cycling over 4 layers' weights (more than
-  // L2), launched back to back without and with programmatic dependent launch.
+  // L2), launched back to back without and with programmatic dependent launch (then each
+  // launch's static weights load while the previous kernel runs, as in the model).
   const Shape& s = kShapes[0];
   const int H = s.hidden, I = s.inter, groups = s.experts + s.shared, layers = 4;
   const int64_t per_layer = static_cast<int64_t>(groups) * 3 * I * H;
@@ -403,14 +478,17 @@ TEST_F(CudaMoeExpertGemvTest, V2LiteWeightBandwidth) {
   Dev<float> out(std::vector<float>(H, 0.0f));
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  auto launch = [&](bool gemv, int l, bool up, bool dn) {
-    if (gemv) {
+  // mode 0: the grouped GEMM; 1: the GEMVs, gate_up staging each expert's rows; 2: the
+  // GEMVs as the model runs them (gate_up stages the token row once).
+  auto launch = [&](int mode, int l, bool up, bool dn) {
+    if (mode > 0) {
       const cuda::MoeExpertGemvParams common{
           .group_offsets = perm.d_offsets.get(), .active_groups = perm.d_active.get(), .num_active = perm.d_num.get(),
           .num_groups = groups, .num_static = s.shared, .max_active = max_active, .max_rows = 1};
       if (up) {
         cuda::MoeExpertGemvParams p = common;
-        p.a = Bf(h), p.a_lo = Bf(h_lo), p.lda = H, p.a_rows = perm.d_token.get(), p.b = gate_up(l);
+        p.a = Bf(h), p.a_lo = Bf(h_lo), p.lda = H, p.a_rows = perm.d_token.get(), p.a_row_count = mode == 2 ? 1 : 0;
+        p.b = gate_up(l);
         p.b_group_stride = static_cast<int64_t>(2) * I * H, p.n = 2 * I, p.k = H;
         p.epilogue = cuda::GemmEpilogue::kSiluMulBf16, p.out = act.get(), p.ldo = I, p.out_lo = Bf(act_lo);
         ASSERT_EQ(cuda::MoeExpertGemv(p, stream), cudaSuccess);
@@ -454,23 +532,24 @@ TEST_F(CudaMoeExpertGemvTest, V2LiteWeightBandwidth) {
   const double up_bytes = 8.0 * 2 * I * H * 2, down_bytes = 8.0 * H * I * 2;
   for (const bool pdl : {false, true}) {
     const cuda::ScopedProgrammaticLaunch scoped(pdl);
-    for (const bool gemv : {false, true}) {
+    for (const int mode : {0, 1, 2}) {
       double us[3];
       for (int which = 0; which < 3; ++which) {  // gate_up, down, both
         const bool up = which != 1, dn = which != 0;
-        for (int i = 0; i < 8; ++i) launch(gemv, i % layers, up, dn);
+        for (int i = 0; i < 8; ++i) launch(mode, i % layers, up, dn);
         const int iters = 64;
         ASSERT_EQ(cudaEventRecord(e0, stream), cudaSuccess);
-        for (int i = 0; i < iters; ++i) launch(gemv, i % layers, up, dn);
+        for (int i = 0; i < iters; ++i) launch(mode, i % layers, up, dn);
         ASSERT_EQ(cudaEventRecord(e1, stream), cudaSuccess);
         ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
         float ms = 0;
         ASSERT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
         us[which] = 1e3 * ms / iters;
       }
-      std::printf("V2-Lite batch 1, %-12s %s: gate_up %.1f us (%.2f TB/s), down %.1f us (%.2f TB/s), "
+      const char* name[] = {"grouped GEMM", "GEMV, rows per expert", "GEMV (model)"};
+      std::printf("V2-Lite batch 1, %-21s %s: gate_up %.1f us (%.2f TB/s), down %.1f us (%.2f TB/s), "
                   "both %.1f us (%.2f TB/s)\n",
-                  gemv ? "expert GEMV" : "grouped GEMM", pdl ? "PDL on " : "PDL off", us[0], up_bytes / us[0] / 1e6,
+                  name[mode], pdl ? "PDL on " : "PDL off", us[0], up_bytes / us[0] / 1e6,
                   us[1], down_bytes / us[1] / 1e6, us[2], (up_bytes + down_bytes) / us[2] / 1e6);
     }
   }

@@ -319,8 +319,9 @@ TEST_P(CudaModelTest, RejectsBadInput) {
 TEST_P(CudaModelTest, SmallBatchDecodeMatchesCpu) {
   // Decode steps of 1 to 4 sequences take the fused kernels (GEMVs with the norms fused,
   // MLA prepare with W_UK, the split combine with W_UV, the one-launch MoE front end),
-  // chained by programmatic dependent launch and replayed from graphs; the same steps with
-  // those off give the same logits up to float32 summation order.
+  // chained by programmatic dependent launch and replayed from graphs, the expert GEMVs;
+  // the same steps with those off (or only the expert GEMVs off) give the same logits up to
+  // float32 summation order.
   absl::StatusOr<std::string> dir = ResolveModelDir(GetParam());
   ASSERT_TRUE(dir.ok());
   CudaDeepseekModel::LoadOptions plain_options = GpuOptions();
@@ -328,6 +329,11 @@ TEST_P(CudaModelTest, SmallBatchDecodeMatchesCpu) {
   plain_options.programmatic_launch = false;
   absl::StatusOr<std::unique_ptr<CudaDeepseekModel>> plain = CudaDeepseekModel::Load(*dir, plain_options);
   ASSERT_TRUE(plain.ok()) << plain.status();
+  // The fused path with the grouped GEMM for the experts instead of the expert GEMVs.
+  CudaDeepseekModel::LoadOptions grouped_options = GpuOptions();
+  grouped_options.moe_expert_gemv = false;
+  absl::StatusOr<std::unique_ptr<CudaDeepseekModel>> grouped = CudaDeepseekModel::Load(*dir, grouped_options);
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
   for (int seqs : {1, 3, 4}) {
     std::vector<std::vector<int32_t>> tokens, tables;
     for (int i = 0; i < seqs; ++i) {
@@ -343,7 +349,8 @@ TEST_P(CudaModelTest, SmallBatchDecodeMatchesCpu) {
     ASSERT_TRUE(cpu_->Forward(prefill, cache).ok());
     ASSERT_TRUE(gpu_->Forward(prefill).ok());
     ASSERT_TRUE((*plain)->Forward(prefill).ok());
-    int rows = 0, within_cpu = 0, same_top1 = 0, within_plain = 0;
+    ASSERT_TRUE((*grouped)->Forward(prefill).ok());
+    int rows = 0, within_cpu = 0, same_top1 = 0, within_plain = 0, within_grouped = 0;
     for (int step = 0; step < 30; ++step) {
       std::vector<ForwardSequence> batch(seqs);
       for (int i = 0; i < seqs; ++i) {
@@ -353,19 +360,24 @@ TEST_P(CudaModelTest, SmallBatchDecodeMatchesCpu) {
       absl::StatusOr<std::vector<float>> c = cpu_->Forward(batch, cache);
       absl::StatusOr<std::vector<float>> g = gpu_->Forward(batch);
       absl::StatusOr<std::vector<float>> p = (*plain)->Forward(batch);
-      ASSERT_TRUE(c.ok() && g.ok() && p.ok()) << c.status() << " " << g.status() << " " << p.status();
+      absl::StatusOr<std::vector<float>> q = (*grouped)->Forward(batch);
+      ASSERT_TRUE(c.ok() && g.ok() && p.ok() && q.ok())
+          << c.status() << " " << g.status() << " " << p.status() << " " << q.status();
       for (int i = 0; i < seqs; ++i) {
         const float* gr = &(*g)[i * vocab_];
         ++rows;
         within_cpu += RowError(gr, &(*c)[i * vocab_], vocab_) <= 2e-2;
         within_plain += RowError(gr, &(*p)[i * vocab_], vocab_) <= 2e-2;
+        within_grouped += RowError(gr, &(*q)[i * vocab_], vocab_) <= 2e-2;
         same_top1 += Argmax(gr, vocab_) == Argmax(&(*c)[i * vocab_], vocab_);
       }
     }
-    std::printf("%d sequences, %d decode rows: %d within 2e-2 of the CPU, %d of the unfused GPU path, %d same top-1\n",
-                seqs, rows, within_cpu, within_plain, same_top1);
+    std::printf("%d sequences, %d decode rows: %d within 2e-2 of the CPU, %d of the unfused GPU path, %d of the "
+                "grouped expert GEMM, %d same top-1\n",
+                seqs, rows, within_cpu, within_plain, within_grouped, same_top1);
     EXPECT_GE(within_cpu, rows * 97 / 100);
     EXPECT_GE(within_plain, rows * 97 / 100);
+    EXPECT_GE(within_grouped, rows * 97 / 100);
     EXPECT_GE(same_top1, rows * 97 / 100);
   }
 }
