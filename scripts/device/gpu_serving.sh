@@ -73,11 +73,14 @@ if want sampling; then
   # on the GPU (default) vs logits copied to the host and sampled on the CPU.
   for name in device host; do
     extra=(); [ $name = host ] && extra=(--worker-arg=--no-device-sampling)
+    export TANDEM_GPU_STEP_TRACE=200  # the worker logs the GPU's busy share every 200 steps
     start sampling-$name --aggregated 1 --device cuda:0 "${extra[@]}" || continue
+    unset TANDEM_GPU_STEP_TRACE
     "$bin/tandem" bench --addr "$router" --num-prompts 256 --num-warmup 4 --max-concurrency 64 --input-len 256 \
       --output-len 128 --ignore-eos --temperature 0.8 --no-progress --json "$out/sampling_$name.json" 2>&1 |
       grep -iE "output token throughput|median tpot|failed" | sed "s/^/$name: /"
     kill -TERM $pid; wait $pid
+    grep -h "gpu step trace" /tmp/run-sampling-$name/*.log | tail -4 | sed "s/^/$name: /"
   done
 fi
 

@@ -1,6 +1,8 @@
 #include "engine/model/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -20,7 +22,15 @@ namespace {
 class CudaBackend : public ModelBackend {
  public:
   CudaBackend(std::unique_ptr<CudaDeepseekModel> model, std::unique_ptr<cuda_model::CudaPeerKv> peer_kv)
-      : model_(std::move(model)), peer_kv_(std::move(peer_kv)) {}
+      : model_(std::move(model)), peer_kv_(std::move(peer_kv)) {
+    // TANDEM_GPU_STEP_TRACE=N: every N steps, how much of the time between the GPU's first
+    // and last operation of those steps it was busy, on stderr: the GPU idle time the
+    // engine leaves between steps, as served.
+    if (const char* t = std::getenv("TANDEM_GPU_STEP_TRACE"); t != nullptr && std::atoi(t) > 0) {
+      trace_every_ = std::atoi(t);
+      model_->set_step_events(true);
+    }
+  }
 
   const ModelConfig& config() const override { return model_->config(); }
   std::string device_name() const override { return model_->device_name(); }
@@ -29,14 +39,18 @@ class CudaBackend : public ModelBackend {
 
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& /*host*/,
                                              const ForwardOptions& options) override {
-    return model_->Forward(batch, options);
+    absl::StatusOr<std::vector<float>> r = model_->Forward(batch, options);
+    Trace();
+    return r;
   }
 
   bool samples_on_device() const override { return true; }
   absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch, LatentKvCache& /*host*/,
                                                      std::span<const SampleRow> rows,
                                                      const ForwardOptions& options) override {
-    return model_->ForwardSample(batch, rows, options);
+    absl::StatusOr<std::vector<int32_t>> r = model_->ForwardSample(batch, rows, options);
+    Trace();
+    return r;
   }
 
   // One device read (or write) per layer through a contiguous buffer, scattered to (or
@@ -94,8 +108,26 @@ class CudaBackend : public ModelBackend {
     return absl::OkStatus();
   }
 
+  void Trace() {
+    if (trace_every_ == 0 || ++traced_ % trace_every_ != 0) return;
+    absl::StatusOr<std::vector<std::pair<double, double>>> t = model_->TakeStepTimes();
+    if (!t.ok() || t->empty()) return;
+    double busy = 0;
+    std::vector<double> gaps;
+    for (size_t i = 0; i < t->size(); ++i) {
+      busy += (*t)[i].second - (*t)[i].first;
+      if (i > 0) gaps.push_back((*t)[i].first - (*t)[i - 1].second);
+    }
+    const double span = t->back().second - t->front().first;
+    std::sort(gaps.begin(), gaps.end());
+    std::fprintf(stderr, "gpu step trace: %zu steps, GPU busy %.1f%% of %.1f ms, mean step %.3f ms, median gap %.3f ms\n",
+                 t->size(), 100.0 * busy / span, span, busy / static_cast<double>(t->size()),
+                 gaps.empty() ? 0.0 : gaps[gaps.size() / 2]);
+  }
+
   std::unique_ptr<CudaDeepseekModel> model_;
   std::unique_ptr<cuda_model::CudaPeerKv> peer_kv_;
+  int64_t trace_every_ = 0, traced_ = 0;
   std::vector<float> staging_;  // engine thread only
 };
 
