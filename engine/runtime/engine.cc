@@ -47,12 +47,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   std::unique_ptr<Engine> e(new Engine());
   if (!options.clock) options.clock = SteadySeconds;
   e->options_ = options;
-  ASSIGN_OR_RETURN(e->backend_, LoadBackend(model_dir, {.device = options.device,
-                                                        .num_threads = options.num_threads,
-                                                        .gpu_memory_utilization = options.gpu_memory_utilization,
-                                                        .max_batch_tokens = options.max_batch_tokens,
-                                                        .max_running = options.max_running,
-                                                        .kv_blocks = options.num_kv_blocks}));
+  if (options.backend_factory) {
+    ASSIGN_OR_RETURN(e->backend_, options.backend_factory(model_dir));
+  } else {
+    ASSIGN_OR_RETURN(e->backend_, LoadBackend(model_dir, {.device = options.device,
+                                                          .num_threads = options.num_threads,
+                                                          .gpu_memory_utilization = options.gpu_memory_utilization,
+                                                          .max_batch_tokens = options.max_batch_tokens,
+                                                          .max_running = options.max_running,
+                                                          .kv_blocks = options.num_kv_blocks}));
+  }
   ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromDir(model_dir));
   const ModelConfig& c = e->backend_->config();
 

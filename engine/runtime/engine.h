@@ -56,6 +56,9 @@ struct EngineOptions {
   bool sample_on_device = true;
   // Seconds on a monotonic clock; injectable for tests.
   std::function<double()> clock;
+  // Tests and benchmarks: the model backend for the checkpoint directory instead of
+  // LoadBackend's for `device` (e.g. a fake whose forward pass costs nothing).
+  std::function<absl::StatusOr<std::unique_ptr<ModelBackend>>(const std::string& dir)> backend_factory;
   // Called on the engine thread when a request ends (metrics); must not block.
   std::function<void(const RequestMetrics&, const absl::Status&)> on_request_finished;
 };
