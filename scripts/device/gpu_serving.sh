@@ -71,7 +71,7 @@ start() {
 if want sampling; then
   # Serving throughput, 64 concurrent sampled streams, one aggregated worker: tokens chosen
   # on the GPU (default) vs logits copied to the host and sampled on the CPU.
-  for name in device host; do
+  for name in ${SAMPLING_VARIANTS:-device host}; do
     extra=(); [ $name = host ] && extra=(--worker-arg=--no-device-sampling)
     export TANDEM_GPU_STEP_TRACE=200  # the worker logs the GPU's busy share every 200 steps
     start sampling-$name --aggregated 1 --device cuda:0 "${extra[@]}" || continue

@@ -1,11 +1,60 @@
 #include "services/worker/engine_stream_reactor.h"
 
+#include <condition_variable>
+#include <thread>
+#include <vector>
+
 #include "services/api/grpc_status.h"
 #include "services/api/proto_convert.h"
 #include "services/common/logging.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {
+
+// Pumps reactors off the engine thread: the engine's push into an output stream only queues
+// the stream here (a lock and a notify), and this thread converts the output to its proto
+// and starts the gRPC write. Done on the engine thread, that work (~12 us a stream) came
+// between two GPU steps for every stream of the batch (0.8 ms at 64 streams on the H200).
+class PumpQueue {
+ public:
+  static PumpQueue& Get() {
+    static PumpQueue* q = new PumpQueue();  // lives until exit: reactors may pump until then
+    return *q;
+  }
+  void Post(std::weak_ptr<EngineStreamReactor::Shared> s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(s));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  PumpQueue() { std::thread([this] { Loop(); }).detach(); }
+  void Loop() {
+    std::vector<std::weak_ptr<EngineStreamReactor::Shared>> batch;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return !queue_.empty(); });
+        batch.swap(queue_);
+      }
+      for (std::weak_ptr<EngineStreamReactor::Shared>& w : batch) {
+        std::shared_ptr<EngineStreamReactor::Shared> s = w.lock();
+        if (!s) continue;
+        s->queued = false;  // a push from now on queues the stream again
+        std::lock_guard<std::mutex> lock(s->mu);
+        if (s->reactor != nullptr) s->reactor->Pump();
+      }
+      batch.clear();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::weak_ptr<EngineStreamReactor::Shared>> queue_;
+};
+
 namespace {
 
 // One line per request as it ends, tagged with the request id the router assigned
@@ -46,9 +95,7 @@ EngineStreamReactor* EngineStreamReactor::Start(Engine* engine, std::string requ
   std::weak_ptr<Shared> weak = r->shared_;
   r->stream_->SetListener([weak] {
     std::shared_ptr<Shared> s = weak.lock();
-    if (!s) return;
-    std::lock_guard<std::mutex> lock(s->mu);
-    if (s->reactor != nullptr) s->reactor->Pump();
+    if (s && !s->queued.exchange(true)) PumpQueue::Get().Post(weak);
   });
   r->Pump();  // outputs may have arrived before the listener was set
   return r;

@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,7 +34,9 @@ class EngineStreamReactor : public grpc::ServerWriteReactor<v1::GenerateResponse
   struct Shared {
     std::mutex mu;
     EngineStreamReactor* reactor = nullptr;  // null once the RPC is done
+    std::atomic<bool> queued{false};         // waiting in the pump queue (.cc)
   };
+  friend class PumpQueue;
   void Pump();  // writes the next pending output if no write is in flight
 
   Engine* engine_ = nullptr;

@@ -1,6 +1,7 @@
 #include "engine/model/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +40,7 @@ class CudaBackend : public ModelBackend {
 
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& /*host*/,
                                              const ForwardOptions& options) override {
+    TraceEnter();
     absl::StatusOr<std::vector<float>> r = model_->Forward(batch, options);
     Trace();
     return r;
@@ -48,6 +50,7 @@ class CudaBackend : public ModelBackend {
   absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch, LatentKvCache& /*host*/,
                                                      std::span<const SampleRow> rows,
                                                      const ForwardOptions& options) override {
+    TraceEnter();
     absl::StatusOr<std::vector<int32_t>> r = model_->ForwardSample(batch, rows, options);
     Trace();
     return r;
@@ -108,8 +111,21 @@ class CudaBackend : public ModelBackend {
     return absl::OkStatus();
   }
 
+  // Host time between two forward passes (the engine's) vs inside them.
+  void TraceEnter() {
+    if (trace_every_ == 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (traced_ > 0) outside_s_ += std::chrono::duration<double>(now - last_exit_).count();
+    last_enter_ = now;
+  }
   void Trace() {
-    if (trace_every_ == 0 || ++traced_ % trace_every_ != 0) return;
+    if (trace_every_ == 0) return;
+    last_exit_ = std::chrono::steady_clock::now();
+    inside_s_ += std::chrono::duration<double>(last_exit_ - last_enter_).count();
+    if (++traced_ % trace_every_ != 0) return;
+    const double outside_ms = outside_s_ * 1e3 / static_cast<double>(trace_every_);
+    const double inside_ms = inside_s_ * 1e3 / static_cast<double>(trace_every_);
+    outside_s_ = inside_s_ = 0;
     absl::StatusOr<std::vector<std::pair<double, double>>> t = model_->TakeStepTimes();
     if (!t.ok() || t->empty()) return;
     double busy = 0;
@@ -120,14 +136,18 @@ class CudaBackend : public ModelBackend {
     }
     const double span = t->back().second - t->front().first;
     std::sort(gaps.begin(), gaps.end());
-    std::fprintf(stderr, "gpu step trace: %zu steps, GPU busy %.1f%% of %.1f ms, mean step %.3f ms, median gap %.3f ms\n",
+    std::fprintf(stderr,
+                 "gpu step trace: %zu steps, GPU busy %.1f%% of %.1f ms, mean step %.3f ms, median gap %.3f ms; "
+                 "host per step: %.3f ms in the forward pass, %.3f ms between passes\n",
                  t->size(), 100.0 * busy / span, span, busy / static_cast<double>(t->size()),
-                 gaps.empty() ? 0.0 : gaps[gaps.size() / 2]);
+                 gaps.empty() ? 0.0 : gaps[gaps.size() / 2], inside_ms, outside_ms);
   }
 
   std::unique_ptr<CudaDeepseekModel> model_;
   std::unique_ptr<cuda_model::CudaPeerKv> peer_kv_;
   int64_t trace_every_ = 0, traced_ = 0;
+  std::chrono::steady_clock::time_point last_enter_, last_exit_;
+  double inside_s_ = 0, outside_s_ = 0;
   std::vector<float> staging_;  // engine thread only
 };
 
