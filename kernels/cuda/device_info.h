@@ -20,4 +20,9 @@ struct DeviceInfo {
 // (e.g. "no CUDA driver", "no CUDA device").
 std::string QueryDevices(std::vector<DeviceInfo>* devices);
 
+// Multiprocessors of the calling thread's current device, for sizing launch grids; cached
+// per device (no driver call on the launch path after the first); 132 (an H200) when the
+// driver cannot say.
+int CurrentDeviceMultiprocessors();
+
 }  // namespace tandem::cuda

@@ -1,9 +1,9 @@
 #include "kernels/cuda/kv_block_copy.h"
 
-#include <atomic>
 #include <cstring>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/device_info.h"
 
 namespace tandem::cuda {
 namespace {
@@ -126,25 +126,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) KvBlockCopyKernel(KvBloc
   }
 }
 
-int MultiprocessorCount() {
-  constexpr int kDevices = 64;
-  static std::atomic<int> cache[kDevices] = {};
-  int dev = 0, v = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 132;
-  }
-  if (dev >= 0 && dev < kDevices) {
-    if (const int c = cache[dev].load(std::memory_order_relaxed); c > 0) return c;
-  }
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
-    (void)cudaGetLastError();
-    return 132;
-  }
-  if (dev >= 0 && dev < kDevices) cache[dev].store(v, std::memory_order_relaxed);
-  return v;
-}
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -165,7 +146,7 @@ cudaError_t KvBlockCopy(const KvBlockCopyParams& p, cudaStream_t stream) {
   g.first_block = p.begin / p.block_size;
   g.blocks = (p.end - 1) / p.block_size - g.first_block + 1;
   const int64_t layers = p.layer_end - p.layer_begin;
-  const int sms = MultiprocessorCount();
+  const int sms = CurrentDeviceMultiprocessors();
   // Tiles of up to kMaxTileBytes; smaller (down to one entry) until there is a tile for
   // every warp the grid can hold, so that small copies still reach every SM.
   const int64_t target_tiles = static_cast<int64_t>(sms) * kCtasPerSm * kWarps;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/device_info.h"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -855,7 +856,7 @@ bool MakePlan(int q_per_seq, int heads, int R, int P, int requested, Plan* plan)
   const int rows = q_per_seq * heads;
   const int D = R + P;
   const int major = CurrentDeviceAttr(cudaDevAttrComputeCapabilityMajor, 0);
-  const int sms = CurrentDeviceAttr(cudaDevAttrMultiProcessorCount, 132);
+  const int sms = CurrentDeviceMultiprocessors();
   const bool wgmma_ok = major == 9 && R == kWgR && P == kWgD - kWgR;
   Plan p;
   // The wgmma kernel also for fewer than 64 rows (padded): memory-bound there, and its

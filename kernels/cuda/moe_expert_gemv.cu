@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/device_info.h"
 
 namespace tandem::cuda {
 namespace {
@@ -300,23 +301,6 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   }
 }
 
-int MultiprocessorCount() {
-  constexpr int kDevices = 16;
-  static int cache[kDevices] = {};
-  int dev = 0, v = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 132;
-  }
-  if (dev >= 0 && dev < kDevices && cache[dev] > 0) return cache[dev];
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
-    cudaGetLastError();
-    return 132;
-  }
-  if (dev >= 0 && dev < kDevices) cache[dev] = v;
-  return v;
-}
-
 template <int kRows>
 cudaError_t LaunchRows(const MoeExpertGemvParams& p, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(kRows) * p.k * sizeof(float);
@@ -332,7 +316,7 @@ cudaError_t LaunchRows(const MoeExpertGemvParams& p, cudaStream_t stream) {
   const int per_sm = smem <= 96 * 1024 ? 2 : 1;
   const int64_t tiles = static_cast<int64_t>(p.max_active) * (p.n / kTileRows);
   const unsigned blocks =
-      static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(per_sm) * MultiprocessorCount()));
+      static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(per_sm) * CurrentDeviceMultiprocessors()));
   return internal::Launch(MoeExpertGemvKernel<kRows>, dim3(blocks), dim3(kThreads), smem, stream, p);
 }
 

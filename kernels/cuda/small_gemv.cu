@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/device_info.h"
 
 namespace tandem::cuda {
 namespace {
@@ -137,23 +138,6 @@ __global__ void __launch_bounds__(kThreads) SmallGemvKernel(SmallGemvParams p) {
   }
 }
 
-int MultiprocessorCount() {
-  constexpr int kDevices = 16;
-  static int cache[kDevices] = {};
-  int dev = 0, v = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 132;
-  }
-  if (dev >= 0 && dev < kDevices && cache[dev] > 0) return cache[dev];
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
-    cudaGetLastError();
-    return 132;
-  }
-  if (dev >= 0 && dev < kDevices) cache[dev] = v;
-  return v;
-}
-
 template <int M>
 cudaError_t LaunchGemv(const SmallGemvParams& p, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(M) * p.k * sizeof(float);
@@ -165,7 +149,7 @@ cudaError_t LaunchGemv(const SmallGemvParams& p, cudaStream_t stream) {
     configured.store(smem, std::memory_order_relaxed);
   }
   const int col_blocks = (p.n + kColsPerBlock - 1) / kColsPerBlock;
-  const unsigned blocks = static_cast<unsigned>(std::min(col_blocks, 2 * MultiprocessorCount()));
+  const unsigned blocks = static_cast<unsigned>(std::min(col_blocks, 2 * CurrentDeviceMultiprocessors()));
   return internal::Launch(SmallGemvKernel<M>, dim3(blocks), dim3(kThreads), smem, stream, p);
 }
 

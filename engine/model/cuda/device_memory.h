@@ -37,13 +37,15 @@ inline absl::Status CublasStatus(cublasStatus_t s, const char* what) {
     if (!tandem_cublas_status_.ok()) return tandem_cublas_status_;                      \
   } while (0)
 
-// cudaMalloc'd bytes, freed on destruction.
-class DeviceBuffer {
+// Bytes from one CUDA allocator, freed on destruction; movable. `Allocator` gives
+// Alloc(void**, size_t), Free(void*) and kMemory (what the error message calls it).
+template <typename Allocator>
+class CudaBuffer {
  public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer() { Reset(); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  CudaBuffer() = default;
+  ~CudaBuffer() { Reset(); }
+  CudaBuffer(CudaBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
     if (this != &o) {
       Reset();
       ptr_ = std::exchange(o.ptr_, nullptr);
@@ -55,18 +57,18 @@ class DeviceBuffer {
   absl::Status Allocate(size_t bytes, const char* what) {
     Reset();
     if (bytes == 0) return absl::OkStatus();
-    const cudaError_t err = cudaMalloc(&ptr_, bytes);
+    const cudaError_t err = Allocator::Alloc(&ptr_, bytes);
     if (err != cudaSuccess) {
       ptr_ = nullptr;
       (void)cudaGetLastError();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory for ", what, ": ", cudaGetErrorString(err)));
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of ", Allocator::kMemory,
+                                                       " for ", what, ": ", cudaGetErrorString(err)));
     }
     bytes_ = bytes;
     return absl::OkStatus();
   }
   void Reset() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
+    if (ptr_ != nullptr) Allocator::Free(ptr_);
     ptr_ = nullptr;
     bytes_ = 0;
   }
@@ -81,42 +83,18 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// cudaMallocHost'd (pinned) bytes, freed on destruction.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  ~PinnedBuffer() { Reset(); }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  absl::Status Allocate(size_t bytes, const char* what) {
-    Reset();
-    if (bytes == 0) return absl::OkStatus();
-    const cudaError_t err = cudaMallocHost(&ptr_, bytes);
-    if (err != cudaSuccess) {
-      ptr_ = nullptr;
-      (void)cudaGetLastError();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", bytes, " bytes of pinned host memory for ", what));
-    }
-    bytes_ = bytes;
-    return absl::OkStatus();
-  }
-  void Reset() {
-    if (ptr_ != nullptr) cudaFreeHost(ptr_);
-    ptr_ = nullptr;
-    bytes_ = 0;
-  }
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
+struct DeviceAllocator {
+  static cudaError_t Alloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+  static void Free(void* p) { cudaFree(p); }
+  static constexpr const char* kMemory = "GPU memory";
 };
+struct PinnedAllocator {
+  static cudaError_t Alloc(void** p, size_t bytes) { return cudaMallocHost(p, bytes); }
+  static void Free(void* p) { cudaFreeHost(p); }
+  static constexpr const char* kMemory = "pinned host memory";
+};
+using DeviceBuffer = CudaBuffer<DeviceAllocator>;  // cudaMalloc
+using PinnedBuffer = CudaBuffer<PinnedAllocator>;  // cudaMallocHost
 
 // Carves aligned sub-ranges out of one allocation: sizes are computed with a null base
 // first (Plan), then the same calls run over the real buffer.

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/launch_control.h"
+#include "tests/unit/kernels/cuda_test_support.h"
 
 namespace tandem {
 namespace {
@@ -243,14 +244,8 @@ std::vector<int32_t> RandomTable(int64_t first, int64_t count, int64_t pool_bloc
   return table;
 }
 
-class CudaKvBlockCopyTest : public ::testing::Test {
+class CudaKvBlockCopyTest : public testing::GpuTest {
  protected:
-  void SetUp() override {
-    std::vector<cuda::DeviceInfo> devices;
-    const std::string why = cuda::QueryDevices(&devices);
-    if (!why.empty()) GTEST_SKIP() << "no usable GPU: " << why;
-  }
-
   // Everything for one shape: pools, tables, the reference.
   struct Case {
     Shape s;

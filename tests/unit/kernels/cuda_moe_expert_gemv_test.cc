@@ -29,40 +29,12 @@
 #include "kernels/cuda/moe_expert_gemv.h"
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/random_init.h"
+#include "tests/unit/kernels/cuda_test_support.h"
 
 namespace tandem {
 namespace {
 
-// A device array that frees itself; poisoned (0xff bytes: NaN) when created so that
-// unwritten outputs show.
-template <typename T>
-class Dev {
- public:
-  explicit Dev(size_t n) : n_(n) {
-    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(p_, 0xff, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
-  }
-  explicit Dev(const std::vector<T>& v) : Dev(v.size()) { Upload(v); }
-  ~Dev() { cudaFree(p_); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-  void Upload(const std::vector<T>& v) {
-    ASSERT_LE(v.size(), n_);
-    ASSERT_EQ(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<T> Download() const {
-    std::vector<T> v(n_);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
+using testing::Dev;
 
 __nv_bfloat16* Bf(const Dev<uint16_t>& d) { return reinterpret_cast<__nv_bfloat16*>(d.get()); }
 
@@ -146,14 +118,7 @@ void FillWeights(const Dev<uint16_t>& w, int64_t cols, uint64_t key) {
 
 double Silu(double g) { return g / (1.0 + std::exp(-g)); }
 
-class CudaMoeExpertGemvTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::vector<cuda::DeviceInfo> devices;
-    const std::string why = cuda::QueryDevices(&devices);
-    if (!why.empty()) GTEST_SKIP() << "no usable GPU: " << why;
-  }
-};
+class CudaMoeExpertGemvTest : public testing::GpuTest {};
 
 TEST_F(CudaMoeExpertGemvTest, MatchesFloat64) {
   for (const Shape& s : kShapes) {

@@ -39,39 +39,12 @@
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/silu_mul.h"
 #include "kernels/cuda/small_gemv.h"
+#include "tests/unit/kernels/cuda_test_support.h"
 
 namespace tandem {
 namespace {
 
-// A device array that frees itself; poisoned (0xff bytes: NaN floats) when created so
-// that unwritten outputs show.
-template <typename T>
-class Dev {
- public:
-  explicit Dev(size_t n) : n_(n) {
-    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(p_, 0xff, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
-  }
-  explicit Dev(const std::vector<T>& v) : Dev(v.size()) { Upload(v); }
-  ~Dev() { cudaFree(p_); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  T* get() const { return p_; }
-  void Upload(const std::vector<T>& v) {
-    ASSERT_LE(v.size(), n_);
-    ASSERT_EQ(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<T> Download() const {
-    std::vector<T> v(n_);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
+using testing::Dev;
 
 template <typename T>
 __nv_bfloat16* Bf(const Dev<T>& d) {
@@ -110,14 +83,7 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
   }
 }
 
-class CudaOpsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::vector<cuda::DeviceInfo> devices;
-    const std::string why = cuda::QueryDevices(&devices);
-    if (!why.empty()) GTEST_SKIP() << "no usable GPU: " << why;
-  }
-};
+class CudaOpsTest : public testing::GpuTest {};
 
 TEST_F(CudaOpsTest, AddRmsNormAndBf16Output) {
   for (auto [rows, dim] : {std::pair{1, 64}, {7, 576}, {33, 2048}, {5, 7168}}) {

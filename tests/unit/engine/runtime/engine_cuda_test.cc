@@ -20,6 +20,7 @@
 #include "kernels/cuda/sampling.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/engine/runtime/engine_test_support.h"
+#include "tests/unit/kernels/cuda_test_support.h"
 
 namespace tandem {
 namespace {
@@ -51,13 +52,8 @@ std::vector<int32_t> Drain(OutputStream& s, RequestOutput* final = nullptr) {
   return tokens;
 }
 
-class EngineCudaTest : public ::testing::Test {
+class EngineCudaTest : public testing::GpuTest {
  protected:
-  void SetUp() override {
-    std::vector<cuda::DeviceInfo> devices;
-    const std::string why = cuda::QueryDevices(&devices);
-    if (!why.empty()) GTEST_SKIP() << "no usable GPU: " << why;
-  }
   static std::unique_ptr<Engine> Make(const std::string& device, EngineOptions o = {}) {
     o.device = device;
     o.num_threads = 2;

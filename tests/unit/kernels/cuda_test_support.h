@@ -1,0 +1,56 @@
+// Shared by the CUDA tests: a fixture that skips (saying why) where no GPU is usable, so the
+// tests build and run everywhere, and a self-freeing device array.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/device_info.h"
+
+namespace tandem::testing {
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<cuda::DeviceInfo> devices;
+    const std::string why = cuda::QueryDevices(&devices);
+    if (!why.empty()) GTEST_SKIP() << "no usable GPU: " << why;
+  }
+};
+
+// A device array that frees itself; poisoned (0xff bytes: NaN floats) when created so that
+// unwritten outputs show.
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p_, 0xff, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) { Upload(v); }
+  ~Dev() { cudaFree(p_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  void Upload(const std::vector<T>& v) {
+    ASSERT_LE(v.size(), n_);
+    ASSERT_EQ(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> Download() const {
+    std::vector<T> v(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+}  // namespace tandem::testing
