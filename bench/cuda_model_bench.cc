@@ -3,7 +3,8 @@
 // cuBLAS's bf16 GEMM rate, and the GPU's idle time between decode steps.
 //
 //   cuda_model_bench (--config FILE [--seed S] | --model DIR) [--context N] [--steps N]
-//                    [--batches 1,64,256] [--prefill N] [--profile] [--json FILE]
+//                    [--batches 1,64,256] [--prefill N] [--profile] [--timeline] [--default-only]
+//                    [--json FILE]
 //
 // --config builds the model of a config.json on the GPU with the random weights
 // `tandem make-model --config FILE --seed S` would write (bit-identical, no checkpoint
@@ -156,6 +157,11 @@ struct DecodeVariant {
   bool sample = false;
 };
 
+// --timeline: per kind of launch, what it added to a step's chain (GPU timestamps between
+// launches, eager launches with programmatic launch as configured; see
+// CudaDeepseekModel::set_kernel_timeline).
+bool g_timeline = false;
+
 DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps, const DecodeVariant& variant,
                     double copy_bw, bool profile) {
   const bool graphs = variant.graphs;
@@ -249,6 +255,18 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
     r.json["profile_ms"] = ProfileJson(OrDie(model.TakeProfile(), "profile"));
     model.set_profiling(false);
   }
+  if (g_timeline && std::string(variant.name) == "default") {
+    model.set_kernel_timeline(true);
+    step();
+    step();
+    const auto timeline = OrDie(model.TakeKernelTimeline(), "kernel timeline");
+    model.set_kernel_timeline(false);
+    double sum = 0;
+    for (const auto& [name, ms] : timeline) sum += ms;
+    std::printf("kernel timeline, batch %d (ms per step, summed over layers; %.3f ms in all):\n", batch, sum);
+    for (const auto& [name, ms] : timeline) std::printf("  %-45s %8.4f\n", name.c_str(), ms);
+    r.json["timeline_ms"] = ProfileJson(timeline);
+  }
   std::printf("decode batch %4d ctx %d %-22s: step %.3f ms (gpu %.3f, idle %.3f ms = %.1f%%), %.0f tok/s, "
               "roofline %.3f ms -> %.1f%%\n",
               batch, context, variant.name, step_ms, Mean(gpu), Mean(gaps), 100 * r.idle_fraction,
@@ -286,7 +304,7 @@ int Main(int argc, char** argv) {
   uint64_t seed = 0;
   int context = 1024, steps = 32, prefill = 8192;
   std::vector<int> batches = {1, 64, 256};
-  bool profile = false;
+  bool profile = false, default_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -304,6 +322,8 @@ int Main(int argc, char** argv) {
     else if (a == "--prefill") prefill = std::stoi(next());
     else if (a == "--json") json_file = next();
     else if (a == "--profile") profile = true;
+    else if (a == "--timeline") g_timeline = true;
+    else if (a == "--default-only") default_only = true;
     else if (a == "--batches") {
       batches.clear();
       std::stringstream ss(next());
@@ -311,7 +331,8 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: cuda_model_bench (--config FILE [--seed S] | --model DIR) [--context N] [--steps N] "
-                   "[--batches 1,64,256] [--prefill N] [--profile] [--json FILE]\n");
+                   "[--batches 1,64,256] [--prefill N] [--profile] [--timeline] "
+                   "[--default-only] [--json FILE]\n");
       return 2;
     }
   }
@@ -371,7 +392,7 @@ int Main(int argc, char** argv) {
     if (b == 64) acceptance["batch64_idle_fraction_lt_0.05"] = r.idle_fraction < 0.05;
     // The grouped GEMM for the experts instead of the GEMVs (a difference only where the
     // fused small-batch kernels run), right after the default row for a like comparison.
-    if (b <= 64) {
+    if (b <= 64 && !default_only) {
       decode.push_back(Decode(*model, b, context, steps, DecodeVariant{.name = "no expert GEMV",
                                                                         .moe_expert_gemv = false},
                               copy_bw, profile)
@@ -379,14 +400,15 @@ int Main(int argc, char** argv) {
     }
   }
   const int b0 = batches.front();
-  for (const DecodeVariant& v : {DecodeVariant{.name = "no PDL", .programmatic_launch = false},
-                                 DecodeVariant{.name = "no PDL, unfused", .programmatic_launch = false,
-                                               .fused_decode_max_tokens = 0},
-                                 DecodeVariant{.name = "no graphs", .graphs = false}}) {
+  const std::vector<DecodeVariant> variants = {
+      DecodeVariant{.name = "no PDL", .programmatic_launch = false},
+      DecodeVariant{.name = "no PDL, unfused", .programmatic_launch = false, .fused_decode_max_tokens = 0},
+      DecodeVariant{.name = "no graphs", .graphs = false}};
+  for (const DecodeVariant& v : default_only ? std::vector<DecodeVariant>{} : variants) {
     decode.push_back(Decode(*model, b0, context, steps, v, copy_bw, false).json);
   }
   for (int b : batches) {
-    if (b > 64) continue;
+    if (b > 64 || default_only) continue;
     decode.push_back(Decode(*model, b, context, steps, DecodeVariant{.name = "GPU sampling", .sample = true}, copy_bw,
                             false)
                          .json);

@@ -37,6 +37,43 @@ __device__ __forceinline__ void WaitAndTrigger() {
   TriggerDependentLaunch();
 }
 
+// Weight loads meant to be in flight before GridDependencyWait(), while the previous
+// kernel still runs. ptxas schedules griddepcontrol.wait above non-coherent loads
+// (ld.global.nc / __ldg, volatile asm or not) of the same basic block: the SASS then waits
+// first and fetches the weights after the previous kernel has finished. Coherent loads
+// stay in program order before it (checked with cuobjdump -sass on sm_90a). Weights are
+// read once: no L1 allocation. The address must be valid (clamp it rather than predicate
+// the load).
+__device__ __forceinline__ uint4 LoadWeight(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float4 LoadWeight(const float4* p) {
+  float4 v;
+  asm volatile("ld.global.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float LoadWeight(const float* p) {
+  float v;
+  asm volatile("ld.global.L1::no_allocate.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint32_t LoadWeight(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.global.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // A hint to bring the 128-byte line holding p into L2.
 __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));

@@ -380,7 +380,28 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
 #endif  // TANDEM_HAS_WGMMA
 
 
+// This block's cache rows into L2 while the previous kernel (MlaPrepare) runs. Safe before
+// the wait: the block tables and lengths are uploaded before a step's first kernel, the
+// earlier positions were written by earlier steps, and the newest entry, which MlaPrepare
+// writes, lands in L2 anyway (a prefetch is only a hint).
+__device__ __forceinline__ void PrefetchSplitKv(const DecodeArgs& a) {
+  int cta = blockIdx.x;
+  if (cta % a.row_tiles != 0) return;  // the first row tile's block prefetches for all
+  cta /= a.row_tiles;
+  const int split = cta % a.splits, seq = cta / a.splits;
+  const int len = a.cache_lens[seq];
+  int t0, t1;
+  SplitRange(len, a.splits, split, &t0, &t1);
+  const int p0 = t0 * kTile, p1 = min(len, t1 * kTile);
+  const int lines = (a.D * 2 + 127) / 128;  // 576 bf16: 9 lines
+  for (int i = threadIdx.x; i < (p1 - p0) * lines; i += blockDim.x) {
+    const int pos = p0 + i / lines;
+    internal::PrefetchL2(reinterpret_cast<const char*>(a.kv + EntryOf(a, seq, pos) * a.D) + (i % lines) * 128);
+  }
+}
+
 __global__ void __launch_bounds__(256, 1) MlaDecodeWgmmaKernel(DecodeArgs a) {
+  PrefetchSplitKv(a);
   internal::WaitAndTrigger();
 #ifdef TANDEM_HAS_WGMMA
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -682,16 +703,15 @@ __global__ void __launch_bounds__(kOutThreads) MlaDecodeOutputKernel(DecodeArgs 
   const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int j0 = static_cast<int>(blockIdx.x) * kOutRows + warp * kOutRowsPerWarp;
   const int pairs = a.R / 2;
+  // W_UV in registers before the wait (all loads in flight at once; out-of-range pairs and
+  // rows read a valid address and are skipped by the dot product and the store).
   uint32_t w[kOutRowsPerWarp][kOutPairs];
 #pragma unroll
   for (int r = 0; r < kOutRowsPerWarp; ++r) {
-    const unsigned int* src = reinterpret_cast<const unsigned int*>(
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(
         o.w_uv + h * o.w_uv_head_stride + static_cast<int64_t>(min(j0 + r, o.v_dim - 1)) * a.R);
 #pragma unroll
-    for (int i = 0; i < kOutPairs; ++i) {
-      const int pc = lane + 32 * i;
-      w[r][i] = pc < pairs && j0 + r < o.v_dim ? __ldg(src + pc) : 0u;
-    }
+    for (int i = 0; i < kOutPairs; ++i) w[r][i] = internal::LoadWeight(src + min(lane + 32 * i, pairs - 1));
   }
   internal::WaitAndTrigger();
   for (int token = 0; token < o.num_tokens; ++token) {

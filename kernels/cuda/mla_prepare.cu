@@ -91,12 +91,14 @@ __global__ void __launch_bounds__(kAbsorbThreads) MlaPrepareAbsorbKernel(MlaPrep
     const int per_warp = p.nope_dim / 4;
     const int j0 = warp * per_warp;
     const __nv_bfloat16* w = p.w_uk + h * p.w_uk_head_stride + col;
+    // This block's W_UK slice in registers before the wait (rows beyond per_warp and a
+    // column beyond the rank read a valid address; the sums skip them, the store too).
     uint32_t wr[kAbsorbMaxJ];
+    const __nv_bfloat16* wc = valid ? w : p.w_uk + h * p.w_uk_head_stride;
 #pragma unroll
     for (int i = 0; i < kAbsorbMaxJ; ++i) {
-      wr[i] = i < per_warp && valid
-                  ? __ldg(reinterpret_cast<const unsigned int*>(w + static_cast<int64_t>(j0 + i) * p.kv_lora_rank))
-                  : 0u;
+      wr[i] = internal::LoadWeight(reinterpret_cast<const uint32_t*>(
+          wc + static_cast<int64_t>(j0 + max(min(i, per_warp - 1), 0)) * p.kv_lora_rank));
     }
     internal::WaitAndTrigger();
     for (int64_t t = 0; t < p.num_tokens; ++t) {

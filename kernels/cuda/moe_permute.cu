@@ -196,6 +196,7 @@ __global__ void __launch_bounds__(kThreads) MoePermuteKernel(MoePermuteParams p)
 constexpr int kFusedExperts = 4;
 constexpr int kFusedSlices = kWarps / kFusedExperts;
 constexpr int kFusedPre = 4;  // float4 router values per lane held in registers (hidden <= 4096)
+constexpr int kNormPre = 4;   // norm weights per thread held in registers
 
 __global__ void __launch_bounds__(kThreads) MoeFusedRouteKernel(MoeFusedRouteParams p) {
   extern __shared__ __align__(16) float dyn[];  // [T][hidden] normalized rows; then logits, routing scratch
@@ -212,8 +213,14 @@ __global__ void __launch_bounds__(kThreads) MoeFusedRouteKernel(MoeFusedRoutePar
 #pragma unroll
   for (int i = 0; i < kFusedPre; ++i) {
     const int idx = lane + 32 * i;
-    wr[i] = e < E && idx < n4 ? __ldg(wrow + idx) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    // Before the wait: a valid address for every lane (the dot product skips idx >= n4 and
+    // the logits of e >= E are not stored).
+    wr[i] = internal::LoadWeight(wrow + min(idx, n4 - 1));
   }
+  // This thread's norm weights too (hidden <= kThreads * kNormPre; the rest is read after).
+  float nw[kNormPre];
+#pragma unroll
+  for (int i = 0; i < kNormPre; ++i) nw[i] = internal::LoadWeight(p.norm_weight + min(tid + i * kThreads, K - 1));
   internal::WaitAndTrigger();
 
   // The normalized rows (RmsNorm's arithmetic); block 0 also stores them in bf16 + remainder.
@@ -233,15 +240,20 @@ __global__ void __launch_bounds__(kThreads) MoeFusedRouteKernel(MoeFusedRoutePar
     float total = 0.0f;
     for (int w = 0; w < kWarps; ++w) total += red[w][t];
     const float inv = rsqrtf(total / static_cast<float>(K) + p.norm_eps);
-    for (int i = tid; i < K; i += kThreads) {
-      const float v = p.norm_weight[i] * (dyn[t * K + i] * inv);
+    const auto normalize = [&](int i, float weight) {
+      const float v = weight * (dyn[t * K + i] * inv);
       dyn[t * K + i] = v;
       if (blockIdx.x == 0) {
         const __nv_bfloat16 hi = __float2bfloat16_rn(v);
         p.h_bf16[t * p.h_stride + i] = hi;
         if (p.h_lo != nullptr) p.h_lo[t * p.h_stride + i] = __float2bfloat16_rn(v - __bfloat162float(hi));
       }
+    };
+#pragma unroll
+    for (int j = 0; j < kNormPre; ++j) {
+      if (tid + j * kThreads < K) normalize(tid + j * kThreads, nw[j]);
     }
+    for (int i = tid + kNormPre * kThreads; i < K; i += kThreads) normalize(i, p.norm_weight[i]);
   }
   __syncthreads();
 

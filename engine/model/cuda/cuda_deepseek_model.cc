@@ -14,6 +14,7 @@
 #include "kernels/cuda/mla_decode_attention.h"
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/timestamp.h"
 
 namespace tandem {
 
@@ -452,10 +453,11 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
     step_begin_.push_back(NextEvent());
     TANDEM_CUDA_RETURN(cudaEventRecord(step_begin_.back(), stream), "recording a step event");
   }
+  stamp_names_.clear();
   RETURN_IF_ERROR(Mark("step begin (host)"));
   TANDEM_CUDA_RETURN(cudaMemcpyAsync(meta_dev_.get(), meta_host_.get(), plan.meta_bytes, cudaMemcpyHostToDevice, stream),
                      "uploading the step");
-  const bool graph = graphs_on_ && !profiling_ && plan.decode_only && !fo.after_layer_kv &&
+  const bool graph = graphs_on_ && !profiling_ && !timeline_ && plan.decode_only && !fo.after_layer_kv &&
                      (groups_ == 0 || plan.rows <= options.moe_grouped_max_tokens) &&
                      plan.out_rows <= max_logit_rows;
   if (graph) {
@@ -502,6 +504,14 @@ cudaEvent_t CudaDeepseekModel::Impl::NextEvent() {
 }
 
 absl::Status CudaDeepseekModel::Impl::Mark(const char* what) {
+  if (timeline_ && stamp_names_.size() < kMaxStamps) {
+    if (stamps_.get<uint64_t>() == nullptr) {
+      RETURN_IF_ERROR(stamps_.Allocate(kMaxStamps * sizeof(uint64_t), "kernel timeline stamps"));
+    }
+    stamp_names_.push_back(what);
+    TANDEM_CUDA_RETURN(cuda::RecordTimestamp(stamps_.get<uint64_t>() + stamp_names_.size() - 1, stream),
+                       "recording a timestamp");
+  }
   if (!profiling_) return absl::OkStatus();
   cudaEvent_t e = NextEvent();
   if (e == nullptr) return absl::InternalError("cannot create a CUDA event");
@@ -546,6 +556,26 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaDeepseekModel::I
   }
   marks_.clear();
   if (step_begin_.empty() && step_end_.empty()) events_used_ = 0;
+  std::vector<std::pair<std::string, double>> out;
+  for (const std::string& name : order) out.emplace_back(name, total[name]);
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaDeepseekModel::Impl::TakeKernelTimeline() {
+  TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "reading the kernel timeline");
+  std::vector<uint64_t> t(stamp_names_.size());
+  if (!t.empty()) {
+    TANDEM_CUDA_RETURN(cudaMemcpy(t.data(), stamps_.get<uint64_t>(), t.size() * sizeof(uint64_t),
+                                  cudaMemcpyDeviceToHost),
+                       "reading the kernel timeline");
+  }
+  std::map<std::string, double> total;
+  std::vector<std::string> order;
+  for (size_t i = 1; i < t.size(); ++i) {
+    const std::string name = stamp_names_[i];
+    if (!total.contains(name)) order.push_back(name);
+    total[name] += static_cast<double>(t[i] - t[i - 1]) * 1e-6;
+  }
   std::vector<std::pair<std::string, double>> out;
   for (const std::string& name : order) out.emplace_back(name, total[name]);
   return out;
@@ -790,6 +820,10 @@ absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeSt
   return impl_->TakeStepTimes();
 }
 void CudaDeepseekModel::set_profiling(bool on) { impl_->profiling_ = on; }
+void CudaDeepseekModel::set_kernel_timeline(bool on) { impl_->timeline_ = on; }
+absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaDeepseekModel::TakeKernelTimeline() {
+  return impl_->TakeKernelTimeline();
+}
 absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaDeepseekModel::TakeProfile() {
   return impl_->TakeProfile();
 }

@@ -147,6 +147,12 @@ class CudaDeepseekModel {
   absl::StatusOr<std::vector<std::pair<double, double>>> TakeStepTimes();
   void set_profiling(bool on);
   absl::StatusOr<std::vector<std::pair<std::string, double>>> TakeProfile();
+  // With the kernel timeline on, steps run without graphs but otherwise as usual
+  // (programmatic launch included) with a GPU timestamp after each kind of launch;
+  // TakeKernelTimeline returns, for the last step, the ms each kind of launch added to
+  // the step's chain (summed over layers; each figure includes one timestamp kernel).
+  void set_kernel_timeline(bool on);
+  absl::StatusOr<std::vector<std::pair<std::string, double>>> TakeKernelTimeline();
   // Waits for the GPU work of this model.
   absl::Status Synchronize();
   // The CUDA stream this model runs on (cudaStream_t), for event timing.

@@ -215,6 +215,13 @@ class CudaDeepseekModel::Impl {
   std::vector<std::pair<std::string, double>> profile_;
   std::vector<cudaEvent_t> event_pool_;
   size_t events_used_ = 0;
+  // Kernel timeline (set_kernel_timeline): a GPU timestamp after every marked launch of
+  // the last eagerly enqueued step (kernels/cuda/timestamp.h), names by slot.
+  static constexpr int kMaxStamps = 4096;
+  absl::StatusOr<std::vector<std::pair<std::string, double>>> TakeKernelTimeline();
+  bool timeline_ = false;
+  cuda_model::DeviceBuffer stamps_;
+  std::vector<const char*> stamp_names_;
   // The last step's shape, for LastForwardWeightBytes.
   int64_t last_rows_ = 0;
   int64_t last_out_rows_ = 0;
