@@ -117,7 +117,10 @@ __device__ void PermuteBlock(const MoePermuteParams& p) {
 // scans: each pair counts the pairs before it directly (a decode step of a few tokens).
 constexpr int kSmallPairs = 64;
 
-__device__ void SmallPermuteBlock(const MoePermuteParams& p) {
+// With ids_s / weights_s (shared memory, [num_tokens][top_k]) the routing is read from
+// there instead of p.expert_ids / p.weights (written by the same block just before).
+__device__ void SmallPermuteBlock(const MoePermuteParams& p, const int* ids_s = nullptr,
+                                  const float* weights_s = nullptr) {
   __shared__ int expert_s[kSmallPairs], count_s[kSmallPairs], before_s[kSmallPairs], rank_s[kSmallPairs];
   __shared__ bool first_s[kSmallPairs];
   const int tid = threadIdx.x;
@@ -126,7 +129,8 @@ __device__ void SmallPermuteBlock(const MoePermuteParams& p) {
   const int n = p.num_tokens * per_token;
   if (tid < n) {
     const int t = tid / per_token, j = tid % per_token;
-    expert_s[tid] = j < p.top_k ? p.expert_ids[t * p.top_k + j] : p.num_experts + (j - p.top_k);
+    expert_s[tid] = j < p.top_k ? (ids_s != nullptr ? ids_s[t * p.top_k + j] : p.expert_ids[t * p.top_k + j])
+                                : p.num_experts + (j - p.top_k);
   }
   __syncthreads();
   if (tid < n) {
@@ -154,7 +158,8 @@ __device__ void SmallPermuteBlock(const MoePermuteParams& p) {
     const int t = tid / per_token, j = tid % per_token, e = expert_s[tid];
     const int pos = before_s[tid] + rank_s[tid];
     p.sorted_token[pos] = t;
-    p.sorted_weight[pos] = j < p.top_k ? p.weights[t * p.top_k + j] : 1.0f;
+    p.sorted_weight[pos] =
+        j < p.top_k ? (weights_s != nullptr ? weights_s[t * p.top_k + j] : p.weights[t * p.top_k + j]) : 1.0f;
     p.entry_row[tid] = pos;
     if (first_s[tid]) {
       int active = 0, tile0 = 0;
@@ -293,22 +298,32 @@ __global__ void __launch_bounds__(kThreads) MoeFusedRouteKernel(MoeFusedRoutePar
     }
   }
 
-  // The last block routes and permutes.
-  __threadfence();
+  // The last block routes and permutes. One thread fences for the block (the barrier
+  // orders the others' logits before it) and counts; the last block's fence after its
+  // count orders its logits reads after every other block's writes.
   __syncthreads();
-  if (tid == 0) last_block = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+  if (tid == 0) {
+    __threadfence();
+    last_block = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+    if (last_block) __threadfence();
+  }
   __syncthreads();
   if (!last_block) return;
-  __threadfence();
-  float* logits = dyn;            // [T][E]
-  float* scratch = dyn + T * E;   // [T][2E]
+  float* logits = dyn;           // [T][E]
+  float* scratch = dyn + T * E;  // [T][2E]
+  __shared__ int ids_s[kMoeFusedMaxTokens * 32];
+  __shared__ float weights_s[kMoeFusedMaxTokens * 32];
   for (int i = tid; i < T * E; i += kThreads) logits[i] = __ldcg(p.router_logits + i);
   if (tid == 0) *p.counter = 0u;  // every block has counted: ready for the next launch
   __syncthreads();
-  if (warp < T) internal::RouteTokenWarp(p.routing, warp, logits + warp * E, scratch + warp * 2 * E);
+  const int top_k = p.routing.top_k;
+  if (warp < T) {
+    internal::RouteTokenWarp(p.routing, warp, logits + warp * E, scratch + warp * 2 * E, ids_s + warp * top_k,
+                             weights_s + warp * top_k);
+  }
   __syncthreads();
   if (T * (p.permute.top_k + p.permute.num_shared) <= kSmallPairs) {
-    SmallPermuteBlock(p.permute);
+    SmallPermuteBlock(p.permute, ids_s, weights_s);
   } else {
     PermuteBlock(p.permute);
   }

@@ -28,7 +28,10 @@ __device__ __forceinline__ void WarpBest(float* v, int* i) {
 
 // Routes token t with the calling warp: logits = its router logits (num_experts values),
 // scratch = 2 * num_experts floats of shared memory the warp owns.
-__device__ __forceinline__ void RouteTokenWarp(const MoeRoutingParams& p, int t, const float* logits, float* scratch) {
+// With ids_s / weights_s (shared memory, top_k each) the choice is also left there, for a
+// permutation in the same block without a round trip through global memory.
+__device__ __forceinline__ void RouteTokenWarp(const MoeRoutingParams& p, int t, const float* logits, float* scratch,
+                                               int* ids_s = nullptr, float* weights_s = nullptr) {
   const int lane = threadIdx.x % 32;
   const int e = p.num_experts;
   float* scores = scratch;
@@ -91,6 +94,7 @@ __device__ __forceinline__ void RouteTokenWarp(const MoeRoutingParams& p, int t,
 
   uint32_t taken = 0;  // bit j: expert lane + 32 j chosen
   float sum = 0.0f;
+  float mine = 0.0f;  // lane k: the score of the k-th choice (top_k <= 32)
   float* w = p.weights + static_cast<int64_t>(t) * p.top_k;
   int32_t* ids = p.expert_ids + static_cast<int64_t>(t) * p.top_k;
   for (int k = 0; k < p.top_k; ++k) {
@@ -105,23 +109,23 @@ __device__ __forceinline__ void RouteTokenWarp(const MoeRoutingParams& p, int t,
     WarpBest(&bv, &bi);
     if (bi % 32 == lane) taken |= 1u << (bi / 32);
     const float s = scores[bi];
-    sum += s;
-    if (lane == 0) {
+    sum += s;  // every lane, in the same order
+    if (lane == k) {
+      mine = s;
       ids[k] = bi;
-      w[k] = s;
+      if (ids_s != nullptr) ids_s[k] = bi;
     }
+  }
+  // Each lane its own choice's weight: no read back of what was just written.
+  if (lane < p.top_k) {
+    const bool normalize = p.normalize && p.top_k > 1;
+    float v = mine;
+    if (normalize) v /= sum + 1e-20f;
+    if (!normalize || p.scale_normalized) v *= p.routed_scaling_factor;
+    w[lane] = v;
+    if (weights_s != nullptr) weights_s[lane] = v;
   }
   __syncwarp();
-  if (lane == 0) {
-    const bool normalize = p.normalize && p.top_k > 1;
-    const float denom = sum + 1e-20f;
-    for (int k = 0; k < p.top_k; ++k) {
-      float v = w[k];
-      if (normalize) v /= denom;
-      if (!normalize || p.scale_normalized) v *= p.routed_scaling_factor;
-      w[k] = v;
-    }
-  }
 }
 
 
