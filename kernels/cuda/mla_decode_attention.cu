@@ -38,6 +38,7 @@ struct DecodeArgs {
   int64_t out_stride;
   float* ws_o;    // [splits][total_rows][R], each split's output normalized by its own sum
   float* ws_lse;  // [splits][total_rows], log2-domain log-sum-exp (-inf: nothing visible)
+  bool prefetch_kv;  // the wgmma kernel pulls its cache rows into L2 before the wait (small launches)
 };
 
 // The range of 64-position tiles that split `split` of a sequence of `len` positions covers.
@@ -385,6 +386,7 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
 // earlier positions were written by earlier steps, and the newest entry, which MlaPrepare
 // writes, lands in L2 anyway (a prefetch is only a hint).
 __device__ __forceinline__ void PrefetchSplitKv(const DecodeArgs& a) {
+  if (!a.prefetch_kv) return;
   int cta = blockIdx.x;
   if (cta % a.row_tiles != 0) return;  // the first row tile's block prefetches for all
   cta /= a.row_tiles;
@@ -1020,6 +1022,9 @@ cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream) {
   a.splits = splits;
   a.total_rows = p.num_seqs * a.rows;
   a.scale_log2 = p.softmax_scale * kLog2e;
+  // Only where the whole cache read is small (a few sequences): a large launch runs in
+  // several waves, and a later wave's prefetch would sit on the critical path.
+  a.prefetch_kv = static_cast<int64_t>(p.num_seqs) * p.max_cache_len * D * 2 <= (8 << 20);
   a.out = p.out;
   a.out_stride = p.out_stride;
   if (splits > 1) {

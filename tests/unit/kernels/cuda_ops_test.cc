@@ -39,6 +39,7 @@
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/silu_mul.h"
 #include "kernels/cuda/small_gemv.h"
+#include "kernels/cuda/timestamp.h"
 #include "tests/unit/kernels/cuda_test_support.h"
 
 namespace tandem {
@@ -1174,4 +1175,42 @@ TEST_F(CudaOpsTest, RejectsBadParams) {
 }
 
 }  // namespace
+// A timestamp written after a kernel that lets its successor start early (programmatic
+// launch) is still taken after that kernel completes: two stamps around a long argmax are
+// at least most of the argmax's own duration apart.
+TEST_F(CudaOpsTest, TimestampFollowsTheCompletionOfTheKernelBefore) {
+  const int64_t rows = 64, vocab = 1 << 20;
+  Dev<float> logits(static_cast<size_t>(rows * vocab));
+  ASSERT_EQ(cudaMemset(logits.get(), 0, rows * vocab * sizeof(float)), cudaSuccess);
+  Dev<int32_t> out(rows);
+  Dev<uint64_t> stamps(2);
+  cudaEvent_t b, e;
+  ASSERT_EQ(cudaEventCreate(&b), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+  const cuda::ArgmaxParams argmax{.logits = logits.get(), .stride = vocab, .rows = rows, .vocab = vocab,
+                                  .out = out.get()};
+  ASSERT_EQ(cuda::Argmax(argmax, nullptr), cudaSuccess);  // warm-up
+  ASSERT_EQ(cudaEventRecord(b, nullptr), cudaSuccess);
+  ASSERT_EQ(cuda::Argmax(argmax, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  float argmax_ms = 0;
+  ASSERT_EQ(cudaEventElapsedTime(&argmax_ms, b, e), cudaSuccess);
+  {
+    const cuda::ScopedProgrammaticLaunch pdl(true);
+    ASSERT_EQ(cuda::RecordTimestamp(stamps.get(), nullptr), cudaSuccess);
+    ASSERT_EQ(cuda::Argmax(argmax, nullptr), cudaSuccess);
+    ASSERT_EQ(cuda::RecordTimestamp(stamps.get() + 1, nullptr), cudaSuccess);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint64_t> t = stamps.Download();
+  const double stamped_ms = static_cast<double>(t[1] - t[0]) * 1e-6;
+  std::printf("argmax %.3f ms by events, %.3f ms between stamps\n", argmax_ms, stamped_ms);
+  EXPECT_GT(t[0], 0u);
+  EXPECT_GE(stamped_ms, 0.5 * argmax_ms);
+  EXPECT_EQ(cuda::RecordTimestamp(nullptr, nullptr), cudaErrorInvalidValue);
+  cudaEventDestroy(b);
+  cudaEventDestroy(e);
+}
+
 }  // namespace tandem
