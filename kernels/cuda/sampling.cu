@@ -159,22 +159,37 @@ __device__ uint64_t BlockMaxU(uint64_t v, Shared& s) {
   return m;
 }
 
-// Adds the warp's valid (bin, w) pairs to the warp's own histogram: one pass per distinct
-// bin among the lanes, the bin's weights summed across the warp (no atomics).
+// Adds the warp's valid (bin, w) pairs to the warp's own histogram (no atomics; a fixed
+// order of additions for a given input). One bin among the lanes (common in the first
+// pass): a warp sum. Several: each lane's weight goes to its bin's lowest lane, lanes in
+// ascending order, one shuffle a lane — a warp sum per distinct bin would cost a
+// five-step double reduction each.
 __device__ __forceinline__ void WarpAccumulate(bool valid, int bin, float w, uint32_t* count, double* mass) {
   const int lane = threadIdx.x % 32;
-  unsigned pending = __ballot_sync(kFull, valid);
-  while (pending != 0u) {
-    const int leader = __ffs(pending) - 1;
-    const int b = __shfl_sync(kFull, bin, leader);
-    const bool mine = valid && bin == b;
-    const unsigned group = __ballot_sync(kFull, mine);
-    const double m = WarpSumD(mine ? static_cast<double>(w) : 0.0);
-    if (lane == leader) {
-      count[b] += __popc(group);
-      mass[b] += m;
+  const unsigned active = __ballot_sync(kFull, valid);
+  if (active == 0u) return;
+  const unsigned group = __match_any_sync(kFull, valid ? bin : -1) & active;
+  const bool leader = valid && lane == __ffs(group) - 1;
+  const unsigned leaders = __ballot_sync(kFull, leader);
+  if (__popc(leaders) == 1) {
+    const double m = WarpSumD(valid ? static_cast<double>(w) : 0.0);
+    if (leader) {
+      count[bin] += __popc(group);
+      mass[bin] += m;
     }
-    pending &= ~group;
+    return;
+  }
+  // Unrolled: the shuffles are independent, only the leaders' additions chain. Invalid
+  // lanes are in no valid lane's group.
+  double m = 0.0;
+#pragma unroll
+  for (int l = 0; l < 32; ++l) {
+    const float v = __shfl_sync(kFull, w, l);
+    if ((group >> l) & 1u) m += static_cast<double>(v);
+  }
+  if (leader) {
+    count[bin] += __popc(group);
+    mass[bin] += m;
   }
 }
 
