@@ -30,8 +30,11 @@ struct Entry {
   float scale[kMaxRows];
 };
 
-// A streamed weight chunk: read once, not worth L1.
-__device__ __forceinline__ uint4 LoadWeight(const uint4* p) {
+// A streamed weight chunk: read once, not worth L1. Non-coherent, unlike
+// internal::LoadWeight (cuda_common.cuh: ptxas may move such loads below the wait): the
+// loads issued before this kernel's wait sit in a branch of their own, where ptxas keeps
+// them (checked in the SASS).
+__device__ __forceinline__ uint4 LoadStreamed(const uint4* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -80,8 +83,8 @@ __device__ __forceinline__ void LoadPass(const MoeExpertGemvParams& p, int group
   for (int u = 0; u < kUnroll; ++u) {
     const int ch = pass * kPassChunks + u * 32 + lane;
     if (ch < kc) {
-      wv[0][u] = LoadWeight(w0 + ch);
-      wv[1][u] = LoadWeight(w1 + ch);
+      wv[0][u] = LoadStreamed(w0 + ch);
+      wv[1][u] = LoadStreamed(w1 + ch);
     } else {
       wv[0][u] = make_uint4(0, 0, 0, 0);
       wv[1][u] = make_uint4(0, 0, 0, 0);
