@@ -157,13 +157,8 @@ struct DecodeVariant {
   bool sample = false;
 };
 
-// --timeline: per kind of launch, what it added to a step's chain (GPU timestamps between
-// launches, eager launches with programmatic launch as configured; see
-// CudaDeepseekModel::set_kernel_timeline).
-bool g_timeline = false;
-
 DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps, const DecodeVariant& variant,
-                    double copy_bw, bool profile) {
+                    double copy_bw, bool profile, bool timeline = false) {
   const bool graphs = variant.graphs;
   const ModelConfig& c = model.config();
   const int warmup = 3;
@@ -255,7 +250,10 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
     r.json["profile_ms"] = ProfileJson(OrDie(model.TakeProfile(), "profile"));
     model.set_profiling(false);
   }
-  if (g_timeline && std::string(variant.name) == "default") {
+  // What each kind of launch added to a step's chain (GPU timestamps between launches,
+  // eager launches with programmatic launch as configured; CudaDeepseekModel::
+  // set_kernel_timeline).
+  if (timeline) {
     model.set_kernel_timeline(true);
     step();
     step();
@@ -304,7 +302,7 @@ int Main(int argc, char** argv) {
   uint64_t seed = 0;
   int context = 1024, steps = 32, prefill = 8192;
   std::vector<int> batches = {1, 64, 256};
-  bool profile = false, default_only = false;
+  bool profile = false, timeline = false, default_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -322,7 +320,7 @@ int Main(int argc, char** argv) {
     else if (a == "--prefill") prefill = std::stoi(next());
     else if (a == "--json") json_file = next();
     else if (a == "--profile") profile = true;
-    else if (a == "--timeline") g_timeline = true;
+    else if (a == "--timeline") timeline = true;
     else if (a == "--default-only") default_only = true;
     else if (a == "--batches") {
       batches.clear();
@@ -385,7 +383,7 @@ int Main(int argc, char** argv) {
   Json decode = Json::array();
   Json acceptance = Json::object();
   for (int b : batches) {
-    const DecodeResult r = Decode(*model, b, context, steps, DecodeVariant{}, copy_bw, profile);
+    const DecodeResult r = Decode(*model, b, context, steps, DecodeVariant{}, copy_bw, profile, timeline);
     decode.push_back(r.json);
     if (b == 1) acceptance["batch1_roofline_fraction_ge_0.6"] = r.roofline_fraction >= 0.6;
     if (b == 256) acceptance["batch256_roofline_fraction_ge_0.5"] = r.roofline_fraction >= 0.5;
