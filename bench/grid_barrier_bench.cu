@@ -22,21 +22,11 @@
 #include <vector>
 
 #include "bench/cuda_check.h"
+#include "kernels/cuda/cuda_common.cuh"
 
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ void Wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void Trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 __device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
   unsigned v;
@@ -53,15 +43,14 @@ __device__ __forceinline__ void Step(const unsigned* prev, unsigned* next) {
 }
 
 __global__ void __launch_bounds__(kThreads, 1) ChainKernel(const unsigned* prev, unsigned* next) {
-  Wait();
-  Trigger();
+  tandem::cuda::internal::WaitAndTrigger();
   Step(prev, next);
 }
 
 // Phases separated by a barrier on a counter that only grows within a launch (target =
 // phase x blocks); the counter is cleared before each launch.
 __global__ void __launch_bounds__(kThreads, 1) PersistentKernel(unsigned* buf, int phases, unsigned* counter) {
-  Wait();
+  tandem::cuda::internal::GridDependencyWait();
   const unsigned g = gridDim.x;
   for (int p = 1; p <= phases; ++p) {
     Step(buf + (p - 1) * g, buf + p * g);
@@ -74,7 +63,7 @@ __global__ void __launch_bounds__(kThreads, 1) PersistentKernel(unsigned* buf, i
     }
     __syncthreads();
   }
-  Trigger();
+  tandem::cuda::internal::TriggerDependentLaunch();
 }
 
 struct Graph {

@@ -117,10 +117,9 @@ __device__ void PermuteBlock(const MoePermuteParams& p) {
 // scans: each pair counts the pairs before it directly (a decode step of a few tokens).
 constexpr int kSmallPairs = 64;
 
-// With ids_s / weights_s (shared memory, [num_tokens][top_k]) the routing is read from
-// there instead of p.expert_ids / p.weights (written by the same block just before).
-__device__ void SmallPermuteBlock(const MoePermuteParams& p, const int* ids_s = nullptr,
-                                  const float* weights_s = nullptr) {
+// The routing is read from ids_s / weights_s (shared memory, [num_tokens][top_k]: the same
+// block routed just before), not from p.expert_ids / p.weights.
+__device__ void SmallPermuteBlock(const MoePermuteParams& p, const int* ids_s, const float* weights_s) {
   __shared__ int expert_s[kSmallPairs], count_s[kSmallPairs], before_s[kSmallPairs], rank_s[kSmallPairs];
   __shared__ bool first_s[kSmallPairs];
   const int tid = threadIdx.x;
@@ -129,8 +128,7 @@ __device__ void SmallPermuteBlock(const MoePermuteParams& p, const int* ids_s = 
   const int n = p.num_tokens * per_token;
   if (tid < n) {
     const int t = tid / per_token, j = tid % per_token;
-    expert_s[tid] = j < p.top_k ? (ids_s != nullptr ? ids_s[t * p.top_k + j] : p.expert_ids[t * p.top_k + j])
-                                : p.num_experts + (j - p.top_k);
+    expert_s[tid] = j < p.top_k ? ids_s[t * p.top_k + j] : p.num_experts + (j - p.top_k);
   }
   __syncthreads();
   if (tid < n) {
@@ -158,8 +156,7 @@ __device__ void SmallPermuteBlock(const MoePermuteParams& p, const int* ids_s = 
     const int t = tid / per_token, j = tid % per_token, e = expert_s[tid];
     const int pos = before_s[tid] + rank_s[tid];
     p.sorted_token[pos] = t;
-    p.sorted_weight[pos] =
-        j < p.top_k ? (weights_s != nullptr ? weights_s[t * p.top_k + j] : p.weights[t * p.top_k + j]) : 1.0f;
+    p.sorted_weight[pos] = j < p.top_k ? weights_s[t * p.top_k + j] : 1.0f;
     p.entry_row[tid] = pos;
     if (first_s[tid]) {
       int active = 0, tile0 = 0;

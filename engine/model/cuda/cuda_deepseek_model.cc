@@ -47,6 +47,19 @@ namespace {
 constexpr int64_t kBlock = 64;       // KV block size (DESIGN.md §4)
 constexpr int64_t kAbsorbedChunk = 64;  // query tokens per absorbed launch of a long sequence
 
+// Measured intervals (profile events, timeline stamps) summed per kind of launch, the
+// kinds in the order they first ran.
+std::vector<std::pair<std::string, double>> SumByName(const std::vector<std::pair<const char*, double>>& intervals) {
+  std::vector<std::pair<std::string, double>> out;
+  std::map<std::string, size_t> at;
+  for (const auto& [name, ms] : intervals) {
+    const auto [it, inserted] = at.try_emplace(name, out.size());
+    if (inserted) out.emplace_back(name, 0.0);
+    out[it->second].second += ms;
+  }
+  return out;
+}
+
 }  // namespace
 
 CudaDeepseekModel::Impl::~Impl() {
@@ -546,19 +559,15 @@ absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::Impl::
 
 absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaDeepseekModel::Impl::TakeProfile() {
   TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "reading profile events");
-  std::map<std::string, double> total;
-  std::vector<std::string> order;
+  std::vector<std::pair<const char*, double>> intervals;
   for (size_t i = 1; i < marks_.size(); ++i) {
     float ms = 0;
     TANDEM_CUDA_RETURN(cudaEventElapsedTime(&ms, marks_[i - 1].second, marks_[i].second), "reading profile events");
-    if (!total.contains(marks_[i].first)) order.push_back(marks_[i].first);
-    total[marks_[i].first] += ms;
+    intervals.emplace_back(marks_[i].first, ms);
   }
   marks_.clear();
   if (step_begin_.empty() && step_end_.empty()) events_used_ = 0;
-  std::vector<std::pair<std::string, double>> out;
-  for (const std::string& name : order) out.emplace_back(name, total[name]);
-  return out;
+  return SumByName(intervals);
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaDeepseekModel::Impl::TakeKernelTimeline() {
@@ -569,16 +578,9 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaDeepseekModel::I
                                   cudaMemcpyDeviceToHost),
                        "reading the kernel timeline");
   }
-  std::map<std::string, double> total;
-  std::vector<std::string> order;
-  for (size_t i = 1; i < t.size(); ++i) {
-    const std::string name = stamp_names_[i];
-    if (!total.contains(name)) order.push_back(name);
-    total[name] += static_cast<double>(t[i] - t[i - 1]) * 1e-6;
-  }
-  std::vector<std::pair<std::string, double>> out;
-  for (const std::string& name : order) out.emplace_back(name, total[name]);
-  return out;
+  std::vector<std::pair<const char*, double>> intervals;
+  for (size_t i = 1; i < t.size(); ++i) intervals.emplace_back(stamp_names_[i], static_cast<double>(t[i] - t[i - 1]) * 1e-6);
+  return SumByName(intervals);
 }
 
 absl::Status CudaDeepseekModel::Impl::RunGraph(const StepPlan& plan, const ForwardOptions& fo) {
