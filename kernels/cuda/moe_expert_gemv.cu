@@ -17,6 +17,7 @@ constexpr int kUnroll = 8;                 // 16-byte weight chunks per lane and
 constexpr int kPassChunks = 32 * kUnroll;  // chunks of a weight row per pass (2048 elements)
 constexpr int kMaxActive = kMoeExpertGemvMaxActive;
 constexpr int kMaxRows = kMoeExpertGemvMaxRows;
+constexpr size_t kStagedBytes = 96 * 1024;  // staged_rows up to this: still two blocks per SM
 
 // One group of the tile list. Slot m of a group: its m-th row, or with a_row_count its A
 // row m (the staged rows), so that every group's products use the same staged rows.
@@ -194,6 +195,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   const int tid = threadIdx.x;
   const bool silu = p.epilogue == GemmEpilogue::kSiluMulBf16;
   const bool all_rows = p.a_row_count > 0;
+  const bool staged = !all_rows && p.staged_rows > 0;  // every group's rows staged up front
   const int kc = p.k / 8;
   const int passes = (kc + kPassChunks - 1) / kPassChunks;
   const int tiles = p.n / kTileRows;
@@ -231,6 +233,8 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
     }
     if (all_rows) {
       for (int i = tid; i < p.a_row_count * kc; i += kThreads) StageChunk(p, xs, kc, i / kc, i / kc, i % kc);
+    } else if (staged) {
+      for (int i = tid; i < p.staged_rows * kc; i += kThreads) StageChunk(p, xs, kc, i / kc, i / kc, i % kc);
     }
     if (tid < kMaxActive) routed_group[tid] = g;
     if (tid < p.num_static) {
@@ -268,7 +272,12 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   while (j < total) {
     const int v = j / tiles, tile = j % tiles;
     int rows = p.a_row_count;
-    if (!all_rows) {
+    const float4* xt = xs;  // the tile's group's staged rows
+    if (staged) {
+      if (v >= p.num_static) complete_table();
+      rows = table[v].rows;
+      xt = xs + static_cast<int64_t>(table[v].begin) * 2 * kc;
+    } else if (!all_rows) {
       // The group's rows: a static group's are known; a routed group's, or A rows through
       // a_rows, need the rest of the table.
       if (v >= p.num_static || p.a_rows != nullptr) complete_table();
@@ -285,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
         staged_rows = rows;
       }
     }
-    ComputePass<kRows>(xs, kc, pass, rows, wv, acc);
+    ComputePass<kRows>(xt, kc, pass, rows, wv, acc);
     // The registers are free: the next loads go out before this tile's reduction.
     int next = j, next_pass = pass + 1;
     if (next_pass == passes) {
@@ -305,8 +314,12 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
 }
 
 template <int kRows>
-cudaError_t LaunchRows(const MoeExpertGemvParams& p, cudaStream_t stream) {
-  const size_t smem = static_cast<size_t>(kRows) * p.k * sizeof(float);
+cudaError_t LaunchRows(MoeExpertGemvParams p, cudaStream_t stream) {
+  if (p.a_row_count > 0 || p.a_rows != nullptr ||
+      static_cast<size_t>(p.staged_rows) * p.k * sizeof(float) > kStagedBytes) {
+    p.staged_rows = 0;
+  }
+  const size_t smem = static_cast<size_t>(std::max(kRows, p.staged_rows)) * p.k * sizeof(float);
   static std::atomic<size_t> configured{0};  // the kernel's dynamic shared memory limit, raised as needed
   if (smem > configured.load(std::memory_order_relaxed)) {
     const cudaError_t e = cudaFuncSetAttribute(MoeExpertGemvKernel<kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -329,7 +342,7 @@ cudaError_t MoeExpertGemv(const MoeExpertGemvParams& p, cudaStream_t stream) {
   const bool silu = p.epilogue == GemmEpilogue::kSiluMulBf16;
   const bool scatter = p.epilogue == GemmEpilogue::kScatterAddF32;
   if (p.a == nullptr || p.b == nullptr || p.out == nullptr || p.group_offsets == nullptr ||
-      p.active_groups == nullptr || p.num_active == nullptr || p.a_row_count < 0 ||
+      p.active_groups == nullptr || p.num_active == nullptr || p.a_row_count < 0 || p.staged_rows < 0 ||
       p.a_row_count > p.max_rows || (p.a_row_count > 0 && p.a_rows == nullptr) ||
       !MoeExpertGemvSupports(p.n, p.k, p.max_rows, p.max_active, p.num_static) || p.num_groups <= 0 ||
       p.num_static > p.num_groups || p.lda < p.k || p.lda % 8 != 0 || p.b_group_stride % 8 != 0 ||

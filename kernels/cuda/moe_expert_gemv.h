@@ -20,8 +20,9 @@
 // next tile's loads issued before the current tile's reduction. The block's tiles are
 // block, block + grid, ... of the list ordered static groups first, then the routed active
 // groups (active_groups without the static ones). The A rows are staged in shared memory
-// as float32: the rows of the tile's group (again only when the group changes), or with
-// a_row_count all A rows once, right after the wait: then every group's products are
+// as float32: the rows of the tile's group (again only when the group changes), with
+// staged_rows every group's rows once, right after the wait, or with a_row_count all A
+// rows once, right after the wait: then every group's products are
 // computed for all of them and stored for the rows the group has (the gate_up projection
 // of a few tokens: its first products need nothing from the routing but the weights and
 // the tokens, one round trip after the wait).
@@ -57,6 +58,10 @@ struct MoeExpertGemvParams {
   // With a_rows: 0, or the number of A rows (at most max_rows) when every a_rows value is
   // below it and a group's rows have distinct ones (the tokens of a step): see above.
   int a_row_count = 0;
+  // Without a_rows: 0, or the number of permuted rows (group_offsets[num_groups], every
+  // group's rows), to stage them all once right after the wait instead of each group's
+  // when its first tile comes (ignored where they would not fit two blocks per SM).
+  int staged_rows = 0;
   const __nv_bfloat16* b = nullptr;  // [num_groups][n][k]
   int64_t b_group_stride = 0;        // elements between groups' matrices
   int n = 0;

@@ -191,18 +191,80 @@ __global__ void __launch_bounds__(kThreads) MoePermuteKernel(MoePermuteParams p)
   PermuteBlock(p);
 }
 
+// The permutation of a fused routing with at most kRankRoutingExperts experts, from each
+// token's chosen experts as a bit mask (masks[t]) and ids_s / weights_s as for
+// SmallPermuteBlock: every output is a few population counts, no scan and no block-wide
+// step. Every group has at most tile_rows rows (num_tokens <= tile_rows): one tile each.
+__device__ void MaskPermuteBlock(const MoePermuteParams& p, const int* ids_s, const float* weights_s,
+                                 const unsigned long long* masks) {
+  const int T = p.num_tokens, E = p.num_experts, S = p.num_shared, K = p.top_k;
+  const int per_token = K + S, groups = E + S;
+  unsigned long long any = 0;
+  for (int t = 0; t < T; ++t) any |= masks[t];
+  const int routed_active = __popcll(any);
+  const auto below = [](int g) { return g >= 64 ? ~0ull : (1ull << g) - 1ull; };
+  const auto offset_of = [&](int g) {  // the first permuted row of group g
+    if (g >= E) return T * K + (g - E) * T;
+    int o = 0;
+    for (int t = 0; t < T; ++t) o += __popcll(masks[t] & below(g));
+    return o;
+  };
+  for (int g = threadIdx.x; g <= groups; g += blockDim.x) {
+    const int offset = offset_of(g);
+    p.group_offsets[g] = offset;
+    if (g == groups || (g < E && !((any >> g) & 1ull))) continue;
+    const int a = g < E ? __popcll(any & below(g)) : routed_active + (g - E);
+    p.active_groups[a] = g;
+    if (p.tile_rows > 0) {
+      p.tile_group[a] = g;
+      p.tile_row[a] = offset;
+    }
+  }
+  if (threadIdx.x == 0) {
+    *p.num_active = routed_active + S;
+    if (p.tile_rows > 0) *p.num_tiles = routed_active + S;
+  }
+  for (int i = threadIdx.x; i < T * per_token; i += blockDim.x) {
+    const int t = i / per_token, j = i % per_token;
+    int pos;
+    float w = 1.0f;
+    if (j < K) {
+      const int e = ids_s[t * K + j];
+      pos = offset_of(e);
+      for (int u = 0; u < t; ++u) pos += static_cast<int>((masks[u] >> e) & 1ull);
+      w = weights_s[t * K + j];
+    } else {
+      pos = offset_of(E + j - K) + t;
+    }
+    p.sorted_token[pos] = t;
+    p.sorted_weight[pos] = w;
+    p.entry_row[i] = pos;
+  }
+}
+
 // Fused front end (MoeFusedRoute): block b computes the router logits of experts
 // [b * kFusedExperts, +kFusedExperts) for every token, kFusedSlices warps per expert
 // each over a slice of the hidden dimension (its router values in registers, loaded
 // before the wait); the last block to finish routes (one warp per token) and permutes.
+// Blocks of 256 threads: they fit beside the previous kernel's blocks, so that their
+// weight loads overlap it.
+constexpr int kFusedThreads = 256;
+constexpr int kFusedWarps = kFusedThreads / 32;
 constexpr int kFusedExperts = 4;
-constexpr int kFusedSlices = kWarps / kFusedExperts;
-constexpr int kFusedPre = 4;  // float4 router values per lane held in registers (hidden <= 4096)
-constexpr int kNormPre = 4;   // norm weights per thread held in registers
+constexpr int kFusedSlices = kFusedWarps / kFusedExperts;
+constexpr int kFusedPre = 8;  // float4 router values per lane held in registers (hidden <= 2048)
+constexpr int kNormPre = 8;   // norm weights per thread held in registers (hidden <= 2048)
 
-__global__ void __launch_bounds__(kThreads) MoeFusedRouteKernel(MoeFusedRouteParams p) {
-  extern __shared__ __align__(16) float dyn[];  // [T][hidden] normalized rows; then logits, routing scratch
-  __shared__ float red[kWarps][kMoeFusedMaxTokens];
+// Floats of dynamic shared memory per token: its normalized row, later its logits and
+// routing scratch.
+int FusedFloatsPerToken(int hidden, int experts) {
+  const int routing = (experts + 3) / 4 * 4 + internal::RouteScratchFloats(experts);
+  return std::max(hidden, routing);
+}
+
+__global__ void __launch_bounds__(kFusedThreads) MoeFusedRouteKernel(MoeFusedRouteParams p) {
+  extern __shared__ __align__(16) float dyn[];  // [T][per_token floats]
+  __shared__ float red[kFusedWarps][kMoeFusedMaxTokens];
   __shared__ bool last_block;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int T = p.routing.num_tokens, E = p.routing.num_experts, K = p.hidden;
@@ -219,17 +281,19 @@ __global__ void __launch_bounds__(kThreads) MoeFusedRouteKernel(MoeFusedRoutePar
     // the logits of e >= E are not stored).
     wr[i] = internal::LoadWeight(wrow + min(idx, n4 - 1));
   }
-  // This thread's norm weights too (hidden <= kThreads * kNormPre; the rest is read after).
+  // This thread's norm weights too (hidden <= kFusedThreads * kNormPre; the rest is read after).
   float nw[kNormPre];
 #pragma unroll
-  for (int i = 0; i < kNormPre; ++i) nw[i] = internal::LoadWeight(p.norm_weight + min(tid + i * kThreads, K - 1));
+  for (int i = 0; i < kNormPre; ++i) {
+    nw[i] = internal::LoadWeight(p.norm_weight + min(tid + i * kFusedThreads, K - 1));
+  }
   internal::WaitAndTrigger();
 
   // The normalized rows (RmsNorm's arithmetic); block 0 also stores them in bf16 + remainder.
   for (int t = 0; t < T; ++t) {
     const float* x = p.x + static_cast<int64_t>(t) * p.x_stride;
     float s = 0.0f;
-    for (int i = tid; i < K; i += kThreads) {
+    for (int i = tid; i < K; i += kFusedThreads) {
       const float v = x[i];
       dyn[t * K + i] = v;
       s += v * v;
@@ -240,7 +304,7 @@ __global__ void __launch_bounds__(kThreads) MoeFusedRouteKernel(MoeFusedRoutePar
   __syncthreads();
   for (int t = 0; t < T; ++t) {
     float total = 0.0f;
-    for (int w = 0; w < kWarps; ++w) total += red[w][t];
+    for (int w = 0; w < kFusedWarps; ++w) total += red[w][t];
     const float inv = rsqrtf(total / static_cast<float>(K) + p.norm_eps);
     const auto normalize = [&](int i, float weight) {
       const float v = weight * (dyn[t * K + i] * inv);
@@ -253,9 +317,9 @@ __global__ void __launch_bounds__(kThreads) MoeFusedRouteKernel(MoeFusedRoutePar
     };
 #pragma unroll
     for (int j = 0; j < kNormPre; ++j) {
-      if (tid + j * kThreads < K) normalize(tid + j * kThreads, nw[j]);
+      if (tid + j * kFusedThreads < K) normalize(tid + j * kFusedThreads, nw[j]);
     }
-    for (int i = tid + kNormPre * kThreads; i < K; i += kThreads) normalize(i, p.norm_weight[i]);
+    for (int i = tid + kNormPre * kFusedThreads; i < K; i += kFusedThreads) normalize(i, p.norm_weight[i]);
   }
   __syncthreads();
 
@@ -306,23 +370,26 @@ __global__ void __launch_bounds__(kThreads) MoeFusedRouteKernel(MoeFusedRoutePar
   }
   __syncthreads();
   if (!last_block) return;
-  float* logits = dyn;           // [T][E]
-  float* scratch = dyn + T * E;  // [T][2E]
+  const int logit_floats = (E + 3) / 4 * 4, scratch_floats = internal::RouteScratchFloats(E);
+  float* logits = dyn;                      // [T][logit_floats]
+  float* scratch = dyn + T * logit_floats;  // [T][scratch_floats], 16-byte aligned
   __shared__ int ids_s[kMoeFusedMaxTokens * 32];
   __shared__ float weights_s[kMoeFusedMaxTokens * 32];
-  for (int i = tid; i < T * E; i += kThreads) logits[i] = __ldcg(p.router_logits + i);
+  __shared__ unsigned long long masks_s[kMoeFusedMaxTokens];
+  for (int i = tid; i < T * E; i += kFusedThreads) logits[(i / E) * logit_floats + i % E] = __ldcg(p.router_logits + i);
   if (tid == 0) *p.counter = 0u;  // every block has counted: ready for the next launch
   __syncthreads();
   const int top_k = p.routing.top_k;
+  const bool by_mask = E <= internal::kRankRoutingExperts && (p.permute.tile_rows == 0 || p.permute.tile_rows >= T);
   if (warp < T) {
-    internal::RouteTokenWarp(p.routing, warp, logits + warp * E, scratch + warp * 2 * E, ids_s + warp * top_k,
-                             weights_s + warp * top_k);
+    internal::RouteTokenWarp(p.routing, warp, logits + warp * logit_floats, scratch + warp * scratch_floats,
+                             ids_s + warp * top_k, weights_s + warp * top_k, by_mask ? masks_s + warp : nullptr);
   }
   __syncthreads();
-  if (T * (p.permute.top_k + p.permute.num_shared) <= kSmallPairs) {
-    SmallPermuteBlock(p.permute, ids_s, weights_s);
+  if (by_mask) {
+    MaskPermuteBlock(p.permute, ids_s, weights_s, masks_s);
   } else {
-    PermuteBlock(p.permute);
+    SmallPermuteBlock(p.permute, ids_s, weights_s);
   }
 }
 
@@ -364,6 +431,13 @@ cudaError_t MoePermute(const MoePermuteParams& p, cudaStream_t stream) {
   return internal::Launch(MoePermuteKernel, dim3(1), dim3(kThreads), 0, stream, p);
 }
 
+bool MoeFusedRouteSupports(int num_tokens, int num_experts, int top_k, int num_shared, int tile_rows) {
+  if (num_tokens < 0 || num_tokens > kMoeFusedMaxTokens) return false;
+  // The permutation by masks has no bound on the pairs; SmallPermuteBlock's is kSmallPairs.
+  const bool by_mask = num_experts <= internal::kRankRoutingExperts && (tile_rows == 0 || tile_rows >= num_tokens);
+  return by_mask || num_tokens * (top_k + num_shared) <= kSmallPairs;
+}
+
 cudaError_t MoeFusedRoute(const MoeFusedRouteParams& p, cudaStream_t stream) {
   const MoeRoutingParams& r = p.routing;
   const MoePermuteParams& q = p.permute;
@@ -379,12 +453,12 @@ cudaError_t MoeFusedRoute(const MoeFusedRouteParams& p, cudaStream_t stream) {
       q.group_offsets == nullptr || q.active_groups == nullptr || q.num_active == nullptr ||
       q.sorted_token == nullptr || q.sorted_weight == nullptr || q.entry_row == nullptr || q.tile_rows < 0 ||
       (q.tile_rows > 0 && (q.tile_group == nullptr || q.tile_row == nullptr || q.num_tiles == nullptr)) ||
-      q.num_shared < 0 || q.num_experts + q.num_shared > kMoeMaxGroups) {
+      q.num_shared < 0 || q.num_experts + q.num_shared > kMoeMaxGroups ||
+      !MoeFusedRouteSupports(r.num_tokens, r.num_experts, r.top_k, q.num_shared, q.tile_rows)) {
     return cudaErrorInvalidValue;
   }
-  const size_t smem = static_cast<size_t>(r.num_tokens) *
-                      std::max<size_t>(static_cast<size_t>(p.hidden), 3 * static_cast<size_t>(r.num_experts)) *
-                      sizeof(float);
+  const size_t smem =
+      static_cast<size_t>(r.num_tokens) * FusedFloatsPerToken(p.hidden, r.num_experts) * sizeof(float);
   // With the permutation's static shared memory, even a small dynamic part passes the
   // default 48 KB limit: raise the kernel's limit whenever a launch needs more than before.
   static std::atomic<size_t> configured{0};
@@ -395,7 +469,7 @@ cudaError_t MoeFusedRoute(const MoeFusedRouteParams& p, cudaStream_t stream) {
     configured.store(smem, std::memory_order_relaxed);
   }
   const unsigned blocks = static_cast<unsigned>((r.num_experts + kFusedExperts - 1) / kFusedExperts);
-  return internal::Launch(MoeFusedRouteKernel, dim3(blocks), dim3(kThreads), smem, stream, p);
+  return internal::Launch(MoeFusedRouteKernel, dim3(blocks), dim3(kFusedThreads), smem, stream, p);
 }
 
 cudaError_t GatherRows(const GatherRowsParams& p, cudaStream_t stream) {

@@ -55,13 +55,14 @@ cudaError_t MoePermute(const MoePermuteParams& p, cudaStream_t stream);
 
 // The MoE front end of a decode step of a few tokens in one launch: the post-attention
 // RMSNorm of the residual rows x (RmsNorm's arithmetic), the float32 router product, the
-// routing (MoeRouting) and the permutation (MoePermute). Blocks of 1024 threads each
+// routing (MoeRouting) and the permutation (MoePermute). Blocks of 256 threads each
 // compute 4 experts' logits for every token, their router rows loaded before waiting for
 // the previous kernel (programmatic dependent launch, launch_control.h); the last block to
 // finish (a device counter, zero before the first launch and left at zero) routes and
 // permutes. Block 0 also stores the normalized rows in bf16 (and, with h_lo, their
 // remainder) for the expert GEMMs. routing.logits is ignored; permute must name the
-// routing's expert_ids and weights. hidden a multiple of 32.
+// routing's expert_ids and weights. hidden a multiple of 32. Shapes outside
+// MoeFusedRouteSupports are refused (MoeRouting + MoePermute take any).
 inline constexpr int kMoeFusedMaxTokens = 4;
 
 struct MoeFusedRouteParams {
@@ -80,6 +81,7 @@ struct MoeFusedRouteParams {
   MoePermuteParams permute;
 };
 
+bool MoeFusedRouteSupports(int num_tokens, int num_experts, int top_k, int num_shared, int tile_rows);
 cudaError_t MoeFusedRoute(const MoeFusedRouteParams& p, cudaStream_t stream);
 
 struct GatherRowsParams {

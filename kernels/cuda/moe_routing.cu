@@ -14,7 +14,7 @@ __global__ void MoeRoutingKernel(MoeRoutingParams p) {
   const int t = blockIdx.x * kWarps + warp;
   if (t >= p.num_tokens) return;
   internal::RouteTokenWarp(p, t, p.logits + static_cast<int64_t>(t) * p.logits_stride,
-                           smem + warp * 2 * p.num_experts);
+                           smem + warp * internal::RouteScratchFloats(p.num_experts));
 }
 
 }  // namespace
@@ -27,7 +27,7 @@ cudaError_t MoeRouting(const MoeRoutingParams& p, cudaStream_t stream) {
       p.topk_groups > p.num_groups || p.top_k <= 0 || p.top_k > 32 || p.top_k > p.num_experts) {
     return cudaErrorInvalidValue;
   }
-  const size_t smem = static_cast<size_t>(kWarps) * 2 * p.num_experts * sizeof(float);
+  const size_t smem = static_cast<size_t>(kWarps) * internal::RouteScratchFloats(p.num_experts) * sizeof(float);
   const unsigned blocks = static_cast<unsigned>((p.num_tokens + kWarps - 1) / kWarps);
   return internal::Launch(MoeRoutingKernel, dim3(blocks), dim3(kWarps * 32), smem, stream, p);
 }

@@ -33,29 +33,39 @@ __device__ __forceinline__ float Dot8(uint4 w, const float* x) {
   return s;
 }
 
-// One warp's kColsPerWarp output columns from col0 on, x (normalized) in shared memory.
-template <int M>
-__device__ __forceinline__ void ColumnBlock(const SmallGemvParams& p, const float* xs, int col0) {
+// This warp's weight chunks of one pass: columns col0 .. col0 + kColsPerWarp - 1, chunks
+// base + u * 32 + lane. Coherent loads (internal::LoadWeight) at clamped addresses, so
+// that the first pass can be issued before the grid dependency wait; zero past the row.
+__device__ __forceinline__ void LoadPass(const SmallGemvParams& p, int col0, int base,
+                                         uint4 (&wv)[kColsPerWarp][kUnroll]) {
   const int lane = threadIdx.x % 32;
   const int chunks = p.k / 8;
-  const uint4* wrow[kColsPerWarp];
 #pragma unroll
   for (int c = 0; c < kColsPerWarp; ++c) {
-    wrow[c] = reinterpret_cast<const uint4*>(p.w + static_cast<int64_t>(min(col0 + c, p.n - 1)) * p.k);
+    const uint4* row = reinterpret_cast<const uint4*>(p.w + static_cast<int64_t>(min(col0 + c, p.n - 1)) * p.k);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int ch = base + u * 32 + lane;
+      const uint4 v = internal::LoadWeight(row + min(ch, chunks - 1));
+      wv[c][u] = ch < chunks ? v : make_uint4(0, 0, 0, 0);
+    }
   }
+}
+
+// One warp's kColsPerWarp output columns from col0 on, x (normalized) in shared memory;
+// with `preloaded` the first pass's weights are already in wv.
+template <int M>
+__device__ __forceinline__ void ColumnBlock(const SmallGemvParams& p, const float* xs, int col0, bool preloaded,
+                                            uint4 (&wv)[kColsPerWarp][kUnroll]) {
+  const int lane = threadIdx.x % 32;
+  const int chunks = p.k / 8;
   float acc[kColsPerWarp][M];
 #pragma unroll
   for (int c = 0; c < kColsPerWarp; ++c)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
   for (int base = 0; base < chunks; base += 32 * kUnroll) {
-    uint4 wv[kColsPerWarp][kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int ch = base + u * 32 + lane;
-#pragma unroll
-      for (int c = 0; c < kColsPerWarp; ++c) wv[c][u] = ch < chunks ? __ldg(wrow[c] + ch) : make_uint4(0, 0, 0, 0);
-    }
+    if (!preloaded || base > 0) LoadPass(p, col0, base, wv);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int ch = base + u * 32 + lane;
@@ -84,18 +94,31 @@ __device__ __forceinline__ void ColumnBlock(const SmallGemvParams& p, const floa
 }
 
 // Grid: at most a few blocks per multiprocessor, each looping over column blocks of
-// kColsPerBlock columns after one pass over x.
+// kColsPerBlock columns after one pass over x. The first column block's first pass of
+// weights (all of it up to k = 2048) and this thread's norm weights are loaded before the
+// wait, into registers: after it, one round trip for x and none for the weights.
+constexpr int kNormPre = 8;  // norm weights per thread held in registers (k <= 2048)
+
 template <int M>
 __global__ void __launch_bounds__(kThreads) SmallGemvKernel(SmallGemvParams p) {
   extern __shared__ __align__(16) float xs[];  // [M][k], normalized
   __shared__ float red[kWarps][M];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col_blocks = (p.n + kColsPerBlock - 1) / kColsPerBlock;
-  {
-    // The weights do not depend on earlier kernels: the first column block's into L2.
+  uint4 wv[kColsPerWarp][kUnroll];
+  LoadPass(p, blockIdx.x * kColsPerBlock + warp * kColsPerWarp, 0, wv);
+  float nw[kNormPre];
+  if (p.norm_weight != nullptr) {
+#pragma unroll
+    for (int j = 0; j < kNormPre; ++j) nw[j] = internal::LoadWeight(p.norm_weight + min(threadIdx.x + j * kThreads, p.k - 1));
+  }
+  if (p.k > 32 * kUnroll * 8) {
+    // The rest of the first column block's weights into L2.
     const int n0 = blockIdx.x * kColsPerBlock;
-    internal::PrefetchRangeL2(p.w + static_cast<int64_t>(n0) * p.k,
-                              static_cast<int64_t>(min(kColsPerBlock, p.n - n0)) * p.k * 2);
+    for (int c = 0; c < kColsPerBlock && n0 + c < p.n; ++c) {
+      const __nv_bfloat16* row = p.w + static_cast<int64_t>(n0 + c) * p.k + 32 * kUnroll * 8;
+      internal::PrefetchRangeL2(row, static_cast<int64_t>(p.k - 32 * kUnroll * 8) * 2);
+    }
   }
   internal::WaitAndTrigger();
 
@@ -128,13 +151,20 @@ __global__ void __launch_bounds__(kThreads) SmallGemvKernel(SmallGemvParams p) {
       for (int w = 0; w < kWarps; ++w) total += red[w][m];
       const float inv = rsqrtf(total / static_cast<float>(p.k) + p.norm_eps);
       // Each thread rescales the elements it stored itself.
-      for (int i = threadIdx.x; i < p.k; i += kThreads) xs[m * p.k + i] = p.norm_weight[i] * (xs[m * p.k + i] * inv);
+#pragma unroll
+      for (int j = 0; j < kNormPre; ++j) {
+        const int i = threadIdx.x + j * kThreads;
+        if (i < p.k) xs[m * p.k + i] = nw[j] * (xs[m * p.k + i] * inv);
+      }
+      for (int i = threadIdx.x + kNormPre * kThreads; i < p.k; i += kThreads) {
+        xs[m * p.k + i] = p.norm_weight[i] * (xs[m * p.k + i] * inv);
+      }
     }
   }
   __syncthreads();
 
   for (int cb = blockIdx.x; cb < col_blocks; cb += gridDim.x) {
-    ColumnBlock<M>(p, xs, cb * kColsPerBlock + warp * kColsPerWarp);
+    ColumnBlock<M>(p, xs, cb * kColsPerBlock + warp * kColsPerWarp, cb == static_cast<int>(blockIdx.x), wv);
   }
 }
 

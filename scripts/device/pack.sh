@@ -5,7 +5,7 @@
 #   scripts/device/pack.sh BINARY...      then, there:  scripts/device/env.sh BINARY ARGS...
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-dest="$root/.carry/device"
+dest="${PACK_DEST:-$root/.carry/device}"
 mkdir -p "$dest/bin" "$dest/lib"
 for b in "$@"; do
   # Without debug info: the device tool carries at most 64 MiB.

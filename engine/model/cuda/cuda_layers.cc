@@ -454,7 +454,8 @@ absl::Status CudaDeepseekModel::Impl::Moe(int64_t layer, const StepPlan& plan) {
       .tile_rows = grouped ? kTileRows : 0, .tile_group = act_.tile_group, .tile_row = act_.tile_row,
       .num_tiles = act_.num_tiles};
 
-  if (Fused(plan)) {
+  if (Fused(plan) && cuda::MoeFusedRouteSupports(permute.num_tokens, permute.num_experts, permute.top_k,
+                                                 permute.num_shared, permute.tile_rows)) {
     TANDEM_CUDA_RETURN(cuda::MoeFusedRoute({.x = act_.x, .x_stride = hidden, .norm_weight = lw.post_attention_norm,
                                             .norm_eps = static_cast<float>(c.rms_norm_eps),
                                             .hidden = static_cast<int>(hidden), .router = w.router,
@@ -528,7 +529,8 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
         "experts gate_up (GEMV)");
     RETURN_IF_ERROR(Mark("experts gate_up"));
     TANDEM_CUDA_RETURN(
-        cuda::MoeExpertGemv({.a = act_.act_bf16, .a_lo = split ? act_.act_lo : nullptr, .lda = inter, .b = w.down,
+        cuda::MoeExpertGemv({.a = act_.act_bf16, .a_lo = split ? act_.act_lo : nullptr, .lda = inter,
+                             .staged_rows = static_cast<int>(rows), .b = w.down,
                              .b_group_stride = hidden * inter, .n = static_cast<int>(hidden),
                              .k = static_cast<int>(inter), .group_offsets = offsets,
                              .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,

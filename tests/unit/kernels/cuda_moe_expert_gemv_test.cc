@@ -199,21 +199,11 @@ TEST_F(CudaMoeExpertGemvTest, MatchesFloat64) {
           }
         }
 
-        // Down projection from the GPU's activations, scatter-added into token rows.
+        // Down projection from the GPU's activations, scatter-added into token rows: each
+        // group's rows staged when its first tile comes, and every group's rows staged once
+        // up front (staged_rows, as the model runs it).
         std::vector<float> base(static_cast<size_t>(tokens) * H);
         for (float& v : base) v = normal(rng);
-        Dev<float> out(base);
-        ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(act), .a_lo = split ? Bf(act_lo) : nullptr, .lda = I, .b = Bf(w2),
-                                       .b_group_stride = static_cast<int64_t>(H) * I, .n = H, .k = I,
-                                       .group_offsets = perm.d_offsets.get(), .active_groups = perm.d_active.get(),
-                                       .num_active = perm.d_num.get(), .num_groups = groups, .num_static = s.shared,
-                                       .max_active = max_active, .max_rows = tokens,
-                                       .epilogue = cuda::GemmEpilogue::kScatterAddF32, .out = out.get(), .ldo = H,
-                                       .out_rows = perm.d_token.get(), .row_scale = perm.d_weight.get()},
-                                      nullptr),
-                  cudaSuccess)
-            << what;
-        const std::vector<float> got = out.Download();
         std::vector<double> want(base.begin(), base.end()), mag(base.size());
         for (size_t i = 0; i < base.size(); ++i) mag[i] = std::fabs(base[i]);
         for (int g = 0; g < groups; ++g) {
@@ -232,9 +222,24 @@ TEST_F(CudaMoeExpertGemvTest, MatchesFloat64) {
             }
           }
         }
-        for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_NEAR(got[i], want[i], 2e-5 * mag[i] + 1e-30) << what << ": down, token " << i / H << " column "
-                                                               << i % H;
+        for (const bool stage_all : {false, true}) {
+          Dev<float> out(base);
+          ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(act), .a_lo = split ? Bf(act_lo) : nullptr, .lda = I,
+                                         .staged_rows = stage_all ? rows : 0, .b = Bf(w2),
+                                         .b_group_stride = static_cast<int64_t>(H) * I, .n = H, .k = I,
+                                         .group_offsets = perm.d_offsets.get(), .active_groups = perm.d_active.get(),
+                                         .num_active = perm.d_num.get(), .num_groups = groups,
+                                         .num_static = s.shared, .max_active = max_active, .max_rows = tokens,
+                                         .epilogue = cuda::GemmEpilogue::kScatterAddF32, .out = out.get(), .ldo = H,
+                                         .out_rows = perm.d_token.get(), .row_scale = perm.d_weight.get()},
+                                        nullptr),
+                    cudaSuccess)
+              << what;
+          const std::vector<float> got = out.Download();
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_NEAR(got[i], want[i], 2e-5 * mag[i] + 1e-30)
+                << what << (stage_all ? ", all rows staged" : "") << ": down, token " << i / H << " column " << i % H;
+          }
         }
       }
     }
