@@ -210,7 +210,8 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   const bool preloaded = j < static_tiles;
   if (preloaded) {
     LoadPass(p, first_static + j / tiles, j % tiles, 0, silu, wv);
-    for (int jj = passes > 1 ? j : j + stride; jj < static_tiles; jj += stride) {
+    // (At most the first two tiles: a dense MLP as one static group has more than L2 holds.)
+    for (int jj = passes > 1 ? j : j + stride; jj < static_tiles && jj <= j + stride; jj += stride) {
       internal::PrefetchRangeL2(p.b + static_cast<int64_t>(first_static + jj / tiles) * p.b_group_stride +
                                     static_cast<int64_t>(jj % tiles) * kTileRows * p.k,
                                 static_cast<int64_t>(kTileRows) * p.k * 2);

@@ -359,14 +359,15 @@ __global__ void __launch_bounds__(kFusedThreads) MoeFusedRouteKernel(MoeFusedRou
     }
   }
 
-  // The last block routes and permutes. One thread fences for the block (the barrier
-  // orders the others' logits before it) and counts; the last block's fence after its
-  // count orders its logits reads after every other block's writes.
+  // The last block routes and permutes. One thread counts for the block with an
+  // acquire-release atomic: its release publishes the block's logits (ordered before it by
+  // the barrier), its acquire in the last block orders the logits reads after every other
+  // block's writes (as CUTLASS's semaphores do, without a full fence on each side).
   __syncthreads();
   if (tid == 0) {
-    __threadfence();
-    last_block = atomicAdd(p.counter, 1u) == gridDim.x - 1;
-    if (last_block) __threadfence();
+    unsigned prev;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(prev) : "l"(p.counter) : "memory");
+    last_block = prev == gridDim.x - 1;
   }
   __syncthreads();
   if (!last_block) return;

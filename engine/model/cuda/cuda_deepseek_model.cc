@@ -12,6 +12,7 @@
 #include "kernels/cuda/kv_cache_write.h"
 #include "kernels/cuda/kv_gather.h"
 #include "kernels/cuda/mla_decode_attention.h"
+#include "kernels/cuda/moe_expert_gemv.h"
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/timestamp.h"
@@ -199,6 +200,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     a->logits = ar.Take<float>(max_logit_rows * c.vocab_size);
     a->argmax = ar.Take<int32_t>(max_logit_rows);
     a->final_bf16 = ar.Take<__nv_bfloat16>(max_logit_rows * hidden);
+    a->dense_plan = ar.Take<int32_t>(16);
     return ar.used();
   };
   Activations sizing;
@@ -206,6 +208,11 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
   RETURN_IF_ERROR(act_buffer_.Allocate(bytes, "activations"));
   layout(act_buffer_.get<char>(), &act_);
   activation_bytes = bytes;
+  {
+    static_assert(cuda::kMoeExpertGemvMaxRows == 4);
+    const int32_t plan[16] = {0, 1, 2, 3, 0, 0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 1};
+    TANDEM_CUDA_RETURN(cudaMemcpy(act_.dense_plan, plan, sizeof(plan), cudaMemcpyHostToDevice), "dense MLP plan");
+  }
   if (groups_ > 0) {
     TANDEM_CUDA_RETURN(cudaMemset(act_.group_offsets, 0, c.num_hidden_layers * (groups_ + 1) * sizeof(int32_t)),
                        "clearing expert offsets");

@@ -397,6 +397,46 @@ absl::Status CudaDeepseekModel::Impl::Mlp(int64_t layer, const StepPlan& plan) {
                                    stream),
                      "post-attention norm");
   RETURN_IF_ERROR(Mark("MLP/MoE norm"));
+  if (Fused(plan) && options.moe_expert_gemv &&
+      cuda::MoeExpertGemvSupports(static_cast<int>(2 * inter), static_cast<int>(hidden), static_cast<int>(t), 1, 1) &&
+      cuda::MoeExpertGemvSupports(static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(t), 1, 1)) {
+    // A few tokens: the expert GEMVs with the MLP as their one static group (weights read
+    // before the wait, at the memory bandwidth; the grouped GEMM's tiles are for more rows).
+    const int32_t* rows = act_.dense_plan;
+    const int32_t* offsets = act_.dense_plan + 4 + 2 * t;
+    const cuda::MoeExpertGemvParams one_group{.group_offsets = offsets, .active_groups = act_.dense_plan + 14,
+                                              .num_active = act_.dense_plan + 15, .num_groups = 1, .num_static = 1,
+                                              .max_active = 1, .max_rows = static_cast<int>(t)};
+    cuda::MoeExpertGemvParams gate_up = one_group;
+    gate_up.a = act_.h_bf16;
+    gate_up.a_lo = split ? act_.h_lo : nullptr;
+    gate_up.lda = hidden;
+    gate_up.a_rows = rows;
+    gate_up.a_row_count = static_cast<int>(t);
+    gate_up.b = w.gate_up.data;
+    gate_up.n = static_cast<int>(w.gate_up.rows);
+    gate_up.k = static_cast<int>(hidden);
+    gate_up.epilogue = cuda::GemmEpilogue::kSiluMulBf16;
+    gate_up.out = act_.act_bf16;
+    gate_up.ldo = inter;
+    gate_up.out_lo = split ? act_.act_lo : nullptr;
+    TANDEM_CUDA_RETURN(cuda::MoeExpertGemv(gate_up, stream), "MLP gate_up (GEMV)");
+    RETURN_IF_ERROR(Mark("MLP gate_up"));
+    cuda::MoeExpertGemvParams down = one_group;
+    down.a = act_.act_bf16;
+    down.a_lo = split ? act_.act_lo : nullptr;
+    down.lda = inter;
+    down.staged_rows = static_cast<int>(t);
+    down.b = w.down.data;
+    down.n = static_cast<int>(hidden);
+    down.k = static_cast<int>(inter);
+    down.epilogue = cuda::GemmEpilogue::kScatterAddF32;
+    down.out = act_.x;
+    down.ldo = hidden;
+    down.out_rows = rows;
+    TANDEM_CUDA_RETURN(cuda::MoeExpertGemv(down, stream), "MLP down (GEMV)");
+    return Mark("MLP down");
+  }
   if (t <= options.small_gemm_max_rows) {
     TANDEM_CUDA_RETURN(cuda::GroupedGemm({.a = act_.h_bf16, .lda = hidden, .a_lo = split ? act_.h_lo : nullptr,
                                           .b = w.gate_up.data, .n = static_cast<int>(w.gate_up.rows),

@@ -109,6 +109,10 @@ struct Activations {
   float* logits = nullptr;             // [max_logit_rows][vocab]
   int32_t* argmax = nullptr;           // [max_logit_rows]
   uint32_t* route_counter = nullptr;   // MoeFusedRoute's block counter (zero between launches)
+  // A dense MLP of a few tokens as one static group of the expert GEMVs: rows 0..3 (A row
+  // and output row of each row), the offsets {0, T} for T = 0..4 at [4 + 2T], the active
+  // group list {0} at [14] and its length 1 at [15].
+  int32_t* dense_plan = nullptr;
   __nv_bfloat16* final_bf16 = nullptr;  // [max_logit_rows][hidden]
 };
 
