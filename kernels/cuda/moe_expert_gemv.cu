@@ -203,20 +203,13 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   const int static_tiles = p.num_static * tiles;
   const int stride = static_cast<int>(gridDim.x);
 
-  // Before the wait, only weights: the first tile's loads if it is a static group's, and
-  // the block's other static tiles (and the first one's later passes) into L2.
+  // Before the wait, only weights: the first tile's loads if it is a static group's. (Also
+  // asking the block's later static tiles into L2 slowed the step: their traffic delays the
+  // routing kernel that runs meanwhile, 12 us a step at batch 1 on the H200.)
   uint4 wv[2][kUnroll];
   int j = static_cast<int>(blockIdx.x);
   const bool preloaded = j < static_tiles;
-  if (preloaded) {
-    LoadPass(p, first_static + j / tiles, j % tiles, 0, silu, wv);
-    // (At most the first two tiles: a dense MLP as one static group has more than L2 holds.)
-    for (int jj = passes > 1 ? j : j + stride; jj < static_tiles && jj <= j + stride; jj += stride) {
-      internal::PrefetchRangeL2(p.b + static_cast<int64_t>(first_static + jj / tiles) * p.b_group_stride +
-                                    static_cast<int64_t>(jj % tiles) * kTileRows * p.k,
-                                static_cast<int64_t>(kTileRows) * p.k * 2);
-    }
-  }
+  if (preloaded) LoadPass(p, first_static + j / tiles, j % tiles, 0, silu, wv);
   internal::WaitAndTrigger();
 
   // One round trip after the wait: the active groups (ascending, so the routed ones come

@@ -29,9 +29,8 @@
 //
 // Static groups: the last num_static groups (the shared experts), which every token uses:
 // their weights do not depend on the routing, so with programmatic dependent launch
-// (launch_control.h) each block issues the loads of its first tile, if static, and
-// prefetches its later static tiles into L2 before waiting for the previous kernel (the
-// routing). They must have rows (at most max_rows, like every group); routed groups may not
+// (launch_control.h) each block issues the loads of its first tile, if static, before
+// waiting for the previous kernel (the routing). They must have rows (at most max_rows, like every group); routed groups may not
 // be static. Nothing but weights is read before the wait.
 //
 // Needs n a multiple of 16, k and lda multiples of 8, 16-byte aligned A and B rows;
