@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
@@ -14,6 +15,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kColsPerWarp = 2;
 constexpr int kColsPerBlock = kWarps * kColsPerWarp;
 constexpr int kUnroll = 8;  // 16-byte chunks per lane and column in flight
+
+int MaxBlocks() { return 2 * CurrentDeviceMultiprocessors(); }
 
 __device__ __forceinline__ float Dot8(uint4 w, const float* x) {
   const float4 x0 = *reinterpret_cast<const float4*>(x);
@@ -52,11 +55,30 @@ __device__ __forceinline__ void LoadPass(const SmallGemvParams& p, int col0, int
   }
 }
 
+// (v, i) better than (bv, bi) for the arg-max: larger, ties to the lower index; bi ==
+// INT_MAX is "none yet".
+__device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
+  return bi == INT_MAX || v > bv || (v == bv && i < bi);
+}
+
+// A running arg-max: best value and column.
+struct Best {
+  float v = 0.0f;
+  int i = INT_MAX;
+  __device__ __forceinline__ void Offer(float ov, int oi) {
+    if (oi != INT_MAX && !isnan(ov) && Better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+};
+
 // One warp's kColsPerWarp output columns from col0 on, x (normalized) in shared memory;
-// with `preloaded` the first pass's weights are already in wv.
+// with `preloaded` the first pass's weights are already in wv. best[m]: the running
+// arg-max of row m over the columns this thread stored.
 template <int M>
 __device__ __forceinline__ void ColumnBlock(const SmallGemvParams& p, const float* xs, int col0, bool preloaded,
-                                            uint4 (&wv)[kColsPerWarp][kUnroll]) {
+                                            uint4 (&wv)[kColsPerWarp][kUnroll], Best (&best)[M]) {
   const int lane = threadIdx.x % 32;
   const int chunks = p.k / 8;
   float acc[kColsPerWarp][M];
@@ -87,7 +109,9 @@ __device__ __forceinline__ void ColumnBlock(const SmallGemvParams& p, const floa
       const int col = col0 + c;
       if (lane == c * M + m && col < p.n && m < p.rows) {
         float* o = p.out + static_cast<int64_t>(m) * p.ldo + col;
-        *o = p.accumulate ? *o + s : s;
+        const float v = p.accumulate ? *o + s : s;
+        *o = v;
+        best[m].Offer(v, col);
       }
     }
   }
@@ -98,6 +122,75 @@ __device__ __forceinline__ void ColumnBlock(const SmallGemvParams& p, const floa
 // weights (all of it up to k = 2048) and this thread's norm weights are loaded before the
 // wait, into registers: after it, one round trip for x and none for the weights.
 constexpr int kNormPre = 8;  // norm weights per thread held in registers (k <= 2048)
+
+// The arg-max of the launch: each block's best per row into the scratch, then the last
+// block's over the blocks' (Better is a total order: the result does not depend on which
+// block finishes last).
+template <int M>
+__device__ __forceinline__ void ArgmaxEpilogue(const SmallGemvParams& p, Best (&best)[M]) {
+  __shared__ float red_v[kWarps][M];
+  __shared__ int red_i[kWarps][M];
+  __shared__ bool last_block;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* scratch_v = static_cast<float*>(p.argmax_scratch);                           // [grid][M]
+  int* scratch_i = reinterpret_cast<int*>(scratch_v + gridDim.x * kSmallGemvMaxRows);  // [grid][M]
+  const auto reduce_block = [&](Best (&b)[M]) {  // block-wide; the result in thread m's b[m]
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      for (int offset = 16; offset > 0; offset /= 2) {
+        b[m].Offer(__shfl_xor_sync(0xffffffffu, b[m].v, offset), __shfl_xor_sync(0xffffffffu, b[m].i, offset));
+      }
+      if (lane == 0) {
+        red_v[warp][m] = b[m].v;
+        red_i[warp][m] = b[m].i;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+      const int m = threadIdx.x;
+      Best r;
+      for (int w = 0; w < kWarps; ++w) r.Offer(red_v[w][m], red_i[w][m]);
+#pragma unroll
+      for (int mm = 0; mm < M; ++mm) {
+        if (mm == m) b[mm] = r;
+      }
+    }
+  };
+  reduce_block(best);
+  if (threadIdx.x < M) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (m == static_cast<int>(threadIdx.x)) {
+        scratch_v[blockIdx.x * kSmallGemvMaxRows + m] = best[m].v;
+        scratch_i[blockIdx.x * kSmallGemvMaxRows + m] = best[m].i;
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // release the block's partials, acquire every other block's
+    unsigned prev;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(prev) : "l"(p.argmax_counter) : "memory");
+    last_block = prev == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last_block) return;
+  Best all[M];
+  for (int b = threadIdx.x; b < static_cast<int>(gridDim.x); b += kThreads) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      all[m].Offer(__ldcg(scratch_v + b * kSmallGemvMaxRows + m), __ldcg(scratch_i + b * kSmallGemvMaxRows + m));
+    }
+  }
+  __syncthreads();  // red_v / red_i reused
+  reduce_block(all);
+  if (threadIdx.x < M && static_cast<int>(threadIdx.x) < p.rows) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (m == static_cast<int>(threadIdx.x)) p.argmax[m] = all[m].i == INT_MAX ? 0 : all[m].i;
+    }
+  }
+  if (threadIdx.x == 0) *p.argmax_counter = 0u;  // every block has counted: ready for the next launch
+}
 
 template <int M>
 __global__ void __launch_bounds__(kThreads) SmallGemvKernel(SmallGemvParams p) {
@@ -163,9 +256,11 @@ __global__ void __launch_bounds__(kThreads) SmallGemvKernel(SmallGemvParams p) {
   }
   __syncthreads();
 
+  Best best[M];
   for (int cb = blockIdx.x; cb < col_blocks; cb += gridDim.x) {
-    ColumnBlock<M>(p, xs, cb * kColsPerBlock + warp * kColsPerWarp, cb == static_cast<int>(blockIdx.x), wv);
+    ColumnBlock<M>(p, xs, cb * kColsPerBlock + warp * kColsPerWarp, cb == static_cast<int>(blockIdx.x), wv, best);
   }
+  if (p.argmax != nullptr) ArgmaxEpilogue<M>(p, best);
 }
 
 template <int M>
@@ -179,17 +274,22 @@ cudaError_t LaunchGemv(const SmallGemvParams& p, cudaStream_t stream) {
     configured.store(smem, std::memory_order_relaxed);
   }
   const int col_blocks = (p.n + kColsPerBlock - 1) / kColsPerBlock;
-  const unsigned blocks = static_cast<unsigned>(std::min(col_blocks, 2 * CurrentDeviceMultiprocessors()));
+  const unsigned blocks = static_cast<unsigned>(std::min(col_blocks, MaxBlocks()));
   return internal::Launch(SmallGemvKernel<M>, dim3(blocks), dim3(kThreads), smem, stream, p);
 }
 
 }  // namespace
 
+size_t SmallGemvArgmaxScratchBytes() {
+  return static_cast<size_t>(MaxBlocks()) * kSmallGemvMaxRows * (sizeof(float) + sizeof(int));
+}
+
 cudaError_t SmallGemv(const SmallGemvParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.x == nullptr || p.w == nullptr || p.out == nullptr || p.rows < 0 || p.rows > kSmallGemvMaxRows ||
       p.n <= 0 || p.k <= 0 || p.k % 8 != 0 || p.ldx < p.k || p.ldo < p.n ||
-      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || static_cast<int64_t>(kSmallGemvMaxRows) * p.k * 4 > 200 * 1024) {
+      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || static_cast<int64_t>(kSmallGemvMaxRows) * p.k * 4 > 200 * 1024 ||
+      (p.argmax != nullptr && (p.argmax_scratch == nullptr || p.argmax_counter == nullptr))) {
     return cudaErrorInvalidValue;
   }
   switch (p.rows) {

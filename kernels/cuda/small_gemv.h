@@ -35,7 +35,17 @@ struct SmallGemvParams {
   float* out = nullptr;  // [rows][ldo]
   int64_t ldo = 0;
   bool accumulate = false;  // out += instead of out =
+  // Optional: each row's arg-max over its n outputs too (the greedy token after the LM
+  // head, without a launch of its own): NaN skipped, ties to the lower column, 0 when every
+  // output is NaN. Each block reduces its columns into argmax_scratch and the last block to
+  // finish (counter: zero before the first launch, left at zero) reduces the blocks'.
+  int32_t* argmax = nullptr;         // [rows]
+  void* argmax_scratch = nullptr;    // SmallGemvArgmaxScratchBytes() bytes
+  uint32_t* argmax_counter = nullptr;
 };
+
+// Bytes of SmallGemvParams::argmax_scratch for launches on the current device.
+size_t SmallGemvArgmaxScratchBytes();
 
 cudaError_t SmallGemv(const SmallGemvParams& p, cudaStream_t stream);
 

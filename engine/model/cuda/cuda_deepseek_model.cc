@@ -15,6 +15,7 @@
 #include "kernels/cuda/moe_expert_gemv.h"
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/small_gemv.h"
 #include "kernels/cuda/timestamp.h"
 
 namespace tandem {
@@ -201,6 +202,8 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     a->argmax = ar.Take<int32_t>(max_logit_rows);
     a->final_bf16 = ar.Take<__nv_bfloat16>(max_logit_rows * hidden);
     a->dense_plan = ar.Take<int32_t>(16);
+    a->argmax_scratch = ar.Take<char>(cuda::SmallGemvArgmaxScratchBytes());
+    a->argmax_counter = ar.Take<uint32_t>(1);
     return ar.used();
   };
   Activations sizing;
@@ -212,6 +215,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     static_assert(cuda::kMoeExpertGemvMaxRows == 4);
     const int32_t plan[16] = {0, 1, 2, 3, 0, 0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 1};
     TANDEM_CUDA_RETURN(cudaMemcpy(act_.dense_plan, plan, sizeof(plan), cudaMemcpyHostToDevice), "dense MLP plan");
+    TANDEM_CUDA_RETURN(cudaMemset(act_.argmax_counter, 0, sizeof(uint32_t)), "clearing the arg-max counter");
   }
   if (groups_ > 0) {
     TANDEM_CUDA_RETURN(cudaMemset(act_.group_offsets, 0, c.num_hidden_layers * (groups_ + 1) * sizeof(int32_t)),
@@ -823,6 +827,10 @@ void CudaDeepseekModel::set_fused_decode_max_tokens(int64_t tokens) {
 void CudaDeepseekModel::set_moe_expert_gemv(bool on) {
   impl_->DropGraphs();
   impl_->options.moe_expert_gemv = on;
+}
+void CudaDeepseekModel::set_fuse_o_proj(bool on) {
+  impl_->DropGraphs();
+  impl_->options.fuse_o_proj = on;
 }
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {

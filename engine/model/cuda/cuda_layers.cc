@@ -139,21 +139,17 @@ absl::Status CudaDeepseekModel::Impl::EnqueueLogits(const StepPlan& plan, int64_
   const ModelConfig& c = config;
   const bool split = count <= options.split_activations_max_tokens;
   if (count <= std::min<int64_t>(options.fused_decode_max_tokens, cuda::kSmallGemvMaxRows)) {
-    // Final norm fused into the LM head's GEMV.
+    // Final norm and arg-max fused into the LM head's GEMV.
     TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.x, .ldx = c.hidden_size, .x_rows = plan.meta.logit_rows + begin,
                                         .norm_weight = weights->final_norm,
                                         .norm_eps = static_cast<float>(c.rms_norm_eps),
                                         .w = weights->lm_head.data, .n = static_cast<int>(c.vocab_size),
                                         .k = static_cast<int>(c.hidden_size), .rows = static_cast<int>(count),
-                                        .out = act_.logits, .ldo = c.vocab_size},
+                                        .out = act_.logits, .ldo = c.vocab_size, .argmax = act_.argmax,
+                                        .argmax_scratch = act_.argmax_scratch, .argmax_counter = act_.argmax_counter},
                                        stream),
                        "LM head");
-    RETURN_IF_ERROR(Mark("LM head (final norm fused)"));
-    TANDEM_CUDA_RETURN(cuda::Argmax({.logits = act_.logits, .stride = c.vocab_size, .rows = count,
-                                     .vocab = c.vocab_size, .out = act_.argmax},
-                                    stream),
-                       "argmax");
-    return Mark("argmax");
+    return Mark("LM head (final norm and arg-max fused)");
   }
   TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = weights->final_norm, .rows = count, .dim = c.hidden_size,
                                     .x_stride = c.hidden_size, .out_stride = c.hidden_size,
@@ -362,6 +358,10 @@ absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPl
       "MLA prepare");
   RETURN_IF_ERROR(Mark("MLA prepare + W_UK"));
   const AttentionJob& job = plan.jobs.front();
+  // The output projection too where its weight slices fit the combine kernel's shared
+  // memory: one launch and one dependent step less, and its weights load while the
+  // attention kernel leaves the memory bandwidth idle.
+  const bool fuse_o = options.fuse_o_proj && hidden <= cuda::kMlaDecodeFusedMaxOutput && v % 8 == 0;
   TANDEM_CUDA_RETURN(
       cuda::MlaDecodeAttention(
           {.q = act_.q_dec, .q_stride = heads * entry, .kv_cache = kv_layer,
@@ -373,9 +373,11 @@ absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPl
            .max_cache_len = static_cast<int>(job.max_cache_len), .softmax_scale = softmax_scale_, .out = act_.lat_out,
            .out_stride = heads * rank, .workspace = act_.decode_ws, .workspace_bytes = act_.decode_ws_bytes,
            .w_uv = w.kv_b.data + nope * rank, .w_uv_head_stride = (nope + v) * rank, .v_dim = static_cast<int>(v),
-           .out_v = act_.attn_f32, .out_v_stride = heads * v},
+           .out_v = act_.attn_f32, .out_v_stride = heads * v, .w_o = fuse_o ? w.o_proj.data : nullptr,
+           .o_dim = static_cast<int>(hidden), .o_out = act_.x, .o_out_stride = hidden},
           stream),
       "MLA decode attention");
+  if (fuse_o) return Mark("decode attention + W_UV + o_proj");
   RETURN_IF_ERROR(Mark("decode attention + W_UV"));
   TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.attn_f32, .ldx = heads * v, .w = w.o_proj.data,
                                       .n = static_cast<int>(hidden), .k = static_cast<int>(heads * v),

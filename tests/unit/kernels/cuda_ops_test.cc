@@ -817,14 +817,30 @@ TEST_F(CudaOpsTest, SmallGemvMatchesFloat64) {
       const std::vector<float> base = Random(rows * n, 77);
       const bool accumulate = variant == 3 || variant == 0;
       Dev<float> dx(x), dg(g), dout(base);
-      Dev<int32_t> drows(x_rows);
+      Dev<int32_t> drows(x_rows), dargmax(rows);
       Dev<uint16_t> dw(ToBf16(w));
-      ASSERT_EQ(cuda::SmallGemv({.x = dx.get(), .ldx = k + 8, .x_rows = gather ? drows.get() : nullptr,
-                                 .norm_weight = norm ? dg.get() : nullptr, .norm_eps = 1e-6f, .w = Bf(dw), .n = n,
-                                 .k = k, .rows = rows, .out = dout.get(), .ldo = n, .accumulate = accumulate},
-                                nullptr),
-                cudaSuccess);
+      Dev<char> dscratch(cuda::SmallGemvArgmaxScratchBytes());
+      Dev<uint32_t> dcounter(std::vector<uint32_t>{0});
+      for (int repeat = 0; repeat < 2; ++repeat) {  // the arg-max counter is left ready for the next launch
+        dout.Upload(base);
+        ASSERT_EQ(cuda::SmallGemv({.x = dx.get(), .ldx = k + 8, .x_rows = gather ? drows.get() : nullptr,
+                                   .norm_weight = norm ? dg.get() : nullptr, .norm_eps = 1e-6f, .w = Bf(dw), .n = n,
+                                   .k = k, .rows = rows, .out = dout.get(), .ldo = n, .accumulate = accumulate,
+                                   .argmax = variant == 1 ? nullptr : dargmax.get(), .argmax_scratch = dscratch.get(),
+                                   .argmax_counter = dcounter.get()},
+                                  nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(dcounter.Download()[0], 0u);
+      }
       const std::vector<float> got = dout.Download();
+      if (variant != 1) {  // the fused arg-max: of the stored outputs, ties to the lower column
+        const std::vector<int32_t> am = dargmax.Download();
+        for (int r = 0; r < rows; ++r) {
+          int best = 0;
+          for (int c = 1; c < n; ++c) best = got[r * n + c] > got[r * n + best] ? c : best;
+          ASSERT_EQ(am[r], best) << "rows " << rows << " n " << n << " variant " << variant << " row " << r;
+        }
+      }
       for (int r = 0; r < rows; ++r) {
         const float* xr = &x[x_rows[r] * (k + 8)];
         std::vector<double> xn(xr, xr + k);
@@ -968,6 +984,32 @@ TEST_F(CudaOpsTest, MlaDecodeFusedValueProjection) {
           }
         }
       }
+      // The output projection fused too: added into a residual, from the same out_v.
+      const int o_dim = cs.heads == 16 ? 2048 : 200, in = cs.heads * cs.v;
+      const std::vector<float> w_o = RoundBf16(Random(static_cast<size_t>(o_dim) * in, 24, 0.05f));
+      const std::vector<float> base = Random(cs.seqs * o_dim, 25, 1.0f);
+      Dev<uint16_t> dwo(ToBf16(w_o));
+      Dev<float> dres(base);
+      p.w_o = Bf(dwo);
+      p.o_dim = o_dim;
+      p.o_out = dres.get();
+      p.o_out_stride = o_dim;
+      ASSERT_EQ(cuda::MlaDecodeAttention(p, nullptr), cudaSuccess);
+      EXPECT_EQ(dv.Download(), out) << "out_v with the output projection fused";
+      const std::vector<float> res = dres.Download();
+      for (int t = 0; t < cs.seqs; ++t) {
+        for (int n = 0; n < o_dim; ++n) {
+          double value = base[t * o_dim + n], magnitude = std::fabs(value);
+          for (int i = 0; i < in; ++i) {
+            const double prod = static_cast<double>(out[t * in + i]) * w_o[static_cast<size_t>(n) * in + i];
+            value += prod;
+            magnitude += std::fabs(prod);
+          }
+          ASSERT_NEAR(res[t * o_dim + n], value, 2e-6 * magnitude + 1e-30)
+              << "splits " << splits << " seq " << t << " o_proj column " << n;
+        }
+      }
+      p.w_o = nullptr;
     }
   }
 }
