@@ -689,10 +689,6 @@ struct OutputArgs {
   float* out_v;
   int64_t out_v_stride;
   int num_tokens;
-  const __nv_bfloat16* w_o;  // optional: the fused output projection (MlaDecodeParams::w_o)
-  int o_dim;
-  float* o_out;
-  int64_t o_out_stride;
 };
 
 constexpr int kOutThreads = 256;
@@ -706,24 +702,8 @@ __global__ void __launch_bounds__(kOutThreads) MlaDecodeOutputKernel(DecodeArgs 
   __shared__ __align__(16) float lat[kWgR];
   __shared__ __align__(16) float part[kOutWarps][kWgR];
   __shared__ float weight[kMaxSplits];
-  __shared__ float vals[kMlaDecodeFusedMaxTokens][kOutRows];  // with w_o: this block's out_v values
-  extern __shared__ __align__(16) __nv_bfloat16 w_o_s[];     // with w_o: [o_dim][kOutRows]
   const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int block_j0 = static_cast<int>(blockIdx.x) * kOutRows;
-  const int j0 = block_j0 + warp * kOutRowsPerWarp;
-  if (o.w_o != nullptr) {
-    // This block's columns of w_o (its value rows of head h) into shared memory, 16 bytes
-    // per copy; columns past v_dim (a multiple of 8) zero.
-    const int64_t ldw = static_cast<int64_t>(a.heads) * o.v_dim;
-    const __nv_bfloat16* src = o.w_o + static_cast<int64_t>(h) * o.v_dim + block_j0;
-    constexpr int kChunks = kOutRows / 8;
-    for (int i = threadIdx.x; i < o.o_dim * kChunks; i += kOutThreads) {
-      const int n = i / kChunks, c = i % kChunks;
-      const bool valid = block_j0 + c * 8 < o.v_dim;
-      CpAsync16(SmemAddr(w_o_s + n * kOutRows + c * 8), valid ? src + n * ldw + c * 8 : o.w_o, valid);
-    }
-    CpAsyncCommit();
-  }
+  const int j0 = static_cast<int>(blockIdx.x) * kOutRows + warp * kOutRowsPerWarp;
   const int pairs = a.R / 2;
   // W_UV in registers before the wait (all loads in flight at once; out-of-range pairs and
   // rows read a valid address and are skipped by the dot product and the store).
@@ -812,35 +792,11 @@ __global__ void __launch_bounds__(kOutThreads) MlaDecodeOutputKernel(DecodeArgs 
 #pragma unroll
     for (int r = 0; r < kOutRowsPerWarp; ++r) {
       const float s = internal::WarpSum(acc[r]);
-      if (lane == r) {
-        if (j0 + r < o.v_dim) o.out_v[token * o.out_v_stride + static_cast<int64_t>(h) * o.v_dim + j0 + r] = s;
-        vals[token][warp * kOutRowsPerWarp + r] = j0 + r < o.v_dim ? s : 0.0f;
+      if (lane == r && j0 + r < o.v_dim) {
+        o.out_v[token * o.out_v_stride + static_cast<int64_t>(h) * o.v_dim + j0 + r] = s;
       }
     }
     __syncthreads();  // lat and weight are reused
-  }
-  if (o.w_o == nullptr) return;
-  // The output projection of this block's kOutRows values of each token, added into o_out.
-  CpAsyncWait<0>();
-  __syncthreads();
-  for (int n = threadIdx.x; n < o.o_dim; n += kOutThreads) {
-    float w[kOutRows];
-#pragma unroll
-    for (int c = 0; c < kOutRows / 8; ++c) {
-      const uint4 q = *reinterpret_cast<const uint4*>(w_o_s + n * kOutRows + c * 8);
-      const uint32_t u[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        w[c * 8 + 2 * e] = __uint_as_float(u[e] << 16);
-        w[c * 8 + 2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
-      }
-    }
-    for (int token = 0; token < o.num_tokens; ++token) {
-      float s = 0.0f;
-#pragma unroll
-      for (int r = 0; r < kOutRows; ++r) s = fmaf(vals[token][r], w[r], s);
-      atomicAdd(o.o_out + token * o.o_out_stride + n, s);
-    }
   }
 }
 
@@ -1043,11 +999,6 @@ cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream) {
        reinterpret_cast<uintptr_t>(p.w_uv) % 4 != 0 || p.num_heads > 65535)) {
     return cudaErrorInvalidValue;
   }
-  if (p.w_o != nullptr &&
-      (p.w_uv == nullptr || p.o_out == nullptr || p.o_dim <= 0 || p.o_dim > kMlaDecodeFusedMaxOutput ||
-       p.v_dim % 8 != 0 || p.o_out_stride < p.o_dim || reinterpret_cast<uintptr_t>(p.w_o) % 16 != 0)) {
-    return cudaErrorInvalidValue;
-  }
   Plan plan;
   if (!MakePlan(p.q_per_seq, p.num_heads, p.kv_lora_rank, p.rope_dim, p.impl, &plan)) return cudaErrorInvalidValue;
   const int tiles = (p.max_cache_len + kTile - 1) / kTile;
@@ -1093,18 +1044,9 @@ cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream) {
                                      stream, a);
   if (err != cudaSuccess) return err;
   if (p.w_uv != nullptr) {
-    const OutputArgs o{p.w_uv,  p.w_uv_head_stride, p.v_dim, p.out_v, p.out_v_stride, static_cast<int>(tokens),
-                       p.w_o,   p.o_dim,            p.o_out, p.o_out_stride};
-    const size_t smem = p.w_o != nullptr ? static_cast<size_t>(p.o_dim) * kOutRows * sizeof(__nv_bfloat16) : 0;
-    static std::atomic<size_t> configured{0};  // the kernel's dynamic shared memory limit, raised as needed
-    if (smem > configured.load(std::memory_order_relaxed)) {
-      const cudaError_t e = cudaFuncSetAttribute(MlaDecodeOutputKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
-      if (e != cudaSuccess) return e;
-      configured.store(smem, std::memory_order_relaxed);
-    }
+    const OutputArgs o{p.w_uv, p.w_uv_head_stride, p.v_dim, p.out_v, p.out_v_stride, static_cast<int>(tokens)};
     return internal::Launch(MlaDecodeOutputKernel, dim3((p.v_dim + kOutRows - 1) / kOutRows, p.num_heads),
-                            dim3(kOutThreads), smem, stream, a, o);
+                            dim3(kOutThreads), 0, stream, a, o);
   }
   if (splits == 1) return cudaSuccess;
   return internal::Launch(MlaDecodeCombineKernel, dim3(static_cast<unsigned>(a.total_rows)), dim3(kCombineThreads), 0,

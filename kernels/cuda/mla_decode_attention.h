@@ -73,19 +73,7 @@ struct MlaDecodeParams {
   int v_dim = 0;
   float* out_v = nullptr;  // [tokens][out_v_stride]: head h at h * v_dim
   int64_t out_v_stride = 0;
-  // Optional, with w_uv: the output projection fused too, added into o_out:
-  //   o_out[token][n] += sum over h, j of out_v[token][h * v_dim + j] * w_o[n][h * v_dim + j]
-  // (w_o: [o_dim][num_heads * v_dim] bf16, 16-byte aligned; float32 atomic adds, so the
-  // order of the sum varies). Each block's slice of w_o is copied to shared memory before
-  // the wait, while the attention kernel runs. v_dim a multiple of 8; o_dim at most
-  // kMlaDecodeFusedMaxOutput.
-  const __nv_bfloat16* w_o = nullptr;
-  int o_dim = 0;
-  float* o_out = nullptr;  // [tokens][o_out_stride]
-  int64_t o_out_stride = 0;
 };
-
-inline constexpr int kMlaDecodeFusedMaxOutput = 2560;
 
 inline constexpr int kMlaDecodeFusedMaxTokens = 16;
 

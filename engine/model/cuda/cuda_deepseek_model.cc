@@ -230,6 +230,12 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
   RETURN_IF_ERROR(logits_host_.Allocate(max_logit_rows * c.vocab_size * sizeof(float), "logits"));
   RETURN_IF_ERROR(small_host_.Allocate(
       std::max<size_t>(c.num_hidden_layers * (groups_ + 1), max_logit_rows) * sizeof(int32_t) + 256, "offsets"));
+  RETURN_IF_ERROR(argmax_host_.Allocate(cuda::kSmallGemvMaxRows * sizeof(int32_t), "greedy tokens"));
+  if (void* dev = nullptr; cudaHostGetDevicePointer(&dev, argmax_host_.get(), 0) == cudaSuccess) {
+    argmax_host_dev_ = static_cast<int32_t*>(dev);
+  } else {
+    cudaGetLastError();  // not mapped: the tokens are copied
+  }
   kv_staging_entries_ = 64 * kBlock;
   const size_t staging = kv_staging_entries_ * c.kv_entry_dim() * sizeof(float);
   RETURN_IF_ERROR(kv_staging_.Allocate(staging + (max_blocks_per_seq + kv_staging_entries_) * sizeof(int32_t) + 512,
@@ -497,7 +503,11 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
     const int64_t count = std::min(max_logit_rows, plan.out_rows - begin);
     if (begin > 0) RETURN_IF_ERROR(EnqueueLogits(plan, begin, count));
     if (!sample.empty()) RETURN_IF_ERROR(EnqueueSample(sample, begin, count));
-    if (ids != nullptr) {
+    if (ids != nullptr && sample.empty() && ArgmaxToHost(begin, count)) {
+      RETURN_IF_ERROR(RecordStepEnd(begin + count == plan.out_rows));
+      TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "running the forward pass");
+      std::memcpy(ids->data() + begin, argmax_host_.get(), count * sizeof(int32_t));
+    } else if (ids != nullptr) {
       TANDEM_CUDA_RETURN(cudaMemcpyAsync(small_host_.get(), act_.argmax, count * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, stream),
                          "reading tokens");
@@ -827,10 +837,6 @@ void CudaDeepseekModel::set_fused_decode_max_tokens(int64_t tokens) {
 void CudaDeepseekModel::set_moe_expert_gemv(bool on) {
   impl_->DropGraphs();
   impl_->options.moe_expert_gemv = on;
-}
-void CudaDeepseekModel::set_fuse_o_proj(bool on) {
-  impl_->DropGraphs();
-  impl_->options.fuse_o_proj = on;
 }
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {

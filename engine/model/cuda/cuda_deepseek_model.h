@@ -72,9 +72,6 @@ class CudaDeepseekModel {
     // (kernels/cuda/moe_expert_gemv.h: every weight load of a pass in flight, the shared
     // experts' weights read before the routing is known) instead of the grouped GEMM.
     bool moe_expert_gemv = true;
-    // Fused decode steps: the attention output projection inside the split-combine kernel
-    // (MlaDecodeParams::w_o) instead of its own GEMV launch.
-    bool fuse_o_proj = true;
     // Programmatic dependent launch between the kernels of steps of at most
     // moe_grouped_max_tokens tokens (graph-captured decode steps included).
     bool programmatic_launch = true;
@@ -139,10 +136,8 @@ class CudaDeepseekModel {
   // (captured graphs are dropped).
   void set_programmatic_launch(bool on);
   void set_fused_decode_max_tokens(int64_t tokens);
-  // For measurements: LoadOptions::moe_expert_gemv and fuse_o_proj (captured graphs are
-  // dropped).
+  // For measurements: LoadOptions::moe_expert_gemv (captured graphs are dropped).
   void set_moe_expert_gemv(bool on);
-  void set_fuse_o_proj(bool on);
   // For benchmarks: with step events on, each Forward records a CUDA event when its GPU
   // work begins (before the batch upload) and when it ends (after the results are read
   // back); TakeStepTimes returns {begin, end} per recorded step in ms since the first

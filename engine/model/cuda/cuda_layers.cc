@@ -135,6 +135,11 @@ absl::Status CudaDeepseekModel::Impl::EnqueueStep(const StepPlan& plan, const Fo
   return EnqueueLogits(plan, 0, std::min(plan.out_rows, max_logit_rows));
 }
 
+bool CudaDeepseekModel::Impl::ArgmaxToHost(int64_t begin, int64_t count) const {
+  return begin == 0 && argmax_host_dev_ != nullptr &&
+         count <= std::min<int64_t>(options.fused_decode_max_tokens, cuda::kSmallGemvMaxRows);
+}
+
 absl::Status CudaDeepseekModel::Impl::EnqueueLogits(const StepPlan& plan, int64_t begin, int64_t count) {
   const ModelConfig& c = config;
   const bool split = count <= options.split_activations_max_tokens;
@@ -145,7 +150,8 @@ absl::Status CudaDeepseekModel::Impl::EnqueueLogits(const StepPlan& plan, int64_
                                         .norm_eps = static_cast<float>(c.rms_norm_eps),
                                         .w = weights->lm_head.data, .n = static_cast<int>(c.vocab_size),
                                         .k = static_cast<int>(c.hidden_size), .rows = static_cast<int>(count),
-                                        .out = act_.logits, .ldo = c.vocab_size, .argmax = act_.argmax,
+                                        .out = act_.logits, .ldo = c.vocab_size,
+                                        .argmax = ArgmaxToHost(begin, count) ? argmax_host_dev_ : act_.argmax,
                                         .argmax_scratch = act_.argmax_scratch, .argmax_counter = act_.argmax_counter},
                                        stream),
                        "LM head");
@@ -358,10 +364,6 @@ absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPl
       "MLA prepare");
   RETURN_IF_ERROR(Mark("MLA prepare + W_UK"));
   const AttentionJob& job = plan.jobs.front();
-  // The output projection too where its weight slices fit the combine kernel's shared
-  // memory: one launch and one dependent step less, and its weights load while the
-  // attention kernel leaves the memory bandwidth idle.
-  const bool fuse_o = options.fuse_o_proj && hidden <= cuda::kMlaDecodeFusedMaxOutput && v % 8 == 0;
   TANDEM_CUDA_RETURN(
       cuda::MlaDecodeAttention(
           {.q = act_.q_dec, .q_stride = heads * entry, .kv_cache = kv_layer,
@@ -373,11 +375,9 @@ absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPl
            .max_cache_len = static_cast<int>(job.max_cache_len), .softmax_scale = softmax_scale_, .out = act_.lat_out,
            .out_stride = heads * rank, .workspace = act_.decode_ws, .workspace_bytes = act_.decode_ws_bytes,
            .w_uv = w.kv_b.data + nope * rank, .w_uv_head_stride = (nope + v) * rank, .v_dim = static_cast<int>(v),
-           .out_v = act_.attn_f32, .out_v_stride = heads * v, .w_o = fuse_o ? w.o_proj.data : nullptr,
-           .o_dim = static_cast<int>(hidden), .o_out = act_.x, .o_out_stride = hidden},
+           .out_v = act_.attn_f32, .out_v_stride = heads * v},
           stream),
       "MLA decode attention");
-  if (fuse_o) return Mark("decode attention + W_UV + o_proj");
   RETURN_IF_ERROR(Mark("decode attention + W_UV"));
   TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.attn_f32, .ldx = heads * v, .w = w.o_proj.data,
                                       .n = static_cast<int>(hidden), .k = static_cast<int>(heads * v),
@@ -422,8 +422,6 @@ absl::Status CudaDeepseekModel::Impl::Mlp(int64_t layer, const StepPlan& plan) {
     gate_up.out = act_.act_bf16;
     gate_up.ldo = inter;
     gate_up.out_lo = split ? act_.act_lo : nullptr;
-    TANDEM_CUDA_RETURN(cuda::MoeExpertGemv(gate_up, stream), "MLP gate_up (GEMV)");
-    RETURN_IF_ERROR(Mark("MLP gate_up"));
     cuda::MoeExpertGemvParams down = one_group;
     down.a = act_.act_bf16;
     down.a_lo = split ? act_.act_lo : nullptr;
@@ -436,8 +434,7 @@ absl::Status CudaDeepseekModel::Impl::Mlp(int64_t layer, const StepPlan& plan) {
     down.out = act_.x;
     down.ldo = hidden;
     down.out_rows = rows;
-    TANDEM_CUDA_RETURN(cuda::MoeExpertGemv(down, stream), "MLP down (GEMV)");
-    return Mark("MLP down");
+    return ExpertProjections(gate_up, down, "MLP gate_up", "MLP down");
   }
   if (t <= options.small_gemm_max_rows) {
     TANDEM_CUDA_RETURN(cuda::GroupedGemm({.a = act_.h_bf16, .lda = hidden, .a_lo = split ? act_.h_lo : nullptr,
@@ -539,6 +536,15 @@ absl::Status CudaDeepseekModel::Impl::MoeFrontEnd(int64_t layer, const StepPlan&
   return Mark("MoE permute");
 }
 
+absl::Status CudaDeepseekModel::Impl::ExpertProjections(const cuda::MoeExpertGemvParams& gate_up,
+                                                        const cuda::MoeExpertGemvParams& down, const char* gate_up_name,
+                                                        const char* down_name) {
+  TANDEM_CUDA_RETURN(cuda::MoeExpertGemv(gate_up, stream), gate_up_name);
+  RETURN_IF_ERROR(Mark(gate_up_name));
+  TANDEM_CUDA_RETURN(cuda::MoeExpertGemv(down, stream), down_name);
+  return Mark(down_name);
+}
+
 absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& plan) {
   const ModelConfig& c = config;
   const cuda_model::CudaMoeWeights& w = *weights->layers[layer].moe;
@@ -558,31 +564,22 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
                                   max_active, static_cast<int>(shared)) &&
       cuda::MoeExpertGemvSupports(static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(t), max_active,
                                   static_cast<int>(shared))) {
-    TANDEM_CUDA_RETURN(
-        cuda::MoeExpertGemv({.a = act_.h_bf16, .a_lo = split ? act_.h_lo : nullptr, .lda = hidden,
-                             .a_rows = act_.sorted_token, .a_row_count = static_cast<int>(t), .b = w.gate_up,
-                             .b_group_stride = 2 * inter * hidden,
-                             .n = static_cast<int>(2 * inter), .k = static_cast<int>(hidden), .group_offsets = offsets,
-                             .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,
-                             .num_static = static_cast<int>(shared), .max_active = max_active,
-                             .max_rows = static_cast<int>(t), .epilogue = cuda::GemmEpilogue::kSiluMulBf16,
-                             .out = act_.act_bf16, .ldo = inter, .out_lo = split ? act_.act_lo : nullptr},
-                            stream),
-        "experts gate_up (GEMV)");
-    RETURN_IF_ERROR(Mark("experts gate_up"));
-    TANDEM_CUDA_RETURN(
-        cuda::MoeExpertGemv({.a = act_.act_bf16, .a_lo = split ? act_.act_lo : nullptr, .lda = inter,
-                             .staged_rows = static_cast<int>(rows), .b = w.down,
-                             .b_group_stride = hidden * inter, .n = static_cast<int>(hidden),
-                             .k = static_cast<int>(inter), .group_offsets = offsets,
-                             .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,
-                             .num_static = static_cast<int>(shared), .max_active = max_active,
-                             .max_rows = static_cast<int>(t), .epilogue = cuda::GemmEpilogue::kScatterAddF32,
-                             .out = act_.x, .ldo = hidden, .out_rows = act_.sorted_token,
-                             .row_scale = act_.sorted_weight},
-                            stream),
-        "experts down (GEMV)");
-    return Mark("experts down");
+    return ExpertProjections(
+        {.a = act_.h_bf16, .a_lo = split ? act_.h_lo : nullptr, .lda = hidden, .a_rows = act_.sorted_token,
+         .a_row_count = static_cast<int>(t), .b = w.gate_up, .b_group_stride = 2 * inter * hidden,
+         .n = static_cast<int>(2 * inter), .k = static_cast<int>(hidden), .group_offsets = offsets,
+         .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,
+         .num_static = static_cast<int>(shared), .max_active = max_active, .max_rows = static_cast<int>(t),
+         .epilogue = cuda::GemmEpilogue::kSiluMulBf16, .out = act_.act_bf16, .ldo = inter,
+         .out_lo = split ? act_.act_lo : nullptr},
+        {.a = act_.act_bf16, .a_lo = split ? act_.act_lo : nullptr, .lda = inter,
+         .staged_rows = static_cast<int>(rows), .b = w.down, .b_group_stride = hidden * inter,
+         .n = static_cast<int>(hidden), .k = static_cast<int>(inter), .group_offsets = offsets,
+         .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,
+         .num_static = static_cast<int>(shared), .max_active = max_active, .max_rows = static_cast<int>(t),
+         .epilogue = cuda::GemmEpilogue::kScatterAddF32, .out = act_.x, .ldo = hidden,
+         .out_rows = act_.sorted_token, .row_scale = act_.sorted_weight},
+        "experts gate_up", "experts down");
   }
   if (grouped) {
     // One grouped launch per projection over every tile of every active expert.
