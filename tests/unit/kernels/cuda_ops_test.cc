@@ -1173,6 +1173,18 @@ TEST_F(CudaOpsTest, ZeroRows) {
 }
 
 TEST_F(CudaOpsTest, RejectsBadParams) {
+  // The fused route kernel: any pair count when the permutation goes by bit masks (at most
+  // 64 experts, a token's rows in one tile), else at most 64 (token, expert) pairs.
+  EXPECT_TRUE(cuda::MoeFusedRouteSupports(4, 64, 32, 2, 16));
+  EXPECT_TRUE(cuda::MoeFusedRouteSupports(4, 256, 8, 1, 16));
+  EXPECT_FALSE(cuda::MoeFusedRouteSupports(4, 256, 16, 1, 16));
+  EXPECT_FALSE(cuda::MoeFusedRouteSupports(cuda::kMoeFusedMaxTokens + 1, 64, 6, 2, 16));
+  Dev<float> s(64);
+  Dev<uint32_t> c(1);
+  EXPECT_EQ(cuda::SmallGemv({.x = s.get(), .ldx = 8, .w = Bf(Dev<uint16_t>(64)), .n = 8, .k = 8, .rows = 1,
+                             .out = s.get(), .ldo = 8, .argmax = reinterpret_cast<int32_t*>(c.get())},
+                            nullptr),
+            cudaErrorInvalidValue);  // an arg-max without its scratch and counter
   EXPECT_EQ(cuda::GroupedGemm({.n = 8, .k = 8, .num_rows = 1}, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::MoeRouting({.num_tokens = 1, .num_experts = 10, .num_groups = 3}, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::Rope({.rows = 1, .rope_dim = 3}, nullptr), cudaErrorInvalidValue);
