@@ -16,7 +16,8 @@
 // Decode at batch B: B sequences with `context` tokens already cached take `steps` greedy
 // steps (graph replay after the first two of a shape). Batch 1 also runs with programmatic
 // dependent launch off, with the fused small-batch kernels off as well (the unfused path),
-// and without graphs; batches up to 64 also with the grouped expert GEMM instead of the
+// without graphs, and with the expert down projection's residual sums in a fixed order
+// (deterministic_moe_down); batches up to 64 also with the grouped expert GEMM instead of the
 // expert GEMVs (moe_expert_gemv off: the same step where the fused kernels do not run);
 // batches 1 and 64 also with GPU sampling (ForwardSample, temperature 0.7, top-p 0.9)
 // instead of the argmax. Roofline time of a step = (weight bytes the step must read:
@@ -154,6 +155,7 @@ struct DecodeVariant {
   bool programmatic_launch = true;
   int64_t fused_decode_max_tokens = 4;
   bool moe_expert_gemv = true;
+  bool deterministic_moe_down = false;
   bool sample = false;
 };
 
@@ -175,6 +177,7 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
   model.set_programmatic_launch(variant.programmatic_launch);
   model.set_fused_decode_max_tokens(variant.fused_decode_max_tokens);
   model.set_moe_expert_gemv(variant.moe_expert_gemv);
+  model.set_deterministic_moe_down(variant.deterministic_moe_down);
   int64_t sample_step = 0;
   auto step = [&]() {
     std::vector<ForwardSequence> seqs(batch);
@@ -229,6 +232,7 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
             {"programmatic_launch", variant.programmatic_launch},
             {"fused_decode_max_tokens", variant.fused_decode_max_tokens},
             {"moe_expert_gemv", variant.moe_expert_gemv},
+            {"deterministic_moe_down", variant.deterministic_moe_down},
             {"sampling", variant.sample ? "top-p 0.9, temperature 0.7 (GPU)" : "greedy"},
             {"step_ms_p50", step_ms},
             {"step_ms_mean", Mean(wall)},
@@ -401,7 +405,8 @@ int Main(int argc, char** argv) {
   const std::vector<DecodeVariant> variants = {
       DecodeVariant{.name = "no PDL", .programmatic_launch = false},
       DecodeVariant{.name = "no PDL, unfused", .programmatic_launch = false, .fused_decode_max_tokens = 0},
-      DecodeVariant{.name = "no graphs", .graphs = false}};
+      DecodeVariant{.name = "no graphs", .graphs = false},
+      DecodeVariant{.name = "ordered MoE down sums", .deterministic_moe_down = true}};
   for (const DecodeVariant& v : default_only ? std::vector<DecodeVariant>{} : variants) {
     decode.push_back(Decode(*model, b0, context, steps, v, copy_bw, false).json);
   }
@@ -414,6 +419,7 @@ int Main(int argc, char** argv) {
   model->set_programmatic_launch(true);
   model->set_fused_decode_max_tokens(4);
   model->set_moe_expert_gemv(true);
+  model->set_deterministic_moe_down(false);
   model->set_cuda_graphs(true);
   out["decode"] = decode;
 

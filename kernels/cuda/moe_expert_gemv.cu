@@ -134,6 +134,10 @@ __device__ __forceinline__ void Epilogue(const MoeExpertGemvParams& p, const Ent
       const __nv_bfloat16 hi = __float2bfloat16_rn(v);
       static_cast<__nv_bfloat16*>(p.out)[at] = hi;
       if (p.out_lo != nullptr) p.out_lo[at] = __float2bfloat16_rn(v - __bfloat162float(hi));
+    } else if (p.partial != nullptr) {  // summed in order by FinishColumnTile
+      const float s = e.scale[m];
+      *reinterpret_cast<float2*>(p.partial + static_cast<int64_t>(row) * p.ldo + tile * kTileRows + 2 * warp) =
+          make_float2(s * v0, s * v1);
     } else {
       float* dst =
           static_cast<float*>(p.out) + static_cast<int64_t>(e.dst_row[m]) * p.ldo + tile * kTileRows + 2 * warp;
@@ -146,6 +150,33 @@ __device__ __forceinline__ void Epilogue(const MoeExpertGemvParams& p, const Ent
 #endif
     }
   }
+}
+
+// MoeExpertGemvParams::partial: after this block's Epilogue of column tile `tile`, the last
+// of its `contributors` (every active group) adds the tile's partial rows into out. The
+// barrier orders the block's partial stores before thread 0's release; the last block's
+// acquire orders its reads after every other block's stores.
+__device__ __forceinline__ void FinishColumnTile(const MoeExpertGemvParams& p, int tile, int contributors) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned prev;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(prev) : "l"(p.tile_counters + tile) : "memory");
+    last = prev == static_cast<unsigned>(contributors - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  const int rows = __ldcg(p.group_offsets + p.num_groups);
+  for (int i = threadIdx.x; i < p.out_row_count * kTileRows; i += kThreads) {
+    const int t = i / kTileRows, c = tile * kTileRows + i % kTileRows;
+    float s = 0.0f;
+    for (int r = 0; r < rows; ++r) {
+      const int dst = p.out_rows != nullptr ? __ldcg(p.out_rows + r) : r;
+      if (dst == t) s += __ldcg(p.partial + static_cast<int64_t>(r) * p.ldo + c);
+    }
+    static_cast<float*>(p.out)[static_cast<int64_t>(t) * p.ldo + c] += s;
+  }
+  if (threadIdx.x == 0) p.tile_counters[tile] = 0u;  // every contributor has counted
 }
 
 // Row m of A (bf16 value + optional remainder, read from L2) into the staged rows as float32.
@@ -301,6 +332,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
       Epilogue<kRows>(p, table[v], tile, silu, acc);
 #pragma unroll
       for (int m = 0; m < kRows; ++m) acc[0][m] = acc[1][m] = 0.0f;
+      if (!silu && p.partial != nullptr) FinishColumnTile(p, tile, entries);
     }
     j = next;
     pass = next_pass;
@@ -344,7 +376,9 @@ cudaError_t MoeExpertGemv(const MoeExpertGemvParams& p, cudaStream_t stream) {
       (p.a_lo != nullptr && reinterpret_cast<uintptr_t>(p.a_lo) % 16 != 0) ||
       reinterpret_cast<uintptr_t>(p.b) % 16 != 0 || (!silu && !scatter) || (silu && p.ldo < p.n / 2) ||
       (!silu && p.out_lo != nullptr) ||
-      (scatter && (p.ldo < p.n || p.ldo % 2 != 0 || reinterpret_cast<uintptr_t>(p.out) % 8 != 0))) {
+      (scatter && (p.ldo < p.n || p.ldo % 2 != 0 || reinterpret_cast<uintptr_t>(p.out) % 8 != 0)) ||
+      (p.partial != nullptr && (!scatter || p.tile_counters == nullptr || p.out_row_count < 1 ||
+                                p.out_row_count > 64 || reinterpret_cast<uintptr_t>(p.partial) % 8 != 0))) {
     return cudaErrorInvalidValue;
   }
   switch (p.max_rows) {

@@ -78,6 +78,15 @@ struct MoeExpertGemvParams {
   __nv_bfloat16* out_lo = nullptr;    // kSiluMulBf16: optional remainder of the output
   const int32_t* out_rows = nullptr;  // kScatterAddF32: destination row of each row (null: the row)
   const float* row_scale = nullptr;   // kScatterAddF32: scale of each row (null: 1)
+  // Optional, kScatterAddF32: the sums in a fixed order (the same result on every run)
+  // instead of float32 atomics in block-completion order. Each (group, column tile) stores
+  // its scaled rows into `partial` (plain stores at its permuted rows), and the last block to
+  // finish a column tile (tile_counters[tile], n / 16 words: zero before the first launch,
+  // left at zero) adds that tile's rows into out, permuted rows ascending (so a token's
+  // groups in ascending order).
+  float* partial = nullptr;            // [permuted rows][ldo]
+  uint32_t* tile_counters = nullptr;   // [n / 16]
+  int out_row_count = 0;               // rows of out (the tokens), 1 .. 64, with partial
 };
 
 // Whether shapes of these sizes are supported (the launcher checks the rest).

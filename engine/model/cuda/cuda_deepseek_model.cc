@@ -197,6 +197,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
       a->perm_bf16 = ar.Take<__nv_bfloat16>(p * hidden);
       a->y = ar.Take<float>(p * hidden);
       a->route_counter = ar.Take<uint32_t>(1);
+      a->down_tile_counters = ar.Take<uint32_t>(hidden / 16 + 1);
     }
     a->logits = ar.Take<float>(max_logit_rows * c.vocab_size);
     a->argmax = ar.Take<int32_t>(max_logit_rows);
@@ -221,6 +222,8 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     TANDEM_CUDA_RETURN(cudaMemset(act_.group_offsets, 0, c.num_hidden_layers * (groups_ + 1) * sizeof(int32_t)),
                        "clearing expert offsets");
     TANDEM_CUDA_RETURN(cudaMemset(act_.route_counter, 0, sizeof(uint32_t)), "clearing the routing counter");
+    TANDEM_CUDA_RETURN(cudaMemset(act_.down_tile_counters, 0, (c.hidden_size / 16 + 1) * sizeof(uint32_t)),
+                       "clearing the down projection's tile counters");
   }
 
   size_t meta_bytes = 0;
@@ -837,6 +840,10 @@ void CudaDeepseekModel::set_fused_decode_max_tokens(int64_t tokens) {
 void CudaDeepseekModel::set_moe_expert_gemv(bool on) {
   impl_->DropGraphs();
   impl_->options.moe_expert_gemv = on;
+}
+void CudaDeepseekModel::set_deterministic_moe_down(bool on) {
+  impl_->DropGraphs();
+  impl_->options.deterministic_moe_down = on;
 }
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {

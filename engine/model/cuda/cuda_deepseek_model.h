@@ -72,6 +72,11 @@ class CudaDeepseekModel {
     // (kernels/cuda/moe_expert_gemv.h: every weight load of a pass in flight, the shared
     // experts' weights read before the routing is known) instead of the grouped GEMM.
     bool moe_expert_gemv = true;
+    // With the expert GEMVs: the down projection's sums into the residual in a fixed order
+    // (MoeExpertGemvParams::partial) instead of float32 atomics, so that a request gives the
+    // same tokens on every run. Off until its cost is measured on a GPU (written 2026-11-30,
+    // not yet run on one).
+    bool deterministic_moe_down = false;
     // Programmatic dependent launch between the kernels of steps of at most
     // moe_grouped_max_tokens tokens (graph-captured decode steps included).
     bool programmatic_launch = true;
@@ -138,6 +143,7 @@ class CudaDeepseekModel {
   void set_fused_decode_max_tokens(int64_t tokens);
   // For measurements: LoadOptions::moe_expert_gemv (captured graphs are dropped).
   void set_moe_expert_gemv(bool on);
+  void set_deterministic_moe_down(bool on);
   // For benchmarks: with step events on, each Forward records a CUDA event when its GPU
   // work begins (before the batch upload) and when it ends (after the results are read
   // back); TakeStepTimes returns {begin, end} per recorded step in ms since the first

@@ -578,7 +578,9 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
          .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,
          .num_static = static_cast<int>(shared), .max_active = max_active, .max_rows = static_cast<int>(t),
          .epilogue = cuda::GemmEpilogue::kScatterAddF32, .out = act_.x, .ldo = hidden,
-         .out_rows = act_.sorted_token, .row_scale = act_.sorted_weight},
+         .out_rows = act_.sorted_token, .row_scale = act_.sorted_weight,
+         .partial = options.deterministic_moe_down ? act_.y : nullptr, .tile_counters = act_.down_tile_counters,
+         .out_row_count = static_cast<int>(t)},
         "experts gate_up", "experts down");
   }
   if (grouped) {

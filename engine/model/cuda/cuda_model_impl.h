@@ -112,6 +112,7 @@ struct Activations {
   void* argmax_scratch = nullptr;      // the LM head GEMV's fused arg-max (small_gemv.h)
   uint32_t* argmax_counter = nullptr;  // its block counter (zero between launches)
   uint32_t* route_counter = nullptr;   // MoeFusedRoute's block counter (zero between launches)
+  uint32_t* down_tile_counters = nullptr;  // [hidden / 16] the ordered down sums' (zero between launches)
   // A dense MLP of a few tokens as one static group of the expert GEMVs: rows 0..3 (A row
   // and output row of each row), the offsets {0, T} for T = 0..4 at [4 + 2T], the active
   // group list {0} at [14] and its length 1 at [15].

@@ -222,7 +222,12 @@ TEST_F(CudaMoeExpertGemvTest, MatchesFloat64) {
             }
           }
         }
-        for (const bool stage_all : {false, true}) {
+        // Then with the sums in a fixed order (partial + tile counters), twice: the same bits.
+        Dev<float> partial(static_cast<size_t>(rows) * H);
+        Dev<uint32_t> counters(std::vector<uint32_t>(H / 16, 0u));
+        std::vector<float> ordered;
+        for (int mode = 0; mode < 4; ++mode) {
+          const bool stage_all = mode >= 1, in_order = mode >= 2;
           Dev<float> out(base);
           ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(act), .a_lo = split ? Bf(act_lo) : nullptr, .lda = I,
                                          .staged_rows = stage_all ? rows : 0, .b = Bf(w2),
@@ -231,14 +236,22 @@ TEST_F(CudaMoeExpertGemvTest, MatchesFloat64) {
                                          .num_active = perm.d_num.get(), .num_groups = groups,
                                          .num_static = s.shared, .max_active = max_active, .max_rows = tokens,
                                          .epilogue = cuda::GemmEpilogue::kScatterAddF32, .out = out.get(), .ldo = H,
-                                         .out_rows = perm.d_token.get(), .row_scale = perm.d_weight.get()},
+                                         .out_rows = perm.d_token.get(), .row_scale = perm.d_weight.get(),
+                                         .partial = in_order ? partial.get() : nullptr,
+                                         .tile_counters = counters.get(), .out_row_count = tokens},
                                         nullptr),
                     cudaSuccess)
               << what;
           const std::vector<float> got = out.Download();
           for (size_t i = 0; i < want.size(); ++i) {
             ASSERT_NEAR(got[i], want[i], 2e-5 * mag[i] + 1e-30)
-                << what << (stage_all ? ", all rows staged" : "") << ": down, token " << i / H << " column " << i % H;
+                << what << (stage_all ? ", all rows staged" : "") << (in_order ? ", in order" : "")
+                << ": down, token " << i / H << " column " << i % H;
+          }
+          if (mode == 2) ordered = got;
+          if (mode == 3) {
+            EXPECT_EQ(got, ordered) << what << ": the ordered sums differ between two runs";
+            EXPECT_EQ(counters.Download(), std::vector<uint32_t>(H / 16, 0u)) << what;
           }
         }
       }
@@ -405,6 +418,11 @@ TEST_F(CudaMoeExpertGemvTest, RejectsBadParams) {
     return cuda::MoeExpertGemv(p, nullptr);
   };
   EXPECT_EQ(with([](cuda::MoeExpertGemvParams& p) { p.n = 72; }), cudaErrorInvalidValue);  // not a multiple of 16
+  EXPECT_EQ(with([&](cuda::MoeExpertGemvParams& p) {  // ordered sums without tile counters
+              p.partial = out.get();
+              p.out_row_count = 1;
+            }),
+            cudaErrorInvalidValue);
   EXPECT_EQ(with([](cuda::MoeExpertGemvParams& p) { p.k = 60; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](cuda::MoeExpertGemvParams& p) { p.max_rows = 5; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](cuda::MoeExpertGemvParams& p) { p.max_active = cuda::kMoeExpertGemvMaxActive + 1; }),
