@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device run after CUDA kernel work (run tool, kind nvidia-h200; carry .carry/perf.tgz
 # .carry/device.tgz .carry/e2e): every single-GPU kernel/model/engine test, compute-sanitizer
-# memcheck on the decode-path kernels, then the full cuda_model_bench (JSON + console under
-# $OUT). Here first:
+# memcheck on the decode-path kernels, the GPU serving test twice (with `serving` as the first
+# argument), then the full cuda_model_bench (JSON + console under $OUT). Here first:
 #   scripts/device/gpu_serving.sh pack
 #   PACK_DEST=$PWD/.carry/perf scripts/device/pack.sh build/bin/cuda_model_bench \
 #     build/tests/kernels_cuda_{ops,moe_expert_gemv,mla_attention}_test \
@@ -25,10 +25,16 @@ summary() { grep -E "^\[ *(FAILED|PASSED)|Failure|Expected|Which is|prompts:|ERR
   timeout 300 compute-sanitizer --tool memcheck "$bin/kernels_cuda_ops_test" \
     --gtest_filter='*MoeFused*:*MoeRouting*:*MoePermute*:*SmallGemv*' 2>&1 | summary
   timeout 300 compute-sanitizer --tool memcheck "$bin/kernels_cuda_moe_expert_gemv_test" \
-    --gtest_filter='*Graph*:*Staged*:*Rejects*' 2>&1 | summary
+    --gtest_filter='*Graph*:*Staged*:*Rejects*:*MatchesFloat64*' 2>&1 | summary
 )
 echo "== engine on CUDA, KV block copy, CUDA IPC"
 "$root/scripts/device/gpu_serving.sh" run tests 2>&1 | tail -25
+if [ "${1:-}" = serving ]; then
+  for i in 1 2; do
+    echo "== GPU serving, run $i"
+    "$root/scripts/device/gpu_serving.sh" run serving 2>&1 | tail -8
+  done
+fi
 echo "== cuda_model_bench"
 LD_LIBRARY_PATH="$root/.carry/perf/lib" timeout 400 "$bin/cuda_model_bench" \
   --config "$root/bench/configs/deepseek_v2_lite_full.json" --timeline --json "$out/cuda_model_h200.json" \
