@@ -9,10 +9,6 @@ namespace {
 
 constexpr int kThreads = 512;
 
-__device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
-  return bi == INT_MAX || v > bv || (v == bv && i < bi);
-}
-
 __global__ void ArgmaxKernel(ArgmaxParams p) {
   __shared__ float best_v[kThreads / 32];
   __shared__ int best_i[kThreads / 32];
@@ -22,7 +18,7 @@ __global__ void ArgmaxKernel(ArgmaxParams p) {
   int bi = INT_MAX;
   for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
     const float v = l[i];
-    if (!isnan(v) && Better(v, static_cast<int>(i), bv, bi)) {
+    if (!isnan(v) && internal::Better(v, static_cast<int>(i), bv, bi)) {
       bv = v;
       bi = static_cast<int>(i);
     }
@@ -30,7 +26,7 @@ __global__ void ArgmaxKernel(ArgmaxParams p) {
   for (int offset = 16; offset > 0; offset /= 2) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
     const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
-    if (oi != INT_MAX && Better(ov, oi, bv, bi)) {
+    if (oi != INT_MAX && internal::Better(ov, oi, bv, bi)) {
       bv = ov;
       bi = oi;
     }
@@ -43,7 +39,7 @@ __global__ void ArgmaxKernel(ArgmaxParams p) {
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < kThreads / 32; ++w) {
-      if (best_i[w] != INT_MAX && Better(best_v[w], best_i[w], bv, bi)) {
+      if (best_i[w] != INT_MAX && internal::Better(best_v[w], best_i[w], bv, bi)) {
         bv = best_v[w];
         bi = best_i[w];
       }

@@ -3,6 +3,7 @@
 // launch helper with programmatic dependent launch (launch_control.h).
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <utility>
 
@@ -53,25 +54,20 @@ __device__ __forceinline__ uint4 LoadWeight(const uint4* p) {
   return v;
 }
 
-__device__ __forceinline__ float4 LoadWeight(const float4* p) {
-  float4 v;
-  asm volatile("ld.global.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
-__device__ __forceinline__ float LoadWeight(const float* p) {
-  float v;
-  asm volatile("ld.global.L1::no_allocate.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ uint32_t LoadWeight(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.global.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+// The same loads of float data (the same bits).
+__device__ __forceinline__ float4 LoadWeight(const float4* p) {
+  const uint4 u = LoadWeight(reinterpret_cast<const uint4*>(p));
+  return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+}
+
+__device__ __forceinline__ float LoadWeight(const float* p) {
+  return __uint_as_float(LoadWeight(reinterpret_cast<const uint32_t*>(p)));
 }
 
 // A hint to bring the 128-byte line holding p into L2.
@@ -84,6 +80,15 @@ __device__ __forceinline__ void PrefetchRangeL2(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   const int64_t step = static_cast<int64_t>(blockDim.x) * 128;
   for (int64_t off = static_cast<int64_t>(threadIdx.x) * 128; off < bytes; off += step) PrefetchL2(c + off);
+}
+
+// Arg-max order: (v, i) beats (bv, bi) when larger, ties to the lower index (a strict total
+// order on non-NaN values: the result of a reduction does not depend on its order).
+__device__ __forceinline__ int Beats(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+// The same, where bi == INT_MAX means "no candidate yet".
+__device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
+  return bi == INT_MAX || Beats(v, i, bv, bi);
 }
 
 __device__ __forceinline__ float WarpSum(float v) {

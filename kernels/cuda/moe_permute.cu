@@ -191,6 +191,12 @@ __global__ void __launch_bounds__(kThreads) MoePermuteKernel(MoePermuteParams p)
   PermuteBlock(p);
 }
 
+// Whether the fused route kernel permutes by bit masks (MaskPermuteBlock): the routing is
+// by rank, and each group's rows fit one tile.
+__host__ __device__ inline bool PermuteByMask(int num_tokens, int num_experts, int tile_rows) {
+  return num_experts <= internal::kRankRoutingExperts && (tile_rows == 0 || tile_rows >= num_tokens);
+}
+
 // The permutation of a fused routing with at most kRankRoutingExperts experts, from each
 // token's chosen experts as a bit mask (masks[t]) and ids_s / weights_s as for
 // SmallPermuteBlock: every output is a few population counts, no scan and no block-wide
@@ -381,7 +387,7 @@ __global__ void __launch_bounds__(kFusedThreads) MoeFusedRouteKernel(MoeFusedRou
   if (tid == 0) *p.counter = 0u;  // every block has counted: ready for the next launch
   __syncthreads();
   const int top_k = p.routing.top_k;
-  const bool by_mask = E <= internal::kRankRoutingExperts && (p.permute.tile_rows == 0 || p.permute.tile_rows >= T);
+  const bool by_mask = PermuteByMask(T, E, p.permute.tile_rows);
   if (warp < T) {
     internal::RouteTokenWarp(p.routing, warp, logits + warp * logit_floats, scratch + warp * scratch_floats,
                              ids_s + warp * top_k, weights_s + warp * top_k, by_mask ? masks_s + warp : nullptr);
@@ -435,8 +441,7 @@ cudaError_t MoePermute(const MoePermuteParams& p, cudaStream_t stream) {
 bool MoeFusedRouteSupports(int num_tokens, int num_experts, int top_k, int num_shared, int tile_rows) {
   if (num_tokens < 0 || num_tokens > kMoeFusedMaxTokens) return false;
   // The permutation by masks has no bound on the pairs; SmallPermuteBlock's is kSmallPairs.
-  const bool by_mask = num_experts <= internal::kRankRoutingExperts && (tile_rows == 0 || tile_rows >= num_tokens);
-  return by_mask || num_tokens * (top_k + num_shared) <= kSmallPairs;
+  return PermuteByMask(num_tokens, num_experts, tile_rows) || num_tokens * (top_k + num_shared) <= kSmallPairs;
 }
 
 cudaError_t MoeFusedRoute(const MoeFusedRouteParams& p, cudaStream_t stream) {

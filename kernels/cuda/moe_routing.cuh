@@ -9,11 +9,6 @@
 
 namespace tandem::cuda::internal {
 
-// (v, i) better than (bv, bi): larger value, ties to the lower index; bi == INT_MAX is "none".
-__device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
-  return bi == INT_MAX || v > bv || (v == bv && i < bi);
-}
-
 // The best (value, index) over the warp; every lane gets it.
 __device__ __forceinline__ void WarpBest(float* v, int* i) {
   for (int offset = 16; offset > 0; offset /= 2) {
@@ -35,9 +30,6 @@ __host__ __device__ constexpr int RouteScratchFloats(int num_experts) {
   const int f = 2 * num_experts > 96 ? 2 * num_experts : 96;
   return (f + 3) / 4 * 4;
 }
-
-// (v, i) better than (bv, bi) for a defined (bv, bi): larger value, ties to the lower index.
-__device__ __forceinline__ int Beats(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
 
 // The group-limited masks of DeepSeek's routing: choice = the warp's num_experts values
 // (shared memory); experts outside the topk_groups best groups set to -inf.

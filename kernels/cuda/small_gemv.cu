@@ -55,18 +55,12 @@ __device__ __forceinline__ void LoadPass(const SmallGemvParams& p, int col0, int
   }
 }
 
-// (v, i) better than (bv, bi) for the arg-max: larger, ties to the lower index; bi ==
-// INT_MAX is "none yet".
-__device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
-  return bi == INT_MAX || v > bv || (v == bv && i < bi);
-}
-
-// A running arg-max: best value and column.
+// A running arg-max (internal::Better's order, NaN skipped): best value and column.
 struct Best {
   float v = 0.0f;
   int i = INT_MAX;
   __device__ __forceinline__ void Offer(float ov, int oi) {
-    if (oi != INT_MAX && !isnan(ov) && Better(ov, oi, v, i)) {
+    if (oi != INT_MAX && !isnan(ov) && internal::Better(ov, oi, v, i)) {
       v = ov;
       i = oi;
     }
@@ -117,10 +111,6 @@ __device__ __forceinline__ void ColumnBlock(const SmallGemvParams& p, const floa
   }
 }
 
-// Grid: at most a few blocks per multiprocessor, each looping over column blocks of
-// kColsPerBlock columns after one pass over x. The first column block's first pass of
-// weights (all of it up to k = 2048) and this thread's norm weights are loaded before the
-// wait, into registers: after it, one round trip for x and none for the weights.
 constexpr int kNormPre = 8;  // norm weights per thread held in registers (k <= 2048)
 
 // The arg-max of the launch: each block's best per row into the scratch, then the last
@@ -134,7 +124,7 @@ __device__ __forceinline__ void ArgmaxEpilogue(const SmallGemvParams& p, Best (&
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* scratch_v = static_cast<float*>(p.argmax_scratch);                           // [grid][M]
   int* scratch_i = reinterpret_cast<int*>(scratch_v + gridDim.x * kSmallGemvMaxRows);  // [grid][M]
-  const auto reduce_block = [&](Best (&b)[M]) {  // block-wide; the result in thread m's b[m]
+  const auto reduce_block = [&](Best (&b)[M]) {  // block-wide; the result in thread 0's b
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       for (int offset = 16; offset > 0; offset /= 2) {
@@ -146,28 +136,21 @@ __device__ __forceinline__ void ArgmaxEpilogue(const SmallGemvParams& p, Best (&
       }
     }
     __syncthreads();
-    if (threadIdx.x < M) {
-      const int m = threadIdx.x;
-      Best r;
-      for (int w = 0; w < kWarps; ++w) r.Offer(red_v[w][m], red_i[w][m]);
+    if (threadIdx.x == 0) {
 #pragma unroll
-      for (int mm = 0; mm < M; ++mm) {
-        if (mm == m) b[mm] = r;
+      for (int m = 0; m < M; ++m) {
+        b[m] = Best{};
+        for (int w = 0; w < kWarps; ++w) b[m].Offer(red_v[w][m], red_i[w][m]);
       }
     }
   };
   reduce_block(best);
-  if (threadIdx.x < M) {
+  if (threadIdx.x == 0) {  // the block's partials, then one release for them
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      if (m == static_cast<int>(threadIdx.x)) {
-        scratch_v[blockIdx.x * kSmallGemvMaxRows + m] = best[m].v;
-        scratch_i[blockIdx.x * kSmallGemvMaxRows + m] = best[m].i;
-      }
+      scratch_v[blockIdx.x * kSmallGemvMaxRows + m] = best[m].v;
+      scratch_i[blockIdx.x * kSmallGemvMaxRows + m] = best[m].i;
     }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {  // release the block's partials, acquire every other block's
     unsigned prev;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(prev) : "l"(p.argmax_counter) : "memory");
     last_block = prev == gridDim.x - 1;
@@ -183,15 +166,19 @@ __device__ __forceinline__ void ArgmaxEpilogue(const SmallGemvParams& p, Best (&
   }
   __syncthreads();  // red_v / red_i reused
   reduce_block(all);
-  if (threadIdx.x < M && static_cast<int>(threadIdx.x) < p.rows) {
+  if (threadIdx.x == 0) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      if (m == static_cast<int>(threadIdx.x)) p.argmax[m] = all[m].i == INT_MAX ? 0 : all[m].i;
+      if (m < p.rows) p.argmax[m] = all[m].i == INT_MAX ? 0 : all[m].i;
     }
+    *p.argmax_counter = 0u;  // every block has counted: ready for the next launch
   }
-  if (threadIdx.x == 0) *p.argmax_counter = 0u;  // every block has counted: ready for the next launch
 }
 
+// Grid: at most a few blocks per multiprocessor, each looping over column blocks of
+// kColsPerBlock columns after one pass over x. The first column block's first pass of
+// weights (all of it up to k = 2048) and this thread's norm weights are loaded before the
+// wait, into registers: after it, one round trip for x and none for the weights.
 template <int M>
 __global__ void __launch_bounds__(kThreads) SmallGemvKernel(SmallGemvParams p) {
   extern __shared__ __align__(16) float xs[];  // [M][k], normalized

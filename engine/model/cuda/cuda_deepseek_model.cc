@@ -213,8 +213,13 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
   layout(act_buffer_.get<char>(), &act_);
   activation_bytes = bytes;
   {
+    // Activations::dense_plan: rows 0..3, offsets {0, T} for T = 0..4, active group list {0}
+    // and its length 1.
     static_assert(cuda::kMoeExpertGemvMaxRows == 4);
-    const int32_t plan[16] = {0, 1, 2, 3, 0, 0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 1};
+    int32_t plan[16] = {};
+    for (int32_t r = 0; r < 4; ++r) plan[r] = r;
+    for (int32_t t = 0; t <= 4; ++t) plan[4 + 2 * t + 1] = t;
+    plan[15] = 1;
     TANDEM_CUDA_RETURN(cudaMemcpy(act_.dense_plan, plan, sizeof(plan), cudaMemcpyHostToDevice), "dense MLP plan");
     TANDEM_CUDA_RETURN(cudaMemset(act_.argmax_counter, 0, sizeof(uint32_t)), "clearing the arg-max counter");
   }
@@ -506,25 +511,22 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
     const int64_t count = std::min(max_logit_rows, plan.out_rows - begin);
     if (begin > 0) RETURN_IF_ERROR(EnqueueLogits(plan, begin, count));
     if (!sample.empty()) RETURN_IF_ERROR(EnqueueSample(sample, begin, count));
-    if (ids != nullptr && sample.empty() && ArgmaxToHost(begin, count)) {
-      RETURN_IF_ERROR(RecordStepEnd(begin + count == plan.out_rows));
-      TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "running the forward pass");
-      std::memcpy(ids->data() + begin, argmax_host_.get(), count * sizeof(int32_t));
-    } else if (ids != nullptr) {
-      TANDEM_CUDA_RETURN(cudaMemcpyAsync(small_host_.get(), act_.argmax, count * sizeof(int32_t),
-                                         cudaMemcpyDeviceToHost, stream),
-                         "reading tokens");
-      RETURN_IF_ERROR(RecordStepEnd(begin + count == plan.out_rows));
-      TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "running the forward pass");
-      std::memcpy(ids->data() + begin, small_host_.get(), count * sizeof(int32_t));
-    } else {
-      TANDEM_CUDA_RETURN(cudaMemcpyAsync(logits_host_.get(), act_.logits, count * vocab * sizeof(float),
-                                         cudaMemcpyDeviceToHost, stream),
-                         "reading logits");
-      RETURN_IF_ERROR(RecordStepEnd(begin + count == plan.out_rows));
-      TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "running the forward pass");
-      std::memcpy(logits->data() + begin * vocab, logits_host_.get(), count * vocab * sizeof(float));
+    // The chunk's results on the host: greedy tokens the LM head wrote there itself, else
+    // tokens or logits copied after the step.
+    const bool tokens = ids != nullptr;
+    const size_t bytes = tokens ? count * sizeof(int32_t) : count * vocab * sizeof(float);
+    const void* host = argmax_host_.get();
+    if (!tokens || !sample.empty() || !ArgmaxToHost(begin, count)) {
+      void* dst = tokens ? small_host_.get() : logits_host_.get();
+      const void* src = tokens ? static_cast<const void*>(act_.argmax) : static_cast<const void*>(act_.logits);
+      TANDEM_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream),
+                         tokens ? "reading tokens" : "reading logits");
+      host = dst;
     }
+    RETURN_IF_ERROR(RecordStepEnd(begin + count == plan.out_rows));
+    TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "running the forward pass");
+    void* out = tokens ? static_cast<void*>(ids->data() + begin) : static_cast<void*>(logits->data() + begin * vocab);
+    std::memcpy(out, host, bytes);
   }
   if (plan.out_rows == 0) RETURN_IF_ERROR(RecordStepEnd(true));
   TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "running the forward pass");

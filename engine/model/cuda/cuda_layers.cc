@@ -135,15 +135,18 @@ absl::Status CudaDeepseekModel::Impl::EnqueueStep(const StepPlan& plan, const Fo
   return EnqueueLogits(plan, 0, std::min(plan.out_rows, max_logit_rows));
 }
 
+bool CudaDeepseekModel::Impl::LogitsByGemv(int64_t count) const {
+  return count <= std::min<int64_t>(options.fused_decode_max_tokens, cuda::kSmallGemvMaxRows);
+}
+
 bool CudaDeepseekModel::Impl::ArgmaxToHost(int64_t begin, int64_t count) const {
-  return begin == 0 && argmax_host_dev_ != nullptr &&
-         count <= std::min<int64_t>(options.fused_decode_max_tokens, cuda::kSmallGemvMaxRows);
+  return begin == 0 && argmax_host_dev_ != nullptr && LogitsByGemv(count);
 }
 
 absl::Status CudaDeepseekModel::Impl::EnqueueLogits(const StepPlan& plan, int64_t begin, int64_t count) {
   const ModelConfig& c = config;
   const bool split = count <= options.split_activations_max_tokens;
-  if (count <= std::min<int64_t>(options.fused_decode_max_tokens, cuda::kSmallGemvMaxRows)) {
+  if (LogitsByGemv(count)) {
     // Final norm and arg-max fused into the LM head's GEMV.
     TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.x, .ldx = c.hidden_size, .x_rows = plan.meta.logit_rows + begin,
                                         .norm_weight = weights->final_norm,

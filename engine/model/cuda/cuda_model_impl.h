@@ -165,12 +165,12 @@ class CudaDeepseekModel::Impl {
   // plan.decode_only and no callback.
   absl::Status EnqueueStep(const cuda_model::StepPlan& plan, const ForwardOptions& options);
   absl::Status EnqueueLogits(const cuda_model::StepPlan& plan, int64_t begin, int64_t count);
-  // gate_up then down through the expert GEMVs, each marked with its name. (One cooperative
-  // launch with a grid barrier between the two was slower: 2.065 vs 1.966 ms a batch-1 step
-  // on the H200, its blocks no longer start while the routing kernel runs.)
+  // gate_up then down through the expert GEMVs, each marked with its name.
   absl::Status ExpertProjections(const cuda::MoeExpertGemvParams& gate_up, const cuda::MoeExpertGemvParams& down,
                                  const char* gate_up_name, const char* down_name);
-  // Whether EnqueueLogits(plan, begin, count) leaves the arg-max in argmax_host_.
+  // Whether EnqueueLogits(plan, begin, count) runs the LM head as SmallGemv (final norm
+  // and arg-max fused), and whether it then leaves the arg-max in argmax_host_.
+  bool LogitsByGemv(int64_t count) const;
   bool ArgmaxToHost(int64_t begin, int64_t count) const;
   absl::Status Attention(int64_t layer, const cuda_model::StepPlan& plan);
   absl::Status Mlp(int64_t layer, const cuda_model::StepPlan& plan);
