@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Load(const std::st
   model->inv_freq_ = model->config_.RopeInverseFrequencies();
   model->rope_attention_factor_ = static_cast<float>(model->config_.RopeAttentionFactor());
   model->softmax_scale_ = static_cast<float>(model->config_.SoftmaxScale());
+  model->bf16_kv_cache_ = options.bf16_kv_cache;
   return model;
 }
 
@@ -165,6 +166,9 @@ void DeepseekModel::Attention(const AttentionWeights& w, int64_t layer, std::spa
       for (int64_t hd = 0; hd < heads; ++hd) {
         cpu::ApplyRope(&q[(r * heads + hd) * qk + c.qk_nope_head_dim], cos.data(), sin.data(), half_rope,
                        c.rope_interleave);
+      }
+      if (bf16_kv_cache_) {
+        for (int64_t i = 0; i < entry; ++i) kv_row[i] = Bf16ToF32(F32ToBf16(kv_row[i]));
       }
       std::copy(kv_row, kv_row + entry, cache.Entry(layer, s.block_table, positions[r]));
     }

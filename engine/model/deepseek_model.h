@@ -64,6 +64,10 @@ class DeepseekModel {
  public:
   struct LoadOptions {
     int num_threads = 0;  // 0: all hardware threads
+    // Rounds every latent KV entry to bf16 as it is written, the values a bf16 cache (the
+    // CUDA backend's) holds; storage stays float32. For comparing with a GPU at its cache
+    // precision: on random-weight models that rounding alone flips near-tied routing.
+    bool bf16_kv_cache = false;
   };
   // Loads config.json and the safetensors weights of a checkpoint directory.
   static absl::StatusOr<std::unique_ptr<DeepseekModel>> Load(const std::string& dir,
@@ -102,6 +106,7 @@ class DeepseekModel {
   std::vector<float> inv_freq_;
   float rope_attention_factor_ = 1.0f;
   float softmax_scale_ = 1.0f;
+  bool bf16_kv_cache_ = false;
 };
 
 }  // namespace tandem

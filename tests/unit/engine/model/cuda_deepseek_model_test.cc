@@ -166,24 +166,26 @@ TEST_P(CudaModelTest, TeacherForcedLogitsMatchCpu) {
   EXPECT_GE(same_top1, kTotal * 99 / 100);
 }
 
-TEST_P(CudaModelTest, BatchedGreedyGenerationMatchesCpu) {
-  // 10 prompts of different lengths prefilled in one batch, then decoded together.
+// Greedy continuations of 10 prompts of different lengths, prefilled in one batch and then
+// decoded together, on the GPU and on `cpu`; returns how many prompts agree for 32+ tokens.
+int MatchingGreedyPrompts(DeepseekModel& cpu, CudaDeepseekModel& gpu, int64_t vocab) {
   constexpr int kPrompts = 10, kSteps = 40;
   std::vector<std::vector<int32_t>> prompts, tables, cpu_out(kPrompts), gpu_out(kPrompts);
   for (int i = 0; i < kPrompts; ++i) {
-    prompts.push_back(Tokens(5 + 7 * i, vocab_, 10 + i));
+    prompts.push_back(Tokens(5 + 7 * i, vocab, 10 + i));
     tables.push_back(Table(i * 4, 4));
   }
-  LatentKvCache cache = cpu_->MakeKvCache(4 * kPrompts);
+  LatentKvCache cache = cpu.MakeKvCache(4 * kPrompts);
   std::vector<ForwardSequence> batch(kPrompts);
   for (int i = 0; i < kPrompts; ++i) batch[i] = {.tokens = prompts[i], .start_position = 0, .block_table = tables[i]};
-  absl::StatusOr<std::vector<float>> c = cpu_->Forward(batch, cache);
-  absl::StatusOr<std::vector<int32_t>> g = gpu_->ForwardGreedy(batch);
-  ASSERT_TRUE(c.ok() && g.ok()) << c.status() << " " << g.status();
+  absl::StatusOr<std::vector<float>> c = cpu.Forward(batch, cache);
+  absl::StatusOr<std::vector<int32_t>> g = gpu.ForwardGreedy(batch);
+  EXPECT_TRUE(c.ok() && g.ok()) << c.status() << " " << g.status();
+  if (!c.ok() || !g.ok()) return 0;
   std::vector<int32_t> next_cpu(kPrompts), next_gpu(kPrompts);
   for (int step = 0; step < kSteps; ++step) {
     for (int i = 0; i < kPrompts; ++i) {
-      next_cpu[i] = Argmax(&(*c)[i * vocab_], vocab_);
+      next_cpu[i] = Argmax(&(*c)[i * vocab], vocab);
       next_gpu[i] = (*g)[i];
       cpu_out[i].push_back(next_cpu[i]);
       gpu_out[i].push_back(next_gpu[i]);
@@ -194,9 +196,10 @@ TEST_P(CudaModelTest, BatchedGreedyGenerationMatchesCpu) {
       cpu_batch[i] = {.tokens = {&next_cpu[i], 1}, .start_position = pos, .block_table = tables[i]};
       gpu_batch[i] = {.tokens = {&next_gpu[i], 1}, .start_position = pos, .block_table = tables[i]};
     }
-    c = cpu_->Forward(cpu_batch, cache);
-    g = gpu_->ForwardGreedy(gpu_batch);
-    ASSERT_TRUE(c.ok() && g.ok()) << c.status() << " " << g.status();
+    c = cpu.Forward(cpu_batch, cache);
+    g = gpu.ForwardGreedy(gpu_batch);
+    EXPECT_TRUE(c.ok() && g.ok()) << c.status() << " " << g.status();
+    if (!c.ok() || !g.ok()) return 0;
   }
   int matching = 0;
   for (int i = 0; i < kPrompts; ++i) {
@@ -205,7 +208,23 @@ TEST_P(CudaModelTest, BatchedGreedyGenerationMatchesCpu) {
     std::printf("prompt %d (%zu tokens): %d of %d greedy tokens identical\n", i, prompts[i].size(), same, kSteps);
     matching += same >= 32;
   }
-  std::printf("%d of %d prompts: 32+ identical greedy tokens\n", matching, kPrompts);
+  return matching;
+}
+
+TEST_P(CudaModelTest, BatchedGreedyGenerationMatchesCpu) {
+  const int matching = MatchingGreedyPrompts(*cpu_, *gpu_, vocab_);
+  std::printf("CPU with a float32 KV cache: %d of 10 prompts: 32+ identical greedy tokens\n", matching);
+  EXPECT_GE(matching, 6);
+}
+
+// The same against the CPU at the GPU's KV cache precision (entries rounded to bf16).
+TEST_P(CudaModelTest, BatchedGreedyGenerationMatchesCpuWithBf16KvCache) {
+  absl::StatusOr<std::string> dir = ResolveModelDir(GetParam());
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  absl::StatusOr<std::unique_ptr<DeepseekModel>> cpu = DeepseekModel::Load(*dir, {.bf16_kv_cache = true});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const int matching = MatchingGreedyPrompts(**cpu, *gpu_, vocab_);
+  std::printf("CPU with a bf16 KV cache: %d of 10 prompts: 32+ identical greedy tokens\n", matching);
   EXPECT_GE(matching, 6);
 }
 
