@@ -152,31 +152,61 @@ __device__ __forceinline__ void Epilogue(const MoeExpertGemvParams& p, const Ent
   }
 }
 
-// MoeExpertGemvParams::partial: after this block's Epilogue of column tile `tile`, the last
-// of its `contributors` (every active group) adds the tile's partial rows into out. The
-// barrier orders the block's partial stores before thread 0's release; the last block's
-// acquire orders its reads after every other block's stores.
-__device__ __forceinline__ void FinishColumnTile(const MoeExpertGemvParams& p, int tile, int contributors) {
-  __shared__ bool last;
+// MoeExpertGemvParams::partial: each (group, column tile) of a block counts itself on the
+// tile's counter right after its Epilogue; the last of a tile's `contributors` (every active
+// group) adds the tile's partial rows into out, at the end of its block's work. Thread 0's
+// acq_rel atomic comes after a barrier that orders the block's partial stores before it;
+// it keeps the tiles it finished last in `last_tiles` (shared) without making the block wait
+// for the atomic's round trip (only thread 0's warp waits, while its next weights are in
+// flight); the sums in FinishColumnTiles come after a barrier, i.e. after that acquire.
+constexpr int kMaxLastTiles = 128;  // column tiles a block may finish last (the launcher checks)
+
+struct LastTiles {
+  int count;
+  int tile[kMaxLastTiles];
+};
+
+__device__ __forceinline__ void CountColumnTile(const MoeExpertGemvParams& p, int tile, int contributors,
+                                                LastTiles& last) {
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned prev;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(prev) : "l"(p.tile_counters + tile) : "memory");
-    last = prev == static_cast<unsigned>(contributors - 1);
+    if (prev == static_cast<unsigned>(contributors - 1)) last.tile[last.count++] = tile;
   }
+}
+
+__device__ __forceinline__ void FinishColumnTiles(const MoeExpertGemvParams& p, LastTiles& last) {
   __syncthreads();
-  if (!last) return;
+  const int n = last.count;
+  if (n == 0) return;
   const int rows = __ldcg(p.group_offsets + p.num_groups);
-  for (int i = threadIdx.x; i < p.out_row_count * kTileRows; i += kThreads) {
-    const int t = i / kTileRows, c = tile * kTileRows + i % kTileRows;
+  for (int i = threadIdx.x; i < n * p.out_row_count * kTileRows; i += kThreads) {
+    const int tile = last.tile[i / (p.out_row_count * kTileRows)];
+    const int at = i % (p.out_row_count * kTileRows);
+    const int t = at / kTileRows, c = tile * kTileRows + at % kTileRows;
     float s = 0.0f;
-    for (int r = 0; r < rows; ++r) {
-      const int dst = p.out_rows != nullptr ? __ldcg(p.out_rows + r) : r;
-      if (dst == t) s += __ldcg(p.partial + static_cast<int64_t>(r) * p.ldo + c);
+    // Eight rows' loads in flight at once (a decode step's token has 8 or so: one round
+    // trip, where a load per addition cost 8), then their sums in ascending row order.
+    constexpr int kBatch = 8;
+    for (int r0 = 0; r0 < rows; r0 += kBatch) {
+      int dst[kBatch];
+      float v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int r = min(r0 + u, rows - 1);
+        dst[u] = r0 + u >= rows ? -1 : p.out_rows != nullptr ? __ldcg(p.out_rows + r) : r;
+        v[u] = __ldcg(p.partial + static_cast<int64_t>(r) * p.ldo + c);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (dst[u] == t) s += v[u];
+      }
     }
     static_cast<float*>(p.out)[static_cast<int64_t>(t) * p.ldo + c] += s;
   }
-  if (threadIdx.x == 0) p.tile_counters[tile] = 0u;  // every contributor has counted
+  // Every contributor has counted: ready for the next launch.
+  for (int i = threadIdx.x; i < n; i += kThreads) p.tile_counters[last.tile[i]] = 0u;
 }
 
 // Row m of A (bf16 value + optional remainder, read from L2) into the staged rows as float32.
@@ -223,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   extern __shared__ float4 xs[];  // [kRows][2][kc]: the staged A rows, float32
   __shared__ Entry table[kMaxActive];
   __shared__ int routed_group[kMaxActive];
+  __shared__ LastTiles last_tiles;
   const int tid = threadIdx.x;
   const bool silu = p.epilogue == GemmEpilogue::kSiluMulBf16;
   const bool all_rows = p.a_row_count > 0;
@@ -242,6 +273,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   const bool preloaded = j < static_tiles;
   if (preloaded) LoadPass(p, first_static + j / tiles, j % tiles, 0, silu, wv);
   internal::WaitAndTrigger();
+  if (tid == 0) last_tiles.count = 0;  // read after CountColumnTile's barrier
 
   // One round trip after the wait: the active groups (ascending, so the routed ones come
   // first; the static groups are the highest), the static groups' rows and, with
@@ -332,11 +364,12 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
       Epilogue<kRows>(p, table[v], tile, silu, acc);
 #pragma unroll
       for (int m = 0; m < kRows; ++m) acc[0][m] = acc[1][m] = 0.0f;
-      if (!silu && p.partial != nullptr) FinishColumnTile(p, tile, entries);
+      if (!silu && p.partial != nullptr) CountColumnTile(p, tile, entries, last_tiles);
     }
     j = next;
     pass = next_pass;
   }
+  if (!silu && p.partial != nullptr) FinishColumnTiles(p, last_tiles);
 }
 
 template <int kRows>
@@ -359,6 +392,7 @@ cudaError_t LaunchRows(MoeExpertGemvParams p, cudaStream_t stream) {
   const int64_t tiles = static_cast<int64_t>(p.max_active) * (p.n / kTileRows);
   const unsigned blocks =
       static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(per_sm) * CurrentDeviceMultiprocessors()));
+  if (p.partial != nullptr && (tiles + blocks - 1) / blocks > kMaxLastTiles) return cudaErrorInvalidValue;
   return internal::Launch(MoeExpertGemvKernel<kRows>, dim3(blocks), dim3(kThreads), smem, stream, p);
 }
 

@@ -83,7 +83,8 @@ struct MoeExpertGemvParams {
   // its scaled rows into `partial` (plain stores at its permuted rows), and the last block to
   // finish a column tile (tile_counters[tile], n / 16 words: zero before the first launch,
   // left at zero) adds that tile's rows into out, permuted rows ascending (so a token's
-  // groups in ascending order).
+  // groups in ascending order), once it has done its other tiles. Refused
+  // (cudaErrorInvalidValue) where a block would take more than 128 (group, tile) pairs.
   float* partial = nullptr;            // [permuted rows][ldo]
   uint32_t* tile_counters = nullptr;   // [n / 16]
   int out_row_count = 0;               // rows of out (the tokens), 1 .. 64, with partial

@@ -72,10 +72,12 @@ class CudaDeepseekModel {
     // (kernels/cuda/moe_expert_gemv.h: every weight load of a pass in flight, the shared
     // experts' weights read before the routing is known) instead of the grouped GEMM.
     bool moe_expert_gemv = true;
-    // With the expert GEMVs: the down projection's sums into the residual in a fixed order
-    // (MoeExpertGemvParams::partial) instead of float32 atomics, so that a request gives the
-    // same tokens on every run. Off until its cost is measured on a GPU (written 2026-11-30,
-    // not yet run on one).
+    // With the expert GEMVs (steps of a few tokens): the down projection's sums into the
+    // residual in a fixed order (MoeExpertGemvParams::partial) instead of float32 atomics in
+    // completion order (the one run-to-run varying sum of a batch-1 step). Costs 2.4 % of a
+    // batch-1 step on the H200 (2.080 vs 2.031 ms, same run, 2026-11-30). Off: the GPU
+    // serving tests' occasional run-to-run difference (a sampled request parting at token
+    // 26) happens with it on as well, so its cause is elsewhere (see docs/performance.md).
     bool deterministic_moe_down = false;
     // Programmatic dependent launch between the kernels of steps of at most
     // moe_grouped_max_tokens tokens (graph-captured decode steps included).
