@@ -134,7 +134,7 @@ __device__ __forceinline__ void Epilogue(const MoeExpertGemvParams& p, const Ent
       const __nv_bfloat16 hi = __float2bfloat16_rn(v);
       static_cast<__nv_bfloat16*>(p.out)[at] = hi;
       if (p.out_lo != nullptr) p.out_lo[at] = __float2bfloat16_rn(v - __bfloat162float(hi));
-    } else if (p.partial != nullptr) {  // summed in order by FinishColumnTile
+    } else if (p.partial != nullptr) {  // summed in order by FinishColumnTiles
       const float s = e.scale[m];
       *reinterpret_cast<float2*>(p.partial + static_cast<int64_t>(row) * p.ldo + tile * kTileRows + 2 * warp) =
           make_float2(s * v0, s * v1);

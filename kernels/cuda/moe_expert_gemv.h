@@ -22,16 +22,17 @@
 // groups (active_groups without the static ones). The A rows are staged in shared memory
 // as float32: the rows of the tile's group (again only when the group changes), with
 // staged_rows every group's rows once, right after the wait, or with a_row_count all A
-// rows once, right after the wait: then every group's products are
-// computed for all of them and stored for the rows the group has (the gate_up projection
-// of a few tokens: its first products need nothing from the routing but the weights and
-// the tokens, one round trip after the wait).
+// rows once, right after the wait: then every group's products are computed for all of
+// them and stored for the rows the group has (the gate_up projection of a few tokens: its
+// first products need nothing from the routing but the weights and the tokens, one round
+// trip after the wait).
 //
 // Static groups: the last num_static groups (the shared experts), which every token uses:
 // their weights do not depend on the routing, so with programmatic dependent launch
 // (launch_control.h) each block issues the loads of its first tile, if static, before
-// waiting for the previous kernel (the routing). They must have rows (at most max_rows, like every group); routed groups may not
-// be static. Nothing but weights is read before the wait.
+// waiting for the previous kernel (the routing). They must have rows (at most max_rows,
+// like every group); routed groups may not be static. Nothing but weights is read before
+// the wait.
 //
 // Needs n a multiple of 16, k and lda multiples of 8, 16-byte aligned A and B rows;
 // kScatterAddF32: ldo even and out 8-byte aligned. No allocation; graph-capturable.

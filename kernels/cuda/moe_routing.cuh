@@ -91,9 +91,9 @@ __device__ __forceinline__ void RouteTokenWarpByRank(const MoeRoutingParams& p, 
   const float l0 = v0 ? logits[i0] : -INFINITY, l1 = v1 ? logits[i1] : -INFINITY;
   float s0, s1;
   if (p.scoring == MoeScoring::kSoftmax) {
-    const float m = internal::WarpMax(fmaxf(fmaxf(-INFINITY, l0), l1));
+    const float m = WarpMax(fmaxf(l0, l1));
     const float x0 = v0 ? expf(l0 - m) : 0.0f, x1 = v1 ? expf(l1 - m) : 0.0f;
-    const float inv = 1.0f / internal::WarpSum(x0 + x1);
+    const float inv = 1.0f / WarpSum(x0 + x1);
     s0 = x0 * inv;
     s1 = x1 * inv;
   } else {

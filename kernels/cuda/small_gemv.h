@@ -8,8 +8,9 @@
 // activations are never rounded (the grouped GEMM's split activations approximate this).
 // Each warp computes two output columns with 16-byte weight loads, all of a row's loads
 // in flight at once; with programmatic dependent launch (launch_control.h) each block
-// first pulls its weight rows into L2, before waiting for the previous kernel, so the
-// weight stream overlaps that kernel's tail. One launch replaces an RMSNorm, a GEMM and
+// loads its first column block's first 2048 weights of each row (and its norm weights)
+// into registers and the rest of those rows into L2 before waiting for the previous
+// kernel, so the weight stream overlaps that kernel's tail. One launch replaces an RMSNorm, a GEMM and
 // (with split-K) an output clear. Needs k a multiple of 8 and 16-byte aligned weight rows.
 #pragma once
 

@@ -202,7 +202,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     a->logits = ar.Take<float>(max_logit_rows * c.vocab_size);
     a->argmax = ar.Take<int32_t>(max_logit_rows);
     a->final_bf16 = ar.Take<__nv_bfloat16>(max_logit_rows * hidden);
-    a->dense_plan = ar.Take<int32_t>(16);
+    a->dense_plan = ar.Take<cuda_model::DenseMlpPlan>(1);
     a->argmax_scratch = ar.Take<char>(cuda::SmallGemvArgmaxScratchBytes());
     a->argmax_counter = ar.Take<uint32_t>(1);
     return ar.used();
@@ -213,14 +213,13 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
   layout(act_buffer_.get<char>(), &act_);
   activation_bytes = bytes;
   {
-    // Activations::dense_plan: rows 0..3, offsets {0, T} for T = 0..4, active group list {0}
-    // and its length 1.
-    static_assert(cuda::kMoeExpertGemvMaxRows == 4);
-    int32_t plan[16] = {};
-    for (int32_t r = 0; r < 4; ++r) plan[r] = r;
-    for (int32_t t = 0; t <= 4; ++t) plan[4 + 2 * t + 1] = t;
-    plan[15] = 1;
-    TANDEM_CUDA_RETURN(cudaMemcpy(act_.dense_plan, plan, sizeof(plan), cudaMemcpyHostToDevice), "dense MLP plan");
+    cuda_model::DenseMlpPlan plan;
+    for (int32_t m = 0; m < cuda::kMoeExpertGemvMaxRows; ++m) plan.rows[m] = m;
+    for (int32_t t = 0; t <= cuda::kMoeExpertGemvMaxRows; ++t) {
+      plan.offsets[t][0] = 0;
+      plan.offsets[t][1] = t;
+    }
+    TANDEM_CUDA_RETURN(cudaMemcpy(act_.dense_plan, &plan, sizeof(plan), cudaMemcpyHostToDevice), "dense MLP plan");
     TANDEM_CUDA_RETURN(cudaMemset(act_.argmax_counter, 0, sizeof(uint32_t)), "clearing the arg-max counter");
   }
   if (groups_ > 0) {

@@ -407,11 +407,11 @@ absl::Status CudaDeepseekModel::Impl::Mlp(int64_t layer, const StepPlan& plan) {
       cuda::MoeExpertGemvSupports(static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(t), 1, 1)) {
     // A few tokens: the expert GEMVs with the MLP as their one static group (weights read
     // before the wait, at the memory bandwidth; the grouped GEMM's tiles are for more rows).
-    const int32_t* rows = act_.dense_plan;
-    const int32_t* offsets = act_.dense_plan + 4 + 2 * t;
-    const cuda::MoeExpertGemvParams one_group{.group_offsets = offsets, .active_groups = act_.dense_plan + 14,
-                                              .num_active = act_.dense_plan + 15, .num_groups = 1, .num_static = 1,
-                                              .max_active = 1, .max_rows = static_cast<int>(t)};
+    const int32_t* rows = act_.dense_plan->rows;
+    const cuda::MoeExpertGemvParams one_group{.group_offsets = act_.dense_plan->offsets[t],
+                                              .active_groups = &act_.dense_plan->active_group,
+                                              .num_active = &act_.dense_plan->num_active, .num_groups = 1,
+                                              .num_static = 1, .max_active = 1, .max_rows = static_cast<int>(t)};
     cuda::MoeExpertGemvParams gate_up = one_group;
     gate_up.a = act_.h_bf16;
     gate_up.a_lo = split ? act_.h_lo : nullptr;

@@ -69,6 +69,15 @@ StepMeta LayoutMeta(char* base, int64_t rows, int64_t out_rows, int64_t table_ro
                     size_t* bytes);
 
 // Preallocated activations (sizes: CudaDeepseekModel::Impl::AllocateActivations).
+// The tables that run a dense MLP of T <= kMoeExpertGemvMaxRows tokens as the one static
+// group of the expert GEMVs (device memory, written once at load).
+struct DenseMlpPlan {
+  int32_t rows[cuda::kMoeExpertGemvMaxRows];              // A row and output row of row m: m
+  int32_t offsets[cuda::kMoeExpertGemvMaxRows + 1][2];    // the group offsets {0, T} for T tokens
+  int32_t active_group = 0;                               // the active group list {0}
+  int32_t num_active = 1;                                 // its length
+};
+
 struct Activations {
   float* x = nullptr;  // residual stream [T][hidden]
   float* h_f32 = nullptr;
@@ -113,10 +122,7 @@ struct Activations {
   uint32_t* argmax_counter = nullptr;  // its block counter (zero between launches)
   uint32_t* route_counter = nullptr;   // MoeFusedRoute's block counter (zero between launches)
   uint32_t* down_tile_counters = nullptr;  // [hidden / 16] the ordered down sums' (zero between launches)
-  // A dense MLP of a few tokens as one static group of the expert GEMVs: rows 0..3 (A row
-  // and output row of each row), the offsets {0, T} for T = 0..4 at [4 + 2T], the active
-  // group list {0} at [14] and its length 1 at [15].
-  int32_t* dense_plan = nullptr;
+  DenseMlpPlan* dense_plan = nullptr;
   __nv_bfloat16* final_bf16 = nullptr;  // [max_logit_rows][hidden]
 };
 

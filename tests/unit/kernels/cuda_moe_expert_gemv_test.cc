@@ -35,6 +35,7 @@ namespace tandem {
 namespace {
 
 using testing::Dev;
+using testing::DevEvent;
 
 __nv_bfloat16* Bf(const Dev<uint16_t>& d) { return reinterpret_cast<__nv_bfloat16*>(d.get()); }
 
@@ -514,9 +515,7 @@ TEST_F(CudaMoeExpertGemvTest, V2LiteWeightBandwidth) {
                 cudaSuccess);
     }
   };
-  cudaEvent_t e0, e1;
-  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
-  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  const DevEvent e0, e1;
   const double up_bytes = 8.0 * 2 * I * H * 2, down_bytes = 8.0 * H * I * 2;
   for (const bool pdl : {false, true}) {
     const cuda::ScopedProgrammaticLaunch scoped(pdl);
@@ -526,12 +525,12 @@ TEST_F(CudaMoeExpertGemvTest, V2LiteWeightBandwidth) {
         const bool up = which != 1, dn = which != 0;
         for (int i = 0; i < 8; ++i) launch(mode, i % layers, up, dn);
         const int iters = 64;
-        ASSERT_EQ(cudaEventRecord(e0, stream), cudaSuccess);
+        ASSERT_EQ(cudaEventRecord(e0.get(), stream), cudaSuccess);
         for (int i = 0; i < iters; ++i) launch(mode, i % layers, up, dn);
-        ASSERT_EQ(cudaEventRecord(e1, stream), cudaSuccess);
-        ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+        ASSERT_EQ(cudaEventRecord(e1.get(), stream), cudaSuccess);
+        ASSERT_EQ(cudaEventSynchronize(e1.get()), cudaSuccess);
         float ms = 0;
-        ASSERT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+        ASSERT_EQ(cudaEventElapsedTime(&ms, e0.get(), e1.get()), cudaSuccess);
         us[which] = 1e3 * ms / iters;
       }
       const char* name[] = {"grouped GEMM", "GEMV, rows per expert", "GEMV (model)"};
@@ -541,8 +540,6 @@ TEST_F(CudaMoeExpertGemvTest, V2LiteWeightBandwidth) {
                   us[1], down_bytes / us[1] / 1e6, us[2], (up_bytes + down_bytes) / us[2] / 1e6);
     }
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   cudaStreamDestroy(stream);
 }
 

@@ -46,6 +46,7 @@ namespace tandem {
 namespace {
 
 using testing::Dev;
+using testing::DevEvent;
 
 template <typename T>
 __nv_bfloat16* Bf(const Dev<T>& d) {
@@ -1205,7 +1206,6 @@ TEST_F(CudaOpsTest, RejectsBadParams) {
             cudaErrorInvalidValue);
 }
 
-}  // namespace
 // A timestamp written after a kernel that lets its successor start early (programmatic
 // launch) is still taken after that kernel completes: two stamps around a long argmax are
 // at least most of the argmax's own duration apart.
@@ -1215,18 +1215,16 @@ TEST_F(CudaOpsTest, TimestampFollowsTheCompletionOfTheKernelBefore) {
   ASSERT_EQ(cudaMemset(logits.get(), 0, rows * vocab * sizeof(float)), cudaSuccess);
   Dev<int32_t> out(rows);
   Dev<uint64_t> stamps(2);
-  cudaEvent_t b, e;
-  ASSERT_EQ(cudaEventCreate(&b), cudaSuccess);
-  ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+  const DevEvent b, e;
   const cuda::ArgmaxParams argmax{.logits = logits.get(), .stride = vocab, .rows = rows, .vocab = vocab,
                                   .out = out.get()};
   ASSERT_EQ(cuda::Argmax(argmax, nullptr), cudaSuccess);  // warm-up
-  ASSERT_EQ(cudaEventRecord(b, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(b.get(), nullptr), cudaSuccess);
   ASSERT_EQ(cuda::Argmax(argmax, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaEventRecord(e, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e.get(), nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   float argmax_ms = 0;
-  ASSERT_EQ(cudaEventElapsedTime(&argmax_ms, b, e), cudaSuccess);
+  ASSERT_EQ(cudaEventElapsedTime(&argmax_ms, b.get(), e.get()), cudaSuccess);
   {
     const cuda::ScopedProgrammaticLaunch pdl(true);
     ASSERT_EQ(cuda::RecordTimestamp(stamps.get(), nullptr), cudaSuccess);
@@ -1240,8 +1238,7 @@ TEST_F(CudaOpsTest, TimestampFollowsTheCompletionOfTheKernelBefore) {
   EXPECT_GT(t[0], 0u);
   EXPECT_GE(stamped_ms, 0.5 * argmax_ms);
   EXPECT_EQ(cuda::RecordTimestamp(nullptr, nullptr), cudaErrorInvalidValue);
-  cudaEventDestroy(b);
-  cudaEventDestroy(e);
 }
 
+}  // namespace
 }  // namespace tandem

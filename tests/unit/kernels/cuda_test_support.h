@@ -53,4 +53,17 @@ class Dev {
   size_t n_;
 };
 
+// A CUDA event that destroys itself.
+class DevEvent {
+ public:
+  DevEvent() { EXPECT_EQ(cudaEventCreate(&e_), cudaSuccess); }
+  ~DevEvent() { cudaEventDestroy(e_); }
+  DevEvent(const DevEvent&) = delete;
+  DevEvent& operator=(const DevEvent&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
 }  // namespace tandem::testing

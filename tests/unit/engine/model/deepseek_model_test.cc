@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "engine/model/safetensors.h"
+#include "kernels/common/dtype.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/engine/model/test_models.h"
@@ -124,6 +125,35 @@ TEST_P(PresetModelTest, BatchedSequencesMatchRunningAlone) {
   EXPECT_LE(RelDiff(std::vector<float>(together->begin() + 71 * v, together->end()),
                     std::vector<float>(alone_c.end() - v, alone_c.end())),
             1e-4);
+}
+
+TEST_P(PresetModelTest, Bf16KvCacheHoldsBf16ValuesAndStaysClose) {
+  // LoadOptions::bf16_kv_cache: every cached value is a bf16 value, the float32 cache holds
+  // others, and the logits move by about the bf16 rounding, not more.
+  absl::StatusOr<std::unique_ptr<DeepseekModel>> bf16 =
+      DeepseekModel::Load(dir_, {.num_threads = 2, .bf16_kv_cache = true});
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  const std::vector<int32_t> prompt = Prompt(100, 512);
+  const std::vector<int32_t> table = Table(0, 4);
+  ForwardSequence s{.tokens = prompt, .start_position = 0, .block_table = table, .all_logits = true};
+  LatentKvCache rounded_cache = (*bf16)->MakeKvCache(4), float_cache = model_->MakeKvCache(4);
+  absl::StatusOr<std::vector<float>> rounded = (*bf16)->Forward({&s, 1}, rounded_cache);
+  absl::StatusOr<std::vector<float>> exact = model_->Forward({&s, 1}, float_cache);
+  ASSERT_TRUE(rounded.ok() && exact.ok()) << rounded.status() << " " << exact.status();
+  auto non_bf16 = [](LatentKvCache& cache, int64_t entries) {
+    int64_t n = 0;
+    for (int64_t l = 0; l < cache.num_layers(); ++l) {
+      for (const float* e = cache.Block(l, 0).data(), *end = e + entries * cache.entry_dim(); e < end; ++e) {
+        n += Bf16ToF32(F32ToBf16(*e)) != *e;
+      }
+    }
+    return n;
+  };
+  EXPECT_EQ(non_bf16(rounded_cache, 64), 0);
+  EXPECT_GT(non_bf16(float_cache, 64), 0);
+  const double diff = RelDiff(*rounded, *exact);
+  EXPECT_GT(diff, 0.0);
+  EXPECT_LE(diff, 5e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, PresetModelTest, ::testing::Values("tiny", "tiny-v2"));
