@@ -119,7 +119,8 @@ void RoutedGenerate::Reserve() {
     return;
   }
   decode_ = ReplicaLease(d);
-  reserve_req_.set_request_id(id_);
+  lease_id_ = ++leases_ == 1 ? id_ : absl::StrCat(id_, "#", leases_);
+  reserve_req_.set_request_id(lease_id_);
   reserve_req_.set_num_tokens(static_cast<int32_t>(prompt_.size() + resume_.size()));
   reserve_req_.set_layout_fingerprint(rc_.layout_fingerprint);
   reserve_resp_.Clear();
@@ -201,7 +202,7 @@ void RoutedGenerate::Prefill() {
   ++prefill_attempts_;
   prefill_ = ReplicaLease(p);
   prefill_req_.Clear();
-  prefill_req_.set_request_id(id_);
+  prefill_req_.set_request_id(lease_id_);
   for (int32_t t : prompt_) prefill_req_.add_prompt(t);
   *prefill_req_.mutable_sampling() = sampling_;
   *prefill_req_.mutable_stop() = stop_;
@@ -300,7 +301,7 @@ void RoutedGenerate::OnPrefilled(const grpc::Status& s) {
 
 void RoutedGenerate::StartDecode() {
   decode_req_.Clear();
-  decode_req_.set_request_id(id_);
+  decode_req_.set_request_id(lease_id_);
   for (int32_t t : prompt_) decode_req_.add_prompt(t);
   decode_req_.set_first_token(prefill_resp_.first_token());
   *decode_req_.mutable_sampling() = sampling_;
@@ -567,7 +568,7 @@ void RoutedGenerate::ReleaseLease() {
     lease_held_ = false;
     d = decode_.get();
   }
-  SendRelease(d, id_);
+  SendRelease(d, lease_id_);
 }
 
 void RoutedGenerate::OnDone() {

@@ -114,6 +114,12 @@ class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
   // The request as the replicas get it.
   std::string id_;
+  // The id of the current decode lease, under which the reservation, the prefill into it
+  // and the decode stream run on the replicas: id_ for the first, then id_#2, id_#3, ...,
+  // so that a lease abandoned to its expiry (a prefill replica cut off mid-write) never
+  // collides with the next one on the same decode replica.
+  std::string lease_id_;
+  int leases_ = 0;
   std::vector<int32_t> prompt_;
   std::vector<uint64_t> block_hashes_;  // the prompt's full blocks, for cache-aware routing
   v1::SamplingParams sampling_;

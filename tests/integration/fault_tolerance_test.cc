@@ -122,6 +122,48 @@ TEST_F(FaultToleranceTest, KillingAPrefillAndADecodeReplicaMidStream) {
   ExpectAllKvFree(*cluster);
 }
 
+TEST_F(FaultToleranceTest, PrefillReplicaCutOffMidRequestIsRetriedOnAFreshLease) {
+  // One decode replica. A prefill replica stopped mid-load (SIGSTOP) misses its heartbeats
+  // and is dropped; the requests it was prefilling cannot reuse their reservations (it may
+  // still write into them when it resumes), so they abandon them to the lease expiry and
+  // take new ones on the same decode replica, under new lease ids: every request completes
+  // with the tokens it would have had.
+  auto cluster = StartCluster(2, 1, 0, {"--kv-lease-ms=3000"});
+  ASSERT_NE(cluster, nullptr);
+  constexpr int kStreams = 40;
+  std::vector<v1::GenerateRequest> reqs;
+  std::vector<std::vector<int32_t>> expected(kStreams);
+  for (int i = 0; i < kStreams; ++i) reqs.push_back(TextRequest(Words(150 + i % 50, i), 12, std::nullopt, 0.0f));
+  {
+    std::vector<std::thread> t;
+    for (int i = 0; i < kStreams; ++i) t.emplace_back([&, i] { expected[i] = testing::ReferenceTokens(*engine_, reqs[i]); });
+    for (auto& x : t) x.join();
+  }
+  auto stub = GenerationStub(cluster->router_address());
+  std::vector<StreamResult> got(kStreams);
+  std::vector<std::thread> streams;
+  for (int i = 0; i < kStreams; ++i) streams.emplace_back([&, i] { got[i] = Generate(*stub, reqs[i], 60); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  ASSERT_TRUE(cluster->Kill("prefill-0", SIGSTOP).ok());
+  // The router drops it while the streams run.
+  int prefill_replicas = 2;
+  for (int i = 0; i < 100 && prefill_replicas == 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    prefill_replicas = 0;
+    const v1::ListReplicasResponse list = Replicas(cluster->router_address());
+    for (const v1::ReplicaInfo& r : list.replicas()) prefill_replicas += r.role() == v1::ROLE_PREFILL;
+  }
+  EXPECT_EQ(prefill_replicas, 1) << "the stopped prefill replica was not dropped";
+  for (auto& t : streams) t.join();
+  ASSERT_TRUE(cluster->Kill("prefill-0", SIGCONT).ok());
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_TRUE(got[i].status.ok()) << "stream " << i << ": " << static_cast<int>(got[i].status.error_code()) << " "
+                                    << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, expected[i]) << "stream " << i;
+  }
+  ExpectAllKvFree(*cluster);
+}
+
 TEST_F(FaultToleranceTest, ScalingOutUnderLoadAndDrainingOnSigterm) {
   auto cluster = StartCluster(1, 1, 0);
   ASSERT_NE(cluster, nullptr);
