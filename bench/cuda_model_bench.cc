@@ -17,7 +17,8 @@
 // steps (graph replay after the first two of a shape). Batch 1 also runs with programmatic
 // dependent launch off, with the fused small-batch kernels off as well (the unfused path),
 // without graphs, and with the expert down projection's residual sums in a fixed order
-// (deterministic_moe_down); batches up to 64 also with the grouped expert GEMM instead of the
+// (deterministic_moe_down), and with the shared experts' gate_up tiles after the routing
+// (moe_shared_experts_early off); batches up to 64 also with the grouped expert GEMM instead of the
 // expert GEMVs (moe_expert_gemv off: the same step where the fused kernels do not run);
 // batches 1 and 64 also with GPU sampling (ForwardSample, temperature 0.7, top-p 0.9)
 // instead of the argmax. Roofline time of a step = (weight bytes the step must read:
@@ -156,6 +157,7 @@ struct DecodeVariant {
   int64_t fused_decode_max_tokens = 4;
   bool moe_expert_gemv = true;
   bool deterministic_moe_down = false;
+  bool moe_shared_experts_early = true;
   bool sample = false;
 };
 
@@ -178,6 +180,7 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
   model.set_fused_decode_max_tokens(variant.fused_decode_max_tokens);
   model.set_moe_expert_gemv(variant.moe_expert_gemv);
   model.set_deterministic_moe_down(variant.deterministic_moe_down);
+  model.set_moe_shared_experts_early(variant.moe_shared_experts_early);
   int64_t sample_step = 0;
   auto step = [&]() {
     std::vector<ForwardSequence> seqs(batch);
@@ -233,6 +236,7 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
             {"fused_decode_max_tokens", variant.fused_decode_max_tokens},
             {"moe_expert_gemv", variant.moe_expert_gemv},
             {"deterministic_moe_down", variant.deterministic_moe_down},
+            {"moe_shared_experts_early", variant.moe_shared_experts_early},
             {"sampling", variant.sample ? "top-p 0.9, temperature 0.7 (GPU)" : "greedy"},
             {"step_ms_p50", step_ms},
             {"step_ms_mean", Mean(wall)},
@@ -406,7 +410,8 @@ int Main(int argc, char** argv) {
       DecodeVariant{.name = "no PDL", .programmatic_launch = false},
       DecodeVariant{.name = "no PDL, unfused", .programmatic_launch = false, .fused_decode_max_tokens = 0},
       DecodeVariant{.name = "no graphs", .graphs = false},
-      DecodeVariant{.name = "ordered MoE down sums", .deterministic_moe_down = true}};
+      DecodeVariant{.name = "ordered MoE down sums", .deterministic_moe_down = true},
+      DecodeVariant{.name = "shared experts after routing", .moe_shared_experts_early = false}};
   for (const DecodeVariant& v : default_only ? std::vector<DecodeVariant>{} : variants) {
     decode.push_back(Decode(*model, b0, context, steps, v, copy_bw, false).json);
   }
@@ -420,6 +425,7 @@ int Main(int argc, char** argv) {
   model->set_fused_decode_max_tokens(4);
   model->set_moe_expert_gemv(true);
   model->set_deterministic_moe_down(false);
+  model->set_moe_shared_experts_early(true);
   model->set_cuda_graphs(true);
   out["decode"] = decode;
 

@@ -224,6 +224,50 @@ __device__ __forceinline__ void StageChunk(const MoeExpertGemvParams& p, float4*
   xs[(2 * m + 1) * kc + ch] = make_float4(f[4], f[5], f[6], f[7]);
 }
 
+// The A rows of an early launch (norm_x): RMSNorm of norm_x's rows with MoeFusedRoute's
+// arithmetic (its thread mapping, warp sums and order of the warp totals: the same bits),
+// staged as the bf16 value plus, with a_lo, its bf16 remainder, as StageChunk stages that
+// kernel's h_bf16 / h_lo. Before the wait: norm_x is complete (the previous kernel waited
+// for its writer before letting this one start), read through L2; the norm weights are
+// constants.
+__device__ __forceinline__ void StageNormalizedRows(const MoeExpertGemvParams& p, float4* xs, int kc,
+                                                    float (&red)[kWarps][kMaxRows]) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, K = p.k;
+  for (int t = 0; t < p.a_row_count; ++t) {
+    const float* x = p.norm_x + static_cast<int64_t>(t) * p.norm_x_stride;
+    float s = 0.0f;
+    for (int i = tid; i < K; i += kThreads) {
+      const float v = __ldcg(x + i);
+      s += v * v;
+    }
+    s = internal::WarpSum(s);
+    if (lane == 0) red[warp][t] = s;
+  }
+  __syncthreads();
+  for (int i = tid; i < p.a_row_count * kc; i += kThreads) {
+    const int m = i / kc, ch = i % kc;
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += red[w][m];
+    const float inv = rsqrtf(total / static_cast<float>(K) + p.norm_eps);
+    const float4* x = reinterpret_cast<const float4*>(p.norm_x + static_cast<int64_t>(m) * p.norm_x_stride + ch * 8);
+    const float4* nw = reinterpret_cast<const float4*>(p.norm_weight + ch * 8);
+    const float4 x0 = __ldcg(x), x1 = __ldcg(x + 1), w0 = internal::LoadWeight(nw), w1 = internal::LoadWeight(nw + 1);
+    const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    float f[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const float v = wv[q] * (xv[q] * inv);
+      const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+      f[q] = __bfloat162float(hi);
+      if (p.a_lo != nullptr) f[q] += __bfloat162float(__float2bfloat16_rn(v - __bfloat162float(hi)));
+    }
+    xs[(2 * m) * kc + ch] = make_float4(f[0], f[1], f[2], f[3]);
+    xs[(2 * m + 1) * kc + ch] = make_float4(f[4], f[5], f[6], f[7]);
+  }
+  __syncthreads();
+}
+
 // The slots of entry e (its begin and rows set): A rows, permuted rows, epilogue rows.
 template <int kRows>
 __device__ __forceinline__ void FillSlots(const MoeExpertGemvParams& p, bool silu, Entry& e) {
@@ -254,6 +298,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   __shared__ Entry table[kMaxActive];
   __shared__ int routed_group[kMaxActive];
   __shared__ LastTiles last_tiles;
+  __shared__ float red[kWarps][kMaxRows];
   const int tid = threadIdx.x;
   const bool silu = p.epilogue == GemmEpilogue::kSiluMulBf16;
   const bool all_rows = p.a_row_count > 0;
@@ -265,47 +310,39 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   const int static_tiles = p.num_static * tiles;
   const int stride = static_cast<int>(gridDim.x);
 
-  // Before the wait, only weights: the first tile's loads if it is a static group's. (Also
-  // asking the block's later static tiles into L2 slowed the step: their traffic delays the
-  // routing kernel that runs meanwhile, 12 us a step at batch 1 on the H200.)
+  // Before the wait: the first tile's loads if it is a static group's. (Also asking the
+  // block's later static tiles into L2 slowed the step: their traffic delays the routing
+  // kernel that runs meanwhile, 12 us a step at batch 1 on the H200.)
   uint4 wv[2][kUnroll];
   int j = static_cast<int>(blockIdx.x);
-  const bool preloaded = j < static_tiles;
-  if (preloaded) LoadPass(p, first_static + j / tiles, j % tiles, 0, silu, wv);
-  internal::WaitAndTrigger();
-  if (tid == 0) last_tiles.count = 0;  // read after CountColumnTile's barrier
-
-  // One round trip after the wait: the active groups (ascending, so the routed ones come
-  // first; the static groups are the highest), the static groups' rows and, with
-  // a_row_count, the staged A rows. The rest of the table (routed groups' rows, every
-  // group's slots) is read later, while weights are in flight.
-  int routed = 0;
-  {
-    const int active = min(*p.num_active, p.max_active);
-    const int g = tid < p.max_active ? p.active_groups[tid] : INT_MAX;  // entries past *num_active: unused
-    int begin = 0, end = 0;
+  bool loaded = j < static_tiles;  // wv holds tile j's first pass
+  if (loaded) LoadPass(p, first_static + j / tiles, j % tiles, 0, silu, wv);
+  // Early static tiles (norm_x): every static tile of this block (the tiles j, j + stride,
+  // ... below static_tiles come first in its list) before the wait, from rows it stages
+  // itself; the static entries of the table are known.
+  const bool early = p.norm_x != nullptr && loaded;  // block-uniform
+  if (early) {
+    StageNormalizedRows(p, xs, kc, red);
     if (tid < p.num_static) {
-      begin = p.group_offsets[first_static + tid];
-      end = p.group_offsets[first_static + tid + 1];
+      Entry& e = table[tid];
+      e.group = first_static + tid;
+      e.begin = p.static_begin + tid * p.a_row_count;
+      e.rows = p.a_row_count;
+#pragma unroll
+      for (int m = 0; m < kMaxRows; ++m) {
+        e.a_row[m] = m < e.rows ? m : -1;
+        e.row_of[m] = m < e.rows ? e.begin + m : -1;
+      }
     }
-    if (all_rows) {
-      for (int i = tid; i < p.a_row_count * kc; i += kThreads) StageChunk(p, xs, kc, i / kc, i / kc, i % kc);
-    } else if (staged) {
-      for (int i = tid; i < p.staged_rows * kc; i += kThreads) StageChunk(p, xs, kc, i / kc, i / kc, i % kc);
-    }
-    if (tid < kMaxActive) routed_group[tid] = g;
-    if (tid < p.num_static) {
-      table[tid].group = first_static + tid;
-      table[tid].begin = begin;
-      table[tid].rows = max(min(end - begin, kRows), 0);
-    }
-    routed = __syncthreads_count(tid < active && g < first_static);
+    __syncthreads();
   }
-  const int entries = min(p.num_static + routed, kMaxActive);
-  const int total = entries * tiles;
+
+  int routed = 0;
+  int total = static_tiles;  // the tiles known so far (before the wait: the static ones)
+  bool waited = false;
   auto group_of = [&](int v) { return v < p.num_static ? first_static + v : routed_group[v - p.num_static]; };
   bool table_ready = false;
-  auto complete_table = [&]() {  // block-uniform
+  auto complete_table = [&]() {  // block-uniform, after the wait
     if (table_ready) return;
     if (tid < p.num_static) FillSlots<kRows>(p, silu, table[tid]);
     const int slot = p.num_static + tid;
@@ -320,13 +357,50 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
     table_ready = true;
   };
 
-  if (j < total && !preloaded) LoadPass(p, group_of(j / tiles), j % tiles, 0, silu, wv);
   float acc[2][kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[0][m] = acc[1][m] = 0.0f;
   int staged_begin = -1, staged_rows = -1;  // the group rows staged (without a_row_count; block-uniform)
   int pass = 0;
-  while (j < total) {
+  while (true) {
+    if (!waited && (!early || j >= static_tiles)) {  // block-uniform; between tiles (pass 0)
+      if (early) __syncthreads();  // the early tiles' readers of the table are done
+      internal::WaitAndTrigger();
+      waited = true;
+      if (tid == 0) last_tiles.count = 0;  // read after CountColumnTile's barrier
+      // One round trip after the wait: the active groups (ascending, so the routed ones
+      // come first; the static groups are the highest), the static groups' rows and, with
+      // a_row_count, the staged A rows. The rest of the table (routed groups' rows, every
+      // group's slots) is read later, while weights are in flight.
+      const int active = min(*p.num_active, p.max_active);
+      const int g = tid < p.max_active ? p.active_groups[tid] : INT_MAX;  // entries past *num_active: unused
+      int begin = 0, end = 0;
+      if (tid < p.num_static) {
+        begin = p.group_offsets[first_static + tid];
+        end = p.group_offsets[first_static + tid + 1];
+        // The early tiles assumed these rows: a permutation that disagrees breaks the contract.
+        if (p.norm_x != nullptr && (begin != p.static_begin + tid * p.a_row_count || end - begin != p.a_row_count)) {
+          __trap();
+        }
+      }
+      if (early) {
+        // The rows are staged already (the same values as A).
+      } else if (all_rows) {
+        for (int i = tid; i < p.a_row_count * kc; i += kThreads) StageChunk(p, xs, kc, i / kc, i / kc, i % kc);
+      } else if (staged) {
+        for (int i = tid; i < p.staged_rows * kc; i += kThreads) StageChunk(p, xs, kc, i / kc, i / kc, i % kc);
+      }
+      if (tid < kMaxActive) routed_group[tid] = g;
+      if (tid < p.num_static) {
+        table[tid].group = first_static + tid;
+        table[tid].begin = begin;
+        table[tid].rows = max(min(end - begin, kRows), 0);
+      }
+      routed = __syncthreads_count(tid < active && g < first_static);
+      total = min(p.num_static + routed, kMaxActive) * tiles;
+      if (j < total && !loaded) LoadPass(p, group_of(j / tiles), j % tiles, 0, silu, wv);
+    }
+    if (j >= total) break;
     const int v = j / tiles, tile = j % tiles;
     int rows = p.a_row_count;
     const float4* xt = xs;  // the tile's group's staged rows
@@ -359,12 +433,13 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
       next = j + stride;
     }
     if (next < total) LoadPass(p, group_of(next / tiles), next % tiles, next_pass, silu, wv);
+    loaded = next < total;
     if (next_pass == 0) {
-      complete_table();
+      if (waited) complete_table();  // before the wait: an early static tile, its entry set
       Epilogue<kRows>(p, table[v], tile, silu, acc);
 #pragma unroll
       for (int m = 0; m < kRows; ++m) acc[0][m] = acc[1][m] = 0.0f;
-      if (!silu && p.partial != nullptr) CountColumnTile(p, tile, entries, last_tiles);
+      if (!silu && p.partial != nullptr) CountColumnTile(p, tile, min(p.num_static + routed, kMaxActive), last_tiles);
     }
     j = next;
     pass = next_pass;
@@ -412,7 +487,11 @@ cudaError_t MoeExpertGemv(const MoeExpertGemvParams& p, cudaStream_t stream) {
       (!silu && p.out_lo != nullptr) ||
       (scatter && (p.ldo < p.n || p.ldo % 2 != 0 || reinterpret_cast<uintptr_t>(p.out) % 8 != 0)) ||
       (p.partial != nullptr && (!scatter || p.tile_counters == nullptr || p.out_row_count < 1 ||
-                                p.out_row_count > 64 || reinterpret_cast<uintptr_t>(p.partial) % 8 != 0))) {
+                                p.out_row_count > 64 || reinterpret_cast<uintptr_t>(p.partial) % 8 != 0)) ||
+      (p.norm_x != nullptr && (!silu || p.a_row_count < 1 || p.norm_weight == nullptr ||
+                               p.norm_x_stride < p.k || p.norm_x_stride % 4 != 0 || p.static_begin < 0 ||
+                               !(p.norm_eps >= 0.0f) || reinterpret_cast<uintptr_t>(p.norm_x) % 16 != 0 ||
+                               reinterpret_cast<uintptr_t>(p.norm_weight) % 16 != 0))) {
     return cudaErrorInvalidValue;
   }
   switch (p.max_rows) {

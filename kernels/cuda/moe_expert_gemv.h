@@ -34,6 +34,15 @@
 // like every group); routed groups may not be static. Nothing but weights is read before
 // the wait.
 //
+// Early static tiles (norm_x set; the gate_up projection with a_row_count): each block
+// computes its static groups' tiles before the wait, from the residual rows norm_x that
+// it normalizes itself with MoeFusedRoute's arithmetic (the same bits as that kernel's
+// h_bf16 + h_lo, which are then not read), so the shared experts' products overlap the
+// routing instead of waiting for it. Only for a launch whose previous kernel waits before
+// it lets this one start (MoeFusedRoute does: norm_x is then complete), with the static
+// groups' rows where MoePermute puts them: group num_groups - num_static + s at rows
+// static_begin + s * a_row_count + m for token m (checked after the wait: a mismatch traps).
+//
 // Needs n a multiple of 16, k and lda multiples of 8, 16-byte aligned A and B rows;
 // kScatterAddF32: ldo even and out 8-byte aligned. No allocation; graph-capturable.
 #pragma once
@@ -89,6 +98,13 @@ struct MoeExpertGemvParams {
   float* partial = nullptr;            // [permuted rows][ldo]
   uint32_t* tile_counters = nullptr;   // [n / 16]
   int out_row_count = 0;               // rows of out (the tokens), 1 .. 64, with partial
+  // Optional, kSiluMulBf16 with a_row_count: early static tiles (above). A must then be
+  // those rows' RMSNorm (norm_weight, norm_eps) in bf16 (+ a_lo), as MoeFusedRoute stores it.
+  const float* norm_x = nullptr;  // [a_row_count][norm_x_stride] float32, k columns
+  int64_t norm_x_stride = 0;
+  const float* norm_weight = nullptr;  // [k]
+  float norm_eps = 0.0f;
+  int static_begin = 0;  // first permuted row of the static groups (tokens x routed top-k)
 };
 
 // Whether shapes of these sizes are supported (the launcher checks the rest).

@@ -846,6 +846,10 @@ void CudaDeepseekModel::set_deterministic_moe_down(bool on) {
   impl_->DropGraphs();
   impl_->options.deterministic_moe_down = on;
 }
+void CudaDeepseekModel::set_moe_shared_experts_early(bool on) {
+  impl_->DropGraphs();
+  impl_->options.moe_shared_experts_early = on;
+}
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {
   return impl_->TakeStepTimes();

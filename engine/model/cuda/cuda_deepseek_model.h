@@ -79,6 +79,10 @@ class CudaDeepseekModel {
     // serving tests' occasional run-to-run difference (a sampled request parting at token
     // 26) happens with it on as well, so its cause is elsewhere (see docs/performance.md).
     bool deterministic_moe_down = false;
+    // With the expert GEMVs after the fused routing kernel: the shared experts' gate_up
+    // tiles computed while the routing runs, from the residual normalized again by each
+    // block (MoeExpertGemvParams::norm_x; the same bits as the routing kernel's norm).
+    bool moe_shared_experts_early = true;
     // Programmatic dependent launch between the kernels of steps of at most
     // moe_grouped_max_tokens tokens (graph-captured decode steps included).
     bool programmatic_launch = true;
@@ -146,6 +150,7 @@ class CudaDeepseekModel {
   // For measurements: LoadOptions::moe_expert_gemv (captured graphs are dropped).
   void set_moe_expert_gemv(bool on);
   void set_deterministic_moe_down(bool on);
+  void set_moe_shared_experts_early(bool on);
   // For benchmarks: with step events on, each Forward records a CUDA event when its GPU
   // work begins (before the batch upload) and when it ends (after the results are read
   // back); TakeStepTimes returns {begin, end} per recorded step in ms since the first

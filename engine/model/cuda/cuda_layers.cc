@@ -507,10 +507,10 @@ absl::Status CudaDeepseekModel::Impl::Moe(int64_t layer, const StepPlan& plan) {
                                            stream),
                        "MoE routing");
     RETURN_IF_ERROR(Mark("MoE norm + router + routing + permutation"));
-  } else {
-    RETURN_IF_ERROR(MoeFrontEnd(layer, plan, routing, permute));
+    return MoeExperts(layer, plan, /*after_fused_route=*/true);
   }
-  return MoeExperts(layer, plan);
+  RETURN_IF_ERROR(MoeFrontEnd(layer, plan, routing, permute));
+  return MoeExperts(layer, plan, /*after_fused_route=*/false);
 }
 
 absl::Status CudaDeepseekModel::Impl::MoeFrontEnd(int64_t layer, const StepPlan& plan,
@@ -548,9 +548,10 @@ absl::Status CudaDeepseekModel::Impl::ExpertProjections(const cuda::MoeExpertGem
   return Mark(down_name);
 }
 
-absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& plan) {
+absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& plan, bool after_fused_route) {
   const ModelConfig& c = config;
-  const cuda_model::CudaMoeWeights& w = *weights->layers[layer].moe;
+  const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
+  const cuda_model::CudaMoeWeights& w = *lw.moe;
   const int64_t t = plan.rows, hidden = c.hidden_size, experts = c.n_routed_experts, top_k = c.num_experts_per_tok;
   const int64_t shared = c.n_shared_experts, inter = w.inter, per_token = top_k + shared, rows = t * per_token;
   int32_t* offsets = act_.group_offsets + layer * (groups_ + 1);
@@ -560,7 +561,10 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
   const int kTileRows = mean_rows <= 16 ? 16 : mean_rows <= 32 ? 32 : 64;
   // Fused decode steps (1 to 4 rows per expert): matrix-vector products, the shared
   // experts' weights read before the routing kernel has finished; gate_up stages the t
-  // token rows once (a_row_count), down the rows of each expert.
+  // token rows once (a_row_count), down the rows of each expert. After the fused routing
+  // kernel (which waits for o_proj before letting gate_up start), gate_up computes the
+  // shared experts' tiles before its wait, from the residual it normalizes itself.
+  const bool early = after_fused_route && options.moe_shared_experts_early;
   const int max_active = static_cast<int>(std::min<int64_t>(groups_, t * top_k + shared));
   if (Fused(plan) && options.moe_expert_gemv &&
       cuda::MoeExpertGemvSupports(static_cast<int>(2 * inter), static_cast<int>(hidden), static_cast<int>(t),
@@ -574,7 +578,9 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
          .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,
          .num_static = static_cast<int>(shared), .max_active = max_active, .max_rows = static_cast<int>(t),
          .epilogue = cuda::GemmEpilogue::kSiluMulBf16, .out = act_.act_bf16, .ldo = inter,
-         .out_lo = split ? act_.act_lo : nullptr},
+         .out_lo = split ? act_.act_lo : nullptr, .norm_x = early ? act_.x : nullptr, .norm_x_stride = hidden,
+         .norm_weight = lw.post_attention_norm, .norm_eps = static_cast<float>(c.rms_norm_eps),
+         .static_begin = static_cast<int>(t * top_k)},
         {.a = act_.act_bf16, .a_lo = split ? act_.act_lo : nullptr, .lda = inter,
          .staged_rows = static_cast<int>(rows), .b = w.down, .b_group_stride = hidden * inter,
          .n = static_cast<int>(hidden), .k = static_cast<int>(inter), .group_offsets = offsets,

@@ -186,7 +186,8 @@ class CudaDeepseekModel::Impl {
   // expert GEMMs (and the combine).
   absl::Status MoeFrontEnd(int64_t layer, const cuda_model::StepPlan& plan, const cuda::MoeRoutingParams& routing,
                            const cuda::MoePermuteParams& permute);
-  absl::Status MoeExperts(int64_t layer, const cuda_model::StepPlan& plan);
+  // after_fused_route: the fused routing kernel came just before (early shared experts).
+  absl::Status MoeExperts(int64_t layer, const cuda_model::StepPlan& plan, bool after_fused_route);
   // y (+)= x . w^T for `rows` rows: the grouped kernel for small row counts, cuBLAS else.
   absl::Status Dense(const DeviceMatrix& w, const __nv_bfloat16* x, const __nv_bfloat16* x_lo, int64_t ldx,
                      int64_t rows, void* y, int64_t ldy, Out out);

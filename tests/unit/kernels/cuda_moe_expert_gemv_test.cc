@@ -405,6 +405,99 @@ TEST_F(CudaMoeExpertGemvTest, ProgrammaticLaunchInAGraph) {
   }
 }
 
+TEST_F(CudaMoeExpertGemvTest, EarlyStaticTilesEqualTheRoutedNormsRows) {
+  // The model's chain at batch 1-4: MoeFusedRoute (norm, router, routing, permutation),
+  // then gate_up either from the route kernel's normalized rows (h_bf16 + h_lo) or with the
+  // shared experts' tiles computed before its wait from the residual it normalizes itself
+  // (norm_x). The same bits either way, plain launches and graph-replayed programmatic ones.
+  for (int si : {0, 1, 2}) {
+    const Shape& s = kShapes[si];
+    const int H = s.hidden, I = s.inter, groups = s.experts + s.shared;
+    Dev<uint16_t> w1(static_cast<size_t>(groups) * 2 * I * H);
+    FillWeights(w1, H, 11 + si);
+    std::mt19937 rng(si);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> router(static_cast<size_t>(s.experts) * H), g(H);
+    for (float& v : router) v = 0.05f * normal(rng);
+    for (float& v : g) v = 1.0f + 0.1f * normal(rng);
+    Dev<float> d_router(router), d_g(g);
+    for (int tokens = 1; tokens <= cuda::kMoeFusedMaxTokens; ++tokens) {
+      for (bool split : {true, false}) {
+        std::vector<float> x(static_cast<size_t>(tokens) * H);
+        for (float& v : x) v = 3.0f * normal(rng);
+        const int per_token = s.top_k + s.shared, rows = tokens * per_token;
+        const int max_active = std::min(groups, tokens * s.top_k + s.shared);
+        Dev<float> d_x(x), d_logits(static_cast<size_t>(tokens) * s.experts), d_w(tokens * s.top_k),
+            d_sorted_w(rows);
+        Dev<uint32_t> d_counter(std::vector<uint32_t>{0});
+        Dev<uint16_t> d_h(static_cast<size_t>(tokens) * H), d_lo(d_h.size());
+        Dev<int32_t> d_ids(tokens * s.top_k), d_off(groups + 1), d_active(groups), d_num(1), d_token(rows),
+            d_entry(rows);
+        const cuda::MoeFusedRouteParams route{
+            .x = d_x.get(), .x_stride = H, .norm_weight = d_g.get(), .norm_eps = 1e-6f, .hidden = H,
+            .router = d_router.get(), .h_bf16 = Bf(d_h), .h_lo = split ? Bf(d_lo) : nullptr, .h_stride = H,
+            .router_logits = d_logits.get(), .counter = d_counter.get(),
+            .routing = {.logits = d_logits.get(), .logits_stride = s.experts, .num_tokens = tokens,
+                        .num_experts = s.experts, .num_groups = 1, .topk_groups = 1, .top_k = s.top_k,
+                        .scoring = cuda::MoeScoring::kSoftmax, .method = cuda::MoeTopk::kGreedy,
+                        .expert_ids = d_ids.get(), .weights = d_w.get()},
+            .permute = {.expert_ids = d_ids.get(), .weights = d_w.get(), .num_tokens = tokens, .top_k = s.top_k,
+                        .num_experts = s.experts, .num_shared = s.shared, .group_offsets = d_off.get(),
+                        .active_groups = d_active.get(), .num_active = d_num.get(), .sorted_token = d_token.get(),
+                        .sorted_weight = d_sorted_w.get(), .entry_row = d_entry.get()}};
+        auto gate_up = [&](bool early, Dev<uint16_t>& act, Dev<uint16_t>& act_lo) {
+          return cuda::MoeExpertGemvParams{
+              .a = Bf(d_h), .a_lo = split ? Bf(d_lo) : nullptr, .lda = H, .a_rows = d_token.get(),
+              .a_row_count = tokens, .b = Bf(w1), .b_group_stride = static_cast<int64_t>(2) * I * H, .n = 2 * I,
+              .k = H, .group_offsets = d_off.get(), .active_groups = d_active.get(), .num_active = d_num.get(),
+              .num_groups = groups, .num_static = s.shared, .max_active = max_active, .max_rows = tokens,
+              .epilogue = cuda::GemmEpilogue::kSiluMulBf16, .out = act.get(), .ldo = I,
+              .out_lo = split ? Bf(act_lo) : nullptr, .norm_x = early ? d_x.get() : nullptr, .norm_x_stride = H,
+              .norm_weight = d_g.get(), .norm_eps = 1e-6f, .static_begin = tokens * s.top_k};
+        };
+        Dev<uint16_t> act1(static_cast<size_t>(rows) * I), lo1(act1.size()), act2(act1.size()), lo2(act1.size()),
+            act3(act1.size()), lo3(act1.size());
+        ASSERT_EQ(cuda::MoeFusedRoute(route, nullptr), cudaSuccess);
+        ASSERT_EQ(cuda::MoeExpertGemv(gate_up(false, act1, lo1), nullptr), cudaSuccess);
+        ASSERT_EQ(cuda::MoeExpertGemv(gate_up(true, act2, lo2), nullptr), cudaSuccess);
+        const std::string what = std::string(s.name) + " tokens " + std::to_string(tokens) + (split ? " split" : "");
+        const std::vector<uint16_t> want = act1.Download(), want_lo = lo1.Download();
+        EXPECT_EQ(act2.Download(), want) << what;
+        if (split) {
+          EXPECT_EQ(lo2.Download(), want_lo) << what;
+        }
+        // Every row was written (the buffers start as NaN bits).
+        for (uint16_t v : want) ASSERT_FALSE(std::isnan(Bf16ToF32(v))) << what;
+        // Route and early gate_up chained by programmatic launch in a graph, replayed.
+        cudaStream_t stream;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+        {
+          const cuda::ScopedProgrammaticLaunch pdl(true);
+          cudaGraph_t graph;
+          ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+          ASSERT_EQ(cuda::MoeFusedRoute(route, stream), cudaSuccess);
+          ASSERT_EQ(cuda::MoeExpertGemv(gate_up(true, act3, lo3), stream), cudaSuccess);
+          ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+          cudaGraphExec_t exec;
+          ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+          for (int i = 0; i < 3; ++i) {
+            ASSERT_EQ(cudaMemsetAsync(act3.get(), 0xff, act3.size() * 2, stream), cudaSuccess);
+            ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+            ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+            EXPECT_EQ(act3.Download(), want) << what << " graph " << i;
+            if (split) {
+              EXPECT_EQ(lo3.Download(), want_lo) << what << " graph " << i;
+            }
+          }
+          cudaGraphExecDestroy(exec);
+          cudaGraphDestroy(graph);
+        }
+        cudaStreamDestroy(stream);
+      }
+    }
+  }
+}
+
 TEST_F(CudaMoeExpertGemvTest, RejectsBadParams) {
   Dev<uint16_t> w(64 * 64 * 4);
   Dev<int32_t> ints(64);
@@ -436,6 +529,37 @@ TEST_F(CudaMoeExpertGemvTest, RejectsBadParams) {
   EXPECT_EQ(with([&](cuda::MoeExpertGemvParams& p) { p.a = Bf(w) + 1; }), cudaErrorInvalidValue);  // misaligned
   EXPECT_EQ(with([&](cuda::MoeExpertGemvParams& p) { p.out_lo = Bf(w); }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](cuda::MoeExpertGemvParams& p) { p.a_row_count = 1; }), cudaErrorInvalidValue);  // no a_rows
+  const auto early = [&](cuda::MoeExpertGemvParams& p) {  // valid early static tiles, as a base
+    p.epilogue = cuda::GemmEpilogue::kSiluMulBf16;
+    p.ldo = 32;
+    p.a_rows = ints.get();
+    p.a_row_count = 1;
+    p.norm_x = out.get();
+    p.norm_x_stride = 64;
+    p.norm_weight = out.get();
+    p.norm_eps = 1e-6f;
+  };
+  EXPECT_EQ(with([&](cuda::MoeExpertGemvParams& p) {  // early tiles of the scatter-add
+              early(p);
+              p.epilogue = cuda::GemmEpilogue::kScatterAddF32;
+              p.ldo = 64;
+            }),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(with([&](cuda::MoeExpertGemvParams& p) {  // without the norm weights
+              early(p);
+              p.norm_weight = nullptr;
+            }),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(with([&](cuda::MoeExpertGemvParams& p) {  // misaligned residual rows
+              early(p);
+              p.norm_x = out.get() + 1;
+            }),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(with([&](cuda::MoeExpertGemvParams& p) {  // NaN epsilon
+              early(p);
+              p.norm_eps = std::nanf("");
+            }),
+            cudaErrorInvalidValue);
   EXPECT_EQ(with([&](cuda::MoeExpertGemvParams& p) {
               p.a_rows = ints.get();
               p.a_row_count = 2;  // above max_rows
