@@ -58,6 +58,7 @@ StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req
     ++r.messages;
     if (!m.request_id().empty()) r.request_id = m.request_id();
     r.tokens.insert(r.tokens.end(), m.token_ids().begin(), m.token_ids().end());
+    r.logprobs.insert(r.logprobs.end(), m.logprobs().begin(), m.logprobs().end());
     r.text += m.text();
     if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED || m.has_usage()) r.final = m;
   }

@@ -29,6 +29,7 @@ std::unique_ptr<LocalCluster> StartCluster(LocalClusterOptions options);
 struct StreamResult {
   grpc::Status status;
   std::vector<int32_t> tokens;
+  std::vector<v1::TokenLogprob> logprobs;  // one per token when the request asked for them
   std::string text;
   v1::GenerateResponse final;  // the message carrying finish_reason / usage
   std::string request_id;         // from the messages' request_id field

@@ -5,12 +5,23 @@
 // KV went GPU to GPU with nothing staged through the host pools or sent over UCX. The
 // host path (--kv-transfer transfer) on the GPU gives the same output.
 //
+// "Equals": the greedy requests' tokens exactly. The sampled request's tokens too, except
+// that they may part where the two runs' next-token distributions agree (their top
+// log-probabilities within 2e-3) and the seeded draw fell on the boundary between two
+// tokens: the GPU's sums are not bitwise reproducible from run to run (the MoE down
+// projection's float32 atomics, the prefill GEMMs' split-K), and a prefill on the host path
+// is chunked as its transfer is, so logits differ in their last bits and a draw within
+// ~1e-6 of a cumulative-probability boundary goes either way. Seen on the H200: request 4
+// at its token 26, where two tokens' logits were 9e-4 apart.
+//
 // Skips on machines without a GPU (CI). TANDEM_GPU_TEST_MODEL names the checkpoint
 // (default: the built-in tiny model).
 #include <signal.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <thread>
@@ -67,8 +78,61 @@ std::vector<v1::GenerateRequest> Requests() {
   out.push_back(TextRequest(long_prompt.substr(0, 700), 16, std::nullopt, 0.0f));  // a partial last block
   v1::GenerateRequest sampled = TextRequest("Sampling with a seed gives the same tokens either way", 32, 17, 0.8f);
   sampled.mutable_sampling()->set_top_p(0.9f);
+  sampled.mutable_sampling()->set_logprobs(5);  // for the comparison where the outputs part
   out.push_back(sampled);
   return out;
+}
+
+using Outputs = std::vector<StreamResult>;
+
+// Whether `got` equals `want` (the output of the same request) as the header describes;
+// if not, why. A sampled request's outputs may part on a draw between two runs' nearly
+// equal distributions (reported in *note).
+bool SameOutput(const v1::GenerateRequest& request, const StreamResult& got, const StreamResult& want,
+                std::string* why, std::string* note) {
+  const std::vector<int32_t>& a = got.tokens;
+  const std::vector<int32_t>& b = want.tokens;
+  if (a == b) return true;
+  size_t k = 0;
+  while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+  *why = "parts at token " + std::to_string(k) + " of " + std::to_string(b.size()) + ": " +
+         ::testing::PrintToString(a) + " vs " + ::testing::PrintToString(b);
+  if (request.sampling().temperature() <= 0.0f || k >= a.size() || k >= b.size() || k >= got.logprobs.size() ||
+      k >= want.logprobs.size()) {
+    return false;
+  }
+  // Both runs' distributions at token k: the same top tokens, log-probabilities within 2e-3.
+  const v1::TokenLogprob& x = got.logprobs[k];
+  const v1::TokenLogprob& y = want.logprobs[k];
+  std::string table;
+  bool close = x.top_size() == y.top_size() && x.top_size() > 0;
+  for (int j = 0; close && j < y.top_size(); ++j) {
+    bool found = false;
+    for (const auto& q : x.top()) {
+      if (q.token_id() != y.top(j).token_id()) continue;
+      found = std::fabs(q.logprob() - y.top(j).logprob()) <= 2e-3f;
+      table += " " + std::to_string(q.token_id()) + ": " + std::to_string(q.logprob()) + " vs " +
+               std::to_string(y.top(j).logprob());
+    }
+    close = found;
+  }
+  if (!close) {
+    *why += " where the distributions differ:" + table;
+    return false;
+  }
+  *note = "parts at token " + std::to_string(k) + " (" + std::to_string(a[k]) + " vs " + std::to_string(b[k]) +
+          ") on a draw between nearly equal distributions:" + table;
+  return true;
+}
+
+void ExpectSameOutputs(const Outputs& got, const Outputs& want) {
+  ASSERT_EQ(got.size(), want.size());
+  const std::vector<v1::GenerateRequest> requests = Requests();
+  for (size_t i = 0; i < got.size(); ++i) {
+    std::string why, note;
+    EXPECT_TRUE(SameOutput(requests[i], got[i], want[i], &why, &note)) << "request " << i << " " << why;
+    if (!note.empty()) std::fprintf(stderr, "request %zu %s\n", i, note.c_str());
+  }
 }
 
 class GpuServingTest : public ::testing::Test {
@@ -96,19 +160,19 @@ class GpuServingTest : public ::testing::Test {
     return testing::StartCluster(std::move(o));
   }
 
-  static std::vector<std::vector<int32_t>> RunAll(LocalCluster& cluster) {
+  static Outputs RunAll(LocalCluster& cluster) {
     auto stub = GenerationStub(cluster.router_address());
-    std::vector<std::vector<int32_t>> out;
+    Outputs out;
     for (const v1::GenerateRequest& r : Requests()) {
       StreamResult s = Generate(*stub, r);
       EXPECT_TRUE(s.status.ok()) << s.status.error_message();
-      out.push_back(s.tokens);
+      out.push_back(std::move(s));
     }
     return out;
   }
 
   // The aggregated worker's output on `device`: what every disaggregated run must equal.
-  static std::vector<std::vector<int32_t>> Aggregated(const std::string& device) {
+  static Outputs Aggregated(const std::string& device) {
     std::unique_ptr<LocalCluster> agg = Start(0, 0, 1, {}, {device});
     if (!agg) return {};
     return RunAll(*agg);
@@ -131,33 +195,33 @@ class GpuServingTest : public ::testing::Test {
 };
 
 TEST_F(GpuServingTest, OneGpuTwoProcessesMoveKvByCudaIpc) {
-  const std::vector<std::vector<int32_t>> want = Aggregated("cuda:0");
+  const Outputs want = Aggregated("cuda:0");
   ASSERT_EQ(want.size(), Requests().size());
   // cuda-ipc: the decode replica must offer its pool (else it does not start) and a request
   // that could not go device to device fails.
   std::unique_ptr<LocalCluster> pd = Start(1, 1, 0, {"cuda:0"}, {"cuda:0"}, {"--kv-transfer=cuda-ipc"});
   ASSERT_NE(pd, nullptr);
-  EXPECT_EQ(RunAll(*pd), want);
+  ExpectSameOutputs(RunAll(*pd), want);
   ExpectDeviceToDevice(*pd, want.size());
 }
 
 TEST_F(GpuServingTest, TwoGpusMoveKvPeerToPeer) {
   if (CudaDeviceCount() < 2) GTEST_SKIP() << "one CUDA device: the two-GPU case needs two";
-  const std::vector<std::vector<int32_t>> want = Aggregated("cuda:0");
+  const Outputs want = Aggregated("cuda:0");
   ASSERT_EQ(want.size(), Requests().size());
   // auto: the path is chosen by the replicas.
   std::unique_ptr<LocalCluster> pd = Start(1, 1, 0, {"cuda:0"}, {"cuda:1"});
   ASSERT_NE(pd, nullptr);
-  EXPECT_EQ(RunAll(*pd), want);
+  ExpectSameOutputs(RunAll(*pd), want);
   ExpectDeviceToDevice(*pd, want.size());
 }
 
 TEST_F(GpuServingTest, HostPathOnTheGpuGivesTheSameOutput) {
-  const std::vector<std::vector<int32_t>> want = Aggregated("cuda:0");
+  const Outputs want = Aggregated("cuda:0");
   ASSERT_EQ(want.size(), Requests().size());
   std::unique_ptr<LocalCluster> pd = Start(1, 1, 0, {"cuda:0"}, {"cuda:0"}, {"--kv-transfer=transfer"});
   ASSERT_NE(pd, nullptr);
-  EXPECT_EQ(RunAll(*pd), want);
+  ExpectSameOutputs(RunAll(*pd), want);
   const std::string prefill = MetricsOf(*pd, "prefill-0");
   EXPECT_EQ(MetricSum(prefill, "tandem_kv_transfer_requests_total", "path=\"transfer\""), want.size());
   EXPECT_EQ(MetricSum(prefill, "tandem_kv_transfer_requests_total", "path=\"cuda_ipc\""), 0);
@@ -170,7 +234,7 @@ TEST_F(GpuServingTest, HostPathOnTheGpuGivesTheSameOutput) {
 // request completes (retried or migrated to the restarted decode replica), and the new
 // replica's pool is used device to device again.
 TEST_F(GpuServingTest, DecodeKilledDuringDeviceTransfersLeavesPrefillServing) {
-  const std::vector<std::vector<int32_t>> want = Aggregated("cuda:0");
+  const Outputs want = Aggregated("cuda:0");
   ASSERT_EQ(want.size(), Requests().size());
   std::unique_ptr<LocalCluster> pd = Start(1, 1, 0, {"cuda:0"}, {"cuda:0"});
   ASSERT_NE(pd, nullptr);
@@ -193,8 +257,9 @@ TEST_F(GpuServingTest, DecodeKilledDuringDeviceTransfersLeavesPrefillServing) {
         if (!r.status.ok()) {
           ++failed;
           std::fprintf(stderr, "request failed: %s\n", r.status.error_message().c_str());
-        } else if (r.tokens != want[k]) {
+        } else if (std::string why, note; !SameOutput(reqs[k], r, want[k], &why, &note)) {
           ++mismatched;
+          std::fprintf(stderr, "request %zu %s\n", k, why.c_str());
         }
         ++done;
       }
@@ -214,7 +279,7 @@ TEST_F(GpuServingTest, DecodeKilledDuringDeviceTransfersLeavesPrefillServing) {
   EXPECT_EQ(pid_of("prefill-0"), prefill_pid) << "the prefill replica died";
   // Afterwards: still device to device, into the restarted replica's pool.
   const std::string before = MetricsOf(*pd, "prefill-0");
-  EXPECT_EQ(RunAll(*pd), want);
+  ExpectSameOutputs(RunAll(*pd), want);
   const std::string after = MetricsOf(*pd, "prefill-0");
   EXPECT_EQ(MetricSum(after, "tandem_kv_transfer_requests_total", "path=\"cuda_ipc\"") -
                 MetricSum(before, "tandem_kv_transfer_requests_total", "path=\"cuda_ipc\""),
