@@ -75,9 +75,9 @@ class CudaDeepseekModel {
     // With the expert GEMVs (steps of a few tokens): the down projection's sums into the
     // residual in a fixed order (MoeExpertGemvParams::partial) instead of float32 atomics in
     // completion order (the one run-to-run varying sum of a batch-1 step). Costs 2.4 % of a
-    // batch-1 step on the H200 (2.080 vs 2.031 ms, same run, 2026-11-30). Off: the GPU
-    // serving tests' occasional run-to-run difference (a sampled request parting at token
-    // 26) happens with it on as well, so its cause is elsewhere (see docs/performance.md).
+    // batch-1 step on the H200 (2.080 vs 2.031 ms, same run, 2026-11-30). Off: other sums
+    // (the prefill's split-K) vary from run to run as well, so a seeded sampled request is
+    // reproducible only up to draws on a probability boundary (docs/performance.md).
     bool deterministic_moe_down = false;
     // With the expert GEMVs after the fused routing kernel: the shared experts' gate_up
     // tiles computed while the routing runs, from the residual normalized again by each
