@@ -228,6 +228,57 @@ TEST_P(CudaModelTest, BatchedGreedyGenerationMatchesCpuWithBf16KvCache) {
   EXPECT_GE(matching, 6);
 }
 
+// Layer by layer, the KV cache entries the GPU writes against the CPU's at the same
+// precision (bf16_kv_cache: both hold bf16 values), after a 60-token prefill and after 40
+// teacher-forced decode steps: the share of entries that differ (by at least one bf16 step).
+// Layer 0's inputs are the same on both sides, so its entries may differ only where the
+// float32 value before rounding sits within float error of a rounding boundary (a fraction
+// of a percent): a larger share means the projection, norm, rotary or cache write part
+// from the CPU. Later layers inherit every difference of the layers before them (the bf16
+// queries and probabilities of the attention above all, docs/performance.md); printed.
+TEST_P(CudaModelTest, KvEntriesPerLayerMatchCpuAtBf16) {
+  absl::StatusOr<std::string> dir = ResolveModelDir(GetParam());
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  absl::StatusOr<std::unique_ptr<DeepseekModel>> cpu = DeepseekModel::Load(*dir, {.bf16_kv_cache = true});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const int kPrefill = 60, kTotal = 100;
+  const std::vector<int32_t> tokens = Tokens(kTotal, vocab_, 1);
+  const std::vector<int32_t> table = Table(3, 2);
+  LatentKvCache cache = (*cpu)->MakeKvCache(8);
+  const int64_t layers = (*cpu)->config().num_hidden_layers, dim = (*cpu)->config().kv_entry_dim();
+  // The share of differing entries of positions [first, first + n), per layer.
+  auto differing = [&](int64_t first, int64_t n) {
+    std::vector<double> share;
+    for (int64_t l = 0; l < layers; ++l) {
+      std::vector<float> g(static_cast<size_t>(n * dim));
+      EXPECT_TRUE(gpu_->ReadKvEntries(l, table, first, n, g.data()).ok());
+      int64_t differ = 0;
+      for (int64_t p = 0; p < n; ++p) {
+        const float* c = cache.Entry(l, table, first + p);
+        for (int64_t i = 0; i < dim; ++i) differ += g[p * dim + i] != c[i];
+      }
+      share.push_back(static_cast<double>(differ) / static_cast<double>(n * dim));
+    }
+    return share;
+  };
+  ForwardSequence prefill{.tokens = {tokens.data(), kPrefill}, .start_position = 0, .block_table = table};
+  ASSERT_TRUE((*cpu)->Forward({&prefill, 1}, cache).ok());
+  ASSERT_TRUE(gpu_->Forward({&prefill, 1}).ok());
+  const std::vector<double> after_prefill = differing(0, kPrefill);
+  for (int p = kPrefill; p < kTotal; ++p) {
+    ForwardSequence step{.tokens = {tokens.data() + p, 1}, .start_position = p, .block_table = table};
+    ASSERT_TRUE((*cpu)->Forward({&step, 1}, cache).ok());
+    ASSERT_TRUE(gpu_->Forward({&step, 1}).ok());
+  }
+  const std::vector<double> after_decode = differing(kPrefill, kTotal - kPrefill);
+  for (int64_t l = 0; l < layers; ++l) {
+    std::printf("layer %lld: %.2f%% of the prefill's KV entries differ from the CPU's, %.2f%% of the decode steps'\n",
+                static_cast<long long>(l), 100 * after_prefill[l], 100 * after_decode[l]);
+  }
+  EXPECT_LE(after_prefill[0], 0.01);
+  EXPECT_LE(after_decode[0], 0.01);
+}
+
 TEST_P(CudaModelTest, MixedBatchesAndForcedFormsMatchCpu) {
   // A cached prefix then a chunk after it, a decode token and a no-logits chunk in one
   // pass; then the same prompt with each attention form forced.
