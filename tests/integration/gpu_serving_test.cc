@@ -9,19 +9,17 @@
 // that they may part where the two runs' next-token distributions agree (their top
 // log-probabilities within 2e-3) and the seeded draw fell on the boundary between two
 // tokens: the GPU's sums are not bitwise reproducible from run to run (the MoE down
-// projection's float32 atomics, the prefill GEMMs' split-K), and a prefill on the host path
-// is chunked as its transfer is, so logits differ in their last bits and a draw within
-// ~1e-6 of a cumulative-probability boundary goes either way. Seen on the H200: request 4
-// at its token 26, where two tokens' logits were 9e-4 apart.
+// projection's float32 atomics, the prefill GEMMs' split-K; on the host KV path the logits
+// differ by ~1e-5), so a draw that close to a cumulative-probability boundary goes either
+// way. Seen on the H200: request 4 at its token 26, where two tokens' logits were 9e-4
+// apart. The comparison is tests/integration/sampled_output_match.h (unit-tested).
 //
 // Skips on machines without a GPU (CI). TANDEM_GPU_TEST_MODEL names the checkpoint
 // (default: the built-in tiny model).
 #include <signal.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -30,11 +28,14 @@
 #include "engine/model/model_backend.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/integration/sampled_output_match.h"
 
 namespace tandem {
 namespace {
 
 using testing::Generate;
+using testing::MatchOutputs;
+using testing::OutputMatch;
 using testing::GenerationStub;
 using testing::StreamResult;
 using testing::TextRequest;
@@ -86,68 +87,19 @@ std::vector<v1::GenerateRequest> Requests() {
 
 using Outputs = std::vector<StreamResult>;
 
-// Whether `got` equals `want` (the output of the same request) as the header describes;
-// if not, why. A sampled request's outputs may part on a draw between two runs' nearly
-// equal distributions (reported in *note).
-bool SameOutput(const v1::GenerateRequest& request, const StreamResult& got, const StreamResult& want,
-                std::string* why, std::string* note) {
-  const std::vector<int32_t>& a = got.tokens;
-  const std::vector<int32_t>& b = want.tokens;
-  if (a == b) return true;
-  size_t k = 0;
-  while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
-  *why = "parts at token " + std::to_string(k) + " of " + std::to_string(b.size()) + ": " +
-         ::testing::PrintToString(a) + " vs " + ::testing::PrintToString(b);
-  if (request.sampling().temperature() <= 0.0f || k >= a.size() || k >= b.size() || k >= got.logprobs.size() ||
-      k >= want.logprobs.size()) {
-    return false;
-  }
-  // Both runs' distributions at token k: every top token of either run within 2e-3 of its
-  // log-probability in the other, or (missing from the other's list) within 2e-3 of that
-  // list's last entry, i.e. on its edge.
-  const v1::TokenLogprob& x = got.logprobs[k];
-  const v1::TokenLogprob& y = want.logprobs[k];
-  std::string table;
-  const auto agrees = [&](const v1::TokenLogprob& from, const v1::TokenLogprob& in) {
-    if (from.top_size() == 0 || in.top_size() == 0) return false;
-    float last = in.top(0).logprob();
-    for (const auto& q : in.top()) last = std::min(last, q.logprob());
-    for (const auto& p : from.top()) {
-      const auto* match = [&]() -> const v1::TopLogprob* {
-        for (const auto& q : in.top()) {
-          if (q.token_id() == p.token_id()) return &q;
-        }
-        return nullptr;
-      }();
-      if (match != nullptr ? std::fabs(match->logprob() - p.logprob()) > 2e-3f : p.logprob() > last + 2e-3f) {
-        return false;
-      }
-    }
-    return true;
-  };
-  for (const auto& p : y.top()) {
-    table += " " + std::to_string(p.token_id()) + ": " + std::to_string(p.logprob());
-    for (const auto& q : x.top()) {
-      if (q.token_id() == p.token_id()) table += " vs " + std::to_string(q.logprob());
-    }
-  }
-  const bool close = agrees(x, y) && agrees(y, x);
-  if (!close) {
-    *why += " where the distributions differ:" + table;
-    return false;
-  }
-  *note = "parts at token " + std::to_string(k) + " (" + std::to_string(a[k]) + " vs " + std::to_string(b[k]) +
-          ") on a draw between nearly equal distributions:" + table;
-  return true;
+// Whether `got` equals `want` (the output of the same request) as the header describes
+// (testing::MatchOutputs).
+OutputMatch SameOutput(const v1::GenerateRequest& request, const StreamResult& got, const StreamResult& want) {
+  return MatchOutputs(request.sampling().temperature() > 0.0f, got.tokens, got.logprobs, want.tokens, want.logprobs);
 }
 
 void ExpectSameOutputs(const Outputs& got, const Outputs& want) {
   ASSERT_EQ(got.size(), want.size());
   const std::vector<v1::GenerateRequest> requests = Requests();
   for (size_t i = 0; i < got.size(); ++i) {
-    std::string why, note;
-    EXPECT_TRUE(SameOutput(requests[i], got[i], want[i], &why, &note)) << "request " << i << " " << why;
-    if (!note.empty()) std::fprintf(stderr, "request %zu %s\n", i, note.c_str());
+    const OutputMatch m = SameOutput(requests[i], got[i], want[i]);
+    EXPECT_TRUE(m.same) << "request " << i << " " << m.why;
+    if (!m.note.empty()) std::fprintf(stderr, "request %zu %s\n", i, m.note.c_str());
   }
 }
 
@@ -273,9 +225,9 @@ TEST_F(GpuServingTest, DecodeKilledDuringDeviceTransfersLeavesPrefillServing) {
         if (!r.status.ok()) {
           ++failed;
           std::fprintf(stderr, "request failed: %s\n", r.status.error_message().c_str());
-        } else if (std::string why, note; !SameOutput(reqs[k], r, want[k], &why, &note)) {
+        } else if (const OutputMatch m = SameOutput(reqs[k], r, want[k]); !m.same) {
           ++mismatched;
-          std::fprintf(stderr, "request %zu %s\n", k, why.c_str());
+          std::fprintf(stderr, "request %zu %s\n", k, m.why.c_str());
         }
         ++done;
       }
