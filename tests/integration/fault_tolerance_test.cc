@@ -65,6 +65,16 @@ class FaultToleranceTest : public ::testing::Test {
     engine_ = e->release();
   }
   static void TearDownTestSuite() { delete engine_; }
+
+  // What the engine alone generates for each request (computed concurrently).
+  static std::vector<std::vector<int32_t>> ReferenceOutputs(const std::vector<v1::GenerateRequest>& reqs) {
+    std::vector<std::vector<int32_t>> out(reqs.size());
+    std::vector<std::thread> t;
+    for (size_t i = 0; i < reqs.size(); ++i) t.emplace_back([&, i] { out[i] = testing::ReferenceTokens(*engine_, reqs[i]); });
+    for (auto& x : t) x.join();
+    return out;
+  }
+
   static Engine* engine_;
 };
 Engine* FaultToleranceTest::engine_ = nullptr;
@@ -75,13 +85,8 @@ TEST_F(FaultToleranceTest, KillingAPrefillAndADecodeReplicaMidStream) {
   ASSERT_NE(cluster, nullptr);
   constexpr int kStreams = 100;
   std::vector<v1::GenerateRequest> reqs;
-  std::vector<std::vector<int32_t>> expected(kStreams);
   for (int i = 0; i < kStreams; ++i) reqs.push_back(TextRequest(Words(20 + i % 60, i), 30 + i % 20, std::nullopt, 0.0f));
-  {
-    std::vector<std::thread> t;
-    for (int i = 0; i < kStreams; ++i) t.emplace_back([&, i] { expected[i] = testing::ReferenceTokens(*engine_, reqs[i]); });
-    for (auto& x : t) x.join();
-  }
+  const std::vector<std::vector<int32_t>> expected = ReferenceOutputs(reqs);
   auto stub = GenerationStub(cluster->router_address());
   std::vector<StreamResult> got(kStreams);
   std::vector<std::thread> streams;
@@ -132,13 +137,8 @@ TEST_F(FaultToleranceTest, PrefillReplicaCutOffMidRequestIsRetriedOnAFreshLease)
   ASSERT_NE(cluster, nullptr);
   constexpr int kStreams = 40;
   std::vector<v1::GenerateRequest> reqs;
-  std::vector<std::vector<int32_t>> expected(kStreams);
   for (int i = 0; i < kStreams; ++i) reqs.push_back(TextRequest(Words(150 + i % 50, i), 12, std::nullopt, 0.0f));
-  {
-    std::vector<std::thread> t;
-    for (int i = 0; i < kStreams; ++i) t.emplace_back([&, i] { expected[i] = testing::ReferenceTokens(*engine_, reqs[i]); });
-    for (auto& x : t) x.join();
-  }
+  const std::vector<std::vector<int32_t>> expected = ReferenceOutputs(reqs);
   auto stub = GenerationStub(cluster->router_address());
   std::vector<StreamResult> got(kStreams);
   std::vector<std::thread> streams;
