@@ -18,7 +18,8 @@
 // dependent launch off, with the fused small-batch kernels off as well (the unfused path),
 // without graphs, and with the expert down projection's residual sums in a fixed order
 // (deterministic_moe_down), and with the shared experts' gate_up tiles after the routing
-// (moe_shared_experts_early off); batches up to 64 also with the grouped expert GEMM instead of the
+// (moe_shared_experts_early off), and with bf16 decode queries (split_decode_queries
+// off); batches up to 64 also with the grouped expert GEMM instead of the
 // expert GEMVs (moe_expert_gemv off: the same step where the fused kernels do not run);
 // batches 1 and 64 also with GPU sampling (ForwardSample, temperature 0.7, top-p 0.9)
 // instead of the argmax. Roofline time of a step = (weight bytes the step must read:
@@ -158,6 +159,7 @@ struct DecodeVariant {
   bool moe_expert_gemv = true;
   bool deterministic_moe_down = false;
   bool moe_shared_experts_early = true;
+  bool split_decode_queries = true;
   bool sample = false;
 };
 
@@ -181,6 +183,7 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
   model.set_moe_expert_gemv(variant.moe_expert_gemv);
   model.set_deterministic_moe_down(variant.deterministic_moe_down);
   model.set_moe_shared_experts_early(variant.moe_shared_experts_early);
+  model.set_split_decode_queries(variant.split_decode_queries);
   int64_t sample_step = 0;
   auto step = [&]() {
     std::vector<ForwardSequence> seqs(batch);
@@ -237,6 +240,7 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
             {"moe_expert_gemv", variant.moe_expert_gemv},
             {"deterministic_moe_down", variant.deterministic_moe_down},
             {"moe_shared_experts_early", variant.moe_shared_experts_early},
+            {"split_decode_queries", variant.split_decode_queries},
             {"sampling", variant.sample ? "top-p 0.9, temperature 0.7 (GPU)" : "greedy"},
             {"step_ms_p50", step_ms},
             {"step_ms_mean", Mean(wall)},
@@ -404,6 +408,14 @@ int Main(int argc, char** argv) {
                               copy_bw, profile)
                            .json);
     }
+    // Bf16 decode queries where the split ones apply (steps of at most 64 tokens), but for
+    // batch 1 (among the variants below).
+    if (b > 1 && b <= 64 && !default_only) {
+      decode.push_back(Decode(*model, b, context, steps,
+                              DecodeVariant{.name = "bf16 decode queries", .split_decode_queries = false}, copy_bw,
+                              profile)
+                           .json);
+    }
   }
   const int b0 = batches.front();
   const std::vector<DecodeVariant> variants = {
@@ -411,7 +423,8 @@ int Main(int argc, char** argv) {
       DecodeVariant{.name = "no PDL, unfused", .programmatic_launch = false, .fused_decode_max_tokens = 0},
       DecodeVariant{.name = "no graphs", .graphs = false},
       DecodeVariant{.name = "ordered MoE down sums", .deterministic_moe_down = true},
-      DecodeVariant{.name = "shared experts after routing", .moe_shared_experts_early = false}};
+      DecodeVariant{.name = "shared experts after routing", .moe_shared_experts_early = false},
+      DecodeVariant{.name = "bf16 decode queries", .split_decode_queries = false}};
   for (const DecodeVariant& v : default_only ? std::vector<DecodeVariant>{} : variants) {
     decode.push_back(Decode(*model, b0, context, steps, v, copy_bw, false).json);
   }
@@ -426,6 +439,7 @@ int Main(int argc, char** argv) {
   model->set_moe_expert_gemv(true);
   model->set_deterministic_moe_down(false);
   model->set_moe_shared_experts_early(true);
+  model->set_split_decode_queries(true);
   model->set_cuda_graphs(true);
   out["decode"] = decode;
 

@@ -24,6 +24,7 @@ constexpr int kMaxSplits = 128;
 // What a thread block needs to know; passed by value.
 struct DecodeArgs {
   const __nv_bfloat16* q;
+  const __nv_bfloat16* q_lo;  // split queries (MlaDecodeParams::q_lo): portable kernel only
   int64_t q_stride;
   const __nv_bfloat16* kv;
   const int32_t* block_tables;
@@ -127,19 +128,25 @@ __global__ void __launch_bounds__(MT * 128, 1) MlaDecodeMmaKernel(DecodeArgs a) 
   const int len = a.cache_lens[seq];
   int t0, t1;
   SplitRange(len, a.splits, split, &t0, &t1);
-  const int row0 = rt * TM;
+  // Split queries: query row L's value in tile row 16 (L / 8) + L % 8, its remainder 8 rows
+  // below (the thread holding a score of one holds the other's too); a tile then holds
+  // TM / 2 query rows.
+  const bool split_q = a.q_lo != nullptr;
+  const int tile_queries = split_q ? TM / 2 : TM;
+  const int row0 = rt * tile_queries;
   if (t0 >= t1) {  // nothing of this sequence falls in this split
-    if (tid < TM && row0 + tid < a.rows) StoreLse(a, seq, split, row0 + tid, -INFINITY);
+    if (tid < tile_queries && row0 + tid < a.rows) StoreLse(a, seq, split, row0 + tid, -INFINITY);
     return;
   }
 
   const int cpr = D / 8;  // 16-byte chunks per row
   for (int idx = tid; idx < TM * cpr; idx += kThreads) {
     const int r = idx / cpr, c = idx - r * cpr;
-    const int row = row0 + r;
+    const bool lo = split_q && (r % 16) >= 8;
+    const int row = row0 + (split_q ? (r / 16) * 8 + r % 8 : r);
     const bool valid = row < a.rows;
     const __nv_bfloat16* src =
-        valid ? a.q + static_cast<int64_t>(seq * a.q_per_seq + row / a.heads) * a.q_stride +
+        valid ? (lo ? a.q_lo : a.q) + static_cast<int64_t>(seq * a.q_per_seq + row / a.heads) * a.q_stride +
                     static_cast<int64_t>(row % a.heads) * D + c * 8
               : a.q;
     CpAsync16(SmemAddr(sQ + r * SD + c * 8), src, valid);
@@ -163,7 +170,9 @@ __global__ void __launch_bounds__(MT * 128, 1) MlaDecodeMmaKernel(DecodeArgs a) 
 
   // Score phase: warp (wm, wn) = rows 16*wm.., positions 16*wn.. of the tile.
   const int wm = warp / 4, wn = warp % 4;
-  const int lim0 = RowLimit(a, len, row0 + 16 * wm + g), lim1 = RowLimit(a, len, row0 + 16 * wm + g + 8);
+  const int q0 = split_q ? 8 * wm + g : 16 * wm + g;  // the query row of score row 16 wm + g
+  const int lim0 = RowLimit(a, len, row0 + q0);
+  const int lim1 = split_q ? lim0 : RowLimit(a, len, row0 + 16 * wm + g + 8);
   float m_s[2] = {-INFINITY, -INFINITY}, l_s[2] = {0.0f, 0.0f};  // this warp's score rows
   float m_v[MT][2];                                              // all rows, for the value phase
   float o[MT][NT][4];
@@ -213,6 +222,12 @@ __global__ void __launch_bounds__(MT * 128, 1) MlaDecodeMmaKernel(DecodeArgs a) 
       for (int j = 0; j < 2; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] += s2[j][e];
+        if (split_q) {  // value + remainder rows: the whole score in both
+          s[j][0] += s[j][2];
+          s[j][1] += s[j][3];
+          s[j][2] = s[j][0];
+          s[j][3] = s[j][1];
+        }
       }
     }
     // s[j][e]: row 16*wm + g (+8 for e >= 2), position it*64 + 16*wn + 8*j + 2*t + (e & 1).
@@ -257,8 +272,12 @@ __global__ void __launch_bounds__(MT * 128, 1) MlaDecodeMmaKernel(DecodeArgs a) 
         l_s[0] += p0 + p1;
         l_s[1] += p2 + p3;
         const int col = 16 * wn + 8 * j + 2 * t;
-        *reinterpret_cast<uint32_t*>(sP + (16 * wm + g) * kPStride + col) = PackBf16(p0, p1);
-        *reinterpret_cast<uint32_t*>(sP + (16 * wm + g + 8) * kPStride + col) = PackBf16(p2, p3);
+        const uint32_t hi = PackBf16(p0, p1);
+        *reinterpret_cast<uint32_t*>(sP + (16 * wm + g) * kPStride + col) = hi;
+        // Split queries: the second row takes the probabilities' bf16 remainders.
+        *reinterpret_cast<uint32_t*>(sP + (16 * wm + g + 8) * kPStride + col) =
+            split_q ? PackBf16(p0 - __uint_as_float(hi << 16), p1 - __uint_as_float(hi & 0xffff0000u))
+                    : PackBf16(p2, p3);
       }
     }
     float alpha[MT][2];
@@ -323,8 +342,9 @@ __global__ void __launch_bounds__(MT * 128, 1) MlaDecodeMmaKernel(DecodeArgs a) 
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
+      if (split_q && hh == 1) continue;  // the remainder row: summed into the value row's output
       const int r = 16 * mt + g + 8 * hh;
-      const int row = row0 + r;
+      const int row = row0 + (split_q ? 8 * mt + g : r);
       if (row >= a.rows) continue;
       const float l = sRed[r] + sRed[TM + r] + sRed[2 * TM + r] + sRed[3 * TM + r];
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -332,7 +352,9 @@ __global__ void __launch_bounds__(MT * 128, 1) MlaDecodeMmaKernel(DecodeArgs a) 
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         const int col = (warp * NT + n) * 8 + 2 * t;
-        if (col < R) Store2(row_out, col, o[mt][n][2 * hh] * inv, o[mt][n][2 * hh + 1] * inv);
+        const float v0 = split_q ? o[mt][n][0] + o[mt][n][2] : o[mt][n][2 * hh];
+        const float v1 = split_q ? o[mt][n][1] + o[mt][n][3] : o[mt][n][2 * hh + 1];
+        if (col < R) Store2(row_out, col, v0 * inv, v1 * inv);
       }
       if (warp == 0 && t == 0) StoreLse(a, seq, split, row, l > 0.0f ? m_v[mt][hh] + log2f(l) : -INFINITY);
     }
@@ -1004,6 +1026,12 @@ size_t MlaDecodeWorkspaceBytes(int num_seqs, int q_per_seq, int num_heads, int k
   return WorkspaceForSplits(num_seqs, q_per_seq, num_heads, kv_lora_rank, splits);
 }
 
+bool MlaDecodeSplitsQueries(int kv_lora_rank, int rope_dim) {
+  Plan plan;
+  return DimsSupported(kv_lora_rank, rope_dim) && MakePlan(1, 1, kv_lora_rank, rope_dim, 0, &plan) &&
+         plan.impl == Impl::kMma;
+}
+
 cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.num_seqs == 0) return cudaSuccess;
   const int D = p.kv_lora_rank + p.rope_dim;
@@ -1014,7 +1042,8 @@ cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream) {
       p.q_stride < static_cast<int64_t>(p.num_heads) * D || p.q_stride % 8 != 0 ||
       p.out_stride < static_cast<int64_t>(p.num_heads) * p.kv_lora_rank || p.out_stride % 2 != 0 ||
       reinterpret_cast<uintptr_t>(p.q) % 16 != 0 || reinterpret_cast<uintptr_t>(p.kv_cache) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(p.out) % 8 != 0 || p.num_splits < 0 || p.impl < 0 || p.impl > 2) {
+      reinterpret_cast<uintptr_t>(p.out) % 8 != 0 || p.num_splits < 0 || p.impl < 0 || p.impl > 2 ||
+      reinterpret_cast<uintptr_t>(p.q_lo) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   const int64_t tokens = static_cast<int64_t>(p.num_seqs) * p.q_per_seq;
@@ -1026,12 +1055,19 @@ cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream) {
   }
   Plan plan;
   if (!MakePlan(p.q_per_seq, p.num_heads, p.kv_lora_rank, p.rope_dim, p.impl, &plan)) return cudaErrorInvalidValue;
+  // Split queries: the portable kernel, half a tile's rows per tile (more row tiles).
+  const bool split_q = p.q_lo != nullptr && plan.impl == Impl::kMma;
+  if (split_q) {
+    const int per_tile = plan.tile_rows / 2;
+    plan.row_tiles = (p.q_per_seq * p.num_heads + per_tile - 1) / per_tile;
+  }
   const int tiles = (p.max_cache_len + kTile - 1) / kTile;
   const int splits = p.num_splits > 0 ? std::min({p.num_splits, std::max(tiles, 1), kMaxSplits})
                                       : ChooseSplits(plan, p.num_seqs, p.max_cache_len);
 
   DecodeArgs a{};
   a.q = p.q;
+  a.q_lo = split_q ? p.q_lo : nullptr;
   a.q_stride = p.q_stride;
   a.kv = p.kv_cache;
   a.block_tables = p.block_tables;

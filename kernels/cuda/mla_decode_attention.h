@@ -37,6 +37,13 @@ struct MlaDecodeParams {
   // elements between query tokens (heads contiguous inside a token).
   const __nv_bfloat16* q = nullptr;
   int64_t q_stride = 0;
+  // Optional, same layout: each query value's bf16 remainder (q + q_lo ~ the float32 query).
+  // Honoured by the portable kernel (MlaDecodeSplitsQueries): each tile holds half its rows'
+  // queries, each query's value and remainder in two rows that one thread's accumulators
+  // cover, so the score is the float32-accurate query's; the probabilities are split the
+  // same way for the product with the values. Twice the row tiles, so meant for sequences
+  // of few query rows (the kernel is memory-bound there). Ignored by the wgmma kernel.
+  const __nv_bfloat16* q_lo = nullptr;
   // One layer of the paged cache: [num_blocks][block_size][kv_lora_rank + rope_dim].
   const __nv_bfloat16* kv_cache = nullptr;
   const int32_t* block_tables = nullptr;  // [num_seqs][max_blocks_per_seq]
@@ -82,6 +89,10 @@ inline constexpr int kMlaDecodeFusedMaxTokens = 16;
 size_t MlaDecodeWorkspaceBytes(int num_seqs, int q_per_seq, int num_heads, int kv_lora_rank, int max_cache_len);
 // Workspace bytes for a launch forced to num_splits splits (MlaDecodeParams::num_splits).
 size_t MlaDecodeWorkspaceBytesForSplits(int num_seqs, int q_per_seq, int num_heads, int kv_lora_rank, int num_splits);
+
+// Whether the kernel MlaDecodeAttention picks for these dimensions on the current device
+// (impl 0) honours MlaDecodeParams::q_lo: everywhere but kv_lora_rank 512 + rope 64 on sm_90.
+bool MlaDecodeSplitsQueries(int kv_lora_rank, int rope_dim);
 
 cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream);
 

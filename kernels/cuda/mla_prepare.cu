@@ -56,14 +56,19 @@ __global__ void __launch_bounds__(kThreads) MlaPrepareKernel(MlaPrepareParams p)
     const int i = j - p.nope_dim;
     const int2 idx = internal::RopePair(i, half, p.interleaved);
     const float x0 = qh[p.nope_dim + idx.x], x1 = qh[p.nope_dim + idx.y];
-    const __nv_bfloat16 y0 = __float2bfloat16_rn(x0 * cos_s[i] - x1 * sin_s[i]);
-    const __nv_bfloat16 y1 = __float2bfloat16_rn(x1 * cos_s[i] + x0 * sin_s[i]);
+    const float v0 = x0 * cos_s[i] - x1 * sin_s[i], v1 = x1 * cos_s[i] + x0 * sin_s[i];
+    const __nv_bfloat16 y0 = __float2bfloat16_rn(v0);
+    const __nv_bfloat16 y1 = __float2bfloat16_rn(v1);
     oh[p.nope_dim + idx.x] = y0;
     oh[p.nope_dim + idx.y] = y1;
     if (rope_out) {
-      __nv_bfloat16* r = p.q_rope_out + t * p.q_rope_out_stride + h * p.q_rope_out_head_stride;
-      r[idx.x] = y0;
-      r[idx.y] = y1;
+      const int64_t at = t * p.q_rope_out_stride + h * p.q_rope_out_head_stride;
+      p.q_rope_out[at + idx.x] = y0;
+      p.q_rope_out[at + idx.y] = y1;
+      if (p.q_rope_lo_out != nullptr) {
+        p.q_rope_lo_out[at + idx.x] = __float2bfloat16_rn(v0 - __bfloat162float(y0));
+        p.q_rope_lo_out[at + idx.y] = __float2bfloat16_rn(v1 - __bfloat162float(y1));
+      }
     }
   }
 }
@@ -126,8 +131,13 @@ __global__ void __launch_bounds__(kAbsorbThreads) MlaPrepareAbsorbKernel(MlaPrep
           s.x += part[k][lane].x;
           s.y += part[k][lane].y;
         }
-        *reinterpret_cast<__nv_bfloat162*>(p.q_latent_out + t * p.q_rope_out_stride + h * p.q_rope_out_head_stride +
-                                           col) = __floats2bfloat162_rn(s.x, s.y);
+        const int64_t at = t * p.q_rope_out_stride + h * p.q_rope_out_head_stride + col;
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(s.x, s.y);
+        *reinterpret_cast<__nv_bfloat162*>(p.q_latent_out + at) = hi;
+        if (p.q_latent_lo_out != nullptr) {
+          *reinterpret_cast<__nv_bfloat162*>(p.q_latent_lo_out + at) =
+              __floats2bfloat162_rn(s.x - __low2float(hi), s.y - __high2float(hi));
+        }
       }
       __syncthreads();  // q_s and part are reused
     }
@@ -144,11 +154,20 @@ __global__ void __launch_bounds__(kAbsorbThreads) MlaPrepareAbsorbKernel(MlaPrep
     __syncthreads();
     const float* qh = p.q + t * p.q_stride + h * head_dim + p.nope_dim;
     __nv_bfloat16* r = p.q_rope_out + t * p.q_rope_out_stride + h * p.q_rope_out_head_stride;
+    __nv_bfloat16* r_lo = p.q_rope_lo_out == nullptr
+                              ? nullptr
+                              : p.q_rope_lo_out + t * p.q_rope_out_stride + h * p.q_rope_out_head_stride;
     for (int i = threadIdx.x; i < half; i += kAbsorbThreads) {
       const int2 idx = internal::RopePair(i, half, p.interleaved);
       const float x0 = qh[idx.x], x1 = qh[idx.y];
-      r[idx.x] = __float2bfloat16_rn(x0 * cos_s[i] - x1 * sin_s[i]);
-      r[idx.y] = __float2bfloat16_rn(x1 * cos_s[i] + x0 * sin_s[i]);
+      const float v0 = x0 * cos_s[i] - x1 * sin_s[i], v1 = x1 * cos_s[i] + x0 * sin_s[i];
+      const __nv_bfloat16 y0 = __float2bfloat16_rn(v0), y1 = __float2bfloat16_rn(v1);
+      r[idx.x] = y0;
+      r[idx.y] = y1;
+      if (r_lo != nullptr) {
+        r_lo[idx.x] = __float2bfloat16_rn(v0 - __bfloat162float(y0));
+        r_lo[idx.y] = __float2bfloat16_rn(v1 - __bfloat162float(y1));
+      }
     }
     if (h == 0) {
       // The latent KV entry, as MlaPrepareKernel writes it.
@@ -193,6 +212,7 @@ cudaError_t MlaPrepare(const MlaPrepareParams& p, cudaStream_t stream) {
         p.nope_dim > 4 * kAbsorbMaxJ || p.kv_lora_rank % 2 != 0 || p.q_rope_out_stride % 2 != 0 ||
         p.q_rope_out_head_stride % 2 != 0 || p.w_uk_head_stride % 2 != 0 ||
         reinterpret_cast<uintptr_t>(p.w_uk) % 4 != 0 || reinterpret_cast<uintptr_t>(p.q_latent_out) % 4 != 0 ||
+        reinterpret_cast<uintptr_t>(p.q_latent_lo_out) % 4 != 0 ||
         p.num_heads > 65535) {
       return cudaErrorInvalidValue;
     }

@@ -58,6 +58,10 @@ struct MlaPrepareParams {
   const __nv_bfloat16* w_uk = nullptr;
   int64_t w_uk_head_stride = 0;
   __nv_bfloat16* q_latent_out = nullptr;
+  // Optional: the bf16 remainders (value - bf16(value)) of what q_rope_out and q_latent_out
+  // receive, same strides (the decode attention's split queries, MlaDecodeParams::q_lo).
+  __nv_bfloat16* q_rope_lo_out = nullptr;
+  __nv_bfloat16* q_latent_lo_out = nullptr;
 };
 
 inline constexpr int64_t kMlaPrepareAbsorbMaxTokens = 16;

@@ -171,6 +171,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     }
     a->q_bf16 = ar.Take<__nv_bfloat16>(t * heads * qk);
     a->q_dec = ar.Take<__nv_bfloat16>(t * heads * (rank + rope));
+    a->q_dec_lo = ar.Take<__nv_bfloat16>(t * heads * (rank + rope));
     a->lat_out = ar.Take<float>(t * heads * rank);
     a->lat_bf16 = ar.Take<__nv_bfloat16>(t * heads * rank);
     a->attn_f32 = ar.Take<float>(t * heads * c.v_head_dim);
@@ -328,6 +329,10 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
   auto in_decode_group = [&](const ForwardSequence& s) {
     return s.tokens.size() == 1 && form != AttentionForm::kExpanded;
   };
+  auto absorbed = [&](const ForwardSequence& s) {
+    return form == AttentionForm::kAbsorbed ||
+           (form == AttentionForm::kAuto && AutoAbsorbed(static_cast<int64_t>(s.tokens.size()), s.start_position));
+  };
   std::vector<size_t> order;
   for (size_t i = 0; i < batch.size(); ++i) {
     if (in_decode_group(batch[i])) order.push_back(i);
@@ -338,7 +343,7 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
     if (in_decode_group(batch[i])) continue;
     order.push_back(i);
     const int64_t n = static_cast<int64_t>(batch[i].tokens.size());
-    table_rows += form == AttentionForm::kAbsorbed ? (n + kAbsorbedChunk - 1) / kAbsorbedChunk : 1;
+    table_rows += absorbed(batch[i]) ? (n + kAbsorbedChunk - 1) / kAbsorbedChunk : 1;
   }
   if (table_rows > max_table_rows) return absl::InvalidArgumentError("batch needs too many attention launches");
 
@@ -372,7 +377,7 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
     if (in_decode_group(s)) {
       put_table(table_row++, s, s.start_position + 1);
       max_decode_len = std::max(max_decode_len, s.start_position + 1);
-    } else if (form == AttentionForm::kAbsorbed) {
+    } else if (absorbed(s)) {
       for (int64_t c0 = 0; c0 < n; c0 += kAbsorbedChunk) {
         const int64_t m = std::min(kAbsorbedChunk, n - c0);
         const int64_t len = s.start_position + c0 + m;
@@ -410,6 +415,23 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
   }
   plan.decode_only = num_decode == static_cast<int64_t>(batch.size()) && out_rows == num_decode;
   return plan;
+}
+
+// Multiply-adds per head of n new tokens after `start` cached ones (causal: token j sees
+// start + j + 1 positions, about start + n / 2 on average). Absorbed: each query-position
+// pair costs 2 R + P (score over the latent entry and rotary key, value sum over the
+// latent). Expanded: nope + rope + v per pair, plus expanding every position the chunk sees
+// through kv_b ((nope + v) x R each). With R = 64 and nope = v = 32 (tiny) the absorbed form
+// wins for fresh prompts under 128 tokens; V2-Lite's shapes: under 340.
+bool CudaDeepseekModel::Impl::AutoAbsorbed(int64_t n, int64_t start) const {
+  if (n <= 1 || !SplitQueries()) return false;
+  const ModelConfig& c = config;
+  const double r = static_cast<double>(c.kv_lora_rank), p = static_cast<double>(c.qk_rope_head_dim);
+  const double nope = static_cast<double>(c.qk_nope_head_dim), v = static_cast<double>(c.v_head_dim);
+  const double pairs = static_cast<double>(n) * (static_cast<double>(start) + (static_cast<double>(n) + 1) / 2);
+  const double absorbed = pairs * (2 * r + p);
+  const double expanded = pairs * (nope + p + v) + static_cast<double>(start + n) * (nope + v) * r;
+  return absorbed < expanded;
 }
 
 void CudaDeepseekModel::Impl::DropGraphs() {
@@ -849,6 +871,10 @@ void CudaDeepseekModel::set_deterministic_moe_down(bool on) {
 void CudaDeepseekModel::set_moe_shared_experts_early(bool on) {
   impl_->DropGraphs();
   impl_->options.moe_shared_experts_early = on;
+}
+void CudaDeepseekModel::set_split_decode_queries(bool on) {
+  impl_->DropGraphs();
+  impl_->options.split_decode_queries = on;
 }
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {

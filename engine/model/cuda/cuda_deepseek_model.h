@@ -83,6 +83,12 @@ class CudaDeepseekModel {
     // tiles computed while the routing runs, from the residual normalized again by each
     // block (MoeExpertGemvParams::norm_x; the same bits as the routing kernel's norm).
     bool moe_shared_experts_early = true;
+    // The absorbed attention's queries as bf16 value + remainder and its probabilities
+    // likewise (MlaDecodeParams::q_lo) instead of bf16, where the decode kernel honours them
+    // (models of at most 32 heads off kv_lora_rank 512 + rope 64 on sm_90: tiny, tiny-v2).
+    // There, prefill chunks short enough that the absorbed form needs fewer multiply-adds
+    // than expanding the cached prefix also run absorbed (ForwardOptions' kAuto form).
+    bool split_decode_queries = true;
     // Programmatic dependent launch between the kernels of steps of at most
     // moe_grouped_max_tokens tokens (graph-captured decode steps included).
     bool programmatic_launch = true;
@@ -151,6 +157,7 @@ class CudaDeepseekModel {
   void set_moe_expert_gemv(bool on);
   void set_deterministic_moe_down(bool on);
   void set_moe_shared_experts_early(bool on);
+  void set_split_decode_queries(bool on);
   // For benchmarks: with step events on, each Forward records a CUDA event when its GPU
   // work begins (before the batch upload) and when it ends (after the results are read
   // back); TakeStepTimes returns {begin, end} per recorded step in ms since the first

@@ -96,6 +96,10 @@ absl::Status CudaDeepseekModel::Impl::Dense(const DeviceMatrix& w, const __nv_bf
                     "dense GEMM");
 }
 
+bool CudaDeepseekModel::Impl::SplitQueries() const {
+  return options.split_decode_queries && weights->layers[0].attention.w_uk != nullptr;
+}
+
 bool CudaDeepseekModel::Impl::Fused(const StepPlan& plan) const {
   const ModelConfig& c = config;
   return plan.decode_only && plan.jobs.size() == 1 &&
@@ -189,6 +193,7 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
   const int64_t qkv_cols = w.qkv_a.rows;
   const bool split = t <= options.split_activations_max_tokens;
   if (Fused(plan)) return FusedAttention(layer, plan);
+  const bool split_q = SplitQueries();  // LoadOptions::split_decode_queries, every absorbed job
 
   TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = lw.input_norm, .rows = t, .dim = hidden, .x_stride = hidden,
                                     .out_stride = hidden, .eps = static_cast<float>(c.rms_norm_eps),
@@ -225,7 +230,7 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
                         .kv_stride = qkv_cols, .kv_lora_rank = static_cast<int>(rank), .kv_norm_weight = w.kv_a_norm,
                         .kv_norm_eps = kLatentNormEps, .kv_cache = kv_layer, .num_slots = num_blocks * kBlock,
                         .inv_freq = inv_freq_.get<float>(), .attention_factor = rope_attention_factor_,
-                        .interleaved = c.rope_interleave},
+                        .interleaved = c.rope_interleave, .q_rope_lo_out = split_q ? act_.q_dec_lo + rank : nullptr},
                        stream),
       "MLA prepare");
   RETURN_IF_ERROR(Mark("MLA prepare"));
@@ -233,18 +238,36 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
   for (const AttentionJob& job : plan.jobs) {
     const int64_t r0 = job.row_begin, rows = job.num_seqs * job.q_per_seq;
     if (job.absorbed) {
-      // q_latent = q_nope . W_UK per head, into the decode queries' first kv_lora_rank values.
-      TANDEM_CUBLAS_RETURN(gemm_.Batched({.a = act_.q_bf16 + r0 * heads * qk, .lda = heads * qk, .stride_a = qk,
-                                          .b = w.kv_b.data, .ldb = rank, .stride_b = (nope + v) * rank,
-                                          .b_transposed = false, .c = act_.q_dec + r0 * heads * entry,
-                                          .ldc = heads * entry, .stride_c = entry, .c_bf16 = true, .m = rows,
-                                          .n = rank, .k = nope, .batch = heads},
-                                         stream),
-                           "W_UK");
+      // q_latent = q_nope . W_UK per head, into the decode queries' first kv_lora_rank values:
+      // for split queries from the float32 queries in float32 (lat_out as scratch), then split
+      // into bf16 value + remainder; else through bf16.
+      if (split_q) {
+        TANDEM_CUBLAS_RETURN(gemm_.BatchedF32({.a = q + r0 * q_stride, .lda = q_stride, .stride_a = qk, .b = w.w_uk,
+                                               .ldb = rank, .stride_b = nope * rank, .b_transposed = false,
+                                               .c = act_.lat_out + r0 * heads * rank, .ldc = heads * rank,
+                                               .stride_c = rank, .m = rows, .n = rank, .k = nope, .batch = heads},
+                                              stream),
+                             "W_UK");
+        TANDEM_CUDA_RETURN(cuda::ConvertF32ToBf16({.src = act_.lat_out + r0 * heads * rank, .src_stride = rank,
+                                                   .dst = act_.q_dec + r0 * heads * entry, .dst_stride = entry,
+                                                   .rows = rows * heads, .cols = rank,
+                                                   .dst_lo = act_.q_dec_lo + r0 * heads * entry},
+                                                  stream),
+                           "splitting the decode queries");
+      } else {
+        TANDEM_CUBLAS_RETURN(gemm_.Batched({.a = act_.q_bf16 + r0 * heads * qk, .lda = heads * qk, .stride_a = qk,
+                                            .b = w.kv_b.data, .ldb = rank, .stride_b = (nope + v) * rank,
+                                            .b_transposed = false, .c = act_.q_dec + r0 * heads * entry,
+                                            .ldc = heads * entry, .stride_c = entry, .c_bf16 = true, .m = rows,
+                                            .n = rank, .k = nope, .batch = heads},
+                                           stream),
+                             "W_UK");
+      }
       RETURN_IF_ERROR(Mark("W_UK"));
       TANDEM_CUDA_RETURN(
           cuda::MlaDecodeAttention(
-              {.q = act_.q_dec + r0 * heads * entry, .q_stride = heads * entry, .kv_cache = kv_layer,
+              {.q = act_.q_dec + r0 * heads * entry, .q_stride = heads * entry,
+               .q_lo = split_q ? act_.q_dec_lo + r0 * heads * entry : nullptr, .kv_cache = kv_layer,
                .block_tables = plan.meta.block_tables + job.table_row * max_blocks_per_seq,
                .cache_lens = plan.meta.cache_lens + job.table_row, .num_seqs = static_cast<int>(job.num_seqs),
                .q_per_seq = static_cast<int>(job.q_per_seq), .num_heads = static_cast<int>(heads),
@@ -329,6 +352,7 @@ absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPl
   const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, v = c.v_head_dim;
   const int64_t qk = nope + rope, entry = rank + rope;
   const int64_t qkv_cols = w.qkv_a.rows;
+  const bool split_q = SplitQueries();
   TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.x, .ldx = hidden, .norm_weight = lw.input_norm,
                                       .norm_eps = static_cast<float>(c.rms_norm_eps), .w = w.qkv_a.data,
                                       .n = static_cast<int>(qkv_cols), .k = static_cast<int>(hidden),
@@ -362,14 +386,16 @@ absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPl
                         .kv_norm_weight = w.kv_a_norm, .kv_norm_eps = kLatentNormEps, .kv_cache = kv_layer,
                         .num_slots = num_blocks * kBlock, .inv_freq = inv_freq_.get<float>(),
                         .attention_factor = rope_attention_factor_, .interleaved = c.rope_interleave,
-                        .w_uk = w.kv_b.data, .w_uk_head_stride = (nope + v) * rank, .q_latent_out = act_.q_dec},
+                        .w_uk = w.kv_b.data, .w_uk_head_stride = (nope + v) * rank, .q_latent_out = act_.q_dec,
+                        .q_rope_lo_out = split_q ? act_.q_dec_lo + rank : nullptr,
+                        .q_latent_lo_out = split_q ? act_.q_dec_lo : nullptr},
                        stream),
       "MLA prepare");
   RETURN_IF_ERROR(Mark("MLA prepare + W_UK"));
   const AttentionJob& job = plan.jobs.front();
   TANDEM_CUDA_RETURN(
       cuda::MlaDecodeAttention(
-          {.q = act_.q_dec, .q_stride = heads * entry, .kv_cache = kv_layer,
+          {.q = act_.q_dec, .q_stride = heads * entry, .q_lo = split_q ? act_.q_dec_lo : nullptr, .kv_cache = kv_layer,
            .block_tables = plan.meta.block_tables + job.table_row * max_blocks_per_seq,
            .cache_lens = plan.meta.cache_lens + job.table_row, .num_seqs = static_cast<int>(job.num_seqs),
            .q_per_seq = static_cast<int>(job.q_per_seq), .num_heads = static_cast<int>(heads),

@@ -92,6 +92,7 @@ struct Activations {
   float* q_f32 = nullptr;           // [T][heads * qk] (q_lora models)
   __nv_bfloat16* q_bf16 = nullptr;   // [T][heads][qk]
   __nv_bfloat16* q_dec = nullptr;    // [T][heads][rank + rope]
+  __nv_bfloat16* q_dec_lo = nullptr;  // the same queries' bf16 remainders (split decode queries)
   float* lat_out = nullptr;         // [T][heads][rank]
   __nv_bfloat16* lat_bf16 = nullptr;
   float* attn_f32 = nullptr;  // [T][heads * v]
@@ -194,6 +195,12 @@ class CudaDeepseekModel::Impl {
   absl::Status RunGraph(const cuda_model::StepPlan& plan, const ForwardOptions& options);
   // Whether a step takes the fused small-batch kernels (cuda_deepseek_model.h).
   bool Fused(const cuda_model::StepPlan& plan) const;
+  // Whether absorbed jobs split their queries (LoadOptions::split_decode_queries, where the
+  // model's decode kernel honours it: CudaAttentionWeights::w_uk).
+  bool SplitQueries() const;
+  // Whether the kAuto form runs a sequence of n new tokens after `start` cached ones
+  // absorbed: with split queries, where that form needs fewer multiply-adds.
+  bool AutoAbsorbed(int64_t n, int64_t start) const;
   // Uploads the sampling parameters of logits rows [begin, begin + count) and enqueues the
   // sampling kernel over act_.logits into act_.argmax.
   absl::Status EnqueueSample(std::span<const CudaDeepseekModel::SampleRow> rows, int64_t begin, int64_t count);

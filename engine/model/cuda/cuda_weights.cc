@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/util/status_macros.h"
 #include "kernels/cuda/convert.h"
+#include "kernels/cuda/mla_decode_attention.h"
 #include "kernels/cuda/random_init.h"
 #include "xxhash.h"
 
@@ -101,6 +102,17 @@ class Builder {
                          "converting W_UV");
     }
     a.w_uv = w_uv;
+    if (heads <= kSplitQueryMaxHeads && cuda::MlaDecodeSplitsQueries(static_cast<int>(rank), static_cast<int>(rope))) {
+      ASSIGN_OR_RETURN(float* w_uk, Alloc<float>(heads * nope * rank, "W_UK"));
+      for (int64_t h = 0; h < heads; ++h) {
+        TANDEM_CUDA_RETURN(cuda::ConvertBf16ToF32({.src = a.kv_b.data + h * (nope + v) * rank, .src_stride = rank,
+                                                   .dst = w_uk + h * nope * rank, .dst_stride = rank, .rows = nope,
+                                                   .cols = rank},
+                                                  stream_),
+                           "converting W_UK");
+      }
+      a.w_uk = w_uk;
+    }
     ASSIGN_OR_RETURN(a.o_proj, NewMatrix(hidden, heads * v, "o_proj"));
     RETURN_IF_ERROR(Fill(s + "o_proj.weight", ha ? &ha->o_proj : nullptr, hidden, heads * v, RandomInit::kLinear,
                          a.o_proj.data));

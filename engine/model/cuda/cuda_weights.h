@@ -30,6 +30,10 @@
 namespace tandem::cuda_model {
 
 inline constexpr int kGateUpInterleave = 8;
+// Absorbed-form queries split into bf16 value + remainder (MlaDecodeParams::q_lo) for models
+// of at most this many heads whose decode kernel honours them (cuda::MlaDecodeSplitsQueries):
+// the split doubles the attention's row tiles, cheap only while few rows share the KV reads.
+inline constexpr int64_t kSplitQueryMaxHeads = 32;
 
 struct DeviceMatrix {
   __nv_bfloat16* data = nullptr;  // [rows][cols]
@@ -46,6 +50,9 @@ struct CudaAttentionWeights {
   DeviceMatrix kv_b;        // [heads * (nope + v)][kv_lora_rank], as stored
   DeviceMatrix kv_b_split;  // [heads * nope + heads * v][kv_lora_rank]
   const float* w_uv = nullptr;  // [heads][v][kv_lora_rank] float32: kv_b's value rows (absorbed form)
+  // [heads][nope][kv_lora_rank] float32: kv_b's key rows, for split absorbed queries (models
+  // of at most kSplitQueryMaxHeads heads whose decode kernel splits queries; else null).
+  const float* w_uk = nullptr;
   DeviceMatrix o_proj;      // [hidden][heads * v]
 };
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -138,7 +139,9 @@ struct DecodeShape {
 // One launch's inputs and the CPU reference output, reused by several kernel variants.
 class DecodeCase {
  public:
-  DecodeCase(const DecodeShape& s, unsigned seed) : s_(s) {
+  // float_query: the queries are float32 values (the reference's), given to the GPU as bf16
+  // value + bf16 remainder (MlaDecodeParams::q_lo) when a run asks for split queries.
+  DecodeCase(const DecodeShape& s, unsigned seed, bool float_query = false) : s_(s) {
     std::mt19937 rng(seed);
     const int entry = s.R + s.P;
     const int seqs = static_cast<int>(s.lens.size());
@@ -180,6 +183,15 @@ class DecodeCase {
     tokens_ = seqs * s.q_per_seq;
     q_stride_ = static_cast<int64_t>(s.heads) * entry + s.q_stride_pad;
     q_ = RandomBf16(static_cast<size_t>(tokens_) * q_stride_, rng, 1.0f);
+    if (float_query) {
+      std::normal_distribution<float> qd(0.0f, 1.0f);
+      q_lo_bits_.resize(q_.bits.size());
+      for (size_t i = 0; i < q_.bits.size(); ++i) {
+        q_.values[i] = qd(rng);
+        q_.bits[i] = F32ToBf16(q_.values[i]);
+        q_lo_bits_[i] = F32ToBf16(q_.values[i] - Bf16ToF32(q_.bits[i]));
+      }
+    }
     // Scores of a few units: softmax neither flat nor one-hot.
     scale_ = 2.0f / std::sqrt(static_cast<float>(entry));
     ComputeReference();
@@ -187,13 +199,24 @@ class DecodeCase {
 
   // Runs the GPU kernel (num_splits / impl: MlaDecodeParams' overrides; optionally
   // captured in a CUDA graph and replayed) and compares with the reference.
-  void RunAndCheck(int num_splits, int impl, bool use_graph, const std::string& what) {
+  // Returns the worst row error (also with split_q: the queries' remainders passed too).
+  double RunAndCheck(int num_splits, int impl, bool use_graph, const std::string& what, bool split_q = false,
+                     double tolerance = kTolerance) {
+    double err = INFINITY;
+    RunAndCheckInto(num_splits, impl, use_graph, what, split_q, tolerance, &err);
+    return err;
+  }
+  void RunAndCheckInto(int num_splits, int impl, bool use_graph, const std::string& what, bool split_q,
+                       double tolerance, double* err_out) {
     const int seqs = static_cast<int>(s_.lens.size());
-    DeviceBuffer q(q_.bits.size() * 2), cache(cache_bits_.size() * 2), bt(block_tables_.size() * 4),
-        lens(static_cast<size_t>(seqs) * 4), out(static_cast<size_t>(tokens_) * s_.heads * s_.R * 4);
+    DeviceBuffer q(q_.bits.size() * 2), q_lo(q_lo_bits_.size() * 2), cache(cache_bits_.size() * 2),
+        bt(block_tables_.size() * 4), lens(static_cast<size_t>(seqs) * 4),
+        out(static_cast<size_t>(tokens_) * s_.heads * s_.R * 4);
     ASSERT_NE(q.as<void>(), nullptr);
     ASSERT_NE(cache.as<void>(), nullptr);
+    ASSERT_TRUE(!split_q || !q_lo_bits_.empty()) << "split queries need a case made with float_query";
     q.Upload(q_.bits);
+    if (split_q) q_lo.Upload(q_lo_bits_);
     cache.Upload(cache_bits_);
     bt.Upload(block_tables_);
     lens.Upload(s_.lens);
@@ -208,6 +231,7 @@ class DecodeCase {
     }
     cuda::MlaDecodeParams p;
     p.q = reinterpret_cast<const __nv_bfloat16*>(q.as<uint16_t>());
+    p.q_lo = split_q ? reinterpret_cast<const __nv_bfloat16*>(q_lo.as<uint16_t>()) : nullptr;
     p.q_stride = q_stride_;
     p.kv_cache = reinterpret_cast<const __nv_bfloat16*>(cache.as<uint16_t>());
     p.block_tables = bt.as<int32_t>();
@@ -249,8 +273,9 @@ class DecodeCase {
     const std::vector<float> got = out.Download<float>(static_cast<size_t>(tokens_) * s_.heads * s_.R);
     size_t row = 0;
     const double err = WorstRowError(got, ref_, s_.R, &row);
+    *err_out = err;
     const int token = static_cast<int>(row / s_.heads);
-    EXPECT_LE(err, kTolerance) << what << ": worst row " << row << " (sequence " << token / s_.q_per_seq
+    EXPECT_LE(err, tolerance) << what << ": worst row " << row << " (sequence " << token / s_.q_per_seq
                                << " of length " << s_.lens[token / s_.q_per_seq] << ", query token "
                                << token % s_.q_per_seq << ", head " << row % s_.heads << ")";
   }
@@ -302,6 +327,7 @@ class DecodeCase {
   std::vector<uint16_t> cache_bits_;
   std::vector<float> cache_values_;
   Bf16Array q_;
+  std::vector<uint16_t> q_lo_bits_;  // float_query: bf16 remainders of q_.values
   std::vector<float> ref_;
 };
 
@@ -335,6 +361,42 @@ TEST_F(CudaMlaTest, DecodeMatchesCpuAbsorbed) {
             c.RunAndCheck(splits, 1, false, Describe(shape, splits, 1));
           }
           if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaMlaTest, DecodeSplitQueriesAreNearFloat32) {
+  // Float32 queries (the reference's): as bf16 only, rows are within the bf16 tolerance;
+  // with their remainders (q_lo) where a sequence's rows fit half a tile (wgmma: <= 32,
+  // portable: <= 8), the scores and probabilities are near-float32 and the rows within
+  // 2e-4; elsewhere q_lo is ignored (the same result).
+  const std::vector<int> lens = QuickMode() ? std::vector<int>{1, 65, 300} : std::vector<int>{1, 63, 65, 1000, 5000};
+  unsigned seed = 100;
+  for (auto [R, P] : std::vector<std::pair<int, int>>{{512, 64}, {64, 16}}) {
+    for (int h : {1, 4, 16, 32, 128}) {
+      for (int q : {1, 2}) {
+        DecodeShape shape{R, P, h, q, lens};
+        DecodeCase c(shape, seed++, /*float_query=*/true);
+        const bool wgmma = major_ == 9 && R == 512 && P == 64;
+        for (int impl : {0, 1}) {
+          if (impl == 1 && !wgmma) continue;  // the automatic choice is the portable kernel already
+          const bool split_applies = impl == 0 && wgmma ? false : true;  // EXPERIMENT: wgmma kernel as on main
+          for (int splits : {1, 5, 0}) {
+            const std::string what = Describe(shape, splits, impl);
+            const double plain = c.RunAndCheck(splits, impl, false, what + " bf16 queries");
+            const double split = c.RunAndCheck(splits, impl, splits == 0, what + " split queries", true,
+                                               split_applies ? 2e-4 : kTolerance);
+            if (split_applies) {
+              EXPECT_LT(split, plain / 8) << what;
+            } else {
+              EXPECT_EQ(split, plain) << what << ": q_lo is ignored here";
+            }
+            std::printf("%s: worst row error %.2e with bf16 queries, %.2e with split queries\n", what.c_str(), plain,
+                        split);
+            if (HasFatalFailure()) return;
+          }
         }
       }
     }

@@ -744,7 +744,7 @@ TEST_F(CudaOpsTest, MlaPrepareMatchesCpu) {
     Dev<float> dq(q), dkv(kv), dnorm(norm_w), dfreq(inv_freq);
     Dev<int32_t> dpos(pos), dslots(slots);
     Dev<uint16_t> dqout(tokens * heads * head), drope(tokens * heads * (rank + rope)),
-        dcache(num_blocks * block * entry);
+        drope_lo(tokens * heads * (rank + rope)), dcache(num_blocks * block * entry);
     ASSERT_EQ(cuda::MlaPrepare({.num_tokens = tokens, .positions = dpos.get(), .slots = dslots.get(), .q = dq.get(),
                                 .q_stride = heads * head, .num_heads = heads, .nope_dim = nope, .rope_dim = rope,
                                 .q_out = Bf(dqout), .q_out_stride = heads * head, .q_rope_out = Bf(drope) + rank,
@@ -752,20 +752,25 @@ TEST_F(CudaOpsTest, MlaPrepareMatchesCpu) {
                                 .q_rope_out_rows = 5, .kv = dkv.get(), .kv_stride = entry + 8, .kv_lora_rank = rank,
                                 .kv_norm_weight = dnorm.get(), .kv_norm_eps = 1e-6f, .kv_cache = Bf(dcache),
                                 .num_slots = num_blocks * block, .inv_freq = dfreq.get(), .attention_factor = 0.9f,
-                                .interleaved = interleaved},
+                                .interleaved = interleaved, .q_rope_lo_out = Bf(drope_lo) + rank},
                                nullptr),
               cudaSuccess);
     const std::vector<float> qout = FromBf16(dqout.Download()), rope_out = FromBf16(drope.Download()),
-                             cache = FromBf16(dcache.Download());
+                             rope_lo = FromBf16(drope_lo.Download()), cache = FromBf16(dcache.Download());
     ExpectClose(qout, q_ref, 4e-3f, "q");
     for (int t = 0; t < tokens; ++t) {
       for (int h = 0; h < heads; ++h) {
         for (int i = 0; i < rope; ++i) {
           const float got = rope_out[(t * heads + h) * (rank + rope) + rank + i];
+          const float lo = rope_lo[(t * heads + h) * (rank + rope) + rank + i];
           if (t < 5) {
             ASSERT_EQ(got, qout[(t * heads + h) * head + nope + i]);
+            // Value + remainder: the rotated query to ~16 bits, not bf16's 8.
+            const float want = q_ref[(t * heads + h) * head + nope + i];
+            ASSERT_NEAR(got + lo, want, 2e-5f * std::fabs(want) + 1e-6f) << t << " " << h << " " << i;
           } else {
             ASSERT_TRUE(std::isnan(got)) << "row past q_rope_out_rows written";
+            ASSERT_TRUE(std::isnan(lo)) << "remainder past q_rope_out_rows written";
           }
         }
       }
@@ -888,7 +893,8 @@ TEST_F(CudaOpsTest, MlaPrepareAbsorbedMatchesSeparateSteps) {
     Dev<int32_t> dpos(pos), dslots(slots);
     Dev<uint16_t> dkvb(ToBf16(kv_b));
     Dev<uint16_t> dqout(tokens * heads * head), dref(tokens * heads * entry), dfused(tokens * heads * entry),
-        cache_ref(num_blocks * block * entry), cache_fused(num_blocks * block * entry);
+        dref_lo(tokens * heads * entry), dfused_lo(tokens * heads * entry), cache_ref(num_blocks * block * entry),
+        cache_fused(num_blocks * block * entry);
     cuda::MlaPrepareParams p{.num_tokens = tokens, .positions = dpos.get(), .slots = dslots.get(), .q = dq.get(),
                              .q_stride = heads * head, .num_heads = heads, .nope_dim = nope, .rope_dim = rope,
                              .q_out = Bf(dqout), .q_out_stride = heads * head, .q_rope_out = Bf(dref) + rank,
@@ -896,7 +902,7 @@ TEST_F(CudaOpsTest, MlaPrepareAbsorbedMatchesSeparateSteps) {
                              .q_rope_out_rows = tokens, .kv = dkv.get(), .kv_stride = entry + 8, .kv_lora_rank = rank,
                              .kv_norm_weight = dnorm.get(), .kv_norm_eps = 1e-6f, .kv_cache = Bf(cache_ref),
                              .num_slots = num_blocks * block, .inv_freq = dfreq.get(), .attention_factor = 0.8f,
-                             .interleaved = true};
+                             .interleaved = true, .q_rope_lo_out = Bf(dref_lo) + rank};
     ASSERT_EQ(cuda::MlaPrepare(p, nullptr), cudaSuccess);
     p.q_out = nullptr;
     p.q_out_stride = 0;
@@ -905,8 +911,11 @@ TEST_F(CudaOpsTest, MlaPrepareAbsorbedMatchesSeparateSteps) {
     p.w_uk = Bf(dkvb);
     p.w_uk_head_stride = static_cast<int64_t>(nope + cs.v) * rank;
     p.q_latent_out = Bf(dfused);
+    p.q_rope_lo_out = Bf(dfused_lo) + rank;
+    p.q_latent_lo_out = Bf(dfused_lo);
     ASSERT_EQ(cuda::MlaPrepare(p, nullptr), cudaSuccess);
     const std::vector<float> ref = FromBf16(dref.Download()), fused = FromBf16(dfused.Download());
+    const std::vector<float> ref_lo = FromBf16(dref_lo.Download()), fused_lo = FromBf16(dfused_lo.Download());
     const std::vector<float> cref = FromBf16(cache_ref.Download()), cfused = FromBf16(cache_fused.Download());
     for (int t = 0; t < tokens; ++t) {
       for (int h = 0; h < heads; ++h) {
@@ -919,12 +928,19 @@ TEST_F(CudaOpsTest, MlaPrepareAbsorbedMatchesSeparateSteps) {
             value += prod;
             magnitude += std::fabs(prod);
           }
-          ASSERT_NEAR(fused[(t * heads + h) * entry + r], value, 4e-3 * std::fabs(value) + 1e-5 * magnitude)
+          const size_t at = static_cast<size_t>(t * heads + h) * entry + r;
+          ASSERT_NEAR(fused[at], value, 4e-3 * std::fabs(value) + 1e-5 * magnitude)
               << "q_latent " << t << " " << h << " " << r;
+          // Value + remainder: the float32 sum to ~16 bits.
+          ASSERT_NEAR(fused[at] + static_cast<double>(fused_lo[at]), value, 2e-5 * std::fabs(value) + 2e-6 * magnitude)
+              << "split q_latent " << t << " " << h << " " << r;
         }
         for (int i = 0; i < rope; ++i) {
-          const float want = ref[(t * heads + h) * entry + rank + i];
-          ASSERT_NEAR(fused[(t * heads + h) * entry + rank + i], want, 8e-3f * std::fabs(want) + 1e-6f) << "rope";
+          const size_t at = static_cast<size_t>(t * heads + h) * entry + rank + i;
+          const float want = ref[at];
+          ASSERT_NEAR(fused[at], want, 8e-3f * std::fabs(want) + 1e-6f) << "rope";
+          const float want_split = ref[at] + ref_lo[at];
+          ASSERT_NEAR(fused[at] + fused_lo[at], want_split, 4e-5f * std::fabs(want_split) + 1e-6f) << "split rope";
         }
       }
       for (int i = 0; i < entry; ++i) {

@@ -214,7 +214,10 @@ int MatchingGreedyPrompts(DeepseekModel& cpu, CudaDeepseekModel& gpu, int64_t vo
 TEST_P(CudaModelTest, BatchedGreedyGenerationMatchesCpu) {
   const int matching = MatchingGreedyPrompts(*cpu_, *gpu_, vocab_);
   std::printf("CPU with a float32 KV cache: %d of 10 prompts: 32+ identical greedy tokens\n", matching);
-  EXPECT_GE(matching, 6);
+  // The GPU keeps its cache in bf16: against a float32 cache the rounding alone parts some
+  // continuations (tiny 8 of 10, tiny-v2 10 of 10 on the H200); the exact-precision
+  // comparison is the next test's.
+  EXPECT_GE(matching, 7);
 }
 
 // The same against the CPU at the GPU's KV cache precision (entries rounded to bf16).
@@ -225,7 +228,7 @@ TEST_P(CudaModelTest, BatchedGreedyGenerationMatchesCpuWithBf16KvCache) {
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   const int matching = MatchingGreedyPrompts(**cpu, *gpu_, vocab_);
   std::printf("CPU with a bf16 KV cache: %d of 10 prompts: 32+ identical greedy tokens\n", matching);
-  EXPECT_GE(matching, 6);
+  EXPECT_EQ(matching, 10);
 }
 
 // Layer by layer, the KV cache entries the GPU writes against the CPU's at the same
@@ -333,25 +336,42 @@ TEST_P(CudaModelTest, MixedBatchesAndForcedFormsMatchCpu) {
 }
 
 TEST_P(CudaModelTest, KvExportAndImport) {
-  // Export: the GPU cache after a prefill holds the CPU's entries (bf16-rounded).
+  // Export: the GPU cache after a prefill holds the model's entries: every one of layer 0
+  // (same inputs on both sides) within 2e-2 of the CPU's at the same precision, 99 % of
+  // the later layers' (there a perturbation as small as rounding the CPU's own cache to
+  // bf16 moves isolated entries of tiny-v2's layer 2 by 12 %: a near-tie in some token's
+  // expert choice), and both export paths the same bits.
   const std::vector<int32_t> p = Tokens(100, vocab_, 31);
   const std::vector<int32_t> t = Table(10, 2);
   LatentKvCache cache = cpu_->MakeKvCache(16);
   ForwardSequence s{.tokens = p, .start_position = 0, .block_table = t};
   ASSERT_TRUE(cpu_->Forward({&s, 1}, cache).ok());
   ASSERT_TRUE(gpu_->Forward({&s, 1}).ok());
+  absl::StatusOr<std::string> dir = ResolveModelDir(GetParam());
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  absl::StatusOr<std::unique_ptr<DeepseekModel>> cpu_bf16 = DeepseekModel::Load(*dir, {.bf16_kv_cache = true});
+  ASSERT_TRUE(cpu_bf16.ok()) << cpu_bf16.status();
+  LatentKvCache cache_bf16 = (*cpu_bf16)->MakeKvCache(16);
+  ASSERT_TRUE((*cpu_bf16)->Forward({&s, 1}, cache_bf16).ok());
   const int64_t entry = cpu_->config().kv_entry_dim(), layers = cpu_->config().num_hidden_layers;
   for (int64_t l = 0; l < layers; ++l) {
     std::vector<float> got(static_cast<size_t>(100 * entry)), blocks(static_cast<size_t>(128 * entry));
     ASSERT_TRUE(gpu_->ReadKvEntries(l, t, 0, 100, got.data()).ok());
     ASSERT_TRUE(gpu_->ReadKvBlocks(l, t, blocks.data()).ok());
+    int64_t close = 0;
+    double worst = 0;
     for (int64_t pos = 0; pos < 100; ++pos) {
-      const float* want = cache.Entry(l, t, pos);
+      const float* want = cache_bf16.Entry(l, t, pos);
       for (int64_t d = 0; d < entry; ++d) {
-        ASSERT_NEAR(got[pos * entry + d], want[d], 2e-2 * (1.0 + std::fabs(want[d]))) << l << " " << pos << " " << d;
-        ASSERT_EQ(blocks[pos * entry + d], got[pos * entry + d]);
+        const double err = std::fabs(got[pos * entry + d] - want[d]) / (1.0 + std::fabs(want[d]));
+        worst = std::max(worst, err);
+        close += err <= 2e-2;
+        ASSERT_EQ(blocks[pos * entry + d], got[pos * entry + d]) << l << " " << pos << " " << d;
       }
     }
+    std::printf("layer %lld: %lld of %lld exported KV values within 2e-2 of the CPU's, worst %.2e\n",
+                static_cast<long long>(l), static_cast<long long>(close), static_cast<long long>(100 * entry), worst);
+    EXPECT_GE(close, l == 0 ? 100 * entry : 100 * entry * 99 / 100) << "layer " << l;
   }
   // Import: the CPU's entries written into other GPU blocks, then one decode step there.
   const std::vector<int32_t> t2 = Table(20, 2);
