@@ -238,8 +238,9 @@ TEST_F(GpuServingTest, DecodeKilledDuringDeviceTransfersLeavesPrefillServing) {
   for (std::thread& t : streams) t.join();
   EXPECT_EQ(failed, 0);
   // A request the kill caught mid-decode migrates: the new decode replica's KV of the tokens
-  // already sent is recomputed by a prefill (chunked, expanded attention), whose bf16
-  // roundings differ from the decode steps' that first computed it, so on the GPU its
+  // already sent is recomputed by a prefill (one multi-token step, its activations and
+  // attention rounded as prefills round them), whose roundings differ from the decode
+  // steps' that first computed it, so on the GPU its
   // continuation may part from the undisturbed one (on the CPU it cannot:
   // fault_tolerance_test asserts exactness). At most the 4 requests in flight are affected.
   EXPECT_LE(mismatched, 4);
