@@ -82,6 +82,24 @@ class ModelBackend {
                                                              const ForwardOptions& /*options*/) {
     return absl::UnimplementedError("this backend samples on the host");
   }
+  // ForwardSample in two halves, so that the engine prepares the next step while this one
+  // computes: LaunchSample takes everything it needs from its arguments before returning
+  // (the caller may then change the sequences' tokens, block tables and the host pool's
+  // bookkeeping); CollectSample waits for that step's tokens. One step at a time: each
+  // LaunchSample is followed by one CollectSample before the next LaunchSample; other
+  // calls in between (KvToHost, Forward, ...) are ordered after the launched step. A
+  // launch error is returned by LaunchSample or by CollectSample. This default computes
+  // in LaunchSample.
+  virtual absl::Status LaunchSample(std::span<const ForwardSequence> batch, LatentKvCache& host,
+                                    std::span<const SampleRow> rows, const ForwardOptions& options) {
+    launched_ = ForwardSample(batch, host, rows, options);
+    return absl::OkStatus();
+  }
+  virtual absl::StatusOr<std::vector<int32_t>> CollectSample() {
+    absl::StatusOr<std::vector<int32_t>> r = std::move(launched_);
+    launched_ = absl::FailedPreconditionError("no step launched");
+    return r;
+  }
 
   // Device backends: copy positions [begin, end) of a sequence (its block table) between
   // the device pool and the host pool: one layer to the host, every layer from it.
@@ -110,6 +128,9 @@ class ModelBackend {
   virtual absl::StatusOr<uint64_t> DeviceKvChecksum(std::span<const int32_t> /*blocks*/, int64_t /*num_tokens*/) {
     return absl::UnimplementedError("no device KV pool");
   }
+
+ private:
+  absl::StatusOr<std::vector<int32_t>> launched_ = absl::FailedPreconditionError("no step launched");
 };
 
 // The CPU reference backend.

@@ -14,6 +14,7 @@
 #include "engine/runtime/kv_layout.h"
 #include "engine/util/mapped_file.h"
 #include "engine/util/status_macros.h"
+#include "kernels/common/check.h"
 #include "xxhash.h"
 
 namespace tandem {
@@ -262,6 +263,9 @@ absl::StatusOr<std::vector<int32_t>> Engine::ReserveKv(const std::string& id, in
     if (live_ids_.contains(id)) return absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use"));
   }
   Post([this, id, num_tokens, promise] {
+    // Blocks freed while a step computes may still be written by it (a sequence that ended
+    // meanwhile): the peer writing into the reservation must come after it.
+    SettleInFlight();
     if (reservations_.contains(id) || scheduler_->Find(id) != nullptr) {
       promise->set_value(absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use")));
       return;
@@ -367,6 +371,7 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
 }
 
 void Engine::Finish(std::unique_ptr<Sequence> seq, RequestOutput out) {
+  if (in_flight_) in_flight_->dropped.insert(seq.get());
   const double now = Now();
   if (seq->queued) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -486,7 +491,7 @@ void Engine::Loop() {
     std::deque<Command> commands;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      const bool idle = scheduler_->empty();
+      const bool idle = scheduler_->empty() && !in_flight_;
       if (idle && commands_.empty() && !stop_) {
         if (reservations_.empty()) {
           cv_.wait(lock, [this] { return stop_ || !commands_.empty(); });
@@ -503,10 +508,19 @@ void Engine::Loop() {
     }
     for (Command& c : commands) c();
     ExpireLeases();
-    if (!scheduler_->empty()) Step();
+    if (in_flight_) {
+      Advance();
+    } else if (!scheduler_->empty()) {
+      Step();
+    }
     PublishStats();
   }
-  // Shutdown: end everything still live.
+  // Shutdown: the step in flight finishes first (its sequences' placeholders stay), then
+  // everything still live ends.
+  if (in_flight_) {
+    if (!in_flight_->result) (void)backend_->CollectSample();
+    in_flight_.reset();
+  }
   for (auto& [id, r] : reservations_) scheduler_->blocks().Release(r.blocks);
   reservations_.clear();
   for (std::unique_ptr<Sequence>& seq : scheduler_->TakeAll()) {
@@ -527,13 +541,96 @@ void Engine::Step() {
         "request '", seq->id, "' needs more KV cache blocks than the engine has (", cache_->num_blocks(), ")"));
     Finish(std::move(seq), std::move(out));
   }
+  plan.rejected.clear();
   if (plan.empty()) return;
+  StepBatch batch = AssembleBatch(plan);
+  std::vector<SampleRow> sample_rows;
+  const bool device_sampling = DeviceSampleRows(plan, &sample_rows);
+  if (device_sampling && batch.device_error.ok() && Pipelinable(plan)) {
+    Launch(std::move(plan), std::move(batch), std::move(sample_rows));
+    return;
+  }
+  ForwardOptions fo = ForwardOptionsFor(plan, batch);
+  absl::StatusOr<std::vector<float>> logits = std::vector<float>{};
+  absl::StatusOr<std::vector<int32_t>> device_tokens = std::vector<int32_t>{};
+  if (!batch.device_error.ok()) {
+    logits = batch.device_error;
+  } else if (device_sampling) {
+    device_tokens = backend_->ForwardSample(batch.sequences, *cache_, sample_rows, fo);
+    if (!device_tokens.ok()) logits = device_tokens.status();
+  } else {
+    logits = backend_->Forward(batch.sequences, *cache_, fo);
+  }
+  if (logits.ok() && !batch.device_error.ok()) logits = batch.device_error;
+  counters_.steps++;
+  if (!logits.ok()) {
+    FailStep(plan, logits.status(), nullptr);
+    return;
+  }
+  std::vector<Sequence*> ended;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (c.reaches_end()) ended.push_back(c.seq);
+  }
+  scheduler_->OnStepComputed(plan);
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (c.seq->kv_sink != nullptr) c.seq->exported_upto = c.start + c.num_tokens;
+  }
+  EmitTokens(ended, device_sampling ? &*device_tokens : nullptr, device_sampling ? nullptr : &*logits,
+             /*in_place=*/false, nullptr);
+}
+
+void Engine::Advance() {
+  // The next step, scheduled while the one in flight computes: its sequences' pending
+  // tokens are computed by it, their values filled in before it launches.
+  StepPlan next = scheduler_->Schedule();
+  counters_.preemptions += next.num_preempted;
+  for (std::unique_ptr<Sequence>& seq : next.rejected) {
+    RequestOutput out;
+    out.text = seq->stop->Flush();
+    out.status = absl::ResourceExhaustedError(absl::StrCat(
+        "request '", seq->id, "' needs more KV cache blocks than the engine has (", cache_->num_blocks(), ")"));
+    Finish(std::move(seq), std::move(out));
+  }
+  next.rejected.clear();
+
+  InFlight done = std::move(*in_flight_);
+  in_flight_.reset();
+  absl::StatusOr<std::vector<int32_t>> tokens = done.result ? std::move(*done.result) : backend_->CollectSample();
+  if (tokens.ok() && tokens->size() != done.rows.size()) {
+    tokens = absl::InternalError(absl::StrCat(tokens->size(), " tokens for ", done.rows.size(), " sampled rows"));
+  }
+  if (!tokens.ok()) {
+    // The next plan is dropped: Step schedules again (the sequences of this one are gone).
+    FailStep(done.plan, tokens.status(), &done);
+    return;
+  }
+  for (const ScheduledChunk& c : done.plan.chunks) {
+    if (!done.dropped.contains(c.seq)) scheduler_->PublishComputed(*c.seq);
+  }
+  for (size_t i = 0; i < done.rows.size(); ++i) {
+    Sequence* s = done.rows[i];
+    if (done.dropped.contains(s)) continue;
+    TANDEM_CHECK(s->pending_token && s->tokens.back() == kPendingToken) << s->id;
+    s->tokens.back() = (*tokens)[i];
+    s->pending_token = false;
+  }
+  // Launch the next step before this one's outputs: the device waits only for this.
+  if (!next.empty() && Pipelinable(next)) {
+    std::vector<SampleRow> rows;
+    if (DeviceSampleRows(next, &rows)) {
+      StepBatch batch = AssembleBatch(next);
+      Launch(std::move(next), std::move(batch), std::move(rows));
+    }
+  }
+  // (A next plan not launched is dropped: the following Step schedules it again, one at a
+  // time, after these outputs.)
+  EmitTokens(done.rows, &*tokens, nullptr, /*in_place=*/true, &done);
+}
+
+Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {
   const double now = Now();
-  std::vector<ForwardSequence> batch;
-  batch.reserve(plan.chunks.size());
-  bool has_sink = false;
-  bool sink_wants_host = false;
-  absl::Status device_error;  // a failed copy between the host and device KV pools
+  StepBatch b;
+  b.sequences.reserve(plan.chunks.size());
   for (const ScheduledChunk& c : plan.chunks) {
     Sequence& s = *c.seq;
     if (s.first_scheduled_at < 0) s.first_scheduled_at = now;
@@ -547,109 +644,132 @@ void Engine::Step() {
       const int64_t tokens = CopyImportedPrefix(s, *cache_);
       counters_.prompt_tokens_imported += tokens;
       if (!backend_->kv_in_host_pool()) {
-        device_error.Update(backend_->KvFromHost(s.blocks, first, first + tokens, *cache_));
+        b.device_error.Update(backend_->KvFromHost(s.blocks, first, first + tokens, *cache_));
         counters_.kv_host_staged_bytes += tokens * cache_->num_layers() * kv_entry_dim() * sizeof(float);
       }
     }
     if (s.host_kv_upload_end > 0) {
-      device_error.Update(backend_->KvFromHost(s.blocks, 0, s.host_kv_upload_end, *cache_));
+      b.device_error.Update(backend_->KvFromHost(s.blocks, 0, s.host_kv_upload_end, *cache_));
       counters_.kv_host_staged_bytes += int64_t{s.host_kv_upload_end} * cache_->num_layers() * kv_entry_dim() *
                                         static_cast<int64_t>(sizeof(float));
       s.host_kv_upload_end = 0;
     }
-    has_sink |= s.kv_sink != nullptr;
-    sink_wants_host |= s.kv_sink != nullptr && s.kv_sink->wants_host_kv();
-    batch.push_back({.tokens = std::span<const int32_t>(s.tokens.data() + c.start, c.num_tokens),
-                     .start_position = c.start,
-                     .block_table = s.blocks,
-                     .no_logits = !c.reaches_end()});
+    b.has_sink |= s.kv_sink != nullptr;
+    b.sink_wants_host |= s.kv_sink != nullptr && s.kv_sink->wants_host_kv();
+    b.sequences.push_back({.tokens = std::span<const int32_t>(s.tokens.data() + c.start, c.num_tokens),
+                           .start_position = c.start,
+                           .block_table = s.blocks,
+                           .no_logits = !c.reaches_end()});
     const int32_t prompt_part = std::max(0, std::min(c.start + c.num_tokens, s.prompt_len) - c.start);
     s.metrics.computed_prompt_tokens += prompt_part;
     counters_.prompt_tokens_computed += prompt_part;
   }
+  return b;
+}
+
+ForwardOptions Engine::ForwardOptionsFor(const StepPlan& plan, StepBatch& batch) {
   ForwardOptions fo;
-  if (has_sink) {
-    fo.after_layer_kv = [this, &plan, &device_error](int64_t layer) {
-      for (const ScheduledChunk& c : plan.chunks) {
-        Sequence& s = *c.seq;
-        if (s.kv_sink == nullptr) continue;
-        if (PeerKvWriter* w = s.kv_sink->peer_writer()) {
-          device_error.Update(w->WriteLayer(layer, s.blocks, s.exported_upto, c.start + c.num_tokens));
-        }
-        if (!s.kv_sink->wants_host_kv()) continue;
-        if (!backend_->kv_in_host_pool()) {
-          absl::Status st = backend_->KvToHost(layer, s.blocks, s.exported_upto, c.start + c.num_tokens, *cache_);
-          counters_.kv_host_staged_bytes +=
-              (c.start + c.num_tokens - s.exported_upto) * kv_entry_dim() * static_cast<int64_t>(sizeof(float));
-          device_error.Update(st);
-          if (!st.ok()) continue;  // nothing to send; the step fails below
-        }
-        s.kv_sink->OnLayerKv({.request_id = &s.id, .layer = layer, .begin = s.exported_upto,
-                              .end = c.start + c.num_tokens, .entry_dim = kv_entry_dim(), .cache = cache_.get(),
-                              .block_table = s.blocks});
+  if (!batch.has_sink) return fo;
+  absl::Status* device_error = &batch.device_error;
+  fo.after_layer_kv = [this, &plan, device_error](int64_t layer) {
+    for (const ScheduledChunk& c : plan.chunks) {
+      Sequence& s = *c.seq;
+      if (s.kv_sink == nullptr) continue;
+      if (PeerKvWriter* w = s.kv_sink->peer_writer()) {
+        device_error->Update(w->WriteLayer(layer, s.blocks, s.exported_upto, c.start + c.num_tokens));
       }
-    };
-    fo.after_layer_kv_enqueues_only = !sink_wants_host;
-  }
-  // Tokens chosen on the device when every row allows it (no logprobs, nothing to suppress).
-  std::vector<SampleRow> sample_rows;
-  bool device_sampling = options_.sample_on_device && backend_->samples_on_device();
+      if (!s.kv_sink->wants_host_kv()) continue;
+      if (!backend_->kv_in_host_pool()) {
+        absl::Status st = backend_->KvToHost(layer, s.blocks, s.exported_upto, c.start + c.num_tokens, *cache_);
+        counters_.kv_host_staged_bytes +=
+            (c.start + c.num_tokens - s.exported_upto) * kv_entry_dim() * static_cast<int64_t>(sizeof(float));
+        device_error->Update(st);
+        if (!st.ok()) continue;  // nothing to send; the step fails below
+      }
+      s.kv_sink->OnLayerKv({.request_id = &s.id, .layer = layer, .begin = s.exported_upto,
+                            .end = c.start + c.num_tokens, .entry_dim = kv_entry_dim(), .cache = cache_.get(),
+                            .block_table = s.blocks});
+    }
+  };
+  fo.after_layer_kv_enqueues_only = !batch.sink_wants_host;
+  return fo;
+}
+
+bool Engine::DeviceSampleRows(const StepPlan& plan, std::vector<SampleRow>* rows) const {
+  rows->clear();
+  if (!options_.sample_on_device || !backend_->samples_on_device()) return false;
   for (const ScheduledChunk& c : plan.chunks) {
-    if (!device_sampling) break;
     if (!c.reaches_end()) continue;
     const Sequence& s = *c.seq;
-    if (s.sampling.logprobs > 0 || s.num_generated() < s.min_tokens) {
-      device_sampling = false;
-      break;
-    }
-    sample_rows.push_back({.temperature = s.sampling.temperature,
-                           .top_p = s.sampling.top_p,
-                           .top_k = s.sampling.top_k,
-                           .min_p = s.sampling.min_p,
-                           .repetition_penalty = s.sampling.repetition_penalty,
-                           .presence_penalty = s.sampling.presence_penalty,
-                           .frequency_penalty = s.sampling.frequency_penalty,
-                           .seed = s.seed,
-                           .step = s.num_generated(),
-                           .prompt_tokens = s.prompt(),
-                           .output_tokens = s.generated()});
+    if (s.sampling.logprobs > 0 || s.num_generated() < s.min_tokens) return false;
+    rows->push_back({.temperature = s.sampling.temperature,
+                     .top_p = s.sampling.top_p,
+                     .top_k = s.sampling.top_k,
+                     .min_p = s.sampling.min_p,
+                     .repetition_penalty = s.sampling.repetition_penalty,
+                     .presence_penalty = s.sampling.presence_penalty,
+                     .frequency_penalty = s.sampling.frequency_penalty,
+                     .seed = s.seed,
+                     .step = s.num_generated(),
+                     .prompt_tokens = s.prompt(),
+                     .output_tokens = s.generated()});
   }
-  device_sampling = device_sampling && !sample_rows.empty();
-  absl::StatusOr<std::vector<float>> logits = std::vector<float>{};
-  absl::StatusOr<std::vector<int32_t>> device_tokens = std::vector<int32_t>{};
-  if (!device_error.ok()) {
-    logits = device_error;
-  } else if (device_sampling) {
-    device_tokens = backend_->ForwardSample(batch, *cache_, sample_rows, fo);
-    if (!device_tokens.ok()) logits = device_tokens.status();
-  } else {
-    logits = backend_->Forward(batch, *cache_, fo);
+  return !rows->empty();
+}
+
+bool Engine::Pipelinable(const StepPlan& plan) const {
+  if (!options_.pipeline_steps || !options_.sample_on_device || !backend_->samples_on_device()) return false;
+  for (const ScheduledChunk& c : plan.chunks) {
+    const Sequence& s = *c.seq;
+    if (s.kv_sink != nullptr || s.import_end > s.import_begin || s.host_kv_upload_end > 0) return false;
   }
-  if (logits.ok() && !device_error.ok()) logits = device_error;
+  return true;
+}
+
+void Engine::Launch(StepPlan plan, StepBatch batch, std::vector<SampleRow> rows) {
+  const absl::Status st = backend_->LaunchSample(batch.sequences, *cache_, rows, ForwardOptions{});
   counters_.steps++;
-  if (!logits.ok()) {
-    // Inputs were validated at submission: a failure here is the engine's bug, but it
-    // must end the requests it hit rather than the process.
-    for (const ScheduledChunk& c : plan.chunks) {
-      std::unique_ptr<Sequence> seq = scheduler_->Remove(c.seq->id);
-      RequestOutput out;
-      out.status = absl::InternalError(absl::StrCat("forward pass failed: ", logits.status().message()));
-      Finish(std::move(seq), std::move(out));
-    }
+  if (!st.ok()) {
+    FailStep(plan, st, nullptr);
     return;
   }
-  scheduler_->OnStepComputed(plan);
-
-  const int64_t vocab = backend_->config().vocab_size;
-  int64_t row = 0;
-  const double after = Now();
+  InFlight f;
   for (const ScheduledChunk& c : plan.chunks) {
-    Sequence& s = *c.seq;
-    if (s.kv_sink != nullptr) s.exported_upto = c.start + c.num_tokens;
     if (!c.reaches_end()) continue;
-    const int32_t step = s.num_generated();
+    f.rows.push_back(c.seq);
+  }
+  scheduler_->OnStepLaunched(plan);
+  for (Sequence* s : f.rows) {
+    s->tokens.push_back(kPendingToken);
+    s->pending_token = true;
+  }
+  f.plan = std::move(plan);
+  in_flight_ = std::move(f);
+}
+
+void Engine::FailStep(const StepPlan& plan, const absl::Status& status, const InFlight* in_flight) {
+  // Inputs were validated at submission: a failure here is the engine's bug, but it must
+  // end the requests it hit rather than the process.
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (in_flight != nullptr && in_flight->dropped.contains(c.seq)) continue;
+    std::unique_ptr<Sequence> seq = scheduler_->Remove(c.seq->id);
+    if (!seq) continue;
+    RequestOutput out;
+    out.status = absl::InternalError(absl::StrCat("forward pass failed: ", status.message()));
+    Finish(std::move(seq), std::move(out));
+  }
+}
+
+void Engine::EmitTokens(std::span<Sequence* const> ended, const std::vector<int32_t>* device_tokens,
+                        std::vector<float>* logits, bool in_place, const InFlight* in_flight) {
+  const int64_t vocab = backend_->config().vocab_size;
+  const double after = Now();
+  for (size_t row = 0; row < ended.size(); ++row) {
+    if (in_flight != nullptr && in_flight->dropped.contains(ended[row])) continue;
+    Sequence& s = *ended[row];
+    const int32_t step = s.num_generated() - (in_place ? 1 : 0);
     SampledToken t;
-    if (device_sampling) {
+    if (device_tokens != nullptr) {
       t.token = (*device_tokens)[row];
       counters_.device_sampled_tokens++;
     } else {
@@ -660,9 +780,8 @@ void Engine::Step() {
       }
       t = sampler_.Sample(lg, s.sampling, s.seed, step, s.prompt(), s.generated());
     }
-    ++row;
     const StopResult r = s.stop->OnToken(t.token);
-    s.tokens.push_back(t.token);
+    if (!in_place) s.tokens.push_back(t.token);
     scheduler_->OnTokenAppended(s);
     counters_.generated_tokens++;
     if (s.first_token_at < 0) s.first_token_at = after;
@@ -682,6 +801,10 @@ void Engine::Step() {
     if (step == 0) out.metrics.ttft_s = s.first_token_at - s.submitted_at;
     s.output->Push(std::move(out));
   }
+}
+
+void Engine::SettleInFlight() {
+  if (in_flight_ && !in_flight_->result) in_flight_->result = backend_->CollectSample();
 }
 
 }  // namespace tandem

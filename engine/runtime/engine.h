@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -54,6 +55,14 @@ struct EngineOptions {
   // Sampler's choice) for steps where no request wants logprobs or suppressed tokens;
   // false: logits always cross to the host and the CPU samples.
   bool sample_on_device = true;
+  // Steps whose tokens are chosen on the device run pipelined: while one computes, the
+  // engine schedules and assembles the next (its sequences' new tokens as placeholders)
+  // and, once the step's tokens are in, launches the next before emitting this one's
+  // outputs — so the device waits only for the launch, not for scheduling, stop checks
+  // and outputs. A sequence that ends on a token is then computed one step further (that
+  // result is dropped). Steps with logprobs, suppressed tokens, KV export or imported KV
+  // run one at a time. false: every step one at a time.
+  bool pipeline_steps = true;
   // Seconds on a monotonic clock; injectable for tests.
   std::function<double()> clock;
   // Tests and benchmarks: the model backend for the checkpoint directory instead of
@@ -197,7 +206,47 @@ class Engine {
   std::unique_ptr<Sequence> MakeSequence(EngineRequest r, std::shared_ptr<OutputStream> out);
   void Post(Command c);
   void Loop();
+  // The batch of a scheduled step, its KV imports done.
+  struct StepBatch {
+    std::vector<ForwardSequence> sequences;
+    bool has_sink = false;
+    bool sink_wants_host = false;
+    absl::Status device_error;  // a failed copy between the host and device KV pools
+  };
+  // A step launched on the backend (ModelBackend::LaunchSample) and not yet emitted.
+  struct InFlight {
+    StepPlan plan;
+    std::vector<Sequence*> rows;  // the sequence of each sampled row, in row order
+    // Sequences that ended while the step computed (Finish): their rows are skipped and
+    // the pointers never dereferenced again.
+    std::unordered_set<const Sequence*> dropped;
+    // Collected ahead of its turn (SettleInFlight).
+    std::optional<absl::StatusOr<std::vector<int32_t>>> result;
+  };
+  // One loop iteration's work: Step with no step in flight, else Advance.
   void Step();
+  void Advance();
+  StepBatch AssembleBatch(const StepPlan& plan);
+  ForwardOptions ForwardOptionsFor(const StepPlan& plan, StepBatch& batch);
+  // The device sampling rows of the plan's sampled chunks; false when some row needs the
+  // host (logprobs, tokens still to suppress) or the backend cannot.
+  bool DeviceSampleRows(const StepPlan& plan, std::vector<SampleRow>* rows) const;
+  // Whether `plan` may be launched pipelined (options, device sampling, no KV export or
+  // import).
+  bool Pipelinable(const StepPlan& plan) const;
+  // Launches `plan` (device sampling) and leaves it in flight: the sampled sequences get a
+  // pending token, the chunks count as computed.
+  void Launch(StepPlan plan, StepBatch batch, std::vector<SampleRow> rows);
+  // Ends every request of a failed step.
+  void FailStep(const StepPlan& plan, const absl::Status& status, const InFlight* in_flight);
+  // Stop checks, outputs and finishes for the sampled sequences `ended` (row order), with
+  // their tokens: device_tokens (already in place in the sequences when in_place), or
+  // chosen here from `logits`.
+  void EmitTokens(std::span<Sequence* const> ended, const std::vector<int32_t>* device_tokens,
+                  std::vector<float>* logits, bool in_place, const InFlight* in_flight);
+  // Waits for the step in flight (if any) without emitting it: before KV blocks may go to
+  // a writer outside the device stream's order (ReserveKv).
+  void SettleInFlight();
   // Sends `out` as the request's final output (filling metrics) and forgets the request.
   // The sequence must already be out of the scheduler (its blocks released).
   void Finish(std::unique_ptr<Sequence> seq, RequestOutput out);
@@ -215,6 +264,7 @@ class Engine {
   std::vector<int32_t> eos_ids_;
   uint64_t layout_fingerprint_ = 0;
   std::map<std::string, Reservation> reservations_;  // engine thread only
+  std::optional<InFlight> in_flight_;                 // engine thread only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -178,6 +178,9 @@ StepPlan Scheduler::Schedule() {
   // Waiting sequences, in order, while budget, batch room and blocks allow.
   while (budget > 0 && !waiting_.empty() && static_cast<int32_t>(running_.size()) < options_.max_running) {
     Sequence& seq = *waiting_.front();
+    // A sequence preempted while its last token is still being chosen: its prompt for the
+    // recomputation is not known yet (and its hashes are not extended): admitted later.
+    if (seq.pending_token) break;
     if (!seq.prefix_looked_up) LookUpPrefix(seq);
     const int32_t n = std::min<int32_t>(static_cast<int32_t>(seq.tokens.size()) - seq.num_computed, budget);
     if (!EnsureBlocks(seq, seq.num_computed + n)) {
@@ -204,16 +207,21 @@ StepPlan Scheduler::Schedule() {
 }
 
 void Scheduler::OnStepComputed(const StepPlan& plan) {
-  for (const ScheduledChunk& c : plan.chunks) {
-    Sequence& seq = *c.seq;
-    seq.num_computed = c.start + c.num_tokens;
-    const int32_t full = seq.num_computed / options_.block_size;
-    while (seq.num_published < full && seq.num_published < static_cast<int32_t>(seq.block_hashes.size())) {
-      if (options_.enable_prefix_cache) {
-        blocks_.Publish(seq.blocks[seq.num_published], seq.block_hashes[seq.num_published]);
-      }
-      ++seq.num_published;
+  OnStepLaunched(plan);
+  for (const ScheduledChunk& c : plan.chunks) PublishComputed(*c.seq);
+}
+
+void Scheduler::OnStepLaunched(const StepPlan& plan) {
+  for (const ScheduledChunk& c : plan.chunks) c.seq->num_computed = c.start + c.num_tokens;
+}
+
+void Scheduler::PublishComputed(Sequence& seq) {
+  const int32_t full = seq.num_computed / options_.block_size;
+  while (seq.num_published < full && seq.num_published < static_cast<int32_t>(seq.block_hashes.size())) {
+    if (options_.enable_prefix_cache) {
+      blocks_.Publish(seq.blocks[seq.num_published], seq.block_hashes[seq.num_published]);
     }
+    ++seq.num_published;
   }
 }
 

@@ -61,7 +61,14 @@ class Scheduler {
   // After the step's forward pass: marks the chunks computed and offers newly completed
   // full blocks to the prefix cache. Call before sampling appends tokens.
   void OnStepComputed(const StepPlan& plan);
-  // After a token was appended to `seq`: extends its block hashes.
+  // The same in two halves, for a step launched before it completes: OnStepLaunched at
+  // the launch (the chunks count as computed for scheduling the next step), then, once
+  // its results are in, PublishComputed for each of its sequences still around (those
+  // preempted meanwhile have nothing computed left to publish).
+  void OnStepLaunched(const StepPlan& plan);
+  void PublishComputed(Sequence& seq);
+  // After a token was appended to `seq` (or a pending one got its value): extends its
+  // block hashes.
   void OnTokenAppended(Sequence& seq);
 
   Sequence* Find(const std::string& id);

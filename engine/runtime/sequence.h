@@ -18,9 +18,15 @@ namespace tandem {
 
 enum class SequenceState { kWaiting, kRunning };
 
+inline constexpr int32_t kPendingToken = -1;  // Sequence::pending_token's placeholder
+
 struct Sequence {
   std::string id;
   std::vector<int32_t> tokens;  // the prompt, then every generated token
+  // The last entry of `tokens` is a placeholder (kPendingToken) for the token a launched,
+  // not yet collected step is choosing (the engine's pipelined steps): it counts for
+  // scheduling (the next step computes its position) but its value and hash come later.
+  bool pending_token = false;
   int32_t prompt_len = 0;
   // Tokens whose KV is in the cache, from position 0. Drops to 0 on preemption.
   int32_t num_computed = 0;

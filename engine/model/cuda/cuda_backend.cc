@@ -56,6 +56,17 @@ class CudaBackend : public ModelBackend {
     return r;
   }
 
+  absl::Status LaunchSample(std::span<const ForwardSequence> batch, LatentKvCache& /*host*/,
+                            std::span<const SampleRow> rows, const ForwardOptions& options) override {
+    TraceEnter();
+    return model_->LaunchSample(batch, rows, options);
+  }
+  absl::StatusOr<std::vector<int32_t>> CollectSample() override {
+    absl::StatusOr<std::vector<int32_t>> r = model_->CollectSample();
+    Trace();
+    return r;
+  }
+
   // One device read (or write) per layer through a contiguous buffer, scattered to (or
   // gathered from) the host pool's blocks: a synchronization per 4096 positions rather
   // than one per block.

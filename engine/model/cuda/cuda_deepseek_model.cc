@@ -68,6 +68,7 @@ CudaDeepseekModel::Impl::~Impl() {
   if (stream != nullptr) cudaStreamSynchronize(stream);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
+  if (launch_event_ != nullptr) cudaEventDestroy(launch_event_);
   // Buffers free themselves; the weights before the stream goes.
   weights.reset();
   if (stream != nullptr) cudaStreamDestroy(stream);
@@ -499,7 +500,7 @@ absl::Status CudaDeepseekModel::Impl::EnqueueSample(std::span<const CudaDeepseek
 
 absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch, const ForwardOptions& fo,
                                           std::vector<float>* logits, std::vector<int32_t>* ids,
-                                          std::span<const CudaDeepseekModel::SampleRow> sample) {
+                                          std::span<const CudaDeepseekModel::SampleRow> sample, bool launch) {
   TANDEM_CUDA_RETURN(cudaSetDevice(options.device), "selecting the GPU");
   ASSIGN_OR_RETURN(StepPlan plan, Plan(batch, fo.attention));
   if (!sample.empty() && static_cast<int64_t>(sample.size()) != plan.out_rows) {
@@ -545,6 +546,16 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
       host = dst;
     }
     RETURN_IF_ERROR(RecordStepEnd(begin + count == plan.out_rows));
+    if (launch && tokens && count == plan.out_rows) {
+      // One pass: the tokens are read when collected (the host buffers are not touched
+      // again before then: the next launch comes after the collection).
+      if (launch_event_ == nullptr) {
+        TANDEM_CUDA_RETURN(cudaEventCreateWithFlags(&launch_event_, cudaEventDisableTiming), "creating an event");
+      }
+      TANDEM_CUDA_RETURN(cudaEventRecord(launch_event_, stream), "recording the step's end");
+      launched_ = Launched{.done = launch_event_, .host = host, .count = count};
+      return absl::OkStatus();
+    }
     TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "running the forward pass");
     void* out = tokens ? static_cast<void*>(ids->data() + begin) : static_cast<void*>(logits->data() + begin * vocab);
     std::memcpy(out, host, bytes);
@@ -552,6 +563,17 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
   if (plan.out_rows == 0) RETURN_IF_ERROR(RecordStepEnd(true));
   TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "running the forward pass");
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::Impl::CollectLaunched() {
+  if (!launched_) return absl::FailedPreconditionError("no step launched");
+  Launched l = std::move(*launched_);
+  launched_.reset();
+  if (l.done == nullptr) return std::move(l.tokens);
+  TANDEM_CUDA_RETURN(cudaEventSynchronize(l.done), "running the forward pass");
+  std::vector<int32_t> ids(static_cast<size_t>(l.count));
+  std::memcpy(ids.data(), l.host, ids.size() * sizeof(int32_t));
+  return ids;
 }
 
 cudaEvent_t CudaDeepseekModel::Impl::NextEvent() {
@@ -807,6 +829,22 @@ absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardSample(std::span<
   RETURN_IF_ERROR(impl_->Run(batch, options, nullptr, &ids, rows));
   return ids;
 }
+
+absl::Status CudaDeepseekModel::LaunchSample(std::span<const ForwardSequence> batch, std::span<const SampleRow> rows,
+                                             const ForwardOptions& options) {
+  if (impl_->launched_) return absl::FailedPreconditionError("a launched step was not collected");
+  std::vector<int32_t> ids;
+  absl::Status st = rows.empty() ? absl::InvalidArgumentError("no sampling rows")
+                                 : impl_->Run(batch, options, nullptr, &ids, rows, /*launch=*/true);
+  if (!st.ok()) {
+    impl_->launched_.reset();
+    return st;
+  }
+  if (!impl_->launched_) impl_->launched_ = Impl::Launched{.tokens = std::move(ids)};  // ran to completion
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::CollectSample() { return impl_->CollectLaunched(); }
 
 absl::Status CudaDeepseekModel::ReadKvBlocks(int64_t layer, std::span<const int32_t> block_ids, float* host) {
   if (layer < 0 || layer >= impl_->config.num_hidden_layers) return absl::InvalidArgumentError("layer out of range");

@@ -133,6 +133,13 @@ class CudaDeepseekModel {
   absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch,
                                                      std::span<const SampleRow> rows,
                                                      const ForwardOptions& options = {});
+  // ForwardSample in two halves (ModelBackend::LaunchSample's contract): LaunchSample
+  // enqueues the step on the GPU and returns once its inputs are copied (a step of more
+  // logits rows than one LM-head pass runs to completion here); CollectSample waits for
+  // its tokens. Every other call in between is ordered after the launched step.
+  absl::Status LaunchSample(std::span<const ForwardSequence> batch, std::span<const SampleRow> rows,
+                            const ForwardOptions& options = {});
+  absl::StatusOr<std::vector<int32_t>> CollectSample();
 
   // KV export/import (float32 on the host, bf16 in the cache). ReadKvBlocks writes
   // block_ids.size() blocks of [64][kv_entry_dim] floats of one layer; ReadKvEntries the

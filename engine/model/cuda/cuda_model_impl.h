@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -137,8 +138,22 @@ class CudaDeepseekModel::Impl {
 
   // Forward; with ids, *ids gets the argmax of each logits row instead of the logits, or
   // with sample also set, the token sampled from it.
+  // With `launch`, a step of one logits pass returns once enqueued, its tokens copied later
+  // by CollectLaunched (launched_ says where they land).
   absl::Status Run(std::span<const ForwardSequence> batch, const ForwardOptions& options, std::vector<float>* logits,
-                   std::vector<int32_t>* ids, std::span<const CudaDeepseekModel::SampleRow> sample = {});
+                   std::vector<int32_t>* ids, std::span<const CudaDeepseekModel::SampleRow> sample = {},
+                   bool launch = false);
+  absl::StatusOr<std::vector<int32_t>> CollectLaunched();
+  // The launched step's tokens: `count` int32 at `host` once `done` has completed (not
+  // set: the step ran to completion at launch, `tokens` holds its result).
+  struct Launched {
+    cudaEvent_t done = nullptr;
+    const void* host = nullptr;
+    int64_t count = 0;
+    absl::StatusOr<std::vector<int32_t>> tokens = std::vector<int32_t>{};
+  };
+  std::optional<Launched> launched_;
+  cudaEvent_t launch_event_ = nullptr;
   void DropGraphs();
 
   absl::Status ReadKv(int64_t layer, std::span<const int32_t> table, int64_t first, int64_t n, float* host);

@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/engine/runtime/device_sampling_cpu_backend.h"
 #include "tests/unit/engine/runtime/engine_test_support.h"
 
 namespace tandem {
@@ -24,12 +25,31 @@ using testing::Tokens;
 // One generated tiny model shared by the whole test binary.
 const std::string& ModelDir() { return testing::SmallTinyModelDir(); }
 
+// The engines a test makes: the CPU backend (tokens sampled on the host, one step at a
+// time), or a CPU backend that samples "on the device" and computes each launched step
+// only when the engine collects it (the engine's pipelined steps, as on a GPU).
+enum class Backend { kCpu, kPipelined };
+Backend g_backend = Backend::kCpu;
+
 std::unique_ptr<Engine> MakeEngine(EngineOptions o = {}) {
   if (o.num_threads == 0) o.num_threads = 2;
+  if (g_backend == Backend::kPipelined && !o.backend_factory) {
+    o.backend_factory = [threads = o.num_threads](const std::string& dir) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
+      absl::StatusOr<std::unique_ptr<DeepseekModel>> m = DeepseekModel::Load(dir, {.num_threads = threads});
+      if (!m.ok()) return m.status();
+      return std::make_unique<testing::DeviceSamplingCpuBackend>(std::move(*m), /*defer=*/true);
+    };
+  }
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(ModelDir(), o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
 }
+
+class EngineTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override { g_backend = GetParam(); }
+  void TearDown() override { g_backend = Backend::kCpu; }
+};
 
 struct Result {
   std::vector<int32_t> tokens;
@@ -75,7 +95,7 @@ void ExpectNoBlocksInUse(Engine& e) {
   EXPECT_EQ(e.Stats().kv_blocks_in_use, 0);
 }
 
-TEST(EngineTest, SeededRequestIsBatchIndependent) {
+TEST_P(EngineTest, SeededRequestIsBatchIndependent) {
   auto alone_engine = MakeEngine();
   const EngineRequest target = Req("target", Tokens(90, 1), 24, 1234);
   const Result alone = RunToEnd(*alone_engine, target);
@@ -111,7 +131,7 @@ TEST(EngineTest, SeededRequestIsBatchIndependent) {
   ExpectNoBlocksInUse(*busy);
 }
 
-TEST(EngineTest, SharedPrefixIsReusedWithIdenticalOutput) {
+TEST_P(EngineTest, SharedPrefixIsReusedWithIdenticalOutput) {
   const std::vector<int32_t> prefix = Tokens(512, 2);
   std::vector<int32_t> p1 = prefix, p2 = prefix;
   const std::vector<int32_t> s1 = Tokens(40, 3), s2 = Tokens(37, 4);
@@ -151,7 +171,7 @@ class CollectingSink : public KvSink {
   int64_t last_layer_ = -1;
 };
 
-TEST(EngineTest, PrefillExportThenImportedDecodeMatchesOneEngine) {
+TEST_P(EngineTest, PrefillExportThenImportedDecodeMatchesOneEngine) {
   for (std::optional<uint64_t> seed : {std::optional<uint64_t>(), std::optional<uint64_t>(7)}) {
     const float temperature = seed ? 0.7f : 0.0f;
     const std::vector<int32_t> prompt = Tokens(150, 9);
@@ -195,7 +215,7 @@ TEST(EngineTest, PrefillExportThenImportedDecodeMatchesOneEngine) {
   }
 }
 
-TEST(EngineTest, ImportWithoutReservationFailsAndLeasesExpire) {
+TEST_P(EngineTest, ImportWithoutReservationFailsAndLeasesExpire) {
   std::atomic<double> now{1000.0};
   auto e = MakeEngine({.kv_lease_seconds = 5.0, .clock = [&now] { return now.load(); }});
   auto s = e->SubmitImported(Req("nope", Tokens(10, 1), 4, 1), 5);
@@ -213,7 +233,7 @@ TEST(EngineTest, ImportWithoutReservationFailsAndLeasesExpire) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(EngineTest, PreemptionUnderKvPressureKeepsOutputsIdentical) {
+TEST_P(EngineTest, PreemptionUnderKvPressureKeepsOutputsIdentical) {
   std::vector<EngineRequest> reqs;
   // Each sequence grows to ~4 blocks; any three running at once exhaust the 8 blocks.
   for (int i = 0; i < 6; ++i) reqs.push_back(Req("q" + std::to_string(i), Tokens(60 + 10 * i, 20 + i), 150, 100 + i));
@@ -239,7 +259,7 @@ TEST(EngineTest, PreemptionUnderKvPressureKeepsOutputsIdentical) {
   ExpectNoBlocksInUse(*tight);
 }
 
-TEST(EngineTest, ThousandRequestsWithCancellationsAndStopsFreeEveryBlock) {
+TEST_P(EngineTest, ThousandRequestsWithCancellationsAndStopsFreeEveryBlock) {
   auto e = MakeEngine({.num_kv_blocks = 24, .max_batch_tokens = 256, .max_running = 16});
   std::mt19937 rng(11);
   std::vector<std::pair<std::string, std::shared_ptr<OutputStream>>> live;
@@ -276,7 +296,7 @@ TEST(EngineTest, ThousandRequestsWithCancellationsAndStopsFreeEveryBlock) {
   EXPECT_EQ(e->Stats().num_running + e->Stats().num_waiting, 0);
 }
 
-TEST(EngineTest, StopStringAcrossTokensIsCutAndNotEmitted) {
+TEST_P(EngineTest, StopStringAcrossTokensIsCutAndNotEmitted) {
   auto e = MakeEngine();
   const std::vector<int32_t> prompt = Tokens(30, 5);
   const Result free_run = RunToEnd(*e, Req("free", prompt, 40, std::nullopt, 0.0f));
@@ -304,7 +324,7 @@ TEST(EngineTest, StopStringAcrossTokensIsCutAndNotEmitted) {
   EXPECT_EQ(stopped.text, free_run.text.substr(0, cut));
 }
 
-TEST(EngineTest, EdgeCasesAreClear) {
+TEST_P(EngineTest, EdgeCasesAreClear) {
   auto e = MakeEngine({.max_waiting = 2});
   // max_tokens = 1
   const Result one = RunToEnd(*e, Req("one", Tokens(10, 1), 1, 3));
@@ -339,7 +359,7 @@ TEST(EngineTest, EdgeCasesAreClear) {
   ExpectNoBlocksInUse(*e);
 }
 
-TEST(EngineTest, FullWaitingQueueIsResourceExhausted) {
+TEST_P(EngineTest, FullWaitingQueueIsResourceExhausted) {
   auto e = MakeEngine({.max_running = 1, .max_waiting = 2});
   std::vector<std::shared_ptr<OutputStream>> streams;
   int refused = 0;
@@ -351,6 +371,72 @@ TEST(EngineTest, FullWaitingQueueIsResourceExhausted) {
   EXPECT_GT(refused, 0);
   for (auto& s : streams) EXPECT_TRUE(Drain(*s).final.status.ok());
 }
+
+// Pipelined steps (the next step launched before this one's outputs, sequences that end
+// computed one step further) emit exactly what one step at a time does, for every kind of
+// request mixed: greedy and seeded sampling, penalties, stop strings and stop tokens, EOS,
+// min_tokens and logprobs (those steps run one at a time), one-token requests, prompts
+// longer than a step's token budget, more requests than fit in the batch.
+TEST(EnginePipelineTest, SameOutputsAsOneStepAtATime) {
+  std::vector<EngineRequest> reqs;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 40; ++i) {
+    EngineRequest r = Req("p" + std::to_string(i), Tokens(1 + static_cast<int>(rng() % 200), 300 + i),
+                          1 + static_cast<int>(rng() % 40), static_cast<uint64_t>(1000 + i),
+                          i % 3 == 0 ? 0.0f : 0.9f);
+    r.stop.ignore_eos = i % 4 != 0;
+    if (i % 5 == 1) r.stop.stop = {"e", "th"};
+    if (i % 7 == 2) r.stop.stop_token_ids = {static_cast<int32_t>(3 + rng() % 1000)};
+    if (i % 6 == 3) r.sampling.repetition_penalty = 1.3f;
+    if (i % 9 == 4) r.stop.min_tokens = std::min(5, r.stop.max_tokens);
+    if (i == 17 || i == 29) {  // every step with such a row runs one at a time: short ones
+      r.sampling.logprobs = 2;
+      r.stop.max_tokens = 3;
+      r.stop.min_tokens = std::min(r.stop.min_tokens, 3);
+    }
+    reqs.push_back(std::move(r));
+  }
+  auto run = [&](EngineOptions o) {
+    std::unique_ptr<Engine> e = MakeEngine(o);
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    for (const EngineRequest& r : reqs) {
+      auto st = e->Submit(r);
+      EXPECT_TRUE(st.ok()) << st.status();
+      streams.push_back(st.ok() ? *st : nullptr);
+    }
+    std::vector<Result> out;
+    for (auto& st : streams) out.push_back(st ? Drain(*st) : Result{});
+    ExpectNoBlocksInUse(*e);
+    const auto* backend = dynamic_cast<const testing::DeviceSamplingCpuBackend*>(&e->backend());
+    const int64_t steps = e->Stats().steps, launches = backend != nullptr ? backend->launches() : 0;
+    std::printf("%lld steps, %lld of them launched pipelined\n", static_cast<long long>(steps),
+                static_cast<long long>(launches));
+    return std::make_tuple(std::move(out), launches, steps);
+  };
+  const EngineOptions base{.max_batch_tokens = 128, .max_running = 8};
+  g_backend = Backend::kPipelined;
+  EngineOptions one_at_a_time = base;
+  one_at_a_time.pipeline_steps = false;
+  const auto [want, launches_off, steps_off] = run(one_at_a_time);
+  const auto [got, launches_on, steps_on] = run(base);
+  g_backend = Backend::kCpu;
+  const auto [host, unused, unused_steps] = run(base);
+  EXPECT_EQ(launches_off, 0);
+  EXPECT_GT(launches_on, steps_on / 2);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(got[i].final.status.ok()) << i << " " << got[i].final.status;
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
+    EXPECT_EQ(got[i].text, want[i].text) << i;
+    EXPECT_EQ(got[i].final.finish_reason, want[i].final.finish_reason) << i;
+    EXPECT_EQ(got[i].final.matched_stop, want[i].final.matched_stop) << i;
+    EXPECT_EQ(got[i].tokens, host[i].tokens) << i << " (the host sampler's tokens)";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, EngineTest, ::testing::Values(Backend::kCpu, Backend::kPipelined),
+                         [](const ::testing::TestParamInfo<Backend>& i) {
+                           return i.param == Backend::kCpu ? std::string("HostSampling") : std::string("Pipelined");
+                         });
 
 }  // namespace
 }  // namespace tandem

@@ -1,0 +1,116 @@
+// A CPU backend that chooses tokens "on the device" (ModelBackend::ForwardSample: the CPU
+// model's logits through the same Sampler the engine uses on the host, so the tokens are
+// the host path's), for the engine's pipelined steps on machines without a GPU. With
+// `defer`, a launched step is computed only when it is collected, as a GPU stream would
+// compute it: after everything the engine did meanwhile (scheduling the next step,
+// emitting outputs, freeing and reallocating blocks, commands), from the inputs it copied
+// at the launch.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/model/model_backend.h"
+#include "engine/runtime/sampler.h"
+
+namespace tandem::testing {
+
+class DeviceSamplingCpuBackend : public ModelBackend {
+ public:
+  DeviceSamplingCpuBackend(std::unique_ptr<DeepseekModel> model, bool defer)
+      : model_(std::move(model)), defer_(defer) {}
+
+  const ModelConfig& config() const override { return model_->config(); }
+  std::string device_name() const override { return "cpu (device sampling)"; }
+  bool kv_in_host_pool() const override { return true; }
+  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& host,
+                                             const ForwardOptions& options) override {
+    return model_->Forward(batch, host, options);
+  }
+  bool samples_on_device() const override { return true; }
+  absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch, LatentKvCache& host,
+                                                     std::span<const SampleRow> rows,
+                                                     const ForwardOptions& options) override {
+    absl::StatusOr<std::vector<float>> logits = model_->Forward(batch, host, options);
+    if (!logits.ok()) return logits.status();
+    const int64_t vocab = model_->config().vocab_size;
+    if (static_cast<int64_t>(logits->size()) != static_cast<int64_t>(rows.size()) * vocab) {
+      return absl::InvalidArgumentError("sampling rows do not match the logits rows");
+    }
+    std::vector<int32_t> tokens;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const SampleRow& r = rows[i];
+      SamplingParams p;
+      p.temperature = r.temperature;
+      p.top_p = r.top_p;
+      p.top_k = r.top_k;
+      p.min_p = r.min_p;
+      p.repetition_penalty = r.repetition_penalty;
+      p.presence_penalty = r.presence_penalty;
+      p.frequency_penalty = r.frequency_penalty;
+      std::span<float> lg(logits->data() + i * vocab, static_cast<size_t>(vocab));
+      tokens.push_back(sampler_.Sample(lg, p, r.seed, r.step, r.prompt_tokens, r.output_tokens).token);
+    }
+    ++steps_computed_;
+    return tokens;
+  }
+
+  absl::Status LaunchSample(std::span<const ForwardSequence> batch, LatentKvCache& host,
+                            std::span<const SampleRow> rows, const ForwardOptions& options) override {
+    ++launches_;
+    if (!defer_) return ModelBackend::LaunchSample(batch, host, rows, options);
+    // Everything the step reads, copied now: the engine changes the sequences afterwards.
+    Launched l;
+    l.host = &host;
+    for (const ForwardSequence& s : batch) {
+      l.tokens.emplace_back(s.tokens.begin(), s.tokens.end());
+      l.tables.emplace_back(s.block_table.begin(), s.block_table.end());
+      l.sequences.push_back(s);
+    }
+    for (const SampleRow& r : rows) {
+      l.histories.emplace_back(r.prompt_tokens.begin(), r.prompt_tokens.end());
+      l.histories.emplace_back(r.output_tokens.begin(), r.output_tokens.end());
+      l.rows.push_back(r);
+    }
+    launched_ = std::move(l);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<int32_t>> CollectSample() override {
+    if (!defer_) return ModelBackend::CollectSample();
+    if (!launched_) return absl::FailedPreconditionError("no step launched");
+    Launched l = std::move(*launched_);
+    launched_.reset();
+    for (size_t i = 0; i < l.sequences.size(); ++i) {
+      l.sequences[i].tokens = l.tokens[i];
+      l.sequences[i].block_table = l.tables[i];
+    }
+    for (size_t i = 0; i < l.rows.size(); ++i) {
+      l.rows[i].prompt_tokens = l.histories[2 * i];
+      l.rows[i].output_tokens = l.histories[2 * i + 1];
+    }
+    return ForwardSample(l.sequences, *l.host, l.rows, ForwardOptions{});
+  }
+
+  int64_t launches() const { return launches_; }
+  int64_t steps_computed() const { return steps_computed_; }
+
+ private:
+  struct Launched {
+    LatentKvCache* host = nullptr;
+    std::vector<std::vector<int32_t>> tokens, tables, histories;
+    std::vector<ForwardSequence> sequences;
+    std::vector<SampleRow> rows;
+  };
+  std::unique_ptr<DeepseekModel> model_;
+  bool defer_;
+  Sampler sampler_;
+  std::optional<Launched> launched_;
+  std::atomic<int64_t> launches_{0};  // read by tests on other threads
+  std::atomic<int64_t> steps_computed_{0};
+};
+
+}  // namespace tandem::testing
