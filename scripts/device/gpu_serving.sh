@@ -70,9 +70,12 @@ start() {
 
 if want sampling; then
   # Serving throughput, 64 concurrent sampled streams, one aggregated worker: tokens chosen
-  # on the GPU (default) vs logits copied to the host and sampled on the CPU.
-  for name in ${SAMPLING_VARIANTS:-device host}; do
-    extra=(); [ $name = host ] && extra=(--worker-arg=--no-device-sampling)
+  # on the GPU (default, pipelined steps) vs the same one step at a time (unpipelined) vs
+  # logits copied to the host and sampled on the CPU (host).
+  for name in ${SAMPLING_VARIANTS:-device unpipelined host}; do
+    extra=()
+    [ $name = host ] && extra=(--worker-arg=--no-device-sampling)
+    [ $name = unpipelined ] && extra=(--worker-arg=--no-pipeline-steps)
     export TANDEM_GPU_STEP_TRACE=200  # the worker logs the GPU's busy share every 200 steps
     start sampling-$name --aggregated 1 --device cuda:0 "${extra[@]}" || continue
     unset TANDEM_GPU_STEP_TRACE

@@ -51,6 +51,7 @@ struct WorkerFlags {
   std::string kv_transfer = "auto";
   bool no_prefix_cache = false;
   bool no_device_sampling = false;
+  bool no_pipeline_steps = false;
   std::vector<std::string> kvstores;  // static kvstore instances (else: the router's list)
   bool no_kvstore = false;
   int64_t kvstore_timeout_ms = 1000;
@@ -126,6 +127,10 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   app.add_flag("--no-device-sampling", f.no_device_sampling,
                "cuda: copy every step's logits to the host and sample on the CPU (default: tokens are chosen on "
                "the GPU, identically, unless a request asks for logprobs or min_tokens)");
+  app.add_flag("--no-pipeline-steps", f.no_pipeline_steps,
+               "cuda: run every step to completion before scheduling the next (default: while a step whose tokens "
+               "are chosen on the GPU computes, the next one is scheduled, and launched before this one's outputs "
+               "are emitted)");
   app.add_option("--kvstore", f.kvstores,
                  "Prefill: kvstore instances to use, NAME=HOST:PORT or HOST:PORT, comma-separated (default: the "
                  "instances registered with the router)")
@@ -182,6 +187,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.max_waiting = f.max_waiting;
   eo.enable_prefix_cache = !f.no_prefix_cache;
   eo.sample_on_device = !f.no_device_sampling;
+  eo.pipeline_steps = !f.no_pipeline_steps;
   eo.kv_lease_seconds = f.kv_lease_ms / 1000.0;
   eo.kv_memory = static_cast<float*>(pool.base);
   eo.kv_memory_bytes = pool.bytes;

@@ -42,7 +42,7 @@ TEST(CliTest, ServeLocalPlacesReplicasOnDevicesAndRefusesBadOnes) {
   EXPECT_NE(bad.err.find("'gpu1' is not a device"), std::string::npos) << bad.err;
   if (!std::filesystem::exists(BinaryPath("tandem-prefill"))) return;  // an engine-only build
   auto worker = RunProcess({BinaryPath("tandem-prefill"), "--help"});
-  for (const char* flag : {"--kv-transfer", "--no-device-sampling", "--gpu-memory-utilization"}) {
+  for (const char* flag : {"--kv-transfer", "--no-device-sampling", "--no-pipeline-steps", "--gpu-memory-utilization"}) {
     EXPECT_NE(worker.out.find(flag), std::string::npos) << flag;
   }
   auto mode = RunProcess({BinaryPath("tandem-prefill"), "--kv-transfer", "nvlink"});
