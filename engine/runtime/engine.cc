@@ -372,6 +372,7 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
 
 void Engine::Finish(std::unique_ptr<Sequence> seq, RequestOutput out) {
   if (in_flight_) in_flight_->dropped.insert(seq.get());
+  if (emitting_ != nullptr) emitting_->dropped.insert(seq.get());
   const double now = Now();
   if (seq->queued) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -614,6 +615,7 @@ void Engine::Advance() {
     s->tokens.back() = (*tokens)[i];
     s->pending_token = false;
   }
+  emitting_ = &done;
   // Launch the next step before this one's outputs: the device waits only for this.
   if (!next.empty() && Pipelinable(next)) {
     std::vector<SampleRow> rows;
@@ -625,6 +627,7 @@ void Engine::Advance() {
   // (A next plan not launched is dropped: the following Step schedules it again, one at a
   // time, after these outputs.)
   EmitTokens(done.rows, &*tokens, nullptr, /*in_place=*/true, &done);
+  emitting_ = nullptr;
 }
 
 Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {

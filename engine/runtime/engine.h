@@ -265,6 +265,9 @@ class Engine {
   uint64_t layout_fingerprint_ = 0;
   std::map<std::string, Reservation> reservations_;  // engine thread only
   std::optional<InFlight> in_flight_;                 // engine thread only
+  // Advance's collected step while it launches the next and emits this one's outputs: a
+  // sequence ending meanwhile (a failed launch) is dropped from it as well.
+  InFlight* emitting_ = nullptr;                      // engine thread only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -59,9 +59,19 @@ class DeviceSamplingCpuBackend : public ModelBackend {
     return tokens;
   }
 
+  // The n-th launch (from 1) fails (a device error), or with `at_collect` its collection.
+  void FailLaunch(int64_t n, bool at_collect) {
+    fail_launch_ = n;
+    fail_at_collect_ = at_collect;
+  }
+
   absl::Status LaunchSample(std::span<const ForwardSequence> batch, LatentKvCache& host,
                             std::span<const SampleRow> rows, const ForwardOptions& options) override {
-    ++launches_;
+    if (++launches_ == fail_launch_) {
+      if (!fail_at_collect_) return absl::InternalError("injected launch failure");
+      failing_ = true;
+      return absl::OkStatus();
+    }
     if (!defer_) return ModelBackend::LaunchSample(batch, host, rows, options);
     // Everything the step reads, copied now: the engine changes the sequences afterwards.
     Launched l;
@@ -80,6 +90,11 @@ class DeviceSamplingCpuBackend : public ModelBackend {
     return absl::OkStatus();
   }
   absl::StatusOr<std::vector<int32_t>> CollectSample() override {
+    if (failing_) {
+      failing_ = false;
+      launched_.reset();
+      return absl::InternalError("injected collection failure");
+    }
     if (!defer_) return ModelBackend::CollectSample();
     if (!launched_) return absl::FailedPreconditionError("no step launched");
     Launched l = std::move(*launched_);
@@ -110,6 +125,9 @@ class DeviceSamplingCpuBackend : public ModelBackend {
   Sampler sampler_;
   std::optional<Launched> launched_;
   std::atomic<int64_t> launches_{0};  // read by tests on other threads
+  int64_t fail_launch_ = 0;
+  bool fail_at_collect_ = false;
+  bool failing_ = false;
   std::atomic<int64_t> steps_computed_{0};
 };
 

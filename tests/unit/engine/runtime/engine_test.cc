@@ -433,6 +433,49 @@ TEST(EnginePipelineTest, SameOutputsAsOneStepAtATime) {
   }
 }
 
+// A device error at a pipelined launch, or when its tokens are collected, ends the
+// requests of that step with INTERNAL and nothing else: the others finish, every block
+// comes back, and the engine serves the next request.
+TEST(EnginePipelineTest, FailedLaunchOrCollectionEndsOnlyItsRequests) {
+  for (const bool at_collect : {false, true}) {
+    EngineOptions o{.num_threads = 2, .max_batch_tokens = 256, .max_running = 4};
+    o.backend_factory = [at_collect](const std::string& dir) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
+      absl::StatusOr<std::unique_ptr<DeepseekModel>> m = DeepseekModel::Load(dir, {.num_threads = 2});
+      if (!m.ok()) return m.status();
+      auto b = std::make_unique<testing::DeviceSamplingCpuBackend>(std::move(*m), /*defer=*/true);
+      b->FailLaunch(6, at_collect);
+      return b;
+    };
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(ModelDir(), o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    for (int i = 0; i < 12; ++i) {
+      auto st = (*e)->Submit(Req("f" + std::to_string(i), Tokens(20 + i, 700 + i), 20, static_cast<uint64_t>(i)));
+      ASSERT_TRUE(st.ok()) << st.status();
+      streams.push_back(*st);
+    }
+    int failed = 0, ok = 0;
+    for (auto& st : streams) {
+      const Result r = Drain(*st);
+      ASSERT_TRUE(r.final.finished);
+      if (r.final.status.ok()) {
+        ++ok;
+        EXPECT_EQ(r.tokens.size(), 20u);
+      } else {
+        ++failed;
+        EXPECT_EQ(r.final.status.code(), absl::StatusCode::kInternal) << r.final.status;
+        EXPECT_NE(r.final.status.message().find("injected"), std::string::npos) << r.final.status;
+      }
+    }
+    EXPECT_GT(failed, 0) << "at_collect " << at_collect;
+    EXPECT_GT(ok, 0) << "at_collect " << at_collect;
+    ExpectNoBlocksInUse(**e);
+    const Result after = RunToEnd(**e, Req("after", Tokens(30, 9), 10, 1));
+    EXPECT_TRUE(after.final.status.ok()) << after.final.status;
+    EXPECT_EQ(after.tokens.size(), 10u);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, EngineTest, ::testing::Values(Backend::kCpu, Backend::kPipelined),
                          [](const ::testing::TestParamInfo<Backend>& i) {
                            return i.param == Backend::kCpu ? std::string("HostSampling") : std::string("Pipelined");
