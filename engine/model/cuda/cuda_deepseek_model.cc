@@ -814,6 +814,23 @@ absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardGreedy(std::span<
   return ids;
 }
 
+namespace {
+
+// Rows that all take the argmax of unpenalized logits: the LM head's fused arg-max gives
+// the sampler kernel's token (the first maximum, the same float logits) without the
+// sampling launch and its parameter upload.
+bool AllGreedy(std::span<const CudaDeepseekModel::SampleRow> rows) {
+  for (const CudaDeepseekModel::SampleRow& r : rows) {
+    if (!(r.temperature < cuda::kSampleGreedyTemperature) || r.repetition_penalty != 1.0f ||
+        r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardSample(std::span<const ForwardSequence> batch,
                                                                       std::span<const SampleRow> rows,
                                                                       const ForwardOptions& options) {
@@ -826,7 +843,10 @@ absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardSample(std::span<
     }
     return ids;
   }
-  RETURN_IF_ERROR(impl_->Run(batch, options, nullptr, &ids, rows));
+  RETURN_IF_ERROR(impl_->Run(batch, options, nullptr, &ids, AllGreedy(rows) ? std::span<const SampleRow>{} : rows));
+  if (ids.size() != rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(rows.size(), " sampling rows for ", ids.size(), " logits rows"));
+  }
   return ids;
 }
 
@@ -834,8 +854,16 @@ absl::Status CudaDeepseekModel::LaunchSample(std::span<const ForwardSequence> ba
                                              const ForwardOptions& options) {
   if (impl_->launched_) return absl::FailedPreconditionError("a launched step was not collected");
   std::vector<int32_t> ids;
-  absl::Status st = rows.empty() ? absl::InvalidArgumentError("no sampling rows")
-                                 : impl_->Run(batch, options, nullptr, &ids, rows, /*launch=*/true);
+  absl::Status st =
+      rows.empty() ? absl::InvalidArgumentError("no sampling rows")
+                   : impl_->Run(batch, options, nullptr, &ids, AllGreedy(rows) ? std::span<const SampleRow>{} : rows,
+                                /*launch=*/true);
+  if (st.ok() && static_cast<int64_t>(rows.size()) != impl_->last_out_rows_) {
+    // (Checked by Run when it samples; the arg-max path takes any count.)
+    st = absl::InvalidArgumentError(absl::StrCat(rows.size(), " sampling rows for ", impl_->last_out_rows_,
+                                                 " logits rows"));
+    if (impl_->launched_) (void)impl_->CollectLaunched();
+  }
   if (!st.ok()) {
     impl_->launched_.reset();
     return st;
