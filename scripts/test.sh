@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, builds, runs every test with ctest.
+# The whole test suite: installs what is missing, builds, runs every test with ctest, then
+# (without ctest options) the engine's tests under ASan + UBSan (scripts/sanitize.sh;
+# TANDEM_SKIP_SANITIZE=1 skips them).
 #   scripts/test.sh [ctest options...]      e.g. scripts/test.sh -L unit
 # Labels: unit, integration, gpu (GPU tests skip with a reason where there is no GPU).
 set -euo pipefail
@@ -8,3 +10,6 @@ build="${TANDEM_BUILD_DIR:-$root/build}"
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh"
 ctest --test-dir "$build" -j "$(nproc)" --output-on-failure --timeout 900 "$@"
+if [ $# -eq 0 ] && [ "${TANDEM_SKIP_SANITIZE:-0}" != 1 ]; then
+  "$root/scripts/sanitize.sh"
+fi

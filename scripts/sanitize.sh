@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The engine's own tests under AddressSanitizer + UndefinedBehaviorSanitizer, CPU-only
+# engine build in build-asan: the pipelined steps keep raw pointers to sequences across
+# steps (engine.h InFlight), and a use after free there passes silently elsewhere.
+#   scripts/sanitize.sh           (scripts/test.sh runs it after ctest; TANDEM_SKIP_SANITIZE=1 skips)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${TANDEM_ASAN_BUILD_DIR:-$root/build-asan}"
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S "$root" -B "$build" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_ENGINE_ONLY=ON -DTANDEM_BUILD_BENCH=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
+  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+echo "sanitize.sh: building engine_runtime_engine_test with ASan + UBSan in $build"
+cmake --build "$build" --target engine_runtime_engine_test
+echo "sanitize.sh: running it (the pipelined cases)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  "$build/tests/engine_runtime_engine_test" --gtest_filter='EnginePipelineTest.*:*/Pipelined' --gtest_brief=1
