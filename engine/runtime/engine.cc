@@ -534,15 +534,7 @@ void Engine::Loop() {
 
 void Engine::Step() {
   StepPlan plan = scheduler_->Schedule();
-  counters_.preemptions += plan.num_preempted;
-  for (std::unique_ptr<Sequence>& seq : plan.rejected) {
-    RequestOutput out;
-    out.text = seq->stop->Flush();
-    out.status = absl::ResourceExhaustedError(absl::StrCat(
-        "request '", seq->id, "' needs more KV cache blocks than the engine has (", cache_->num_blocks(), ")"));
-    Finish(std::move(seq), std::move(out));
-  }
-  plan.rejected.clear();
+  EndRejected(plan);
   if (plan.empty()) return;
   StepBatch batch = AssembleBatch(plan);
   std::vector<SampleRow> sample_rows;
@@ -584,15 +576,7 @@ void Engine::Advance() {
   // The next step, scheduled while the one in flight computes: its sequences' pending
   // tokens are computed by it, their values filled in before it launches.
   StepPlan next = scheduler_->Schedule();
-  counters_.preemptions += next.num_preempted;
-  for (std::unique_ptr<Sequence>& seq : next.rejected) {
-    RequestOutput out;
-    out.text = seq->stop->Flush();
-    out.status = absl::ResourceExhaustedError(absl::StrCat(
-        "request '", seq->id, "' needs more KV cache blocks than the engine has (", cache_->num_blocks(), ")"));
-    Finish(std::move(seq), std::move(out));
-  }
-  next.rejected.clear();
+  EndRejected(next);
 
   InFlight done = std::move(*in_flight_);
   in_flight_.reset();
@@ -628,6 +612,18 @@ void Engine::Advance() {
   // time, after these outputs.)
   EmitTokens(done.rows, &*tokens, nullptr, /*in_place=*/true, &done);
   emitting_ = nullptr;
+}
+
+void Engine::EndRejected(StepPlan& plan) {
+  counters_.preemptions += plan.num_preempted;
+  for (std::unique_ptr<Sequence>& seq : plan.rejected) {
+    RequestOutput out;
+    out.text = seq->stop->Flush();
+    out.status = absl::ResourceExhaustedError(absl::StrCat(
+        "request '", seq->id, "' needs more KV cache blocks than the engine has (", cache_->num_blocks(), ")"));
+    Finish(std::move(seq), std::move(out));
+  }
+  plan.rejected.clear();
 }
 
 Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {

@@ -226,6 +226,8 @@ class Engine {
   // One loop iteration's work: Step with no step in flight, else Advance.
   void Step();
   void Advance();
+  // Counts a fresh plan's preemptions and ends its rejected sequences (RESOURCE_EXHAUSTED).
+  void EndRejected(StepPlan& plan);
   StepBatch AssembleBatch(const StepPlan& plan);
   ForwardOptions ForwardOptionsFor(const StepPlan& plan, StepBatch& batch);
   // The device sampling rows of the plan's sampled chunks; false when some row needs the
