@@ -311,6 +311,15 @@ double YarnGetMscale(double scale, double mscale) {
 
 }  // namespace
 
+bool ModelConfig::AbsorbedAttentionCheaper(int64_t n, int64_t start) const {
+  const double r = static_cast<double>(kv_lora_rank), p = static_cast<double>(qk_rope_head_dim);
+  const double nope = static_cast<double>(qk_nope_head_dim), v = static_cast<double>(v_head_dim);
+  const double pairs = static_cast<double>(n) * (static_cast<double>(start) + (static_cast<double>(n) + 1) / 2);
+  const double absorbed = pairs * (2 * r + p);
+  const double expanded = pairs * (nope + p + v) + static_cast<double>(start + n) * (nope + v) * r;
+  return absorbed < expanded;
+}
+
 double ModelConfig::SoftmaxScale() const {
   double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
   if (rope.yarn && rope.mscale_all_dim != 0.0) {

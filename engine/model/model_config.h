@@ -84,6 +84,13 @@ struct ModelConfig {
   std::vector<float> RopeInverseFrequencies() const;
   // One line for logs: "deepseek_v3: 3 layers (1 dense, 2 MoE), hidden 128, ...".
   std::string Summary() const;
+  // Whether attention over `n` new tokens after `start` cached ones needs fewer
+  // multiply-adds in the absorbed form than in the expanded one. Per head and causal (token
+  // j sees start + j + 1 positions): absorbed costs 2 R + P per query-position pair (scores
+  // over latent + rotary key, values summed over the latent); expanded nope + rope + v per
+  // pair plus expanding each position the chunk sees through kv_b ((nope + v) x R). With
+  // tiny's shapes a fresh prompt is cheaper absorbed up to 126 tokens, with V2-Lite's up to 340.
+  bool AbsorbedAttentionCheaper(int64_t n, int64_t start) const;
 };
 
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json);

@@ -418,21 +418,8 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
   return plan;
 }
 
-// Multiply-adds per head of n new tokens after `start` cached ones (causal: token j sees
-// start + j + 1 positions, about start + n / 2 on average). Absorbed: each query-position
-// pair costs 2 R + P (score over the latent entry and rotary key, value sum over the
-// latent). Expanded: nope + rope + v per pair, plus expanding every position the chunk sees
-// through kv_b ((nope + v) x R each). With R = 64 and nope = v = 32 (tiny) the absorbed form
-// wins for fresh prompts under 128 tokens; V2-Lite's shapes: under 340.
 bool CudaDeepseekModel::Impl::AutoAbsorbed(int64_t n, int64_t start) const {
-  if (n <= 1 || !SplitQueries()) return false;
-  const ModelConfig& c = config;
-  const double r = static_cast<double>(c.kv_lora_rank), p = static_cast<double>(c.qk_rope_head_dim);
-  const double nope = static_cast<double>(c.qk_nope_head_dim), v = static_cast<double>(c.v_head_dim);
-  const double pairs = static_cast<double>(n) * (static_cast<double>(start) + (static_cast<double>(n) + 1) / 2);
-  const double absorbed = pairs * (2 * r + p);
-  const double expanded = pairs * (nope + p + v) + static_cast<double>(start + n) * (nope + v) * r;
-  return absorbed < expanded;
+  return n > 1 && SplitQueries() && config.AbsorbedAttentionCheaper(n, start);
 }
 
 void CudaDeepseekModel::Impl::DropGraphs() {

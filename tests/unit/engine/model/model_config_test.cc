@@ -119,6 +119,28 @@ TEST(ModelConfigTest, ErrorsNameTheField) {
   }
 }
 
+TEST(ModelConfigTest, AbsorbedAttentionIsCheaperForShortChunks) {
+  absl::StatusOr<ModelConfig> tiny = ParseModelConfig(Tiny().dump());
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  // R 64, rope 16, nope = v = 32: fresh prompts while n + 1 < 2 (nope+v) R / (2R+P-nope-rope-v) = 128.
+  EXPECT_TRUE(tiny->AbsorbedAttentionCheaper(2, 0));
+  EXPECT_TRUE(tiny->AbsorbedAttentionCheaper(126, 0));
+  EXPECT_FALSE(tiny->AbsorbedAttentionCheaper(127, 0));  // a tie is not cheaper
+  EXPECT_FALSE(tiny->AbsorbedAttentionCheaper(500, 0));
+  // After a long cached prefix only chunks under (nope+v) R / (2R+P-nope-rope-v) = 64 tokens.
+  EXPECT_TRUE(tiny->AbsorbedAttentionCheaper(60, 10000));
+  EXPECT_FALSE(tiny->AbsorbedAttentionCheaper(70, 10000));
+  nlohmann::json v2 = nlohmann::json::parse(PresetConfig("tiny-v2").value());
+  v2["kv_lora_rank"] = 512;
+  v2["qk_rope_head_dim"] = 64;
+  v2["qk_nope_head_dim"] = 128;
+  v2["v_head_dim"] = 128;
+  absl::StatusOr<ModelConfig> lite = ParseModelConfig(v2.dump());  // V2-Lite's attention shapes
+  ASSERT_TRUE(lite.ok()) << lite.status();
+  EXPECT_TRUE(lite->AbsorbedAttentionCheaper(338, 0));
+  EXPECT_FALSE(lite->AbsorbedAttentionCheaper(341, 0));
+}
+
 TEST(ModelConfigTest, BadJsonIsAnError) {
   EXPECT_EQ(ParseModelConfig("{\"model_type\": ").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseModelConfig("[1, 2]").status().code(), absl::StatusCode::kInvalidArgument);
