@@ -120,7 +120,9 @@ TEST(ModelConfigTest, ErrorsNameTheField) {
 }
 
 TEST(ModelConfigTest, AbsorbedAttentionIsCheaperForShortChunks) {
-  absl::StatusOr<ModelConfig> tiny = ParseModelConfig(Tiny().dump());
+  nlohmann::json t = Tiny();
+  t["vocab_size"] = 1024;
+  absl::StatusOr<ModelConfig> tiny = ParseModelConfig(t.dump());
   ASSERT_TRUE(tiny.ok()) << tiny.status();
   // R 64, rope 16, nope = v = 32: fresh prompts while n + 1 < 2 (nope+v) R / (2R+P-nope-rope-v) = 128.
   EXPECT_TRUE(tiny->AbsorbedAttentionCheaper(2, 0));
@@ -135,6 +137,7 @@ TEST(ModelConfigTest, AbsorbedAttentionIsCheaperForShortChunks) {
   v2["qk_rope_head_dim"] = 64;
   v2["qk_nope_head_dim"] = 128;
   v2["v_head_dim"] = 128;
+  v2["vocab_size"] = 1024;
   absl::StatusOr<ModelConfig> lite = ParseModelConfig(v2.dump());  // V2-Lite's attention shapes
   ASSERT_TRUE(lite.ok()) << lite.status();
   EXPECT_TRUE(lite->AbsorbedAttentionCheaper(338, 0));
