@@ -539,6 +539,7 @@ void Engine::Step() {
   StepBatch batch = AssembleBatch(plan);
   std::vector<SampleRow> sample_rows;
   const bool device_sampling = DeviceSampleRows(plan, &sample_rows);
+  // (Nothing is in flight here, so KV this assembly copied in is in place before the launch.)
   if (device_sampling && batch.device_error.ok() && Pipelinable(plan)) {
     Launch(std::move(plan), std::move(batch), std::move(sample_rows));
     return;

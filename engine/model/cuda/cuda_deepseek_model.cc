@@ -485,6 +485,23 @@ absl::Status CudaDeepseekModel::Impl::EnqueueSample(std::span<const CudaDeepseek
   return Mark("sampling");
 }
 
+namespace {
+
+// Rows that all take the argmax of unpenalized logits: the LM head's fused arg-max gives
+// the sampler kernel's token (the first maximum, the same float logits) without the
+// sampling launch and its parameter upload.
+bool AllGreedy(std::span<const CudaDeepseekModel::SampleRow> rows) {
+  for (const CudaDeepseekModel::SampleRow& r : rows) {
+    if (!(r.temperature < cuda::kSampleGreedyTemperature) || r.repetition_penalty != 1.0f ||
+        r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch, const ForwardOptions& fo,
                                           std::vector<float>* logits, std::vector<int32_t>* ids,
                                           std::span<const CudaDeepseekModel::SampleRow> sample, bool launch) {
@@ -494,6 +511,7 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
     return absl::InvalidArgumentError(absl::StrCat(sample.size(), " sampling rows for ", plan.out_rows,
                                                    " logits rows"));
   }
+  if (AllGreedy(sample)) sample = {};  // the LM head's arg-max
   last_rows_ = plan.rows;
   last_out_rows_ = plan.out_rows;
   if (step_events_) {
@@ -801,23 +819,6 @@ absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardGreedy(std::span<
   return ids;
 }
 
-namespace {
-
-// Rows that all take the argmax of unpenalized logits: the LM head's fused arg-max gives
-// the sampler kernel's token (the first maximum, the same float logits) without the
-// sampling launch and its parameter upload.
-bool AllGreedy(std::span<const CudaDeepseekModel::SampleRow> rows) {
-  for (const CudaDeepseekModel::SampleRow& r : rows) {
-    if (!(r.temperature < cuda::kSampleGreedyTemperature) || r.repetition_penalty != 1.0f ||
-        r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f) {
-      return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
-
 absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardSample(std::span<const ForwardSequence> batch,
                                                                       std::span<const SampleRow> rows,
                                                                       const ForwardOptions& options) {
@@ -830,10 +831,7 @@ absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardSample(std::span<
     }
     return ids;
   }
-  RETURN_IF_ERROR(impl_->Run(batch, options, nullptr, &ids, AllGreedy(rows) ? std::span<const SampleRow>{} : rows));
-  if (ids.size() != rows.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(rows.size(), " sampling rows for ", ids.size(), " logits rows"));
-  }
+  RETURN_IF_ERROR(impl_->Run(batch, options, nullptr, &ids, rows));
   return ids;
 }
 
@@ -841,16 +839,8 @@ absl::Status CudaDeepseekModel::LaunchSample(std::span<const ForwardSequence> ba
                                              const ForwardOptions& options) {
   if (impl_->launched_) return absl::FailedPreconditionError("a launched step was not collected");
   std::vector<int32_t> ids;
-  absl::Status st =
-      rows.empty() ? absl::InvalidArgumentError("no sampling rows")
-                   : impl_->Run(batch, options, nullptr, &ids, AllGreedy(rows) ? std::span<const SampleRow>{} : rows,
-                                /*launch=*/true);
-  if (st.ok() && static_cast<int64_t>(rows.size()) != impl_->last_out_rows_) {
-    // (Checked by Run when it samples; the arg-max path takes any count.)
-    st = absl::InvalidArgumentError(absl::StrCat(rows.size(), " sampling rows for ", impl_->last_out_rows_,
-                                                 " logits rows"));
-    if (impl_->launched_) (void)impl_->CollectLaunched();
-  }
+  const absl::Status st = rows.empty() ? absl::InvalidArgumentError("no sampling rows")
+                                       : impl_->Run(batch, options, nullptr, &ids, rows, /*launch=*/true);
   if (!st.ok()) {
     impl_->launched_.reset();
     return st;
@@ -905,30 +895,18 @@ absl::Status CudaDeepseekModel::WriteKvEntries(int64_t layer, std::span<const in
 
 absl::StatusOr<uint64_t> CudaDeepseekModel::LastForwardWeightBytes() { return impl_->LastForwardWeightBytes(); }
 void CudaDeepseekModel::set_cuda_graphs(bool on) { impl_->graphs_on_ = on; }
-void CudaDeepseekModel::set_programmatic_launch(bool on) {
-  impl_->DropGraphs();
-  impl_->options.programmatic_launch = on;
-}
+void CudaDeepseekModel::set_programmatic_launch(bool on) { impl_->SetOption(&LoadOptions::programmatic_launch, on); }
 void CudaDeepseekModel::set_fused_decode_max_tokens(int64_t tokens) {
-  impl_->DropGraphs();
-  impl_->options.fused_decode_max_tokens = tokens;
+  impl_->SetOption(&LoadOptions::fused_decode_max_tokens, tokens);
 }
-void CudaDeepseekModel::set_moe_expert_gemv(bool on) {
-  impl_->DropGraphs();
-  impl_->options.moe_expert_gemv = on;
-}
+void CudaDeepseekModel::set_moe_expert_gemv(bool on) { impl_->SetOption(&LoadOptions::moe_expert_gemv, on); }
 void CudaDeepseekModel::set_deterministic_moe_down(bool on) {
-  impl_->DropGraphs();
-  impl_->options.deterministic_moe_down = on;
+  impl_->SetOption(&LoadOptions::deterministic_moe_down, on);
 }
 void CudaDeepseekModel::set_moe_shared_experts_early(bool on) {
-  impl_->DropGraphs();
-  impl_->options.moe_shared_experts_early = on;
+  impl_->SetOption(&LoadOptions::moe_shared_experts_early, on);
 }
-void CudaDeepseekModel::set_split_decode_queries(bool on) {
-  impl_->DropGraphs();
-  impl_->options.split_decode_queries = on;
-}
+void CudaDeepseekModel::set_split_decode_queries(bool on) { impl_->SetOption(&LoadOptions::split_decode_queries, on); }
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {
   return impl_->TakeStepTimes();

@@ -155,6 +155,12 @@ class CudaDeepseekModel::Impl {
   std::optional<Launched> launched_;
   cudaEvent_t launch_event_ = nullptr;
   void DropGraphs();
+  // A LoadOptions field changed after loading: the captured graphs baked the old value in.
+  template <typename T>
+  void SetOption(T CudaDeepseekModel::LoadOptions::*field, T value) {
+    DropGraphs();
+    options.*field = value;
+  }
 
   absl::Status ReadKv(int64_t layer, std::span<const int32_t> table, int64_t first, int64_t n, float* host);
   absl::Status WriteKv(int64_t layer, std::span<const int32_t> table, int64_t first, const float* entries, int64_t n);
