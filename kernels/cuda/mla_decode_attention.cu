@@ -647,29 +647,46 @@ __global__ void __launch_bounds__(256, 1) MlaDecodeWgmmaKernel(DecodeArgs a) {
 
 constexpr int kCombineThreads = 128;  // x 4 columns >= kv_lora_rank (512)
 
-// The split weights of row `row` into weight[0, splits) (called by one warp).
-__device__ __forceinline__ void SplitWeights(const DecodeArgs& a, int row, float* weight) {
+// The split weights of row `row`, lane l holding those of splits l, l + 32, ... (called by
+// a whole warp; splits beyond a.splits get 0).
+__device__ __forceinline__ void SplitWeightsInLanes(const DecodeArgs& a, int row, float (&weight)[kMaxSplits / 32]) {
   const int lane = threadIdx.x % 32;
-  float lse[kMaxSplits / 32];
   float mx = -INFINITY;
 #pragma unroll
   for (int k = 0; k < kMaxSplits / 32; ++k) {
     const int s = lane + 32 * k;
-    lse[k] = s < a.splits ? a.ws_lse[static_cast<int64_t>(s) * a.total_rows + row] : -INFINITY;
-    mx = fmaxf(mx, lse[k]);
+    weight[k] = s < a.splits ? a.ws_lse[static_cast<int64_t>(s) * a.total_rows + row] : -INFINITY;
+    mx = fmaxf(mx, weight[k]);
   }
   for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   float sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < kMaxSplits / 32; ++k) {
-    lse[k] = lse[k] == -INFINITY ? 0.0f : Exp2(lse[k] - mx);
-    sum += lse[k];
+    weight[k] = weight[k] == -INFINITY ? 0.0f : Exp2(weight[k] - mx);
+    sum += weight[k];
   }
   for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 #pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) weight[k] *= inv;
+}
+
+// The weight of split s (the same for the whole warp) from SplitWeightsInLanes' registers.
+__device__ __forceinline__ float SplitWeightOf(const float (&weight)[kMaxSplits / 32], int s) {
+  float w = weight[0];
+#pragma unroll
+  for (int k = 1; k < kMaxSplits / 32; ++k) w = s / 32 == k ? weight[k] : w;
+  return __shfl_sync(0xffffffffu, w, s % 32);
+}
+
+// The split weights of row `row` into weight[0, splits) (called by one warp).
+__device__ __forceinline__ void SplitWeights(const DecodeArgs& a, int row, float* weight) {
+  const int lane = threadIdx.x % 32;
+  float w[kMaxSplits / 32];
+  SplitWeightsInLanes(a, row, w);
+#pragma unroll
   for (int k = 0; k < kMaxSplits / 32; ++k) {
-    if (lane + 32 * k < a.splits) weight[lane + 32 * k] = lse[k] * inv;
+    if (lane + 32 * k < a.splits) weight[lane + 32 * k] = w[k];
   }
 }
 
@@ -678,29 +695,7 @@ __global__ void __launch_bounds__(kCombineThreads) MlaDecodeCombineKernel(Decode
   __shared__ float weight[kMaxSplits];
   const int row = blockIdx.x;  // token * heads + head
   const int tid = threadIdx.x;
-  if (tid < 32) {
-    float lse[kMaxSplits / 32];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kMaxSplits / 32; ++k) {
-      const int s = tid + 32 * k;
-      lse[k] = s < a.splits ? a.ws_lse[static_cast<int64_t>(s) * a.total_rows + row] : -INFINITY;
-      mx = fmaxf(mx, lse[k]);
-    }
-    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kMaxSplits / 32; ++k) {
-      lse[k] = lse[k] == -INFINITY ? 0.0f : Exp2(lse[k] - mx);
-      sum += lse[k];
-    }
-    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-#pragma unroll
-    for (int k = 0; k < kMaxSplits / 32; ++k) {
-      if (tid + 32 * k < a.splits) weight[tid + 32 * k] = lse[k] * inv;
-    }
-  }
+  if (tid < 32) SplitWeights(a, row, weight);
   __syncthreads();
   const int c = tid * 4;
   if (c >= a.R) return;
@@ -742,6 +737,7 @@ constexpr int kOutThreads = 256;
 constexpr int kOutWarps = kOutThreads / 32;
 constexpr int kOutChunks = kWgR / 128;  // float4 chunks of a latent row per lane
 constexpr int kOutRowsPerWarp = 4;
+constexpr int kOutSplitsPerPass = 4;  // partial rows a warp loads at once
 constexpr int kOutRows = kOutThreads / 32 * kOutRowsPerWarp;  // value rows per block
 constexpr int kOutPairs = kWgR / 64;  // column pairs per lane: kv_lora_rank <= 512
 
@@ -769,38 +765,41 @@ __global__ void __launch_bounds__(kOutThreads) MlaDecodeOutputKernel(DecodeArgs 
       const float* src = a.out + token * a.out_stride + static_cast<int64_t>(h) * a.R;
       for (int c = threadIdx.x; c < a.R; c += kOutThreads) lat[c] = src[c];
     } else {
-      if (warp == 0) SplitWeights(a, row, weight);
-      __syncthreads();
-      // Warp w sums splits w, w + 8, ... (two at a time: 8 float4 loads in flight per lane;
-      // splits that saw nothing have weight 0 and unwritten partials), then the 8 partial
-      // rows are added in shared memory.
+      // Warp w sums splits w, w + 8, ... (kOutSplitsPerPass at a time, all their float4
+      // loads in flight at once), then the 8 partial rows are added in shared memory. Each
+      // warp computes the split weights itself, its log-sum-exp loads issued right after its
+      // first partial rows: neither waits for the other. A split that saw nothing has weight
+      // 0 and an unwritten partial, which the select below never adds.
       float4 acc4[kOutChunks];
 #pragma unroll
       for (int q = 0; q < kOutChunks; ++q) acc4[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       const int chunks = a.R / 4;
-      for (int s0 = warp; s0 < a.splits; s0 += 2 * kOutWarps) {
-        float4 x[2][kOutChunks];
-        float ws[2];
+      float lane_weight[kMaxSplits / 32];
+      for (int s0 = warp; s0 < a.splits; s0 += kOutSplitsPerPass * kOutWarps) {
+        float4 x[kOutSplitsPerPass][kOutChunks];
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < kOutSplitsPerPass; ++u) {
           const int s = s0 + u * kOutWarps;
-          ws[u] = s < a.splits ? weight[s] : 0.0f;
           const float4* src = reinterpret_cast<const float4*>(
               a.ws_o + (static_cast<int64_t>(min(s, a.splits - 1)) * a.total_rows + row) * a.R);
 #pragma unroll
           for (int q = 0; q < kOutChunks; ++q) {
             const int ch = lane + 32 * q;
-            x[u][q] = ws[u] != 0.0f && ch < chunks ? __ldcg(src + ch) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            x[u][q] = s < a.splits && ch < chunks ? __ldcg(src + ch) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
           }
         }
+        if (s0 == warp) SplitWeightsInLanes(a, row, lane_weight);
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < kOutSplitsPerPass; ++u) {
+          const int s = s0 + u * kOutWarps;
+          const float ws = s < a.splits ? SplitWeightOf(lane_weight, s) : 0.0f;
+          if (ws == 0.0f) continue;
 #pragma unroll
           for (int q = 0; q < kOutChunks; ++q) {
-            acc4[q].x = fmaf(ws[u], x[u][q].x, acc4[q].x);
-            acc4[q].y = fmaf(ws[u], x[u][q].y, acc4[q].y);
-            acc4[q].z = fmaf(ws[u], x[u][q].z, acc4[q].z);
-            acc4[q].w = fmaf(ws[u], x[u][q].w, acc4[q].w);
+            acc4[q].x = fmaf(ws, x[u][q].x, acc4[q].x);
+            acc4[q].y = fmaf(ws, x[u][q].y, acc4[q].y);
+            acc4[q].z = fmaf(ws, x[u][q].z, acc4[q].z);
+            acc4[q].w = fmaf(ws, x[u][q].w, acc4[q].w);
           }
         }
       }

@@ -80,11 +80,14 @@ __global__ void __launch_bounds__(kThreads) MlaPrepareKernel(MlaPrepareParams p)
 constexpr int kAbsorbThreads = 128;
 constexpr int kAbsorbCols = 64;
 constexpr int kAbsorbMaxJ = 48;  // nope_dim / 4
+constexpr int kAbsorbMaxHalf = 64;  // rope_dim / 2
+constexpr int kAbsorbKvPerThread = 8;  // kv_lora_rank <= 1024
 
 __global__ void __launch_bounds__(kAbsorbThreads) MlaPrepareAbsorbKernel(MlaPrepareParams p) {
   __shared__ float q_s[4 * kAbsorbMaxJ];
   __shared__ float2 part[4][32];
-  __shared__ float cos_s[128], sin_s[128];
+  __shared__ float cos_s[kMlaPrepareAbsorbMaxTokens * kAbsorbMaxHalf];
+  __shared__ float sin_s[kMlaPrepareAbsorbMaxTokens * kAbsorbMaxHalf];
   __shared__ float scratch[kAbsorbThreads / 32];
   const int h = blockIdx.y;
   const int chunks = (p.kv_lora_rank + kAbsorbCols - 1) / kAbsorbCols;
@@ -144,54 +147,80 @@ __global__ void __launch_bounds__(kAbsorbThreads) MlaPrepareAbsorbKernel(MlaPrep
     return;
   }
 
-  internal::WaitAndTrigger();
+  // Blocks x == chunks: head h's rotated query rope parts, and block (chunks, 0) the latent
+  // KV entries too. Positions and slots are written before the step's first kernel, so the
+  // angles are computed before the wait; after it each token's query and latent values are
+  // loaded together, one round trip, before anything is stored.
   const int half = p.rope_dim / 2;
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const int64_t position = p.positions[t];
-    for (int i = threadIdx.x; i < half; i += kAbsorbThreads) {
-      internal::RopeCosSin(position, p.inv_freq[i], p.attention_factor, &cos_s[i], &sin_s[i]);
-    }
-    __syncthreads();
+  const int tokens = static_cast<int>(p.num_tokens);
+  for (int j = threadIdx.x; j < tokens * half; j += kAbsorbThreads) {
+    const int t = j / half, i = j % half;
+    const int32_t position = static_cast<int32_t>(internal::LoadWeight(reinterpret_cast<const uint32_t*>(p.positions + t)));
+    internal::RopeCosSin(position, internal::LoadWeight(p.inv_freq + i), p.attention_factor, &cos_s[j], &sin_s[j]);
+  }
+  float norm_w[kAbsorbKvPerThread];
+#pragma unroll
+  for (int k = 0; k < kAbsorbKvPerThread; ++k) {
+    const int i = static_cast<int>(threadIdx.x) + k * kAbsorbThreads;
+    norm_w[k] = h == 0 ? internal::LoadWeight(p.kv_norm_weight + min(i, p.kv_lora_rank - 1)) : 0.0f;
+  }
+  internal::WaitAndTrigger();
+  __syncthreads();  // cos_s, sin_s
+  const bool rope_thread = static_cast<int>(threadIdx.x) < half;
+  const int2 idx = internal::RopePair(min(static_cast<int>(threadIdx.x), half - 1), half, p.interleaved);
+  for (int t = 0; t < tokens; ++t) {
     const float* qh = p.q + t * p.q_stride + h * head_dim + p.nope_dim;
-    __nv_bfloat16* r = p.q_rope_out + t * p.q_rope_out_stride + h * p.q_rope_out_head_stride;
-    __nv_bfloat16* r_lo = p.q_rope_lo_out == nullptr
-                              ? nullptr
-                              : p.q_rope_lo_out + t * p.q_rope_out_stride + h * p.q_rope_out_head_stride;
-    for (int i = threadIdx.x; i < half; i += kAbsorbThreads) {
-      const int2 idx = internal::RopePair(i, half, p.interleaved);
-      const float x0 = qh[idx.x], x1 = qh[idx.y];
-      const float v0 = x0 * cos_s[i] - x1 * sin_s[i], v1 = x1 * cos_s[i] + x0 * sin_s[i];
-      const __nv_bfloat16 y0 = __float2bfloat16_rn(v0), y1 = __float2bfloat16_rn(v1);
-      r[idx.x] = y0;
-      r[idx.y] = y1;
-      if (r_lo != nullptr) {
-        r_lo[idx.x] = __float2bfloat16_rn(v0 - __bfloat162float(y0));
-        r_lo[idx.y] = __float2bfloat16_rn(v1 - __bfloat162float(y1));
-      }
+    const float* kv = p.kv + t * p.kv_stride;
+    float q0 = 0.0f, q1 = 0.0f, k0 = 0.0f, k1 = 0.0f;
+    float lat[kAbsorbKvPerThread];
+    int64_t slot = -1;
+    if (rope_thread) {
+      q0 = qh[idx.x];
+      q1 = qh[idx.y];
     }
     if (h == 0) {
-      // The latent KV entry, as MlaPrepareKernel writes it.
-      const float* kv = p.kv + t * p.kv_stride;
-      float sum = 0.0f;
-      for (int i = threadIdx.x; i < p.kv_lora_rank; i += kAbsorbThreads) sum += kv[i] * kv[i];
-      sum = internal::BlockSum<kAbsorbThreads>(sum, scratch);
-      const int64_t slot = p.slots[t];
-      if (slot >= 0 && slot < p.num_slots) {
-        const float inv = rsqrtf(sum / static_cast<float>(p.kv_lora_rank) + p.kv_norm_eps);
-        __nv_bfloat16* entry = p.kv_cache + slot * (p.kv_lora_rank + p.rope_dim);
-        for (int i = threadIdx.x; i < p.kv_lora_rank; i += kAbsorbThreads) {
-          entry[i] = __float2bfloat16_rn(p.kv_norm_weight[i] * (kv[i] * inv));
-        }
-        const float* k_rope = kv + p.kv_lora_rank;
-        for (int i = threadIdx.x; i < half; i += kAbsorbThreads) {
-          const int2 idx = internal::RopePair(i, half, p.interleaved);
-          const float x0 = k_rope[idx.x], x1 = k_rope[idx.y];
-          entry[p.kv_lora_rank + idx.x] = __float2bfloat16_rn(x0 * cos_s[i] - x1 * sin_s[i]);
-          entry[p.kv_lora_rank + idx.y] = __float2bfloat16_rn(x1 * cos_s[i] + x0 * sin_s[i]);
-        }
+      slot = p.slots[t];
+#pragma unroll
+      for (int k = 0; k < kAbsorbKvPerThread; ++k) {
+        const int i = static_cast<int>(threadIdx.x) + k * kAbsorbThreads;
+        lat[k] = i < p.kv_lora_rank ? kv[i] : 0.0f;
+      }
+      if (rope_thread) {
+        k0 = kv[p.kv_lora_rank + idx.x];
+        k1 = kv[p.kv_lora_rank + idx.y];
       }
     }
-    __syncthreads();  // cos_s, sin_s are reused
+    const float c = cos_s[t * half + min(static_cast<int>(threadIdx.x), half - 1)];
+    const float s = sin_s[t * half + min(static_cast<int>(threadIdx.x), half - 1)];
+    if (rope_thread) {
+      const int64_t at = t * p.q_rope_out_stride + h * p.q_rope_out_head_stride;
+      const float v0 = q0 * c - q1 * s, v1 = q1 * c + q0 * s;
+      const __nv_bfloat16 y0 = __float2bfloat16_rn(v0), y1 = __float2bfloat16_rn(v1);
+      p.q_rope_out[at + idx.x] = y0;
+      p.q_rope_out[at + idx.y] = y1;
+      if (p.q_rope_lo_out != nullptr) {
+        p.q_rope_lo_out[at + idx.x] = __float2bfloat16_rn(v0 - __bfloat162float(y0));
+        p.q_rope_lo_out[at + idx.y] = __float2bfloat16_rn(v1 - __bfloat162float(y1));
+      }
+    }
+    if (h != 0) continue;
+    // The latent KV entry, as MlaPrepareKernel writes it.
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kAbsorbKvPerThread; ++k) sum += lat[k] * lat[k];
+    sum = internal::BlockSum<kAbsorbThreads>(sum, scratch);
+    if (slot < 0 || slot >= p.num_slots) continue;
+    const float inv = rsqrtf(sum / static_cast<float>(p.kv_lora_rank) + p.kv_norm_eps);
+    __nv_bfloat16* entry = p.kv_cache + slot * (p.kv_lora_rank + p.rope_dim);
+#pragma unroll
+    for (int k = 0; k < kAbsorbKvPerThread; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * kAbsorbThreads;
+      if (i < p.kv_lora_rank) entry[i] = __float2bfloat16_rn(norm_w[k] * (lat[k] * inv));
+    }
+    if (rope_thread) {
+      entry[p.kv_lora_rank + idx.x] = __float2bfloat16_rn(k0 * c - k1 * s);
+      entry[p.kv_lora_rank + idx.y] = __float2bfloat16_rn(k1 * c + k0 * s);
+    }
   }
 }
 
@@ -209,7 +238,8 @@ cudaError_t MlaPrepare(const MlaPrepareParams& p, cudaStream_t stream) {
   if (p.w_uk != nullptr) {
     if (p.q_latent_out == nullptr || p.q_rope_out == nullptr || p.q_rope_out_rows != p.num_tokens ||
         p.num_tokens > kMlaPrepareAbsorbMaxTokens || p.nope_dim <= 0 || p.nope_dim % 4 != 0 ||
-        p.nope_dim > 4 * kAbsorbMaxJ || p.kv_lora_rank % 2 != 0 || p.q_rope_out_stride % 2 != 0 ||
+        p.nope_dim > 4 * kAbsorbMaxJ || p.rope_dim > 2 * kAbsorbMaxHalf ||
+        p.kv_lora_rank > kAbsorbKvPerThread * kAbsorbThreads || p.kv_lora_rank % 2 != 0 || p.q_rope_out_stride % 2 != 0 ||
         p.q_rope_out_head_stride % 2 != 0 || p.w_uk_head_stride % 2 != 0 ||
         reinterpret_cast<uintptr_t>(p.w_uk) % 4 != 0 || reinterpret_cast<uintptr_t>(p.q_latent_out) % 4 != 0 ||
         reinterpret_cast<uintptr_t>(p.q_latent_lo_out) % 4 != 0 ||

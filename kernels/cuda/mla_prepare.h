@@ -54,7 +54,8 @@ struct MlaPrepareParams {
   bool interleaved = true;
   // Absorbed variant (see above): W_UK[h] = w_uk + h * w_uk_head_stride, [nope_dim][kv_lora_rank]
   // (kv_b's key rows of head h); q_latent_out takes q_rope_out's strides. Needs q_rope_out,
-  // q_rope_out_rows == num_tokens <= kMlaPrepareAbsorbMaxTokens, nope_dim <= 192.
+  // q_rope_out_rows == num_tokens <= kMlaPrepareAbsorbMaxTokens, nope_dim <= 192,
+  // rope_dim <= 128, kv_lora_rank <= 1024.
   const __nv_bfloat16* w_uk = nullptr;
   int64_t w_uk_head_stride = 0;
   __nv_bfloat16* q_latent_out = nullptr;
