@@ -21,9 +21,11 @@ summary() { grep -E "^\[ *(FAILED|PASSED)|Failure|Expected|Which is|prompts:|ERR
     [ -x "$bin/$t" ] || continue
     echo "== $t"; timeout 300 "$bin/$t" 2>&1 | summary
   done
-  echo "== memcheck: routing, permutation, GEMVs"
+  echo "== memcheck: routing, permutation, GEMVs, MLA prepare and decode"
   timeout 300 compute-sanitizer --tool memcheck "$bin/kernels_cuda_ops_test" \
-    --gtest_filter='*MoeFused*:*MoeRouting*:*MoePermute*:*SmallGemv*' 2>&1 | summary
+    --gtest_filter='*MoeFused*:*MoeRouting*:*MoePermute*:*SmallGemv*:*MlaPrepare*:*MlaDecodeFused*' 2>&1 | summary
+  timeout 300 compute-sanitizer --tool memcheck "$bin/kernels_cuda_mla_attention_test" \
+    --gtest_filter='*DecodeOtherBlockSizes*:*DecodeCaptures*:*DecodeRejects*' 2>&1 | summary
   timeout 300 compute-sanitizer --tool memcheck "$bin/kernels_cuda_moe_expert_gemv_test" \
     --gtest_filter='*Graph*:*Staged*:*Rejects*:*Early*' 2>&1 | summary
 )

@@ -874,7 +874,9 @@ TEST_F(CudaOpsTest, MlaPrepareAbsorbedMatchesSeparateSteps) {
   struct Case {
     int tokens, heads, nope, rope, rank, v;
   };
-  for (const Case& cs : {Case{3, 4, 32, 16, 64, 32}, Case{1, 16, 128, 64, 512, 128}, Case{4, 2, 192, 32, 96, 64}}) {
+  // The last case is at the absorbed kernel's limits: 16 tokens, rope_dim 128, kv_lora_rank 1024.
+  for (const Case& cs : {Case{3, 4, 32, 16, 64, 32}, Case{1, 16, 128, 64, 512, 128}, Case{4, 2, 192, 32, 96, 64},
+                         Case{16, 3, 64, 128, 1024, 32}}) {
     const int tokens = cs.tokens, heads = cs.heads, nope = cs.nope, rope = cs.rope, rank = cs.rank;
     const int entry = rank + rope, head = nope + rope, block = 64, num_blocks = 3, half = rope / 2;
     std::vector<float> inv_freq(half);
@@ -947,6 +949,10 @@ TEST_F(CudaOpsTest, MlaPrepareAbsorbedMatchesSeparateSteps) {
         const float want = cref[slots[t] * entry + i];
         ASSERT_NEAR(cfused[slots[t] * entry + i], want, 8e-3f * std::fabs(want) + 1e-6f) << "cache " << t << " " << i;
       }
+    }
+    if (rank == 1024) {  // one column pair past the absorbed kernel's latent limit: refused
+      p.kv_lora_rank = rank + 2;
+      EXPECT_EQ(cuda::MlaPrepare(p, nullptr), cudaErrorInvalidValue);
     }
   }
 }
