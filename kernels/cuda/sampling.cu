@@ -1,13 +1,20 @@
 #include "kernels/cuda/sampling.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <unordered_map>
 
+#include <cooperative_groups.h>
+
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/device_info.h"
+#include "kernels/cuda/launch_control.h"
 
 namespace tandem::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
@@ -17,7 +24,9 @@ constexpr unsigned kFull = 0xffffffffu;
 // Per-warp histograms: counts, then masses; the gathered keys reuse the same bytes.
 constexpr size_t kHistCountBytes = sizeof(uint32_t) * kWarps * kBins;
 constexpr size_t kDynamicSmem = kHistCountBytes + sizeof(double) * kWarps * kBins;
-static_assert(kDynamicSmem >= sizeof(uint64_t) * kGather, "the gathered keys must fit in the histogram space");
+// Gather's two key arrays (this block's, then the cluster's) reuse the histogram bytes.
+static_assert(kHistCountBytes >= 2 * sizeof(uint64_t) * kGather, "the gathered keys must fit in the histogram space");
+constexpr int kMaxCluster = 16;  // blocks per row (a non-portable cluster size on sm_90)
 
 // --- The CPU Sampler's arithmetic (engine/runtime/sampler.cc), operation for operation. ---
 
@@ -80,11 +89,30 @@ struct Row {
   }
 };
 
-// --- Block-wide helpers (every thread calls them; results in a fixed order). ---
+// --- The cluster of blocks that samples one row. ---
+//
+// A row is sampled by a cluster of `size` blocks (thread-block cluster, sm_90), block `rank`
+// taking the vocabulary slice [lo, hi). Every block-wide reduction becomes block partials
+// combined over the cluster through distributed shared memory, in rank order, by every
+// block alike: all blocks of a cluster hold the same values after each exchange and so take
+// the same decisions (and call the same cluster barriers). One barrier per exchange: a block
+// publishes into one of two slot sets, alternately; by the time a set is written again,
+// every block has passed the barrier of the exchange in between, so has read it.
+
+// A block's share of a cluster-wide reduction (which fields mean what: the caller's).
+struct Partial {
+  double d0, d1;
+  uint64_t u0, u1;
+  int i0, i1;
+  float f;
+};
 
 struct Shared {
-  uint32_t bin_count[kBins];
+  uint32_t bin_count[kBins];  // a level's histogram, merged over the cluster
   double bin_mass[kBins];
+  uint32_t pub_count[2][kBins];  // this block's histogram, published (alternating sets)
+  double pub_mass[2][kBins];
+  Partial pub[2];                // this block's partial, published (alternating sets)
   double red_d[kWarps];
   uint64_t red_u[kWarps];
   int red_i[kWarps];
@@ -100,6 +128,50 @@ struct Shared {
   int id;
   int remaining;
 };
+
+struct Slice {
+  int rank, size;  // this block in the row's cluster
+  int lo, hi;      // its vocabulary slice
+  int phase;       // the slot set the next exchange publishes into
+};
+
+__device__ __forceinline__ void ClusterSync() { cg::this_cluster().sync(); }
+
+template <typename T>
+__device__ __forceinline__ T* RemoteOf(T* local, int rank) {
+  return cg::this_cluster().map_shared_rank(local, rank);
+}
+
+__device__ __forceinline__ Partial ShflPartial(const Partial& v, int lane) {
+  Partial o;
+  o.d0 = __shfl_sync(kFull, v.d0, lane);
+  o.d1 = __shfl_sync(kFull, v.d1, lane);
+  o.u0 = __shfl_sync(kFull, v.u0, lane);
+  o.u1 = __shfl_sync(kFull, v.u1, lane);
+  o.i0 = __shfl_sync(kFull, v.i0, lane);
+  o.i1 = __shfl_sync(kFull, v.i1, lane);
+  o.f = __shfl_sync(kFull, v.f, lane);
+  return o;
+}
+
+// Combines every block's `mine` (a block total: the same in all its threads) with `op`, in
+// rank order; every thread of every block of the cluster gets the same result. Lane r of
+// each warp reads block r's partial, then the warp folds them with shuffles.
+template <typename Op>
+__device__ Partial ClusterCombine(const Partial& mine, Op op, Slice& c, Shared& s) {
+  Partial* slot = &s.pub[c.phase];
+  c.phase ^= 1;
+  if (threadIdx.x == 0) *slot = mine;
+  ClusterSync();
+  const int lane = threadIdx.x % 32;
+  Partial theirs = mine;
+  if (lane < c.size) theirs = *RemoteOf(slot, lane);
+  Partial acc = ShflPartial(theirs, 0);
+  for (int r = 1; r < c.size; ++r) acc = op(acc, ShflPartial(theirs, r));
+  return acc;
+}
+
+// --- Block-wide helpers (every thread calls them; results in a fixed order). ---
 
 __device__ __forceinline__ double WarpSumD(double v) {
   for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(kFull, v, off);
@@ -226,18 +298,21 @@ __device__ __forceinline__ bool InRange(const Row& r, int i, float logit, uint32
   return *w > 0.0f;
 }
 
-// The boundary lies among the `bits`-bit prefix's tokens (at most kGather), after
-// acc_count tokens weighing acc_mass: sort them and walk them in canonical order.
+// The boundary lies among the `bits`-bit prefix's tokens (at most kGather in the cluster),
+// after acc_count tokens weighing acc_mass: every block gathers its slice's keys, copies the
+// cluster's into one array (block by block), sorts it and walks it in canonical order.
 __device__ Found Gather(const Row& r, const Target& target, uint64_t bound, uint32_t prefix, int bits,
-                        int64_t acc_count, double acc_mass, uint64_t* keys, Shared& s) {
+                        int64_t acc_count, double acc_mass, uint64_t* hist_space, Slice& c, Shared& s) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  uint64_t* mine = hist_space;          // [kGather]: this block's, read by the others
+  uint64_t* keys = hist_space + kGather;  // [kGather]: the cluster's
   if (tid == 0) s.gathered = 0;
   __syncthreads();
-  for (int base = 0; base < r.vocab; base += kThreads) {
+  for (int base = c.lo; base < c.hi; base += kThreads) {
     const int i = base + tid;
     bool valid = false;
     uint64_t key = 0;
-    if (i < r.vocab) {
+    if (i < c.hi) {
       const float l = r.logits[i];
       const uint32_t dk = DescKey(l);
       float w;
@@ -250,11 +325,22 @@ __device__ Found Gather(const Row& r, const Target& target, uint64_t bound, uint
     pos = __shfl_sync(kFull, pos, 0);
     if (valid) {
       const int at = pos + __popc(ballot & ((1u << lane) - 1u));
-      if (at < kGather) keys[at] = key;
+      if (at < kGather) mine[at] = key;
     }
   }
   __syncthreads();
-  const int n = min(s.gathered, kGather);
+  Partial* slot = &s.pub[c.phase];
+  c.phase ^= 1;
+  if (tid == 0) slot->i0 = min(s.gathered, kGather);
+  ClusterSync();
+  int n = 0;
+  for (int q = 0; q < c.size; ++q) {
+    const int count = RemoteOf(slot, q)->i0;
+    const uint64_t* src = RemoteOf(mine, q);
+    for (int i = tid; i < count && n + i < kGather; i += kThreads) keys[n + i] = src[i];
+    n = min(n + count, kGather);
+  }
+  ClusterSync();  // every block has its copy: `mine` may be overwritten
   if (n == 0) return Found{false, 0, 0.0};  // not reached: the chosen bin holds tokens
   int padded = 1;
   while (padded < n) padded *= 2;
@@ -291,12 +377,12 @@ __device__ Found Gather(const Row& r, const Target& target, uint64_t bound, uint
     double before = __shfl_up_sync(kFull, inclusive, 1);
     if (lane == 0) before = 0.0;
     double m = acc_mass + before;
-    int64_t c = acc_count + lo;
+    int64_t cnt = acc_count + lo;
     int hit = -1;
     for (int j = lo; j < hi; ++j) {
       m += r.Weight(r.logits[KeyId(keys[j])]);
-      ++c;
-      if (target.Reached(c, m)) {
+      ++cnt;
+      if (target.Reached(cnt, m)) {
         hit = j;
         break;
       }
@@ -319,48 +405,69 @@ __device__ Found Gather(const Row& r, const Target& target, uint64_t bound, uint
 }
 
 // The id of the j-th (1-based) token, in id order, among the search's tokens of order key
-// dk (a tie group larger than kGather).
-__device__ int NthInTieGroup(const Row& r, uint32_t dk, int j, uint64_t bound, Shared& s) {
+// dk (a tie group larger than kGather): the cluster counts each slice's, the block whose
+// slice holds the j-th finds it, and the cluster takes its answer.
+__device__ int NthInTieGroup(const Row& r, uint32_t dk, int j, uint64_t bound, Slice& c, Shared& s) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  int remaining = j;
-  for (int base = 0; base < r.vocab; base += kThreads) {
-    const int i = base + tid;
-    bool match = false;
-    if (i < r.vocab) {
-      const float l = r.logits[i];
-      match = DescKey(l) == dk && Key(dk, i) <= bound && r.Weight(l) > 0.0f;
+  auto matches = [&](int i) {
+    const float l = r.logits[i];
+    return DescKey(l) == dk && Key(dk, i) <= bound && r.Weight(l) > 0.0f;
+  };
+  int mine = 0;
+  for (int i = c.lo + tid; i < c.hi; i += kThreads) mine += matches(i) ? 1 : 0;
+  mine = BlockSumI(mine, s);
+  Partial* slot = &s.pub[c.phase];
+  c.phase ^= 1;
+  if (tid == 0) slot->i0 = mine;
+  ClusterSync();
+  int remaining = j, holder = -1;
+  for (int q = 0; q < c.size && holder < 0; ++q) {
+    const int count = RemoteOf(slot, q)->i0;
+    if (count >= remaining) {
+      holder = q;
+    } else {
+      remaining -= count;
     }
-    const unsigned ballot = __ballot_sync(kFull, match);
-    if (lane == 0) s.ballots[warp] = ballot;
-    __syncthreads();
-    if (tid == 0) {
-      int found = -1;
-      for (int w = 0; w < kWarps && found < 0; ++w) {
-        const int c = __popc(s.ballots[w]);
-        if (c >= remaining) {
-          unsigned b = s.ballots[w];
-          for (int k = 1; k < remaining; ++k) b &= b - 1u;
-          found = base + w * 32 + __ffs(b) - 1;
-        } else {
-          remaining -= c;
-        }
-      }
-      s.id = found;
-      s.remaining = remaining;
-    }
-    __syncthreads();
-    const int found = s.id;
-    remaining = s.remaining;
-    __syncthreads();
-    if (found >= 0) return found;
   }
-  return 0;  // unreachable: the group has at least j tokens
+  int found = -1;
+  if (holder == c.rank) {
+    for (int base = c.lo; base < c.hi && found < 0; base += kThreads) {
+      const int i = base + tid;
+      const bool match = i < c.hi && matches(i);
+      const unsigned ballot = __ballot_sync(kFull, match);
+      if (lane == 0) s.ballots[warp] = ballot;
+      __syncthreads();
+      if (tid == 0) {
+        int at = -1;
+        for (int w = 0; w < kWarps && at < 0; ++w) {
+          const int cnt = __popc(s.ballots[w]);
+          if (cnt >= remaining) {
+            unsigned b = s.ballots[w];
+            for (int k = 1; k < remaining; ++k) b &= b - 1u;
+            at = base + w * 32 + __ffs(b) - 1;
+          } else {
+            remaining -= cnt;
+          }
+        }
+        s.id = at;
+        s.remaining = remaining;
+      }
+      __syncthreads();
+      found = s.id;
+      remaining = s.remaining;
+      __syncthreads();
+    }
+  }
+  Partial p{};
+  p.i0 = found;
+  p = ClusterCombine(p, [](Partial a, const Partial& b) { a.i0 = max(a.i0, b.i0); return a; }, c, s);
+  return max(p.i0, 0);  // -1 unreachable: the group has at least j tokens
 }
 
 // The first token (canonical order) among the candidates with key <= bound at which the
 // prefix reaches the target; not found when even all of them fall short.
 __device__ Found Search(const Row& r, const Target& target, uint64_t bound, uint32_t* hist_count, double* hist_mass,
-                        Shared& s) {
+                        Slice& c, Shared& s) {
   const int tid = threadIdx.x, warp = tid / 32;
   uint32_t prefix = 0;
   int bits = 0;
@@ -374,12 +481,12 @@ __device__ Found Search(const Row& r, const Target& target, uint64_t bound, uint
       hist_mass[i] = 0.0;
     }
     __syncthreads();
-    for (int base = 0; base < r.vocab; base += kThreads) {
+    for (int base = c.lo; base < c.hi; base += kThreads) {
       const int i = base + tid;
       bool valid = false;
       int bin = 0;
       float w = 0.0f;
-      if (i < r.vocab) {
+      if (i < c.hi) {
         const float l = r.logits[i];
         const uint32_t dk = DescKey(l);
         valid = InRange(r, i, l, dk, bound, prefix, bits, &w);
@@ -388,34 +495,48 @@ __device__ Found Search(const Row& r, const Target& target, uint64_t bound, uint
       WarpAccumulate(valid, bin, w, hist_count + warp * kBins, hist_mass + warp * kBins);
     }
     __syncthreads();
+    // This block's histogram, published; then the cluster's, block by block.
+    const int set = c.phase;
+    c.phase ^= 1;
     for (int b = tid; b < kBins; b += kThreads) {
-      uint32_t c = 0;
+      uint32_t cnt = 0;
       double m = 0.0;
       for (int w = 0; w < kWarps; ++w) {
-        c += hist_count[w * kBins + b];
+        cnt += hist_count[w * kBins + b];
         m += hist_mass[w * kBins + b];
       }
-      s.bin_count[b] = c;
+      s.pub_count[set][b] = cnt;
+      s.pub_mass[set][b] = m;
+    }
+    ClusterSync();
+    for (int b = tid; b < kBins; b += kThreads) {
+      uint32_t cnt = 0;
+      double m = 0.0;
+      for (int q = 0; q < c.size; ++q) {
+        cnt += *RemoteOf(&s.pub_count[set][b], q);
+        m += *RemoteOf(&s.pub_mass[set][b], q);
+      }
+      s.bin_count[b] = cnt;
       s.bin_mass[b] = m;
     }
     __syncthreads();
     if (tid == 0) {
       int chosen = -1;
-      int64_t c = acc_count;
+      int64_t cnt = acc_count;
       double m = acc_mass;
       for (int b = 0; b < kBins; ++b) {
         if (s.bin_count[b] == 0) continue;
-        const int64_t c2 = c + s.bin_count[b];
+        const int64_t c2 = cnt + s.bin_count[b];
         const double m2 = m + s.bin_mass[b];
         if (target.Reached(c2, m2)) {
           chosen = b;
           break;
         }
-        c = c2;
+        cnt = c2;
         m = m2;
       }
       s.chosen = chosen;
-      s.acc_count = c;
+      s.acc_count = cnt;
       s.acc_mass = m;
     }
     __syncthreads();
@@ -428,20 +549,21 @@ __device__ Found Search(const Row& r, const Target& target, uint64_t bound, uint
     prefix = (prefix << 8) | static_cast<uint32_t>(chosen);
     bits += 8;
     if (in_bin <= kGather) {
-      return Gather(r, target, bound, prefix, bits, acc_count, acc_mass, reinterpret_cast<uint64_t*>(hist_count), s);
+      return Gather(r, target, bound, prefix, bits, acc_count, acc_mass, reinterpret_cast<uint64_t*>(hist_count), c,
+                    s);
     }
   }
   // More than kGather tokens of one logit: count them off in id order.
   const float wg = r.Weight(LogitOf(prefix));
   if (tid == 0) {
-    int64_t c = acc_count;
+    int64_t cnt = acc_count;
     double m = acc_mass;
     int j = 0;
     while (j < static_cast<int>(in_bin)) {
       ++j;
-      ++c;
+      ++cnt;
       m += wg;
-      if (target.Reached(c, m)) break;
+      if (target.Reached(cnt, m)) break;
     }
     s.j = j;
     s.found_mass = m;
@@ -450,27 +572,26 @@ __device__ Found Search(const Row& r, const Target& target, uint64_t bound, uint
   const int j = s.j;
   const double mass = s.found_mass;
   __syncthreads();
-  return Found{true, Key(prefix, NthInTieGroup(r, prefix, j, bound, s)), mass};
+  return Found{true, Key(prefix, NthInTieGroup(r, prefix, j, bound, c, s)), mass};
 }
 
-__global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
-  extern __shared__ __align__(16) unsigned char dyn[];
-  __shared__ Shared s;
-  uint32_t* hist_count = reinterpret_cast<uint32_t*>(dyn);
-  double* hist_mass = reinterpret_cast<double*>(dyn + kHistCountBytes);
-  internal::WaitAndTrigger();
+// Samples one row (every block of its cluster calls it, with the same result; block 0
+// stores the token).
+__device__ void SampleRow(const SampleParams& p, int row, Slice& c, uint32_t* hist_count, double* hist_mass,
+                          Shared& s) {
   const int tid = threadIdx.x;
-  const int row = blockIdx.x;
   const SampleRowParams rp = p.row_params[row];
   float* logits = p.logits + static_cast<int64_t>(row) * p.stride;
+  const bool writer = c.rank == 0 && tid == 0;
 
-  // 1. Penalties: one thread per distinct token, in the CPU's order of operations.
+  // 1. Penalties: one thread per distinct token of this block's slice, in the CPU's order
+  // of operations (the cluster barrier of the max below publishes them to the other blocks).
   if (rp.penalty_count > 0 && p.penalties != nullptr) {
     const bool repetition = rp.repetition_penalty != 1.0f;
     const bool counted = rp.presence_penalty != 0.0f || rp.frequency_penalty != 0.0f;
     for (int e = tid; e < rp.penalty_count; e += kThreads) {
       const PenaltyEntry entry = p.penalties[rp.penalty_begin + e];
-      if (entry.id < 0 || entry.id >= p.vocab) continue;
+      if (entry.id < c.lo || entry.id >= c.hi) continue;
       float x = logits[entry.id];
       if (repetition) x = x > 0.0f ? __fdiv_rn(x, rp.repetition_penalty) : __fmul_rn(x, rp.repetition_penalty);
       if (counted && entry.output_count > 0) {
@@ -483,23 +604,26 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
   __syncthreads();
 
   float mx = -INFINITY;
-  for (int i = tid; i < p.vocab; i += kThreads) mx = fmaxf(mx, logits[i]);
-  mx = BlockMaxF(mx, s);
+  for (int i = c.lo + tid; i < c.hi; i += kThreads) mx = fmaxf(mx, logits[i]);
+  Partial part{};
+  part.f = BlockMaxF(mx, s);
+  mx = ClusterCombine(part, [](Partial a, const Partial& b) { a.f = fmaxf(a.f, b.f); return a; }, c, s).f;
   // 2. Greedy.
   if (rp.temperature < kSampleGreedyTemperature) {
     int first = INT_MAX;
-    for (int i = tid; i < p.vocab; i += kThreads) {
+    for (int i = c.lo + tid; i < c.hi; i += kThreads) {
       if (logits[i] == mx) {
         first = i;
         break;
       }
     }
-    first = BlockMinI(first, s);
-    if (tid == 0) p.out[row] = first == INT_MAX ? 0 : first;
+    part.i0 = BlockMinI(first, s);
+    first = ClusterCombine(part, [](Partial a, const Partial& b) { a.i0 = min(a.i0, b.i0); return a; }, c, s).i0;
+    if (writer) p.out[row] = first == INT_MAX ? 0 : first;
     return;
   }
   if (!(mx > -INFINITY)) {  // no finite logit (the CPU Sampler aborts)
-    if (tid == 0) p.out[row] = 0;
+    if (writer) p.out[row] = 0;
     return;
   }
 
@@ -508,7 +632,7 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
   int candidates = 0, min_p_count = 0;
   double total = 0.0, min_p_mass = 0.0;
   uint64_t last = 0, min_p_last = 0;
-  for (int i = tid; i < p.vocab; i += kThreads) {
+  for (int i = c.lo + tid; i < c.hi; i += kThreads) {
     const float l = logits[i];
     const float w = r.Weight(l);
     if (!(w > 0.0f)) continue;
@@ -522,19 +646,36 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
       min_p_last = key > min_p_last ? key : min_p_last;
     }
   }
-  candidates = BlockSumI(candidates, s);
-  min_p_count = BlockSumI(min_p_count, s);
-  total = BlockSumD(total, s);
-  min_p_mass = BlockSumD(min_p_mass, s);
-  last = BlockMaxU(last, s);
-  min_p_last = BlockMaxU(min_p_last, s);
+  part.i0 = BlockSumI(candidates, s);
+  part.i1 = BlockSumI(min_p_count, s);
+  part.d0 = BlockSumD(total, s);
+  part.d1 = BlockSumD(min_p_mass, s);
+  part.u0 = BlockMaxU(last, s);
+  part.u1 = BlockMaxU(min_p_last, s);
+  part = ClusterCombine(part,
+                        [](Partial a, const Partial& b) {
+                          a.i0 += b.i0;
+                          a.i1 += b.i1;
+                          a.d0 += b.d0;
+                          a.d1 += b.d1;
+                          a.u0 = b.u0 > a.u0 ? b.u0 : a.u0;
+                          a.u1 = b.u1 > a.u1 ? b.u1 : a.u1;
+                          return a;
+                        },
+                        c, s);
+  candidates = part.i0;
+  min_p_count = part.i1;
+  total = part.d0;
+  min_p_mass = part.d1;
+  last = part.u0;
+  min_p_last = part.u1;
 
   // The kept set is always a canonical prefix: the candidates with key <= bound.
   uint64_t bound = last;
   int64_t n = candidates;
   double top_k_mass = total;
   if (rp.top_k > 0 && rp.top_k < n) {
-    const Found f = Search(r, Target{Criterion::kCount, rp.top_k, 0.0}, bound, hist_count, hist_mass, s);
+    const Found f = Search(r, Target{Criterion::kCount, rp.top_k, 0.0}, bound, hist_count, hist_mass, c, s);
     bound = f.key;
     n = rp.top_k;
     top_k_mass = f.mass;
@@ -547,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
   }
   if (rp.top_p < 1.0f) {
     const Found f = Search(r, Target{Criterion::kMassAtLeast, 0, static_cast<double>(rp.top_p) * top_k_mass}, bound,
-                           hist_count, hist_mass, s);
+                           hist_count, hist_mass, c, s);
     if (f.found) {
       bound = f.key;
       kept = f.mass;
@@ -555,22 +696,99 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
   }
   // Inverse CDF.
   const double u = Uniform(rp.seed, rp.step);
-  const Found f = Search(r, Target{Criterion::kMassAbove, 0, u * kept}, bound, hist_count, hist_mass, s);
-  if (tid == 0) p.out[row] = KeyId(f.found ? f.key : bound);
+  const Found f = Search(r, Target{Criterion::kMassAbove, 0, u * kept}, bound, hist_count, hist_mass, c, s);
+  if (writer) p.out[row] = KeyId(f.found ? f.key : bound);
+}
+
+// Grid: rows x cluster blocks, clusters of `cluster` consecutive blocks (one per row).
+__global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
+  extern __shared__ __align__(16) unsigned char dyn[];
+  __shared__ Shared s;
+  uint32_t* hist_count = reinterpret_cast<uint32_t*>(dyn);
+  double* hist_mass = reinterpret_cast<double*>(dyn + kHistCountBytes);
+  internal::WaitAndTrigger();
+  const cg::cluster_group cluster = cg::this_cluster();
+  Slice c;
+  c.rank = static_cast<int>(cluster.block_rank());
+  c.size = static_cast<int>(cluster.num_blocks());
+  const int per = (p.vocab + c.size - 1) / c.size;
+  c.lo = min(p.vocab, c.rank * per);
+  c.hi = min(p.vocab, c.lo + per);
+  c.phase = 0;
+  SampleRow(p, static_cast<int>(blockIdx.x) / c.size, c, hist_count, hist_mass, s);
+  ClusterSync();  // no block leaves while another may still read its shared memory
+}
+
+// The largest cluster (a power of two up to kMaxCluster) that the device can run.
+int MaxClusterBlocks() {
+  static const int max_blocks = [] {
+    if (cudaFuncSetAttribute(SampleKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
+    for (int blocks = kMaxCluster; blocks > 1; blocks /= 2) {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(static_cast<unsigned>(blocks));
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = kDynamicSmem;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = static_cast<unsigned>(blocks);
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      config.attrs = attr;
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, SampleKernel, &config) == cudaSuccess && clusters > 0) {
+        return blocks;
+      }
+      (void)cudaGetLastError();
+    }
+    return 1;
+  }();
+  return max_blocks;
 }
 
 }  // namespace
 
+int SampleClusterBlocks(int rows) {
+  if (rows <= 0) return 1;
+  const int want = std::max(1, CurrentDeviceMultiprocessors() / rows);
+  int blocks = 1;
+  while (blocks * 2 <= std::min(want, MaxClusterBlocks())) blocks *= 2;
+  return blocks;
+}
+
 cudaError_t SampleTokens(const SampleParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.logits == nullptr || p.row_params == nullptr || p.out == nullptr || p.rows < 0 || p.vocab <= 0 ||
-      p.stride < p.vocab) {
+      p.stride < p.vocab || p.cluster_blocks < 0 || p.cluster_blocks > kMaxCluster ||
+      (p.cluster_blocks & (p.cluster_blocks - 1)) != 0) {
     return cudaErrorInvalidValue;
   }
   static const cudaError_t attr = cudaFuncSetAttribute(SampleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        static_cast<int>(kDynamicSmem));
   if (attr != cudaSuccess) return attr;
-  return internal::Launch(SampleKernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), kDynamicSmem, stream, p);
+  const int cluster = p.cluster_blocks > 0 ? p.cluster_blocks : SampleClusterBlocks(p.rows);
+  if (cluster > MaxClusterBlocks()) return cudaErrorInvalidValue;
+  if (static_cast<int64_t>(p.rows) * cluster > INT_MAX) return cudaErrorInvalidValue;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(p.rows * cluster));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kDynamicSmem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  config.attrs = attrs;
+  config.numAttrs = 1;
+  if (ProgrammaticLaunch()) {
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    config.numAttrs = 2;
+  }
+  return cudaLaunchKernelEx(&config, SampleKernel, p);
 }
 
 void AppendPenaltyEntries(const int32_t* prompt, size_t prompt_len, const int32_t* output, size_t output_len,

@@ -1,5 +1,6 @@
 // Token sampling on the GPU with exactly the CPU Sampler's semantics
-// (engine/runtime/sampler.h), one thread block per logits row, token ids out:
+// (engine/runtime/sampler.h), one thread-block cluster per logits row (each block a slice of
+// the vocabulary; SampleParams::cluster_blocks), token ids out:
 //   1. penalties, in place on the logits: repetition over the distinct tokens of prompt and
 //      output (logit > 0 ? logit / r : logit * r), then frequency (count times) and presence
 //      over the output tokens, each subtracted in float;
@@ -14,14 +15,16 @@
 // Masses are float weights summed in double, as on the CPU, but in another order: the
 // token can differ from the CPU's only when u times the mass (or top_p times it) falls
 // within ~1e-15 (relative) of a cumulative boundary. NaN logits: unspecified (the CPU
-// Sampler aborts). Deterministic: the same inputs give the same token on every run.
+// Sampler aborts). Deterministic: the same inputs and cluster size give the same token on
+// every run (the blocks' partial sums are combined in a fixed order).
 //
 // How: every boundary of the canonical order (the k-th token, the top-p prefix, the
 // draw) is found by a radix descent over the logits' order-preserving bits (8 bits per
 // pass; per-bin token counts and double masses, accumulated warp by warp without
-// atomics), until the bin holding the boundary has at most 2048 tokens; those are sorted
-// in shared memory and walked in canonical order. A whole row is read about 4 times per
-// boundary (a 100k vocabulary: tens of microseconds per row).
+// atomics; each block's histogram of its slice, merged over the cluster through
+// distributed shared memory), until the bin holding the boundary has at most 2048 tokens;
+// those are gathered from the cluster, sorted in shared memory and walked in canonical
+// order. A whole row is read about 4 times per boundary.
 //
 // Supports programmatic dependent launch (launch_control.h). No allocation inside.
 #pragma once
@@ -67,9 +70,16 @@ struct SampleParams {
   const SampleRowParams* row_params = nullptr;  // device [rows]
   const PenaltyEntry* penalties = nullptr;       // device; may be null without penalties
   int32_t* out = nullptr;                        // device [rows]: the sampled token ids
+  // Blocks per row (a thread-block cluster): a power of two up to 16 that the device can
+  // run; 0 = SampleClusterBlocks(rows).
+  int cluster_blocks = 0;
 };
 
 cudaError_t SampleTokens(const SampleParams& p, cudaStream_t stream);
+
+// The blocks per row SampleTokens uses by default: as many as keep the multiprocessors busy
+// (a power of two, up to 16, 1 from as many rows as multiprocessors on).
+int SampleClusterBlocks(int rows);
 
 // Host helper: appends the penalty entries of one sequence (each distinct id of prompt and
 // output once, in first-seen order).

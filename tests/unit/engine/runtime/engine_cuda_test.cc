@@ -314,35 +314,56 @@ TEST_F(EngineCudaTest, GpuSamplingMatchesTheCpuSampler) {
     ASSERT_EQ(cudaMalloc(&d_penalties, std::max<size_t>(penalties.size(), 1) * sizeof(cuda::PenaltyEntry)),
               cudaSuccess);
     ASSERT_EQ(cudaMalloc(&d_out, rows * sizeof(int32_t)), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(d_params, params.data(), params.size() * sizeof(params[0]), cudaMemcpyHostToDevice),
               cudaSuccess);
     ASSERT_EQ(cudaMemcpy(d_penalties, penalties.data(), penalties.size() * sizeof(cuda::PenaltyEntry),
                          cudaMemcpyHostToDevice),
               cudaSuccess);
-    ASSERT_EQ(cudaMemset(d_out, 0xff, rows * sizeof(int32_t)), cudaSuccess);
-    ASSERT_EQ(cuda::SampleTokens({.logits = d_logits, .stride = vocab, .rows = rows, .vocab = vocab,
-                                  .row_params = d_params, .penalties = d_penalties, .out = d_out},
-                                 nullptr),
-              cudaSuccess);
-    std::vector<int32_t> got(rows);
-    ASSERT_EQ(cudaMemcpy(got.data(), d_out, rows * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<int32_t> want(rows);
+    for (int r = 0; r < rows; ++r) {
+      SamplingCase& c = batch[r];
+      want[r] = cpu.Sample(c.logits, c.params, c.seed, c.step, c.prompt, c.output).token;
+    }
+    // Every row sampled by one block, and by clusters of 4 and 16 blocks (slices of the
+    // vocabulary, some empty at vocabulary 50), and with the default for `rows`.
+    for (int blocks : {1, 4, 16, 0}) {
+      // The logits again: the penalties are applied in place.
+      ASSERT_EQ(cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemset(d_out, 0xff, rows * sizeof(int32_t)), cudaSuccess);
+      ASSERT_EQ(cuda::SampleTokens({.logits = d_logits, .stride = vocab, .rows = rows, .vocab = vocab,
+                                    .row_params = d_params, .penalties = d_penalties, .out = d_out,
+                                    .cluster_blocks = blocks},
+                                   nullptr),
+                cudaSuccess)
+          << blocks << " blocks a row";
+      std::vector<int32_t> got(rows);
+      ASSERT_EQ(cudaMemcpy(got.data(), d_out, rows * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int r = 0; r < rows; ++r) {
+        const SamplingCase& c = batch[r];
+        ++cases;
+        if (got[r] != want[r]) {
+          ++mismatches;
+          ADD_FAILURE() << "vocab " << vocab << " row " << r << ", " << blocks << " blocks a row: GPU " << got[r]
+                        << ", CPU " << want[r] << " (temperature " << c.params.temperature << ", top_k "
+                        << c.params.top_k << ", top_p " << c.params.top_p << ", min_p " << c.params.min_p
+                        << ", repetition " << c.params.repetition_penalty << ")";
+        }
+      }
+    }
     cudaFree(d_logits);
     cudaFree(d_params);
     cudaFree(d_penalties);
     cudaFree(d_out);
-    for (int r = 0; r < rows; ++r) {
-      SamplingCase& c = batch[r];
-      const int32_t want = cpu.Sample(c.logits, c.params, c.seed, c.step, c.prompt, c.output).token;
-      ++cases;
-      if (got[r] != want) {
-        ++mismatches;
-        ADD_FAILURE() << "vocab " << vocab << " row " << r << ": GPU " << got[r] << ", CPU " << want
-                      << " (temperature " << c.params.temperature << ", top_k " << c.params.top_k << ", top_p "
-                      << c.params.top_p << ", min_p " << c.params.min_p << ", repetition "
-                      << c.params.repetition_penalty << ")";
-      }
-    }
+  }
+  // Cluster sizes the kernel cannot take are refused.
+  for (int blocks : {3, 32, -1}) {
+    EXPECT_EQ(cuda::SampleTokens({.logits = reinterpret_cast<float*>(16), .stride = 8, .rows = 1, .vocab = 8,
+                                  .row_params = reinterpret_cast<const cuda::SampleRowParams*>(16),
+                                  .out = reinterpret_cast<int32_t*>(16), .cluster_blocks = blocks},
+                                 nullptr),
+              cudaErrorInvalidValue)
+        << blocks;
   }
   std::printf("GPU sampler: %d of %d cases give the CPU Sampler's token\n", cases - mismatches, cases);
 }
