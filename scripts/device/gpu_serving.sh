@@ -37,6 +37,9 @@ want() { [ "$what" = all ] || [ "$what" = "$1" ]; }
 
 if want tests; then
   "$bin/engine_runtime_engine_cuda_test" 2>&1 | grep -E "^\[ *(OK|FAILED|PASSED) |Failure|Expected|Which is" | tail -20
+  # The sampler's clusters (16 blocks a row among them) under memcheck, a few rows.
+  TANDEM_SAMPLER_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$bin/engine_runtime_engine_cuda_test" --gtest_filter='*GpuSampling*' 2>&1 | tail -2 || fail=1
   "$bin/kernels_cuda_kv_block_copy_test" 2>&1 | tail -3 || fail=1
   compute-sanitizer --tool memcheck "$bin/kernels_cuda_kv_block_copy_test" 2>&1 | tail -2 || fail=1
   "$bin/engine_model_cuda_ipc_test" 2>&1 | grep -E "OK|FAILED|SKIPPED|PASSED|Failure|error" | tail -12 || fail=1
