@@ -719,11 +719,21 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
   ClusterSync();  // no block leaves while another may still read its shared memory
 }
 
-// The largest cluster (a power of two up to kMaxCluster) that the device can run.
-int MaxClusterBlocks() {
-  static const int max_blocks = [] {
+// The kernel's attributes, set once: its dynamic shared memory limit (the error if that
+// fails) and the largest cluster (a power of two up to kMaxCluster) the device can run.
+struct KernelSetup {
+  cudaError_t error = cudaSuccess;
+  int max_cluster = 1;
+};
+
+const KernelSetup& Setup() {
+  static const KernelSetup setup = [] {
+    KernelSetup k;
+    k.error = cudaFuncSetAttribute(SampleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(kDynamicSmem));
+    if (k.error != cudaSuccess) return k;
     if (cudaFuncSetAttribute(SampleKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-      (void)cudaGetLastError();
+      (void)cudaGetLastError();  // portable sizes (up to 8) only
     }
     for (int blocks = kMaxCluster; blocks > 1; blocks /= 2) {
       cudaLaunchConfig_t config = {};
@@ -739,13 +749,14 @@ int MaxClusterBlocks() {
       config.numAttrs = 1;
       int clusters = 0;
       if (cudaOccupancyMaxActiveClusters(&clusters, SampleKernel, &config) == cudaSuccess && clusters > 0) {
-        return blocks;
+        k.max_cluster = blocks;
+        return k;
       }
       (void)cudaGetLastError();
     }
-    return 1;
+    return k;
   }();
-  return max_blocks;
+  return setup;
 }
 
 }  // namespace
@@ -754,7 +765,7 @@ int SampleClusterBlocks(int rows) {
   if (rows <= 0) return 1;
   const int want = std::max(1, CurrentDeviceMultiprocessors() / rows);
   int blocks = 1;
-  while (blocks * 2 <= std::min(want, MaxClusterBlocks())) blocks *= 2;
+  while (blocks * 2 <= std::min(want, Setup().max_cluster)) blocks *= 2;
   return blocks;
 }
 
@@ -765,11 +776,9 @@ cudaError_t SampleTokens(const SampleParams& p, cudaStream_t stream) {
       (p.cluster_blocks & (p.cluster_blocks - 1)) != 0) {
     return cudaErrorInvalidValue;
   }
-  static const cudaError_t attr = cudaFuncSetAttribute(SampleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(kDynamicSmem));
-  if (attr != cudaSuccess) return attr;
+  if (Setup().error != cudaSuccess) return Setup().error;
   const int cluster = p.cluster_blocks > 0 ? p.cluster_blocks : SampleClusterBlocks(p.rows);
-  if (cluster > MaxClusterBlocks()) return cudaErrorInvalidValue;
+  if (cluster > Setup().max_cluster) return cudaErrorInvalidValue;
   if (static_cast<int64_t>(p.rows) * cluster > INT_MAX) return cudaErrorInvalidValue;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(p.rows * cluster));
