@@ -4,9 +4,9 @@
 # peer-copy benchmark; the TTFT of an 8K-token prompt through P/D on two GPUs vs an
 # aggregated worker on one; serving throughput with tokens chosen on the GPU vs on the CPU
 # (the last two on a DeepSeek-V2-Lite-shaped random model whose weights are generated on
-# the GPU at load).
+# the GPU at load); one stream's time per output token, greedy and sampled (tpot1).
 #   Here:  scripts/device/gpu_serving.sh pack [BUILD_DIR]
-#   There: scripts/device/gpu_serving.sh run [all|tests|serving|ttft|sampling]
+#   There: scripts/device/gpu_serving.sh run [all|tests|serving|ttft|sampling|tpot1]
 #          (run tool: kind nvidia-h200-x2 for the two-GPU parts, carry .carry/device.tgz
 #          .carry/e2e; results under $OUT)
 set -uo pipefail
@@ -52,7 +52,7 @@ fi
 if [ "$what" = all ]; then
   "$bin/kv_peer_copy_bench" --json "$out/kv_peer_copy_h200x2.json" 2>&1 | grep -vE '^\s*[{}\[\]"]' | tail -12
 fi
-want ttft || want sampling || exit $fail
+want ttft || want sampling || want tpot1 || exit $fail
 
 model=/tmp/v2lite
 "$bin/tandem" make-model --config "$root/bench/configs/deepseek_v2_lite_full.json" --weights-on-gpu --seed 1 \
@@ -87,6 +87,23 @@ if want sampling; then
       grep -iE "output token throughput|median tpot|failed" | sed "s/^/$name: /"
     kill -TERM $pid; wait $pid
     grep -h "gpu step trace" /tmp/run-sampling-$name/*.log | tail -4 | sed "s/^/$name: /"
+  done
+fi
+
+if want tpot1; then
+  # One stream through the router (aggregated worker on cuda:0): time per output token,
+  # greedy and sampled (temperature 0.8), against the model's step time (cuda_model_bench).
+  for name in greedy sampled; do
+    temp=0
+    [ $name = sampled ] && temp=0.8
+    export TANDEM_GPU_STEP_TRACE=200
+    start tpot1-$name --aggregated 1 --device cuda:0 || continue
+    unset TANDEM_GPU_STEP_TRACE
+    "$bin/tandem" bench --addr "$router" --num-prompts 10 --num-warmup 2 --max-concurrency 1 --input-len 256 \
+      --output-len 256 --ignore-eos --temperature $temp --no-progress --json "$out/tpot1_$name.json" 2>&1 |
+      grep -iE "output token throughput|median tpot|failed" | sed "s/^/$name: /"
+    kill -TERM $pid; wait $pid
+    grep -h "gpu step trace" /tmp/run-tpot1-$name/*.log | tail -2 | sed "s/^/$name: /"
   done
 fi
 
