@@ -1,6 +1,7 @@
 #include "kernels/cuda/convert.h"
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include <cuda_fp8.h>
@@ -42,6 +43,41 @@ __global__ void ConvertKernel(ConvertParams p) {
   }
 }
 
+// float -> bf16 four values a thread (a float4 load, 8-byte stores) where rows are
+// 16-byte aligned (Vec4Ok); the same values as ConvertKernel.
+__global__ void ConvertF32ToBf16Vec4Kernel(ConvertParams p) {
+  internal::WaitAndTrigger();
+  const int64_t row = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+  if (row >= p.rows) return;
+  const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.src) + row * p.src_stride);
+  uint2* dst = reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.dst) + row * p.dst_stride);
+  uint2* lo = p.dst_lo != nullptr
+                  ? reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.dst_lo) + row * p.dst_stride)
+                  : nullptr;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; c < p.cols / 4;
+       c += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const float4 v = src[c];
+    const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    uint2 out;
+    memcpy(&out.x, &a, 4);
+    memcpy(&out.y, &b, 4);
+    dst[c] = out;
+    if (lo != nullptr) {
+      const __nv_bfloat162 la = __floats2bfloat162_rn(v.x - __low2float(a), v.y - __high2float(a));
+      const __nv_bfloat162 lb = __floats2bfloat162_rn(v.z - __low2float(b), v.w - __high2float(b));
+      memcpy(&out.x, &la, 4);
+      memcpy(&out.y, &lb, 4);
+      lo[c] = out;
+    }
+  }
+}
+
+bool Vec4Ok(const ConvertParams& p) {
+  auto aligned = [](const void* ptr, size_t n) { return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % n == 0; };
+  return p.cols % 4 == 0 && p.src_stride % 4 == 0 && p.dst_stride % 4 == 0 && aligned(p.src, 16) &&
+         aligned(p.dst, 8) && aligned(p.dst_lo, 8);
+}
+
 template <typename Src, typename Dst>
 cudaError_t LaunchConvert(const ConvertParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
@@ -49,11 +85,15 @@ cudaError_t LaunchConvert(const ConvertParams& p, cudaStream_t stream) {
       p.dst_stride < p.cols || (p.dst_lo != nullptr && !std::is_same_v<Src, float>)) {
     return cudaErrorInvalidValue;
   }
-  const int64_t col_blocks = std::min<int64_t>((p.cols + kThreads - 1) / kThreads, 64);
+  constexpr bool kToBf16 = std::is_same_v<Src, float> && std::is_same_v<Dst, __nv_bfloat16>;
+  const bool vec4 = kToBf16 && Vec4Ok(p);
+  const int64_t per_thread = vec4 ? 4 : 1;
+  const int64_t col_blocks = std::min<int64_t>((p.cols / per_thread + kThreads - 1) / kThreads, 64);
   const int64_t y = std::min<int64_t>(p.rows, 32768);
   const int64_t z = (p.rows + y - 1) / y;
   if (z > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(y), static_cast<unsigned>(z));
+  if (vec4) return internal::Launch(ConvertF32ToBf16Vec4Kernel, grid, dim3(kThreads), 0, stream, p);
   return internal::Launch(ConvertKernel<Src, Dst>, grid, dim3(kThreads), 0, stream, p);
 }
 

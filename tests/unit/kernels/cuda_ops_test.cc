@@ -157,7 +157,8 @@ TEST_F(CudaOpsTest, RopeMatchesCpu) {
 }
 
 TEST_F(CudaOpsTest, SiluMulMatchesCpu) {
-  for (int interleave : {0, 8}) {
+  // Interleave 0 and 8: eight outputs a thread; 4: the one-output path.
+  for (int interleave : {0, 8, 4}) {
     for (auto [rows, cols] : {std::pair{1, 64}, {13, 1408}, {64, 2816}}) {
       const std::vector<float> x = Random(rows * 2 * cols, rows + cols + interleave, 3.0f);
       std::vector<float> gate(rows * cols), up(rows * cols), expected(rows * cols);
@@ -242,8 +243,9 @@ TEST_F(CudaOpsTest, MoeRoutingMatchesCpu) {
 }
 
 TEST_F(CudaOpsTest, MoePermuteGatherCombine) {
+  // Up to an 8K-token prefill chunk of V2-Lite's routing, and kMoeMaxGroups groups.
   for (auto [tokens, top_k, experts, shared] : {std::tuple{1, 6, 64, 2}, {37, 2, 8, 1}, {300, 8, 256, 0},
-                                                 {2000, 6, 64, 2}}) {
+                                                 {2000, 6, 64, 2}, {8192, 6, 64, 2}, {50, 4, 1020, 4}}) {
     std::mt19937 rng(tokens * 7 + experts);
     std::vector<int32_t> ids(tokens * top_k);
     std::vector<float> weights(tokens * top_k);
@@ -686,6 +688,16 @@ TEST_F(CudaOpsTest, EmbeddingArgmaxConvertDequantize) {
       ASSERT_EQ(bf[r * 32 + c], F32ToBf16(f[r * 40 + c]));
       ASSERT_EQ(back[r * 32 + c], Bf16ToF32(bf[r * 32 + c]));
     }
+  }
+  // Rows not a multiple of four values (one value a thread; the above takes four).
+  Dev<uint16_t> dodd(5 * 31);
+  ASSERT_EQ(cuda::ConvertF32ToBf16({.src = df.get(), .src_stride = 40, .dst = dodd.get(), .dst_stride = 31, .rows = 5,
+                                    .cols = 30},
+                                   nullptr),
+            cudaSuccess);
+  const std::vector<uint16_t> odd = dodd.Download();
+  for (int r = 0; r < 5; ++r) {
+    for (int c = 0; c < 30; ++c) ASSERT_EQ(odd[r * 31 + c], F32ToBf16(f[r * 40 + c]));
   }
 
   // FP8 E4M3 with 128x128 block scales, against the CPU dequantizer.
