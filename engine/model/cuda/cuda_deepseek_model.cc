@@ -69,6 +69,11 @@ CudaDeepseekModel::Impl::~Impl() {
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
   if (launch_event_ != nullptr) cudaEventDestroy(launch_event_);
+  if (side_fork_ != nullptr) cudaEventDestroy(side_fork_);
+  for (int i = 0; i < kSideStreams; ++i) {
+    if (side_done_[i] != nullptr) cudaEventDestroy(side_done_[i]);
+    if (side_stream_[i] != nullptr) cudaStreamDestroy(side_stream_[i]);
+  }
   // Buffers free themselves; the weights before the stream goes.
   weights.reset();
   if (stream != nullptr) cudaStreamDestroy(stream);
@@ -110,6 +115,14 @@ absl::Status CudaDeepseekModel::Impl::Init(const ModelConfig& c, const ModelWeig
   TANDEM_CUDA_RETURN(cudaSetDevice(o.device), "selecting the GPU");
   TANDEM_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating a stream");
   TANDEM_CUBLAS_RETURN(gemm_.Init(), "creating the cuBLAS handle");
+  if (c.n_routed_experts > 0) {
+    TANDEM_CUDA_RETURN(cudaEventCreateWithFlags(&side_fork_, cudaEventDisableTiming), "creating an event");
+    for (int i = 0; i < kSideStreams; ++i) {
+      TANDEM_CUDA_RETURN(cudaStreamCreateWithFlags(&side_stream_[i], cudaStreamNonBlocking), "creating a stream");
+      TANDEM_CUDA_RETURN(cudaEventCreateWithFlags(&side_done_[i], cudaEventDisableTiming), "creating an event");
+      TANDEM_CUBLAS_RETURN(side_gemm_[i].Init(size_t{32} << 20), "creating a cuBLAS handle");
+    }
+  }
   ASSIGN_OR_RETURN(weights, cuda_model::UploadWeights(c, host, seed, stream));
 
   const std::vector<float> inv_freq = c.RopeInverseFrequencies();

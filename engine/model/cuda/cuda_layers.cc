@@ -574,6 +574,33 @@ absl::Status CudaDeepseekModel::Impl::ExpertProjections(const cuda::MoeExpertGem
   return Mark(down_name);
 }
 
+absl::Status CudaDeepseekModel::Impl::ExpertGemmsByCublas(const std::vector<int32_t>& offsets,
+                                                          const __nv_bfloat16* x, int64_t k, const __nv_bfloat16* w,
+                                                          int64_t w_group_stride, float* y, int64_t n,
+                                                          const char* what) {
+  TANDEM_CUDA_RETURN(cudaEventRecord(side_fork_, stream), "forking the expert GEMMs");
+  for (int i = 0; i < kSideStreams; ++i) {
+    TANDEM_CUDA_RETURN(cudaStreamWaitEvent(side_stream_[i], side_fork_), "forking the expert GEMMs");
+  }
+  int next = 0;
+  cublasStatus_t failed = CUBLAS_STATUS_SUCCESS;
+  for (int g = 0; g + 1 < static_cast<int>(offsets.size()) && failed == CUBLAS_STATUS_SUCCESS; ++g) {
+    const int64_t begin = offsets[g], count = offsets[g + 1] - offsets[g];
+    if (count == 0) continue;
+    const int side = next++ % kSideStreams;
+    failed = side_gemm_[side].Linear({.x = x + begin * k, .ldx = k, .w = w + g * w_group_stride, .ldw = k,
+                                      .y = y + begin * n, .ldy = n, .m = count, .n = n, .k = k},
+                                     side_stream_[side]);
+  }
+  // Joined after an error too: the main stream must not run ahead of GEMMs in flight.
+  for (int i = 0; i < kSideStreams; ++i) {
+    TANDEM_CUDA_RETURN(cudaEventRecord(side_done_[i], side_stream_[i]), "joining the expert GEMMs");
+    TANDEM_CUDA_RETURN(cudaStreamWaitEvent(stream, side_done_[i]), "joining the expert GEMMs");
+  }
+  TANDEM_CUBLAS_RETURN(failed, what);
+  return absl::OkStatus();
+}
+
 absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& plan, bool after_fused_route) {
   const ModelConfig& c = config;
   const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
@@ -663,16 +690,8 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
     RETURN_IF_ERROR(Mark("MoE gather rows"));
     TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "reading expert counts");
     const std::vector<int32_t> off(host_offsets, host_offsets + groups_ + 1);
-    for (int g = 0; g < groups_; ++g) {
-      const int64_t begin = off[g], count = off[g + 1] - off[g];
-      if (count == 0) continue;
-      const DeviceMatrix gate_up{w.gate_up + g * 2 * inter * hidden, 2 * inter, hidden};
-      TANDEM_CUBLAS_RETURN(gemm_.Linear({.x = act_.perm_bf16 + begin * hidden, .ldx = hidden, .w = gate_up.data,
-                                         .ldw = hidden, .y = act_.gu + begin * 2 * inter, .ldy = 2 * inter,
-                                         .m = count, .n = 2 * inter, .k = hidden},
-                                        stream),
-                           "expert gate_up");
-    }
+    RETURN_IF_ERROR(ExpertGemmsByCublas(off, act_.perm_bf16, hidden, w.gate_up, 2 * inter * hidden, act_.gu,
+                                        2 * inter, "expert gate_up"));
     RETURN_IF_ERROR(Mark("experts gate_up"));
     TANDEM_CUDA_RETURN(cuda::SiluMul({.x = act_.gu, .x_stride = 2 * inter, .rows = rows, .cols = inter,
                                       .interleave = cuda_model::kGateUpInterleave, .out_bf16 = act_.act_bf16,
@@ -680,15 +699,8 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
                                      stream),
                        "SiLU");
     RETURN_IF_ERROR(Mark("SiLU"));
-    for (int g = 0; g < groups_; ++g) {
-      const int64_t begin = off[g], count = off[g + 1] - off[g];
-      if (count == 0) continue;
-      TANDEM_CUBLAS_RETURN(gemm_.Linear({.x = act_.act_bf16 + begin * inter, .ldx = inter,
-                                         .w = w.down + g * hidden * inter, .ldw = inter, .y = act_.y + begin * hidden,
-                                         .ldy = hidden, .m = count, .n = hidden, .k = inter},
-                                        stream),
-                           "expert down");
-    }
+    RETURN_IF_ERROR(
+        ExpertGemmsByCublas(off, act_.act_bf16, inter, w.down, hidden * inter, act_.y, hidden, "expert down"));
     RETURN_IF_ERROR(Mark("experts down"));
   }
   TANDEM_CUDA_RETURN(cuda::MoeCombine({.y = act_.y, .y_stride = hidden, .entry_row = act_.entry_row,

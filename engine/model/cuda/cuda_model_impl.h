@@ -210,6 +210,12 @@ class CudaDeepseekModel::Impl {
                            const cuda::MoePermuteParams& permute);
   // after_fused_route: the fused routing kernel came just before (early shared experts).
   absl::Status MoeExperts(int64_t layer, const cuda_model::StepPlan& plan, bool after_fused_route);
+  // One cuBLAS GEMM per non-empty group (offsets: the host's copy of the group offsets),
+  // spread over the side streams: y rows of group g = x rows of g . w_g^T, w_g at
+  // w + g * w_group_stride ([n][k]).
+  absl::Status ExpertGemmsByCublas(const std::vector<int32_t>& offsets, const __nv_bfloat16* x, int64_t k,
+                                   const __nv_bfloat16* w, int64_t w_group_stride, float* y, int64_t n,
+                                   const char* what);
   // y (+)= x . w^T for `rows` rows: the grouped kernel for small row counts, cuBLAS else.
   absl::Status Dense(const DeviceMatrix& w, const __nv_bfloat16* x, const __nv_bfloat16* x_lo, int64_t ldx,
                      int64_t rows, void* y, int64_t ldy, Out out);
@@ -231,6 +237,16 @@ class CudaDeepseekModel::Impl {
   }
 
   cuda::CublasGemm gemm_;
+  // Side streams for the per-expert cuBLAS GEMMs of steps above moe_grouped_max_tokens
+  // (prefill chunks): the k-th non-empty expert's GEMM on side stream k % kSideStreams, each
+  // with its own cuBLAS handle and workspace, so that the small GEMMs of the routed experts
+  // (a few hundred rows, a fraction of the multiprocessors each) run side by side; forked
+  // from and joined into `stream` with events (MoeExpertsByCublas).
+  static constexpr int kSideStreams = 4;
+  cudaStream_t side_stream_[kSideStreams] = {};
+  cudaEvent_t side_done_[kSideStreams] = {};
+  cudaEvent_t side_fork_ = nullptr;
+  cuda::CublasGemm side_gemm_[kSideStreams];
   cuda_model::DeviceBuffer inv_freq_;
   float rope_attention_factor_ = 1.0f;
   float softmax_scale_ = 1.0f;

@@ -333,6 +333,18 @@ TEST_P(CudaModelTest, MixedBatchesAndForcedFormsMatchCpu) {
   const int close = within(*gl, *cl, 130, 2e-2);
   std::printf("default options, 130-token prefill: %d of 130 rows within 2e-2\n", close);
   EXPECT_GE(close, 120);
+
+  // The same with the MoE through cuBLAS, one GEMM per expert spread over the side streams
+  // (what prefill chunks above moe_grouped_max_tokens take).
+  CudaDeepseekModel::LoadOptions per_expert_options = DefaultOptions();
+  per_expert_options.moe_grouped_max_tokens = 64;
+  absl::StatusOr<std::unique_ptr<CudaDeepseekModel>> per_expert = CudaDeepseekModel::Load(*dir, per_expert_options);
+  ASSERT_TRUE(per_expert.ok()) << per_expert.status();
+  gl = (*per_expert)->Forward({&s, 1});
+  ASSERT_TRUE(gl.ok()) << gl.status();
+  const int close_per_expert = within(*gl, *cl, 130, 2e-2);
+  std::printf("experts by cuBLAS on side streams, 130-token prefill: %d of 130 rows within 2e-2\n", close_per_expert);
+  EXPECT_GE(close_per_expert, 120);
 }
 
 TEST_P(CudaModelTest, KvExportAndImport) {
