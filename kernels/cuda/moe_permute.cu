@@ -120,50 +120,84 @@ __device__ void PermuteBlockRounds(const MoePermuteParams& p) {
 }
 
 // The same permutation for many pairs (a prefill chunk's): a stable counting sort of the
-// (token, expert) pairs by group. Warp w takes a contiguous chunk of the pairs; it counts
-// its chunk's pairs per group (its own row of warp_base, no atomics), the block turns the
-// counts into each (warp, group)'s first row (groups in order, warps in order within a
-// group), and each warp places its chunk again in pair order: pairs of a group keep their
-// order, as one pass over all pairs would give, with two block-wide barriers in all instead
-// of three per kThreads pairs. warp_base: dynamic shared memory, [kWarps][groups].
-__device__ void PermuteBlockChunks(const MoePermuteParams& p, int* warp_base) {
-  __shared__ int warp_totals[kWarps];
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int groups = p.num_experts + p.num_shared;
-  const int per_token = p.top_k + p.num_shared;
-  const int n = p.num_tokens * per_token;
-  const int chunk = (n + kWarps - 1) / kWarps;
-  const int lo = min(n, warp * chunk), hi = min(n, lo + chunk);
-  int* mine = warp_base + warp * groups;
+// (token, expert) pairs by group, over the pairs [lo, hi) of a block. Warp w takes a
+// contiguous chunk of them; it counts its chunk's pairs per group (its own row of
+// warp_base, no atomics: CountChunk), the counts become each (warp, group)'s first row
+// (groups in order, warps in order within a group), and each warp places its chunk again
+// in pair order (PlaceChunk): pairs of a group keep their order, as one pass over all
+// pairs would give. warp_base: shared memory, [kWarps][groups].
+struct ChunkPairs {
+  const MoePermuteParams& p;
+  int groups, per_token;
+  int lo, hi;  // this warp's pairs
 
-  for (int i = tid; i < kWarps * groups; i += kThreads) warp_base[i] = 0;
-  __syncthreads();
-  auto expert_of = [&](int i) {
+  __device__ ChunkPairs(const MoePermuteParams& params, int block_lo, int block_hi)
+      : p(params), groups(params.num_experts + params.num_shared), per_token(params.top_k + params.num_shared) {
+    const int chunk = (block_hi - block_lo + kWarps - 1) / kWarps;
+    lo = min(block_hi, block_lo + static_cast<int>(threadIdx.x / 32) * chunk);
+    hi = min(block_hi, lo + chunk);
+  }
+  __device__ int ExpertOf(int i) const {
     const int t = i / per_token, j = i % per_token;
     return j < p.top_k ? p.expert_ids[t * p.top_k + j] : p.num_experts + (j - p.top_k);
-  };
-  // kBatch steps' loads at once: one round trip per batch, not per step.
-  for (int b0 = lo; b0 < hi; b0 += 32 * kBatch) {
-    int ex[kBatch];
+  }
+  // warp_base (zeroed) += this warp's counts, in its own row.
+  __device__ void CountChunk(int* warp_base) const {
+    const int lane = threadIdx.x % 32;
+    int* mine = warp_base + static_cast<int>(threadIdx.x / 32) * groups;
+    // kBatch steps' loads at once: one round trip per batch, not per step.
+    for (int b0 = lo; b0 < hi; b0 += 32 * kBatch) {
+      int ex[kBatch];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = b0 + 32 * u + lane;
-      ex[u] = i < hi ? expert_of(i) : -1;
-    }
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = b0 + 32 * u + lane;
+        ex[u] = i < hi ? ExpertOf(i) : -1;
+      }
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const unsigned peers = __match_any_sync(0xffffffffu, ex[u]);
-      if (ex[u] >= 0 && lane == __ffs(peers) - 1) mine[ex[u]] += __popc(peers);
-      __syncwarp();
+      for (int u = 0; u < kBatch; ++u) {
+        const unsigned peers = __match_any_sync(0xffffffffu, ex[u]);
+        if (ex[u] >= 0 && lane == __ffs(peers) - 1) mine[ex[u]] += __popc(peers);
+        __syncwarp();
+      }
     }
   }
-  __syncthreads();
+  // Placement from warp_base's first rows, in pair order: rank = earlier pairs of the group.
+  __device__ void PlaceChunk(int* warp_base) const {
+    const int lane = threadIdx.x % 32;
+    int* mine = warp_base + static_cast<int>(threadIdx.x / 32) * groups;
+    for (int b0 = lo; b0 < hi; b0 += 32 * kBatch) {
+      int ex[kBatch];
+      float wt[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = b0 + 32 * u + lane;
+        ex[u] = i < hi ? ExpertOf(i) : -1;
+        const int t = i / per_token, j = i % per_token;
+        wt[u] = i < hi && j < p.top_k ? p.weights[t * p.top_k + j] : 1.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = b0 + 32 * u + lane;
+        const bool valid = ex[u] >= 0;
+        const unsigned peers = __match_any_sync(0xffffffffu, ex[u]);
+        const int pos = valid ? mine[ex[u]] + __popc(peers & ((1u << lane) - 1u)) : 0;
+        __syncwarp();  // every lane has read mine[e] before its leader moves it on
+        if (valid && lane == __ffs(peers) - 1) mine[ex[u]] += __popc(peers);
+        __syncwarp();
+        if (valid) {
+          p.sorted_token[pos] = i / per_token;
+          p.sorted_weight[pos] = wt[u];
+          p.entry_row[i] = pos;
+        }
+      }
+    }
+  }
+};
 
-  // Offsets and the list of active groups.
-  int count = 0;
-  if (tid < groups) {
-    for (int w = 0; w < kWarps; ++w) count += warp_base[w * groups + tid];
-  }
+// Group offsets, active groups and the tile list from each group's count (thread g holds
+// group g's; every thread calls it); returns thread g's group offset.
+__device__ int WriteGroupOffsets(const MoePermuteParams& p, int groups, int count, int* warp_totals) {
+  const int tid = threadIdx.x;
   int total = 0;
   const int offset = BlockExclusiveScan(count, warp_totals, &total);
   if (tid < groups) p.group_offsets[tid] = offset;
@@ -182,43 +216,105 @@ __device__ void PermuteBlockChunks(const MoePermuteParams& p, int* warp_base) {
     }
     if (tid == 0) *p.num_tiles = total_tiles;
   }
-  if (tid < groups) {  // each warp's first row in the group
-    int row = offset;
-    for (int w = 0; w < kWarps; ++w) {
-      const int c = warp_base[w * groups + tid];
-      warp_base[w * groups + tid] = row;
-      row += c;
-    }
-  }
-  __syncthreads();
+  return offset;
+}
 
-  // Placement, in pair order within the chunk: rank = earlier pairs of the same group.
-  for (int b0 = lo; b0 < hi; b0 += 32 * kBatch) {
-    int ex[kBatch];
-    float wt[kBatch];
+// Thread g (< groups): warp_base's counts of group g -> each warp's first row, from `row`.
+__device__ void WarpFirstRows(int* warp_base, int groups, int row) {
+  const int g = threadIdx.x;
+  if (g >= groups) return;
+  for (int w = 0; w < kWarps; ++w) {
+    const int c = warp_base[w * groups + g];
+    warp_base[w * groups + g] = row;
+    row += c;
+  }
+}
+
+// The whole permutation by one block (no scratch).
+__device__ void PermuteBlockChunks(const MoePermuteParams& p, int* warp_base) {
+  __shared__ int warp_totals[kWarps];
+  const int tid = threadIdx.x;
+  const ChunkPairs pairs(p, 0, p.num_tokens * (p.top_k + p.num_shared));
+  const int groups = pairs.groups;
+  for (int i = tid; i < kWarps * groups; i += kThreads) warp_base[i] = 0;
+  __syncthreads();
+  pairs.CountChunk(warp_base);
+  __syncthreads();
+  int count = 0;
+  if (tid < groups) {
+    for (int w = 0; w < kWarps; ++w) count += warp_base[w * groups + tid];
+  }
+  const int offset = WriteGroupOffsets(p, groups, count, warp_totals);
+  WarpFirstRows(warp_base, groups, offset);
+  __syncthreads();
+  pairs.PlaceChunk(warp_base);
+}
+
+// The same over kMoePermuteBlocks blocks with p.scratch ([blocks][groups]), in three
+// launches: each block counts its contiguous range of pairs per group into the scratch;
+// one block turns the counts into group offsets and each block's first row per group;
+// each block counts again per warp and places its range.
+__device__ __forceinline__ void BlockPairs(const MoePermuteParams& p, int* lo, int* hi) {
+  const int n = p.num_tokens * (p.top_k + p.num_shared);
+  const int per = (n + gridDim.x - 1) / gridDim.x;
+  *lo = min(n, static_cast<int>(blockIdx.x) * per);
+  *hi = min(n, *lo + per);
+}
+
+__global__ void __launch_bounds__(kThreads) MoePermuteCountKernel(MoePermuteParams p) {
+  extern __shared__ int warp_base[];  // [kWarps][groups]
+  internal::WaitAndTrigger();
+  int lo, hi;
+  BlockPairs(p, &lo, &hi);
+  const ChunkPairs pairs(p, lo, hi);
+  const int groups = pairs.groups;
+  for (int i = threadIdx.x; i < kWarps * groups; i += kThreads) warp_base[i] = 0;
+  __syncthreads();
+  pairs.CountChunk(warp_base);
+  __syncthreads();
+  for (int g = threadIdx.x; g < groups; g += kThreads) {
+    int count = 0;
+    for (int w = 0; w < kWarps; ++w) count += warp_base[w * groups + g];
+    p.scratch[static_cast<int64_t>(blockIdx.x) * groups + g] = count;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) MoePermuteScanKernel(MoePermuteParams p) {
+  __shared__ int warp_totals[kWarps];
+  internal::WaitAndTrigger();
+  const int groups = p.num_experts + p.num_shared, g = threadIdx.x;
+  int c[kMoePermuteBlocks];  // group g's count in each block, all loads in flight at once
+  int count = 0;
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = b0 + 32 * u + lane;
-      ex[u] = i < hi ? expert_of(i) : -1;
-      const int t = i / per_token, j = i % per_token;
-      wt[u] = i < hi && j < p.top_k ? p.weights[t * p.top_k + j] : 1.0f;
-    }
+  for (int b = 0; b < kMoePermuteBlocks; ++b) {
+    c[b] = g < groups ? p.scratch[static_cast<int64_t>(b) * groups + g] : 0;
+  }
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = b0 + 32 * u + lane;
-      const bool valid = ex[u] >= 0;
-      const unsigned peers = __match_any_sync(0xffffffffu, ex[u]);
-      const int pos = valid ? mine[ex[u]] + __popc(peers & ((1u << lane) - 1u)) : 0;
-      __syncwarp();  // every lane has read mine[e] before its leader moves it on
-      if (valid && lane == __ffs(peers) - 1) mine[ex[u]] += __popc(peers);
-      __syncwarp();
-      if (valid) {
-        p.sorted_token[pos] = i / per_token;
-        p.sorted_weight[pos] = wt[u];
-        p.entry_row[i] = pos;
-      }
+  for (int b = 0; b < kMoePermuteBlocks; ++b) count += c[b];
+  int row = WriteGroupOffsets(p, groups, count, warp_totals);
+  if (g < groups) {
+#pragma unroll
+    for (int b = 0; b < kMoePermuteBlocks; ++b) {
+      p.scratch[static_cast<int64_t>(b) * groups + g] = row;
+      row += c[b];
     }
   }
+}
+
+__global__ void __launch_bounds__(kThreads) MoePermutePlaceKernel(MoePermuteParams p) {
+  extern __shared__ int warp_base[];  // [kWarps][groups]
+  internal::WaitAndTrigger();
+  int lo, hi;
+  BlockPairs(p, &lo, &hi);
+  const ChunkPairs pairs(p, lo, hi);
+  const int groups = pairs.groups;
+  for (int i = threadIdx.x; i < kWarps * groups; i += kThreads) warp_base[i] = 0;
+  __syncthreads();
+  pairs.CountChunk(warp_base);
+  __syncthreads();
+  WarpFirstRows(warp_base, groups, threadIdx.x < groups ? p.scratch[static_cast<int64_t>(blockIdx.x) * groups + threadIdx.x] : 0);
+  __syncthreads();
+  pairs.PlaceChunk(warp_base);
 }
 
 // The same permutation for at most kSmallPairs (token, expert) pairs, without block-wide
@@ -548,12 +644,29 @@ cudaError_t MoePermute(const MoePermuteParams& p, cudaStream_t stream) {
       static_cast<int64_t>(p.num_tokens) * (p.top_k + p.num_shared) > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      MoePermuteKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWarps * kMoeMaxGroups * sizeof(int)));
+  static const cudaError_t attr = [] {
+    const int bytes = static_cast<int>(kWarps * kMoeMaxGroups * sizeof(int));
+    for (const void* k : {reinterpret_cast<const void*>(MoePermuteKernel),
+                          reinterpret_cast<const void*>(MoePermuteCountKernel),
+                          reinterpret_cast<const void*>(MoePermutePlaceKernel)}) {
+      const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }();
   if (attr != cudaSuccess) return attr;
-  const bool chunks = static_cast<int64_t>(p.num_tokens) * (p.top_k + p.num_shared) > kRoundsMaxPairs;
-  return internal::Launch(MoePermuteKernel, dim3(1), dim3(kThreads), chunks ? kWarps * groups * sizeof(int) : 0, stream,
-                          p);
+  const int64_t pairs = static_cast<int64_t>(p.num_tokens) * (p.top_k + p.num_shared);
+  const size_t warp_base_bytes = kWarps * groups * sizeof(int);
+  if (pairs > kMoePermuteOneBlockPairs && p.scratch != nullptr) {
+    cudaError_t e = internal::Launch(MoePermuteCountKernel, dim3(kMoePermuteBlocks), dim3(kThreads), warp_base_bytes,
+                                     stream, p);
+    if (e == cudaSuccess) e = internal::Launch(MoePermuteScanKernel, dim3(1), dim3(kThreads), 0, stream, p);
+    if (e == cudaSuccess) e = internal::Launch(MoePermutePlaceKernel, dim3(kMoePermuteBlocks), dim3(kThreads),
+                                               warp_base_bytes, stream, p);
+    return e;
+  }
+  const bool chunks = pairs > kRoundsMaxPairs;
+  return internal::Launch(MoePermuteKernel, dim3(1), dim3(kThreads), chunks ? warp_base_bytes : 0, stream, p);
 }
 
 bool MoeFusedRouteSupports(int num_tokens, int num_experts, int top_k, int num_shared, int tile_rows) {

@@ -8,7 +8,8 @@
 // groups (with at least one row) are listed for the grouped GEMM's grid, and optionally
 // its work list: every group's rows cut into tiles of tile_rows (group, first row), so
 // that a grouped GEMM gives each tile one thread block whatever the groups' sizes. One
-// block; no host synchronization, so it can be captured in a CUDA graph.
+// block (many, with scratch, for many pairs); no host synchronization, so it can be
+// captured in a CUDA graph.
 //
 // GatherRows copies rows of a bf16 matrix in permuted order (for GEMM libraries that need
 // contiguous rows); MoeCombine adds the weighted expert outputs back to the tokens.
@@ -44,7 +45,15 @@ struct MoePermuteParams {
   int32_t* tile_group = nullptr;  // group of each tile
   int32_t* tile_row = nullptr;    // first permuted row of each tile
   int32_t* num_tiles = nullptr;   // [1]
+  // Optional device scratch of MoePermuteScratchInts(G) ints: with it, permutations of more
+  // than kMoePermuteOneBlockPairs pairs (prefill chunks) run on kMoePermuteBlocks blocks in
+  // three launches instead of one block.
+  int32_t* scratch = nullptr;
 };
+
+inline constexpr int kMoePermuteBlocks = 64;
+inline constexpr int64_t kMoePermuteOneBlockPairs = 16384;
+inline int64_t MoePermuteScratchInts(int groups) { return static_cast<int64_t>(kMoePermuteBlocks) * groups; }
 
 // An upper bound of the tiles of a permutation of `rows` rows over `groups` groups.
 inline int MoeMaxTiles(int64_t rows, int groups, int tile_rows) {

@@ -209,6 +209,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
       a->sorted_token = ar.Take<int32_t>(p);
       a->sorted_weight = ar.Take<float>(p);
       a->entry_row = ar.Take<int32_t>(p);
+      a->permute_scratch = ar.Take<int32_t>(cuda::MoePermuteScratchInts(groups_));
       a->perm_bf16 = ar.Take<__nv_bfloat16>(p * hidden);
       a->y = ar.Take<float>(p * hidden);
       a->route_counter = ar.Take<uint32_t>(1);

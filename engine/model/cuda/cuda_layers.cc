@@ -520,7 +520,7 @@ absl::Status CudaDeepseekModel::Impl::Moe(int64_t layer, const StepPlan& plan) {
       .group_offsets = offsets, .active_groups = act_.active_groups, .num_active = act_.num_active,
       .sorted_token = act_.sorted_token, .sorted_weight = act_.sorted_weight, .entry_row = act_.entry_row,
       .tile_rows = grouped ? kTileRows : 0, .tile_group = act_.tile_group, .tile_row = act_.tile_row,
-      .num_tiles = act_.num_tiles};
+      .num_tiles = act_.num_tiles, .scratch = act_.permute_scratch};
 
   if (Fused(plan) && cuda::MoeFusedRouteSupports(permute.num_tokens, permute.num_experts, permute.top_k,
                                                  permute.num_shared, permute.tile_rows)) {

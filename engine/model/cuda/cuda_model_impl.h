@@ -116,6 +116,7 @@ struct Activations {
   int32_t* sorted_token = nullptr;  // [P]
   float* sorted_weight = nullptr;
   int32_t* entry_row = nullptr;
+  int32_t* permute_scratch = nullptr;  // [cuda::MoePermuteScratchInts(groups)]
   __nv_bfloat16* perm_bf16 = nullptr;  // [P][hidden]
   float* y = nullptr;                  // [P][hidden]
   float* logits = nullptr;             // [max_logit_rows][vocab]

@@ -286,13 +286,6 @@ TEST_F(CudaOpsTest, MoePermuteGatherCombine) {
     Dev<int32_t> dids(ids), doff(groups + 1), dact(groups), dnum(1), dtok(n), drow(n), dtg(max_tiles),
         dtr(max_tiles), dnt(1);
     Dev<float> dw(weights), dsw(n);
-    ASSERT_EQ(cuda::MoePermute({.expert_ids = dids.get(), .weights = dw.get(), .num_tokens = tokens, .top_k = top_k,
-                                .num_experts = experts, .num_shared = shared, .group_offsets = doff.get(),
-                                .active_groups = dact.get(), .num_active = dnum.get(), .sorted_token = dtok.get(),
-                                .sorted_weight = dsw.get(), .entry_row = drow.get(), .tile_rows = 16,
-                                .tile_group = dtg.get(), .tile_row = dtr.get(), .num_tiles = dnt.get()},
-                               nullptr),
-              cudaSuccess);
     std::vector<int32_t> tile_group, tile_row;
     for (int g = 0; g < groups; ++g) {
       for (int r = offsets[g]; r < offsets[g + 1]; r += 16) {
@@ -300,22 +293,41 @@ TEST_F(CudaOpsTest, MoePermuteGatherCombine) {
         tile_row.push_back(r);
       }
     }
-    const int num_tiles = dnt.Download()[0];
-    ASSERT_EQ(num_tiles, static_cast<int>(tile_group.size()));
-    ASSERT_LE(num_tiles, max_tiles);
-    std::vector<int32_t> got_tg = dtg.Download(), got_tr = dtr.Download();
-    got_tg.resize(num_tiles);
-    got_tr.resize(num_tiles);
-    EXPECT_EQ(got_tg, tile_group);
-    EXPECT_EQ(got_tr, tile_row);
-    EXPECT_EQ(doff.Download(), offsets);
-    ASSERT_EQ(dnum.Download()[0], static_cast<int>(active.size()));
-    std::vector<int32_t> got_active = dact.Download();
-    got_active.resize(active.size());
-    EXPECT_EQ(got_active, active);
-    EXPECT_EQ(dtok.Download(), sorted_token);
-    EXPECT_EQ(dsw.Download(), sorted_weight);
-    EXPECT_EQ(drow.Download(), entry_row);
+    // One block, then (above kMoePermuteOneBlockPairs pairs) many blocks through the scratch.
+    Dev<int32_t> dscratch(cuda::MoePermuteScratchInts(groups));
+    for (int32_t* scratch : {static_cast<int32_t*>(nullptr), dscratch.get()}) {
+      SCOPED_TRACE(scratch == nullptr ? "one block" : "with scratch");
+      // Nothing of the previous run may pass for this one's output.
+      for (auto [ptr, bytes] : {std::pair<void*, size_t>{doff.get(), (groups + 1) * 4}, {dact.get(), groups * 4},
+                                {dnum.get(), 4}, {dtok.get(), n * 4}, {dsw.get(), n * 4}, {drow.get(), n * 4},
+                                {dtg.get(), max_tiles * 4}, {dtr.get(), max_tiles * 4}, {dnt.get(), 4}}) {
+        ASSERT_EQ(cudaMemset(ptr, 0xff, bytes), cudaSuccess);
+      }
+      ASSERT_EQ(cuda::MoePermute({.expert_ids = dids.get(), .weights = dw.get(), .num_tokens = tokens,
+                                  .top_k = top_k, .num_experts = experts, .num_shared = shared,
+                                  .group_offsets = doff.get(), .active_groups = dact.get(), .num_active = dnum.get(),
+                                  .sorted_token = dtok.get(), .sorted_weight = dsw.get(), .entry_row = drow.get(),
+                                  .tile_rows = 16, .tile_group = dtg.get(), .tile_row = dtr.get(),
+                                  .num_tiles = dnt.get(), .scratch = scratch},
+                                 nullptr),
+                cudaSuccess);
+      const int num_tiles = dnt.Download()[0];
+      ASSERT_EQ(num_tiles, static_cast<int>(tile_group.size()));
+      ASSERT_LE(num_tiles, max_tiles);
+      std::vector<int32_t> got_tg = dtg.Download(), got_tr = dtr.Download();
+      got_tg.resize(num_tiles);
+      got_tr.resize(num_tiles);
+      EXPECT_EQ(got_tg, tile_group);
+      EXPECT_EQ(got_tr, tile_row);
+      EXPECT_EQ(doff.Download(), offsets);
+      ASSERT_EQ(dnum.Download()[0], static_cast<int>(active.size()));
+      std::vector<int32_t> got_active = dact.Download();
+      got_active.resize(active.size());
+      EXPECT_EQ(got_active, active);
+      EXPECT_EQ(dtok.Download(), sorted_token);
+      EXPECT_EQ(dsw.Download(), sorted_weight);
+      EXPECT_EQ(drow.Download(), entry_row);
+    }
 
     // Gather rows of a bf16 matrix in permuted order.
     const int dim = 64;
