@@ -110,7 +110,7 @@ fi
 if want ttft; then
   # TTFT of 8K-token prompts: aggregated on cuda:0, then P/D with prefill on cuda:0 and
   # decode on cuda:1 (serve-local's placement for a bare --device cuda on two GPUs).
-  for name in aggregated pd; do
+  for name in ${TTFT_VARIANTS:-aggregated pd}; do
     if [ $name = aggregated ]; then start $name --aggregated 1 --device cuda:0 || continue
     else start $name --device cuda --worker-arg=--log-level=debug || continue; fi
     "$bin/tandem" bench --addr "$router" --num-prompts 20 --num-warmup 3 --max-concurrency 1 --input-len 8192 \
@@ -119,7 +119,7 @@ if want ttft; then
     kill -TERM $pid; wait $pid
     [ -s "$out/ttft_8k_$name.json" ] || { fail=1; tail -20 /tmp/run-$name/*.log; }
   done
-  python3 - "$out" <<'PY'
+  [ -s "$out/ttft_8k_aggregated.json" ] && [ -s "$out/ttft_8k_pd.json" ] && python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
 a, p = (json.load(open(f"{out}/ttft_8k_{n}.json"))["result"]["ttft_ms"] for n in ("aggregated", "pd"))
