@@ -4,12 +4,13 @@
 //
 //   cuda_model_bench (--config FILE [--seed S] | --model DIR) [--context N] [--steps N]
 //                    [--batches 1,64,256] [--prefill N] [--prefill-chunk N] [--profile] [--timeline]
-//                    [--default-only]
+//                    [--default-only] [--moe-grouped-max-tokens N]
 //                    [--json FILE]
 //
 // --config builds the model of a config.json on the GPU with the random weights
 // `tandem make-model --config FILE --seed S` would write (bit-identical, no checkpoint
-// on disk); --model loads a checkpoint directory.
+// on disk); --model loads a checkpoint directory. --moe-grouped-max-tokens sets
+// LoadOptions::moe_grouped_max_tokens (steps up to that many tokens take the grouped GEMM).
 //
 // References, measured first: a 2 GiB device-to-device copy (bytes read + written per
 // second) and an 8192^3 bf16 GEMM through cuBLAS (FLOP/s), both on random data.
@@ -346,7 +347,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: cuda_model_bench (--config FILE [--seed S] | --model DIR) [--context N] [--steps N] "
-                   "[--batches 1,64,256] [--prefill N] [--prefill-chunk N] [--profile] [--timeline] "
+                   "[--batches 1,64,256] [--prefill N] [--prefill-chunk N] [--moe-grouped-max-tokens N] [--profile] [--timeline] "
                    "[--default-only] [--json FILE]\n");
       return 2;
     }
