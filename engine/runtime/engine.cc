@@ -44,8 +44,11 @@ int64_t CopyImportedPrefix(Sequence& s, LatentKvCache& cache) {
 
 }  // namespace
 
+int32_t DefaultMaxBatchTokens(const std::string& device) { return device.rfind("cuda", 0) == 0 ? 8192 : 2048; }
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir, EngineOptions options) {
   std::unique_ptr<Engine> e(new Engine());
+  if (options.max_batch_tokens == 0) options.max_batch_tokens = DefaultMaxBatchTokens(options.device);
   if (!options.clock) options.clock = SteadySeconds;
   e->options_ = options;
   if (options.backend_factory) {

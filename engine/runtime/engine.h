@@ -36,6 +36,13 @@
 
 namespace tandem {
 
+// Tokens per engine step when EngineOptions::max_batch_tokens is 0: 8192 on a GPU ("cuda",
+// "cuda:N"), 2048 on the CPU. On a GPU a 2048-token prefill chunk leaves the per-expert
+// GEMMs small and launch-bound (an 8K-token prompt: 197-247 ms in 2048-token chunks against
+// 116 ms in one pass on the H200, docs/performance.md); on the CPU a long chunk would hold
+// the decodes sharing its step for seconds.
+int32_t DefaultMaxBatchTokens(const std::string& device);
+
 struct EngineOptions {
   std::string device = "cpu";              // cpu, cuda, cuda:N (model_backend.h)
   int num_threads = 0;                     // CPU threads for the model (0: all)
@@ -46,7 +53,7 @@ struct EngineOptions {
   float* kv_memory = nullptr;
   size_t kv_memory_bytes = 0;
   int32_t num_kv_blocks = 0;
-  int32_t max_batch_tokens = 2048;         // tokens per step
+  int32_t max_batch_tokens = 0;            // tokens per step; 0: DefaultMaxBatchTokens(device)
   int32_t max_running = 64;                // sequences decoding together
   int32_t max_waiting = 1024;              // admitted but not yet running; beyond: RESOURCE_EXHAUSTED
   bool enable_prefix_cache = true;

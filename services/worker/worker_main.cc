@@ -11,7 +11,6 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "absl/strings/match.h"
 #include "engine/model/model_resolver.h"
 #include "engine/runtime/engine.h"
 #include "nlohmann/json.hpp"
@@ -45,7 +44,7 @@ struct WorkerFlags {
   std::string device = "cpu";
   double gpu_memory_utilization = 0.9;
   int64_t kv_cache_mb = 512;
-  int32_t max_batch_tokens = 0;  // 0: DefaultMaxBatchTokens(device)
+  int32_t max_batch_tokens = 0;  // 0: the engine's DefaultMaxBatchTokens(device)
   int32_t max_running = 64;
   int32_t max_waiting = 1024;
   int64_t kv_lease_ms = 30000;
@@ -186,11 +185,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.gpu_memory_utilization = f.gpu_memory_utilization;
   eo.num_threads = f.threads;
   eo.kv_cache_bytes = f.kv_cache_mb << 20;
-  // On a GPU a prefill chunk of 2048 tokens leaves the per-expert GEMMs small and
-  // launch-bound: an 8K-token prompt took 197-247 ms in 2048-token chunks against 116 ms
-  // in one pass on the H200 (cuda_model_bench --prefill-chunk, docs/performance.md).
-  eo.max_batch_tokens =
-      f.max_batch_tokens > 0 ? f.max_batch_tokens : (absl::StartsWith(f.device, "cuda") ? 8192 : 2048);
+  eo.max_batch_tokens = f.max_batch_tokens;  // 0: the engine's DefaultMaxBatchTokens(device)
   eo.max_running = f.max_running;
   eo.max_waiting = f.max_waiting;
   eo.enable_prefix_cache = !f.no_prefix_cache;

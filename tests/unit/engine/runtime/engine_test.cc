@@ -95,6 +95,14 @@ void ExpectNoBlocksInUse(Engine& e) {
   EXPECT_EQ(e.Stats().kv_blocks_in_use, 0);
 }
 
+TEST(EngineOptionsTest, StepSizeDefaultsByDevice) {
+  // EngineOptions::max_batch_tokens 0 takes these (a GPU prefills long chunks cheaply).
+  EXPECT_EQ(DefaultMaxBatchTokens("cuda"), 8192);
+  EXPECT_EQ(DefaultMaxBatchTokens("cuda:3"), 8192);
+  EXPECT_EQ(DefaultMaxBatchTokens("cpu"), 2048);
+  EXPECT_EQ(EngineOptions{}.max_batch_tokens, 0);
+}
+
 TEST_P(EngineTest, SeededRequestIsBatchIndependent) {
   auto alone_engine = MakeEngine();
   const EngineRequest target = Req("target", Tokens(90, 1), 24, 1234);
