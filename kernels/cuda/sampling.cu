@@ -79,9 +79,10 @@ __device__ __forceinline__ uint64_t Key(uint32_t desc_key, int id) {
 }
 __device__ __forceinline__ int KeyId(uint64_t key) { return static_cast<int>(key & 0xffffffffu); }
 
+// One row's logits (the whole vocabulary: a gathered key may name any id) and the weight
+// function of its sampling parameters.
 struct Row {
   const float* logits;
-  int vocab;
   float max;
   float inv_t;
   __device__ __forceinline__ float Weight(float logit) const {
@@ -628,7 +629,7 @@ __device__ void SampleRow(const SampleParams& p, int row, Slice& c, uint32_t* hi
   }
 
   // 3. Candidates, their mass, min-p's set, the last candidate of each.
-  const Row r{logits, p.vocab, mx, __fdiv_rn(1.0f, rp.temperature)};
+  const Row r{logits, mx, __fdiv_rn(1.0f, rp.temperature)};
   int candidates = 0, min_p_count = 0;
   double total = 0.0, min_p_mass = 0.0;
   uint64_t last = 0, min_p_last = 0;
