@@ -41,6 +41,31 @@ __device__ int BlockExclusiveScan(int v, int* warp_totals, int* total) {
   return inclusive - v + (warp > 0 ? warp_totals[warp - 1] : 0);
 }
 
+// Group offsets, active groups and the tile list from each group's count (thread g holds
+// group g's; every thread calls it); returns thread g's group offset.
+__device__ int WriteGroupOffsets(const MoePermuteParams& p, int groups, int count, int* warp_totals) {
+  const int tid = threadIdx.x;
+  int total = 0;
+  const int offset = BlockExclusiveScan(count, warp_totals, &total);
+  if (tid < groups) p.group_offsets[tid] = offset;
+  if (tid == 0) p.group_offsets[groups] = total;
+  int num_active = 0;
+  const int active_pos = BlockExclusiveScan(count > 0 ? 1 : 0, warp_totals, &num_active);
+  if (count > 0) p.active_groups[active_pos] = tid;
+  if (tid == 0) *p.num_active = num_active;
+  if (p.tile_rows > 0) {
+    const int tiles = (count + p.tile_rows - 1) / p.tile_rows;
+    int total_tiles = 0;
+    const int first = BlockExclusiveScan(tiles, warp_totals, &total_tiles);
+    for (int c = 0; c < tiles; ++c) {
+      p.tile_group[first + c] = tid;
+      p.tile_row[first + c] = offset + c * p.tile_rows;
+    }
+    if (tid == 0) *p.num_tiles = total_tiles;
+  }
+  return offset;
+}
+
 // The permutation by one block of kThreads threads, kThreads pairs a round (three
 // block-wide barriers each): the cheaper form for a decode step's few pairs.
 __device__ void PermuteBlockRounds(const MoePermuteParams& p) {
@@ -63,29 +88,8 @@ __device__ void PermuteBlockRounds(const MoePermuteParams& p) {
   for (int i = tid; i < n; i += kThreads) atomicAdd(&counts[expert_of(i)], 1);
   __syncthreads();
 
-  // Offsets and the list of active groups.
-  int total = 0;
-  const int count = tid < groups ? counts[tid] : 0;
-  const int offset = BlockExclusiveScan(count, warp_totals, &total);
-  if (tid < groups) {
-    p.group_offsets[tid] = offset;
-    base[tid] = offset;
-  }
-  if (tid == 0) p.group_offsets[groups] = total;
-  int num_active = 0;
-  const int active_pos = BlockExclusiveScan(count > 0 ? 1 : 0, warp_totals, &num_active);
-  if (count > 0) p.active_groups[active_pos] = tid;
-  if (tid == 0) *p.num_active = num_active;
-  if (p.tile_rows > 0) {
-    const int tiles = (count + p.tile_rows - 1) / p.tile_rows;
-    int total_tiles = 0;
-    const int first = BlockExclusiveScan(tiles, warp_totals, &total_tiles);
-    for (int c = 0; c < tiles; ++c) {
-      p.tile_group[first + c] = tid;
-      p.tile_row[first + c] = offset + c * p.tile_rows;
-    }
-    if (tid == 0) *p.num_tiles = total_tiles;
-  }
+  const int offset = WriteGroupOffsets(p, groups, tid < groups ? counts[tid] : 0, warp_totals);
+  if (tid < groups) base[tid] = offset;
   __syncthreads();
 
   // Stable placement, kThreads pairs per round: rank = earlier pairs of the same group.
@@ -141,6 +145,13 @@ struct ChunkPairs {
     const int t = i / per_token, j = i % per_token;
     return j < p.top_k ? p.expert_ids[t * p.top_k + j] : p.num_experts + (j - p.top_k);
   }
+  // warp_base = every warp's counts per group (the whole block calls it; barriers around).
+  __device__ void CountWarps(int* warp_base) const {
+    for (int i = threadIdx.x; i < kWarps * groups; i += kThreads) warp_base[i] = 0;
+    __syncthreads();
+    CountChunk(warp_base);
+    __syncthreads();
+  }
   // warp_base (zeroed) += this warp's counts, in its own row.
   __device__ void CountChunk(int* warp_base) const {
     const int lane = threadIdx.x % 32;
@@ -194,31 +205,6 @@ struct ChunkPairs {
   }
 };
 
-// Group offsets, active groups and the tile list from each group's count (thread g holds
-// group g's; every thread calls it); returns thread g's group offset.
-__device__ int WriteGroupOffsets(const MoePermuteParams& p, int groups, int count, int* warp_totals) {
-  const int tid = threadIdx.x;
-  int total = 0;
-  const int offset = BlockExclusiveScan(count, warp_totals, &total);
-  if (tid < groups) p.group_offsets[tid] = offset;
-  if (tid == 0) p.group_offsets[groups] = total;
-  int num_active = 0;
-  const int active_pos = BlockExclusiveScan(count > 0 ? 1 : 0, warp_totals, &num_active);
-  if (count > 0) p.active_groups[active_pos] = tid;
-  if (tid == 0) *p.num_active = num_active;
-  if (p.tile_rows > 0) {
-    const int tiles = (count + p.tile_rows - 1) / p.tile_rows;
-    int total_tiles = 0;
-    const int first = BlockExclusiveScan(tiles, warp_totals, &total_tiles);
-    for (int c = 0; c < tiles; ++c) {
-      p.tile_group[first + c] = tid;
-      p.tile_row[first + c] = offset + c * p.tile_rows;
-    }
-    if (tid == 0) *p.num_tiles = total_tiles;
-  }
-  return offset;
-}
-
 // Thread g (< groups): warp_base's counts of group g -> each warp's first row, from `row`.
 __device__ void WarpFirstRows(int* warp_base, int groups, int row) {
   const int g = threadIdx.x;
@@ -236,10 +222,7 @@ __device__ void PermuteBlockChunks(const MoePermuteParams& p, int* warp_base) {
   const int tid = threadIdx.x;
   const ChunkPairs pairs(p, 0, p.num_tokens * (p.top_k + p.num_shared));
   const int groups = pairs.groups;
-  for (int i = tid; i < kWarps * groups; i += kThreads) warp_base[i] = 0;
-  __syncthreads();
-  pairs.CountChunk(warp_base);
-  __syncthreads();
+  pairs.CountWarps(warp_base);
   int count = 0;
   if (tid < groups) {
     for (int w = 0; w < kWarps; ++w) count += warp_base[w * groups + tid];
@@ -268,10 +251,7 @@ __global__ void __launch_bounds__(kThreads) MoePermuteCountKernel(MoePermutePara
   BlockPairs(p, &lo, &hi);
   const ChunkPairs pairs(p, lo, hi);
   const int groups = pairs.groups;
-  for (int i = threadIdx.x; i < kWarps * groups; i += kThreads) warp_base[i] = 0;
-  __syncthreads();
-  pairs.CountChunk(warp_base);
-  __syncthreads();
+  pairs.CountWarps(warp_base);
   for (int g = threadIdx.x; g < groups; g += kThreads) {
     int count = 0;
     for (int w = 0; w < kWarps; ++w) count += warp_base[w * groups + g];
@@ -308,10 +288,7 @@ __global__ void __launch_bounds__(kThreads) MoePermutePlaceKernel(MoePermutePara
   BlockPairs(p, &lo, &hi);
   const ChunkPairs pairs(p, lo, hi);
   const int groups = pairs.groups;
-  for (int i = threadIdx.x; i < kWarps * groups; i += kThreads) warp_base[i] = 0;
-  __syncthreads();
-  pairs.CountChunk(warp_base);
-  __syncthreads();
+  pairs.CountWarps(warp_base);
   WarpFirstRows(warp_base, groups, threadIdx.x < groups ? p.scratch[static_cast<int64_t>(blockIdx.x) * groups + threadIdx.x] : 0);
   __syncthreads();
   pairs.PlaceChunk(warp_base);

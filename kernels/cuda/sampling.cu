@@ -720,6 +720,23 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
   ClusterSync();  // no block leaves while another may still read its shared memory
 }
 
+// SampleKernel's launch of `blocks` blocks in clusters of `cluster`: *config with attrs[0]
+// (the cluster shape) as its one attribute.
+void ClusterLaunchConfig(int blocks, int cluster, cudaStream_t stream, cudaLaunchConfig_t* config,
+                         cudaLaunchAttribute* attrs) {
+  *config = {};
+  config->gridDim = dim3(static_cast<unsigned>(blocks));
+  config->blockDim = dim3(kThreads);
+  config->dynamicSmemBytes = kDynamicSmem;
+  config->stream = stream;
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  config->attrs = attrs;
+  config->numAttrs = 1;
+}
+
 // The kernel's attributes, set once: its dynamic shared memory limit (the error if that
 // fails) and the largest cluster (a power of two up to kMaxCluster) the device can run.
 struct KernelSetup {
@@ -737,17 +754,9 @@ const KernelSetup& Setup() {
       (void)cudaGetLastError();  // portable sizes (up to 8) only
     }
     for (int blocks = kMaxCluster; blocks > 1; blocks /= 2) {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(static_cast<unsigned>(blocks));
-      config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = kDynamicSmem;
+      cudaLaunchConfig_t config;
       cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = static_cast<unsigned>(blocks);
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      config.attrs = attr;
-      config.numAttrs = 1;
+      ClusterLaunchConfig(blocks, blocks, nullptr, &config, attr);
       int clusters = 0;
       if (cudaOccupancyMaxActiveClusters(&clusters, SampleKernel, &config) == cudaSuccess && clusters > 0) {
         k.max_cluster = blocks;
@@ -781,18 +790,9 @@ cudaError_t SampleTokens(const SampleParams& p, cudaStream_t stream) {
   const int cluster = p.cluster_blocks > 0 ? p.cluster_blocks : SampleClusterBlocks(p.rows);
   if (cluster > Setup().max_cluster) return cudaErrorInvalidValue;
   if (static_cast<int64_t>(p.rows) * cluster > INT_MAX) return cudaErrorInvalidValue;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(p.rows * cluster));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kDynamicSmem;
-  config.stream = stream;
+  cudaLaunchConfig_t config;
   cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  config.attrs = attrs;
-  config.numAttrs = 1;
+  ClusterLaunchConfig(p.rows * cluster, cluster, stream, &config, attrs);
   if (ProgrammaticLaunch()) {
     attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[1].val.programmaticStreamSerializationAllowed = 1;
