@@ -186,8 +186,10 @@ void DeepseekModel::Attention(const AttentionWeights& w, int64_t layer, std::spa
                               .first_position = s.start_position, .cache = cache.View(layer, s.block_table),
                               .kv_b = &w.kv_b_proj, .out = &attn[r * heads * c.v_head_dim],
                               .out_stride = heads * c.v_head_dim};
-    const bool expanded = form == AttentionForm::kExpanded || (form == AttentionForm::kAuto && n > 1);
-    if (expanded) cpu::MlaAttentionExpanded(p, *pool_);
+    // kAuto is the absorbed form for every position, prefill chunks included: a position
+    // recomputed by a re-prefill (migration, preemption, a prefix from another request)
+    // must get the bits its decode step got (AttentionForm).
+    if (form == AttentionForm::kExpanded) cpu::MlaAttentionExpanded(p, *pool_);
     else cpu::MlaAttentionAbsorbed(p, *pool_);
     r += n;
   }

@@ -18,8 +18,15 @@
 
 namespace tandem {
 
-// Which form of multi-head latent attention to run (mla_attention.h). kAuto: expanded
-// for prefill chunks (several new tokens), absorbed for single decode tokens.
+// Which form of multi-head latent attention to run (mla_attention.h). kAuto: absorbed for
+// every position, decode steps and prefill chunks alike. The two forms round differently,
+// and a position must come out bitwise the same however it is reached (one decode step,
+// a prefill pass or chunk of any size, any batch, any thread count), or a request
+// re-prefilled after a migration or preemption would continue with other seeded draws
+// than the undisturbed run. The absorbed form costs 2 R + P multiply-adds per
+// query-position pair against the expanded form's nope + P + v plus the expansion
+// (ModelConfig::AbsorbedAttentionCheaper): long prompts prefill somewhat slower on the CPU
+// (docs/performance.md). kExpanded stays for tests and comparisons.
 enum class AttentionForm { kAuto, kExpanded, kAbsorbed };
 
 struct ForwardSequence {
