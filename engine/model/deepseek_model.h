@@ -26,7 +26,7 @@ namespace tandem {
 // than the undisturbed run. The absorbed form costs 2 R + P multiply-adds per
 // query-position pair against the expanded form's nope + P + v plus the expansion
 // (ModelConfig::AbsorbedAttentionCheaper): long prompts prefill somewhat slower on the CPU
-// (docs/performance.md). kExpanded stays for tests and comparisons.
+// (bench/README.md, cpu_prefill_attention_bench). kExpanded stays for tests.
 enum class AttentionForm { kAuto, kExpanded, kAbsorbed };
 
 struct ForwardSequence {
