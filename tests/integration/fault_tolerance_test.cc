@@ -105,6 +105,16 @@ Reference ReferenceWithLogprobs(Engine& engine, const v1::GenerateRequest& r, co
   return ref;
 }
 
+// A number from process `name`'s /stats (-1 when it does not answer).
+int64_t Stat(LocalCluster& cluster, const std::string& name, const std::string& key) {
+  for (const ProcessInfo& p : cluster.processes()) {
+    if (p.name != name) continue;
+    nlohmann::json j = nlohmann::json::parse(testing::HttpGet(p.ready.value("admin", ""), "/stats"), nullptr, false);
+    return j.is_object() ? j.value(key, int64_t{-1}) : -1;
+  }
+  return -1;
+}
+
 // Lines of `path` containing `needle`.
 int CountLines(const std::string& path, const std::string& needle) {
   std::ifstream in(path);
@@ -120,8 +130,11 @@ TEST_F(FaultToleranceTest, KillingAPrefillAndADecodeReplicaMidStream) {
   // other prefill replica; streams decoding on the dead replica migrate (prompt + the
   // tokens sent, re-prefilled), which is exact only because the CPU forward pass gives
   // every position the same bits however it is computed (path_invariance_test).
-  // A short lease so reservations of requests cut mid-prefill come back quickly.
-  auto cluster = StartCluster(2, 2, 0, {"--kv-lease-ms=3000"});
+  // A lease long enough that none expires while its request waits for a prefill under
+  // this load (on a loaded 2-core machine 3 s did: 69 expired, and their prefills' late
+  // writes corrupted reassigned blocks, the lease-expiry test's subject), short enough
+  // that a reservation stranded by the kills comes back before ExpectAllKvFree gives up.
+  auto cluster = StartCluster(2, 2, 0, {"--kv-lease-ms=20000"});
   ASSERT_NE(cluster, nullptr);
   constexpr int kStreams = 100;
   std::vector<v1::GenerateRequest> reqs;
@@ -146,15 +159,24 @@ TEST_F(FaultToleranceTest, KillingAPrefillAndADecodeReplicaMidStream) {
   std::mt19937 rng(seed);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kStreams; ++i) streams.emplace_back([&, i] { got[i] = Generate(*stub, reqs[i], 60); });
-  // Which dies first and when, at random (the seed is printed to replay a failure's order).
+  // Which dies first at random; each dies at a random moment once it is busy (a prefill
+  // replica with a prompt in its engine, a decode replica with 5 streams decoding), so
+  // that the kills cut work in flight whatever the machine's speed. The seed is printed
+  // to replay a failure's order and delays.
   const bool prefill_first = rng() % 2 == 0;
-  const int first_ms = 200 + static_cast<int>(rng() % 800), second_ms = static_cast<int>(rng() % 800);
-  std::printf("chaos: seed %u: kill -9 %s at %d ms, %s %d ms later\n", seed, prefill_first ? "prefill-0" : "decode-0",
-              first_ms, prefill_first ? "decode-0" : "prefill-0", second_ms);
-  std::this_thread::sleep_for(std::chrono::milliseconds(first_ms));
-  ASSERT_TRUE(cluster->Kill(prefill_first ? "prefill-0" : "decode-0", SIGKILL).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(second_ms));
-  ASSERT_TRUE(cluster->Kill(prefill_first ? "decode-0" : "prefill-0", SIGKILL).ok());
+  auto kill_when_busy = [&](const std::string& name, int64_t busy) {
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < limit && Stat(*cluster, name, "running") < busy) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const int delay_ms = static_cast<int>(rng() % 300);
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("chaos: seed %u: kill -9 %s at %.2f s (busy + %d ms)\n", seed, name.c_str(), at, delay_ms);
+    ASSERT_TRUE(cluster->Kill(name, SIGKILL).ok());
+  };
+  kill_when_busy(prefill_first ? "prefill-0" : "decode-0", prefill_first ? 1 : 5);
+  kill_when_busy(prefill_first ? "decode-0" : "prefill-0", prefill_first ? 5 : 1);
   for (auto& t : streams) t.join();
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int exact = 0;
