@@ -40,22 +40,48 @@ endfunction()
 
 # A gtest binary registered as one ctest test. LABELS: unit, integration or gpu.
 # ENV: extra environment ("NAME=value") for the test. FIXTURES: fixtures it requires.
+#
+# A binary labelled gpu is registered case by case instead (gtest_discover_tests at ctest
+# time: "NAME.Suite.Case"), each case its own ctest test, and its main()
+# (tests/support/gpu_test_main.h) exits 77 when every case it ran skipped: ctest reports
+# each case passed, failed or skipped (no usable GPU) on its own, so a skip never hides a
+# failure of another case. (An output regex would: it marks a test skipped whatever its
+# exit status.)
+include(GoogleTest)
 function(tandem_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS;ENV;FIXTURES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE tandem_build_flags ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
-  add_test(NAME ${name} COMMAND ${name})
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
-  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
-    ENVIRONMENT "TANDEM_SOURCE_DIR=${PROJECT_SOURCE_DIR};TANDEM_BINARY_DIR=${PROJECT_BINARY_DIR};${ARG_ENV}")
-  if(ARG_FIXTURES)
-    set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED "${ARG_FIXTURES}")
+  set(env "TANDEM_SOURCE_DIR=${PROJECT_SOURCE_DIR};TANDEM_BINARY_DIR=${PROJECT_BINARY_DIR};${ARG_ENV}")
+  if(NOT "gpu" IN_LIST ARG_LABELS)
+    target_link_libraries(${name} PRIVATE tandem_build_flags ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+    add_test(NAME ${name} COMMAND ${name})
+    set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "${env}")
+    if(ARG_FIXTURES)
+      set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED "${ARG_FIXTURES}")
+    endif()
+    return()
   endif()
+  target_link_libraries(${name} PRIVATE tandem_build_flags ${ARG_DEPS} tandem_gpu_test_main GTest::gtest)
+  gtest_discover_tests(${name} TEST_PREFIX "${name}." DISCOVERY_MODE PRE_TEST TEST_LIST ${name}_cases
+    DISCOVERY_TIMEOUT 60)
+  # The cases' properties, set after discovery (gtest_discover_tests' PROPERTIES splits
+  # list values such as LABELS and ENVIRONMENT). The empty skip regex drops the one
+  # gtest_discover_tests sets: skipped is the exit status 77 alone.
+  set(props "${CMAKE_CURRENT_BINARY_DIR}/${name}_case_properties.cmake")
+  set(fixtures "")
+  if(ARG_FIXTURES)
+    set(fixtures " FIXTURES_REQUIRED [==[${ARG_FIXTURES}]==]")
+  endif()
+  file(WRITE "${props}" "if(${name}_cases)\n  set_tests_properties(\${${name}_cases} PROPERTIES "
+    "LABELS [==[${ARG_LABELS}]==] TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT [==[${env}]==] SKIP_RETURN_CODE 77 "
+    "SKIP_REGULAR_EXPRESSION [==[]==]${fixtures})\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${props}")
 endfunction()

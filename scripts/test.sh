@@ -3,7 +3,8 @@
 # (without ctest options) the engine's tests under ASan + UBSan (scripts/sanitize.sh;
 # TANDEM_SKIP_SANITIZE=1 skips them).
 #   scripts/test.sh [ctest options...]      e.g. scripts/test.sh -L unit
-# Labels: unit, integration, gpu (GPU tests skip with a reason where there is no GPU).
+# Labels: unit, integration, gpu (GPU tests: one ctest test per case, each skipped with a
+# reason where there is no GPU).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${TANDEM_BUILD_DIR:-$root/build}"

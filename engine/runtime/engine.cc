@@ -42,6 +42,12 @@ int64_t CopyImportedPrefix(Sequence& s, LatentKvCache& cache) {
   return tokens;
 }
 
+// Generated tokens of `s` whose value is known: without the placeholder of a launched
+// step (Sequence::pending_token). What the request has produced, its completion_tokens: with
+// pipelined steps a sequence that ends on a token already holds the next step's
+// placeholder when that token is emitted.
+int32_t ChosenTokens(const Sequence& s) { return s.num_generated() - (s.pending_token ? 1 : 0); }
+
 }  // namespace
 
 int32_t DefaultMaxBatchTokens(const std::string& device) { return device.rfind("cuda", 0) == 0 ? 8192 : 2048; }
@@ -383,7 +389,7 @@ void Engine::Finish(std::unique_ptr<Sequence> seq, RequestOutput out) {
     seq->queued = false;
   }
   RequestMetrics& m = seq->metrics;
-  m.completion_tokens = seq->num_generated();
+  m.completion_tokens = ChosenTokens(*seq);
   m.e2e_s = now - seq->submitted_at;
   if (seq->first_scheduled_at >= 0) m.queue_s = seq->first_scheduled_at - seq->submitted_at;
   if (seq->first_token_at >= 0) {
@@ -770,7 +776,10 @@ void Engine::EmitTokens(std::span<Sequence* const> ended, const std::vector<int3
   for (size_t row = 0; row < ended.size(); ++row) {
     if (in_flight != nullptr && in_flight->dropped.contains(ended[row])) continue;
     Sequence& s = *ended[row];
-    const int32_t step = s.num_generated() - (in_place ? 1 : 0);
+    // The output position of this row's token. In place, the token is already in
+    // s.tokens, and the next step (launched before these outputs) may have appended its
+    // placeholder after it.
+    const int32_t step = ChosenTokens(s) - (in_place ? 1 : 0);
     SampledToken t;
     if (device_tokens != nullptr) {
       t.token = (*device_tokens)[row];
@@ -793,7 +802,8 @@ void Engine::EmitTokens(std::span<Sequence* const> ended, const std::vector<int3
     out.token_ids.push_back(t.token);
     out.text = r.text_delta;
     if (s.sampling.logprobs > 0) out.logprobs.push_back({t.token, t.logprob, t.top_logprobs});
-    const bool context_full = static_cast<int64_t>(s.tokens.size()) >= backend_->config().max_position_embeddings;
+    const bool context_full =
+        static_cast<int64_t>(s.prompt_len) + ChosenTokens(s) >= backend_->config().max_position_embeddings;
     if (r.finished || s.kv_sink != nullptr || context_full) {
       out.finish_reason = r.finished ? r.reason : (context_full ? FinishReason::kLength : FinishReason::kNone);
       out.matched_stop = r.matched_stop;

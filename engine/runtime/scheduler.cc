@@ -226,7 +226,11 @@ void Scheduler::PublishComputed(Sequence& seq) {
 }
 
 void Scheduler::OnTokenAppended(Sequence& seq) {
-  ExtendBlockHashes(seq.tokens, options_.block_size, options_.layout_fingerprint, &seq.block_hashes);
+  // Not over a pending placeholder (the next step, launched before this token's output,
+  // may have appended one): its block is hashed once its value is in.
+  std::span<const int32_t> known(seq.tokens);
+  if (seq.pending_token) known = known.first(known.size() - 1);
+  ExtendBlockHashes(known, options_.block_size, options_.layout_fingerprint, &seq.block_hashes);
 }
 
 }  // namespace tandem

@@ -2,7 +2,10 @@
 # One device run after CUDA kernel work (run tool, kind nvidia-h200; carry .carry/perf.tgz
 # .carry/device.tgz .carry/e2e): every single-GPU kernel/model/engine test, compute-sanitizer
 # memcheck on the decode-path kernels, the GPU serving test twice (with `serving` as the first
-# argument), then the full cuda_model_bench (JSON + console under $OUT). Here first:
+# argument), then the full cuda_model_bench (JSON + console under $OUT). Exits 1 when any step
+# failed (a test, a memcheck error, every case of a binary skipped, a timeout, the benchmark),
+# after a summary of every step (scripts/device/check.sh; whole logs in $OUT/device_logs.tgz).
+# Here first:
 #   scripts/device/gpu_serving.sh pack
 #   PACK_DEST=$PWD/.carry/perf scripts/device/pack.sh build/bin/cuda_model_bench \
 #     build/tests/kernels_cuda_{ops,moe_expert_gemv,mla_attention}_test \
@@ -11,34 +14,36 @@
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${OUT:-/tmp}"
+export DEVICE_LOGS="${DEVICE_LOGS:-/tmp/device-logs}"
+. "$root/scripts/device/check.sh"
 [ -d "$root/.carry/perf" ] || tar -xzf "$root/.carry/perf.tgz" -C "$root/.carry"
 bin="$root/.carry/perf/bin"
-summary() { grep -E "^\[ *(FAILED|PASSED)|Failure|Expected|Which is|prompts:|ERROR SUMMARY" | head -20; }
-(
-  export LD_LIBRARY_PATH="$root/.carry/perf/lib"
-  for t in kernels_cuda_ops_test kernels_cuda_moe_expert_gemv_test kernels_cuda_mla_attention_test \
-           engine_model_cuda_deepseek_model_test; do
-    [ -x "$bin/$t" ] || continue
-    echo "== $t"; timeout 300 "$bin/$t" 2>&1 | summary
-  done
-  echo "== memcheck: routing, permutation, GEMVs, MLA prepare and decode"
-  timeout 300 compute-sanitizer --tool memcheck "$bin/kernels_cuda_ops_test" \
-    --gtest_filter='*MoeFused*:*MoeRouting*:*MoePermute*:*SmallGemv*:*MlaPrepare*:*MlaDecodeFused*' 2>&1 | summary
-  timeout 300 compute-sanitizer --tool memcheck "$bin/kernels_cuda_mla_attention_test" \
-    --gtest_filter='*DecodeOtherBlockSizes*:*DecodeCaptures*:*DecodeRejects*' 2>&1 | summary
-  timeout 300 compute-sanitizer --tool memcheck "$bin/kernels_cuda_moe_expert_gemv_test" \
-    --gtest_filter='*Graph*:*Staged*:*Rejects*:*Early*' 2>&1 | summary
-)
-echo "== engine on CUDA, KV block copy, CUDA IPC"
-"$root/scripts/device/gpu_serving.sh" run tests 2>&1 | tail -25
+perf_lib="$root/.carry/perf/lib"
+with_perf() { LD_LIBRARY_PATH="$perf_lib" "$@"; }
+
+for t in kernels_cuda_ops_test kernels_cuda_moe_expert_gemv_test kernels_cuda_mla_attention_test \
+         engine_model_cuda_deepseek_model_test; do
+  if [ ! -x "$bin/$t" ]; then results+=("FAILED  $t (not packed)"); failed=1; continue; fi
+  SHOW='^\[ *(FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|prompts:' check "$t" with_perf timeout 300 "$bin/$t"
+done
+memcheck() {  # memcheck NAME BINARY FILTER
+  check "$1" with_perf timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/$2" --gtest_filter="$3"
+  expect_in "$1" "ERROR SUMMARY: 0 errors"
+}
+# Routing, permutation, GEMVs, MLA prepare and decode.
+memcheck memcheck_ops kernels_cuda_ops_test '*MoeFused*:*MoeRouting*:*MoePermute*:*SmallGemv*:*MlaPrepare*:*MlaDecodeFused*'
+memcheck memcheck_mla kernels_cuda_mla_attention_test '*DecodeOtherBlockSizes*:*DecodeCaptures*:*DecodeRejects*'
+memcheck memcheck_moe_expert_gemv kernels_cuda_moe_expert_gemv_test '*Graph*:*Staged*:*Rejects*:*Early*'
+
+# The engine on CUDA, KV block copy, CUDA IPC (its own steps and summary in its log).
+SHOW='^(ok|FAILED) ' check gpu_serving_tests "$root/scripts/device/gpu_serving.sh" run tests
 if [ "${1:-}" = serving ]; then
   for i in 1 2; do
-    echo "== GPU serving, run $i"
-    "$root/scripts/device/gpu_serving.sh" run serving 2>&1 | tail -8
+    SHOW='^(ok|FAILED) |^request|differ' check "gpu_serving_run_$i" "$root/scripts/device/gpu_serving.sh" run serving
   done
 fi
-echo "== cuda_model_bench"
-LD_LIBRARY_PATH="$root/.carry/perf/lib" timeout 400 "$bin/cuda_model_bench" \
-  --config "$root/bench/configs/deepseek_v2_lite_full.json" --timeline --json "$out/cuda_model_h200.json" \
-  > "$out/cuda_model_h200_timeline.txt" 2>&1
-grep -E "^decode|^prefill|^references" "$out/cuda_model_h200_timeline.txt"
+SHOW='^decode|^prefill|^references' check cuda_model_bench with_perf timeout 400 "$bin/cuda_model_bench" \
+  --config "$root/bench/configs/deepseek_v2_lite_full.json" --timeline --json "$out/cuda_model_h200.json"
+cp "$logs/cuda_model_bench.log" "$out/cuda_model_h200_timeline.txt" 2>/dev/null
+[ -s "$out/cuda_model_h200.json" ] || { results+=("FAILED  cuda_model_bench (no JSON)"); failed=1; }
+finish

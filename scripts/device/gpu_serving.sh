@@ -24,35 +24,57 @@ if [ "${1:-}" = pack ]; then
   du -sh "$root/.carry/device.tgz"
   exit 0
 fi
-[ "${1:-}" = run ] || { sed -n '2,11p' "$0"; exit 2; }
+[ "${1:-}" = run ] || { sed -n '2,13p' "$0"; exit 2; }
 [ -d "$root/.carry/device" ] || tar -xzf "$root/.carry/device.tgz" -C "$root/.carry"
 export LD_LIBRARY_PATH="$root/.carry/device/lib"
 bin="$root/.carry/device/bin"
 out="${OUT:-/tmp}"
 export UCX_TLS=tcp UCX_NET_DEVICES=lo TANDEM_CACHE_DIR=/tmp/tc TANDEM_BINARY_DIR="$root/.carry/device"
+. "$root/scripts/device/check.sh"
 nvidia-smi topo -m | head -5
-fail=0
 what="${2:-all}"
 want() { [ "$what" = all ] || [ "$what" = "$1" ]; }
 
+# `tandem generate --local` on the GPU prints exactly --max-tokens generated tokens, greedy
+# and sampled, for several prompts (pipelined steps: the next step is launched before a
+# sequence's last token is seen).
+generate_counts() {
+  local rc=0 n
+  for p in "The GPU path" "Disaggregated prefill and decode on one H200" "a b c d e f g h i j k l m n o p q r s t u v w x y z"; do
+    for args in "--temperature 0" "--temperature 0.8 --top-p 0.9 --seed 5"; do
+      for n in 31 32; do
+        # shellcheck disable=SC2086
+        "$bin/tandem" generate --local --model "$root/.carry/e2e/model" --device cuda --gpu-memory-utilization 0.2 \
+          $args --ignore-eos --max-tokens $n "$p" 2>/tmp/generate.err >/dev/null || { cat /tmp/generate.err; rc=1; }
+        if grep -q "generated tokens: $n |" /tmp/generate.err; then echo "max-tokens $n ($args): ok"
+        else echo "max-tokens $n ($args): WRONG COUNT: $(grep -o 'generated tokens: [0-9]*' /tmp/generate.err)"; rc=1; fi
+      done
+    done
+  done
+  return $rc
+}
+
 if want tests; then
-  "$bin/engine_runtime_engine_cuda_test" 2>&1 | grep -E "^\[ *(OK|FAILED|PASSED) |Failure|Expected|Which is" | tail -20
+  SHOW='^\[ *(FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|identical|prompts' \
+    check engine_cuda_test "$bin/engine_runtime_engine_cuda_test"
   # The sampler's clusters (16 blocks a row among them) under memcheck, a few rows.
-  TANDEM_SAMPLER_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$bin/engine_runtime_engine_cuda_test" --gtest_filter='*GpuSampling*' 2>&1 | tail -2 || fail=1
-  "$bin/kernels_cuda_kv_block_copy_test" 2>&1 | tail -3 || fail=1
-  compute-sanitizer --tool memcheck "$bin/kernels_cuda_kv_block_copy_test" 2>&1 | tail -2 || fail=1
-  "$bin/engine_model_cuda_ipc_test" 2>&1 | grep -E "OK|FAILED|SKIPPED|PASSED|Failure|error" | tail -12 || fail=1
+  TANDEM_SAMPLER_TEST_QUICK=1 check memcheck_sampler compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$bin/engine_runtime_engine_cuda_test" --gtest_filter='*GpuSampling*'
+  expect_in memcheck_sampler "ERROR SUMMARY: 0 errors"
+  check kv_block_copy_test "$bin/kernels_cuda_kv_block_copy_test"
+  check memcheck_kv_block_copy compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/kernels_cuda_kv_block_copy_test"
+  expect_in memcheck_kv_block_copy "ERROR SUMMARY: 0 errors"
+  SHOW='^\[ *(FAILED|PASSED|SKIPPED|OK) |Failure|error' check cuda_ipc_test "$bin/engine_model_cuda_ipc_test"
+  SHOW='generated tokens|WRONG|ok$' check generate_max_tokens generate_counts
 fi
 if want serving; then
-  TANDEM_GPU_TEST_MODEL="$root/.carry/e2e/model" "$bin/integration_gpu_serving_test" >/tmp/gpu_serving_test.log 2>&1 ||
-    { fail=1; cp /tmp/gpu_serving_test.log "$out/"; }
-  grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|actual|exited|differ" /tmp/gpu_serving_test.log | head -40
+  SHOW='^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|actual|exited|differ|^request' \
+    check gpu_serving_test env TANDEM_GPU_TEST_MODEL="$root/.carry/e2e/model" "$bin/integration_gpu_serving_test"
 fi
 if [ "$what" = all ]; then
-  "$bin/kv_peer_copy_bench" --json "$out/kv_peer_copy_h200x2.json" 2>&1 | grep -vE '^\s*[{}\[\]"]' | tail -12
+  SHOW='GB/s|ratio|size' check kv_peer_copy_bench "$bin/kv_peer_copy_bench" --json "$out/kv_peer_copy_h200x2.json"
 fi
-want ttft || want sampling || want tpot1 || exit $fail
+want ttft || want sampling || want tpot1 || finish
 
 model=/tmp/v2lite
 "$bin/tandem" make-model --config "$root/bench/configs/deepseek_v2_lite_full.json" --weights-on-gpu --seed 1 \
@@ -66,7 +88,7 @@ start() {
   pid=$!
   for _ in $(seq 1800); do [ -f /tmp/ready-$name.json ] && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
   if [ ! -f /tmp/ready-$name.json ]; then
-    echo "$name: cluster not ready"; tail -5 /tmp/serve-$name.log; tail -5 /tmp/run-$name/*.log; fail=1; return 1
+    echo "$name: cluster not ready"; tail -5 /tmp/serve-$name.log; tail -5 /tmp/run-$name/*.log; failed=1; return 1
   fi
   router=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["router"]["grpc"])' /tmp/ready-$name.json)
 }
@@ -82,9 +104,9 @@ if want sampling; then
     export TANDEM_GPU_STEP_TRACE=200  # the worker logs the GPU's busy share every 200 steps
     start sampling-$name --aggregated 1 --device cuda:0 "${extra[@]}" || continue
     unset TANDEM_GPU_STEP_TRACE
-    "$bin/tandem" bench --addr "$router" --num-prompts 256 --num-warmup 4 --max-concurrency 64 --input-len 256 \
-      --output-len 128 --ignore-eos --temperature 0.8 --no-progress --json "$out/sampling_$name.json" 2>&1 |
-      grep -iE "output token throughput|median tpot|failed" | sed "s/^/$name: /"
+    SHOW='[Oo]utput token throughput|[Mm]edian TPOT|[Ff]ailed' check "sampling_$name" "$bin/tandem" bench --addr "$router" \
+      --num-prompts 256 --num-warmup 4 --max-concurrency 64 --input-len 256 --output-len 128 --ignore-eos \
+      --temperature 0.8 --no-progress --json "$out/sampling_$name.json"
     kill -TERM $pid; wait $pid
     grep -h "gpu step trace" /tmp/run-sampling-$name/*.log | tail -4 | sed "s/^/$name: /"
   done
@@ -99,9 +121,9 @@ if want tpot1; then
     export TANDEM_GPU_STEP_TRACE=200
     start tpot1-$name --aggregated 1 --device cuda:0 || continue
     unset TANDEM_GPU_STEP_TRACE
-    "$bin/tandem" bench --addr "$router" --num-prompts 10 --num-warmup 2 --max-concurrency 1 --input-len 256 \
-      --output-len 256 --ignore-eos --temperature $temp --no-progress --json "$out/tpot1_$name.json" 2>&1 |
-      grep -iE "output token throughput|median tpot|failed" | sed "s/^/$name: /"
+    SHOW='[Oo]utput token throughput|[Mm]edian TPOT|[Ff]ailed' check "tpot1_$name" "$bin/tandem" bench --addr "$router" \
+      --num-prompts 10 --num-warmup 2 --max-concurrency 1 --input-len 256 --output-len 256 --ignore-eos \
+      --temperature $temp --no-progress --json "$out/tpot1_$name.json"
     kill -TERM $pid; wait $pid
     grep -h "gpu step trace" /tmp/run-tpot1-$name/*.log | tail -2 | sed "s/^/$name: /"
   done
@@ -113,11 +135,11 @@ if want ttft; then
   for name in ${TTFT_VARIANTS:-aggregated pd}; do
     if [ $name = aggregated ]; then start $name --aggregated 1 --device cuda:0 || continue
     else start $name --device cuda --worker-arg=--log-level=debug || continue; fi
-    "$bin/tandem" bench --addr "$router" --num-prompts 20 --num-warmup 3 --max-concurrency 1 --input-len 8192 \
-      --output-len 4 --ignore-eos --no-progress --json "$out/ttft_8k_$name.json" 2>&1 | grep -iE "ttft|failed" | head -8
+    SHOW='TTFT|[Ff]ailed' check "ttft_8k_$name" "$bin/tandem" bench --addr "$router" --num-prompts 20 --num-warmup 3 \
+      --max-concurrency 1 --input-len 8192 --output-len 4 --ignore-eos --no-progress --json "$out/ttft_8k_$name.json"
     grep -h "GPU to GPU\|offering the GPU" /tmp/run-$name/*.log | head -3
     kill -TERM $pid; wait $pid
-    [ -s "$out/ttft_8k_$name.json" ] || { fail=1; tail -20 /tmp/run-$name/*.log; }
+    [ -s "$out/ttft_8k_$name.json" ] || { failed=1; tail -20 /tmp/run-$name/*.log; }
   done
   [ -s "$out/ttft_8k_aggregated.json" ] && [ -s "$out/ttft_8k_pd.json" ] && python3 - "$out" <<'PY'
 import json, sys
@@ -128,4 +150,4 @@ print(json.dumps({"ttft_8k": res}, indent=1))
 json.dump({"ttft_8k": res}, open(f"{out}/ttft_8k_summary.json", "w"), indent=1)
 PY
 fi
-exit $fail
+finish

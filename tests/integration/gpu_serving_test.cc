@@ -5,14 +5,20 @@
 // KV went GPU to GPU with nothing staged through the host pools or sent over UCX. The
 // host path (--kv-transfer transfer) on the GPU gives the same output.
 //
-// "Equals": the greedy requests' tokens exactly. The sampled request's tokens too, except
+// "Equals": the greedy requests' tokens exactly. The sampled requests' tokens too, except
 // that they may part where the two runs' next-token distributions agree (their top
 // log-probabilities within 2e-3) and the seeded draw fell on the boundary between two
-// tokens: the GPU's sums are not bitwise reproducible from run to run (the MoE down
-// projection's float32 atomics, the prefill GEMMs' split-K; on the host KV path the logits
-// differ by ~1e-5), so a draw that close to a cumulative-probability boundary goes either
-// way. Seen on the H200: request 4 at its token 26, where two tokens' logits were 9e-4
-// apart. The comparison is tests/integration/sampled_output_match.h (unit-tested).
+// tokens (within the 2e-3 / (2 T) that such differences can move it): the GPU's sums are
+// not bitwise reproducible from run to run (the MoE down projection's float32 atomics, the
+// prefill GEMMs' split-K; on the host KV path the logits differ by ~1e-5), so a draw that
+// close to a cumulative-probability boundary goes either way. Seen on the H200: request 4
+// at its token 26, where two tokens' logits were 9e-4 apart. The comparison is
+// tests/integration/sampled_output_match.h (unit-tested). The sampled request is served
+// twice: with logprobs (which make every step of it sample on the host, from logits
+// copied back) and without (tokens chosen on the GPU, by the prefill replica for the first
+// token and the decode replica after it): both are compared with the reference's
+// logprobs run, which the GPU's sampler must reproduce up to such boundary draws. Every
+// final message's usage counts exactly the tokens streamed.
 //
 // Skips on machines without a GPU (CI). TANDEM_GPU_TEST_MODEL names the checkpoint
 // (default: the built-in tiny model).
@@ -78,28 +84,45 @@ std::vector<v1::GenerateRequest> Requests() {
   for (int i = 0; i < 90; ++i) long_prompt += "latent attention block " + std::to_string(i) + ". ";
   out.push_back(TextRequest(long_prompt, 32, std::nullopt, 0.0f));  // several KV blocks
   out.push_back(TextRequest(long_prompt.substr(0, 700), 16, std::nullopt, 0.0f));  // a partial last block
+  // top_k within the logprobs listed: the draw at a parting is recomputed from them.
   v1::GenerateRequest sampled = TextRequest("Sampling with a seed gives the same tokens either way", 32, 17, 0.8f);
   sampled.mutable_sampling()->set_top_p(0.9f);
-  sampled.mutable_sampling()->set_logprobs(5);  // for the comparison where the outputs part
+  sampled.mutable_sampling()->set_top_k(20);
+  sampled.mutable_sampling()->set_logprobs(20);  // for the comparison where the outputs part
+  out.push_back(sampled);
+  sampled.mutable_sampling()->set_logprobs(0);  // tokens chosen on the GPU
   out.push_back(sampled);
   return out;
 }
 
+// The request whose reference output request i is compared with: the sampled request
+// without logprobs against the one with them (same prompt, seed and sampling).
+constexpr size_t kSampledOnGpu = 5, kSampledWithLogprobs = 4;
+size_t ReferenceOf(size_t i) { return i == kSampledOnGpu ? kSampledWithLogprobs : i; }
+
 using Outputs = std::vector<StreamResult>;
 
-// Whether `got` equals `want` (the output of the same request) as the header describes
-// (testing::MatchOutputs).
-OutputMatch SameOutput(const v1::GenerateRequest& request, const StreamResult& got, const StreamResult& want) {
-  return MatchOutputs(request.sampling().temperature() > 0.0f, got.tokens, got.logprobs, want.tokens, want.logprobs);
+// Whether `got`, the output of request i, equals the reference run's (`want`, every
+// request's output) as the header describes (testing::MatchOutputs), and counts its tokens.
+OutputMatch SameOutput(size_t i, const StreamResult& got, const Outputs& want) {
+  const std::vector<v1::GenerateRequest> requests = Requests();
+  const StreamResult& ref = want[ReferenceOf(i)];
+  OutputMatch m = MatchOutputs(testing::DrawOf(requests[i]), got.tokens, got.logprobs, ref.tokens, ref.logprobs);
+  if (m.same && got.final.usage().completion_tokens() != static_cast<int32_t>(got.tokens.size())) {
+    m.same = false;
+    m.why = "usage.completion_tokens " + std::to_string(got.final.usage().completion_tokens()) + " for " +
+            std::to_string(got.tokens.size()) + " tokens streamed";
+  }
+  return m;
 }
 
 void ExpectSameOutputs(const Outputs& got, const Outputs& want) {
   ASSERT_EQ(got.size(), want.size());
-  const std::vector<v1::GenerateRequest> requests = Requests();
   for (size_t i = 0; i < got.size(); ++i) {
-    const OutputMatch m = SameOutput(requests[i], got[i], want[i]);
+    const OutputMatch m = SameOutput(i, got[i], want);
     EXPECT_TRUE(m.same) << "request " << i << " " << m.why;
     if (!m.note.empty()) std::fprintf(stderr, "request %zu %s\n", i, m.note.c_str());
+    EXPECT_EQ(got[i].tokens.size(), static_cast<size_t>(Requests()[i].stop().max_tokens())) << "request " << i;
   }
 }
 
@@ -165,6 +188,8 @@ class GpuServingTest : public ::testing::Test {
 TEST_F(GpuServingTest, OneGpuTwoProcessesMoveKvByCudaIpc) {
   const Outputs want = Aggregated("cuda:0");
   ASSERT_EQ(want.size(), Requests().size());
+  // The reference itself: its GPU-sampled request against its logprobs one, every count.
+  ExpectSameOutputs(want, want);
   // cuda-ipc: the decode replica must offer its pool (else it does not start) and a request
   // that could not go device to device fails.
   std::unique_ptr<LocalCluster> pd = Start(1, 1, 0, {"cuda:0"}, {"cuda:0"}, {"--kv-transfer=cuda-ipc"});
@@ -225,7 +250,7 @@ TEST_F(GpuServingTest, DecodeKilledDuringDeviceTransfersLeavesPrefillServing) {
         if (!r.status.ok()) {
           ++failed;
           std::fprintf(stderr, "request failed: %s\n", r.status.error_message().c_str());
-        } else if (const OutputMatch m = SameOutput(reqs[k], r, want[k]); !m.same) {
+        } else if (const OutputMatch m = SameOutput(k, r, want); !m.same) {
           ++mismatched;
           std::fprintf(stderr, "request %zu %s\n", k, m.why.c_str());
         }

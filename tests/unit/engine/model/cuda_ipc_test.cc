@@ -39,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/cuda/cuda_ipc.h"
 #include "gtest/gtest.h"
+#include "tests/support/gpu_test_main.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/kv_block_copy.h"
 
@@ -474,5 +475,5 @@ int main(int argc, char** argv) {
     return tandem::cuda_model::RunChild(argc, argv);
   }
   ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return tandem::testing::RunGpuTests();  // 77 when every case skipped (no GPU)
 }

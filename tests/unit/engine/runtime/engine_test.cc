@@ -162,6 +162,27 @@ TEST_P(EngineTest, SharedPrefixIsReusedWithIdenticalOutput) {
   }
 }
 
+// The KV of generated tokens is reused by a later request whose prompt continues them (a
+// conversation's next turn): their blocks are hashed with the tokens' values, also with
+// pipelined steps, where a block may fill up with the placeholder of a token still being
+// chosen when the token before it is emitted.
+TEST_P(EngineTest, GeneratedTokensAreReusedByTheNextTurn) {
+  auto e = MakeEngine({.max_batch_tokens = 256});
+  for (const int prompt_len : {10, 63, 64}) {
+    const std::vector<int32_t> prompt = Tokens(prompt_len, prompt_len);
+    const Result first = RunToEnd(*e, Req("turn1-" + std::to_string(prompt_len), prompt, 150, std::nullopt, 0.0f));
+    ASSERT_EQ(first.tokens.size(), 150u);
+    std::vector<int32_t> next = prompt;
+    next.insert(next.end(), first.tokens.begin(), first.tokens.end());
+    next.push_back(5);
+    // Full blocks before the last token; the last one holds the first turn's last token,
+    // whose KV was never computed.
+    const int32_t reusable = static_cast<int32_t>((prompt_len + 150 - 1) / 64 * 64);
+    const Result second = RunToEnd(*e, Req("turn2-" + std::to_string(prompt_len), next, 4, std::nullopt, 0.0f));
+    EXPECT_EQ(second.final.metrics.cached_prompt_tokens, reusable) << "prompt of " << prompt_len;
+  }
+}
+
 // Collects exported KV: layer -> position -> entry.
 class CollectingSink : public KvSink {
  public:
@@ -367,6 +388,60 @@ TEST_P(EngineTest, EdgeCasesAreClear) {
   ExpectNoBlocksInUse(*e);
 }
 
+// max_tokens bounds what is emitted and what is counted, with every step pipelined (the
+// engine launches the next step, placeholders of the sequences' coming tokens included,
+// before it emits this step's tokens and sees which sequences end): several prompts
+// decoding together, small odd budgets, EOS ignored. completion_tokens is the number of
+// tokens streamed, also for a request cancelled while a step computes its next token, and
+// the first token's output carries the TTFT.
+TEST_P(EngineTest, MaxTokensBoundsWhatIsEmittedAndCounted) {
+  auto e = MakeEngine({.max_batch_tokens = 256});
+  for (const int max_tokens : {1, 3, 7, 33}) {
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    for (int i = 0; i < 6; ++i) {
+      EngineRequest r = Req("m" + std::to_string(max_tokens) + "-" + std::to_string(i), Tokens(5 + 17 * i, 40 + i),
+                            max_tokens, i % 2 == 0 ? std::nullopt : std::optional<uint64_t>(i), i % 2 ? 0.8f : 0.0f);
+      auto s = e->Submit(std::move(r));
+      ASSERT_TRUE(s.ok()) << s.status();
+      streams.push_back(*s);
+    }
+    for (size_t i = 0; i < streams.size(); ++i) {
+      RequestOutput o, first;
+      size_t tokens = 0, outputs = 0;
+      while (streams[i]->Next(&o)) {
+        if (outputs++ == 0) first = o;
+        tokens += o.token_ids.size();
+        if (o.finished) {
+          EXPECT_TRUE(o.status.ok()) << o.status;
+          EXPECT_EQ(o.finish_reason, FinishReason::kLength) << max_tokens << " " << i;
+          EXPECT_EQ(o.metrics.completion_tokens, max_tokens) << "max_tokens " << max_tokens << ", prompt " << i;
+        }
+      }
+      EXPECT_EQ(tokens, static_cast<size_t>(max_tokens)) << "max_tokens " << max_tokens << ", prompt " << i;
+      EXPECT_GT(first.metrics.ttft_s, 0.0) << "max_tokens " << max_tokens << ", prompt " << i;
+    }
+  }
+  // Cancelled mid-stream: the count is what was streamed (not the step still computing).
+  auto s = e->Submit(Req("cancelled", Tokens(20, 3), 2000, 1));
+  ASSERT_TRUE(s.ok());
+  RequestOutput o;
+  size_t streamed = 0;
+  int32_t counted = -1;
+  absl::Status status;
+  while ((*s)->Next(&o)) {
+    streamed += o.token_ids.size();
+    if (streamed == 5 && !o.finished) e->Cancel("cancelled");
+    if (o.finished) {
+      counted = o.metrics.completion_tokens;
+      status = o.status;
+    }
+  }
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_GE(streamed, 5u);
+  EXPECT_EQ(counted, static_cast<int32_t>(streamed));
+  ExpectNoBlocksInUse(*e);
+}
+
 TEST_P(EngineTest, FullWaitingQueueIsResourceExhausted) {
   auto e = MakeEngine({.max_running = 1, .max_waiting = 2});
   std::vector<std::shared_ptr<OutputStream>> streams;
@@ -437,6 +512,7 @@ TEST(EnginePipelineTest, SameOutputsAsOneStepAtATime) {
     EXPECT_EQ(got[i].text, want[i].text) << i;
     EXPECT_EQ(got[i].final.finish_reason, want[i].final.finish_reason) << i;
     EXPECT_EQ(got[i].final.matched_stop, want[i].final.matched_stop) << i;
+    EXPECT_EQ(got[i].final.metrics.completion_tokens, static_cast<int32_t>(got[i].tokens.size())) << i;
     EXPECT_EQ(got[i].tokens, host[i].tokens) << i << " (the host sampler's tokens)";
   }
 }
