@@ -113,9 +113,10 @@ std::vector<size_t> Agreement(const std::vector<std::vector<int32_t>>& want,
 // step budget on both sides. At 64 tokens a step, every GEMM of the GPU takes split
 // (near-float32) activations and the decode attention split queries and probabilities
 // (cuda_deepseek_model.h), so the bf16 KV cache is the only rounding the reference lacks,
-// and the reference has it: all 10 prompts identical for all 40 tokens. At the default
-// 8192 tokens a step the batch's prefill runs in one step whose GEMM inputs are rounded to
-// bf16, a rounding the reference lacks: printed, with a bound at what that gives.
+// and the reference has it: all 10 prompts identical for all 40 tokens (H200, 2026-12-01).
+// At the default 8192 tokens a step the batch's prefill runs in one step whose GEMM inputs
+// are rounded to bf16, a rounding the reference lacks: printed, with a bound at what that
+// gives.
 TEST_F(EngineCudaTest, GreedyBatchMatchesTheCpuEngineAtTheGpusKvPrecision) {
   constexpr int kTokens = 40;
   std::vector<std::vector<int32_t>> prompts;
@@ -142,6 +143,8 @@ TEST_F(EngineCudaTest, GreedyBatchMatchesTheCpuEngineAtTheGpusKvPrecision) {
   const int matching = static_cast<int>(std::count_if(same_default.begin(), same_default.end(),
                                                       [](size_t n) { return n >= 32; }));
   std::printf("8192-token steps: %d of 10 prompts 32+ tokens identical\n", matching);
+  // H200, 2026-12-01: 8 of 10 (the other two part after 23 and 30 tokens).
+  EXPECT_GE(matching, 7);
 }
 
 // No path emits more than max_tokens, nor counts more: greedy and seeded requests decoding
