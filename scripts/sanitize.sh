@@ -17,3 +17,17 @@ cmake --build "$build" --target engine_runtime_engine_test
 echo "sanitize.sh: running it (the pipelined cases)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   "$build/tests/engine_runtime_engine_test" --gtest_filter='EnginePipelineTest.*:*/Pipelined' --gtest_brief=1
+
+# The prefill replica's checks of forged destination and descriptor messages, and the
+# transfer layer's bounds (tests/unit/services/prefill/kv_destination_fuzz_test.cc): a
+# services build, but only that test's few sources (the transfer layer, no engine, no gRPC).
+services_build="${TANDEM_ASAN_SERVICES_BUILD_DIR:-$root/build-asan-services}"
+cmake -S "$root" -B "$services_build" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
+  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+echo "sanitize.sh: building services_prefill_kv_destination_fuzz_test with ASan + UBSan in $services_build"
+cmake --build "$services_build" --target services_prefill_kv_destination_fuzz_test
+echo "sanitize.sh: running it (forged destinations and descriptors)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  "$services_build/tests/services_prefill_kv_destination_fuzz_test" --gtest_brief=1

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/runtime/block_hash.h"
+#include "engine/model/weights_digest.h"
 #include "engine/runtime/kv_layout.h"
 #include "engine/util/mapped_file.h"
 #include "engine/util/status_macros.h"
@@ -100,7 +101,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   }
 
   ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(model_dir + "/config.json"));
-  const KvLayout layout = KvLayoutFor(c, config_text);
+  // The weights' digest reads every weight file once (weights_digest.h). A fake backend from
+  // options.backend_factory may run on a directory without weights (benchmarks): its
+  // fingerprint then covers config.json alone.
+  absl::StatusOr<uint64_t> weights = WeightsDigest(model_dir);
+  if (!weights.ok() && !(weights.status().code() == absl::StatusCode::kNotFound && options.backend_factory)) {
+    return weights.status();
+  }
+  const KvLayout layout = KvLayoutFor(c, config_text, weights.ok() ? *weights : 0);
   e->layout_fingerprint_ = LayoutFingerprint(layout);
 
   for (int64_t id : c.eos_token_ids) e->eos_ids_.push_back(static_cast<int32_t>(id));
@@ -114,6 +122,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
     return absl::InvalidArgumentError("max_batch_tokens, max_running and max_waiting must be positive");
   }
   e->scheduler_ = std::make_unique<Scheduler>(so, static_cast<int32_t>(blocks));
+  e->leases_ = std::make_unique<KvLeases>(&e->scheduler_->blocks(), options.kv_lease_seconds,
+                                          options.kv_quarantine_seconds);
   e->seed_counter_ = std::random_device{}();
   e->PublishStats();
   e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
@@ -237,10 +247,10 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::Submit(EngineRequest reque
 
 void Engine::Cancel(const std::string& id) {
   Post([this, id] {
-    if (auto it = reservations_.find(id); it != reservations_.end()) {
-      scheduler_->blocks().Release(it->second.blocks);
-      reservations_.erase(it);
-    }
+    // The callers cancel a reservation only once no writer can still touch it (the
+    // router's Release, or the Decode call after a completed prefill): quarantined or not,
+    // its blocks are free again.
+    leases_->Release(id);
     std::unique_ptr<Sequence> seq = scheduler_->Remove(id);
     if (!seq) return;
     RequestOutput out;
@@ -249,6 +259,10 @@ void Engine::Cancel(const std::string& id) {
     out.status = absl::CancelledError(absl::StrCat("request '", id, "' was cancelled"));
     Finish(std::move(seq), std::move(out));
   });
+}
+
+void Engine::ReleaseKv(const std::string& id) {
+  Post([this, id] { leases_->Release(id); });
 }
 
 void Engine::Post(Command c) {
@@ -275,20 +289,13 @@ absl::StatusOr<std::vector<int32_t>> Engine::ReserveKv(const std::string& id, in
     // Blocks freed while a step computes may still be written by it (a sequence that ended
     // meanwhile): the peer writing into the reservation must come after it.
     SettleInFlight();
-    if (reservations_.contains(id) || scheduler_->Find(id) != nullptr) {
+    if (leases_->Contains(id) || scheduler_->Find(id) != nullptr) {
       promise->set_value(absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use")));
       return;
     }
     // One position more than the prompt: the first decode step writes there.
     const int32_t need = scheduler_->BlocksFor(static_cast<int64_t>(num_tokens) + 1);
-    absl::StatusOr<std::vector<int32_t>> blocks = scheduler_->blocks().Allocate(need);
-    if (!blocks.ok()) {
-      promise->set_value(absl::ResourceExhaustedError(absl::StrCat("ReserveKv: ", need, " KV blocks needed, ",
-                                                                   scheduler_->blocks().num_free(), " free")));
-      return;
-    }
-    reservations_[id] = {*blocks, num_tokens, Now() + options_.kv_lease_seconds};
-    promise->set_value(*blocks);
+    promise->set_value(leases_->Reserve(id, need, num_tokens, Now()));
   });
   return future.get();
 }
@@ -334,15 +341,14 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
   }
   Post([this, seq, promise, first_token, emit_first_token, where] {
     Sequence& s = **seq;
-    auto it = reservations_.find(s.id);
     const int32_t have = static_cast<int32_t>(s.tokens.size());  // prompt + resumed output
-    if (it == reservations_.end() || it->second.num_tokens < have) {
+    const KvLeases::Reservation* live = leases_->Find(s.id);
+    if (live == nullptr || live->num_tokens < have) {
       promise->set_value(absl::FailedPreconditionError(absl::StrCat(
           "no KV reservation of ", have, " tokens for request '", s.id, "' (expired or never made)")));
       return;
     }
-    s.blocks = std::move(it->second.blocks);
-    reservations_.erase(it);
+    s.blocks = std::move(leases_->Take(s.id)->blocks);
     s.num_computed = have;
     s.host_kv_upload_end = backend_->kv_in_host_pool() || where == ImportedKv::kDevicePool ? 0 : have;
     s.prefix_looked_up = true;
@@ -410,18 +416,7 @@ void Engine::Finish(std::unique_ptr<Sequence> seq, RequestOutput out) {
   seq->output->Push(std::move(out));
 }
 
-void Engine::ExpireLeases() {
-  const double now = Now();
-  for (auto it = reservations_.begin(); it != reservations_.end();) {
-    if (it->second.expires_at <= now) {
-      scheduler_->blocks().Release(it->second.blocks);
-      counters_.kv_leases_expired++;
-      it = reservations_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
+void Engine::ExpireLeases() { leases_->Tick(Now()); }
 
 Engine::KvEvents Engine::TakeKvEvents(bool want_full) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -448,6 +443,12 @@ void Engine::PublishStats() {
   s.kv_blocks_total = scheduler_->blocks().num_blocks();
   s.kv_blocks_in_use = scheduler_->blocks().num_in_use();
   s.kv_usage = scheduler_->blocks().usage();
+  const KvLeaseStats ls = leases_->stats();
+  s.kv_leases_expired = ls.expired;
+  s.kv_blocks_quarantined = ls.quarantined_blocks;
+  s.kv_leases_quarantined = ls.quarantined_leases;
+  s.kv_quarantine_released = ls.quarantine_released;
+  s.kv_quarantine_timeouts = ls.quarantine_timeouts;
   const BlockManagerStats& bs = scheduler_->blocks().stats();
   s.prefix_cache_queries = bs.prefix_queries;
   s.prefix_cache_queried_blocks = bs.queried_blocks;
@@ -503,12 +504,10 @@ void Engine::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       const bool idle = scheduler_->empty() && !in_flight_;
       if (idle && commands_.empty() && !stop_) {
-        if (reservations_.empty()) {
+        if (leases_->empty()) {
           cv_.wait(lock, [this] { return stop_ || !commands_.empty(); });
         } else {
-          double next = reservations_.begin()->second.expires_at;
-          for (const auto& [id, r] : reservations_) next = std::min(next, r.expires_at);
-          const double wait_s = std::max(0.0, next - Now());
+          const double wait_s = std::max(0.0, leases_->NextDeadline() - Now());
           cv_.wait_for(lock, std::chrono::duration<double>(std::min(wait_s, 1.0)),
                        [this] { return stop_ || !commands_.empty(); });
         }
@@ -531,8 +530,7 @@ void Engine::Loop() {
     if (!in_flight_->result) (void)backend_->CollectSample();
     in_flight_.reset();
   }
-  for (auto& [id, r] : reservations_) scheduler_->blocks().Release(r.blocks);
-  reservations_.clear();
+  leases_->ReleaseAll();
   for (std::unique_ptr<Sequence>& seq : scheduler_->TakeAll()) {
     RequestOutput out;
     out.status = absl::UnavailableError("the engine shut down");

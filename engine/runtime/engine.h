@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/deepseek_model.h"
 #include "engine/model/model_backend.h"
+#include "engine/runtime/kv_leases.h"
 #include "engine/runtime/kv_sink.h"
 #include "engine/runtime/output_stream.h"
 #include "engine/runtime/prefix_kv.h"
@@ -58,6 +59,10 @@ struct EngineOptions {
   int32_t max_waiting = 1024;              // admitted but not yet running; beyond: RESOURCE_EXHAUSTED
   bool enable_prefix_cache = true;
   double kv_lease_seconds = 30.0;          // an unused ReserveKv expires after this
+  // An expired reservation's blocks are quarantined, not freed (a prefill replica may still
+  // be writing into them): until a Cancel of its id says no writer can touch them, or this
+  // long after the expiry at most (kv_leases.h).
+  double kv_quarantine_seconds = 60.0;
   // Device backends: choose tokens on the device (ModelBackend::ForwardSample, the CPU
   // Sampler's choice) for steps where no request wants logprobs or suppressed tokens;
   // false: logits always cross to the host and the CPU samples.
@@ -111,6 +116,12 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t requests_finished = 0;
   int64_t kv_leases_expired = 0;
+  // Expired reservations held back from reuse (kv_leases.h): blocks and leases now, and how
+  // quarantines ended (a Cancel: the writer ended; or the fallback bound).
+  int64_t kv_blocks_quarantined = 0;
+  int64_t kv_leases_quarantined = 0;
+  int64_t kv_quarantine_released = 0;
+  int64_t kv_quarantine_timeouts = 0;
   // Prefix cache (block manager): lookups, blocks looked up and found, evictions.
   int64_t prefix_cache_queries = 0;
   int64_t prefix_cache_queried_blocks = 0;
@@ -136,7 +147,9 @@ class Engine {
   // (named), an id in use), RESOURCE_EXHAUSTED (the waiting queue is full: retry later; or
   // a prompt larger than the whole KV cache).
   absl::StatusOr<std::shared_ptr<OutputStream>> Submit(EngineRequest request);
-  // Ends a live request with CANCELLED and frees its blocks; unknown ids are ignored.
+  // Ends a live request with CANCELLED and frees its blocks; unknown ids are ignored. For a
+  // ReserveKv id it frees the reservation, live or expired and quarantined: call it only
+  // once no peer can still be writing into the blocks.
   void Cancel(const std::string& id);
 
   // Decode side of disaggregation. Reserves KV blocks for `num_tokens` positions under
@@ -144,6 +157,10 @@ class Engine {
   // block table to write into. Errors: RESOURCE_EXHAUSTED (not enough free blocks now),
   // INVALID_ARGUMENT (an id in use).
   absl::StatusOr<std::vector<int32_t>> ReserveKv(const std::string& id, int32_t num_tokens);
+  // No peer writes into the reservation `id` any more (its prefill call ended): frees its
+  // blocks, live or expired and quarantined. Unlike Cancel, a running request of that id is
+  // left alone. Unknown ids are ignored.
+  void ReleaseKv(const std::string& id);
   // Copies entries of positions [first_position, first_position + n) of one layer into a
   // reservation's blocks (n = entries.size() / entry_dim). Safe from any thread: it only
   // touches the reserved blocks.
@@ -202,11 +219,6 @@ class Engine {
 
  private:
   Engine() = default;
-  struct Reservation {
-    std::vector<int32_t> blocks;
-    int32_t num_tokens = 0;
-    double expires_at = 0;
-  };
   using Command = std::function<void()>;
 
   absl::Status ValidateRequest(const EngineRequest& r) const;
@@ -272,7 +284,7 @@ class Engine {
   Sampler sampler_;                       // engine thread only
   std::vector<int32_t> eos_ids_;
   uint64_t layout_fingerprint_ = 0;
-  std::map<std::string, Reservation> reservations_;  // engine thread only
+  std::unique_ptr<KvLeases> leases_;                 // engine thread only
   std::optional<InFlight> in_flight_;                 // engine thread only
   // Advance's collected step while it launches the next and emits this one's outputs: a
   // sequence ending meanwhile (a failed launch) is dropped from it as well.

@@ -1,7 +1,9 @@
 // The KV layout a model's replicas exchange (DESIGN.md §2, §4): which model, element type,
 // block size and entry size. Its fingerprint travels with every request that moves KV, so
-// replicas of different builds or models never exchange KV silently. The router computes
-// it from the checkpoint's config.json without loading weights.
+// replicas of different builds or models never exchange KV silently. The model's identity
+// is its config.json and a digest of every byte of its weights
+// (engine/model/weights_digest.h): two fine-tunes of one base have the same config and
+// safetensors headers, and only the weights' bytes tell their KV apart.
 #pragma once
 
 #include <string>
@@ -16,8 +18,18 @@ namespace tandem {
 inline constexpr int32_t kKvLayoutVersion = 1;
 
 // The layout of `model_dir`'s KV as this build stores it (float32 entries of
-// kv_lora_rank + qk_rope_head_dim, blocks of 64 tokens).
+// kv_lora_rank + qk_rope_head_dim, blocks of 64 tokens). Reads every weight file once
+// (WeightsDigest: NOT_FOUND when the directory has none).
 absl::StatusOr<KvLayout> KvLayoutForModel(const std::string& model_dir);
-KvLayout KvLayoutFor(const ModelConfig& config, const std::string& config_json_text);
+KvLayout KvLayoutFor(const ModelConfig& config, const std::string& config_json_text, uint64_t weights_digest);
+
+// For processes that hold KV without running the model (router, kvstore): the fingerprint
+// they admit. `given` (16 hex digits, what the replicas show as layout_fingerprint in their
+// /stats and startup log) when not empty; else LayoutFingerprint(KvLayoutForModel(model_dir)),
+// which needs the weight files. Errors name `flag`.
+absl::StatusOr<uint64_t> AdmittedLayoutFingerprint(const std::string& model_dir, const std::string& given,
+                                                   const std::string& flag);
+// 16 lower-case hex digits.
+std::string FingerprintHex(uint64_t fingerprint);
 
 }  // namespace tandem

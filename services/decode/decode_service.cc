@@ -92,6 +92,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
     return EngineStreamReactor::Failed(ToGrpcStatus(s));
   };
   if (!res) {
+    // The router sends Decode only after the prefill call completed, so no writer is left:
+    // an expired lease of this id, quarantined in the engine, can be freed now.
+    engine_->ReleaseKv(r->request_id());
     return EngineStreamReactor::Failed(ToGrpcStatus(absl::FailedPreconditionError(
         absl::StrCat("no KV reservation for request '", r->request_id(), "' (expired or never made)"))));
   }

@@ -47,6 +47,7 @@ int RunKvStore(int argc, char** argv) {
   service::InstallShutdownSignalHandling();
   service::CommonFlags common;
   std::string instance_name, advertise, capacity = "1G", disk_dir, disk_capacity = "16G";
+  std::string layout_fingerprint;
   int64_t lease_ms = 30000;
   CLI::App app{
       "tandem-kvstore: the prefix KV block store (DESIGN.md §1, §4). Keeps KV blocks of prompt prefixes, keyed by "
@@ -61,6 +62,9 @@ int RunKvStore(int argc, char** argv) {
   app.add_option("--advertise", advertise,
                  "HOST others should use to reach this instance (default: the --listen host, or 127.0.0.1)");
   app.add_option("--capacity", capacity, "DRAM tier size (bytes, or with K/M/G/T: 512M, 4G)")->capture_default_str();
+  app.add_option("--layout-fingerprint", layout_fingerprint,
+                 "The KV layout fingerprint of the blocks this instance stores (16 hex digits, as the replicas show "
+                 "in /stats). Default: computed from --model's config.json and a digest of its weight files");
   app.add_option("--disk-dir", disk_dir, "SSD tier directory (empty: no SSD tier)");
   app.add_option("--disk-capacity", disk_capacity, "SSD tier size (bytes, or with K/M/G/T)")->capture_default_str();
   app.add_option("--lease-ms", lease_ms, "How long a writer's reserved slots wait for their commit")
@@ -82,9 +86,11 @@ int RunKvStore(int argc, char** argv) {
   if (!model_dir.ok()) return Fail("model", model_dir.status());
   absl::StatusOr<ModelConfig> config = LoadModelConfig(*model_dir);
   if (!config.ok()) return Fail("model config", config.status());
-  absl::StatusOr<KvLayout> layout = KvLayoutForModel(*model_dir);
-  if (!layout.ok()) return Fail("KV layout", layout.status());
-  const uint64_t fingerprint = LayoutFingerprint(*layout);
+  const KvLayout geometry = KvLayoutFor(*config, "", 0);  // block sizes; the identity is the fingerprint
+  const KvLayout* layout = &geometry;
+  absl::StatusOr<uint64_t> admitted = AdmittedLayoutFingerprint(*model_dir, layout_fingerprint, "--layout-fingerprint");
+  if (!admitted.ok()) return Fail("KV layout", admitted.status());
+  const uint64_t fingerprint = *admitted;
   const int64_t block_bytes = static_cast<int64_t>(layout->num_layers) * layout->block_size * layout->entry_dim *
                               static_cast<int64_t>(sizeof(float));
   const int64_t slots = *dram_bytes / block_bytes;

@@ -2,9 +2,26 @@
 
 #include <cstdlib>
 
+#include "services/prefill/kv_write_deadline.h"
+
 namespace tandem {
 
-DeviceKvSink::DeviceKvSink(std::unique_ptr<PeerKvWriter> writer) : writer_(std::move(writer)) {}
+DeviceKvSink::DeviceKvSink(std::unique_ptr<PeerKvWriter> writer, std::chrono::steady_clock::time_point write_deadline)
+    : guard_(std::move(writer), write_deadline) {}
+
+absl::Status DeviceKvSink::DeadlineWriter::WriteLayer(int64_t layer, std::span<const int32_t> src_blocks,
+                                                      int64_t begin, int64_t end) {
+  if (!error_.ok()) return absl::OkStatus();
+  // Checked before each call that enqueues copies into the peer's pool. What was enqueued
+  // before runs on the GPU whatever this process does next (a stopped process's queued
+  // kernels still complete, within the step): only a host thread held up between this
+  // check and the enqueue can copy later, which the decode replica's quarantine covers.
+  if (std::chrono::steady_clock::now() >= deadline_) {
+    error_ = KvWriteDeadlinePassed();
+    return absl::OkStatus();
+  }
+  return inner_->WriteLayer(layer, src_blocks, begin, end);
+}
 
 void DeviceKvSink::OnLayerKv(const KvSlice&) {
   // The engine only calls this for sinks that want host KV: a call is a broken invariant.
@@ -18,14 +35,14 @@ PeerKvWriter* DeviceKvSink::peer_writer() {
     first_write_ = std::chrono::steady_clock::now();
     started_ = true;
   }
-  return writer_.get();
+  return &guard_;
 }
 
 void DeviceKvSink::Flush(std::function<void(absl::Status)> done) {
   if (started_) {
     transfer_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_write_).count();
   }
-  done(absl::OkStatus());
+  done(guard_.error());
 }
 
 }  // namespace tandem

@@ -15,20 +15,41 @@ namespace tandem {
 
 class DeviceKvSink : public OutgoingKvSink {
  public:
-  explicit DeviceKvSink(std::unique_ptr<PeerKvWriter> writer);
+  // No copy is enqueued at or after `write_deadline` (kv_write_deadline.h): the layers
+  // after it are skipped and Flush reports DEADLINE_EXCEEDED.
+  DeviceKvSink(std::unique_ptr<PeerKvWriter> writer, std::chrono::steady_clock::time_point write_deadline);
 
   void OnLayerKv(const KvSlice& slice) override;  // never called: wants_host_kv() is false
   PeerKvWriter* peer_writer() override;
   bool wants_host_kv() const override { return false; }
 
   void Flush(std::function<void(absl::Status)> done) override;
-  int64_t bytes() const override { return writer_->bytes(); }
-  uint64_t checksum() const override { return writer_->checksum(); }
+  int64_t bytes() const override { return guard_.bytes(); }
+  uint64_t checksum() const override { return guard_.checksum(); }
   double transfer_seconds() const override { return transfer_seconds_; }
   v1::KvPath path() const override { return v1::KV_PATH_CUDA_IPC; }
 
  private:
-  std::unique_ptr<PeerKvWriter> writer_;
+  // The backend's writer behind the deadline check, which runs before every WriteLayer
+  // (the call that enqueues the copies). A failed check is not a failed step: the other
+  // requests of the step go on; this one's Flush fails.
+  class DeadlineWriter : public PeerKvWriter {
+   public:
+    DeadlineWriter(std::unique_ptr<PeerKvWriter> inner, std::chrono::steady_clock::time_point deadline)
+        : inner_(std::move(inner)), deadline_(deadline) {}
+    absl::Status WriteLayer(int64_t layer, std::span<const int32_t> src_blocks, int64_t begin,
+                            int64_t end) override;
+    int64_t bytes() const override { return inner_->bytes(); }
+    uint64_t checksum() const override { return inner_->checksum(); }
+    std::string path() const override { return inner_->path(); }
+    const absl::Status& error() const { return error_; }
+
+   private:
+    std::unique_ptr<PeerKvWriter> inner_;
+    std::chrono::steady_clock::time_point deadline_;
+    absl::Status error_;
+  };
+  DeadlineWriter guard_;
   std::chrono::steady_clock::time_point first_write_;
   bool started_ = false;
   double transfer_seconds_ = 0;

@@ -9,12 +9,19 @@
 #include "services/api/proto_convert.h"
 #include "services/common/logging.h"
 #include "engine/util/status_macros.h"
+#include "services/common/transfer/remote_memory_descriptor.h"
 #include "services/prefill/device_kv_sink.h"
+#include "services/prefill/kv_write_deadline.h"
 #include "services/prefill/prefix_tier.h"
 #include "services/prefill/transfer_kv_sink.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {
+
+KvPoolGeometry KvGeometryOf(const v1::KvDestination& d) {
+  return {.num_layers = d.num_layers(), .num_blocks = d.num_blocks(), .block_size = d.block_size(),
+          .entry_dim = d.entry_dim(), .bytes_per_value = d.bytes_per_value()};
+}
 
 absl::Status CheckDestination(const v1::KvDestination& d, const Engine& engine, int64_t num_tokens) {
   if (d.layout_fingerprint() != engine.layout_fingerprint()) {
@@ -22,21 +29,17 @@ absl::Status CheckDestination(const v1::KvDestination& d, const Engine& engine, 
         "destination.layout_fingerprint: ", d.layout_fingerprint(), " differs from this replica's ",
         engine.layout_fingerprint(), " (different model or build): no KV is sent"));
   }
+  // The descriptor's length bounds every put; the claimed pool must fit in it.
+  absl::StatusOr<transfer::RemoteMemoryDescriptor> region =
+      transfer::RemoteMemoryDescriptor::Parse(d.memory_descriptor());
+  if (!region.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("destination.memory_descriptor: ", region.status().message()));
+  }
   const Engine::KvMemory m = engine.kv_memory();
-  if (d.entry_dim() != m.entry_dim || d.num_layers() != m.num_layers || d.block_size() != m.block_size ||
-      d.bytes_per_value() != static_cast<int32_t>(sizeof(float))) {
-    return absl::FailedPreconditionError("destination: KV geometry differs from this replica's");
-  }
-  if (d.num_blocks() <= 0 || static_cast<int64_t>(d.block_ids_size()) * d.block_size() < num_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("destination.block_ids: ", d.block_ids_size(),
-                                                   " blocks cannot hold ", num_tokens, " tokens"));
-  }
-  for (int32_t b : d.block_ids()) {
-    if (b < 0 || b >= d.num_blocks()) {
-      return absl::InvalidArgumentError(absl::StrCat("destination.block_ids: ", b, " outside the pool"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckKvDestination({.pool = KvGeometryOf(d), .block_ids = d.block_ids(), .region_bytes = region->length},
+                            {.num_layers = m.num_layers, .block_size = m.block_size, .entry_dim = m.entry_dim,
+                             .bytes_per_value = static_cast<int64_t>(sizeof(float))},
+                            num_tokens);
 }
 
 namespace {
@@ -64,13 +67,14 @@ DeviceKvPool PoolFromProto(const v1::DeviceKvPool& p) {
 // The sink for a request's KV: device to device when possible (and wanted), else the
 // transfer layer.
 absl::StatusOr<std::unique_ptr<OutgoingKvSink>> MakeSink(Engine& engine, KvTransport* transport,
-                                                         KvTransferMode mode, const v1::KvDestination& d) {
+                                                         KvTransferMode mode, const v1::KvDestination& d,
+                                                         std::chrono::steady_clock::time_point write_deadline) {
   if (mode != KvTransferMode::kTransfer) {
     absl::Status why;
     if (d.has_device_pool()) {
       absl::StatusOr<std::unique_ptr<PeerKvWriter>> w = engine.backend().OpenPeerKv(
           PoolFromProto(d.device_pool()), std::vector<int32_t>(d.block_ids().begin(), d.block_ids().end()));
-      if (w.ok()) return std::make_unique<DeviceKvSink>(std::move(*w));
+      if (w.ok()) return std::make_unique<DeviceKvSink>(std::move(*w), write_deadline);
       why = w.status();
     } else {
       why = absl::FailedPreconditionError(
@@ -81,8 +85,9 @@ absl::StatusOr<std::unique_ptr<OutgoingKvSink>> MakeSink(Engine& engine, KvTrans
     }
     if (d.has_device_pool()) NoteDeviceFallback(why);
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<KvWriteSession> session, transport->OpenSession(d.memory_descriptor()));
-  return std::make_unique<TransferKvSink>(std::move(session), d);
+  ASSIGN_OR_RETURN(std::unique_ptr<KvWriteSession> session,
+                   transport->OpenSession(d.memory_descriptor(), write_deadline));
+  return std::make_unique<TransferKvSink>(std::move(session), d, write_deadline);
 }
 
 class PrefillReactor : public grpc::ServerUnaryReactor {
@@ -91,7 +96,7 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
                  const PrefillServiceImpl::OnTransfer* on_transfer, PrefixStore* prefix_store,
                  const v1::PrefillRequest* request, v1::PrefillResponse* response)
       : engine_(engine), mode_(mode), on_transfer_(on_transfer), response_(response), id_(request->request_id()),
-        prefix_store_(prefix_store) {
+        prefix_store_(prefix_store), received_(std::chrono::steady_clock::now()) {
     absl::Status st = Start(transport, *request);
     if (!st.ok()) {
       spdlog::info("{}prefill refused: {}", service::RequestLogPrefix(id_), st.ToString());
@@ -121,7 +126,11 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     if (!sampling.ok()) return sampling.status();
     absl::StatusOr<StopParams> stop = FromProto(r.stop(), vocab);
     if (!stop.ok()) return stop.status();
-    absl::StatusOr<std::unique_ptr<OutgoingKvSink>> sink = MakeSink(*engine_, transport, mode_, r.destination());
+    // Counted from now, when this replica first saw the lease (kv_write_deadline.h).
+    absl::StatusOr<std::chrono::steady_clock::time_point> deadline = KvWriteDeadline(r.destination(), received_);
+    if (!deadline.ok()) return deadline.status();
+    absl::StatusOr<std::unique_ptr<OutgoingKvSink>> sink =
+        MakeSink(*engine_, transport, mode_, r.destination(), *deadline);
     if (!sink.ok()) return sink.status();
     sink_ = std::move(*sink);
     EngineRequest req{.id = id_, .prompt = std::vector<int32_t>(r.prompt().begin(), r.prompt().end()),
@@ -249,6 +258,7 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
   std::unique_ptr<OutgoingKvSink> sink_;
   std::shared_ptr<OutputStream> stream_;
   PrefixStore* prefix_store_;
+  const std::chrono::steady_clock::time_point received_;
   std::unique_ptr<PrefixTierSession> tier_;
   EngineRequest pending_;  // while the tier is asked
   std::mutex mu_;

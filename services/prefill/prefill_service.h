@@ -9,6 +9,7 @@
 #include "engine/runtime/engine.h"
 #include "services/kvstore/prefix_store.h"
 #include "services/worker/kv_transfer_mode.h"
+#include "services/prefill/kv_destination.h"
 #include "services/worker/kv_transport.h"
 #include "tandem/v1/internal.grpc.pb.h"
 
@@ -39,8 +40,10 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
   PrefixStore* prefix_store_ = nullptr;
 };
 
-// Checks that a destination can hold `num_tokens` positions of this engine's KV layout.
-// Errors: FAILED_PRECONDITION (fingerprint or geometry mismatch), INVALID_ARGUMENT.
+// Checks that a destination can hold `num_tokens` positions of this engine's KV layout
+// (kv_destination.h), its memory descriptor included. Errors: FAILED_PRECONDITION
+// (fingerprint or geometry mismatch), INVALID_ARGUMENT (naming the field).
 absl::Status CheckDestination(const v1::KvDestination& d, const Engine& engine, int64_t num_tokens);
+KvPoolGeometry KvGeometryOf(const v1::KvDestination& d);
 
 }  // namespace tandem

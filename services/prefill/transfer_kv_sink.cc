@@ -4,15 +4,21 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "services/prefill/kv_destination.h"
+#include "services/prefill/kv_write_deadline.h"
 
 namespace tandem {
 
-TransferKvSink::TransferKvSink(std::unique_ptr<KvWriteSession> session, const v1::KvDestination& d)
+TransferKvSink::TransferKvSink(std::unique_ptr<KvWriteSession> session, const v1::KvDestination& d,
+                               std::chrono::steady_clock::time_point write_deadline)
     : session_(std::move(session)),
       block_ids_(d.block_ids().begin(), d.block_ids().end()),
+      pool_{.num_layers = d.num_layers(), .num_blocks = d.num_blocks(), .block_size = d.block_size(),
+            .entry_dim = d.entry_dim(), .bytes_per_value = static_cast<int64_t>(sizeof(float))},
       num_blocks_(d.num_blocks()),
       block_size_(d.block_size()),
       entry_dim_(d.entry_dim()),
+      write_deadline_(write_deadline),
       checksum_(d.num_layers()) {}
 
 void TransferKvSink::OnLayerKv(const KvSlice& s) {
@@ -20,6 +26,10 @@ void TransferKvSink::OnLayerKv(const KvSlice& s) {
   if (s.entry_dim != entry_dim_ || s.end > static_cast<int64_t>(block_ids_.size()) * block_size_) {
     error_ = absl::FailedPreconditionError(absl::StrCat("KV slice [", s.begin, ", ", s.end,
                                                         ") does not fit the destination's reservation"));
+    return;
+  }
+  if (std::chrono::steady_clock::now() >= write_deadline_) {
+    error_ = KvWriteDeadlinePassed();  // the lease may end before these puts land
     return;
   }
   if (!started_) {
@@ -36,8 +46,7 @@ void TransferKvSink::OnLayerKv(const KvSlice& s) {
     const int64_t slot = p % block_size_;
     const int64_t n = std::min(block_size_ - slot, s.end - p);
     const int64_t block = block_ids_[p / block_size_];
-    const uint64_t offset =
-        static_cast<uint64_t>(((s.layer * num_blocks_ + block) * block_size_ + slot) * entry_dim_) * sizeof(float);
+    const uint64_t offset = KvEntryOffset(pool_, s.layer, block, slot);
     const size_t length = static_cast<size_t>(n * entry_dim_) * sizeof(float);
     absl::Status st = session_->Put(&stage[(p - s.begin) * entry_dim_], length, offset);
     if (!st.ok()) {

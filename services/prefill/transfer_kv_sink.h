@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "services/prefill/kv_destination.h"
 #include "services/prefill/outgoing_kv_sink.h"
 #include "services/worker/kv_checksum.h"
 #include "services/worker/kv_transport.h"
@@ -23,8 +24,10 @@ namespace tandem {
 class TransferKvSink : public OutgoingKvSink {
  public:
   // `destination` must have been checked against the engine's layout (geometry and
-  // fingerprint) by the caller.
-  TransferKvSink(std::unique_ptr<KvWriteSession> session, const v1::KvDestination& destination);
+  // fingerprint) by the caller. No put is queued at or after `write_deadline`
+  // (kv_write_deadline.h; the session checks it again right before each put).
+  TransferKvSink(std::unique_ptr<KvWriteSession> session, const v1::KvDestination& destination,
+                 std::chrono::steady_clock::time_point write_deadline);
 
   void OnLayerKv(const KvSlice& slice) override;
 
@@ -37,7 +40,9 @@ class TransferKvSink : public OutgoingKvSink {
  private:
   std::unique_ptr<KvWriteSession> session_;
   std::vector<int32_t> block_ids_;
+  KvPoolGeometry pool_;  // checked by CheckKvDestination (the caller)
   int64_t num_blocks_, block_size_, entry_dim_;
+  std::chrono::steady_clock::time_point write_deadline_;
   std::deque<std::vector<float>> staging_;  // stable addresses until Flush completes
   KvChecksum checksum_;
   absl::Status error_;

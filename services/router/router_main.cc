@@ -53,6 +53,7 @@ int RunRouter(int argc, char** argv) {
   double cache_aware_load_weight = 4.0;
   bool disable_metrics = false;
   std::string dashboard_dir;
+  std::string layout_fingerprint;
   CLI::App app{
       "tandem-router: Tandem's public gRPC endpoint (tandem.v1.Generation). Picks a decode replica (KV lease) "
       "and a prefill replica per request, streams the tokens back, and keeps the cluster membership "
@@ -99,6 +100,10 @@ int RunRouter(int argc, char** argv) {
                  "On SIGTERM: stop accepting requests, let in-flight ones finish up to this long")
       ->capture_default_str();
   app.add_flag("--disable-metrics", disable_metrics, "Do not record request metrics (for overhead measurements)");
+  app.add_option("--layout-fingerprint", layout_fingerprint,
+                 "The KV layout fingerprint replicas must have to be admitted (16 hex digits, as the replicas show in "
+                 "/stats). Default: computed from --model's config.json and a digest of its weight files, which the "
+                 "router then reads once at startup");
   app.add_option("--dashboard-dir", dashboard_dir,
                  "The /dashboard page's files (default: share/tandem/dashboard next to the binary's directory)");
   service::BindEnvironment(app);
@@ -109,16 +114,18 @@ int RunRouter(int argc, char** argv) {
   }
 
   // The router tokenizes and checks requests itself, and admits only replicas whose KV
-  // layout (model, build) matches: it needs the model's config and tokenizer, not weights.
+  // layout (model with its weights, build) matches: it needs the model's config and
+  // tokenizer, and the weight files or --layout-fingerprint (kv_layout.h).
   absl::StatusOr<std::string> model_dir = ResolveModelDir(common.model);
   if (!model_dir.ok()) return Fail("model", model_dir.status());
   absl::StatusOr<ModelConfig> config = LoadModelConfig(*model_dir);
   if (!config.ok()) return Fail("model config", config.status());
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDir(*model_dir);
   if (!tokenizer.ok()) return Fail("tokenizer", tokenizer.status());
-  absl::StatusOr<KvLayout> layout = KvLayoutForModel(*model_dir);
-  if (!layout.ok()) return Fail("KV layout", layout.status());
-  const uint64_t fingerprint = LayoutFingerprint(*layout);
+  absl::StatusOr<uint64_t> admitted = AdmittedLayoutFingerprint(*model_dir, layout_fingerprint, "--layout-fingerprint");
+  if (!admitted.ok()) return Fail("KV layout", admitted.status());
+  const uint64_t fingerprint = *admitted;
+  spdlog::info("admitting replicas of KV layout fingerprint {}", FingerprintHex(fingerprint));
 
   auto metrics = std::make_shared<prometheus::Registry>();
   std::unique_ptr<RouterMetrics> router_metrics;

@@ -6,6 +6,7 @@
 //    offsets, and flushes (completion once every byte is remotely visible).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -42,8 +43,11 @@ class KvTransport {
     std::string descriptor;  // serialized, for KvDestination.memory_descriptor
   };
   virtual absl::StatusOr<Pool> AllocatePool(size_t bytes) = 0;
-  // Prefill side. Errors: INVALID_ARGUMENT (a descriptor that does not parse), UNAVAILABLE.
-  virtual absl::StatusOr<std::unique_ptr<KvWriteSession>> OpenSession(const std::string& pool_descriptor) = 0;
+  // Prefill side. No write of the session starts after `write_deadline` (the transport
+  // checks it right before each put; later puts fail the session with DEADLINE_EXCEEDED).
+  // Errors: INVALID_ARGUMENT (a descriptor that does not parse), UNAVAILABLE.
+  virtual absl::StatusOr<std::unique_ptr<KvWriteSession>> OpenSession(
+      const std::string& pool_descriptor, std::chrono::steady_clock::time_point write_deadline) = 0;
   virtual std::string name() const = 0;  // "ucx", "in-process"
 };
 

@@ -29,9 +29,11 @@ struct SessionState {
 
 class TransferKvSession : public KvWriteSession {
  public:
-  TransferKvSession(transfer::TransferEngine* engine, transfer::RemoteMemoryDescriptor dest, absl::Duration timeout)
-      : engine_(engine), dest_(std::move(dest)), timeout_(timeout), state_(std::make_shared<SessionState>()) {
-    batch_ = engine_->NewBatch(dest_);
+  TransferKvSession(transfer::TransferEngine* engine, transfer::RemoteMemoryDescriptor dest, absl::Duration timeout,
+                    std::chrono::steady_clock::time_point write_deadline)
+      : engine_(engine), dest_(std::move(dest)), timeout_(timeout), write_deadline_(write_deadline),
+        state_(std::make_shared<SessionState>()) {
+    batch_ = NewBatch();
   }
 
   absl::Status Put(const void* local, size_t length, uint64_t pool_offset) override {
@@ -47,7 +49,7 @@ class TransferKvSession : public KvWriteSession {
     std::shared_ptr<SessionState> state = state_;
     batch_->Flush(timeout_, [state](absl::Status s) { state->BatchDone(std::move(s)); });
     batches_.push_back(std::move(batch_));
-    batch_ = engine_->NewBatch(dest_);
+    batch_ = NewBatch();
   }
 
   void Flush(std::function<void(absl::Status)> done) override {
@@ -65,9 +67,16 @@ class TransferKvSession : public KvWriteSession {
   }
 
  private:
+  std::unique_ptr<transfer::TransferBatch> NewBatch() {
+    std::unique_ptr<transfer::TransferBatch> b = engine_->NewBatch(dest_);
+    b->set_write_deadline(write_deadline_);
+    return b;
+  }
+
   transfer::TransferEngine* engine_;
   transfer::RemoteMemoryDescriptor dest_;
   absl::Duration timeout_;
+  std::chrono::steady_clock::time_point write_deadline_;
   std::shared_ptr<SessionState> state_;
   std::unique_ptr<transfer::TransferBatch> batch_;
   std::vector<std::unique_ptr<transfer::TransferBatch>> batches_;  // flushed, completing
@@ -82,10 +91,12 @@ absl::StatusOr<KvTransport::Pool> TransferKvTransport::AllocatePool(size_t bytes
   return Pool{.base = pool_->base(), .bytes = pool_->length(), .descriptor = pool_->descriptor().Serialize()};
 }
 
-absl::StatusOr<std::unique_ptr<KvWriteSession>> TransferKvTransport::OpenSession(const std::string& pool_descriptor) {
+absl::StatusOr<std::unique_ptr<KvWriteSession>> TransferKvTransport::OpenSession(
+    const std::string& pool_descriptor, std::chrono::steady_clock::time_point write_deadline) {
   absl::StatusOr<transfer::RemoteMemoryDescriptor> dest = transfer::RemoteMemoryDescriptor::Parse(pool_descriptor);
   if (!dest.ok()) return dest.status();
-  return std::unique_ptr<KvWriteSession>(new TransferKvSession(engine_, std::move(*dest), batch_timeout_));
+  return std::unique_ptr<KvWriteSession>(
+      new TransferKvSession(engine_, std::move(*dest), batch_timeout_, write_deadline));
 }
 
 }  // namespace tandem

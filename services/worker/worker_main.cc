@@ -13,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "engine/model/model_resolver.h"
 #include "engine/runtime/engine.h"
+#include "engine/runtime/kv_layout.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
 #include "services/common/admin_server.h"
@@ -48,6 +49,7 @@ struct WorkerFlags {
   int32_t max_running = 64;
   int32_t max_waiting = 1024;
   int64_t kv_lease_ms = 30000;
+  int64_t kv_quarantine_ms = 0;
   std::string kv_transfer = "auto";
   bool no_prefix_cache = false;
   bool no_device_sampling = false;
@@ -118,6 +120,11 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       ->capture_default_str();
   app.add_option("--kv-lease-ms", f.kv_lease_ms, "How long a decode reservation waits for its KV")
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}))
+      ->capture_default_str();
+  app.add_option("--kv-quarantine-ms", f.kv_quarantine_ms,
+                 "How long, at most, the blocks of an expired decode reservation stay out of use when nobody says "
+                 "its prefill replica stopped writing into them (0: twice --kv-lease-ms)")
+      ->check(CLI::Range(int64_t{0}, int64_t{86400000}))
       ->capture_default_str();
   app.add_option("--kv-transfer", f.kv_transfer,
                  "How KV goes from prefill to decode replicas: auto (GPU to GPU over CUDA IPC when both models are "
@@ -192,11 +199,13 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.sample_on_device = !f.no_device_sampling;
   eo.pipeline_steps = !f.no_pipeline_steps;
   eo.kv_lease_seconds = f.kv_lease_ms / 1000.0;
+  eo.kv_quarantine_seconds = (f.kv_quarantine_ms > 0 ? f.kv_quarantine_ms : 2 * f.kv_lease_ms) / 1000.0;
   eo.kv_memory = static_cast<float*>(pool.base);
   eo.kv_memory_bytes = pool.bytes;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);
   if (!engine.ok()) return Fail("engine", engine.status());
-  spdlog::info("{} worker: model {} ({})", RoleName(role), *model_dir, (*engine)->config().Summary());
+  spdlog::info("{} worker: model {} ({}), KV layout fingerprint {}", RoleName(role), *model_dir,
+               (*engine)->config().Summary(), FingerprintHex((*engine)->layout_fingerprint()));
   // Prefill replicas use the kvstore tier (services/kvstore): cached prefixes are fetched,
   // new blocks offloaded. Instances come from --kvstore or from the router.
   std::unique_ptr<kvstore::KvStoreClient> kvstore_client;
@@ -300,9 +309,11 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                         {"prompt_tokens_computed", s.prompt_tokens_computed},
                         {"prompt_tokens_cached", s.prompt_tokens_cached}, {"preemptions", s.preemptions},
                         {"requests_finished", s.requests_finished}, {"kv_leases_expired", s.kv_leases_expired},
+                        {"kv_blocks_quarantined", s.kv_blocks_quarantined},
                         {"prompt_tokens_imported", s.prompt_tokens_imported},
                         {"kv_host_staged_bytes", s.kv_host_staged_bytes},
-                        {"device_sampled_tokens", s.device_sampled_tokens}};
+                        {"device_sampled_tokens", s.device_sampled_tokens},
+                        {"layout_fingerprint", FingerprintHex(e->layout_fingerprint())}};
     if (kv != nullptr) {
       const kvstore::KvStoreClientStats k = kv->stats();
       j["kvstore"] = {{"instances", kv->instances().size()},     {"fetches", k.fetches},

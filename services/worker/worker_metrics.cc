@@ -66,8 +66,14 @@ class EngineStatsCollector : public prometheus::Collectable {
     add("tandem_preemptions_total", "Sequences preempted for KV cache room (recomputed later)", MetricType::Counter,
         s.preemptions);
     add("tandem_engine_steps_total", "Engine steps (batches run)", MetricType::Counter, s.steps);
-    add("tandem_kv_leases_expired_total", "Decode reservations freed because no KV arrived in time",
+    add("tandem_kv_leases_expired_total", "Decode reservations that expired unused (their blocks quarantined)",
         MetricType::Counter, s.kv_leases_expired);
+    add("tandem_kv_quarantined_blocks", "KV blocks of expired reservations held back from reuse (a prefill replica "
+        "may still be writing into them)", MetricType::Gauge, s.kv_blocks_quarantined);
+    add("tandem_kv_quarantine_ends_total", "Quarantines of expired reservations ended, by why", MetricType::Counter,
+        s.kv_quarantine_released, {"reason", "writer_ended"});
+    add("tandem_kv_quarantine_ends_total", "Quarantines of expired reservations ended, by why", MetricType::Counter,
+        s.kv_quarantine_timeouts, {"reason", "bound"});
     add("tandem_kv_host_staging_bytes_total",
         "KV bytes copied between the GPU's KV pool and the host pool (export for the transfer layer, imports)",
         MetricType::Counter, static_cast<double>(s.kv_host_staged_bytes));

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
@@ -64,6 +65,29 @@ absl::StatusOr<std::string> DeviceUuid(int device) {
 }
 
 std::string UuidText(const std::string& uuid) { return absl::BytesToHexString(uuid); }
+
+// The allocation `p` lies in, as the driver knows it (cuMemGetAddressRange, reached
+// through the runtime so that nothing links libcuda directly): the extent a mapping really
+// has, whatever its descriptor claimed.
+absl::Status AllocationRange(void* p, CUdeviceptr* base, size_t* bytes) {
+  using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  static GetAddressRange fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<GetAddressRange>(f);
+  }();
+  if (fn == nullptr) return absl::FailedPreconditionError("the CUDA driver offers no cuMemGetAddressRange");
+  if (const CUresult r = fn(base, bytes, reinterpret_cast<CUdeviceptr>(p)); r != CUDA_SUCCESS) {
+    return absl::FailedPreconditionError(absl::StrCat("cuMemGetAddressRange: CUresult ", static_cast<int>(r)));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -172,9 +196,24 @@ absl::StatusOr<std::unique_ptr<IpcMapping>> OpenIpcPool(const IpcPoolDescriptor&
                                                       ") on device ", device, ": cudaIpcOpenMemHandle: ", CudaText(err)));
   }
   std::unique_ptr<IpcMapping> m(new IpcMapping());
-  m->base_ = base;
-  m->bytes_ = d.bytes;
+  m->base_ = base;  // unmapped by ~IpcMapping on every path below
   m->device_ = device;
+  // The extent comes from the mapping itself: a descriptor claiming more than the
+  // exporter's allocation would otherwise let writes run past it.
+  CUdeviceptr range_base = 0;
+  size_t range_bytes = 0;
+  if (absl::Status st = AllocationRange(base, &range_base, &range_bytes); !st.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot size the mapped KV pool of process ", d.pid, ": ", st.message()));
+  }
+  if (range_base != reinterpret_cast<CUdeviceptr>(base) || d.bytes > range_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("IPC pool descriptor of process ", d.pid, " claims ", d.bytes,
+                                                   " bytes; the mapped allocation holds ", range_bytes,
+                                                   range_base != reinterpret_cast<CUdeviceptr>(base)
+                                                       ? " and does not start at the mapping"
+                                                       : ""));
+  }
+  m->bytes_ = range_bytes;
   m->same_device_ = peer == device;
   return m;
 }

@@ -37,6 +37,8 @@ class IpcMapping {
   IpcMapping(const IpcMapping&) = delete;
   IpcMapping& operator=(const IpcMapping&) = delete;
   void* base() const { return base_; }
+  // The mapped allocation's length as the driver reports it (cuMemGetAddressRange), not
+  // as the descriptor claimed: the bound every write through base() must stay within.
   uint64_t bytes() const { return bytes_; }
   int device() const { return device_; }            // the local device the mapping is used from
   bool same_device() const { return same_device_; }  // the memory lives on device() itself
@@ -53,7 +55,8 @@ class IpcMapping {
 // Maps `d` for use from local device `device`. FAILED_PRECONDITION (saying why) when the
 // descriptor is from another machine, its GPU is not visible here, the two GPUs have no
 // peer access, or the driver refuses the handle (e.g. opened by the process that exported
-// it); INVALID_ARGUMENT for a malformed descriptor.
+// it); INVALID_ARGUMENT for a malformed descriptor, or one claiming more bytes than the
+// mapped allocation holds.
 absl::StatusOr<std::unique_ptr<IpcMapping>> OpenIpcPool(const IpcPoolDescriptor& d, int device);
 
 }  // namespace tandem::cuda_model

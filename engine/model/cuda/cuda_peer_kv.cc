@@ -208,15 +208,15 @@ absl::StatusOr<std::unique_ptr<PeerKvWriter>> CudaPeerKv::Open(const DeviceKvPoo
     return absl::FailedPreconditionError(absl::StrCat("peer KV pool holds ", peer.bytes_per_value,
                                                       "-byte values, this one bf16"));
   }
-  const uint64_t needed = static_cast<uint64_t>(pool_.num_layers) * peer.num_blocks * kBlock * pool_.entry_bytes;
-  if (peer.num_blocks <= 0 || peer.bytes < needed) {
-    return absl::InvalidArgumentError(absl::StrCat("peer KV pool of ", peer.bytes, " bytes cannot hold ",
-                                                   peer.num_blocks, " blocks of this model"));
-  }
+  RETURN_IF_ERROR(CheckPeerGeometry(peer.num_blocks, peer.bytes));
   RETURN_IF_ERROR(CheckTable(dst_blocks, peer.num_blocks, pool_.max_blocks_per_seq, "destination block table"));
   std::lock_guard<std::mutex> lock(mu_);
   TANDEM_CUDA_RETURN(cudaSetDevice(pool_.device), "selecting the GPU");
   ASSIGN_OR_RETURN(std::shared_ptr<IpcMapping> mapping, Map(peer));
+  // Again against the mapping's real extent (cuMemGetAddressRange, cuda_ipc.h): the copies
+  // address dst + ((layer * num_blocks + block) * 64 + slot) * entry_bytes, so num_blocks
+  // blocks of every layer must lie inside what is mapped, whatever the message said.
+  RETURN_IF_ERROR(CheckPeerGeometry(peer.num_blocks, mapping->bytes()));
   if (free_slots_.empty()) return absl::ResourceExhaustedError("too many device KV transfers in flight");
   const int slot = free_slots_.back();
   TANDEM_CUDA_RETURN(cudaMemcpyAsync(DeviceTable(slot, 1), dst_blocks.data(), dst_blocks.size() * sizeof(int32_t),
@@ -229,6 +229,16 @@ absl::StatusOr<std::unique_ptr<PeerKvWriter>> CudaPeerKv::Open(const DeviceKvPoo
   free_slots_.pop_back();
   return std::unique_ptr<PeerKvWriter>(
       new Writer(this, slot, std::move(mapping), peer.num_blocks, static_cast<int64_t>(dst_blocks.size()) * kBlock));
+}
+
+absl::Status CudaPeerKv::CheckPeerGeometry(int64_t num_blocks, uint64_t bytes) const {
+  const uint64_t per_block = static_cast<uint64_t>(pool_.num_layers) * kBlock * static_cast<uint64_t>(pool_.entry_bytes);
+  // Division, not multiplication: a forged block count must not overflow into a small product.
+  if (num_blocks <= 0 || per_block == 0 || static_cast<uint64_t>(num_blocks) > bytes / per_block) {
+    return absl::InvalidArgumentError(absl::StrCat("peer KV pool of ", bytes, " bytes cannot hold ", num_blocks,
+                                                   " blocks of this model"));
+  }
+  return absl::OkStatus();
 }
 
 void CudaPeerKv::ReleaseSlot(int slot) {

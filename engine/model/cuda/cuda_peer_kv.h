@@ -47,6 +47,8 @@ class CudaPeerKv {
       : pool_(pool), model_stream_(model_stream) {}
   absl::StatusOr<std::shared_ptr<IpcMapping>> Map(const DeviceKvPool& peer);
   void ReleaseSlot(int slot);
+  // INVALID_ARGUMENT unless `num_blocks` blocks of every layer fit in `bytes`.
+  absl::Status CheckPeerGeometry(int64_t num_blocks, uint64_t bytes) const;
 
   // Slot s: device tables at tables_ + s * 2 * max_blocks (source, then destination),
   // checksum at sums_ + s; pinned source-table staging and checksum mirror likewise.

@@ -211,6 +211,8 @@ void InProcessTransferEngine::Execute(Submission& s) {
         status = absl::InvalidArgumentError("destination lies outside its registered region");
       } else {
         for (const PutOp& op : s.puts) {
+          status = PutAllowed(s);
+          if (!status.ok()) break;
           std::memcpy(reinterpret_cast<char*>(s.destination.base + op.remote_offset), op.local,
                       op.length);
         }

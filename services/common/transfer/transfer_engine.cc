@@ -41,6 +41,7 @@ void TransferBatch::Flush(absl::Duration timeout, TransferCallback done) {
   TANDEM_CHECK(done != nullptr) << "Flush needs a completion callback";
   TransferEngine::Submission s;
   s.deadline = absl::Now() + timeout;
+  s.write_deadline = write_deadline_;
   s.done = std::move(done);
   if (flushed_) {
     s.error = absl::FailedPreconditionError("batch flushed twice");
@@ -73,6 +74,14 @@ absl::Status TransferBatch::Wait(absl::Duration timeout) {
 
 std::unique_ptr<TransferBatch> TransferEngine::NewBatch(RemoteMemoryDescriptor destination) {
   return std::unique_ptr<TransferBatch>(new TransferBatch(this, std::move(destination)));
+}
+
+absl::Status TransferEngine::PutAllowed(const Submission& s) {
+  if (s.write_deadline == std::chrono::steady_clock::time_point::max() ||
+      std::chrono::steady_clock::now() < s.write_deadline) {
+    return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError("the write deadline of the destination's lease passed: no more puts");
 }
 
 TransferStats TransferEngine::stats() const {

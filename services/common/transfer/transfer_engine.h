@@ -30,6 +30,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -120,6 +121,13 @@ class TransferBatch {
   // Flush and block until done. Must not be called on the engine's completion thread.
   absl::Status Wait(absl::Duration timeout);
 
+  // No put of this batch starts after `deadline` (steady clock): the transport's own thread
+  // checks it right before each put or copy, so a batch that reaches the wire late, or a
+  // writer held up between two puts, fails with DEADLINE_EXCEEDED instead of writing (the
+  // puts before may have landed). For writes into memory leased to the writer (a KV
+  // reservation): the deadline ends before the lease does. Unset: no such limit.
+  void set_write_deadline(std::chrono::steady_clock::time_point deadline) { write_deadline_ = deadline; }
+
   const RemoteMemoryDescriptor& destination() const { return destination_; }
   size_t num_puts() const { return puts_.size(); }  // after merging contiguous puts
   uint64_t bytes() const { return bytes_; }
@@ -133,6 +141,7 @@ class TransferBatch {
   std::vector<PutOp> puts_;
   uint64_t bytes_ = 0;
   bool flushed_ = false;
+  std::chrono::steady_clock::time_point write_deadline_ = std::chrono::steady_clock::time_point::max();
 };
 
 class TransferEngine {
@@ -173,6 +182,8 @@ class TransferEngine {
     std::vector<PutOp> puts;
     uint64_t bytes = 0;
     absl::Time deadline;
+    // TransferBatch::set_write_deadline: checked before each put (PutAllowed).
+    std::chrono::steady_clock::time_point write_deadline = std::chrono::steady_clock::time_point::max();
     absl::Status error;
     TransferCallback done;
   };
@@ -181,6 +192,9 @@ class TransferEngine {
   virtual void Submit(Submission submission) = 0;
   // True on the thread that runs done callbacks (Wait there would deadlock).
   virtual bool OnCompletionThread() const = 0;
+  // Implementations call it right before starting each put of `s` (the last point before
+  // bytes move): the error to fail the batch with when the write deadline has passed.
+  static absl::Status PutAllowed(const Submission& s);
 
   // Counters for stats(); implementations update them.
   void CountBatch(const Submission& s, const absl::Status& status);

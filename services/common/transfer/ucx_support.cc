@@ -7,8 +7,12 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace tandem::transfer::internal {
 
@@ -120,5 +124,39 @@ bool TlsIncludesTcp(const std::string& tls) {
   return exclude ? !named : (named || all);
 }
 
+
+absl::Status CheckSharedMappingIn(std::string_view maps, uintptr_t p, uint64_t length) {
+  // Lines: "start-end perms offset dev inode [path]", addresses in hex, sorted.
+  for (absl::string_view line : absl::StrSplit(absl::string_view(maps.data(), maps.size()), '\n')) {
+    const size_t dash = line.find('-');
+    const size_t space = line.find(' ');
+    if (dash == absl::string_view::npos || space == absl::string_view::npos || dash > space) continue;
+    uint64_t start = 0, end = 0;
+    if (!absl::SimpleHexAtoi(line.substr(0, dash), &start) ||
+        !absl::SimpleHexAtoi(line.substr(dash + 1, space - dash - 1), &end) || p < start || p >= end) {
+      continue;
+    }
+    const absl::string_view perms = line.substr(space + 1, 4);
+    if (perms.size() != 4 || perms[1] != 'w' || perms[3] != 's') {
+      return absl::InvalidArgumentError(absl::StrCat("the destination maps to ", line,
+                                                     ": not a shared, writable mapping"));
+    }
+    if (length > end - p) {
+      return absl::InvalidArgumentError(absl::StrCat("the destination claims ", length, " bytes; the shared "
+                                                     "memory mapped there holds ", end - p, " (", line, ")"));
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("the destination maps to address 0x", absl::Hex(p),
+                                                 ", which nothing in this process maps"));
+}
+
+absl::Status CheckSharedMapping(const void* p, uint64_t length) {
+  std::ifstream f("/proc/self/maps");
+  if (!f) return absl::InternalError(ErrnoMessage("reading /proc/self/maps"));
+  std::stringstream text;
+  text << f.rdbuf();
+  return CheckSharedMappingIn(text.str(), reinterpret_cast<uintptr_t>(p), length);
+}
 
 }  // namespace tandem::transfer::internal

@@ -4,10 +4,12 @@
 #include <ucs/type/status.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace tandem::transfer::internal {
 
@@ -23,6 +25,16 @@ std::string ErrnoMessage(std::string_view what);
 // after the last copy of a batch, before reporting it complete.
 void CopyToMapped(char* dst, const void* src, size_t n);
 void StoreFence();
+
+// The mapping of this process that holds [p, p + length), from /proc/self/maps: OK only
+// when one shared, writable mapping (a shared-memory segment UCX attached) covers the whole
+// range. This is the extent a direct copy into a peer's memory may use: ucp_rkey_ptr only
+// adds an offset to the address it is given and checks nothing, so a descriptor claiming
+// more than the peer registered would otherwise send copies past the segment.
+// INVALID_ARGUMENT (saying what is mapped there) otherwise.
+absl::Status CheckSharedMapping(const void* p, uint64_t length);
+// The same over a /proc/self/maps text (tests).
+absl::Status CheckSharedMappingIn(std::string_view maps, uintptr_t p, uint64_t length);
 
 // Whether a UCX_TLS value lets tcp in: "" (UCX's default), "all", a list naming tcp, or an
 // exclusion list ("^...") that does not name it.

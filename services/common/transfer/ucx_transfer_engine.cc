@@ -90,6 +90,8 @@ class UcxTransferEngine::Worker {
     int pidfd = -1;           // the owner process, watched when it runs on this host
     bool watch_only = false;  // UCP_ERR_HANDLING_MODE_NONE: the pidfd is all there is
     absl::flat_hash_map<std::string, ucp_rkey_h> rkeys;  // packed rkey -> unpacked
+    // Destinations (base, length, rkey) whose mapped extent was checked (Execute).
+    absl::flat_hash_set<std::string> verified_extents;
     absl::flat_hash_set<Batch*> batches;                // in flight on this endpoint
     absl::Status failure;                               // set once the endpoint is dropped
     bool close_started = false;
@@ -405,6 +407,19 @@ void UcxTransferEngine::Worker::Execute(std::unique_ptr<Batch> owned) {
       rkey.ok() && ucp_rkey_ptr(*rkey, s.destination.base, &local_view) == UCS_OK;
   char* mapped = mappable && options_.direct_shared_memory ? static_cast<char*>(local_view)
                                                            : nullptr;
+  if (mapped != nullptr) {
+    // The copies below are bounded by the destination's length, which the peer's message
+    // claims; ucp_rkey_ptr checks nothing. So the claim is checked once against what is
+    // really mapped here (the segment UCX attached, /proc/self/maps) before any copy.
+    const std::string key = absl::StrCat(s.destination.base, ":", s.destination.length, ":", s.destination.rkey);
+    if (!(*peer)->verified_extents.contains(key)) {
+      if (absl::Status extent = internal::CheckSharedMapping(mapped, s.destination.length); !extent.ok()) {
+        rkey = extent;
+      } else {
+        (*peer)->verified_extents.insert(key);
+      }
+    }
+  }
   if (rkey.ok() && !mappable && (*peer)->watch_only) {
     // Without UCX failure detection nothing may wait on the peer: a put into memory this
     // process cannot map (registered heap memory) is emulated with messages the peer must
@@ -425,7 +440,16 @@ void UcxTransferEngine::Worker::Execute(std::unique_ptr<Batch> owned) {
   next_housekeeping_ = std::min(next_housekeeping_, s.deadline);
 
   if (mapped != nullptr) {
-    for (const PutOp& op : s.puts) CopyToMapped(mapped + op.remote_offset, op.local, op.length);
+    for (const PutOp& op : s.puts) {
+      // The lease's write deadline, checked here, on the thread that copies, right before
+      // each copy (docs/architecture.md, "KV leases": why that, plus the decode replica's
+      // quarantine, keeps a late writer out of blocks reused by another request).
+      if (absl::Status allowed = PutAllowed(s); !allowed.ok()) {
+        batch->Fail(allowed);
+        break;
+      }
+      CopyToMapped(mapped + op.remote_offset, op.local, op.length);
+    }
     StoreFence();  // the copies are visible to the peer before done runs
     batch->posted = true;
     MaybeFinish(batch);
@@ -440,6 +464,10 @@ void UcxTransferEngine::Worker::Execute(std::unique_ptr<Batch> owned) {
   param.memory_type = UCS_MEMORY_TYPE_HOST;
   ucp_ep_h ep = batch->peer->ep;
   for (const PutOp& op : s.puts) {
+    if (absl::Status allowed = PutAllowed(s); !allowed.ok()) {  // as for the copies above
+      batch->Fail(allowed);
+      break;
+    }
     ucs_status_ptr_t request = ucp_put_nbx(ep, op.local, op.length,
                                            s.destination.base + op.remote_offset, *rkey, &param);
     if (UCS_PTR_IS_ERR(request)) {

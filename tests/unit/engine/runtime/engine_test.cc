@@ -246,7 +246,7 @@ TEST_P(EngineTest, PrefillExportThenImportedDecodeMatchesOneEngine) {
 
 TEST_P(EngineTest, ImportWithoutReservationFailsAndLeasesExpire) {
   std::atomic<double> now{1000.0};
-  auto e = MakeEngine({.kv_lease_seconds = 5.0, .clock = [&now] { return now.load(); }});
+  auto e = MakeEngine({.kv_lease_seconds = 5.0, .kv_quarantine_seconds = 20.0, .clock = [&now] { return now.load(); }});
   auto s = e->SubmitImported(Req("nope", Tokens(10, 1), 4, 1), 5);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
 
@@ -256,10 +256,33 @@ TEST_P(EngineTest, ImportWithoutReservationFailsAndLeasesExpire) {
   EXPECT_EQ(e->Stats().kv_blocks_in_use, 2);
   now = 1006.0;
   e->Cancel("unrelated");  // wakes the engine thread
-  ExpectNoBlocksInUse(*e);
+  // Expired, but a prefill replica may still be writing: quarantined, not free.
+  for (int i = 0; i < 200 && e->Stats().kv_leases_expired == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(e->Stats().kv_leases_expired, 1);
+  EXPECT_EQ(e->Stats().kv_blocks_quarantined, 2);
+  EXPECT_EQ(e->Stats().kv_blocks_in_use, 2);
   EXPECT_EQ(e->SubmitImported(Req("lease", Tokens(100, 1), 4, 1), 5).status().code(),
             absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(e->ReserveKv("lease", 100).status().code(), absl::StatusCode::kInvalidArgument);
+  // The fallback bound frees it.
+  now = 1026.0;
+  e->Cancel("unrelated");
+  ExpectNoBlocksInUse(*e);
+  EXPECT_EQ(e->Stats().kv_blocks_quarantined, 0);
+  EXPECT_EQ(e->Stats().kv_quarantine_timeouts, 1);
+
+  // ReleaseKv or Cancel (the writer is known to have ended) frees a quarantined lease at once.
+  ASSERT_TRUE(e->ReserveKv("second", 100).ok());
+  ASSERT_TRUE(e->ReserveKv("third", 100).ok());
+  now = 1032.0;
+  e->Cancel("unrelated");
+  for (int i = 0; i < 200 && e->Stats().kv_blocks_quarantined < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(e->Stats().kv_blocks_quarantined, 4);
+  e->ReleaseKv("second");
+  e->Cancel("third");
+  ExpectNoBlocksInUse(*e);
+  EXPECT_EQ(e->Stats().kv_quarantine_released, 2);
+  EXPECT_EQ(e->Stats().kv_quarantine_timeouts, 1);
 }
 
 TEST_P(EngineTest, PreemptionUnderKvPressureKeepsOutputsIdentical) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -55,6 +56,28 @@ TEST(InProcessTransferEngineTest, PutsLandAndFlushCompletes) {
   EXPECT_EQ(stats.puts, 3u);
   EXPECT_EQ(stats.batches_ok, 1u);
   EXPECT_EQ(stats.batches_failed, 0u);
+}
+
+TEST(InProcessTransferEngineTest, NoPutStartsAfterTheWriteDeadline) {
+  // A KV lease's writer (services/prefill/kv_write_deadline.h): a batch that reaches the
+  // transport after its write deadline writes nothing and fails with DEADLINE_EXCEEDED.
+  InProcessTransferEngine sender;
+  InProcessTransferEngine receiver;
+  std::vector<uint8_t> dest(1 << 16, 0);
+  auto region = receiver.RegisterMemory(dest.data(), dest.size());
+  ASSERT_TRUE(region.ok()) << region.status();
+  const std::vector<uint8_t> a = Bytes(4096, 1);
+  auto late = sender.NewBatch((*region)->descriptor());
+  ASSERT_TRUE(late->Put(a.data(), a.size(), 0).ok());
+  late->set_write_deadline(std::chrono::steady_clock::now());
+  EXPECT_EQ(late->Wait(absl::Seconds(10)).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(std::all_of(dest.begin(), dest.end(), [](uint8_t x) { return x == 0; })) << "a late put landed";
+  auto in_time = sender.NewBatch((*region)->descriptor());
+  ASSERT_TRUE(in_time->Put(a.data(), a.size(), 8192).ok());
+  in_time->set_write_deadline(std::chrono::steady_clock::now() + std::chrono::hours(1));
+  ASSERT_TRUE(in_time->Wait(absl::Seconds(10)).ok());
+  EXPECT_EQ(std::memcmp(dest.data() + 8192, a.data(), a.size()), 0);
+  EXPECT_EQ(sender.stats().batches_failed, 1u);
 }
 
 TEST(InProcessTransferEngineTest, BoundsAreCheckedAndNothingIsWritten) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -251,6 +252,31 @@ TEST(UcxTransferEngineTest, OutOfRangePutIsRejectedAndNothingIsWritten) {
   auto verdict = peer->Verify(seed, {Range{100, 4000}, Range{8192, 4096}});
   ASSERT_TRUE(verdict.ok()) << verdict.status();
   EXPECT_EQ(*verdict, "") << "something outside the accepted puts was written";
+}
+
+TEST(UcxTransferEngineTest, NoPutStartsAfterTheWriteDeadline) {
+  // A KV lease's writer (services/prefill/kv_write_deadline.h): the progress thread checks
+  // the batch's write deadline right before each put or shared-memory copy, so a batch
+  // that reaches it late writes nothing.
+  constexpr size_t kBytes = kMiB;
+  auto engine = NewEngine();
+  auto peer = NewPeer(kBytes);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_NE(peer, nullptr);
+  const uint64_t seed = 5;
+  const std::vector<uint8_t> image = Image(seed, kBytes);
+  auto late = engine->NewBatch(peer->descriptor());
+  ASSERT_TRUE(late->Put(image.data(), 4096, 0).ok());
+  ASSERT_TRUE(late->Put(image.data() + 65536, 4096, 65536).ok());
+  late->set_write_deadline(std::chrono::steady_clock::now());
+  EXPECT_EQ(late->Wait(absl::Seconds(30)).code(), absl::StatusCode::kDeadlineExceeded) << Tls();
+  auto in_time = engine->NewBatch(peer->descriptor());
+  ASSERT_TRUE(in_time->Put(image.data() + 8192, 4096, 8192).ok());
+  in_time->set_write_deadline(std::chrono::steady_clock::now() + std::chrono::hours(1));
+  ASSERT_TRUE(in_time->Wait(absl::Seconds(30)).ok()) << Tls();
+  auto verdict = peer->Verify(seed, {Range{8192, 4096}});
+  ASSERT_TRUE(verdict.ok()) << verdict.status();
+  EXPECT_EQ(*verdict, "") << "a put after the write deadline landed (" << Tls() << ")";
 }
 
 TEST(UcxTransferEngineTest, ForeignOrGarbageDescriptorsAreCleanErrors) {
