@@ -8,9 +8,11 @@
 // the same checkpoint gives the same digest wherever it lies. It must be the full bytes:
 // a sample of each tensor would miss a fine-tune that changes only some rows (new token
 // embeddings, a LoRA merged into part of a matrix). The cost is one sequential read of
-// the weights at startup, which loading reads anyway; XXH3 itself runs at memory speed
-// (about 2 s for a 16 GB checkpoint in the page cache on one core here, bench command in
-// docs/architecture.md), so a cold start is bound by the disk as it already was.
+// the weights at startup, which loading reads anyway (a GPU backend copies every byte to
+// the device; the CPU backend touches every page in its first steps). XXH3 ran at 5.5-6.3
+// GB/s per second of CPU time here (1 GiB in memory, one core of this 2-core build machine
+// under load): about 3 s of one core for a 16 GB checkpoint in the page cache; a cold
+// start is bound by the disk, as loading already was.
 //
 // A checkpoint whose weights are generated at load (checkpoint.h's kGeneratedWeightsFile)
 // is identified by that file, whose seed decides every weight.

@@ -36,7 +36,7 @@ absl::Status CheckDestination(const v1::KvDestination& d, const Engine& engine, 
     return absl::InvalidArgumentError(absl::StrCat("destination.memory_descriptor: ", region.status().message()));
   }
   const Engine::KvMemory m = engine.kv_memory();
-  return CheckKvDestination({.pool = KvGeometryOf(d), .block_ids = d.block_ids(), .region_bytes = region->length},
+  return CheckKvDestination({.pool = KvGeometryOf(d), .block_ids = std::span<const int32_t>(d.block_ids().data(), d.block_ids().size()), .region_bytes = region->length},
                             {.num_layers = m.num_layers, .block_size = m.block_size, .entry_dim = m.entry_dim,
                              .bytes_per_value = static_cast<int64_t>(sizeof(float))},
                             num_tokens);
