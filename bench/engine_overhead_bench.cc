@@ -4,12 +4,12 @@
 // scheduling, batch assembly, stop checks and text deltas, output streams, stats. Run
 // with the shape of a served GPU workload (64 streams of 256 prompt + 128 generated
 // tokens, the V2-Lite config and a 102,400-entry generated tokenizer), a consumer thread
-// draining every stream like the gRPC reactors. Reference in the same run: the model step
-// time it is compared with is an input (--step-ms, default 13.0 = cuda_model_bench's
-// batch-64 step with GPU sampling on the H200), and the figure is host time / step time.
+// draining every stream like the gRPC reactors. The figure is absolute (host µs per
+// step): there is no model step in this run to divide it by. Compare it with a step time
+// measured on the same machine in one run (cuda_model_bench reports those); a share
+// computed against a step measured elsewhere would mix two machines.
 //
-//   engine_overhead_bench --model DIR [--streams 64] [--prompt 256] [--output 128]
-//                         [--step-ms 13.0] [--json FILE]
+//   engine_overhead_bench --model DIR [--streams 64] [--prompt 256] [--output 128] [--json FILE]
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -61,7 +61,6 @@ class FreeBackend : public ModelBackend {
 int Run(int argc, char** argv) {
   std::string model, json;
   int streams = 64, prompt = 256, output = 128;
-  double step_ms = 13.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -69,11 +68,10 @@ int Run(int argc, char** argv) {
     else if (a == "--streams") streams = std::stoi(next());
     else if (a == "--prompt") prompt = std::stoi(next());
     else if (a == "--output") output = std::stoi(next());
-    else if (a == "--step-ms") step_ms = std::stod(next());
     else if (a == "--json") json = next();
     else {
       std::fprintf(stderr, "usage: engine_overhead_bench --model DIR [--streams N] [--prompt N] [--output N] "
-                           "[--step-ms MS] [--json FILE]\n");
+                           "[--json FILE]\n");
       return 2;
     }
   }
@@ -141,8 +139,7 @@ int Run(int argc, char** argv) {
                         {"output", output},
                         {"rounds", rounds},
                         {"host_us_per_step", host_us_per_step},
-                        {"reference_step_ms", step_ms},
-                        {"host_share_of_step", host_us_per_step / (step_ms * 1e3)}};
+                        {"host_threads", std::thread::hardware_concurrency()}};
   std::printf("%s\n", out.dump(2).c_str());
   if (!json.empty()) std::ofstream(json) << out.dump(2) << "\n";
   return 0;

@@ -139,7 +139,8 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->check(FiniteRange(0.0, 100.0))
       ->capture_default_str();
   cmd->add_option("--seed", a->load.seed, "Seed of the dataset and of each request's sampling")->capture_default_str();
-  cmd->add_option("--num-warmup", a->load.num_warmup, "Requests sent (one at a time) before measuring")
+  cmd->add_option("--num-warmup", a->load.num_warmup, "Requests sent (one at a time) before measuring, with prompts of their own that no measured "
+                  "request shares (so no measured request is a cache hit on a warm-up)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--request-timeout", a->load.request_timeout_s, "Deadline per request, seconds")

@@ -36,7 +36,7 @@ nlohmann::json LatencySummary::ToJson() const {
 BenchReport Compute(const std::vector<RequestRecord>& records, double duration_s, const Slo& slo) {
   BenchReport r;
   r.duration_s = duration_s;
-  std::vector<double> ttft, tpot, itl, e2e;
+  std::vector<double> ttft, tpot, itl, e2e, cached, ttft_uncached;
   int good = 0;
   for (const RequestRecord& x : records) {
     if (!x.ok) {
@@ -48,6 +48,12 @@ BenchReport Compute(const std::vector<RequestRecord>& records, double duration_s
     r.total_input_tokens += x.prompt_tokens;
     r.total_output_tokens += x.output_tokens;
     r.cached_input_tokens += x.cached_prompt_tokens;
+    cached.push_back(x.cached_prompt_tokens);
+    if (x.cached_prompt_tokens > 0) {
+      ++r.requests_with_cached_tokens;
+    } else {
+      ttft_uncached.push_back(x.ttft_s * 1e3);
+    }
     ttft.push_back(x.ttft_s * 1e3);
     e2e.push_back(x.e2e_s * 1e3);
     double request_tpot = 0;
@@ -67,6 +73,8 @@ BenchReport Compute(const std::vector<RequestRecord>& records, double duration_s
     r.goodput = good / duration_s;
   }
   r.ttft_ms = Summarize(ttft);
+  r.cached_tokens_per_request = Summarize(cached);
+  r.ttft_uncached_ms = Summarize(ttft_uncached);
   r.tpot_ms = Summarize(tpot);
   r.itl_ms = Summarize(itl);
   r.e2e_ms = Summarize(e2e);
@@ -85,6 +93,9 @@ nlohmann::json BenchReport::ToJson() const {
           {"total_token_throughput", total_token_throughput},
           {"goodput", goodput},
           {"ttft_ms", ttft_ms.ToJson()},
+          {"requests_with_cached_tokens", requests_with_cached_tokens},
+          {"cached_tokens_per_request", cached_tokens_per_request.ToJson()},
+          {"ttft_uncached_ms", ttft_uncached_ms.ToJson()},
           {"tpot_ms", tpot_ms.ToJson()},
           {"itl_ms", itl_ms.ToJson()},
           {"e2e_latency_ms", e2e_ms.ToJson()},
@@ -123,6 +134,13 @@ std::string BenchReport::ToText() const {
     row((std::string("P99 ") + key + " (ms):").c_str(), num(s.p99));
   };
   section("---------------Time to First Token----------------", "TTFT", ttft_ms);
+  // What the TTFT above includes: requests whose prompt was partly or wholly cached.
+  row("Requests with cached prompt tokens:", std::to_string(requests_with_cached_tokens) + " of " +
+                                                 std::to_string(completed));
+  row("Mean cached prompt tokens per request:", num(cached_tokens_per_request.mean, 1));
+  row("Max cached prompt tokens per request:", num(cached_tokens_per_request.max, 0));
+  row("Median TTFT, requests with none (ms):",
+      requests_with_cached_tokens < completed ? num(ttft_uncached_ms.median) : "-");
   section("-----Time per Output Token (excl. 1st token)------", "TPOT", tpot_ms);
   section("---------------Inter-token Latency----------------", "ITL", itl_ms);
   section("----------------End-to-end Latency----------------", "E2EL", e2e_ms);

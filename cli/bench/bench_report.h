@@ -42,6 +42,13 @@ struct BenchReport {
   int64_t total_input_tokens = 0;
   int64_t total_output_tokens = 0;
   int64_t cached_input_tokens = 0;
+  // Beside TTFT, so that a figure says how much of it was a prefix-cache (or kvstore) hit:
+  // how many completed requests had cached prompt tokens (the final usage's
+  // cached_prompt_tokens), their distribution per request, and the TTFT of the requests
+  // that had none.
+  int requests_with_cached_tokens = 0;
+  LatencySummary cached_tokens_per_request;  // tokens, not ms
+  LatencySummary ttft_uncached_ms;
   double request_throughput = 0;       // completed requests / s
   double output_throughput = 0;        // output tokens / s
   double total_token_throughput = 0;   // (input + output) tokens / s

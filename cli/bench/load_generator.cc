@@ -144,13 +144,30 @@ absl::StatusOr<LoadResult> RunLoad(const LoadOptions& o) {
   std::vector<v1::GenerateRequest> requests;
   for (int i = 0; i < o.num_prompts; ++i) requests.push_back(make_request(i));
 
-  // Warm-up, one at a time, not measured.
+  // Warm-up, one at a time, not measured, with prompts of their own: random tokens from a
+  // separate generator and none of the shared prefixes, so that no measured request finds
+  // a warm-up prompt in a prefix cache or the kvstore (a warm-up that resent measured
+  // prompts made their TTFT that of a cache hit). The measured prompts are the same as
+  // without a warm-up.
+  std::mt19937_64 warmup_rng(o.seed ^ 0x9e3779b97f4a7c15ULL);
+  auto make_warmup = [&](int i) {
+    v1::GenerateRequest r;
+    r.set_model(o.model);
+    v1::TokenIds* ids = r.mutable_token_ids();
+    const int n = o.prefix_len + Length(o.input_len, o.range_ratio, warmup_rng);
+    for (int k = 0; k < n; ++k) ids->add_ids(token(warmup_rng));
+    r.mutable_sampling()->set_temperature(static_cast<float>(o.temperature));
+    r.mutable_sampling()->set_seed(o.seed + static_cast<uint64_t>(o.num_prompts + i));
+    r.mutable_stop()->set_max_tokens(Length(o.output_len, o.range_ratio, warmup_rng));
+    r.mutable_stop()->set_ignore_eos(o.ignore_eos);
+    return r;
+  };
   for (int i = 0; i < o.num_warmup; ++i) {
     RequestRecord ignored;
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
-    new BenchCall(stub.get(), requests[i % requests.size()], Clock::now(), o.request_timeout_s, &ignored, [&] {
+    new BenchCall(stub.get(), make_warmup(i), Clock::now(), o.request_timeout_s, &ignored, [&] {
       std::lock_guard<std::mutex> lock(mu);
       done = true;
       cv.notify_all();

@@ -2,6 +2,7 @@
 // and a JSON file with every figure.
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include "engine/util/mapped_file.h"
@@ -18,20 +19,32 @@ using testing::BinaryPath;
 using testing::RunProcess;
 using testing::TempDir;
 
-TEST(BenchTest, ReportAndJsonAgainstServeLocal) {
-  TempDir tmp;
+// Starts `tandem serve-local` (router, prefill, decode, kvstore on the tiny model) and
+// returns the router's address, empty on failure.
+std::string StartServeLocal(TempDir& tmp, std::unique_ptr<BackgroundProcess>* cluster) {
   const std::string ready = tmp.Sub("ready.json");
-  BackgroundProcess cluster({BinaryPath("tandem"), "serve-local", "--listen", "127.0.0.1:0", "--threads", "1",
-                             "--ready-file", ready, "--run-dir", tmp.Sub("run")},
-                            tmp.Sub("serve-local.log"));
-  ASSERT_GT(cluster.pid(), 0);
+  *cluster = std::make_unique<BackgroundProcess>(
+      std::vector<std::string>{BinaryPath("tandem"), "serve-local", "--listen", "127.0.0.1:0", "--threads", "1",
+                               "--ready-file", ready, "--run-dir", tmp.Sub("run")},
+      tmp.Sub("serve-local.log"));
+  if ((*cluster)->pid() <= 0) return "";
   for (int i = 0; i < 1200 && !std::filesystem::exists(ready); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ASSERT_TRUE(std::filesystem::exists(ready)) << ReadFileToString(tmp.Sub("serve-local.log")).value_or("");
+  if (!std::filesystem::exists(ready)) {
+    ADD_FAILURE() << ReadFileToString(tmp.Sub("serve-local.log")).value_or("");
+    return "";
+  }
   const nlohmann::json r = nlohmann::json::parse(ReadFileToString(ready).value());
-  const std::string router = r["router"].value("grpc", "");
-  ASSERT_FALSE(router.empty()) << r.dump();
+  return r["router"].value("grpc", "");
+}
+
+TEST(BenchTest, ReportAndJsonAgainstServeLocal) {
+  TempDir tmp;
+  std::unique_ptr<BackgroundProcess> cluster_process;
+  const std::string router = StartServeLocal(tmp, &cluster_process);
+  ASSERT_FALSE(router.empty());
+  BackgroundProcess& cluster = *cluster_process;
 
   const std::string json_file = tmp.Sub("bench.json");
   auto bench = RunProcess({BinaryPath("tandem"), "bench", "--addr", router, "--num-prompts", "24", "--request-rate",
@@ -43,7 +56,9 @@ TEST(BenchTest, ReportAndJsonAgainstServeLocal) {
   for (const char* line : {"Successful requests:", "Failed requests:", "Request throughput (req/s):",
                            "Request goodput (req/s):", "Output token throughput (tok/s):", "Mean TTFT (ms):",
                            "Median TTFT (ms):", "P99 TTFT (ms):", "Mean TPOT (ms):", "P90 ITL (ms):",
-                           "P99 E2EL (ms):", "Total input tokens from prefix cache:"}) {
+                           "P99 E2EL (ms):", "Total input tokens from prefix cache:",
+                           "Requests with cached prompt tokens:", "Mean cached prompt tokens per request:",
+                           "Median TTFT, requests with none (ms):"}) {
     EXPECT_NE(bench.out.find(line), std::string::npos) << line << "\n" << bench.out;
   }
   const nlohmann::json j = nlohmann::json::parse(ReadFileToString(json_file).value(), nullptr, false);
@@ -71,7 +86,38 @@ TEST(BenchTest, ReportAndJsonAgainstServeLocal) {
   }
   EXPECT_LE(find("/ttft_ms/median").get<double>(), find("/ttft_ms/p99").get<double>());
   EXPECT_GT(find("/cached_input_tokens").get<double>(), 0) << "shared prefixes should hit the prefix cache";
+  EXPECT_GT(find("/requests_with_cached_tokens").get<int>(), 0);
+  EXPECT_GT(find("/cached_tokens_per_request/max").get<double>(), 0);
   EXPECT_EQ(cluster.Stop(), 0);
+}
+
+// The warm-up must not make measured requests cache hits: with distinct random prompts of
+// several full KV blocks each (200 tokens: 3 blocks of 64) and a cluster whose prefill
+// replica has a prefix cache and a kvstore behind it, no measured request may report a
+// cached prompt token. A warm-up that resends measured prompts (the old one did: request i
+// of the warm-up was measured request i) makes the first --num-warmup of them hits.
+TEST(BenchTest, WarmupPromptsAreNeverMeasured) {
+  TempDir tmp;
+  std::unique_ptr<BackgroundProcess> cluster;
+  const std::string router = StartServeLocal(tmp, &cluster);
+  ASSERT_FALSE(router.empty());
+  const std::string json_file = tmp.Sub("bench.json");
+  auto bench = RunProcess({BinaryPath("tandem"), "bench", "--addr", router, "--num-prompts", "6", "--num-warmup", "3",
+                           "--max-concurrency", "1", "--input-len", "200", "--output-len", "2", "--ignore-eos",
+                           "--seed", "7", "--json", json_file, "--no-progress"},
+                          {}, 300);
+  ASSERT_EQ(bench.exit_code, 0) << bench.out << bench.err;
+  const nlohmann::json j = nlohmann::json::parse(ReadFileToString(json_file).value(), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << ReadFileToString(json_file).value_or("");
+  const nlohmann::json& result = j["result"];
+  EXPECT_EQ(result.value("completed", -1), 6) << result.dump(2);
+  EXPECT_EQ(result.value("cached_input_tokens", -1), 0) << result.dump(2);
+  EXPECT_EQ(result.value("requests_with_cached_tokens", -1), 0) << result.dump(2);
+  const size_t line = bench.out.find("Requests with cached prompt tokens:");
+  ASSERT_NE(line, std::string::npos) << bench.out;
+  const std::string row = bench.out.substr(line, bench.out.find('\n', line) - line);
+  EXPECT_TRUE(row.size() > 7 && row.compare(row.size() - 7, 7, " 0 of 6") == 0) << row;
+  EXPECT_EQ(cluster->Stop(), 0);
 }
 
 }  // namespace
