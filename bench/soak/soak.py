@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -482,7 +483,7 @@ def main():
     result = {
         "benchmark": "soak",
         "label": a.label,
-        "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+        "command": shlex.join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
         "machine": {"nproc": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
                     "note": "shared machine: other builds and tests may run beside the soak"},
