@@ -60,10 +60,12 @@ def parse_args():
     p.add_argument("--kill-every", type=float, default=600, help="seconds between kill -9s (default 600)")
     p.add_argument("--rate", type=float, default=2.0, help="requests per second, evenly spaced (default 2)")
     p.add_argument("--cancel-fraction", type=float, default=0.05, help="requests the client cancels mid-stream")
+    p.add_argument("--cancel-window", type=float, default=0.3,
+                   help="a cancelled request is cancelled a uniform 0..this many seconds after it is sent")
     p.add_argument("--prompts", type=int, default=16, help="distinct prompts (each greedy and seeded)")
     p.add_argument("--prompt-words", type=int, default=100,
                    help="words per prompt (about a token each: 100 gives one full KV block and part of a second)")
-    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.8, help="of the seeded requests")
     p.add_argument("--top-p", type=float, default=0.95, help="of the seeded requests")
     p.add_argument("--max-attempts", type=int, default=6, help="tries per request, the first included")
@@ -125,10 +127,13 @@ def reference_outputs(a, variants):
         argv = [tandem, "generate", "--local", "--model", "tiny", "--threads", "1", "--ignore-eos",
                 "--max-tokens", str(a.max_tokens), "--temperature", str(v["temperature"]),
                 "--top-p", str(v["top_p"]), "--seed", str(v["seed"]), v["text"]]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        # Bytes, not text mode: universal newlines would turn a generated "\r" into "\n".
+        r = subprocess.run(argv, capture_output=True, timeout=600)
         if r.returncode != 0:
-            raise RuntimeError(f"reference for prompt {v['prompt']} ({v['mode']}) failed: {r.stderr[-2000:]}")
-        return r.stdout[:-1] if r.stdout.endswith("\n") else r.stdout
+            raise RuntimeError(f"reference for prompt {v['prompt']} ({v['mode']}) failed: "
+                               f"{r.stderr.decode(errors='replace')[-2000:]}")
+        out = r.stdout[:-1] if r.stdout.endswith(b"\n") else r.stdout
+        return out.decode("utf-8", errors="replace")
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         return list(pool.map(one, variants))
@@ -319,7 +324,8 @@ class Load:
         futures = []
         while time.time() < stop_at:
             v = self.rng.choice(self.variants)
-            cancel_after = self.rng.uniform(0.05, 1.5) if self.rng.random() < self.a.cancel_fraction else None
+            cancel_after = (self.rng.uniform(0.0, self.a.cancel_window)
+                            if self.rng.random() < self.a.cancel_fraction else None)
             with self.lock:
                 self.in_flight += 1
             futures.append(pool.submit(self.request, n, v, cancel_after))
