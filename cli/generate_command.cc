@@ -74,7 +74,9 @@ int RunLocal(const GenerateArgs& a) {
 
   EngineRequest request;
   request.id = "generate-local";
-  request.prompt = (*engine)->tokenizer().Encode(a.prompt, /*add_special_tokens=*/true);
+  absl::StatusOr<std::vector<int32_t>> prompt = (*engine)->tokenizer().TryEncode(a.prompt, /*add_special_tokens=*/true);
+  if (!prompt.ok()) return Fail(prompt.status());
+  request.prompt = *std::move(prompt);
   request.sampling.temperature = static_cast<float>(a.temperature);
   request.sampling.top_p = static_cast<float>(a.top_p);
   request.sampling.top_k = a.top_k;

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds, runs every test with ctest, then
 # (without ctest options) the engine's tests under ASan + UBSan (scripts/sanitize.sh;
-# TANDEM_SKIP_SANITIZE=1 skips them).
+# TANDEM_SKIP_SANITIZE=1 skips them) and the services' under ThreadSanitizer
+# (scripts/tsan.sh; TANDEM_SKIP_TSAN=1 skips them).
 #   scripts/test.sh [ctest options...]      e.g. scripts/test.sh -L unit
 # Labels: unit, integration, gpu (GPU tests: one ctest test per case, each skipped with a
-# reason where there is no GPU).
+# reason where there is no GPU), tsan (the subset scripts/tsan.sh runs under
+# ThreadSanitizer in build-tsan).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${TANDEM_BUILD_DIR:-$root/build}"
@@ -13,4 +15,7 @@ build="${TANDEM_BUILD_DIR:-$root/build}"
 ctest --test-dir "$build" -j "$(nproc)" --output-on-failure --timeout 900 "$@"
 if [ $# -eq 0 ] && [ "${TANDEM_SKIP_SANITIZE:-0}" != 1 ]; then
   "$root/scripts/sanitize.sh"
+fi
+if [ $# -eq 0 ] && [ "${TANDEM_SKIP_TSAN:-0}" != 1 ]; then
+  "$root/scripts/tsan.sh"
 fi

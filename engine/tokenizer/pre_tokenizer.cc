@@ -18,25 +18,31 @@ const Regex* CompileShared(std::string_view pattern) {
   return regex->release();
 }
 
-// Applies `split` to every piece, replacing the list.
+// Applies `split` (returning absl::Status) to every piece, replacing the list; stops at
+// the first error.
 template <typename SplitFn>
-void ForEachPiece(std::vector<std::string>* pieces, SplitFn split) {
+absl::Status ForEachPiece(std::vector<std::string>* pieces, SplitFn split) {
   std::vector<std::string> out;
   out.reserve(pieces->size());
-  for (const std::string& piece : *pieces) split(piece, &out);
+  for (const std::string& piece : *pieces) {
+    if (absl::Status st = split(piece, &out); !st.ok()) return st;
+  }
   *pieces = std::move(out);
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-Segments SegmentByRegex(const Regex& regex, std::string_view text) {
+absl::StatusOr<Segments> SegmentByRegex(const Regex& regex, std::string_view text) {
   Segments segments;
   if (text.empty()) {
     segments.push_back({{0, 0}, false});
     return segments;
   }
+  absl::StatusOr<std::vector<std::pair<size_t, size_t>>> matches = regex.FindAll(text);
+  if (!matches.ok()) return matches.status();
   size_t prev = 0;
-  for (const auto& [start, end] : regex.FindAll(text)) {
+  for (const auto& [start, end] : *matches) {
     if (prev != start) segments.push_back({{prev, start}, false});
     segments.push_back({{start, end}, true});
     prev = end;
@@ -103,13 +109,15 @@ void SplitSegments(std::string_view text, const Segments& segments, SplitBehavio
   }
 }
 
-void SplitPreTokenizer::PreTokenize(std::vector<std::string>* pieces) const {
-  ForEachPiece(pieces, [this](const std::string& piece, std::vector<std::string>* out) {
-    Segments segments = SegmentByRegex(*regex_, piece);
+absl::Status SplitPreTokenizer::PreTokenize(std::vector<std::string>* pieces) const {
+  return ForEachPiece(pieces, [this](const std::string& piece, std::vector<std::string>* out) {
+    absl::StatusOr<Segments> segments = SegmentByRegex(*regex_, piece);
+    if (!segments.ok()) return segments.status();
     if (invert_) {
-      for (auto& segment : segments) segment.second = !segment.second;
+      for (auto& segment : *segments) segment.second = !segment.second;
     }
-    SplitSegments(piece, segments, behavior_, out);
+    SplitSegments(piece, *segments, behavior_, out);
+    return absl::OkStatus();
   });
 }
 
@@ -119,8 +127,8 @@ ByteLevelPreTokenizer::ByteLevelPreTokenizer(bool add_prefix_space, bool use_reg
   gpt2_regex_ = gpt2;
 }
 
-void ByteLevelPreTokenizer::PreTokenize(std::vector<std::string>* pieces) const {
-  ForEachPiece(pieces, [this](const std::string& piece, std::vector<std::string>* out) {
+absl::Status ByteLevelPreTokenizer::PreTokenize(std::vector<std::string>* pieces) const {
+  return ForEachPiece(pieces, [this](const std::string& piece, std::vector<std::string>* out) {
     std::string prefixed;
     std::string_view text = piece;
     if (add_prefix_space_ && (text.empty() || text.front() != ' ')) {
@@ -129,11 +137,14 @@ void ByteLevelPreTokenizer::PreTokenize(std::vector<std::string>* pieces) const 
     }
     const size_t first = out->size();
     if (use_regex_) {
-      SplitSegments(text, SegmentByRegex(*gpt2_regex_, text), SplitBehavior::kIsolated, out);
+      absl::StatusOr<Segments> segments = SegmentByRegex(*gpt2_regex_, text);
+      if (!segments.ok()) return segments.status();
+      SplitSegments(text, *segments, SplitBehavior::kIsolated, out);
     } else if (!text.empty()) {
       out->emplace_back(text);
     }
     for (size_t i = first; i < out->size(); ++i) (*out)[i] = BytesToByteLevel((*out)[i]);
+    return absl::OkStatus();
   });
 }
 
@@ -147,15 +158,20 @@ DigitsPreTokenizer::DigitsPreTokenizer(bool individual_digits)
   numeric_regex_ = numeric;
 }
 
-void DigitsPreTokenizer::PreTokenize(std::vector<std::string>* pieces) const {
-  ForEachPiece(pieces, [this](const std::string& piece, std::vector<std::string>* out) {
-    SplitSegments(piece, SegmentByRegex(*numeric_regex_, piece),
-                  individual_digits_ ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, out);
+absl::Status DigitsPreTokenizer::PreTokenize(std::vector<std::string>* pieces) const {
+  return ForEachPiece(pieces, [this](const std::string& piece, std::vector<std::string>* out) {
+    absl::StatusOr<Segments> segments = SegmentByRegex(*numeric_regex_, piece);
+    if (!segments.ok()) return segments.status();
+    SplitSegments(piece, *segments, individual_digits_ ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, out);
+    return absl::OkStatus();
   });
 }
 
-void SequencePreTokenizer::PreTokenize(std::vector<std::string>* pieces) const {
-  for (const auto& step : steps_) step->PreTokenize(pieces);
+absl::Status SequencePreTokenizer::PreTokenize(std::vector<std::string>* pieces) const {
+  for (const auto& step : steps_) {
+    if (absl::Status st = step->PreTokenize(pieces); !st.ok()) return st;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::tokenizer_internal

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/tokenizer/regex.h"
 
 namespace tandem::tokenizer_internal {
@@ -24,7 +26,8 @@ enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWith
 using Segments = std::vector<std::pair<std::pair<size_t, size_t>, bool>>;
 
 // The segmentation of `text` by the matches of `regex` (Hugging Face's find_matches).
-Segments SegmentByRegex(const Regex& regex, std::string_view text);
+// Errors: Regex::FindAll's (a search over its budget).
+absl::StatusOr<Segments> SegmentByRegex(const Regex& regex, std::string_view text);
 
 // Appends to `out` the non-empty pieces of `text` that `segments` and `behavior` give.
 void SplitSegments(std::string_view text, const Segments& segments, SplitBehavior behavior,
@@ -33,8 +36,10 @@ void SplitSegments(std::string_view text, const Segments& segments, SplitBehavio
 class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
-  // Replaces `pieces` by their pre-tokenized pieces, in order.
-  virtual void PreTokenize(std::vector<std::string>* pieces) const = 0;
+  // Replaces `pieces` by their pre-tokenized pieces, in order. Errors: INVALID_ARGUMENT
+  // when a pattern's search exceeds its backtracking budget (Regex::FindAll); `pieces`
+  // is then unspecified.
+  virtual absl::Status PreTokenize(std::vector<std::string>* pieces) const = 0;
 };
 
 // Split: pattern (a regex, or a literal string) with a delimiter behavior, optionally
@@ -43,7 +48,7 @@ class SplitPreTokenizer : public PreTokenizer {
  public:
   SplitPreTokenizer(std::unique_ptr<Regex> regex, SplitBehavior behavior, bool invert)
       : regex_(std::move(regex)), behavior_(behavior), invert_(invert) {}
-  void PreTokenize(std::vector<std::string>* pieces) const override;
+  absl::Status PreTokenize(std::vector<std::string>* pieces) const override;
 
  private:
   std::unique_ptr<Regex> regex_;
@@ -56,7 +61,7 @@ class SplitPreTokenizer : public PreTokenizer {
 class ByteLevelPreTokenizer : public PreTokenizer {
  public:
   ByteLevelPreTokenizer(bool add_prefix_space, bool use_regex);
-  void PreTokenize(std::vector<std::string>* pieces) const override;
+  absl::Status PreTokenize(std::vector<std::string>* pieces) const override;
 
  private:
   bool add_prefix_space_;
@@ -68,7 +73,7 @@ class ByteLevelPreTokenizer : public PreTokenizer {
 class DigitsPreTokenizer : public PreTokenizer {
  public:
   explicit DigitsPreTokenizer(bool individual_digits);
-  void PreTokenize(std::vector<std::string>* pieces) const override;
+  absl::Status PreTokenize(std::vector<std::string>* pieces) const override;
 
  private:
   bool individual_digits_;
@@ -79,7 +84,7 @@ class SequencePreTokenizer : public PreTokenizer {
  public:
   explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> steps)
       : steps_(std::move(steps)) {}
-  void PreTokenize(std::vector<std::string>* pieces) const override;
+  absl::Status PreTokenize(std::vector<std::string>* pieces) const override;
 
  private:
   std::vector<std::unique_ptr<PreTokenizer>> steps_;

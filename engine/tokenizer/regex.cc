@@ -3,6 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -29,10 +30,7 @@ struct ThreadMatchState {
     context = pcre2_match_context_create(nullptr);
     jit_stack = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr);
     if (jit_stack != nullptr) pcre2_jit_stack_assign(context, nullptr, jit_stack);
-    // Backtracking limits high enough for any input a request can carry.
-    pcre2_set_match_limit(context, UINT32_MAX);
-    pcre2_set_depth_limit(context, UINT32_MAX);
-    pcre2_set_heap_limit(context, 1u << 22);  // in KiB: 4 GiB
+    pcre2_set_heap_limit(context, 1u << 22);  // in KiB: 4 GiB (the depth limit binds first)
   }
   ~ThreadMatchState() {
     pcre2_match_data_free(match_data);
@@ -44,6 +42,22 @@ struct ThreadMatchState {
 ThreadMatchState& MatchState() {
   thread_local ThreadMatchState state;
   return state;
+}
+
+// The backtracking budget of one pcre2_match call over `remaining` bytes (match limit
+// and depth limit alike): linear in the bytes, so that the patterns tokenizers use, which
+// do a bounded amount of work per character, never reach it, while a pattern that
+// backtracks catastrophically (exponential in the input) stops in a few seconds at most
+// with an error instead of running for hours.
+uint32_t MatchBudget(size_t remaining) {
+  const uint64_t budget = Regex::kMatchLimitBase + Regex::kMatchLimitPerByte * static_cast<uint64_t>(remaining);
+  return static_cast<uint32_t>(std::min<uint64_t>(budget, UINT32_MAX));
+}
+
+void SetBudget(ThreadMatchState& state, size_t remaining) {
+  const uint32_t budget = MatchBudget(remaining);
+  pcre2_set_match_limit(state.context, budget);
+  pcre2_set_depth_limit(state.context, budget);
 }
 
 // Class members (for use inside [...]) of what Unicode 15.0-16.0 added to `category`.
@@ -191,7 +205,7 @@ absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern) 
 
 Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
-std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view subject) const {
+absl::StatusOr<std::vector<std::pair<size_t, size_t>>> Regex::FindAll(std::string_view subject) const {
   std::vector<std::pair<size_t, size_t>> matches;
   ThreadMatchState& state = MatchState();
   const auto* data = reinterpret_cast<PCRE2_SPTR>(subject.data());
@@ -199,10 +213,19 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view subject) 
   bool have_last_end = false;
   size_t last_end = 0;
   while (search_from <= subject.size()) {
+    SetBudget(state, subject.size() - search_from);
     // The subject is valid UTF-8 and search_from is on a character boundary.
     const int rc = pcre2_match(static_cast<pcre2_code*>(code_), data, subject.size(), search_from,
                                PCRE2_NO_UTF_CHECK, state.match_data, state.context);
-    if (rc < 0) break;  // no match (or a resource limit: treated as no further match)
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof(message));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the tokenizer's pre-tokenization pattern '", AsAbsl(pattern_), "' gave up at byte ", search_from, " of a ",
+          subject.size(), "-byte piece: ", reinterpret_cast<const char*>(message),
+          " (the input makes the pattern backtrack without bound)"));
+    }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.match_data);
     const size_t start = ovector[0];
     const size_t end = ovector[1];
@@ -223,6 +246,7 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view subject) 
 
 bool Regex::MatchesPrefix(std::string_view subject) const {
   ThreadMatchState& state = MatchState();
+  SetBudget(state, subject.size());
   const int rc = pcre2_match(static_cast<pcre2_code*>(code_),
                              reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(), 0,
                              PCRE2_NO_UTF_CHECK | PCRE2_ANCHORED, state.match_data, state.context);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -31,12 +32,20 @@ class Regex {
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
 
+  // Backtracking budget of one search over n bytes: kMatchLimitBase + kMatchLimitPerByte
+  // x n steps (PCRE2's match limit, and its depth limit). Tokenizer patterns take a few
+  // steps per character; one that backtracks exponentially exhausts the budget.
+  static constexpr uint64_t kMatchLimitBase = 1'000'000;
+  static constexpr uint64_t kMatchLimitPerByte = 64;
+
   // Byte ranges [start, end) of the successive non-overlapping matches in `subject`
   // (valid UTF-8), searching on after each match; an empty match right where the previous
-  // match ended is skipped. Lookarounds see only `subject`.
-  std::vector<std::pair<size_t, size_t>> FindAll(std::string_view subject) const;
+  // match ended is skipped. Lookarounds see only `subject`. Errors: INVALID_ARGUMENT when
+  // a search exhausts its budget (the message names the pattern and where it gave up).
+  absl::StatusOr<std::vector<std::pair<size_t, size_t>>> FindAll(std::string_view subject) const;
 
-  // Whether the regex matches a prefix of `subject` (anchored at its start).
+  // Whether the regex matches a prefix of `subject` (anchored at its start); false also
+  // when the search exhausts its budget (used on one character at a time).
   bool MatchesPrefix(std::string_view subject) const;
 
   const std::string& pattern() const { return pattern_; }

@@ -12,6 +12,7 @@
 #include "engine/tokenizer/tokenizer_json.h"
 #include "engine/tokenizer/utf8.h"
 #include "engine/util/status_macros.h"
+#include "kernels/common/check.h"
 
 namespace tandem {
 namespace {
@@ -45,7 +46,7 @@ class HfTokenizer final : public Tokenizer {
     }
   }
 
-  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const override {
+  absl::StatusOr<std::vector<int32_t>> TryEncode(std::string_view text, bool add_special_tokens) const override {
     std::string repaired;
     if (!tokenizer_internal::IsValidUtf8(text)) {
       repaired = tokenizer_internal::Utf8Lossy(text);
@@ -62,7 +63,9 @@ class HfTokenizer final : public Tokenizer {
       }
       words.clear();
       words.emplace_back(piece.text);
-      if (parts_.pre_tokenizer != nullptr) parts_.pre_tokenizer->PreTokenize(&words);
+      if (parts_.pre_tokenizer != nullptr) {
+        if (absl::Status st = parts_.pre_tokenizer->PreTokenize(&words); !st.ok()) return st;
+      }
       for (const std::string& word : words) parts_.model->Tokenize(word, &ids);
     }
     if (!add_special_tokens) return ids;
@@ -113,6 +116,12 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_tokens) const {
+  absl::StatusOr<std::vector<int32_t>> ids = TryEncode(text, add_special_tokens);
+  TANDEM_CHECK(ids.ok()) << ids.status().ToString();
+  return *std::move(ids);
+}
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDir(const std::string& dir) {
   ASSIGN_OR_RETURN(std::string tokenizer_json, ReadFile(dir + "/tokenizer.json"));

@@ -29,8 +29,14 @@ class Tokenizer {
   // Token ids of `text`. Added and special tokens that appear in the text are matched as
   // Hugging Face does. add_special_tokens=true prepends BOS / appends EOS as
   // tokenizer_config.json's add_bos_token / add_eos_token say. Invalid UTF-8 in `text`
-  // is first replaced by U+FFFD (one per maximal invalid subsequence).
-  virtual std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const = 0;
+  // is first replaced by U+FFFD (one per maximal invalid subsequence). Errors:
+  // INVALID_ARGUMENT when the pre-tokenizer's pattern exhausts its backtracking budget on
+  // `text` (regex.h; never for the patterns of real tokenizers on any text, but a
+  // tokenizer.json may carry a pattern that backtracks exponentially). Services encode
+  // what clients send with this.
+  virtual absl::StatusOr<std::vector<int32_t>> TryEncode(std::string_view text, bool add_special_tokens) const = 0;
+  // TryEncode for text the program trusts (tests, tools): aborts on an error.
+  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const;
 
   // Text of `ids`; bytes that do not form valid UTF-8 become U+FFFD, as Hugging Face's
   // byte-level decoder does. Ids out of range are skipped.

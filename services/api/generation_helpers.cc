@@ -11,18 +11,25 @@ absl::Status CheckModelName(const std::string& requested, const std::string& ser
 }
 
 absl::Status TokenizeInto(const v1::TokenizeRequest& r, const Tokenizer& tokenizer, const std::string& model_name,
-                          v1::TokenizeResponse* out) {
+                          int64_t max_prompt_bytes, v1::TokenizeResponse* out) {
   if (absl::Status s = CheckModelName(r.model(), model_name); !s.ok()) return s;
   const bool special = !r.has_add_special_tokens() || r.add_special_tokens();
+  const bool chat = r.input_case() == v1::TokenizeRequest::kChat;
+  const int64_t bytes = chat ? ChatBytes(r.chat()) : static_cast<int64_t>(r.text().size());
+  if (absl::Status s = CheckPromptBytes(bytes, max_prompt_bytes); !s.ok()) return s;
   std::string text;
-  if (r.input_case() == v1::TokenizeRequest::kChat) {
-    absl::StatusOr<std::string> chat = FormatChat(r.chat(), tokenizer);
-    if (!chat.ok()) return chat.status();
-    text = *chat;
+  if (chat) {
+    absl::StatusOr<std::string> formatted = FormatChat(r.chat(), tokenizer);
+    if (!formatted.ok()) return formatted.status();
+    text = *std::move(formatted);
   } else {
     text = r.text();
   }
-  for (int32_t id : tokenizer.Encode(text, special)) out->add_ids(id);
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer.TryEncode(text, special);
+  if (!ids.ok()) {
+    return absl::Status(ids.status().code(), absl::StrCat(chat ? "chat: " : "text: ", ids.status().message()));
+  }
+  for (int32_t id : *ids) out->add_ids(id);
   return absl::OkStatus();
 }
 

@@ -14,8 +14,10 @@ namespace tandem {
 // Shared by every Generation implementation: model-name check, tokenize/detokenize and
 // the model list, against a tokenizer and config.
 absl::Status CheckModelName(const std::string& requested, const std::string& served);
+// A text or chat of more than `max_prompt_bytes` is refused before any tokenization work
+// (INVALID_ARGUMENT naming "prompt" and the limit), as Generate's prompts are.
 absl::Status TokenizeInto(const v1::TokenizeRequest& r, const Tokenizer& tokenizer, const std::string& model_name,
-                          v1::TokenizeResponse* out);
+                          int64_t max_prompt_bytes, v1::TokenizeResponse* out);
 absl::Status DetokenizeInto(const v1::DetokenizeRequest& r, const Tokenizer& tokenizer, int64_t vocab_size,
                             const std::string& model_name, v1::DetokenizeResponse* out);
 void ListModelsInto(const ModelConfig& config, const std::string& model_name, v1::ListModelsResponse* out);

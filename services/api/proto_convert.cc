@@ -16,6 +16,12 @@ absl::Status Prefixed(const std::string& prefix, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
 }
 
+template <typename T>
+absl::StatusOr<T> Prefixed(const std::string& prefix, absl::StatusOr<T> v) {
+  if (v.ok()) return v;
+  return Prefixed(prefix, v.status());
+}
+
 }  // namespace
 
 absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p, int64_t vocab_size) {
@@ -86,14 +92,39 @@ absl::StatusOr<std::string> FormatChat(const v1::ChatMessages& chat, const Token
   return system + turns + "<｜Assistant｜>";
 }
 
-absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& r, const Tokenizer& tokenizer,
-                                                  int64_t vocab_size) {
-  std::vector<int32_t> ids;
+int64_t PromptBytes(const v1::GenerateRequest& r) {
   switch (r.prompt_case()) {
     case v1::GenerateRequest::kText:
+      return static_cast<int64_t>(r.text().size());
+    case v1::GenerateRequest::kChat:
+      return ChatBytes(r.chat());
+    default:
+      return 0;
+  }
+}
+
+int64_t ChatBytes(const v1::ChatMessages& chat) {
+  int64_t bytes = 0;
+  for (const v1::ChatMessage& m : chat.messages()) bytes += static_cast<int64_t>(m.role().size() + m.content().size());
+  return bytes;
+}
+
+absl::Status CheckPromptBytes(int64_t bytes, int64_t max_prompt_bytes) {
+  if (bytes <= max_prompt_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("prompt: ", bytes, " bytes exceed the limit of ", max_prompt_bytes,
+                                                 " bytes (--max-prompt-bytes)"));
+}
+
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& r, const Tokenizer& tokenizer,
+                                                  int64_t vocab_size, int64_t max_prompt_bytes) {
+  RETURN_IF_ERROR(CheckPromptBytes(PromptBytes(r), max_prompt_bytes));
+  std::vector<int32_t> ids;
+  switch (r.prompt_case()) {
+    case v1::GenerateRequest::kText: {
       if (r.text().empty()) return absl::InvalidArgumentError("text: empty prompt");
-      ids = tokenizer.Encode(r.text(), /*add_special_tokens=*/true);
+      ASSIGN_OR_RETURN(ids, Prefixed("text: ", tokenizer.TryEncode(r.text(), /*add_special_tokens=*/true)));
       break;
+    }
     case v1::GenerateRequest::kTokenIds:
       ids.assign(r.token_ids().ids().begin(), r.token_ids().ids().end());
       if (ids.empty()) return absl::InvalidArgumentError("token_ids.ids: empty prompt");
@@ -106,7 +137,7 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& r, 
       break;
     case v1::GenerateRequest::kChat: {
       ASSIGN_OR_RETURN(std::string text, FormatChat(r.chat(), tokenizer));
-      ids = tokenizer.Encode(text, /*add_special_tokens=*/true);
+      ASSIGN_OR_RETURN(ids, Prefixed("chat: ", tokenizer.TryEncode(text, /*add_special_tokens=*/true)));
       break;
     }
     case v1::GenerateRequest::PROMPT_NOT_SET:

@@ -21,11 +21,28 @@ absl::StatusOr<StopParams> FromProto(const v1::StopConditions& p, int64_t vocab_
 void ToProto(const SamplingParams& s, v1::SamplingParams* p);
 void ToProto(const StopParams& s, v1::StopConditions* p);
 
+// The default of --max-prompt-bytes (router, --role both workers): 4 MiB, gRPC's
+// default limit on a received message, which the router's port has always applied to a
+// whole request. A prompt that fills DeepSeek-V3's 160K-token context is about 0.6 MiB of
+// English (~4 bytes a token) and under 2 MiB of any text its vocabulary does not merge
+// well, so no prompt the model can take is refused; tokenizing 4 MiB takes about a
+// second of one core (measured on the CI machine: see tests/unit/services/api).
+inline constexpr int64_t kDefaultMaxPromptBytes = int64_t{4} << 20;
+
+// The bytes of a request's prompt that would be tokenized: the text, or the chat
+// messages' roles and contents (token ids are not tokenized: CheckLength bounds them).
+int64_t PromptBytes(const v1::GenerateRequest& r);
+int64_t ChatBytes(const v1::ChatMessages& chat);
+// Errors: INVALID_ARGUMENT "prompt: N bytes ... exceed ... --max-prompt-bytes (M)".
+absl::Status CheckPromptBytes(int64_t bytes, int64_t max_prompt_bytes);
+
 // The prompt's token ids: text through the tokenizer (BOS as configured), ids checked
-// against the vocabulary, chat messages through the DeepSeek chat format. Errors:
-// INVALID_ARGUMENT naming the field (empty prompt, bad id, unknown role).
+// against the vocabulary, chat messages through the DeepSeek chat format. A prompt of
+// more than `max_prompt_bytes` (PromptBytes) is refused before any tokenization work.
+// Errors: INVALID_ARGUMENT naming the field (empty or oversize prompt, bad id, unknown
+// role, a prompt the tokenizer's pattern cannot split within its budget).
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& r, const Tokenizer& tokenizer,
-                                                  int64_t vocab_size);
+                                                  int64_t vocab_size, int64_t max_prompt_bytes);
 // DeepSeek-V3's chat format: BOS, system text, then "<｜User｜>...<｜Assistant｜>..." turns,
 // ending with "<｜Assistant｜>" for the reply.
 absl::StatusOr<std::string> FormatChat(const v1::ChatMessages& chat, const Tokenizer& tokenizer);

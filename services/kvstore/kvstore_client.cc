@@ -34,11 +34,22 @@ struct KvStoreClient::Snapshot {
   std::vector<std::shared_ptr<v1::KvStore::Stub>> stubs;  // by ring node index
 
   explicit Snapshot(int vnodes) : ring(vnodes) {}
-  // Chain positions [from, to) of `hashes` by owning node.
-  std::map<int, std::vector<int32_t>> Group(const std::vector<uint64_t>& hashes, int32_t from, int32_t to) const {
-    std::map<int, std::vector<int32_t>> g;
-    for (int32_t p = from; p < to; ++p) g[ring.Owner(hashes[static_cast<size_t>(p)])].push_back(p);
-    return g;
+  // Chain positions [from, to) of `hashes` by owning node, in calls of at most
+  // `max_per_call` positions each (a node's positions split in chain order).
+  std::vector<std::pair<int, std::vector<int32_t>>> Group(const std::vector<uint64_t>& hashes, int32_t from,
+                                                          int32_t to, int max_per_call) const {
+    std::map<int, std::vector<int32_t>> by_node;
+    for (int32_t p = from; p < to; ++p) by_node[ring.Owner(hashes[static_cast<size_t>(p)])].push_back(p);
+    std::vector<std::pair<int, std::vector<int32_t>>> calls;
+    const size_t cap = static_cast<size_t>(std::max(max_per_call, 1));
+    for (auto& [node, positions] : by_node) {
+      for (size_t i = 0; i < positions.size(); i += cap) {
+        const size_t n = std::min(cap, positions.size() - i);
+        calls.emplace_back(node, std::vector<int32_t>(positions.begin() + static_cast<std::ptrdiff_t>(i),
+                                                      positions.begin() + static_cast<std::ptrdiff_t>(i + n)));
+      }
+    }
+    return calls;
   }
 };
 
@@ -103,6 +114,7 @@ struct KvStoreClient::FetchOp {
   std::mutex mu;
   int pending = 0;
   bool failed = false;
+  bool may_have_written = false;  // a failed get may still write into the staging slots
   int32_t stored = 0;  // lookup: the stored prefix
   int32_t end = 0;     // get: blocks [first_block, end) delivered
   std::vector<uint64_t> checksums;  // get: by block - first_block
@@ -233,7 +245,8 @@ void KvStoreClient::Fetch(FetchRequest request, std::function<void(FetchResult)>
     s.lookup_blocks += n;
   });
   OpStarted();
-  std::map<int, std::vector<int32_t>> groups = snap->Group(op->req.hashes, 0, n);
+  std::vector<std::pair<int, std::vector<int32_t>>> groups =
+      snap->Group(op->req.hashes, 0, n, options_.max_hashes_per_call);
   op->pending = static_cast<int>(groups.size());
   for (auto& [node, group] : groups) {
     auto call = std::make_shared<Call<v1::KvLookupRequest, v1::KvLookupResponse>>();
@@ -291,7 +304,8 @@ void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
   }
   op->end = to;
   op->checksums.assign(static_cast<size_t>(to - from), 0);
-  std::map<int, std::vector<int32_t>> groups = op->snap->Group(op->req.hashes, from, to);
+  std::vector<std::pair<int, std::vector<int32_t>>> groups =
+      op->snap->Group(op->req.hashes, from, to, options_.max_hashes_per_call);
   op->pending = static_cast<int>(groups.size());
   for (auto& [node, group] : groups) {
     auto call = std::make_shared<Call<v1::KvGetRequest, v1::KvGetResponse>>();
@@ -311,6 +325,9 @@ void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
             int32_t delivered = 0;
             if (!s.ok()) {
               op->failed = true;
+              // A busy instance refuses before it writes anything; any other failure may
+              // leave puts in flight into the staging slots.
+              if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) op->may_have_written = true;
             } else {
               delivered = std::min(call->resp.num_delivered(), call->resp.checksums_size());
               delivered = std::clamp(delivered, 0, static_cast<int32_t>(positions.size()));
@@ -330,7 +347,7 @@ void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
 
 void KvStoreClient::AfterGet(std::shared_ptr<FetchOp> op) {
   if (op->failed) {
-    op->lease->quarantine = true;
+    op->lease->quarantine = op->may_have_written;
     Count([](KvStoreClientStats& s) { s.fetch_errors++; });
   }
   const int32_t from = op->req.first_block;
@@ -393,8 +410,8 @@ void KvStoreClient::Offload(OffloadRequest request) {
   op->bytes = bytes;
   Count([](KvStoreClientStats& s) { s.offloads++; });
   OpStarted();
-  std::map<int, std::vector<int32_t>> groups =
-      snap->Group(op->req.hashes, 0, static_cast<int32_t>(op->req.hashes.size()));
+  std::vector<std::pair<int, std::vector<int32_t>>> groups =
+      snap->Group(op->req.hashes, 0, static_cast<int32_t>(op->req.hashes.size()), options_.max_hashes_per_call);
   op->pending = static_cast<int>(groups.size());
   for (auto& [node, group] : groups) {
     std::shared_ptr<v1::KvStore::Stub> stub = snap->stubs[static_cast<size_t>(node)];

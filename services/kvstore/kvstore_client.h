@@ -12,6 +12,12 @@
 // when the engine has copied them in (PrefixKv::owner); after a failed Get they are held
 // back a while longer (late writes may still land).
 //
+// A request's hashes go to an instance in calls of at most max_hashes_per_call
+// (kvstore_limits.h, what the instances accept); a Get an instance refuses as busy
+// (RESOURCE_EXHAUSTED: too many gets queued there) cuts the prefix like any failure, so
+// the prefill computes the rest, but its staging slots come back at once (nothing was
+// written).
+//
 // Offload: Reserve on the owners (they skip blocks they have or that another writer is
 // putting: deduplication), put the reserved blocks into their slots, then Commit with the
 // blocks' checksums (or an empty Commit after a failed put, freeing the slots).
@@ -35,6 +41,7 @@
 #include "absl/time/time.h"
 #include "services/common/transfer/transfer_engine.h"
 #include "services/kvstore/hash_ring.h"
+#include "services/kvstore/kvstore_limits.h"
 #include "services/kvstore/prefix_store.h"
 #include "tandem/v1/kvstore.grpc.pb.h"
 
@@ -50,6 +57,7 @@ struct KvStoreClientOptions {
   int64_t max_offload_bytes = int64_t{512} << 20;           // in flight; beyond: dropped
   absl::Duration quarantine = absl::Seconds(10);            // staging held after a failed get
   int vnodes = 128;
+  int max_hashes_per_call = kMaxHashesPerCall;  // longer requests go in several calls
 };
 
 // Plain counters (the worker's /stats shows them).

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <memory>
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "services/api/grpc_status.h"
@@ -45,16 +47,32 @@ absl::Status KvStoreServiceImpl::CheckFormat(const v1::KvBlockFormat& f) const {
   return absl::OkStatus();
 }
 
-// The decorator every RPC goes through: times it, counts its outcome, logs it with the
-// caller's request id, and finishes the reactor exactly once.
-class KvStoreServiceImpl::RpcScope {
+absl::Status KvStoreServiceImpl::CheckHashCount(int n) const {
+  if (n > options_.max_hashes_per_call) {
+    return absl::InvalidArgumentError(absl::StrCat("block_hashes: ", n, " hashes; at most ",
+                                                   options_.max_hashes_per_call, " per call"));
+  }
+  return absl::OkStatus();
+}
+
+// The decorator every RPC goes through: decodes the request, times the call, counts its
+// outcome, logs it with the caller's request id, encodes the response and finishes the
+// reactor exactly once. Owns the request and response messages until then.
+template <typename Request, typename Response>
+class KvStoreServiceImpl::Call {
  public:
-  RpcScope(const char* rpc, grpc::CallbackServerContext* ctx, KvStoreRpcMetrics* metrics)
-      : rpc_(rpc), reactor_(ctx->DefaultReactor()), metrics_(metrics), start_(absl::Now()) {
-    const auto& md = ctx->client_metadata();
-    if (auto it = md.find("x-request-id"); it != md.end()) {
-      request_id_.assign(it->second.data(), std::min<size_t>(it->second.size(), 128));
+  // Null when `raw` does not decode: the call has then been finished with
+  // INVALID_ARGUMENT naming the message type.
+  static std::shared_ptr<Call> Start(const char* rpc, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                     grpc::ByteBuffer* out, KvStoreRpcMetrics* metrics) {
+    auto call = std::shared_ptr<Call>(new Call(rpc, ctx, out, metrics));
+    grpc::ByteBuffer copy(*raw);  // shares the slices; Deserialize consumes its argument
+    if (!grpc::SerializationTraits<Request>::Deserialize(&copy, &call->request).ok()) {
+      call->Finish(absl::InvalidArgumentError(absl::StrCat("request: not a valid ",
+                                                           Request::descriptor()->full_name(), " message")));
+      return nullptr;
     }
+    return call;
   }
 
   // `detail` describes the result for the log (called only when the line is written).
@@ -71,7 +89,12 @@ class KvStoreServiceImpl::RpcScope {
         spdlog::log(level, "{}kvstore {} failed: {}", prefix, rpc_, st.ToString());
       }
     }
-    reactor_->Finish(ToGrpcStatus(st));
+    grpc::Status status = ToGrpcStatus(st);
+    if (st.ok()) {
+      bool own_buffer = false;
+      status = grpc::SerializationTraits<Response>::Serialize(response, out_, &own_buffer);
+    }
+    reactor_->Finish(status);
   }
   void Finish(const absl::Status& st) {
     Finish(st, [] { return std::string("done"); });
@@ -79,30 +102,50 @@ class KvStoreServiceImpl::RpcScope {
 
   grpc::ServerUnaryReactor* reactor() const { return reactor_; }
 
+  Request request;
+  Response response;
+
  private:
+  Call(const char* rpc, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* out, KvStoreRpcMetrics* metrics)
+      : rpc_(rpc), reactor_(ctx->DefaultReactor()), out_(out), metrics_(metrics), start_(absl::Now()) {
+    const auto& md = ctx->client_metadata();
+    if (auto it = md.find("x-request-id"); it != md.end()) {
+      request_id_.assign(it->second.data(), std::min<size_t>(it->second.size(), 128));
+    }
+  }
+
   const char* rpc_;
   grpc::ServerUnaryReactor* reactor_;
+  grpc::ByteBuffer* out_;
   KvStoreRpcMetrics* metrics_;
   absl::Time start_;
   std::string request_id_;
 };
 
-grpc::ServerUnaryReactor* KvStoreServiceImpl::Lookup(grpc::CallbackServerContext* ctx, const v1::KvLookupRequest* r,
-                                                     v1::KvLookupResponse* response) {
-  RpcScope call("Lookup", ctx, options_.metrics);
+grpc::ServerUnaryReactor* KvStoreServiceImpl::Lookup(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                     grpc::ByteBuffer* out) {
+  auto call = Call<v1::KvLookupRequest, v1::KvLookupResponse>::Start("Lookup", ctx, raw, out, options_.metrics);
+  if (call == nullptr) return ctx->DefaultReactor();
+  const v1::KvLookupRequest* r = &call->request;
+  v1::KvLookupResponse* response = &call->response;
   absl::Status st = CheckFormat(r->format());
+  if (st.ok()) st = CheckHashCount(r->block_hashes_size());
   if (st.ok()) {
     response->set_num_cached(store_->Lookup(r->format().layout_fingerprint(),
                                             std::span<const uint64_t>(r->block_hashes().data(), r->block_hashes_size())));
   }
-  call.Finish(st, [&] { return absl::StrCat(response->num_cached(), " of ", r->block_hashes_size(), " blocks cached"); });
-  return call.reactor();
+  call->Finish(st, [&] { return absl::StrCat(response->num_cached(), " of ", r->block_hashes_size(), " blocks cached"); });
+  return call->reactor();
 }
 
-grpc::ServerUnaryReactor* KvStoreServiceImpl::Reserve(grpc::CallbackServerContext* ctx, const v1::KvReserveRequest* r,
-                                                      v1::KvReserveResponse* response) {
-  RpcScope call("Reserve", ctx, options_.metrics);
+grpc::ServerUnaryReactor* KvStoreServiceImpl::Reserve(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                      grpc::ByteBuffer* out) {
+  auto call = Call<v1::KvReserveRequest, v1::KvReserveResponse>::Start("Reserve", ctx, raw, out, options_.metrics);
+  if (call == nullptr) return ctx->DefaultReactor();
+  const v1::KvReserveRequest* r = &call->request;
+  v1::KvReserveResponse* response = &call->response;
   absl::Status st = CheckFormat(r->format());
+  if (st.ok()) st = CheckHashCount(r->block_hashes_size());
   int reserved = 0;
   if (st.ok()) {
     BlockStore::Reservation res = store_->Reserve(
@@ -115,17 +158,24 @@ grpc::ServerUnaryReactor* KvStoreServiceImpl::Reserve(grpc::CallbackServerContex
     }
     response->set_lease_ms(options_.lease_ms);
   }
-  call.Finish(st, [&] {
+  call->Finish(st, [&] {
     return absl::StrCat(reserved, " of ", r->block_hashes_size(), " blocks reserved",
                         response->reservation_id().empty() ? "" : " (reservation ", response->reservation_id(),
                         response->reservation_id().empty() ? "" : ")");
   });
-  return call.reactor();
+  return call->reactor();
 }
 
-grpc::ServerUnaryReactor* KvStoreServiceImpl::Commit(grpc::CallbackServerContext* ctx, const v1::KvCommitRequest* r,
-                                                     v1::KvCommitResponse* response) {
-  RpcScope call("Commit", ctx, options_.metrics);
+grpc::ServerUnaryReactor* KvStoreServiceImpl::Commit(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                     grpc::ByteBuffer* out) {
+  auto call = Call<v1::KvCommitRequest, v1::KvCommitResponse>::Start("Commit", ctx, raw, out, options_.metrics);
+  if (call == nullptr) return ctx->DefaultReactor();
+  const v1::KvCommitRequest* r = &call->request;
+  v1::KvCommitResponse* response = &call->response;
+  if (absl::Status st = CheckHashCount(r->block_hashes_size()); !st.ok()) {
+    call->Finish(st);
+    return call->reactor();
+  }
   absl::StatusOr<BlockStore::CommitResult> res =
       store_->Commit(r->reservation_id(), std::span<const uint64_t>(r->block_hashes().data(), r->block_hashes_size()),
                      std::span<const uint64_t>(r->checksums().data(), r->checksums_size()));
@@ -133,17 +183,20 @@ grpc::ServerUnaryReactor* KvStoreServiceImpl::Commit(grpc::CallbackServerContext
     response->set_committed(res->committed);
     response->set_rejected(res->rejected);
   }
-  call.Finish(res.status(), [&] {
+  call->Finish(res.status(), [&] {
     return absl::StrCat("reservation ", r->reservation_id(), ": ", response->committed(), " blocks committed, ",
                         response->rejected(), " rejected");
   });
-  return call.reactor();
+  return call->reactor();
 }
 
-grpc::ServerUnaryReactor* KvStoreServiceImpl::Get(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* r,
-                                                  v1::KvGetResponse* response) {
-  auto call = std::make_shared<RpcScope>("Get", ctx, options_.metrics);
+grpc::ServerUnaryReactor* KvStoreServiceImpl::Get(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                  grpc::ByteBuffer* out) {
+  std::shared_ptr<GetCall> call = GetCall::Start("Get", ctx, raw, out, options_.metrics);
+  if (call == nullptr) return ctx->DefaultReactor();
+  const v1::KvGetRequest* r = &call->request;
   absl::Status st = CheckFormat(r->format());
+  if (st.ok()) st = CheckHashCount(r->block_hashes_size());
   if (st.ok() && r->offsets_size() != r->block_hashes_size()) {
     st = absl::InvalidArgumentError("offsets: one per block hash expected");
   }
@@ -156,17 +209,34 @@ grpc::ServerUnaryReactor* KvStoreServiceImpl::Get(grpc::CallbackServerContext* c
     deadline = std::min(deadline, absl::FromChrono(call_deadline));  // no deadline: "infinite future"
   }
   grpc::ServerUnaryReactor* reactor = call->reactor();
+  bool queued = false;
+  size_t waiting = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    gets_in_flight_++;
-    io_queue_.push_back([this, call, r, response, deadline] { RunGet(call, r, response, deadline); });
+    waiting = io_queue_.size();
+    if (waiting < static_cast<size_t>(std::max(options_.max_queued_gets, 0))) {
+      gets_in_flight_++;
+      io_queue_.push_back([this, call, deadline] { RunGet(call, deadline); });
+      queued = true;
+    }
+  }
+  if (!queued) {
+    call->Finish(absl::ResourceExhaustedError(
+        absl::StrCat("kvstore busy: ", waiting, " gets are waiting for its I/O thread (the limit)")));
+    return reactor;
   }
   cv_.notify_all();
   return reactor;
 }
 
-void KvStoreServiceImpl::RunGet(std::shared_ptr<RpcScope> call, const v1::KvGetRequest* r,
-                                v1::KvGetResponse* response, absl::Time deadline) {
+void KvStoreServiceImpl::RunGet(std::shared_ptr<GetCall> call, absl::Time deadline) {
+  const v1::KvGetRequest* r = &call->request;
+  v1::KvGetResponse* response = &call->response;
+  if (absl::Now() >= deadline) {
+    call->Finish(absl::DeadlineExceededError("KV get: its deadline passed while it waited for the I/O thread"));
+    GetDone();
+    return;
+  }
   absl::StatusOr<transfer::RemoteMemoryDescriptor> dest = transfer::RemoteMemoryDescriptor::Parse(r->destination());
   if (!dest.ok()) {
     call->Finish(absl::InvalidArgumentError(absl::StrCat("destination: ", dest.status().message())));
@@ -192,7 +262,9 @@ void KvStoreServiceImpl::RunGet(std::shared_ptr<RpcScope> call, const v1::KvGetR
     }
   }
   // The handle keeps the source slots pinned until the puts are remotely complete.
-  batch->Flush(deadline - absl::Now(), [this, call, r, response, handle](absl::Status st) {
+  batch->Flush(deadline - absl::Now(), [this, call, handle](absl::Status st) {
+    const v1::KvGetRequest* r = &call->request;
+    v1::KvGetResponse* response = &call->response;
     if (st.ok()) {
       response->set_num_delivered(static_cast<int32_t>(handle->blocks().size()));
       for (const BlockStore::ReadBlock& b : handle->blocks()) response->add_checksums(b.checksum);
@@ -237,16 +309,17 @@ void KvStoreServiceImpl::IoLoop() {
   }
 }
 
-grpc::ServerUnaryReactor* KvStoreServiceImpl::Stats(grpc::CallbackServerContext* ctx, const v1::KvStatsRequest*,
-                                                    v1::KvStatsResponse* response) {
-  RpcScope call("Stats", ctx, options_.metrics);
-  ToProto(store_->stats(), response);
+grpc::ServerUnaryReactor* KvStoreServiceImpl::Stats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                    grpc::ByteBuffer* out) {
+  auto call = Call<v1::KvStatsRequest, v1::KvStatsResponse>::Start("Stats", ctx, raw, out, options_.metrics);
+  if (call == nullptr) return ctx->DefaultReactor();
+  ToProto(store_->stats(), &call->response);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    response->set_instance_name(options_.instance_name);
+    call->response.set_instance_name(options_.instance_name);
   }
-  call.Finish(absl::OkStatus());
-  return call.reactor();
+  call->Finish(absl::OkStatus());
+  return call->reactor();
 }
 
 void ToProto(const KvStoreStats& s, v1::KvStatsResponse* out) {

@@ -5,11 +5,18 @@
 // answers. Gets run on one I/O thread of their own (they may read the SSD tier), never
 // on gRPC's threads, and complete on the transfer layer's thread.
 //
-// Every RPC goes through one decorator (RpcScope in the .cc): it times the call, counts
-// its outcome (KvStoreRpcMetrics, when given) and logs it with the caller's request id
-// (gRPC metadata x-request-id, which the prefill replicas' client sends): at debug level
-// when it succeeds, at info when it fails, so that one request can be followed from the
-// router through prefill into the kvstore's log.
+// Every RPC goes through one decorator (Call in the .cc): it decodes the request itself
+// (the methods are registered raw, so that an undecodable message is INVALID_ARGUMENT
+// naming its type, where gRPC's generated handlers would answer UNIMPLEMENTED), times
+// the call, counts its outcome (KvStoreRpcMetrics, when given) and logs it with the
+// caller's request id (gRPC metadata x-request-id, which the prefill replicas' client
+// sends): at debug level when it succeeds, at info when it fails, so that one request
+// can be followed from the router through prefill into the kvstore's log.
+//
+// Bounded work per call (kvstore_limits.h): more than max_hashes_per_call hashes is
+// INVALID_ARGUMENT; a Get arriving while max_queued_gets wait for the I/O thread is
+// RESOURCE_EXHAUSTED; a Get whose deadline passed while it waited is DEADLINE_EXCEEDED
+// without touching the store.
 #pragma once
 
 #include <condition_variable>
@@ -25,6 +32,7 @@
 #include "nlohmann/json_fwd.hpp"
 #include "services/common/transfer/transfer_engine.h"
 #include "services/kvstore/block_store.h"
+#include "services/kvstore/kvstore_limits.h"
 #include "tandem/v1/kvstore.grpc.pb.h"
 
 namespace tandem::kvstore {
@@ -37,9 +45,16 @@ struct KvStoreServiceOptions {
   int64_t lease_ms = 30000;         // told to writers (the BlockStore enforces it)
   absl::Duration get_timeout = absl::Seconds(10);  // a Get's puts, at most (and the call's deadline)
   KvStoreRpcMetrics* metrics = nullptr;            // may be null; must outlive the service
+  int max_hashes_per_call = kMaxHashesPerCall;     // per Lookup, Reserve, Commit, Get
+  int max_queued_gets = kMaxQueuedGets;            // Gets waiting for the I/O thread
 };
 
-class KvStoreServiceImpl final : public v1::KvStore::CallbackService {
+// Every method raw (ByteBuffer in and out): the service decodes requests itself.
+using KvStoreRawService = v1::KvStore::WithRawCallbackMethod_Lookup<v1::KvStore::WithRawCallbackMethod_Reserve<
+    v1::KvStore::WithRawCallbackMethod_Commit<v1::KvStore::WithRawCallbackMethod_Get<
+        v1::KvStore::WithRawCallbackMethod_Stats<v1::KvStore::Service>>>>>;
+
+class KvStoreServiceImpl final : public KvStoreRawService {
  public:
   // `store` and `transfer` must outlive the service; `region_descriptor` is the serialized
   // descriptor of the store's memory (what writers put into).
@@ -48,16 +63,16 @@ class KvStoreServiceImpl final : public v1::KvStore::CallbackService {
   // Stops the I/O thread; call Drain first.
   ~KvStoreServiceImpl() override;
 
-  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const v1::KvLookupRequest* request,
-                                   v1::KvLookupResponse* response) override;
-  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* ctx, const v1::KvReserveRequest* request,
-                                    v1::KvReserveResponse* response) override;
-  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* ctx, const v1::KvCommitRequest* request,
-                                   v1::KvCommitResponse* response) override;
-  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* request,
-                                v1::KvGetResponse* response) override;
-  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::KvStatsRequest* request,
-                                  v1::KvStatsResponse* response) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
 
   // The name Stats reports (known once the server has its address).
   void SetInstanceName(std::string name);
@@ -67,9 +82,11 @@ class KvStoreServiceImpl final : public v1::KvStore::CallbackService {
 
  private:
   absl::Status CheckFormat(const v1::KvBlockFormat& f) const;
-  class RpcScope;
-  void RunGet(std::shared_ptr<RpcScope> call, const v1::KvGetRequest* request, v1::KvGetResponse* response,
-              absl::Time deadline);
+  absl::Status CheckHashCount(int n) const;
+  template <typename Request, typename Response>
+  class Call;
+  using GetCall = Call<v1::KvGetRequest, v1::KvGetResponse>;
+  void RunGet(std::shared_ptr<GetCall> call, absl::Time deadline);
   void GetDone();
   void IoLoop();
 

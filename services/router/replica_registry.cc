@@ -33,7 +33,11 @@ absl::StatusOr<std::string> ReplicaRegistry::Register(const v1::RegisterRequest&
   replica->generation = v1::Generation::NewStub(replica->channel);
   replica->load = r.load();
   replica->last_heartbeat = std::chrono::steady_clock::now();
-  ApplyKvEvents(r.kv_events(), &replica->cached_blocks);
+  {
+    std::unique_lock<std::shared_mutex> cache(replica->cache_mu);  // (not shared yet)
+    ApplyKvEvents(r.kv_events(), &replica->cached_blocks);
+    replica->cached_block_count = static_cast<int64_t>(replica->cached_blocks.size());
+  }
   std::lock_guard<std::mutex> lock(mu_);
   // A replica restarting on the same address replaces its old entry.
   for (auto it = replicas_.begin(); it != replicas_.end();) {
@@ -52,13 +56,24 @@ absl::StatusOr<std::string> ReplicaRegistry::Register(const v1::RegisterRequest&
 }
 
 bool ReplicaRegistry::Heartbeat(const v1::HeartbeatRequest& r) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = replicas_.find(r.replica_id());
-  if (it == replicas_.end()) return false;
-  it->second->load = r.load();
-  it->second->draining = r.draining();
-  ApplyKvEvents(r.kv_events(), &it->second->cached_blocks);
-  it->second->last_heartbeat = std::chrono::steady_clock::now();
+  ReplicaPtr replica;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = replicas_.find(r.replica_id());
+    if (it == replicas_.end()) return false;
+    replica = it->second;
+    replica->load = r.load();
+    replica->draining = r.draining();
+    replica->last_heartbeat = std::chrono::steady_clock::now();
+  }
+  // The events outside the registry's mutex: a long list (a full resend) holds up only
+  // picks that score this replica. A replica's heartbeats come one at a time (its
+  // registration loop waits for each answer), so its events apply in order.
+  if (r.kv_events().full() || r.kv_events().stored_size() > 0 || r.kv_events().removed_size() > 0) {
+    std::unique_lock<std::shared_mutex> cache(replica->cache_mu);
+    ApplyKvEvents(r.kv_events(), &replica->cached_blocks);
+    replica->cached_block_count = static_cast<int64_t>(replica->cached_blocks.size());
+  }
   return true;
 }
 
@@ -122,7 +137,7 @@ void ReplicaRegistry::List(v1::ListReplicasResponse* out) const {
     info->set_last_heartbeat_ms_ago(
         std::chrono::duration_cast<std::chrono::milliseconds>(now - r->last_heartbeat).count());
     info->set_pid(r->pid);
-    info->set_cached_blocks(static_cast<int64_t>(r->cached_blocks.size()));
+    info->set_cached_blocks(r->cached_block_count.load());
     info->set_requests_routed(r->routed.load());
   }
 }
@@ -147,6 +162,7 @@ void ApplyKvEvents(const v1::KvCacheEvents& events, std::unordered_set<uint64_t>
 }
 
 int64_t ReplicaRegistry::PrefixOverlap(const Replica& r, std::span<const uint64_t> block_hashes) const {
+  std::shared_lock<std::shared_mutex> cache(r.cache_mu);
   int64_t n = 0;
   for (uint64_t h : block_hashes) {
     if (!r.cached_blocks.contains(h)) break;
@@ -155,46 +171,61 @@ int64_t ReplicaRegistry::PrefixOverlap(const Replica& r, std::span<const uint64_
   return n;
 }
 
+namespace {
+
+// A candidate of a pick with the load it reported, copied under the registry's mutex.
+struct Candidate {
+  ReplicaPtr replica;
+  int32_t waiting = 0;
+  int64_t kv_blocks_free = 0;
+  int32_t running = 0;
+};
+
+}  // namespace
+
 ReplicaPtr ReplicaRegistry::Pick(v1::Role role, RoutingPolicy policy, std::span<const uint64_t> block_hashes,
                                  const std::vector<std::string>& exclude, const RoutingWeights& weights) {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<ReplicaPtr> c;
-  for (const auto& [id, r] : replicas_) {
-    if (r->draining || r->role != role) continue;
-    if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
-    c.push_back(r);
+  std::vector<Candidate> c;
+  size_t two_a = 0, two_b = 0;  // kPowerOfTwo's draws
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, r] : replicas_) {
+      if (r->draining || r->role != role) continue;
+      if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
+      c.push_back({r, r->load.waiting(), r->load.kv_blocks_free(), r->load.running()});
+    }
+    if (c.empty()) return nullptr;
+    // Round-robin order is the tie-break of every policy, so equal replicas share load.
+    const uint64_t turn = rr_[role]++;
+    std::rotate(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(turn % c.size()), c.end());
+    if (policy == RoutingPolicy::kPowerOfTwo && c.size() >= 2) {
+      std::uniform_int_distribution<size_t> pick(0, c.size() - 1);
+      two_a = pick(rng_);
+      two_b = pick(rng_);
+      if (two_b == two_a) two_b = (two_a + 1) % c.size();
+    }
   }
-  if (c.empty()) return nullptr;
-  // Round-robin order is the tie-break of every policy, so equal replicas share load.
-  const uint64_t turn = rr_[role]++;
-  std::rotate(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(turn % c.size()), c.end());
-  auto load = [](const ReplicaPtr& r) { return static_cast<double>(r->outstanding.load() + r->load.waiting()); };
-  ReplicaPtr best = c[0];
+  auto load = [](const Candidate& x) { return static_cast<double>(x.replica->outstanding.load() + x.waiting); };
+  const Candidate* best = &c[0];
   switch (policy) {
     case RoutingPolicy::kRoundRobin:
       break;
     case RoutingPolicy::kLeastOutstanding:
-      for (const ReplicaPtr& r : c) {
-        if (load(r) < load(best)) best = r;
+      for (const Candidate& x : c) {
+        if (load(x) < load(*best)) best = &x;
       }
       break;
     case RoutingPolicy::kPowerOfTwo:
-      if (c.size() >= 2) {
-        std::uniform_int_distribution<size_t> pick(0, c.size() - 1);
-        const size_t a = pick(rng_);
-        size_t b = pick(rng_);
-        if (b == a) b = (a + 1) % c.size();
-        best = load(c[b]) < load(c[a]) ? c[b] : c[a];
-      }
+      if (c.size() >= 2) best = load(c[two_b]) < load(c[two_a]) ? &c[two_b] : &c[two_a];
       break;
     case RoutingPolicy::kCacheAware: {
       double best_score = -1e300;
-      for (const ReplicaPtr& r : c) {
-        const double score =
-            static_cast<double>(PrefixOverlap(*r, block_hashes)) - weights.cache_aware_load_weight * load(r);
+      for (const Candidate& x : c) {
+        const double score = static_cast<double>(PrefixOverlap(*x.replica, block_hashes)) -
+                             weights.cache_aware_load_weight * load(x);
         if (score > best_score) {
           best_score = score;
-          best = r;
+          best = &x;
         }
       }
       break;
@@ -205,19 +236,19 @@ ReplicaPtr ReplicaRegistry::Pick(v1::Role role, RoutingPolicy policy, std::span<
       const double need = static_cast<double>(block_hashes.size() + 1);
       double best_free = -1e300;
       int32_t best_running = 0;
-      for (const ReplicaPtr& r : c) {
-        const double free = static_cast<double>(r->load.kv_blocks_free()) - need * r->outstanding.load();
-        if (free > best_free || (free == best_free && r->load.running() < best_running)) {
+      for (const Candidate& x : c) {
+        const double free = static_cast<double>(x.kv_blocks_free) - need * x.replica->outstanding.load();
+        if (free > best_free || (free == best_free && x.running < best_running)) {
           best_free = free;
-          best_running = r->load.running();
-          best = r;
+          best_running = x.running;
+          best = &x;
         }
       }
       break;
     }
   }
-  best->routed++;
-  return best;
+  best->replica->routed++;
+  return best->replica;
 }
 
 }  // namespace tandem

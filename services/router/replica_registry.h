@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <shared_mutex>
 #include <span>
 #include <unordered_set>
 #include <string>
@@ -42,8 +43,15 @@ struct Replica {
   v1::LoadReport load;
   std::chrono::steady_clock::time_point last_heartbeat;
   bool draining = false;
-  std::unordered_set<uint64_t> cached_blocks;  // prefix-cache block hashes (KV events)
   std::string instance_name;  // kvstores: place on the consistent-hash ring
+
+  // The prefix-cache block hashes the replica reported (KV events), under their own
+  // lock: prefix scoring reads them without the registry's mutex, so that a pick for a
+  // long prompt does not hold up heartbeats, registrations and other picks. Lock order:
+  // the registry's mutex, then cache_mu (never the other way).
+  mutable std::shared_mutex cache_mu;
+  std::unordered_set<uint64_t> cached_blocks;   // guarded by cache_mu
+  std::atomic<int64_t> cached_block_count{0};   // its size, for listings
 
   // Calls in flight to this replica, cancelled when it is dropped for missing heartbeats
   // (a replica cut off the network never answers: its calls would hang until deadlines).
@@ -123,9 +131,13 @@ class ReplicaRegistry {
   ReplicaPtr PickRoundRobin(v1::Role role, const std::vector<std::string>& exclude = {});
   // A replica of `role` by `policy` (routing_policy.h) for a request whose prompt's full
   // blocks hash to `block_hashes`; not one in `exclude`. Null when none is available.
+  // The candidates, their load and the round-robin turn are taken under the registry's
+  // mutex; prefix scoring (kCacheAware) runs after it is released, one replica's cache
+  // lock at a time.
   ReplicaPtr Pick(v1::Role role, RoutingPolicy policy, std::span<const uint64_t> block_hashes,
                   const std::vector<std::string>& exclude, const RoutingWeights& weights);
-  // Cached leading blocks of `block_hashes` on a replica, as the router knows them.
+  // Cached leading blocks of `block_hashes` on a replica, as the router knows them (takes
+  // the replica's cache lock; call without holding it).
   int64_t PrefixOverlap(const Replica& r, std::span<const uint64_t> block_hashes) const;
   void List(v1::ListReplicasResponse* out) const;
   // The kvstore instances (ROLE_KVSTORE, not draining), for prefill replicas.

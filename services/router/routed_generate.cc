@@ -62,7 +62,7 @@ absl::Status RoutedGenerate::Prepare(const v1::GenerateRequest& r) {
   if (absl::Status s = CheckModelName(r.model(), rc_.model_name); !s.ok()) return s;
   absl::StatusOr<std::string> id = RequestIdOrNew(r.request_id());
   if (!id.ok()) return id.status();
-  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(r, *rc_.tokenizer, vocab);
+  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(r, *rc_.tokenizer, vocab, rc_.max_prompt_bytes);
   if (!prompt.ok()) return prompt.status();
   absl::StatusOr<SamplingParams> sampling = FromProto(r.sampling(), vocab);
   if (!sampling.ok()) return sampling.status();

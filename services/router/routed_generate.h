@@ -25,6 +25,7 @@
 #include "engine/model/model_config.h"
 #include "engine/runtime/sampling_params.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "services/api/proto_convert.h"
 #include "services/router/admission.h"
 #include "services/router/replica_registry.h"
 #include "services/router/router_metrics.h"
@@ -47,6 +48,7 @@ struct RouterContext {
   RoutingWeights weights;
   RouterMetrics* metrics = nullptr;  // null: metrics off
   Admission* admission = nullptr;    // null: unbounded
+  int64_t max_prompt_bytes = kDefaultMaxPromptBytes;  // larger prompts: INVALID_ARGUMENT, untokenized
 };
 
 class RoutedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {

@@ -13,7 +13,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* RouterGenerationService::Generat
 grpc::ServerUnaryReactor* RouterGenerationService::Tokenize(grpc::CallbackServerContext* ctx,
                                                             const v1::TokenizeRequest* r, v1::TokenizeResponse* out) {
   auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(TokenizeInto(*r, *context_.tokenizer, context_.model_name, out)));
+  reactor->Finish(
+      ToGrpcStatus(TokenizeInto(*r, *context_.tokenizer, context_.model_name, context_.max_prompt_bytes, out)));
   return reactor;
 }
 

@@ -6,6 +6,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "CLI/CLI.hpp"
@@ -46,6 +47,7 @@ int RunRouter(int argc, char** argv) {
   int64_t heartbeat_ms = 1000;
   int missed_heartbeats = 3;
   int64_t max_queue_wait_ms = 30000;
+  int64_t max_prompt_bytes = kDefaultMaxPromptBytes;
   Admission::Limits admission_limits;
   int64_t retry_after_ms = admission_limits.retry_after.count();
   int64_t drain_timeout_ms = 30000;
@@ -64,6 +66,10 @@ int RunRouter(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--missed-heartbeats", missed_heartbeats, "Heartbeats a replica may miss before it is dropped")
       ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app.add_option("--max-prompt-bytes", max_prompt_bytes,
+                 "Prompts (text or chat messages) longer than this are refused before tokenization")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--max-queue-wait-ms", max_queue_wait_ms,
                  "How long a request without a deadline may wait for KV room on a decode replica")
@@ -143,7 +149,8 @@ int RunRouter(int argc, char** argv) {
                    .decode_policy = *ParseRoutingPolicy(decode_policy),
                    .weights = {.cache_aware_load_weight = cache_aware_load_weight},
                    .metrics = router_metrics.get(),
-                   .admission = &admission};
+                   .admission = &admission,
+                   .max_prompt_bytes = max_prompt_bytes};
   RouterGenerationService generation(rc);
   ClusterServiceImpl cluster(&registry);
 
@@ -153,6 +160,8 @@ int RunRouter(int argc, char** argv) {
   service::AcceptClientKeepalive(builder);
   int port = 0;
   builder.AddListeningPort(common.listen, grpc::InsecureServerCredentials(), &port);
+  // Room for a request carrying a prompt of --max-prompt-bytes (gRPC's default is 4 MiB).
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::max<int64_t>(4 << 20, max_prompt_bytes + (1 << 20))));
   builder.RegisterService(&generation);
   builder.RegisterService(&cluster);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -6,14 +6,16 @@
 
 #include "engine/runtime/engine.h"
 #include "services/api/generation_helpers.h"
+#include "services/api/proto_convert.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace tandem {
 
 class LocalGenerationService final : public v1::Generation::CallbackService {
  public:
-  // `engine` must outlive the service. `model_name` is what ListModels reports.
-  LocalGenerationService(Engine* engine, std::string model_name);
+  // `engine` must outlive the service. `model_name` is what ListModels reports. Prompts
+  // (and Tokenize inputs) of more than `max_prompt_bytes` are refused untokenized.
+  LocalGenerationService(Engine* engine, std::string model_name, int64_t max_prompt_bytes = kDefaultMaxPromptBytes);
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* request) override;
@@ -27,6 +29,7 @@ class LocalGenerationService final : public v1::Generation::CallbackService {
  private:
   Engine* engine_;
   std::string model_name_;
+  int64_t max_prompt_bytes_;
 };
 
 }  // namespace tandem

@@ -59,6 +59,7 @@ struct WorkerFlags {
   int64_t kvstore_timeout_ms = 1000;
   int64_t kvstore_staging_mb = 256;
   int64_t drain_timeout_ms = 30000;
+  int64_t max_prompt_bytes = kDefaultMaxPromptBytes;
 };
 
 const char* RoleName(v1::Role r) {
@@ -153,6 +154,10 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   app.add_option("--kvstore-staging-mb", f.kvstore_staging_mb,
                  "Prefill: memory the kvstore tier writes fetched blocks into (MiB)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--max-prompt-bytes", f.max_prompt_bytes,
+                 "--role both: prompts (text or chat messages) longer than this are refused before tokenization")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--drain-timeout-ms", f.drain_timeout_ms, "On SIGTERM, how long in-flight requests may finish")
       ->capture_default_str();
@@ -279,7 +284,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       builder.RegisterService(decode.get());
       break;
     default:
-      generation = std::make_unique<LocalGenerationService>(engine->get(), model_name);
+      generation = std::make_unique<LocalGenerationService>(engine->get(), model_name, f.max_prompt_bytes);
       builder.RegisterService(generation.get());
       break;
   }

@@ -115,7 +115,8 @@ v1::GenerateRequest TextRequest(const std::string& text, int max_tokens, std::op
 
 std::vector<int32_t> ReferenceTokens(Engine& engine, const v1::GenerateRequest& r) {
   static std::atomic<int> counter{0};
-  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(r, engine.tokenizer(), engine.config().vocab_size);
+  absl::StatusOr<std::vector<int32_t>> prompt =
+      PromptTokens(r, engine.tokenizer(), engine.config().vocab_size, kDefaultMaxPromptBytes);
   EXPECT_TRUE(prompt.ok()) << prompt.status();
   absl::StatusOr<SamplingParams> sampling = FromProto(r.sampling(), engine.config().vocab_size);
   absl::StatusOr<StopParams> stop = FromProto(r.stop(), engine.config().vocab_size);

@@ -524,11 +524,14 @@ TEST_F(KvStoreServingTest, GarbageOnItsPortsAndMalformedRpcsAreRejectedAndItKeep
     EXPECT_TRUE(SendGarbage(port, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + RandomBytes(65536, seed++)));
   }
 
-  // Undecodable request messages, one per RPC.
+  // Undecodable request messages, one per RPC: random bytes after a first field of wire
+  // type 7 (there is none), so that no message decodes from them. Each is INVALID_ARGUMENT
+  // naming the message type (gRPC's generated handlers would answer UNIMPLEMENTED, as if
+  // the method did not exist).
   auto channel = grpc::CreateChannel(grpc_address, grpc::InsecureChannelCredentials());
   grpc::GenericStub generic(channel);
   for (const char* method : {"Lookup", "Reserve", "Commit", "Get", "Stats"}) {
-    const std::string bytes = RandomBytes(257, seed++);
+    const std::string bytes = "\x0f" + RandomBytes(256, seed++);
     grpc::Slice slice(bytes);
     grpc::ByteBuffer request(&slice, 1), response;
     grpc::ClientContext ctx;
@@ -537,7 +540,9 @@ TEST_F(KvStoreServingTest, GarbageOnItsPortsAndMalformedRpcsAreRejectedAndItKeep
     generic.UnaryCall(&ctx, std::string("/tandem.v1.KvStore/") + method, grpc::StubOptions(), &request, &response,
                       [&done](grpc::Status s) { done.set_value(s); });
     const grpc::Status st = done.get_future().get();
-    EXPECT_NE(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << method << ": " << st.error_message();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << st.error_message();
+    EXPECT_NE(st.error_message().find(std::string("tandem.v1.Kv") + method + "Request"), std::string::npos)
+        << method << ": " << st.error_message();
   }
   // Well-formed RPCs with nonsense in them.
   auto kvs = v1::KvStore::NewStub(channel);

@@ -183,21 +183,39 @@ TEST_P(EngineTest, GeneratedTokensAreReusedByTheNextTurn) {
   }
 }
 
-// Collects exported KV: layer -> position -> entry.
+// Collects exported KV: layer -> position -> entry. Checks the order the engine promises
+// (kv_sink.h): each step hands over one range of positions for layer 0, 1, ... in turn,
+// and the next step's range starts where the previous one ended (the first at 0, cached
+// positions included), so a receiver can stream the layers as they come.
 class CollectingSink : public KvSink {
  public:
   void OnLayerKv(const KvSlice& s) override {
-    EXPECT_GE(s.layer, last_layer_ == -1 ? 0 : 0);
+    if (s.layer == 0) {
+      EXPECT_TRUE(last_layer_ == -1 || last_layer_ == layers_seen_ - 1)
+          << "a new step began after layer " << last_layer_ << " of " << layers_seen_;
+      EXPECT_EQ(s.begin, step_end_) << "the step's positions do not continue the previous step's";
+      step_begin_ = s.begin;
+      step_end_ = s.end;
+    } else {
+      EXPECT_EQ(s.layer, last_layer_ + 1) << "layers out of order within a step";
+      EXPECT_EQ(s.begin, step_begin_) << "layer " << s.layer << " covers other positions than layer 0";
+      EXPECT_EQ(s.end, step_end_) << "layer " << s.layer << " covers other positions than layer 0";
+    }
+    EXPECT_LT(s.begin, s.end) << "an empty slice";
     for (int64_t p = s.begin; p < s.end; ++p) {
       const float* e = s.Entry(p);
       entries_[s.layer][p].assign(e, e + s.entry_dim);
     }
     ++calls_;
     last_layer_ = s.layer;
+    layers_seen_ = std::max(layers_seen_, s.layer + 1);
   }
   std::map<int64_t, std::map<int64_t, std::vector<float>>> entries_;
   int calls_ = 0;
   int64_t last_layer_ = -1;
+  int64_t layers_seen_ = 0;  // layers of the first step (every step has them all)
+  int64_t step_begin_ = 0;
+  int64_t step_end_ = 0;  // the current step's end: where the next step must begin
 };
 
 TEST_P(EngineTest, PrefillExportThenImportedDecodeMatchesOneEngine) {
@@ -224,6 +242,9 @@ TEST_P(EngineTest, PrefillExportThenImportedDecodeMatchesOneEngine) {
     ASSERT_EQ(static_cast<int64_t>(sink.entries_.size()), layers);
     for (auto& [layer, positions] : sink.entries_) ASSERT_EQ(positions.size(), prompt.size()) << layer;
     EXPECT_EQ(sink.calls_ % layers, 0);
+    EXPECT_EQ(sink.layers_seen_, layers);
+    EXPECT_EQ(sink.last_layer_, layers - 1) << "the last step stopped before the last layer";
+    EXPECT_EQ(sink.step_end_, static_cast<int64_t>(prompt.size()));
 
     // Decode on engine D from the imported KV.
     auto d = MakeEngine();

@@ -22,7 +22,7 @@ Strings Split(std::string_view pattern, SplitBehavior behavior, std::string text
               bool invert = false) {
   SplitPreTokenizer split(Compile(pattern), behavior, invert);
   Strings pieces = {std::move(text)};
-  split.PreTokenize(&pieces);
+  EXPECT_TRUE(split.PreTokenize(&pieces).ok());
   return pieces;
 }
 
@@ -51,11 +51,11 @@ TEST(PreTokenizerTest, InvertedSplitMatchesThePieces) {
 TEST(PreTokenizerTest, EmptyMatchesFollowTheOnigIterator) {
   auto regex = Compile("a*");
   // Empty matches, but not right after a match.
-  EXPECT_EQ(regex->FindAll("baab"),
+  EXPECT_EQ(*regex->FindAll("baab"),
             (std::vector<std::pair<size_t, size_t>>{{0, 0}, {1, 3}, {4, 4}}));
-  EXPECT_EQ(regex->FindAll(""), (std::vector<std::pair<size_t, size_t>>{{0, 0}}));
+  EXPECT_EQ(*regex->FindAll(""), (std::vector<std::pair<size_t, size_t>>{{0, 0}}));
   auto chars = Compile("");
-  EXPECT_EQ(chars->FindAll("\xC3\xA9x").size(), 3u);  // at 0, 2 and 3: character steps
+  EXPECT_EQ(chars->FindAll("\xC3\xA9x")->size(), 3u);  // at 0, 2 and 3: character steps
 }
 
 TEST(PreTokenizerTest, OnigurumaSpaceClassIsUnicodeWhiteSpace) {
@@ -89,14 +89,14 @@ TEST(PreTokenizerTest, CategoriesKnowUnicode16) {
 TEST(PreTokenizerTest, ByteLevelWithGpt2Regex) {
   ByteLevelPreTokenizer byte_level(/*add_prefix_space=*/false, /*use_regex=*/true);
   Strings pieces = {"Hello world, it's  123\n\n"};
-  byte_level.PreTokenize(&pieces);
+  ASSERT_TRUE(byte_level.PreTokenize(&pieces).ok());
   EXPECT_EQ(pieces, (Strings{"Hello", "\xC4\xA0world", ",", "\xC4\xA0it", "'s", "\xC4\xA0",
                              "\xC4\xA0"
                              "123",
                              "\xC4\x8A\xC4\x8A"}));
   ByteLevelPreTokenizer prefixed(/*add_prefix_space=*/true, /*use_regex=*/false);
   Strings one = {"hi", " there"};
-  prefixed.PreTokenize(&one);
+  ASSERT_TRUE(prefixed.PreTokenize(&one).ok());
   EXPECT_EQ(one, (Strings{"\xC4\xA0hi", "\xC4\xA0there"}));
 }
 
@@ -123,15 +123,60 @@ TEST(PreTokenizerTest, DigitsAndSequence) {
   Strings pieces = {
       "ab12 c\xD9\xA3"
       "4x"};
-  sequence.PreTokenize(&pieces);
+  ASSERT_TRUE(sequence.PreTokenize(&pieces).ok());
   EXPECT_EQ(pieces, (Strings{"ab", "12", "c",
                              "\xD9\xA3"
                              "4",
                              "x"}));
   DigitsPreTokenizer individual(/*individual_digits=*/true);
   Strings digits = {"a123"};
-  individual.PreTokenize(&digits);
+  ASSERT_TRUE(individual.PreTokenize(&digits).ok());
   EXPECT_EQ(digits, (Strings{"a", "1", "2", "3"}));
+}
+
+// A pattern that backtracks exponentially ((a+)+ anchored at an end that a final '!'
+// denies: 2^n ways to split n a's) on a subject built for it: the search stops at its budget with
+// an error naming the pattern, where unlimited PCRE2 would run for longer than the age of
+// the universe (2^200 steps), and pre-tokenization reports it instead of splitting wrong.
+TEST(PreTokenizerTest, CatastrophicBacktrackingStopsWithAnErrorAtItsBudget) {
+  auto regex = Compile("(a+)+$");
+  const std::string subject = std::string(200, 'a') + "!";
+  absl::StatusOr<std::vector<std::pair<size_t, size_t>>> matches = regex->FindAll(subject);
+  ASSERT_FALSE(matches.ok()) << matches->size() << " matches";
+  EXPECT_EQ(matches.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(matches.status().message().find("'(a+)+$'"), std::string::npos) << matches.status();
+  EXPECT_NE(matches.status().message().find("201-byte piece"), std::string::npos) << matches.status();
+
+  SplitPreTokenizer split(Compile("(a+)+$"), SplitBehavior::kIsolated, false);
+  Strings pieces = {"xyz " + subject};
+  const absl::Status st = split.PreTokenize(&pieces);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  std::vector<std::unique_ptr<PreTokenizer>> steps;
+  steps.push_back(std::make_unique<SplitPreTokenizer>(Compile(" "), SplitBehavior::kRemoved, false));
+  steps.push_back(std::make_unique<SplitPreTokenizer>(Compile("(a+)+$"), SplitBehavior::kIsolated, false));
+  SequencePreTokenizer sequence(std::move(steps));
+  pieces = {"xyz " + subject};
+  EXPECT_EQ(sequence.PreTokenize(&pieces).code(), absl::StatusCode::kInvalidArgument);
+
+  // The same pattern where it matches, and on short runs, stays within its budget.
+  EXPECT_EQ(*regex->FindAll("xaaa"), (std::vector<std::pair<size_t, size_t>>{{1, 4}}));
+  EXPECT_TRUE(regex->FindAll(std::string(10, 'a') + "!").ok());
+}
+
+// The patterns of real tokenizers do a bounded amount of work per character: long runs of
+// every character class stay far within the budget (which grows with the subject).
+TEST(PreTokenizerTest, LongRunsOfEveryClassStayWithinTheBudget) {
+  ByteLevelPreTokenizer byte_level(/*add_prefix_space=*/false, /*use_regex=*/true);
+  const std::string cjk = "\xE4\xB8\xAD";  // 中
+  for (const std::string& run : {std::string(1 << 20, ' '), std::string(1 << 20, 'a'), std::string(1 << 20, '7'),
+                                 std::string(1 << 20, '!'), std::string(1 << 20, '\n')}) {
+    Strings pieces = {run + "x" + run};
+    EXPECT_TRUE(byte_level.PreTokenize(&pieces).ok()) << "a run of '" << run[0] << "'";
+  }
+  std::string han;
+  for (int i = 0; i < (1 << 18); ++i) han += cjk;
+  Strings pieces = {han + " " + han};
+  EXPECT_TRUE(byte_level.PreTokenize(&pieces).ok());
 }
 
 }  // namespace

@@ -25,7 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
 
 // A plain blocking POSIX client socket to 127.0.0.1:port, with a receive timeout.
 class Client {
@@ -348,24 +347,39 @@ TEST_F(AdminServerTest, TwentyConcurrentClients) {
 }
 
 TEST_F(AdminServerTest, SilentAndSlowClientsDoNotBlockOthers) {
-  AdminServer server(registry_, FastOptions());
+  // A request timeout longer than any test: the stalled connections below are all still
+  // open when the probe is answered, so it cannot have waited for them to be dropped.
+  AdminServer::Options patient;
+  patient.request_timeout = std::chrono::hours(1);
+  AdminServer server(registry_, patient);
   ASSERT_TRUE(server.Start("127.0.0.1:0").ok());
   const uint16_t port = server.bound_port();
   // More stalled connections than server threads: one silent, some mid-request.
-  Client silent(port, 3000);
+  Client silent(port);
   ASSERT_TRUE(silent.connected());
   std::vector<std::unique_ptr<Client>> partial;
   for (int i = 0; i < 4; ++i) {
-    partial.push_back(std::make_unique<Client>(port, 3000));
+    partial.push_back(std::make_unique<Client>(port));
     partial.back()->Send("GET /healthz HTTP/1.1\r\nHo");
   }
-  const auto start = Clock::now();
   EXPECT_EQ(Get(port, "/healthz").status, 200);
-  EXPECT_LT(Clock::now() - start, milliseconds(250));
-  // The stalled ones are dropped after request_timeout (300 ms).
+  EXPECT_EQ(Get(port, "/metrics").status, 200);
+}
+
+TEST_F(AdminServerTest, StalledConnectionsAreDroppedAfterTheRequestTimeout) {
+  AdminServer server(registry_, FastOptions());  // 300 ms
+  ASSERT_TRUE(server.Start("127.0.0.1:0").ok());
+  const uint16_t port = server.bound_port();
+  Client silent(port);  // (its receive timeout, 5 s, only ends the wait if the server never closes)
+  ASSERT_TRUE(silent.connected());
+  std::vector<std::unique_ptr<Client>> partial;
+  for (int i = 0; i < 4; ++i) {
+    partial.push_back(std::make_unique<Client>(port));
+    partial.back()->Send("GET /healthz HTTP/1.1\r\nHo");
+  }
   EXPECT_TRUE(silent.ClosedByServer());
   for (auto& client : partial) EXPECT_TRUE(client->ClosedByServer());
-  EXPECT_LT(Clock::now() - start, milliseconds(2500));
+  EXPECT_EQ(Get(port, "/healthz").status, 200);
 }
 
 TEST_F(AdminServerTest, OversizedAndMalformedRequests) {
@@ -414,9 +428,7 @@ TEST_F(AdminServerTest, StartErrorsAndStop) {
   ASSERT_TRUE(idle.connected());
   idle.Send("GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n");
   EXPECT_EQ(Parse(idle.ReadResponse()).status, 200);
-  const auto start = Clock::now();
-  first.Stop();
-  EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  first.Stop();  // returns (does not wait for the client to hang up) and closes it
   EXPECT_TRUE(idle.ClosedByServer());
   first.Stop();  // idempotent
   Client after(first.bound_port());

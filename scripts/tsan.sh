@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The services and the tests that exercise them under ThreadSanitizer: a CPU-only build in
+# build-tsan (TANDEM_TSAN=ON: every object instrumented, ccache as for build/) of the
+# `tsan`-labelled tests (router registry, kvstore client and service, transfer layer with
+# its two-process UCX test, the metrics history) and of the service binaries, then
+# `ctest -L tsan`, whose integration test starts the instrumented tandem-router,
+# tandem-prefill and tandem-decode and serves over tcp. Every process writes its reports
+# under build-tsan/tsan-reports; any report fails the run (0 reports is the bar).
+#   scripts/tsan.sh            (scripts/test.sh runs it after ctest; TANDEM_SKIP_TSAN=1 skips)
+# The system's gRPC, protobuf, abseil and UCX are not instrumented: scripts/tsan.supp
+# names the few reports that come from inside them, with the reason for each.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${TANDEM_TSAN_BUILD_DIR:-$root/build-tsan}"
+cmake -S "$root" -B "$build" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF -DTANDEM_TSAN=ON \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+targets=(services_router_replica_registry_test services_router_metrics_history_test
+         services_kvstore_core_test services_kvstore_client_test
+         services_transfer_test services_transfer_ucx_test transfer_test_peer
+         integration_serving_tcp_test tandem-router tandem-prefill tandem-decode)
+echo "tsan.sh: building ${#targets[@]} targets with ThreadSanitizer in $build"
+start=$(date +%s)
+cmake --build "$build" --target "${targets[@]}"
+echo "tsan.sh: built in $(( $(date +%s) - start )) s"
+reports="$build/tsan-reports"
+rm -rf "$reports"
+mkdir -p "$reports"
+# Some kernels randomize mmap more than TSAN's shadow layout allows ("unexpected memory
+# mapping"): run without address randomization then.
+runner=()
+if [ "$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 28)" -gt 28 ] && command -v setarch >/dev/null; then
+  runner=(setarch "$(uname -m)" -R)
+fi
+start=$(date +%s)
+TSAN_OPTIONS="log_path=$reports/report second_deadlock_stack=1 history_size=4 suppressions=$root/scripts/tsan.supp" \
+  "${runner[@]}" ctest --test-dir "$build" -L tsan --output-on-failure --timeout 1800 || status=$?
+echo "tsan.sh: tests ran in $(( $(date +%s) - start )) s"
+shopt -s nullglob
+found=("$reports"/report.*)
+if [ ${#found[@]} -gt 0 ]; then
+  echo "tsan.sh: ${#found[@]} process(es) reported races:"
+  for f in "${found[@]}"; do echo "== $f"; cat "$f"; done
+  exit 1
+fi
+echo "tsan.sh: no ThreadSanitizer reports"
+exit "${status:-0}"

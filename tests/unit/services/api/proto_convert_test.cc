@@ -1,0 +1,129 @@
+// The prompt byte cap (--max-prompt-bytes) of every Generation implementation: a prompt
+// over it, as text or chat messages, is INVALID_ARGUMENT naming "prompt" and the limit,
+// and the tokenizer never sees it (a counting fake stands in for the real one); Tokenize
+// applies the same cap; a tokenizer error (a pre-tokenization pattern over its
+// backtracking budget) comes back as INVALID_ARGUMENT naming the field.
+#include "services/api/proto_convert.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+
+#include "services/api/generation_helpers.h"
+
+namespace tandem {
+namespace {
+
+// Encodes one id per byte; counts the bytes it was asked to encode. Fails on "FAIL".
+class CountingTokenizer final : public Tokenizer {
+ public:
+  absl::StatusOr<std::vector<int32_t>> TryEncode(std::string_view text, bool) const override {
+    encoded_bytes += static_cast<int64_t>(text.size());
+    if (text.find("FAIL") != std::string_view::npos) {
+      return absl::InvalidArgumentError("the tokenizer's pre-tokenization pattern gave up");
+    }
+    return std::vector<int32_t>(text.size(), 7);
+  }
+  std::string Decode(std::span<const int32_t>, bool) const override { return ""; }
+  int32_t vocab_size() const override { return 100; }
+  std::optional<int32_t> bos_id() const override { return std::nullopt; }
+  std::optional<int32_t> eos_id() const override { return std::nullopt; }
+  bool IsSpecial(int32_t) const override { return false; }
+  std::optional<int32_t> TokenToId(std::string_view) const override { return std::nullopt; }
+  std::string IdToToken(int32_t) const override { return ""; }
+  std::string TokenBytes(int32_t) const override { return ""; }
+
+  mutable std::atomic<int64_t> encoded_bytes{0};
+};
+
+v1::GenerateRequest Text(std::string text) {
+  v1::GenerateRequest r;
+  r.set_text(std::move(text));
+  return r;
+}
+
+v1::GenerateRequest Chat(std::vector<std::pair<std::string, std::string>> messages) {
+  v1::GenerateRequest r;
+  for (auto& [role, content] : messages) {
+    v1::ChatMessage* m = r.mutable_chat()->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
+  return r;
+}
+
+TEST(PromptBytesTest, TextOverTheLimitIsRefusedBeforeTokenization) {
+  CountingTokenizer tokenizer;
+  absl::StatusOr<std::vector<int32_t>> at = PromptTokens(Text(std::string(1000, 'x')), tokenizer, 100, 1000);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->size(), 1000u);
+  EXPECT_EQ(tokenizer.encoded_bytes, 1000);
+
+  absl::StatusOr<std::vector<int32_t>> over = PromptTokens(Text(std::string(1001, 'x')), tokenizer, 100, 1000);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(over.status().message(), "prompt: 1001 bytes exceed the limit of 1000 bytes (--max-prompt-bytes)");
+  EXPECT_EQ(tokenizer.encoded_bytes, 1000) << "the oversize prompt was tokenized";
+}
+
+TEST(PromptBytesTest, ChatMessagesCountTogether) {
+  CountingTokenizer tokenizer;
+  // 4 + 600 + 9 + 400 = 1013 bytes of roles and contents: over 1000 although every
+  // message alone is under it.
+  const v1::GenerateRequest chat = Chat({{"user", std::string(600, 'a')}, {"assistant", std::string(400, 'b')}});
+  EXPECT_EQ(PromptBytes(chat), 1013);
+  absl::StatusOr<std::vector<int32_t>> over = PromptTokens(chat, tokenizer, 100, 1000);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(over.status().message().find("prompt: 1013 bytes exceed the limit of 1000"), std::string::npos)
+      << over.status();
+  EXPECT_EQ(tokenizer.encoded_bytes, 0);
+  EXPECT_TRUE(PromptTokens(chat, tokenizer, 100, 1013).ok());
+  EXPECT_GT(tokenizer.encoded_bytes, 1013) << "the chat format's markers are tokenized too";
+}
+
+TEST(PromptBytesTest, TokenIdsAreNotBytesAndTheDefaultIsFourMiB) {
+  CountingTokenizer tokenizer;
+  v1::GenerateRequest ids;
+  for (int i = 0; i < 50; ++i) ids.mutable_token_ids()->add_ids(3);
+  EXPECT_EQ(PromptBytes(ids), 0);
+  EXPECT_TRUE(PromptTokens(ids, tokenizer, 100, 1).ok()) << "ids are bounded by the context, not tokenized";
+  EXPECT_EQ(kDefaultMaxPromptBytes, 4 << 20);
+  const std::string four_mib(kDefaultMaxPromptBytes, 'x');
+  EXPECT_TRUE(PromptTokens(Text(four_mib), tokenizer, 100, kDefaultMaxPromptBytes).ok());
+}
+
+TEST(PromptBytesTest, TokenizeAppliesTheSameLimit) {
+  CountingTokenizer tokenizer;
+  v1::TokenizeRequest text;
+  text.set_text(std::string(2000, 'x'));
+  v1::TokenizeResponse out;
+  absl::Status st = TokenizeInto(text, tokenizer, "m", 1999, &out);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("prompt: 2000 bytes exceed the limit of 1999"), std::string::npos) << st;
+  v1::TokenizeRequest chat;
+  v1::ChatMessage* m = chat.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content(std::string(1996, 'y'));
+  EXPECT_EQ(TokenizeInto(chat, tokenizer, "m", 1999, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tokenizer.encoded_bytes, 0);
+  EXPECT_TRUE(TokenizeInto(text, tokenizer, "m", 2000, &out).ok());
+  EXPECT_EQ(out.ids_size(), 2000);
+}
+
+TEST(PromptBytesTest, TokenizerErrorsNameTheField) {
+  CountingTokenizer tokenizer;
+  absl::StatusOr<std::vector<int32_t>> text = PromptTokens(Text("a FAIL b"), tokenizer, 100, 1000);
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(text.status().message(), "text: the tokenizer's pre-tokenization pattern gave up");
+  absl::StatusOr<std::vector<int32_t>> chat = PromptTokens(Chat({{"user", "FAIL"}}), tokenizer, 100, 1000);
+  EXPECT_EQ(chat.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(chat.status().message().rfind("chat: ", 0), 0u) << chat.status();
+  v1::TokenizeRequest t;
+  t.set_text("FAIL");
+  v1::TokenizeResponse out;
+  EXPECT_EQ(TokenizeInto(t, tokenizer, "m", 1000, &out).message(),
+            "text: the tokenizer's pre-tokenization pattern gave up");
+}
+
+}  // namespace
+}  // namespace tandem

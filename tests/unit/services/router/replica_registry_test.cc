@@ -1,0 +1,197 @@
+// The router's replica registry: what each routing policy picks (round-robin turns,
+// exclusions, draining replicas, load, cached prefixes, free KV), the prefix scoring
+// running outside the registry's mutex (a pick held up scoring one replica leaves
+// heartbeats, registrations and listings free), and picks racing heartbeats that change
+// the cached blocks (the tsan build runs this test too).
+#include "services/router/replica_registry.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tandem {
+namespace {
+
+std::vector<uint64_t> Hashes(int n) {
+  std::vector<uint64_t> h;
+  for (int i = 0; i < n; ++i) h.push_back(0x1000 + static_cast<uint64_t>(i));
+  return h;
+}
+
+v1::LoadReport Load(int32_t waiting, int64_t kv_free = 0, int32_t running = 0) {
+  v1::LoadReport l;
+  l.set_waiting(waiting);
+  l.set_kv_blocks_free(kv_free);
+  l.set_running(running);
+  return l;
+}
+
+class ReplicaRegistryTest : public ::testing::Test {
+ protected:
+  // Registers a replica of `role` at a made-up address, with `cached` leading blocks of
+  // Hashes() in its prefix cache. Returns its id.
+  std::string Add(v1::Role role, int cached, v1::LoadReport load = {}) {
+    v1::RegisterRequest r;
+    r.set_role(role);
+    r.set_grpc_address("127.0.0.1:" + std::to_string(40000 + next_port_++));
+    *r.mutable_load() = load;
+    for (uint64_t h : Hashes(cached)) r.mutable_kv_events()->add_stored(h);
+    r.mutable_kv_events()->set_full(true);
+    absl::StatusOr<std::string> id = registry_.Register(r);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return *id;
+  }
+  ReplicaPtr Find(const std::string& id) {
+    for (v1::Role role : {v1::ROLE_PREFILL, v1::ROLE_DECODE, v1::ROLE_BOTH}) {
+      for (const ReplicaPtr& r : registry_.Candidates(role)) {
+        if (r->id == id) return r;
+      }
+    }
+    return nullptr;
+  }
+  std::string Pick(v1::Role role, RoutingPolicy policy, int prompt_blocks = 8, std::vector<std::string> exclude = {}) {
+    const std::vector<uint64_t> h = Hashes(prompt_blocks);
+    ReplicaPtr r = registry_.Pick(role, policy, h, exclude, weights_);
+    return r ? r->id : "";
+  }
+
+  ReplicaRegistry registry_{{}};
+  RoutingWeights weights_;
+  int next_port_ = 0;
+};
+
+TEST_F(ReplicaRegistryTest, RoundRobinTakesTurnsSkippingExcludedAndDraining) {
+  const std::string a = Add(v1::ROLE_PREFILL, 0), b = Add(v1::ROLE_PREFILL, 0), c = Add(v1::ROLE_PREFILL, 0);
+  Add(v1::ROLE_DECODE, 0);
+  std::vector<std::string> picks;
+  for (int i = 0; i < 6; ++i) picks.push_back(Pick(v1::ROLE_PREFILL, RoutingPolicy::kRoundRobin));
+  EXPECT_EQ(picks, (std::vector<std::string>{a, b, c, a, b, c}));
+  EXPECT_EQ(Pick(v1::ROLE_PREFILL, RoutingPolicy::kRoundRobin, 8, {a, c}), b);
+  EXPECT_EQ(Pick(v1::ROLE_PREFILL, RoutingPolicy::kRoundRobin, 8, {a, b, c}), "");
+  v1::HeartbeatRequest hb;
+  hb.set_replica_id(b);
+  hb.set_draining(true);
+  ASSERT_TRUE(registry_.Heartbeat(hb));
+  for (int i = 0; i < 4; ++i) EXPECT_NE(Pick(v1::ROLE_PREFILL, RoutingPolicy::kRoundRobin), b);
+  EXPECT_EQ(Pick(v1::ROLE_BOTH, RoutingPolicy::kRoundRobin), "");
+}
+
+TEST_F(ReplicaRegistryTest, LoadAndKvPoliciesPickTheLeastLoadedAndTheMostFree) {
+  const std::string busy = Add(v1::ROLE_DECODE, 0, Load(5, 100, 1));
+  const std::string idle = Add(v1::ROLE_DECODE, 0, Load(1, 40, 9));
+  const std::string roomy = Add(v1::ROLE_DECODE, 0, Load(3, 100, 0));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kLeastOutstanding), idle);
+  // busy and roomy both have 100 free blocks: the smaller running batch wins.
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kKvAware), roomy);
+  // A request of this router in flight on roomy costs it a request's blocks (8 + 1).
+  ReplicaLease lease(Find(roomy));
+  EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kKvAware), busy);
+  EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kLeastOutstanding), idle);
+  // Power of two picks the less loaded of two: never the most loaded of three.
+  for (int i = 0; i < 20; ++i) EXPECT_NE(Pick(v1::ROLE_DECODE, RoutingPolicy::kPowerOfTwo), busy);
+}
+
+TEST_F(ReplicaRegistryTest, CacheAwarePicksTheLongestCachedPrefixLessItsLoad) {
+  const std::string cold = Add(v1::ROLE_PREFILL, 2);
+  const std::string warm = Add(v1::ROLE_PREFILL, 6);
+  const std::string warmer = Add(v1::ROLE_PREFILL, 12, Load(2));
+  // 12 - 4 x 2 = 4 < 6: the load outweighs the longer prefix.
+  EXPECT_EQ(Pick(v1::ROLE_PREFILL, RoutingPolicy::kCacheAware, 16), warm);
+  weights_.cache_aware_load_weight = 1.0;  // 12 - 2 = 10 > 6
+  EXPECT_EQ(Pick(v1::ROLE_PREFILL, RoutingPolicy::kCacheAware, 16), warmer);
+  EXPECT_EQ(Pick(v1::ROLE_PREFILL, RoutingPolicy::kCacheAware, 16, {warmer}), warm);
+  // Only the leading run counts: a prompt sharing no first block scores 0 everywhere,
+  // and the load decides.
+  const std::vector<uint64_t> other = {0x99, 0x1000, 0x1001};
+  EXPECT_NE(registry_.Pick(v1::ROLE_PREFILL, RoutingPolicy::kCacheAware, other, {}, weights_)->id, warmer);
+  // KV events move the preference: warm evicts its blocks.
+  v1::HeartbeatRequest hb;
+  hb.set_replica_id(warm);
+  for (uint64_t h : Hashes(6)) hb.mutable_kv_events()->add_removed(h);
+  ASSERT_TRUE(registry_.Heartbeat(hb));
+  EXPECT_EQ(registry_.PrefixOverlap(*Find(warm), Hashes(16)), 0);
+  EXPECT_EQ(Pick(v1::ROLE_PREFILL, RoutingPolicy::kCacheAware, 16, {warmer}), cold);
+  v1::ListReplicasResponse list;
+  registry_.List(&list);
+  for (const v1::ReplicaInfo& r : list.replicas()) {
+    EXPECT_EQ(r.cached_blocks(), r.replica_id() == warmer ? 12 : r.replica_id() == cold ? 2 : 0) << r.replica_id();
+  }
+}
+
+// The pick's prefix scoring waits on one replica's cache lock (held here as a long KV
+// event update would hold it) while the registry's mutex is free: heartbeats of other
+// replicas, registrations, listings and picks of another role go on. (A pick that scored
+// under the registry's mutex would block all of them until the scoring ended.)
+TEST_F(ReplicaRegistryTest, ScoringRunsOutsideTheRegistryMutex) {
+  const std::string a = Add(v1::ROLE_PREFILL, 4);
+  const std::string b = Add(v1::ROLE_PREFILL, 8);
+  Add(v1::ROLE_DECODE, 0, Load(0, 50));
+  ReplicaPtr held = Find(a);
+  std::unique_lock<std::shared_mutex> cache(held->cache_mu);
+  std::atomic<bool> started{false};
+  auto pick = std::async(std::launch::async, [&] {
+    started = true;
+    return Pick(v1::ROLE_PREFILL, RoutingPolicy::kCacheAware, 8);
+  });
+  while (!started) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let it reach the held replica
+  v1::HeartbeatRequest hb;
+  hb.set_replica_id(b);
+  hb.mutable_kv_events()->add_stored(0x1008);
+  EXPECT_TRUE(registry_.Heartbeat(hb));
+  const std::string c = Add(v1::ROLE_PREFILL, 0);
+  v1::ListReplicasResponse list;
+  registry_.List(&list);
+  EXPECT_EQ(list.replicas_size(), 4);
+  EXPECT_NE(Pick(v1::ROLE_DECODE, RoutingPolicy::kKvAware), "");
+  EXPECT_EQ(registry_.KvStores().size(), 0u);
+  cache.unlock();
+  EXPECT_EQ(pick.get(), b);
+}
+
+// Picks racing heartbeats that store and evict blocks, registrations and deregistrations:
+// every pick returns a live candidate (and the tsan build finds no race).
+TEST_F(ReplicaRegistryTest, PicksRaceHeartbeatsAndMembershipChanges) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(Add(v1::ROLE_PREFILL, i * 4, Load(i)));
+  std::atomic<bool> stop{false};
+  std::thread heartbeats([&] {
+    for (int round = 0; !stop; ++round) {
+      for (const std::string& id : ids) {
+        v1::HeartbeatRequest hb;
+        hb.set_replica_id(id);
+        *hb.mutable_load() = Load(round % 5, 100 - round % 7, round % 3);
+        for (uint64_t h : Hashes(round % 16)) {
+          if (round % 2 == 0) hb.mutable_kv_events()->add_stored(h);
+          else hb.mutable_kv_events()->add_removed(h);
+        }
+        registry_.Heartbeat(hb);
+      }
+    }
+  });
+  std::thread churn([&] {
+    for (int i = 0; !stop; ++i) {
+      const std::string extra = Add(v1::ROLE_PREFILL, i % 8);
+      registry_.Deregister(extra);
+    }
+  });
+  int picked = 0;
+  for (int i = 0; i < 2000; ++i) {
+    for (RoutingPolicy p : {RoutingPolicy::kCacheAware, RoutingPolicy::kPowerOfTwo, RoutingPolicy::kLeastOutstanding}) {
+      const std::string id = Pick(v1::ROLE_PREFILL, p, 16);
+      picked += id.empty() ? 0 : 1;
+    }
+  }
+  stop = true;
+  heartbeats.join();
+  churn.join();
+  EXPECT_EQ(picked, 6000);
+}
+
+}  // namespace
+}  // namespace tandem
