@@ -61,19 +61,21 @@ absl::Status KvStoreServiceImpl::CheckHashCount(int n) const {
 template <typename Request, typename Response>
 class KvStoreServiceImpl::Call {
  public:
-  // Null when `raw` does not decode: the call has then been finished with
-  // INVALID_ARGUMENT naming the message type.
+  // When `raw` does not decode, the call is finished at once with INVALID_ARGUMENT naming
+  // the message type (decoded() is false): the handler then only returns reactor().
+  // (The context's DefaultReactor() may be taken once per call: the call holds it.)
   static std::shared_ptr<Call> Start(const char* rpc, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
                                      grpc::ByteBuffer* out, KvStoreRpcMetrics* metrics) {
     auto call = std::shared_ptr<Call>(new Call(rpc, ctx, out, metrics));
     grpc::ByteBuffer copy(*raw);  // shares the slices; Deserialize consumes its argument
-    if (!grpc::SerializationTraits<Request>::Deserialize(&copy, &call->request).ok()) {
+    call->decoded_ = grpc::SerializationTraits<Request>::Deserialize(&copy, &call->request).ok();
+    if (!call->decoded_) {
       call->Finish(absl::InvalidArgumentError(absl::StrCat("request: not a valid ",
                                                            Request::descriptor()->full_name(), " message")));
-      return nullptr;
     }
     return call;
   }
+  bool decoded() const { return decoded_; }
 
   // `detail` describes the result for the log (called only when the line is written).
   template <typename Detail>
@@ -120,12 +122,13 @@ class KvStoreServiceImpl::Call {
   KvStoreRpcMetrics* metrics_;
   absl::Time start_;
   std::string request_id_;
+  bool decoded_ = false;
 };
 
 grpc::ServerUnaryReactor* KvStoreServiceImpl::Lookup(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
                                                      grpc::ByteBuffer* out) {
   auto call = Call<v1::KvLookupRequest, v1::KvLookupResponse>::Start("Lookup", ctx, raw, out, options_.metrics);
-  if (call == nullptr) return ctx->DefaultReactor();
+  if (!call->decoded()) return call->reactor();
   const v1::KvLookupRequest* r = &call->request;
   v1::KvLookupResponse* response = &call->response;
   absl::Status st = CheckFormat(r->format());
@@ -141,7 +144,7 @@ grpc::ServerUnaryReactor* KvStoreServiceImpl::Lookup(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* KvStoreServiceImpl::Reserve(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
                                                       grpc::ByteBuffer* out) {
   auto call = Call<v1::KvReserveRequest, v1::KvReserveResponse>::Start("Reserve", ctx, raw, out, options_.metrics);
-  if (call == nullptr) return ctx->DefaultReactor();
+  if (!call->decoded()) return call->reactor();
   const v1::KvReserveRequest* r = &call->request;
   v1::KvReserveResponse* response = &call->response;
   absl::Status st = CheckFormat(r->format());
@@ -169,7 +172,7 @@ grpc::ServerUnaryReactor* KvStoreServiceImpl::Reserve(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* KvStoreServiceImpl::Commit(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
                                                      grpc::ByteBuffer* out) {
   auto call = Call<v1::KvCommitRequest, v1::KvCommitResponse>::Start("Commit", ctx, raw, out, options_.metrics);
-  if (call == nullptr) return ctx->DefaultReactor();
+  if (!call->decoded()) return call->reactor();
   const v1::KvCommitRequest* r = &call->request;
   v1::KvCommitResponse* response = &call->response;
   if (absl::Status st = CheckHashCount(r->block_hashes_size()); !st.ok()) {
@@ -193,7 +196,7 @@ grpc::ServerUnaryReactor* KvStoreServiceImpl::Commit(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* KvStoreServiceImpl::Get(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
                                                   grpc::ByteBuffer* out) {
   std::shared_ptr<GetCall> call = GetCall::Start("Get", ctx, raw, out, options_.metrics);
-  if (call == nullptr) return ctx->DefaultReactor();
+  if (!call->decoded()) return call->reactor();
   const v1::KvGetRequest* r = &call->request;
   absl::Status st = CheckFormat(r->format());
   if (st.ok()) st = CheckHashCount(r->block_hashes_size());
@@ -312,7 +315,7 @@ void KvStoreServiceImpl::IoLoop() {
 grpc::ServerUnaryReactor* KvStoreServiceImpl::Stats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
                                                     grpc::ByteBuffer* out) {
   auto call = Call<v1::KvStatsRequest, v1::KvStatsResponse>::Start("Stats", ctx, raw, out, options_.metrics);
-  if (call == nullptr) return ctx->DefaultReactor();
+  if (!call->decoded()) return call->reactor();
   ToProto(store_->stats(), &call->response);
   {
     std::lock_guard<std::mutex> lock(mu_);
