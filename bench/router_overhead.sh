@@ -18,13 +18,17 @@ trap 'kill -TERM $cluster 2>/dev/null; wait $cluster 2>/dev/null; rm -rf "$run"'
 for _ in $(seq 600); do [ -f "$run/cluster.json" ] && break; sleep 0.2; done
 router=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["router"]["grpc"])' "$run/cluster.json")
 direct=$(python3 -c 'import json,sys; print([p["grpc"] for p in json.load(open(sys.argv[1]))["processes"] if p["role"]=="both"][0])' "$run/cluster.json")
+# The worker's port is internal: the direct calls present serve-local's client certificate
+# (mutual TLS, as the router's own calls to the worker do).
+read -r ca cert key < <(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["security"]; print(s["ca"], s["client_cert"], s["client_key"])' "$run/cluster.json")
 rounds=3
 for conc in 1 256; do
   n=$(( conc == 1 ? 100 : 512 ))
   for r in $(seq $rounds); do
     for target in router direct; do
-      addr=$router; [ "$target" = direct ] && addr=$direct
-      "$bin/tandem" bench --addr "$addr" --num-prompts $n --max-concurrency $conc --request-rate inf \
+      creds=(); addr=$router
+      [ "$target" = direct ] && { addr=$direct; creds=(--tls-ca "$ca" --tls-cert "$cert" --tls-key "$key"); }
+      "$bin/tandem" bench --addr "$addr" "${creds[@]}" --num-prompts $n --max-concurrency $conc --request-rate inf \
         --input-len 32 --output-len 4 --ignore-eos --num-warmup 2 --no-progress \
         --json "$run/$target.$conc.$r.json" >/dev/null
     done

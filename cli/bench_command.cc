@@ -149,6 +149,9 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   cmd->add_option("--slo", a->slo, "Goodput SLOs, e.g. ttft:500,tpot:50 (milliseconds)");
   cmd->add_option("--json", a->json, "Write the configuration and every figure to this JSON file");
   cmd->add_flag("--no-progress", a->no_progress, "No progress display on stderr");
+  // Against the router: --tls-ca and --api-key; against a worker's internal port: its
+  // client certificate or the cluster token.
+  AddClientSecurityFlags(cmd, &a->load.security, /*internal=*/true);
   cmd->callback([a, exit_code] { *exit_code = Run(*a); });
 }
 

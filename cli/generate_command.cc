@@ -12,6 +12,7 @@
 
 #include "engine/runtime/engine.h"
 #include "engine/model/model_resolver.h"
+#include "cli/client_security.h"
 #include "cli/validators.h"
 #ifdef TANDEM_WITH_SERVICES
 #include "cli/remote_client.h"
@@ -37,6 +38,7 @@ struct GenerateArgs {
   int64_t seed = -1;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  ClientSecurityArgs security;
   int threads = 0;
   std::string device = "cpu";
   double gpu_memory_utilization = 0.9;
@@ -161,6 +163,7 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--timeout", args->timeout_s, "Deadline of a remote request, seconds (0 = none)")
       ->check(FiniteRange(0.0, 86400.0));
+  AddClientSecurityFlags(cmd, &args->security, /*internal=*/false);
   cmd->callback([args, exit_code, model_opt] {
     args->model_set = model_opt->count() > 0;
     if (args->local) {
@@ -174,7 +177,8 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
                          .top_p = args->top_p, .top_k = args->top_k, .min_p = args->min_p,
                          .repetition_penalty = args->repetition_penalty, .presence_penalty = args->presence_penalty,
                          .frequency_penalty = args->frequency_penalty, .seed = args->seed, .stop = args->stop,
-                         .ignore_eos = args->ignore_eos, .timeout_s = args->timeout_s};
+                         .ignore_eos = args->ignore_eos, .timeout_s = args->timeout_s,
+                         .security = args->security};
     *exit_code = RunRemoteGenerate(r);
 #else
     std::fprintf(stderr, "tandem generate: this build has no services (TANDEM_ENGINE_ONLY); use --local\n");

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "cli/client_channel.h"
 #include "nlohmann/json.hpp"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tandem/v1/internal.grpc.pb.h"
@@ -23,6 +24,9 @@ const char* CodeName(grpc::StatusCode c) {
     case grpc::StatusCode::ABORTED: return "ABORTED";
     case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
     case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
     default: return "ERROR";
   }
 }
@@ -38,7 +42,12 @@ const char* FinishName(v1::FinishReason r) {
 }  // namespace
 
 int RunRemoteGenerate(const RemoteGenerateArgs& a) {
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(a.addr, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenClientChannel(a.addr, a.security);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "tandem generate: %s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  auto stub = v1::Generation::NewStub(*channel);
   v1::GenerateRequest req;
   req.set_model(a.model);
   req.set_text(a.prompt);
@@ -95,14 +104,23 @@ int RunRemoteGenerate(const RemoteGenerateArgs& a) {
   return 0;
 }
 
-int RunStatus(const std::string& addr, bool json) {
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+int RunStatus(const std::string& addr, bool json, const ClientSecurityArgs& security) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenClientChannel(addr, security);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "tandem status: %s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  auto stub = v1::Cluster::NewStub(*channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::ListReplicasResponse resp;
   grpc::Status s = stub->ListReplicas(&ctx, v1::ListReplicasRequest(), &resp);
   if (!s.ok()) {
     std::fprintf(stderr, "tandem status: %s: %s\n", CodeName(s.error_code()), s.error_message().c_str());
+    if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      std::fprintf(stderr, "tandem status: %s is not an internal port: give the router's --internal-listen address "
+                           "(\"internal\" in its ready file)\n", addr.c_str());
+    }
     return 1;
   }
   if (json) {

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/client_security.h"
+
 namespace tandem::cli {
 
 struct RemoteGenerateArgs {
@@ -22,12 +24,14 @@ struct RemoteGenerateArgs {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   double timeout_s = 0;  // 0: none
+  ClientSecurityArgs security;
 };
 
 // Streams the generation to stdout, usage and timings to stderr. Returns the exit code.
 int RunRemoteGenerate(const RemoteGenerateArgs& a);
 
-// Prints the cluster's replicas (ListReplicas). Returns the exit code.
-int RunStatus(const std::string& addr, bool json);
+// Prints the cluster's replicas (tandem.v1.Cluster/ListReplicas on the router's internal
+// port, with `security`'s credentials). Returns the exit code.
+int RunStatus(const std::string& addr, bool json, const ClientSecurityArgs& security);
 
 }  // namespace tandem::cli

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 
 #include "absl/strings/str_join.h"
+#include "cli/client_security.h"
 #include "cli/remote_client.h"
 #include "engine/model/model_backend.h"
 #include "services/common/ready_file.h"
@@ -30,6 +32,10 @@ struct ServeLocalArgs {
   std::vector<std::string> prefill_devices;
   std::vector<std::string> decode_devices;
   std::string listen = "127.0.0.1:50051";
+  std::string internal_listen = "127.0.0.1:0";  // printed, and in the ready file
+  std::string internal_auth = "mtls";
+  bool public_tls = false;
+  std::string api_keys_file;
   std::string ready_file;
   std::string run_dir;
   int threads = 0;
@@ -84,10 +90,16 @@ int Run(const ServeLocalArgs& a) {
   o.run_dir = a.run_dir.empty() ? "/tmp/tandem-serve-local-" + std::to_string(getpid()) : a.run_dir;
   o.model = a.model;
   o.router_listen = a.listen;
+  o.router_internal_listen = a.internal_listen;
+  o.internal_auth = a.internal_auth == "token"  ? LocalClusterOptions::InternalAuth::kToken
+                    : a.internal_auth == "none" ? LocalClusterOptions::InternalAuth::kNone
+                                                : LocalClusterOptions::InternalAuth::kMutualTls;
+  o.public_tls = a.public_tls;
   o.num_prefill = a.aggregated > 0 ? 0 : a.prefill;
   o.num_decode = a.aggregated > 0 ? 0 : a.decode;
   o.num_both = a.aggregated;
   o.router_args = a.router_args;
+  if (!a.api_keys_file.empty()) o.router_args.push_back("--api-keys-file=" + a.api_keys_file);
   o.worker_args = a.worker_args;
   // The prefix tier: prefill replicas find the kvstores through the router.
   o.num_kvstore = a.aggregated > 0 ? 0 : a.kvstore;
@@ -121,8 +133,25 @@ int Run(const ServeLocalArgs& a) {
     std::printf("%-10s pid %-7d grpc %-22s admin %s\n", p.name.c_str(), p.pid, p.ready.value("grpc", "").c_str(),
                 p.ready.value("admin", "").c_str());
   }
-  std::printf("ready: tandem generate --addr %s \"Hello\"   (Ctrl-C stops the cluster)\n",
-              (*cluster)->router_address().c_str());
+  // Where clients find the cluster and its credentials (also in the ready file's "security").
+  const nlohmann::json& sec = ready["security"];
+  const std::string ca = sec.value("ca", "");
+  std::printf("public   %s (%s%s)\n", (*cluster)->router_address().c_str(), a.public_tls ? "TLS" : "plaintext",
+              a.api_keys_file.empty() ? ", no API keys" : ", API keys");
+  std::printf("internal %s (%s)%s%s\n", (*cluster)->router_internal_address().c_str(),
+              sec.value("internal_auth", "").c_str(), ca.empty() ? "" : "; CA ", ca.c_str());
+  std::string status_flags;
+  if (sec.contains("client_cert")) {
+    status_flags = " --tls-ca " + ca + " --tls-cert " + sec.value("client_cert", "") + " --tls-key " +
+                   sec.value("client_key", "");
+  } else if (sec.contains("token_file")) {
+    status_flags = " --cluster-token-file " + sec.value("token_file", "");
+  }
+  std::printf("status:  tandem status --addr %s%s%s%s\n", (*cluster)->router_internal_address().c_str(),
+              status_flags.c_str(), a.ready_file.empty() ? "" : "   (or: tandem status --ready-file ",
+              a.ready_file.empty() ? "" : (a.ready_file + ")").c_str());
+  std::printf("ready: tandem generate --addr %s%s%s \"Hello\"   (Ctrl-C stops the cluster)\n",
+              (*cluster)->router_address().c_str(), a.public_tls ? " --tls-ca " : "", a.public_tls ? ca.c_str() : "");
   std::fflush(stdout);
   if (!a.ready_file.empty()) {
     if (absl::Status s = service::WriteReadyFile(a.ready_file, ready); !s.ok()) {
@@ -170,8 +199,23 @@ void RegisterServeLocal(CLI::App& app, int* exit_code) {
       ->delimiter(',');
   cmd->add_option("--listen", a->listen, "The router's public gRPC address (port 0 = any free port)")
       ->capture_default_str();
+  cmd->add_option("--internal-listen", a->internal_listen,
+                  "The router's internal gRPC address, where the replicas register (default: a free loopback "
+                  "port, printed and in the ready file)")
+      ->capture_default_str();
+  cmd->add_option("--internal-auth", a->internal_auth,
+                  "How the cluster's processes authenticate each other: mtls (a throwaway CA and certificates made "
+                  "with openssl in a private directory removed on exit), token (a random cluster token there), none "
+                  "(plaintext; loopback only)")
+      ->check(CLI::IsMember({"mtls", "token", "none"}))
+      ->capture_default_str();
+  cmd->add_flag("--public-tls", a->public_tls,
+                "Serve the public port over TLS too, with a certificate of the throwaway CA (clients: --tls-ca CA)");
+  cmd->add_option("--api-keys-file", a->api_keys_file,
+                  "Require API keys on the public API (the router's --api-keys-file; see tandem-router --help)");
   cmd->add_option("--ready-file", a->ready_file,
-                  "Write JSON with every process's role, pid, gRPC and admin addresses once all are ready");
+                  "Write JSON with every process's role, pid, gRPC and admin addresses once all are ready, the "
+                  "router's internal address and, under \"security\", where the CA and client credentials are");
   cmd->add_option("--run-dir", a->run_dir, "Where logs and ready files go (default /tmp/tandem-serve-local-PID)");
   cmd->add_option("--threads", a->threads, "CPU threads per worker (0 = all)")->capture_default_str();
   cmd->add_option("--kv-cache-mb", a->kv_cache_mb, "KV cache per worker, MiB")->capture_default_str();
@@ -188,12 +232,43 @@ void RegisterServeLocal(CLI::App& app, int* exit_code) {
 }
 
 void RegisterStatus(CLI::App& app, int* exit_code) {
-  auto addr = std::make_shared<std::string>("127.0.0.1:50051");
+  auto addr = std::make_shared<std::string>("127.0.0.1:50061");
   auto json = std::make_shared<bool>(false);
-  CLI::App* cmd = app.add_subcommand("status", "Print the cluster: each replica's role, address, load and KV usage.");
-  cmd->add_option("--addr", *addr, "Router address HOST:PORT")->envname("TANDEM_ADDR")->capture_default_str();
+  auto security = std::make_shared<ClientSecurityArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "status",
+      "Print the cluster: each replica's role, address, load and KV usage. Asks the router's internal port "
+      "(tandem.v1.Cluster), so it needs the cluster's credentials: a client certificate (--tls-ca, --tls-cert, "
+      "--tls-key) or the cluster token; serve-local prints the command with its own.");
+  cmd->add_option("--addr", *addr, "The router's internal address HOST:PORT (its --internal-listen)")
+      ->envname("TANDEM_INTERNAL_ADDR")
+      ->capture_default_str();
   cmd->add_flag("--json", *json, "Print JSON");
-  cmd->callback([addr, json, exit_code] { *exit_code = RunStatus(*addr, *json); });
+  AddClientSecurityFlags(cmd, security.get(), /*internal=*/true);
+  auto ready_file = std::make_shared<std::string>();
+  cmd->add_option("--ready-file", *ready_file,
+                  "Take the internal address and the credentials from serve-local's ready file (its --ready-file)");
+  cmd->callback([addr, json, security, ready_file, exit_code] {
+    if (!ready_file->empty()) {
+      std::ifstream in(*ready_file);
+      const nlohmann::json r = nlohmann::json::parse(in, nullptr, false);
+      if (r.is_discarded() || !r.is_object() || !r.contains("internal")) {
+        std::fprintf(stderr, "tandem status: --ready-file %s: not a serve-local ready file\n", ready_file->c_str());
+        *exit_code = 2;
+        return;
+      }
+      *addr = r.value("internal", *addr);
+      const nlohmann::json sec = r.value("security", nlohmann::json::object());
+      if (sec.contains("client_cert")) {
+        security->tls_ca = sec.value("ca", "");
+        security->tls_cert = sec.value("client_cert", "");
+        security->tls_key = sec.value("client_key", "");
+      } else if (sec.contains("token_file")) {
+        security->cluster_token_file = sec.value("token_file", "");
+      }
+    }
+    *exit_code = RunStatus(*addr, *json, *security);
+  });
 }
 
 }  // namespace tandem::cli

@@ -32,7 +32,7 @@ done
 addr="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["router"]["grpc"])' "$run_dir/cluster.json")"
 echo "run.sh: cluster ready at $addr; streaming a generation:" >&2
 "$build/bin/tandem" generate --addr "$addr" --max-tokens 48 --seed 0 --ignore-eos "$prompt"
-"$build/bin/tandem" status --addr "$addr" >&2
+"$build/bin/tandem" status --ready-file "$run_dir/cluster.json" >&2  # the internal port, with serve-local's client certificate
 if [ "$keep" -eq 1 ]; then
   echo "run.sh: the cluster keeps running (pid $cluster): tandem generate --addr $addr \"...\"; kill $cluster to stop" >&2
 fi

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cli/client_channel.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace tandem::cli {
@@ -104,8 +105,9 @@ absl::StatusOr<LoadResult> RunLoad(const LoadOptions& o) {
       o.num_prefixes < 1 || o.prefix_len < 0) {
     return absl::InvalidArgumentError("bench: counts and lengths must be positive, 0 <= range ratio < 1");
   }
-  auto channel = grpc::CreateChannel(o.addr, grpc::InsecureChannelCredentials());
-  auto stub = v1::Generation::NewStub(channel);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenClientChannel(o.addr, o.security);
+  if (!channel.ok()) return channel.status();
+  auto stub = v1::Generation::NewStub(*channel);
   LoadResult result;
   {
     grpc::ClientContext ctx;

@@ -11,11 +11,13 @@
 
 #include "absl/status/statusor.h"
 #include "cli/bench/bench_report.h"
+#include "cli/client_security.h"
 
 namespace tandem::cli {
 
 struct LoadOptions {
   std::string addr;
+  ClientSecurityArgs security;
   std::string model;
   int num_prompts = 1000;
   double request_rate = 0;   // requests/s; 0 or inf: all at once

@@ -36,7 +36,7 @@ for p in "The GPU path" "Disaggregated prefill and decode on one H200" "a b c d 
   if [ "$got" = "$want" ]; then echo "P/D on GPU == CPU: yes"; else echo "P/D on GPU == CPU: no (bf16)"; fi
   tail -1 "$out/gen.err"
 done
-SHOW='.' check status "$bin/tandem" status --addr "$router"
+SHOW='.' check status "$bin/tandem" status --ready-file /tmp/ready.json
 SHOW='[Oo]utput token throughput|TTFT|TPOT|[Ff]ailed' check bench "$bin/tandem" bench --addr "$router" \
   --num-prompts 200 --max-concurrency 32 --input-len 256 --output-len 64 --ignore-eos --no-progress \
   --json "$out/bench_gpu_pd.json"

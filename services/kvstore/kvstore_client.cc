@@ -181,7 +181,7 @@ void KvStoreClient::SetInstances(std::vector<Instance> instances) {
     std::shared_ptr<v1::KvStore::Stub> stub =
         it != stubs_.end() ? it->second
                            : std::shared_ptr<v1::KvStore::Stub>(v1::KvStore::NewStub(
-                                 grpc::CreateChannel(address, grpc::InsecureChannelCredentials())));
+                                 security::OpenChannel(options_.channel_factory, address)));
     stubs[address] = stub;
     snap->stubs.push_back(stub);
   }

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "services/security/channel_factory.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "services/common/transfer/transfer_engine.h"
@@ -58,6 +59,9 @@ struct KvStoreClientOptions {
   absl::Duration quarantine = absl::Seconds(10);            // staging held after a failed get
   int vnodes = 128;
   int max_hashes_per_call = kMaxHashesPerCall;  // longer requests go in several calls
+  // How channels to the instances are opened (their credentials: services/security);
+  // empty: plaintext.
+  security::ChannelFactory channel_factory;
 };
 
 // Plain counters (the worker's /stats shows them).

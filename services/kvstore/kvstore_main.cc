@@ -30,6 +30,8 @@
 #include "services/kvstore/disk_tier.h"
 #include "services/kvstore/kvstore_metrics.h"
 #include "services/kvstore/kvstore_service.h"
+#include "services/security/internal_credentials.h"
+#include "services/security/listen_policy.h"
 #include "services/worker/router_registration.h"
 #include "spdlog/spdlog.h"
 
@@ -49,13 +51,16 @@ int RunKvStore(int argc, char** argv) {
   std::string instance_name, advertise, capacity = "1G", disk_dir, disk_capacity = "16G";
   std::string layout_fingerprint;
   int64_t lease_ms = 30000;
+  security::InternalAuthFlags internal_auth;
   CLI::App app{
       "tandem-kvstore: the prefix KV block store (DESIGN.md §1, §4). Keeps KV blocks of prompt prefixes, keyed by "
       "the block hash chain and the KV layout fingerprint, in a DRAM tier with LRU eviction and an optional SSD "
       "tier that holds what DRAM evicts and survives restarts. Control plane tandem.v1.KvStore (gRPC); block bytes "
       "over UCX. Registers with the router (--router) so prefill replicas find it; several instances shard the "
-      "key space by consistent hashing of --instance-name."};
+      "key space by consistent hashing of --instance-name. --listen is an internal port: the cluster's credentials "
+      "(--tls-* or --cluster-token-file) are required there, and without them it may listen on loopback only."};
   service::AddCommonFlags(app, &common, {.listen = "127.0.0.1:0"});
+  security::AddInternalAuthFlags(app, &internal_auth);
   app.add_option("--instance-name", instance_name,
                  "Stable name of this instance on the consistent-hash ring (keep it across restarts; default: the "
                  "advertised gRPC address)");
@@ -75,6 +80,11 @@ int RunKvStore(int argc, char** argv) {
   if (absl::Status s = service::InitLogging(common.log_level, common.log_format, "tandem-kvstore"); !s.ok()) {
     std::fprintf(stderr, "tandem-kvstore: %s\n", std::string(s.message()).c_str());
     return 2;
+  }
+  absl::StatusOr<security::InternalCredentials> creds = security::InternalCredentials::Load(internal_auth);
+  if (!creds.ok()) return Fail("flags", creds.status());
+  if (absl::Status s = security::CheckInternalListen(common.listen, creds->authenticated(), "--listen"); !s.ok()) {
+    return Fail("flags", s);
   }
   absl::StatusOr<int64_t> dram_bytes = kvstore::ParseByteSize(capacity, "--capacity");
   if (!dram_bytes.ok()) return Fail("flags", dram_bytes.status());
@@ -124,7 +134,7 @@ int RunKvStore(int argc, char** argv) {
   grpc::ServerBuilder builder;
   service::AcceptClientKeepalive(builder);
   int port = 0;
-  builder.AddListeningPort(common.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(common.listen, creds->ServerCredentials(), &port);
   absl::StatusOr<service::HostPort> listen = service::ParseHostPort(common.listen);
   // Metrics from an injected registry: the RPC decorator's latencies and outcomes, and the
   // store's counters read when scraped.
@@ -170,7 +180,7 @@ int RunKvStore(int argc, char** argv) {
     self.set_layout_fingerprint(fingerprint);
     self.set_pid(getpid());
     self.set_instance_name(instance_name);
-    registration = std::make_unique<RouterRegistration>(common.router, self, load);
+    registration = std::make_unique<RouterRegistration>(common.router, self, load, nullptr, creds->ChannelFactory());
     if (absl::Status s = registration->Start(std::chrono::seconds(30)); !s.ok()) return Fail("registration", s);
   }
   admin.SetReady(true);

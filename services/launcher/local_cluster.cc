@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -59,27 +61,45 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
       return absl::NotFoundError(absl::StrCat("cannot find ", b, " in ", o.bin_dir, " (build the services)"));
     }
   }
+  if (o.internal_auth != LocalClusterOptions::InternalAuth::kNone || o.public_tls) {
+    absl::StatusOr<std::unique_ptr<ThrowawayPki>> pki = ThrowawayPki::Create();
+    if (!pki.ok()) return pki.status();
+    c->pki_ = std::move(*pki);
+    c->Log(absl::StrCat("internal traffic: ",
+                        o.internal_auth == LocalClusterOptions::InternalAuth::kMutualTls ? "mutual TLS"
+                        : o.internal_auth == LocalClusterOptions::InternalAuth::kToken   ? "cluster token"
+                                                                                         : "none",
+                        "; throwaway CA and credentials in ", c->pki_->dir()));
+  }
   auto make = [&](const std::string& name, const std::string& role, std::vector<std::string> argv) {
     return c->MakeChild(name, role, std::move(argv));
   };
+  const std::vector<std::string> auth = c->InternalAuthArgs();
   std::vector<std::string> router = {(fs::path(o.bin_dir) / "tandem-router").string(), "--listen", o.router_listen,
-                                     "--model", o.model};
+                                     "--internal-listen", o.router_internal_listen, "--model", o.model};
+  router.insert(router.end(), auth.begin(), auth.end());
+  if (o.public_tls) {
+    router.insert(router.end(), {"--public-tls-cert", c->pki_->node_cert(), "--public-tls-key", c->pki_->node_key()});
+  }
   router.insert(router.end(), o.router_args.begin(), o.router_args.end());
   c->children_.push_back(make("router", "router", router));
   const auto deadline = std::chrono::steady_clock::now() + o.ready_timeout;
   if (absl::Status s = c->Spawn(c->children_[0]); !s.ok()) return s;
   if (absl::Status s = c->WaitReady(c->children_[0], deadline); !s.ok()) return s;
   const std::string router_address = c->children_[0].info.ready["grpc"].get<std::string>();
-  // A restarted router comes back on the same port, where the workers keep heartbeating
+  const std::string router_internal = c->children_[0].info.ready.value("internal", "");
+  // A restarted router comes back on the same ports, where the workers keep heartbeating
   // (they register again when it does not know them).
   for (size_t i = 0; i + 1 < c->children_[0].argv.size(); ++i) {
     if (c->children_[0].argv[i] == "--listen") c->children_[0].argv[i + 1] = router_address;
+    if (c->children_[0].argv[i] == "--internal-listen") c->children_[0].argv[i + 1] = router_internal;
   }
   // kvstores first, so that prefill replicas find them when they register.
   for (int i = 0; i < o.num_kvstore; ++i) {
     const std::string name = absl::StrCat("kvstore-", i);
-    std::vector<std::string> argv = {(fs::path(o.bin_dir) / "tandem-kvstore").string(), "--router", router_address,
+    std::vector<std::string> argv = {(fs::path(o.bin_dir) / "tandem-kvstore").string(), "--router", router_internal,
                                      "--model", o.model, "--instance-name", name};
+    argv.insert(argv.end(), auth.begin(), auth.end());
     if (!o.kvstore_disk_root.empty()) {
       argv.push_back("--disk-dir");
       argv.push_back((fs::path(o.kvstore_disk_root) / name).string());
@@ -130,9 +150,11 @@ LocalCluster::Child LocalCluster::MakeChild(const std::string& name, const std::
 
 std::vector<std::string> LocalCluster::WorkerArgv(const std::string& role, int index) const {
   const std::string binary = role == "prefill" ? "tandem-prefill" : "tandem-decode";
-  const std::string router = children_.empty() ? "" : children_[0].info.ready.value("grpc", "");
+  const std::string router = children_.empty() ? "" : children_[0].info.ready.value("internal", "");
   std::vector<std::string> argv = {(fs::path(options_.bin_dir) / binary).string(), "--role", role, "--router",
                                    router, "--model", options_.model};
+  const std::vector<std::string> auth = InternalAuthArgs();
+  argv.insert(argv.end(), auth.begin(), auth.end());
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   if (role == "prefill") argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());
   const std::vector<std::string>& devices = role == "prefill" ? options_.prefill_devices : options_.decode_devices;
@@ -297,6 +319,39 @@ std::string LocalCluster::router_address() const {
   return children_.empty() ? "" : children_[0].info.ready.value("grpc", "");
 }
 
+std::string LocalCluster::router_internal_address() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return children_.empty() ? "" : children_[0].info.ready.value("internal", "");
+}
+
+std::vector<std::string> LocalCluster::InternalAuthArgs() const {
+  switch (options_.internal_auth) {
+    case LocalClusterOptions::InternalAuth::kMutualTls:
+      return {"--tls-cert", pki_->node_cert(), "--tls-key", pki_->node_key(), "--tls-ca", pki_->ca_cert()};
+    case LocalClusterOptions::InternalAuth::kToken:
+      return {"--cluster-token-file", pki_->token_file()};
+    case LocalClusterOptions::InternalAuth::kNone:
+      break;
+  }
+  return {};
+}
+
+security::InternalCredentials LocalCluster::ClientCredentials() const {
+  security::InternalAuthFlags f;
+  if (options_.internal_auth == LocalClusterOptions::InternalAuth::kMutualTls) {
+    f = {.tls_cert = pki_->client_cert(), .tls_key = pki_->client_key(), .tls_ca = pki_->ca_cert()};
+  } else if (options_.internal_auth == LocalClusterOptions::InternalAuth::kToken) {
+    f.cluster_token_file = pki_->token_file();
+  }
+  absl::StatusOr<security::InternalCredentials> c = security::InternalCredentials::Load(f);
+  // The files were made by this object and live as long as it: failing to read them is a bug.
+  if (!c.ok()) {
+    std::fprintf(stderr, "LocalCluster: %s\n", std::string(c.status().message()).c_str());
+    std::abort();
+  }
+  return *c;
+}
+
 std::vector<ProcessInfo> LocalCluster::processes() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<ProcessInfo> out;
@@ -315,7 +370,23 @@ nlohmann::json LocalCluster::ReadyJson() const {
     p["log"] = c.log_file;
     procs.push_back(p);
   }
+  nlohmann::json security = {{"internal_auth", options_.internal_auth == LocalClusterOptions::InternalAuth::kMutualTls
+                                                    ? "mutual TLS"
+                                                : options_.internal_auth == LocalClusterOptions::InternalAuth::kToken
+                                                    ? "cluster token"
+                                                    : "none"},
+                              {"public_tls", options_.public_tls}};
+  if (pki_) {
+    security["ca"] = pki_->ca_cert();
+    if (options_.internal_auth == LocalClusterOptions::InternalAuth::kMutualTls) {
+      security["client_cert"] = pki_->client_cert();
+      security["client_key"] = pki_->client_key();
+    }
+    if (options_.internal_auth == LocalClusterOptions::InternalAuth::kToken) security["token_file"] = pki_->token_file();
+  }
   return {{"router", children_.empty() ? nlohmann::json() : children_[0].info.ready},
+          {"internal", children_.empty() ? std::string() : children_[0].info.ready.value("internal", "")},
+          {"security", security},
           {"processes", procs},
           {"run_dir", options_.run_dir}};
 }

@@ -1,7 +1,9 @@
 // A whole Tandem cluster on one machine (`tandem serve-local`, and integration tests):
 // starts the router, then the workers pointed at it, each with a ready file; waits until
 // all are ready; restarts a process that dies (with backoff, logging why); stops every
-// child cleanly (SIGTERM, then SIGKILL after a grace period).
+// child cleanly (SIGTERM, then SIGKILL after a grace period). Internal traffic between the
+// processes is mutual TLS by default, with a throwaway CA (throwaway_pki.h) that lives
+// as long as the cluster.
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +20,8 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "services/launcher/throwaway_pki.h"
+#include "services/security/internal_credentials.h"
 
 namespace tandem {
 
@@ -26,6 +30,14 @@ struct LocalClusterOptions {
   std::string run_dir;         // ready files and logs go here (created)
   std::string model = "tiny";
   std::string router_listen = "127.0.0.1:0";
+  std::string router_internal_listen = "127.0.0.1:0";
+  // How the processes authenticate each other: mutual TLS with a throwaway CA (the
+  // default), a random cluster token (tcp-only setups), or nothing (loopback only).
+  enum class InternalAuth { kMutualTls, kToken, kNone };
+  InternalAuth internal_auth = InternalAuth::kMutualTls;
+  // Serve the router's public port over TLS too, with the throwaway node certificate
+  // (clients verify it against ca_cert()).
+  bool public_tls = false;
   int num_prefill = 1;
   int num_decode = 1;
   int num_both = 0;            // aggregated workers (--role both)
@@ -62,7 +74,16 @@ class LocalCluster {
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(LocalClusterOptions options);
   ~LocalCluster();  // Stop()
 
-  std::string router_address() const;
+  std::string router_address() const;           // public: Generation
+  std::string router_internal_address() const;  // internal: Cluster (the workers' --router)
+  // The throwaway CA, certificates and token (null with InternalAuth::kNone and no
+  // public TLS).
+  const ThrowawayPki* pki() const { return pki_.get(); }
+  // The flags every child gets for its internal traffic (--tls-* or --cluster-token-file).
+  std::vector<std::string> InternalAuthArgs() const;
+  // Credentials of a tool talking to the internal services (tests, tandem status): the
+  // client certificate or the token.
+  security::InternalCredentials ClientCredentials() const;
   std::vector<ProcessInfo> processes() const;
   nlohmann::json ReadyJson() const;
   // Kills one process with `signal` (tests of fault handling); it is restarted if
@@ -96,6 +117,7 @@ class LocalCluster {
   void Log(const std::string& line) const;
 
   LocalClusterOptions options_;
+  std::unique_ptr<ThrowawayPki> pki_;
   mutable std::mutex mu_;
   std::deque<Child> children_;  // deque: references stay valid as workers are added
   bool stopping_ = false;

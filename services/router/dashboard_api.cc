@@ -28,15 +28,16 @@ MetricsHistory::Query ParseSummaryQuery(const std::string& query) {
 }
 
 absl::Status InstallDashboard(service::AdminServer& admin, const MetricsHistory* history,
-                              const std::string& directory) {
-  admin.AddHandler("/api/summary", [history](const service::HttpRequest& request) {
+                              const std::string& directory, const HandlerGuard& guard) {
+  service::AdminServer::Handler summary = [history](const service::HttpRequest& request) {
     if (history == nullptr) {
       return service::HttpResponse::Json(R"({"metrics_enabled":false})");
     }
     service::HttpResponse response = service::HttpResponse::Json(history->ToJson(ParseSummaryQuery(request.query)).dump());
     response.headers.emplace_back("Cache-Control", "no-store");
     return response;
-  });
+  };
+  admin.AddHandler("/api/summary", guard ? guard(std::move(summary)) : std::move(summary));
   absl::Status s = admin.AddStaticDirectory("/dashboard", directory);
   if (!s.ok()) {
     const std::string hint = "dashboard files not found in " + directory +

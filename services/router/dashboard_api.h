@@ -4,6 +4,7 @@
 // series=, step= in seconds, since= a Unix time). The replicas table reads /replicas.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -12,11 +13,16 @@
 
 namespace tandem {
 
-// Adds /api/summary (from `history`; null: metrics are off and it says so) and the page
-// from `directory`. Errors: NOT_FOUND when `directory` is missing; /api/summary is
-// installed anyway and /dashboard then answers 404 with a hint.
+// Wraps a handler in a check (the API key check of services/security when keys are
+// configured); empty: none.
+using HandlerGuard = std::function<service::AdminServer::Handler(service::AdminServer::Handler)>;
+
+// Adds /api/summary (from `history`; null: metrics are off and it says so; behind
+// `guard`) and the page from `directory` (static files, open: they hold no data).
+// Errors: NOT_FOUND when `directory` is missing; /api/summary is installed anyway and
+// /dashboard then answers 404 with a hint.
 absl::Status InstallDashboard(service::AdminServer& admin, const MetricsHistory* history,
-                              const std::string& directory);
+                              const std::string& directory, const HandlerGuard& guard = nullptr);
 
 // Where the build puts the page: <directory of this executable>/../share/tandem/dashboard.
 std::string DefaultDashboardDir();

@@ -27,7 +27,7 @@ absl::StatusOr<std::string> ReplicaRegistry::Register(const v1::RegisterRequest&
   grpc::ChannelArguments args;
   // Keepalive pings find a silent peer even between heartbeats.
   service::SetClientKeepalive(args);
-  replica->channel = grpc::CreateCustomChannel(r.grpc_address(), grpc::InsecureChannelCredentials(), args);
+  replica->channel = security::OpenChannel(options_.channel_factory, r.grpc_address(), args);
   replica->prefill = v1::Prefill::NewStub(replica->channel);
   replica->decode = v1::Decode::NewStub(replica->channel);
   replica->generation = v1::Generation::NewStub(replica->channel);

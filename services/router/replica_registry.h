@@ -20,6 +20,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "services/security/channel_factory.h"
 #include "absl/status/statusor.h"
 #include "services/router/routing_policy.h"
 #include "tandem/v1/generation.grpc.pb.h"
@@ -113,6 +114,9 @@ class ReplicaRegistry {
     int missed_heartbeats_to_drop = 3;
     uint64_t layout_fingerprint = 0;  // replicas must match (0: accept any)
     std::string model;
+    // How channels to replicas are opened (the internal credentials: services/security);
+    // empty: plaintext.
+    security::ChannelFactory channel_factory;
   };
   explicit ReplicaRegistry(Options options);
 

@@ -3,13 +3,17 @@
 #pragma once
 
 #include "services/router/routed_generate.h"
+#include "services/security/api_key_authenticator.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace tandem {
 
 class RouterGenerationService final : public v1::Generation::CallbackService {
  public:
-  explicit RouterGenerationService(RouterContext context) : context_(std::move(context)) {}
+  // `api_keys` (may be null: the API is open) is checked at the entry of every method,
+  // before any work: a refused call ends UNAUTHENTICATED or RESOURCE_EXHAUSTED.
+  explicit RouterGenerationService(RouterContext context, security::ApiKeyAuthenticator* api_keys = nullptr)
+      : context_(std::move(context)), api_keys_(api_keys) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* request) override;
@@ -22,6 +26,7 @@ class RouterGenerationService final : public v1::Generation::CallbackService {
 
  private:
   RouterContext context_;
+  security::ApiKeyAuthenticator* api_keys_;
 };
 
 }  // namespace tandem

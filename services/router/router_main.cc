@@ -29,6 +29,11 @@
 #include "services/router/replica_registry.h"
 #include "services/router/router_generation_service.h"
 #include "services/router/router_metrics.h"
+#include "services/security/api_key_authenticator.h"
+#include "services/security/http_api_key_check.h"
+#include "services/security/internal_credentials.h"
+#include "services/security/listen_policy.h"
+#include "services/security/public_credentials.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {
@@ -56,11 +61,23 @@ int RunRouter(int argc, char** argv) {
   bool disable_metrics = false;
   std::string dashboard_dir;
   std::string layout_fingerprint;
+  std::string internal_listen = "127.0.0.1:50061";
+  security::InternalAuthFlags internal_auth;
+  security::PublicSecurityFlags public_security;
   CLI::App app{
       "tandem-router: Tandem's public gRPC endpoint (tandem.v1.Generation). Picks a decode replica (KV lease) "
       "and a prefill replica per request, streams the tokens back, and keeps the cluster membership "
-      "(tandem.v1.Cluster) that workers register with."};
+      "(tandem.v1.Cluster) that workers register with. Three kinds of port: --listen (public: Generation), "
+      "--internal-listen (internal: Cluster; mutual TLS or a cluster token), --admin-listen (HTTP: metrics, "
+      "health, dashboard); see docs/security.md."};
   service::AddCommonFlags(app, &common, {.listen = "127.0.0.1:50051", .with_router = false});
+  app.add_option("--internal-listen", internal_listen,
+                 "Internal gRPC address (tandem.v1.Cluster: workers and kvstores register here; their --router). "
+                 "Without --tls-* or --cluster-token-file it may be a loopback address only (port 0: any free port)")
+      ->type_name("HOST:PORT")
+      ->capture_default_str();
+  security::AddInternalAuthFlags(app, &internal_auth);
+  security::AddPublicSecurityFlags(app, &public_security);
   app.add_option("--heartbeat-ms", heartbeat_ms, "Heartbeat interval the workers are told to use")
       ->check(CLI::Range(int64_t{50}, int64_t{60000}))
       ->capture_default_str();
@@ -119,6 +136,23 @@ int RunRouter(int argc, char** argv) {
     return 2;
   }
 
+  absl::StatusOr<security::InternalCredentials> internal_creds = security::InternalCredentials::Load(internal_auth);
+  if (!internal_creds.ok()) return Fail("flags", internal_creds.status());
+  if (absl::Status s = security::CheckInternalListen(internal_listen, internal_creds->authenticated(),
+                                                     "--internal-listen");
+      !s.ok()) {
+    return Fail("flags", s);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> public_creds =
+      security::PublicServerCredentials(public_security);
+  if (!public_creds.ok()) return Fail("flags", public_creds.status());
+  std::unique_ptr<security::ApiKeyAuthenticator> api_keys;
+  if (!public_security.api_keys_file.empty()) {
+    absl::StatusOr<std::vector<security::ApiKey>> keys = security::LoadApiKeysFile(public_security.api_keys_file);
+    if (!keys.ok()) return Fail("flags", keys.status());
+    api_keys = std::make_unique<security::ApiKeyAuthenticator>(std::move(*keys));
+  }
+
   // The router tokenizes and checks requests itself, and admits only replicas whose KV
   // layout (model with its weights, build) matches: it needs the model's config and
   // tokenizer, and the weight files or --layout-fingerprint (kv_layout.h).
@@ -139,7 +173,8 @@ int RunRouter(int argc, char** argv) {
   ReplicaRegistry registry({.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms),
                             .missed_heartbeats_to_drop = missed_heartbeats,
                             .layout_fingerprint = fingerprint,
-                            .model = common.model});
+                            .model = common.model,
+                            .channel_factory = internal_creds->ChannelFactory()});
   admission_limits.retry_after = std::chrono::milliseconds(retry_after_ms);
   Admission admission(admission_limits);
   RouterContext rc{.registry = &registry, .tokenizer = tokenizer->get(), .config = &*config,
@@ -151,25 +186,40 @@ int RunRouter(int argc, char** argv) {
                    .metrics = router_metrics.get(),
                    .admission = &admission,
                    .max_prompt_bytes = max_prompt_bytes};
-  RouterGenerationService generation(rc);
+  RouterGenerationService generation(rc, api_keys.get());
   ClusterServiceImpl cluster(&registry);
 
+  // Two gRPC servers: the public one serves Generation only (Cluster there answers
+  // UNIMPLEMENTED), the internal one the membership service, with the cluster's
+  // credentials.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   service::AcceptClientKeepalive(builder);
   int port = 0;
-  builder.AddListeningPort(common.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(common.listen, *public_creds, &port);
   // Room for a request carrying a prompt of --max-prompt-bytes (gRPC's default is 4 MiB).
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::max<int64_t>(4 << 20, max_prompt_bytes + (1 << 20))));
   builder.RegisterService(&generation);
-  builder.RegisterService(&cluster);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail("gRPC", absl::UnavailableError("cannot listen on " + common.listen));
-  absl::StatusOr<service::HostPort> listen = service::ParseHostPort(common.listen);
-  std::string host = listen.ok() ? listen->host : "127.0.0.1";
-  if (host == "0.0.0.0" || host == "::") host = "127.0.0.1";
-  const std::string grpc_address = service::FormatHostPort(host, static_cast<uint16_t>(port));
+  grpc::ServerBuilder internal_builder;
+  service::AcceptClientKeepalive(internal_builder);
+  int internal_port = 0;
+  internal_builder.AddListeningPort(internal_listen, internal_creds->ServerCredentials(), &internal_port);
+  internal_builder.RegisterService(&cluster);
+  std::unique_ptr<grpc::Server> internal_server = internal_builder.BuildAndStart();
+  if (!internal_server || internal_port == 0) {
+    return Fail("gRPC", absl::UnavailableError("cannot listen on " + internal_listen + " (--internal-listen)"));
+  }
+  auto advertised = [](const std::string& listen_address, int bound_port) {
+    absl::StatusOr<service::HostPort> listen = service::ParseHostPort(listen_address);
+    std::string host = listen.ok() ? listen->host : "127.0.0.1";
+    if (host == "0.0.0.0" || host == "::") host = "127.0.0.1";
+    return service::FormatHostPort(host, static_cast<uint16_t>(bound_port));
+  };
+  const std::string grpc_address = advertised(common.listen, port);
+  const std::string internal_address = advertised(internal_listen, internal_port);
 
   // The router's recent metrics for the dashboard (declared before the admin server whose
   // handler reads it, so that it outlives it).
@@ -180,7 +230,8 @@ int RunRouter(int argc, char** argv) {
   }
   service::AdminServer admin(CombineCollectables({metrics, ReplicaGaugeCollector(&registry, common.model)}));
   if (absl::Status s = admin.Start(common.admin_listen); !s.ok()) return Fail("admin server", s);
-  admin.AddHandler("/replicas", [&registry](const service::HttpRequest&) {
+  // Pages that show replicas need the API key when keys are configured.
+  admin.AddHandler("/replicas", security::RequireApiKey(api_keys.get(), [&registry](const service::HttpRequest&) {
     v1::ListReplicasResponse list;
     registry.List(&list);
     nlohmann::json j = nlohmann::json::array();
@@ -190,10 +241,14 @@ int RunRouter(int argc, char** argv) {
                    {"running", r.load().running()}, {"waiting", r.load().waiting()}, {"kv_usage", r.load().kv_usage()}});
     }
     return service::HttpResponse::Json(j.dump());
-  });
+  }));
   // The built-in dashboard: /dashboard/ and the history it charts (/api/summary).
   if (dashboard_dir.empty()) dashboard_dir = DefaultDashboardDir();
-  if (absl::Status s = InstallDashboard(admin, history.get(), dashboard_dir); !s.ok()) {
+  if (absl::Status s = InstallDashboard(admin, history.get(), dashboard_dir,
+                                      [keys = api_keys.get()](service::AdminServer::Handler h) {
+                                        return security::RequireApiKey(keys, std::move(h));
+                                      });
+      !s.ok()) {
     spdlog::warn("dashboard: {}", std::string(s.message()));
   }
 
@@ -206,12 +261,21 @@ int RunRouter(int argc, char** argv) {
   });
 
   admin.SetReady(true);
-  nlohmann::json ready = {{"role", "router"}, {"pid", getpid()}, {"grpc", grpc_address},
-                          {"admin", admin.bound_address()}, {"model", *model_dir}};
+  nlohmann::json ready = {{"role", "router"},
+                          {"pid", getpid()},
+                          {"grpc", grpc_address},
+                          {"internal", internal_address},
+                          {"internal_auth", internal_creds->Describe()},
+                          {"public_tls", !public_security.tls_cert.empty()},
+                          {"api_keys", api_keys != nullptr},
+                          {"admin", admin.bound_address()},
+                          {"model", *model_dir}};
   if (!common.ready_file.empty()) {
     if (absl::Status s = service::WriteReadyFile(common.ready_file, ready); !s.ok()) return Fail("ready file", s);
   }
-  spdlog::info("ready: gRPC {} admin {} model {} ({}); prefill policy {}, decode policy {}", grpc_address,
+  spdlog::info("ready: gRPC {} ({}{}) internal {} ({}) admin {} model {} ({}); prefill policy {}, decode policy {}",
+               grpc_address, public_security.tls_cert.empty() ? "plaintext" : "TLS",
+               api_keys ? ", API keys" : ", no API keys", internal_address, internal_creds->Describe(),
                admin.bound_address(), *model_dir, config->Summary(), prefill_policy, decode_policy);
   const int sig = service::WaitForShutdownSignal();
   spdlog::info("shutting down ({})", sig == 0 ? "requested" : strsignal(sig));
@@ -219,6 +283,7 @@ int RunRouter(int argc, char** argv) {
   admin.SetReady(false);
   // New calls are refused from now; in-flight streams finish (bounded).
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(drain_timeout_ms));
+  internal_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   reaper.join();
   admin.Stop();
   return 0;

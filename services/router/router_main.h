@@ -1,5 +1,6 @@
-// The main() of tandem-router: the public Generation API and the Cluster membership
-// service on one gRPC port, the admin HTTP server, and the ready file.
+// The main() of tandem-router: the public Generation API on --listen, the Cluster
+// membership service on --internal-listen (with the cluster's credentials), the admin
+// HTTP server, and the ready file.
 #pragma once
 
 namespace tandem {

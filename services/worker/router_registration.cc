@@ -8,12 +8,13 @@ namespace tandem {
 
 RouterRegistration::RouterRegistration(std::string router_address, v1::RegisterRequest self,
                                        std::function<v1::LoadReport()> load,
-                                       std::function<v1::KvCacheEvents(bool full)> kv_events)
+                                       std::function<v1::KvCacheEvents(bool full)> kv_events,
+                                       const security::ChannelFactory& channel_factory)
     : router_address_(std::move(router_address)),
       self_(std::move(self)),
       load_(std::move(load)),
       kv_events_(std::move(kv_events)) {
-  stub_ = v1::Cluster::NewStub(grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
+  stub_ = v1::Cluster::NewStub(security::OpenChannel(channel_factory, router_address_));
 }
 
 RouterRegistration::~RouterRegistration() {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "services/security/channel_factory.h"
 #include "tandem/v1/internal.grpc.pb.h"
 
 namespace tandem {
@@ -20,9 +21,12 @@ namespace tandem {
 class RouterRegistration {
  public:
   // `load` is called from the registration thread for every heartbeat; `kv_events` (may
-  // be empty) too, with full=true wanted when registering.
+  // be empty) too, with full=true wanted when registering. `router_address` is the
+  // router's internal address (--internal-listen there); `channel_factory` opens the
+  // channel with this process's internal credentials (empty: plaintext).
   RouterRegistration(std::string router_address, v1::RegisterRequest self, std::function<v1::LoadReport()> load,
-                     std::function<v1::KvCacheEvents(bool full)> kv_events = nullptr);
+                     std::function<v1::KvCacheEvents(bool full)> kv_events = nullptr,
+                     const security::ChannelFactory& channel_factory = nullptr);
   ~RouterRegistration();  // stops the thread and deregisters
 
   // Registers (retrying every 200 ms up to `timeout`), then starts heartbeating.

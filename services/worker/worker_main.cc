@@ -32,6 +32,8 @@
 #include "services/worker/router_registration.h"
 #include "services/worker/transfer_kv_transport.h"
 #include "services/worker/worker_metrics.h"
+#include "services/security/internal_credentials.h"
+#include "services/security/listen_policy.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {
@@ -60,6 +62,7 @@ struct WorkerFlags {
   int64_t kvstore_staging_mb = 256;
   int64_t drain_timeout_ms = 30000;
   int64_t max_prompt_bytes = kDefaultMaxPromptBytes;
+  security::InternalAuthFlags internal_auth;
 };
 
 const char* RoleName(v1::Role r) {
@@ -85,8 +88,12 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   CLI::App app{std::string(binary_name) +
                ": a Tandem worker. It runs the engine in prefill mode (computes prompts' KV and writes it into "
                "decode replicas over UCX), decode mode (continuous batching over imported KV), or both "
-               "(aggregated: serves tandem.v1.Generation itself)."};
+               "(aggregated: serves tandem.v1.Generation itself). Its --listen port serves internal services only "
+               "(Prefill, Decode, or the aggregated Generation the router calls), with the cluster's credentials "
+               "(--tls-* or --cluster-token-file; without them loopback only); --router is the router's "
+               "--internal-listen address."};
   service::AddCommonFlags(app, &f.common, {.listen = "127.0.0.1:0"});
+  security::AddInternalAuthFlags(app, &f.internal_auth);
   app.add_option("--role", f.role, "prefill, decode or both")
       ->check(CLI::IsMember({"prefill", "decode", "both"}))
       ->capture_default_str();
@@ -169,6 +176,11 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
     return 2;
   }
 
+  absl::StatusOr<security::InternalCredentials> creds = security::InternalCredentials::Load(f.internal_auth);
+  if (!creds.ok()) return Fail("flags", creds.status());
+  if (absl::Status s = security::CheckInternalListen(f.common.listen, creds->authenticated(), "--listen"); !s.ok()) {
+    return Fail("flags", s);
+  }
   absl::StatusOr<std::string> model_dir = ResolveModelDir(f.common.model);
   if (!model_dir.ok()) return Fail("model", model_dir.status());
 
@@ -221,7 +233,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
         .block_bytes = m.num_layers * m.block_size * m.entry_dim * static_cast<int64_t>(sizeof(float)),
         .block_tokens = static_cast<int32_t>(m.block_size),
         .staging_bytes = static_cast<size_t>(f.kvstore_staging_mb) << 20,
-        .fetch_timeout = absl::Milliseconds(f.kvstore_timeout_ms)};
+        .fetch_timeout = absl::Milliseconds(f.kvstore_timeout_ms),
+        .channel_factory = creds->ChannelFactory()};
     absl::StatusOr<std::unique_ptr<kvstore::KvStoreClient>> c = kvstore::KvStoreClient::Create(ucx.get(), ko);
     if (!c.ok()) return Fail("kvstore client", c.status());
     kvstore_client = std::move(*c);
@@ -244,7 +257,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   grpc::ServerBuilder builder;
   service::AcceptClientKeepalive(builder);
   int port = 0;
-  builder.AddListeningPort(f.common.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(f.common.listen, creds->ServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   const std::string model_name = f.common.model;
   const KvTransferMode kv_mode = *ParseKvTransferMode(f.kv_transfer);
@@ -365,7 +378,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
         return out;
       };
     }
-    registration = std::make_unique<RouterRegistration>(f.common.router, self, load, events);
+    registration = std::make_unique<RouterRegistration>(f.common.router, self, load, events, creds->ChannelFactory());
     if (kvstore_client && f.kvstores.empty()) {
       registration->SetKvStoreListener([kv = kvstore_client.get()](const std::vector<v1::KvStoreEndpoint>& list) {
         std::vector<kvstore::KvStoreClient::Instance> instances;
@@ -383,7 +396,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   if (!f.common.ready_file.empty()) {
     if (absl::Status s = service::WriteReadyFile(f.common.ready_file, ready); !s.ok()) return Fail("ready file", s);
   }
-  spdlog::info("ready: gRPC {} admin {}{}", grpc_address, admin.bound_address(),
+  spdlog::info("ready: gRPC {} ({}) admin {}{}", grpc_address, creds->Describe(), admin.bound_address(),
                registration ? " registered as " + registration->replica_id() : "");
 
   const int sig = service::WaitForShutdownSignal();

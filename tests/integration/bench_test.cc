@@ -1,5 +1,8 @@
 // `tandem bench` as a user runs it against `tandem serve-local`: a full report on stdout
-// and a JSON file with every figure.
+// and a JSON file with every figure. serve-local runs with its defaults, so its processes
+// talk mutual TLS with a throwaway CA: `tandem status` with the credentials its ready file
+// names works, without them it is refused, and the CA's directory is private and gone
+// once serve-local stops.
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -88,7 +91,32 @@ TEST(BenchTest, ReportAndJsonAgainstServeLocal) {
   EXPECT_GT(find("/cached_input_tokens").get<double>(), 0) << "shared prefixes should hit the prefix cache";
   EXPECT_GT(find("/requests_with_cached_tokens").get<int>(), 0);
   EXPECT_GT(find("/cached_tokens_per_request/max").get<double>(), 0);
+
+  // Internal traffic is mutual TLS; the ready file says where the CA and a client
+  // certificate are, and the router's internal address.
+  const nlohmann::json& sec = r["security"];
+  EXPECT_EQ(sec.value("internal_auth", ""), "mutual TLS") << r.dump(2);
+  EXPECT_EQ(r["router"].value("internal_auth", ""), "mutual TLS");
+  const std::string internal = r.value("internal", "");
+  ASSERT_FALSE(internal.empty()) << r.dump(2);
+  const std::filesystem::path pki_dir = std::filesystem::path(sec.value("ca", "")).parent_path();
+  ASSERT_TRUE(std::filesystem::is_directory(pki_dir)) << r.dump(2);
+  EXPECT_EQ(std::filesystem::status(pki_dir).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_all);
+  auto status = RunProcess({BinaryPath("tandem"), "status", "--addr", internal, "--json", "--tls-ca",
+                            sec.value("ca", ""), "--tls-cert", sec.value("client_cert", ""), "--tls-key",
+                            sec.value("client_key", "")});
+  ASSERT_EQ(status.exit_code, 0) << status.out << status.err;
+  const nlohmann::json replicas = nlohmann::json::parse(status.out, nullptr, false);
+  ASSERT_TRUE(replicas.is_object()) << status.out;
+  EXPECT_EQ(replicas["replicas"].size(), 3u) << status.out;  // prefill, decode, kvstore
+  auto refused = RunProcess({BinaryPath("tandem"), "status", "--addr", internal});
+  EXPECT_NE(refused.exit_code, 0) << refused.out;
+  auto on_public = RunProcess({BinaryPath("tandem"), "status", "--addr", router});  // plaintext public port
+  EXPECT_NE(on_public.exit_code, 0);
+  EXPECT_NE(on_public.err.find("UNIMPLEMENTED"), std::string::npos) << on_public.err;
   EXPECT_EQ(cluster.Stop(), 0);
+  EXPECT_FALSE(std::filesystem::exists(pki_dir)) << "the throwaway CA outlived serve-local";
 }
 
 // The warm-up must not make measured requests cache hits: with distinct random prompts of

@@ -48,6 +48,14 @@ std::unique_ptr<v1::Generation::Stub> GenerationStub(const std::string& address)
   return v1::Generation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
 }
 
+std::shared_ptr<grpc::Channel> InternalChannel(const LocalCluster& cluster, const std::string& address) {
+  return cluster.ClientCredentials().CreateChannel(address);
+}
+
+std::unique_ptr<v1::Cluster::Stub> ClusterStub(const LocalCluster& cluster) {
+  return v1::Cluster::NewStub(InternalChannel(cluster, cluster.router_internal_address()));
+}
+
 StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request, double timeout_s) {
   StreamResult r;
   grpc::ClientContext ctx;
@@ -75,8 +83,15 @@ StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req
 }
 
 std::string HttpGet(const std::string& host_port, const std::string& path) {
+  std::string body;
+  return HttpGetStatus(host_port, path, "", &body) == 0 ? "" : body;
+}
+
+int HttpGetStatus(const std::string& host_port, const std::string& path, const std::string& extra_headers,
+                  std::string* body_out) {
+  body_out->clear();
   absl::StatusOr<service::HostPort> hp = service::ParseHostPort(host_port);
-  if (!hp.ok()) return "";
+  if (!hp.ok()) return 0;
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -84,16 +99,19 @@ std::string HttpGet(const std::string& host_port, const std::string& path) {
   ::inet_pton(AF_INET, hp->host == "localhost" ? "127.0.0.1" : hp->host.c_str(), &addr.sin_addr);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     ::close(fd);
-    return "";
+    return 0;
   }
-  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra_headers + "\r\n";
   ::send(fd, req.data(), req.size(), 0);
   std::string resp;
   char buf[4096];
   for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) resp.append(buf, static_cast<size_t>(n));
   ::close(fd);
   const size_t body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
+  int status = 0;
+  if (body == std::string::npos || std::sscanf(resp.c_str(), "HTTP/1.%*d %d", &status) != 1) return 0;
+  *body_out = resp.substr(body + 4);
+  return status;
 }
 
 std::string TinyModelDir() {

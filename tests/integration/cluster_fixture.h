@@ -40,9 +40,18 @@ struct StreamResult {
 
 StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request, double timeout_s = 120);
 std::unique_ptr<v1::Generation::Stub> GenerationStub(const std::string& address);
+// A channel to an internal service of `cluster` (its router's internal address, a
+// worker's or a kvstore's gRPC address) with the cluster's client credentials.
+std::shared_ptr<grpc::Channel> InternalChannel(const LocalCluster& cluster, const std::string& address);
+// tandem.v1.Cluster on the router's internal port, with credentials.
+std::unique_ptr<v1::Cluster::Stub> ClusterStub(const LocalCluster& cluster);
 
 // GET http://host:port/path; returns the body ("" on failure).
 std::string HttpGet(const std::string& host_port, const std::string& path);
+// The same with extra request header lines ("Authorization: Bearer x\r\n"); returns the
+// status code (0 on failure) and sets *body.
+int HttpGetStatus(const std::string& host_port, const std::string& path, const std::string& extra_headers,
+                  std::string* body);
 
 // The model directory every process of a test cluster uses ("tiny", resolved).
 std::string TinyModelDir();

@@ -31,8 +31,8 @@ std::string Words(int n, int salt) {
   return s;
 }
 
-v1::ListReplicasResponse Replicas(const std::string& router) {
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+v1::ListReplicasResponse Replicas(const LocalCluster& cluster) {
+  auto stub = testing::ClusterStub(cluster);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::ListReplicasResponse r;
@@ -262,7 +262,7 @@ TEST_F(FaultToleranceTest, PrefillReplicaCutOffMidRequestIsRetriedOnAFreshLease)
   for (int i = 0; i < 100 && prefill_replicas == 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     prefill_replicas = 0;
-    const v1::ListReplicasResponse list = Replicas(cluster->router_address());
+    const v1::ListReplicasResponse list = Replicas(*cluster);
     for (const v1::ReplicaInfo& r : list.replicas()) prefill_replicas += r.role() == v1::ROLE_PREFILL;
   }
   EXPECT_EQ(prefill_replicas, 1) << "the stopped prefill replica was not dropped";
@@ -318,7 +318,7 @@ TEST_F(FaultToleranceTest, ScalingOutUnderLoadAndDrainingOnSigterm) {
     int64_t routed = 0;
     while (routed == 0 && std::chrono::steady_clock::now() - added < std::chrono::seconds(5)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      const v1::ListReplicasResponse list = Replicas(cluster->router_address());
+      const v1::ListReplicasResponse list = Replicas(*cluster);
       for (const v1::ReplicaInfo& r : list.replicas()) {
         for (const ProcessInfo& p : cluster->processes()) {
           if (p.name == *name && p.ready.value("replica_id", "") == r.replica_id()) routed = r.requests_routed();
@@ -406,7 +406,7 @@ TEST_F(FaultToleranceTest, RouterRestartEndsStreamsClearlyAndReplicasRejoin) {
   int ready = 0;
   for (int i = 0; i < 200 && ready < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    auto stub = v1::Cluster::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+    auto stub = testing::ClusterStub(*cluster);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
     v1::ListReplicasResponse r;
@@ -439,7 +439,7 @@ TEST_F(FaultToleranceTest, LeastOutstandingAndPowerOfTwoBalanceFourDecodeReplica
     }
     for (auto& t : workers) t.join();
     int64_t lo = INT64_MAX, hi = 0;
-    const v1::ListReplicasResponse list = Replicas(cluster->router_address());
+    const v1::ListReplicasResponse list = Replicas(*cluster);
     for (const v1::ReplicaInfo& r : list.replicas()) {
       if (r.role() != v1::ROLE_DECODE) continue;
       lo = std::min(lo, r.requests_routed());
@@ -493,7 +493,7 @@ TEST_F(FaultToleranceTest, CacheAwareRoutingSendsAPrefixGroupToItsReplica) {
     nlohmann::json j = nlohmann::json::parse(testing::HttpGet(p.ready.value("admin", ""), "/stats"), nullptr, false);
     hits += j.value("prompt_tokens_cached", 0);
   }
-  const v1::ListReplicasResponse list = Replicas(cluster->router_address());
+  const v1::ListReplicasResponse list = Replicas(*cluster);
   for (const v1::ReplicaInfo& r : list.replicas()) {
     if (r.role() == v1::ROLE_PREFILL) routed.push_back(r.requests_routed());
   }

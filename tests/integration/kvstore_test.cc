@@ -123,7 +123,7 @@ int32_t Importable(const std::vector<int32_t>& prompt) { return static_cast<int3
 
 // The router's membership list.
 std::vector<v1::ReplicaInfo> Replicas(const LocalCluster& c, v1::Role role) {
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(c.router_address(), grpc::InsecureChannelCredentials()));
+  auto stub = testing::ClusterStub(c);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::ListReplicasResponse list;
@@ -365,7 +365,7 @@ TEST_F(KvStoreServingTest, TwoInstancesShareTheKeySpace) {
   // The router lists both instances.
   v1::ListReplicasResponse list;
   {
-    auto cs = v1::Cluster::NewStub(grpc::CreateChannel(cluster->router_address(), grpc::InsecureChannelCredentials()));
+    auto cs = testing::ClusterStub(*cluster);
     grpc::ClientContext ctx;
     ASSERT_TRUE(cs->ListReplicas(&ctx, v1::ListReplicasRequest(), &list).ok());
   }
@@ -528,7 +528,7 @@ TEST_F(KvStoreServingTest, GarbageOnItsPortsAndMalformedRpcsAreRejectedAndItKeep
   // type 7 (there is none), so that no message decodes from them. Each is INVALID_ARGUMENT
   // naming the message type (gRPC's generated handlers would answer UNIMPLEMENTED, as if
   // the method did not exist).
-  auto channel = grpc::CreateChannel(grpc_address, grpc::InsecureChannelCredentials());
+  auto channel = testing::InternalChannel(*cluster, grpc_address);
   grpc::GenericStub generic(channel);
   for (const char* method : {"Lookup", "Reserve", "Commit", "Get", "Stats"}) {
     const std::string bytes = "\x0f" + RandomBytes(256, seed++);

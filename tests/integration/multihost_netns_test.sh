@@ -48,17 +48,26 @@ start() {  # start NAME NS-NAME BINARY ARGS...
   pids+=($!)
 }
 router="${ip_of[router]}:50051"
-start router "$bin/tandem-router" --listen "$router" --heartbeat-ms 300
+internal="${ip_of[router]}:50061"
+# Internal ports that other hosts reach need credentials: the cluster token here (tcp only).
+token="$work/cluster.token"
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$token"
+auth=(--cluster-token-file "$token")
+start router "$bin/tandem-router" --listen "$router" --internal-listen "$internal" "${auth[@]}" --heartbeat-ms 300
 for _ in $(seq 300); do [ -f "$work/router.json" ] && break; sleep 0.1; done
 [ -f "$work/router.json" ] || fail "router not ready"
-start prefill "$bin/tandem-prefill" --listen "${ip_of[prefill]}:0" --router "$router" --threads 1
-start decodea "$bin/tandem-decode" --listen "${ip_of[decodea]}:0" --router "$router" --threads 1
-start decodeb "$bin/tandem-decode" --listen "${ip_of[decodeb]}:0" --router "$router" --threads 1
+start prefill "$bin/tandem-prefill" --listen "${ip_of[prefill]}:0" --router "$internal" "${auth[@]}" --threads 1
+start decodea "$bin/tandem-decode" --listen "${ip_of[decodea]}:0" --router "$internal" "${auth[@]}" --threads 1
+start decodeb "$bin/tandem-decode" --listen "${ip_of[decodeb]}:0" --router "$internal" "${auth[@]}" --threads 1
 for name in prefill decodea decodeb; do
   for _ in $(seq 600); do [ -f "$work/$name.json" ] && break; sleep 0.1; done
   [ -f "$work/$name.json" ] || fail "$name not ready"
 done
-"$bin/tandem" status --addr "$router" || fail "status"
+"$bin/tandem" status --addr "$internal" "${auth[@]}" || fail "status"
+# Without the token the internal port refuses; the public one has no Cluster service.
+! "$bin/tandem" status --addr "$internal" 2>"$work/status.err" || fail "status without the token succeeded"
+grep -q UNAUTHENTICATED "$work/status.err" || fail "status without the token: $(cat "$work/status.err")"
+! "$bin/tandem" status --addr "$router" "${auth[@]}" 2>"$work/status.err" || fail "Cluster served on the public port"
 
 # Exactness across real separate network stacks.
 want="$("$bin/tandem" generate --local --model tiny --temperature 0 --max-tokens 24 --ignore-eos "Across namespaces" 2>/dev/null)"
@@ -108,5 +117,5 @@ for i in 1 2 3; do
   got="$("$bin/tandem" generate --addr "$router" --temperature 0 --max-tokens 8 --ignore-eos --timeout 60 "after $i" 2>"$work/after.err")" \
     || fail "request after the cut: $(cat "$work/after.err")"
 done
-"$bin/tandem" status --addr "$router"
+"$bin/tandem" status --addr "$internal" "${auth[@]}"
 echo "PASS"

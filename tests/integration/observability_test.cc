@@ -540,7 +540,8 @@ TEST(ObservabilityTest, EveryServiceExpositionPassesPromtoolUnderTraffic) {
   std::string prompt;
   for (int i = 0; i < 40; ++i) prompt += "The kvstore keeps prefix blocks; ";
   auto router = testing::GenerationStub(cluster->router_address());
-  auto both = testing::GenerationStub(both_grpc);
+  // The aggregated worker serves its Generation on an internal port: the cluster's credentials.
+  auto both = v1::Generation::NewStub(testing::InternalChannel(*cluster, both_grpc));
   for (int i = 0; i < 4; ++i) {
     for (auto* stub : {router.get(), both.get()}) {
       testing::StreamResult r = testing::Generate(*stub, testing::TextRequest(prompt, 8, std::nullopt, 0.0f));

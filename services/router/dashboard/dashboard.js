@@ -177,8 +177,17 @@
     document.body.dataset.replicas = String(list.length);
   }
 
+  // With --api-keys-file the router's data pages need a key: open the page as
+  // /dashboard/#key=KEY (the fragment never leaves the browser); it is sent as a Bearer
+  // header and kept for the tab's session.
+  const keyMatch = /(?:^#|&)key=([^&]+)/.exec(window.location.hash);
+  if (keyMatch) sessionStorage.setItem("tandem-api-key", decodeURIComponent(keyMatch[1]));
+  const apiKey = sessionStorage.getItem("tandem-api-key");
+
   async function getJson(path) {
-    const response = await fetch(path, { cache: "no-store" });
+    const headers = apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
+    const response = await fetch(path, { cache: "no-store", headers });
+    if (response.status === 401) throw new Error(`${path}: this router needs an API key: open /dashboard/#key=KEY`);
     if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
     return response.json();
   }
