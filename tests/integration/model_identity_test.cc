@@ -14,8 +14,8 @@
 namespace tandem {
 namespace {
 
-int DecodeReplicas(const std::string& router) {
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+int DecodeReplicas(const LocalCluster& cluster) {
+  auto stub = testing::ClusterStub(cluster);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::ListReplicasResponse r;
@@ -28,7 +28,7 @@ int DecodeReplicas(const std::string& router) {
 TEST(ModelIdentityTest, AReplicaOfAFineTuneIsRefusedByTheRouter) {
   auto cluster = testing::StartCluster(0, 1, 0);
   ASSERT_NE(cluster, nullptr);
-  ASSERT_EQ(DecodeReplicas(cluster->router_address()), 1);
+  ASSERT_EQ(DecodeReplicas(*cluster), 1);
 
   // The fine-tune: a copy of the model with a few tensor bytes changed.
   std::string tmpl = (std::filesystem::temp_directory_path() / "tandem-identity-XXXXXX").string();
@@ -43,18 +43,21 @@ TEST(ModelIdentityTest, AReplicaOfAFineTuneIsRefusedByTheRouter) {
   for (size_t i = 1; i <= 64; ++i) (*bytes)[bytes->size() - 7 * i] ^= 0x10;
   ASSERT_TRUE(WriteStringToFile(weights, *bytes).ok());
 
-  testing::ProcessResult refused = testing::RunProcess(
-      {testing::BinaryPath("tandem-decode"), "--role", "decode", "--router", cluster->router_address(), "--model",
-       tuned, "--ready-file", dir + "/tuned.ready.json"},
-      {}, 60);
+  // With the cluster's credentials, so that the layout is what refuses it.
+  std::vector<std::string> argv = {testing::BinaryPath("tandem-decode"), "--role", "decode", "--router",
+                                   cluster->router_internal_address(), "--model", tuned, "--ready-file",
+                                   dir + "/tuned.ready.json"};
+  for (const std::string& a : cluster->InternalAuthArgs()) argv.push_back(a);
+  testing::ProcessResult refused = testing::RunProcess(argv, {}, 60);
+  EXPECT_NE(refused.err.find("layout_fingerprint"), std::string::npos) << refused.err;
   EXPECT_NE(refused.exit_code, 0) << "a replica of another model's weights was admitted";
   EXPECT_FALSE(std::filesystem::exists(dir + "/tuned.ready.json"));
-  EXPECT_EQ(DecodeReplicas(cluster->router_address()), 1);
+  EXPECT_EQ(DecodeReplicas(*cluster), 1);
 
   // The real model still joins.
   absl::StatusOr<std::string> added = cluster->AddWorker("decode");
   ASSERT_TRUE(added.ok()) << added.status();
-  EXPECT_EQ(DecodeReplicas(cluster->router_address()), 2);
+  EXPECT_EQ(DecodeReplicas(*cluster), 2);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }
