@@ -94,6 +94,7 @@ TEST(BenchTest, ReportAndJsonAgainstServeLocal) {
 
   // Internal traffic is mutual TLS; the ready file says where the CA and a client
   // certificate are, and the router's internal address.
+  const nlohmann::json r = nlohmann::json::parse(ReadFileToString(tmp.Sub("ready.json")).value());
   const nlohmann::json& sec = r["security"];
   EXPECT_EQ(sec.value("internal_auth", ""), "mutual TLS") << r.dump(2);
   EXPECT_EQ(r["router"].value("internal_auth", ""), "mutual TLS");
