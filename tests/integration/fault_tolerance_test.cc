@@ -90,7 +90,8 @@ struct Reference {
 
 Reference ReferenceWithLogprobs(Engine& engine, const v1::GenerateRequest& r, const std::string& id) {
   Reference ref;
-  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(r, engine.tokenizer(), engine.config().vocab_size);
+  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(r, engine.tokenizer(), engine.config().vocab_size,
+                                                                      kDefaultMaxPromptBytes);
   absl::StatusOr<SamplingParams> sampling = FromProto(r.sampling(), engine.config().vocab_size);
   absl::StatusOr<StopParams> stop = FromProto(r.stop(), engine.config().vocab_size);
   EXPECT_TRUE(prompt.ok() && sampling.ok() && stop.ok());
