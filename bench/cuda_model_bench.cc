@@ -1,5 +1,5 @@
 // The CUDA forward pass of a DeepSeek model against references measured in the same run
-// (DESIGN.md §11): decode steps against the memory-bandwidth roofline, prefill against
+// (docs/design.md §11): decode steps against the memory-bandwidth roofline, prefill against
 // cuBLAS's bf16 GEMM rate, and the GPU's idle time between decode steps.
 //
 //   cuda_model_bench (--config FILE [--seed S] | --model DIR) [--context N] [--steps N]

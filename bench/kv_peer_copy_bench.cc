@@ -1,4 +1,4 @@
-// The device-to-device KV transfer path (DESIGN.md §5) against a plain peer copy measured
+// The device-to-device KV transfer path (docs/design.md §5) against a plain peer copy measured
 // in the same run (bench/README.md):
 //  - the path as the engine uses it: a child process (this binary, re-executed) owns the
 //    destination KV pool on --dst-device and exports it over CUDA IPC (cuda_ipc.h); this

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# KV transfer bandwidth vs ucx_perftest, measured in the same run (DESIGN.md §11).
+# KV transfer bandwidth vs ucx_perftest, measured in the same run (docs/design.md §11).
 #
 #   bench/kv_transfer_bench.sh [BUILD_DIR] [OUT_JSON]
 #

@@ -1,5 +1,5 @@
 // Multi-turn conversation replay against a local cluster, with the kvstore tier off and
-// on, in the same run (DESIGN.md §11: the reference is measured alongside).
+// on, in the same run (docs/design.md §11: the reference is measured alongside).
 //
 // Each conversation starts from its own long context (a document of --history-tokens
 // tokens) and runs --turns turns; every turn resends the whole history (document, every

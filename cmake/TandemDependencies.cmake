@@ -1,4 +1,4 @@
-# Third-party dependencies, all from Debian packages (DESIGN.md §10). Nothing is vendored
+# Third-party dependencies, all from Debian packages (docs/design.md §10). Nothing is vendored
 # or downloaded at build time.
 find_package(Threads REQUIRED)
 find_package(absl CONFIG REQUIRED)

@@ -1,5 +1,5 @@
 # Third-party dependencies of the services' shared plumbing (services/common): all from
-# Debian packages (DESIGN.md §10). Included by services/common/CMakeLists.txt; the
+# Debian packages (docs/design.md §10). Included by services/common/CMakeLists.txt; the
 # engine-only build never reads this file. The imported targets are GLOBAL (CMake 3.24+)
 # so that services/* and tests/unit/services/* can name them wherever this was included
 # first.

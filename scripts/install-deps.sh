@@ -16,7 +16,7 @@ for arg in "$@"; do
   esac
 done
 
-# Build and test dependencies (DESIGN.md §10). Keep this list exact: CI installs it on a
+# Build and test dependencies (docs/design.md §10). Keep this list exact: CI installs it on a
 # clean machine.
 packages=(
   build-essential cmake ninja-build pkg-config ccache git

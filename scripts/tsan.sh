@@ -6,7 +6,7 @@
 # `ctest -L tsan`, whose integration test starts the instrumented tandem-router,
 # tandem-prefill and tandem-decode and serves over tcp. Every process writes its reports
 # under build-tsan/tsan-reports; any report fails the run (0 reports is the bar).
-#   scripts/tsan.sh            (scripts/test.sh runs it after ctest; TANDEM_SKIP_TSAN=1 skips)
+#   scripts/tsan.sh            (scripts/test.sh runs it after ctest when TANDEM_TSAN=1)
 # The system's gRPC, protobuf, abseil and UCX are not instrumented: scripts/tsan.supp
 # names the few reports that come from inside them, with the reason for each.
 set -euo pipefail

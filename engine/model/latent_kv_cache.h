@@ -1,5 +1,5 @@
 // Storage of the latent KV cache: for every layer, `num_blocks` blocks of `block_size`
-// token entries, each entry kv_lora_rank + qk_rope_head_dim floats (DESIGN.md §4). Which
+// token entries, each entry kv_lora_rank + qk_rope_head_dim floats (docs/design.md §4). Which
 // blocks a sequence owns is the caller's business (the block manager's); the forward pass
 // is handed a block table per sequence.
 #pragma once

@@ -1,4 +1,4 @@
-// What the engine runs the model on (DESIGN.md §7): the CPU reference (DeepseekModel) or
+// What the engine runs the model on (docs/design.md §7): the CPU reference (DeepseekModel) or
 // a device backend (engine/model/cuda). The engine always owns a host KV pool
 // (LatentKvCache, float32): the memory the transfer layer registers and that KV export
 // and import read and write. The CPU backend computes in that pool directly. A device
@@ -7,7 +7,7 @@
 // KvFromHost before the first step of a request whose KV was imported.
 //
 // Between two processes of one machine, device backends can also move KV device to device
-// (CUDA IPC, DESIGN.md §5): the decode side shares its device pool (ShareKvPool), the
+// (CUDA IPC, docs/design.md §5): the decode side shares its device pool (ShareKvPool), the
 // prefill side opens a PeerKvWriter into the reserved blocks of that pool and the engine
 // gives it each layer's positions as they are computed; no host pool is involved.
 #pragma once

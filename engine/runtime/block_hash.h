@@ -1,4 +1,4 @@
-// The KV block hash chain (DESIGN.md §4): h_i = XXH3(h_{i-1}, tokens of block i, layout
+// The KV block hash chain (docs/design.md §4): h_i = XXH3(h_{i-1}, tokens of block i, layout
 // fingerprint). Only full blocks get a hash. The same values index the local prefix cache
 // (block_manager.h), the kvstore and the router's cache-aware routing table, so they are
 // defined on canonical little-endian byte encodings and are stable across processes,

@@ -1,4 +1,4 @@
-// Accounting of one paged KV cache's blocks (DESIGN.md §4): reference counts, copy-free
+// Accounting of one paged KV cache's blocks (docs/design.md §4): reference counts, copy-free
 // sharing of prefix blocks through a hash-indexed prefix cache, and an LRU of cached
 // blocks nobody holds, evicted when fresh blocks run out.
 //

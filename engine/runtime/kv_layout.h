@@ -1,4 +1,4 @@
-// The KV layout a model's replicas exchange (DESIGN.md §2, §4): which model, element type,
+// The KV layout a model's replicas exchange (docs/design.md §2, §4): which model, element type,
 // block size and entry size. Its fingerprint travels with every request that moves KV, so
 // replicas of different builds or models never exchange KV silently. The model's identity
 // is its config.json and a digest of every byte of its weights

@@ -1,4 +1,4 @@
-// Prefix KV computed elsewhere (fetched from the kvstore tier, DESIGN.md §3 step 4), handed
+// Prefix KV computed elsewhere (fetched from the kvstore tier, docs/design.md §3 step 4), handed
 // to the engine with a request so that it copies those blocks into its cache instead of
 // computing them.
 //

@@ -1,7 +1,7 @@
 // Copies a sequence's latent KV entries from one paged pool to another, possibly in
 // another process or on another GPU (a CUDA IPC mapping with peer access), and folds what
 // it copies into a checksum: the device-to-device KV transfer between a prefill and a
-// decode replica on one host (DESIGN.md §5). Both pools have the layout
+// decode replica on one host (docs/design.md §5). Both pools have the layout
 // [layer][block][block_size slots][entry_bytes]; each side has its own block table.
 //
 // The checksum is order-independent (a sum over entries), so the sender can compute it

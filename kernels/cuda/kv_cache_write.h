@@ -1,4 +1,4 @@
-// Writes new tokens' latent KV entries into the paged bf16 cache of one layer (DESIGN.md
+// Writes new tokens' latent KV entries into the paged bf16 cache of one layer (docs/design.md
 // §4): entry i goes to slot slots[i] = block * block_size + offset. The entries arrive in
 // float32 (kv_lora_rank normalized latent, then rope_dim rotated rotary key) and are
 // stored in bf16 (round to nearest even). A negative slot (or one past num_slots) skips

@@ -1,4 +1,4 @@
-// Reads latent KV entries out of one layer of the paged bf16 cache (DESIGN.md §4): output
+// Reads latent KV entries out of one layer of the paged bf16 cache (docs/design.md §4): output
 // row i is the entry of position first_position + i of the sequence whose blocks are
 // block_table, as bf16 (the expanded attention of a prefill chunk gathers its keys this
 // way) or float32 (KV export to the host). With block_table = a list of block ids and

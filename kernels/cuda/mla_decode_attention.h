@@ -1,4 +1,4 @@
-// Paged multi-head latent attention for decode, absorbed form (DESIGN.md §8): every query
+// Paged multi-head latent attention for decode, absorbed form (docs/design.md §8): every query
 // head attends directly over the cached latent entries (kv_lora_rank normalized latent
 // values, then qk_rope_head_dim rotated rotary key), so the cache is read once per
 // sequence for all heads. The caller has already folded kv_b's key half into the query

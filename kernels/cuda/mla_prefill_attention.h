@@ -1,4 +1,4 @@
-// Causal attention of one sequence's prefill chunk in the expanded MLA form (DESIGN.md
+// Causal attention of one sequence's prefill chunk in the expanded MLA form (docs/design.md
 // §8): the cached latents of positions [0, num_kv) have been projected by kv_b into
 // per-head keys (nope part) and values; the rotary key part is shared by all heads.
 // Query i sits at position num_kv - num_q + i and attends to keys [0, num_kv - num_q + i],

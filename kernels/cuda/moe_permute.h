@@ -1,4 +1,4 @@
-// Token permutation for the MoE layers on the GPU (DESIGN.md §8).
+// Token permutation for the MoE layers on the GPU (docs/design.md §8).
 //
 // MoePermute sorts the (token, expert) pairs of a routing by expert: group g's rows are
 // [group_offsets[g], group_offsets[g + 1]) of the permuted order, tokens ascending inside

@@ -1,4 +1,4 @@
-// The admin HTTP server of every service (DESIGN.md §1, §9): /metrics (Prometheus),
+// The admin HTTP server of every service (docs/design.md §1, §9): /metrics (Prometheus),
 // /healthz, /readyz, service-specific pages and static files (the router's dashboard).
 // HTTP/1.1 with keep-alive, GET and HEAD only, served by its own threads: the caller
 // never blocks on it, and slow or broken clients cannot wedge it (each request must

@@ -1,5 +1,5 @@
 // The ready file: written once a service is ready, JSON with its bound addresses, so
-// that launchers and tests never guess ports (DESIGN.md §1, --ready-file).
+// that launchers and tests never guess ports (docs/design.md §1, --ready-file).
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-// The flags every Tandem service shares (DESIGN.md §1) and the flag plumbing of every
+// The flags every Tandem service shares (docs/design.md §1) and the flag plumbing of every
 // service binary: TANDEM_* environment variables and --config files for all options.
 //
 //   CLI::App app{"tandem-decode: ..."};

@@ -1,5 +1,5 @@
 // The key of a stored KV block: the layout fingerprint (model, dtype, block size, layout
-// version) and the block's hash in the chain of DESIGN.md §4. Both are part of every key,
+// version) and the block's hash in the chain of docs/design.md §4. Both are part of every key,
 // so blocks of different models or builds never mix even if a hash collided across them.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Consistent hashing of the block-hash key space over kvstore instances (DESIGN.md §1:
+// Consistent hashing of the block-hash key space over kvstore instances (docs/design.md §1:
 // "several instances shard the key space"). Each instance, named by a stable instance name
 // (not its address, which may change across restarts), owns `vnodes` points on a 64-bit
 // ring; a key belongs to the first point at or after it (wrapping). Adding an instance

@@ -53,7 +53,7 @@ int RunKvStore(int argc, char** argv) {
   int64_t lease_ms = 30000;
   security::InternalAuthFlags internal_auth;
   CLI::App app{
-      "tandem-kvstore: the prefix KV block store (DESIGN.md §1, §4). Keeps KV blocks of prompt prefixes, keyed by "
+      "tandem-kvstore: the prefix KV block store (docs/design.md §1, §4). Keeps KV blocks of prompt prefixes, keyed by "
       "the block hash chain and the KV layout fingerprint, in a DRAM tier with LRU eviction and an optional SSD "
       "tier that holds what DRAM evicts and survives restarts. Control plane tandem.v1.KvStore (gRPC); block bytes "
       "over UCX. Registers with the router (--router) so prefill replicas find it; several instances shard the "

@@ -1,4 +1,4 @@
-// Prometheus metrics of the kvstore tier (DESIGN.md §9), on both of its sides:
+// Prometheus metrics of the kvstore tier (docs/design.md §9), on both of its sides:
 //  - the kvstore instance (role "kvstore"): counters and gauges read from the BlockStore's
 //    stats when scraped (cache queries, hit tokens, bytes in and out, puts by outcome,
 //    evictions and usage per tier, SSD reads/writes/corrupt files), and per-RPC latency and

@@ -1,4 +1,4 @@
-// The prefill replica's side of the kvstore tier, for one request (DESIGN.md §3 step 4):
+// The prefill replica's side of the kvstore tier, for one request (docs/design.md §3 step 4):
 //
 //   1. before computing: the prompt's full-block hash chain; how much of it the engine's
 //      own prefix cache holds (Engine::CachedPrefixLength, a hint); then, asynchronously,

@@ -1,4 +1,4 @@
-// The router's bounded queues, one per role (DESIGN.md §6): requests that have not yet
+// The router's bounded queues, one per role (docs/design.md §6): requests that have not yet
 // got their first token (waiting for or inside a prefill) count against the prefill
 // queue; requests waiting for KV room on a decode replica count against the decode
 // queue. A request that would go over a limit is refused with RESOURCE_EXHAUSTED and a

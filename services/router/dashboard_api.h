@@ -1,4 +1,4 @@
-// The router's built-in dashboard (DESIGN.md §9): the page at /dashboard/ (static files
+// The router's built-in dashboard (docs/design.md §9): the page at /dashboard/ (static files
 // the build copies next to the binary: services/router/dashboard/ and uPlot from npm) and
 // the JSON it polls, /api/summary (MetricsHistory::ToJson; query parameters window=,
 // series=, step= in seconds, since= a Unix time). The replicas table reads /replicas.

@@ -1,4 +1,4 @@
-// The router's recent history, for its /dashboard page (DESIGN.md §9): every `interval`
+// The router's recent history, for its /dashboard page (docs/design.md §9): every `interval`
 // it reads the router's own Prometheus metrics (the counters and histograms /metrics
 // serves, so the page and Prometheus agree) and each replica's last load report from the
 // membership, and keeps the last `capacity` samples. From two samples it computes what the

@@ -1,4 +1,4 @@
-// One client Generate call through the router (DESIGN.md §3):
+// One client Generate call through the router (docs/design.md §3):
 //   disaggregated: Decode.Reserve on a decode replica (a lease on KV blocks) -> Prefill on a
 //   prefill replica, which writes the KV into those blocks layer by layer and returns the
 //   first token (sent to the client at once: that is TTFT) -> Decode on the decode

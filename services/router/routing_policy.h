@@ -1,4 +1,4 @@
-// How the router chooses a replica of a role (DESIGN.md §6), per role by flag:
+// How the router chooses a replica of a role (docs/design.md §6), per role by flag:
 //   round-robin        in turn;
 //   least-outstanding  fewest requests in flight from this router (+ reported waiting);
 //   power-of-two       the less loaded of two picked at random;

@@ -1,4 +1,4 @@
-// The router under faults and scaling (DESIGN.md §3 step 7, §6): replicas killed with
+// The router under faults and scaling (docs/design.md §3 step 7, §6): replicas killed with
 // kill -9 mid-stream, replicas added under load and drained with SIGTERM, balance of the
 // routing policies, and cache-aware routing. Real binaries on loopback, UCX over tcp.
 #include <signal.h>

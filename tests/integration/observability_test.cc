@@ -1,4 +1,4 @@
-// Observability end to end (DESIGN.md §9): a real cluster under `tandem bench` load,
+// Observability end to end (docs/design.md §9): a real cluster under `tandem bench` load,
 // scraped by a real Prometheus with deploy/prometheus/ (targets from the ready file by
 // targets_from_ready_file.py, the recording rules), whose answers must agree with what the
 // benchmark measured; every Grafana panel's query must return data; every service's

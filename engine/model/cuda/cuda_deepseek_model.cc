@@ -46,7 +46,7 @@ StepMeta LayoutMeta(char* base, int64_t rows, int64_t out_rows, int64_t table_ro
 
 namespace {
 
-constexpr int64_t kBlock = 64;       // KV block size (DESIGN.md §4)
+constexpr int64_t kBlock = 64;       // KV block size (docs/design.md §4)
 constexpr int64_t kAbsorbedChunk = 64;  // query tokens per absorbed launch of a long sequence
 
 // Measured intervals (profile events, timeline stamps) summed per kind of launch, the

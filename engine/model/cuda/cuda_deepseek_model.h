@@ -1,4 +1,4 @@
-// The DeepSeek-V2/V3 forward pass on an NVIDIA GPU (DESIGN.md §7-§8), with exactly the
+// The DeepSeek-V2/V3 forward pass on an NVIDIA GPU (docs/design.md §7-§8), with exactly the
 // contract of DeepseekModel::Forward (deepseek_model.h): the same ForwardSequence and
 // ForwardOptions, block tables into a paged latent KV cache, logits returned to the host
 // as float32. The GPU holds bf16 weights (cuda_weights.h), a paged bf16 latent cache

@@ -1,4 +1,4 @@
-// CUDA IPC for the device-to-device KV transfer (DESIGN.md §5): a process exports a device
+// CUDA IPC for the device-to-device KV transfer (docs/design.md §5): a process exports a device
 // allocation (its KV pool) as a descriptor; another process on the same machine maps it on
 // its own GPU (the same GPU, or a peer GPU it can reach over NVLink/PCIe P2P) and writes
 // into it with kernels. Descriptors carry the machine's boot id and the GPU's UUID so the

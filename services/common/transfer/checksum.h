@@ -1,4 +1,4 @@
-// XXH3-64 checksums so that both ends of a transfer can verify what arrived (DESIGN.md §5:
+// XXH3-64 checksums so that both ends of a transfer can verify what arrived (docs/design.md §5:
 // "sizes are checked on arrival"). The layout fingerprint is the caller's business.
 #pragma once
 

@@ -1,5 +1,5 @@
 // RemoteMemoryDescriptor: what a peer needs to put bytes into registered memory of another
-// process (DESIGN.md §5). The decode replica registers its KV pool, hands the descriptor to
+// process (docs/design.md §5). The decode replica registers its KV pool, hands the descriptor to
 // the router (control plane, gRPC), and the prefill replica writes into it (data plane).
 #pragma once
 

@@ -1,4 +1,4 @@
-// The KV transfer interface (DESIGN.md §5): register local memory, describe it to a peer,
+// The KV transfer interface (docs/design.md §5): register local memory, describe it to a peer,
 // and let the peer put bytes into it with one-sided writes. No engine, no gRPC: what moves
 // and where is decided by the caller (control plane); this layer only moves bytes.
 //
