@@ -11,6 +11,29 @@ namespace tandem {
 
 namespace fs = std::filesystem;
 
+absl::StatusOr<std::map<std::string, std::string>> ReadWeightMap(const std::string& index_file) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(index_file));
+  nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+      !index["weight_map"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(index_file, ": not a JSON object with a 'weight_map' object"));
+  }
+  std::map<std::string, std::string> weight_map;
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_file, ": weight_map entry '", it.key(), "' is not a file name"));
+    }
+    const std::string shard = it.value().get<std::string>();
+    if (shard.find('/') != std::string::npos || shard == ".." || shard.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(index_file, ": weight_map entry '", it.key(), "' names '",
+                                                     shard, "', which is not a file in the checkpoint"));
+    }
+    weight_map[it.key()] = shard;
+  }
+  return weight_map;
+}
+
 absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   auto ckpt = std::make_unique<Checkpoint>();
   ckpt->dir_ = dir;
@@ -22,26 +45,9 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   std::vector<std::string> shard_names;
   std::error_code ec;
   if (fs::exists(index_path, ec)) {
-    ASSIGN_OR_RETURN(std::string text, ReadFileToString(index_path.string()));
-    nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
-        !index["weight_map"].is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index_path.string(), ": not a JSON object with a 'weight_map' object"));
-    }
+    ASSIGN_OR_RETURN(weight_map, ReadWeightMap(index_path.string()));
     std::set<std::string> seen;
-    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": weight_map entry '",
-                                                       it.key(), "' is not a file name"));
-      }
-      const std::string shard = it.value().get<std::string>();
-      if (shard.find('/') != std::string::npos || shard == ".." || shard.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": weight_map entry '",
-                                                       it.key(), "' names '", shard,
-                                                       "', which is not a file in the checkpoint"));
-      }
-      weight_map[it.key()] = shard;
+    for (const auto& [tensor, shard] : weight_map) {
       if (seen.insert(shard).second) shard_names.push_back(shard);
     }
   } else if (fs::exists(single_path, ec)) {

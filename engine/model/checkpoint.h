@@ -20,6 +20,10 @@ namespace tandem {
 // at load, so that models of real sizes need not be written and read.
 inline constexpr char kGeneratedWeightsFile[] = "tandem_generated_weights.json";
 
+// Reads a sharded checkpoint's model.safetensors.index.json: tensor name -> shard file
+// name, each shard a plain file name in the checkpoint's directory (checked).
+absl::StatusOr<std::map<std::string, std::string>> ReadWeightMap(const std::string& index_file);
+
 class Checkpoint {
  public:
   // Errors: NOT_FOUND (no safetensors files), INVALID_ARGUMENT (malformed index, a tensor

@@ -8,7 +8,6 @@
 #include "engine/model/checkpoint.h"
 #include "engine/util/mapped_file.h"
 #include "engine/util/status_macros.h"
-#include "nlohmann/json.hpp"
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include "xxhash.h"
@@ -29,26 +28,9 @@ absl::StatusOr<std::vector<std::string>> WeightFiles(const fs::path& root) {
   std::error_code ec;
   const fs::path index_path = root / "model.safetensors.index.json";
   if (fs::exists(index_path, ec)) {
-    ASSIGN_OR_RETURN(std::string text, ReadFileToString(index_path.string()));
-    nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
-        !index["weight_map"].is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index_path.string(), ": not a JSON object with a 'weight_map' object"));
-    }
+    ASSIGN_OR_RETURN(auto weight_map, ReadWeightMap(index_path.string()));
     std::set<std::string> shards;
-    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index_path.string(), ": weight_map entry '", it.key(), "' is not a file name"));
-      }
-      const std::string shard = it.value().get<std::string>();
-      if (shard.empty() || shard.find('/') != std::string::npos || shard == "..") {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index_path.string(), ": weight_map entry '", it.key(), "' names '", shard, "'"));
-      }
-      shards.insert(shard);
-    }
+    for (const auto& [tensor, shard] : weight_map) shards.insert(shard);
     return std::vector<std::string>(shards.begin(), shards.end());
   }
   if (fs::exists(root / "model.safetensors", ec)) return std::vector<std::string>{"model.safetensors"};
