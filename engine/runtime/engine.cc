@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <random>
 
 #include <sys/mman.h>
@@ -247,6 +248,13 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::Submit(EngineRequest reque
 
 void Engine::Cancel(const std::string& id) {
   Post([this, id] {
+    for (auto it = kv_waiters_.begin(); it != kv_waiters_.end(); ++it) {
+      if (it->id != id) continue;
+      ReserveDone done = std::move(it->done);
+      kv_waiters_.erase(it);
+      done(absl::CancelledError(absl::StrCat("reservation '", id, "' was cancelled")));
+      return;
+    }
     // The callers cancel a reservation only once no writer can still touch it (the
     // router's Release, or the Decode call after a completed prefill): quarantined or not,
     // its blocks are free again.
@@ -274,30 +282,94 @@ void Engine::Post(Command c) {
 }
 
 absl::StatusOr<std::vector<int32_t>> Engine::ReserveKv(const std::string& id, int32_t num_tokens) {
-  if (num_tokens <= 0) return absl::InvalidArgumentError("ReserveKv: num_tokens must be positive");
-  if (num_tokens >= backend_->config().max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("ReserveKv: ", num_tokens, " tokens exceed the model's context"));
-  }
   auto promise = std::make_shared<std::promise<absl::StatusOr<std::vector<int32_t>>>>();
   auto future = promise->get_future();
+  ReserveKvAsync(id, num_tokens, /*wait_s=*/0,
+                 [promise](absl::StatusOr<std::vector<int32_t>> r) { promise->set_value(std::move(r)); });
+  return future.get();
+}
+
+void Engine::ReserveKvAsync(const std::string& id, int32_t num_tokens, double wait_s, ReserveDone done) {
+  if (num_tokens <= 0) return done(absl::InvalidArgumentError("ReserveKv: num_tokens must be positive"));
+  if (num_tokens >= backend_->config().max_position_embeddings) {
+    return done(absl::InvalidArgumentError(absl::StrCat("ReserveKv: ", num_tokens, " tokens exceed the model's context")));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return absl::UnavailableError("engine is shutting down");
-    if (live_ids_.contains(id)) return absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use"));
+    if (stop_) return done(absl::UnavailableError("engine is shutting down"));
+    if (live_ids_.contains(id)) {
+      return done(absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use")));
+    }
   }
-  Post([this, id, num_tokens, promise] {
-    // Blocks freed while a step computes may still be written by it (a sequence that ended
-    // meanwhile): the peer writing into the reservation must come after it.
-    SettleInFlight();
-    if (leases_->Contains(id) || scheduler_->Find(id) != nullptr) {
-      promise->set_value(absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use")));
+  Post([this, id, num_tokens, wait_s, done = std::move(done)]() mutable {
+    counters_.kv_reserve_requests++;
+    const bool waiting_id = std::any_of(kv_waiters_.begin(), kv_waiters_.end(), [&](const KvWaiter& w) { return w.id == id; });
+    if (waiting_id || leases_->Contains(id) || scheduler_->Find(id) != nullptr) {
+      done(absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use")));
       return;
     }
-    // One position more than the prompt: the first decode step writes there.
     const int32_t need = scheduler_->BlocksFor(static_cast<int64_t>(num_tokens) + 1);
-    promise->set_value(leases_->Reserve(id, need, num_tokens, Now()));
+    if (need > scheduler_->blocks().num_blocks()) {
+      // Waiting cannot help: a distinct code, so that the router fails the request at once
+      // rather than waiting for room that will never appear.
+      done(absl::OutOfRangeError(absl::StrCat("ReserveKv: ", num_tokens, " tokens need ", need,
+                                              " KV blocks, more than this replica's whole KV pool (",
+                                              scheduler_->blocks().num_blocks(), " blocks)")));
+      return;
+    }
+    // First fit: a reservation that fits now is made now (waiting ones do not fit).
+    absl::StatusOr<std::vector<int32_t>> blocks = ReserveNow(id, num_tokens);
+    if (blocks.ok() || !absl::IsResourceExhausted(blocks.status()) || wait_s <= 0) {
+      done(std::move(blocks));
+      return;
+    }
+    if (static_cast<int64_t>(kv_waiters_.size()) >= options_.max_kv_waiters) {
+      done(absl::ResourceExhaustedError(absl::StrCat("ReserveKv: no KV room, and the wait queue is full (",
+                                                     options_.max_kv_waiters, " waiting)")));
+      return;
+    }
+    kv_waiters_.push_back({id, num_tokens, Now() + wait_s, std::move(done)});
   });
-  return future.get();
+}
+
+absl::StatusOr<std::vector<int32_t>> Engine::ReserveNow(const std::string& id, int32_t num_tokens) {
+  // One position more than the prompt: the first decode step writes there.
+  const int32_t need = scheduler_->BlocksFor(static_cast<int64_t>(num_tokens) + 1);
+  if (scheduler_->blocks().num_free() < need) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("ReserveKv: ", need, " KV blocks needed, ", scheduler_->blocks().num_free(), " free"));
+  }
+  // Blocks freed while a step computes may still be written by it (a sequence that ended
+  // meanwhile): the peer writing into the reservation must come after it.
+  SettleInFlight();
+  return leases_->Reserve(id, need, num_tokens, Now());
+}
+
+void Engine::AdmitKvWaiters() {
+  if (kv_waiters_.empty()) return;
+  const double now = Now();
+  for (auto it = kv_waiters_.begin(); it != kv_waiters_.end();) {
+    if (it->deadline <= now) {
+      ReserveDone done = std::move(it->done);
+      it = kv_waiters_.erase(it);
+      done(absl::ResourceExhaustedError("ReserveKv: no KV room within the wait"));
+    } else {
+      ++it;
+    }
+  }
+  // In arrival order, every waiter that fits now: a large reservation ahead waiting for
+  // more room does not hold back smaller ones behind it (it keeps its place, and its wait
+  // bounds how long it can be overtaken).
+  for (auto it = kv_waiters_.begin(); it != kv_waiters_.end() && scheduler_->blocks().num_free() > 0;) {
+    absl::StatusOr<std::vector<int32_t>> blocks = ReserveNow(it->id, it->num_tokens);
+    if (!blocks.ok() && absl::IsResourceExhausted(blocks.status())) {
+      ++it;
+      continue;
+    }
+    ReserveDone done = std::move(it->done);
+    it = kv_waiters_.erase(it);
+    done(std::move(blocks));
+  }
 }
 
 absl::Status Engine::WriteKv(std::span<const int32_t> block_table, int64_t layer, int64_t first_position,
@@ -320,31 +392,42 @@ absl::Status Engine::WriteKv(std::span<const int32_t> block_table, int64_t layer
 
 absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineRequest request, int32_t first_token,
                                                                      bool emit_first_token, ImportedKv where) {
-  RETURN_IF_ERROR(ValidateRequest(request));
+  auto promise = std::make_shared<std::promise<absl::StatusOr<std::shared_ptr<OutputStream>>>>();
+  auto future = promise->get_future();
+  SubmitImportedAsync(std::move(request), first_token, emit_first_token, where,
+                      [promise](absl::StatusOr<std::shared_ptr<OutputStream>> r) { promise->set_value(std::move(r)); });
+  return future.get();
+}
+
+void Engine::SubmitImportedAsync(EngineRequest request, int32_t first_token, bool emit_first_token, ImportedKv where,
+                                 SubmitDone done) {
+  if (absl::Status st = ValidateRequest(request); !st.ok()) return done(st);
   if (first_token < 0 || first_token >= backend_->config().vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary"));
+    return done(absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary")));
+  }
+  if (where == ImportedKv::kDevicePool && backend_->kv_in_host_pool()) {
+    return done(absl::InvalidArgumentError("KV in a device pool, but the model runs on the CPU"));
   }
   auto out = std::make_shared<OutputStream>();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return absl::UnavailableError("engine is shutting down");
+    if (stop_) return done(absl::UnavailableError("engine is shutting down"));
     if (live_ids_.contains(request.id)) {
-      return absl::InvalidArgumentError(absl::StrCat("request id '", request.id, "' is already in use"));
+      return done(absl::InvalidArgumentError(absl::StrCat("request id '", request.id, "' is already in use")));
     }
     live_ids_[request.id] = true;
   }
   auto seq = std::make_shared<std::unique_ptr<Sequence>>(MakeSequence(std::move(request), out));
-  auto promise = std::make_shared<std::promise<absl::Status>>();
-  auto future = promise->get_future();
-  if (where == ImportedKv::kDevicePool && backend_->kv_in_host_pool()) {
-    return absl::InvalidArgumentError("KV in a device pool, but the model runs on the CPU");
-  }
-  Post([this, seq, promise, first_token, emit_first_token, where] {
+  Post([this, seq, out, done = std::move(done), first_token, emit_first_token, where] {
     Sequence& s = **seq;
     const int32_t have = static_cast<int32_t>(s.tokens.size());  // prompt + resumed output
     const KvLeases::Reservation* live = leases_->Find(s.id);
     if (live == nullptr || live->num_tokens < have) {
-      promise->set_value(absl::FailedPreconditionError(absl::StrCat(
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        live_ids_.erase(s.id);
+      }
+      done(absl::FailedPreconditionError(absl::StrCat(
           "no KV reservation of ", have, " tokens for request '", s.id, "' (expired or never made)")));
       return;
     }
@@ -359,7 +442,7 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
     o.token_ids.push_back(first_token);
     o.text = r.text_delta;
     o.metrics = s.metrics;
-    promise->set_value(absl::OkStatus());
+    done(out);
     if (r.finished) {
       if (!emit_first_token) {
         o.token_ids.clear();
@@ -376,13 +459,6 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
     if (emit_first_token) s.output->Push(std::move(o));
     scheduler_->AddRunning(std::move(*seq));
   });
-  absl::Status st = future.get();
-  if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    live_ids_.erase((*seq) ? (*seq)->id : std::string());
-    return st;
-  }
-  return out;
 }
 
 void Engine::Finish(std::unique_ptr<Sequence> seq, RequestOutput out) {
@@ -449,6 +525,7 @@ void Engine::PublishStats() {
   s.kv_leases_quarantined = ls.quarantined_leases;
   s.kv_quarantine_released = ls.quarantine_released;
   s.kv_quarantine_timeouts = ls.quarantine_timeouts;
+  s.kv_reserve_waiting = static_cast<int64_t>(kv_waiters_.size());
   const BlockManagerStats& bs = scheduler_->blocks().stats();
   s.prefix_cache_queries = bs.prefix_queries;
   s.prefix_cache_queried_blocks = bs.queried_blocks;
@@ -504,10 +581,13 @@ void Engine::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       const bool idle = scheduler_->empty() && !in_flight_;
       if (idle && commands_.empty() && !stop_) {
-        if (leases_->empty()) {
+        if (leases_->empty() && kv_waiters_.empty()) {
           cv_.wait(lock, [this] { return stop_ || !commands_.empty(); });
         } else {
-          const double wait_s = std::max(0.0, leases_->NextDeadline() - Now());
+          // Wake for the next lease expiry or quarantine bound, or end of a reservation's wait.
+          double next = leases_->NextDeadline();
+          for (const KvWaiter& w : kv_waiters_) next = std::min(next, w.deadline);
+          const double wait_s = std::max(0.0, next - Now());
           cv_.wait_for(lock, std::chrono::duration<double>(std::min(wait_s, 1.0)),
                        [this] { return stop_ || !commands_.empty(); });
         }
@@ -517,11 +597,13 @@ void Engine::Loop() {
     }
     for (Command& c : commands) c();
     ExpireLeases();
+    AdmitKvWaiters();
     if (in_flight_) {
       Advance();
     } else if (!scheduler_->empty()) {
       Step();
     }
+    AdmitKvWaiters();  // blocks the step freed
     PublishStats();
   }
   // Shutdown: the step in flight finishes first (its sequences' placeholders stay), then
@@ -531,6 +613,8 @@ void Engine::Loop() {
     in_flight_.reset();
   }
   leases_->ReleaseAll();
+  for (KvWaiter& w : kv_waiters_) w.done(absl::UnavailableError("the engine shut down"));
+  kv_waiters_.clear();
   for (std::unique_ptr<Sequence>& seq : scheduler_->TakeAll()) {
     RequestOutput out;
     out.status = absl::UnavailableError("the engine shut down");

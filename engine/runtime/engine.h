@@ -63,6 +63,9 @@ struct EngineOptions {
   // be writing into them): until a Cancel of its id says no writer can touch them, or this
   // long after the expiry at most (kv_leases.h).
   double kv_quarantine_seconds = 60.0;
+  // ReserveKvAsync calls waiting for KV room (first come, first served); beyond:
+  // RESOURCE_EXHAUSTED at once.
+  int32_t max_kv_waiters = 1024;
   // Device backends: choose tokens on the device (ModelBackend::ForwardSample, the CPU
   // Sampler's choice) for steps where no request wants logprobs or suppressed tokens;
   // false: logits always cross to the host and the CPU samples.
@@ -122,6 +125,8 @@ struct EngineStats {
   int64_t kv_leases_quarantined = 0;
   int64_t kv_quarantine_released = 0;
   int64_t kv_quarantine_timeouts = 0;
+  int64_t kv_reserve_requests = 0;  // ReserveKv / ReserveKvAsync calls (decode replicas: Reserve RPCs)
+  int64_t kv_reserve_waiting = 0;   // ReserveKvAsync calls waiting for room now
   // Prefix cache (block manager): lookups, blocks looked up and found, evictions.
   int64_t prefix_cache_queries = 0;
   int64_t prefix_cache_queried_blocks = 0;
@@ -161,6 +166,15 @@ class Engine {
   // blocks, live or expired and quarantined. Unlike Cancel, a running request of that id is
   // left alone. Unknown ids are ignored.
   void ReleaseKv(const std::string& id);
+  // ReserveKv without blocking the caller: `done` runs exactly once, on the engine thread
+  // (keep it short: no waiting, no heavy work), or inline for a call refused before it is
+  // queued. With `wait_s` > 0 a reservation that does not fit now waits (at most
+  // max_kv_waiters) and is made as blocks free, the waiting ones in arrival order, each as
+  // soon as it fits (a large one does not hold back smaller ones behind it); it ends
+  // RESOURCE_EXHAUSTED when `wait_s` passes or the wait queue is full, OUT_OF_RANGE at once
+  // when it is larger than the whole pool (it can never fit), CANCELLED on Cancel(id).
+  using ReserveDone = std::function<void(absl::StatusOr<std::vector<int32_t>>)>;
+  void ReserveKvAsync(const std::string& id, int32_t num_tokens, double wait_s, ReserveDone done);
   // Copies entries of positions [first_position, first_position + n) of one layer into a
   // reservation's blocks (n = entries.size() / entry_dim). Safe from any thread: it only
   // touches the reserved blocks.
@@ -178,6 +192,11 @@ class Engine {
   absl::StatusOr<std::shared_ptr<OutputStream>> SubmitImported(EngineRequest request, int32_t first_token,
                                                                bool emit_first_token = true,
                                                                ImportedKv where = ImportedKv::kHostPool);
+  // SubmitImported without blocking the caller: `done` runs exactly once, on the engine
+  // thread (keep it short), or inline for a request refused before it is queued.
+  using SubmitDone = std::function<void(absl::StatusOr<std::shared_ptr<OutputStream>>)>;
+  void SubmitImportedAsync(EngineRequest request, int32_t first_token, bool emit_first_token, ImportedKv where,
+                           SubmitDone done);
   // The model backend, for the device-to-device KV transfer calls that are thread-safe
   // (ShareKvPool, OpenPeerKv, DeviceKvChecksum).
   ModelBackend& backend() const { return *backend_; }
@@ -272,6 +291,10 @@ class Engine {
   // The sequence must already be out of the scheduler (its blocks released).
   void Finish(std::unique_ptr<Sequence> seq, RequestOutput out);
   void ExpireLeases();
+  // ReserveKv's allocation (engine thread): the blocks, or RESOURCE_EXHAUSTED for now.
+  absl::StatusOr<std::vector<int32_t>> ReserveNow(const std::string& id, int32_t num_tokens);
+  // Makes the waiting reservations that now fit (in order), ends those whose wait ran out.
+  void AdmitKvWaiters();
   void PublishStats();
   double Now() const { return options_.clock(); }
 
@@ -285,6 +308,13 @@ class Engine {
   std::vector<int32_t> eos_ids_;
   uint64_t layout_fingerprint_ = 0;
   std::unique_ptr<KvLeases> leases_;                 // engine thread only
+  struct KvWaiter {
+    std::string id;
+    int32_t num_tokens = 0;
+    double deadline = 0;
+    ReserveDone done;
+  };
+  std::deque<KvWaiter> kv_waiters_;                   // engine thread only
   std::optional<InFlight> in_flight_;                 // engine thread only
   // Advance's collected step while it launches the next and emits this one's outputs: a
   // sequence ending meanwhile (a failed launch) is dropped from it as well.

@@ -1,13 +1,37 @@
 #include "services/decode/decode_service.h"
 
+#include <algorithm>
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "services/api/grpc_status.h"
 #include "services/api/proto_convert.h"
-#include "services/worker/engine_stream_reactor.h"
 #include "services/worker/kv_checksum.h"
 
 namespace tandem {
+namespace {
+
+// Decode.Reserve's reactor: answered from the engine thread. A call cancelled while its
+// reservation waits for room withdraws it from the engine's wait queue.
+class ReserveReactor final : public grpc::ServerUnaryReactor {
+ public:
+  ReserveReactor(Engine* engine, std::string id) : engine_(engine), id_(std::move(id)) {}
+  // From now until Disarm, a cancel withdraws the reservation from the engine.
+  void Arm() { armed_ = true; }
+  void Disarm() { armed_ = false; }
+  void OnCancel() override {
+    if (armed_.exchange(false)) engine_->Cancel(id_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Engine* engine_;
+  std::string id_;
+  std::atomic<bool> armed_{false};
+};
+
+}  // namespace
 
 DecodeServiceImpl::DecodeServiceImpl(Engine* engine, std::string pool_descriptor, int64_t lease_ms,
                                      std::optional<v1::DeviceKvPool> device_pool)
@@ -23,9 +47,36 @@ std::optional<DecodeServiceImpl::Reservation> DecodeServiceImpl::Take(const std:
   return r;
 }
 
+void DecodeServiceImpl::Remember(const std::string& id, const std::vector<int32_t>& blocks, int32_t num_tokens) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  // Forget reservations the engine has long since expired.
+  for (auto it = reservations_.begin(); it != reservations_.end();) {
+    if (now - it->second.made > std::chrono::milliseconds(4 * lease_ms_)) it = reservations_.erase(it);
+    else ++it;
+  }
+  reservations_[id] = {blocks, num_tokens, now};
+}
+
+void DecodeServiceImpl::FillDestination(const std::string& id, const std::vector<int32_t>& blocks,
+                                        v1::KvDestination* d) const {
+  const Engine::KvMemory m = engine_->kv_memory();
+  d->set_layout_fingerprint(engine_->layout_fingerprint());
+  d->set_memory_descriptor(pool_descriptor_);
+  d->set_num_blocks(m.num_blocks);
+  d->set_block_size(static_cast<int32_t>(m.block_size));
+  d->set_entry_dim(static_cast<int32_t>(m.entry_dim));
+  d->set_num_layers(static_cast<int32_t>(m.num_layers));
+  d->set_bytes_per_value(sizeof(float));
+  for (int32_t b : blocks) d->add_block_ids(b);
+  d->set_lease_id(id);
+  d->set_lease_ms(lease_ms_);
+  if (device_pool_) *d->mutable_device_pool() = *device_pool_;
+}
+
 grpc::ServerUnaryReactor* DecodeServiceImpl::Reserve(grpc::CallbackServerContext* ctx, const v1::ReserveRequest* r,
                                                      v1::ReserveResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
+  auto* reactor = new ReserveReactor(engine_, r->request_id());
   if (r->layout_fingerprint() != engine_->layout_fingerprint()) {
     reactor->Finish(ToGrpcStatus(absl::FailedPreconditionError(
         absl::StrCat("layout_fingerprint: ", r->layout_fingerprint(), " differs from this replica's ",
@@ -36,48 +87,38 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Reserve(grpc::CallbackServerContext
     reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError("request_id and a positive num_tokens are required")));
     return reactor;
   }
-  absl::StatusOr<std::vector<int32_t>> blocks = engine_->ReserveKv(r->request_id(), r->num_tokens());
-  if (!blocks.ok()) {
-    reactor->Finish(ToGrpcStatus(blocks.status()));
+  if (r->wait_ms() < 0) {
+    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError("wait_ms: must not be negative")));
     return reactor;
   }
-  if (ctx->IsCancelled()) {
-    // The router gave up waiting: nobody will use or release this reservation.
-    engine_->Cancel(r->request_id());
-    reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-    return reactor;
-  }
-  const auto now = std::chrono::steady_clock::now();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // Forget reservations the engine has long since expired.
-    for (auto it = reservations_.begin(); it != reservations_.end();) {
-      if (now - it->second.made > std::chrono::milliseconds(4 * lease_ms_)) it = reservations_.erase(it);
-      else ++it;
-    }
-    reservations_[r->request_id()] = {*blocks, r->num_tokens(), now};
-  }
-  const Engine::KvMemory m = engine_->kv_memory();
-  v1::KvDestination* d = response->mutable_destination();
-  d->set_layout_fingerprint(engine_->layout_fingerprint());
-  d->set_memory_descriptor(pool_descriptor_);
-  d->set_num_blocks(m.num_blocks);
-  d->set_block_size(static_cast<int32_t>(m.block_size));
-  d->set_entry_dim(static_cast<int32_t>(m.entry_dim));
-  d->set_num_layers(static_cast<int32_t>(m.num_layers));
-  d->set_bytes_per_value(sizeof(float));
-  for (int32_t b : *blocks) d->add_block_ids(b);
-  d->set_lease_id(r->request_id());
-  d->set_lease_ms(lease_ms_);
-  if (device_pool_) *d->mutable_device_pool() = *device_pool_;
-  reactor->Finish(grpc::Status::OK);
+  const double wait_s = static_cast<double>(std::min<int64_t>(r->wait_ms(), kMaxReserveWaitMs)) / 1e3;
+  reactor->Arm();
+  // `ctx`, `r` and `response` stay valid until Finish.
+  engine_->ReserveKvAsync(r->request_id(), r->num_tokens(), wait_s,
+                          [this, reactor, ctx, r, response](absl::StatusOr<std::vector<int32_t>> blocks) {
+                            // The engine thread: record and answer, nothing more.
+                            reactor->Disarm();
+                            if (!blocks.ok()) {
+                              reactor->Finish(ToGrpcStatus(blocks.status()));
+                              return;
+                            }
+                            if (ctx->IsCancelled()) {
+                              // The router gave up waiting: nobody will use or release this.
+                              engine_->Cancel(r->request_id());
+                              reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+                              return;
+                            }
+                            Remember(r->request_id(), *blocks, r->num_tokens());
+                            FillDestination(r->request_id(), *blocks, response->mutable_destination());
+                            reactor->Finish(grpc::Status::OK);
+                          });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::Release(grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* r,
                                                      v1::ReleaseResponse*) {
   Take(r->request_id());
-  engine_->Cancel(r->request_id());  // frees the engine's reservation
+  engine_->Cancel(r->request_id());  // frees the engine's reservation (or withdraws a waiting one)
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -85,7 +126,6 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Release(grpc::CallbackServerContext
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::CallbackServerContext*,
                                                                           const v1::DecodeRequest* r) {
-  const int64_t vocab = engine_->config().vocab_size;
   std::optional<Reservation> res = Take(r->request_id());
   auto fail = [&](const absl::Status& s) {
     engine_->Cancel(r->request_id());
@@ -118,30 +158,57 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
     return fail(absl::AbortedError(absl::StrCat("KV transfer incomplete: ", r->kv_bytes(), " bytes reported, ",
                                                 expected_bytes, " expected")));
   }
+  // The checksum reads every byte of the reservation: not on this thread. The request is
+  // copied: the call may end (cancelled) before the worker gets to it.
+  EngineStreamReactor::Handle handle;
+  EngineStreamReactor* reactor = EngineStreamReactor::Pending(engine_, r->request_id(), &handle);
+  auto request = std::make_shared<const v1::DecodeRequest>(*r);
+  checksum_worker_.Post([this, request, res = std::move(*res), device, handle]() mutable {
+    CheckAndSubmit(std::move(request), std::move(res), device, std::move(handle));
+  });
+  return reactor;
+}
+
+void DecodeServiceImpl::CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> r, Reservation res, bool device,
+                                       EngineStreamReactor::Handle handle) {
+  const std::string& id = r->request_id();
+  auto fail = [&](const absl::Status& s) {
+    engine_->Cancel(id);
+    EngineStreamReactor::Fail(handle, ToGrpcStatus(s));
+  };
+  const int64_t vocab = engine_->config().vocab_size;
+  const Engine::KvMemory m = engine_->kv_memory();
   uint64_t sum = 0;
   if (device) {
-    absl::StatusOr<uint64_t> s = engine_->backend().DeviceKvChecksum(res->blocks, res->num_tokens);
+    absl::StatusOr<uint64_t> s = engine_->backend().DeviceKvChecksum(res.blocks, res.num_tokens);
     if (!s.ok()) return fail(s.status());
     sum = *s;
   } else {
-    sum = PoolChecksum(m.base, m.num_layers, m.num_blocks, m.block_size, m.entry_dim, res->blocks, res->num_tokens);
+    sum = PoolChecksum(m.base, m.num_layers, m.num_blocks, m.block_size, m.entry_dim, res.blocks, res.num_tokens);
   }
   if (sum != r->kv_checksum()) {
-    return fail(absl::AbortedError(absl::StrFormat("KV arrived corrupted: checksum %016x, the sender's %016x", sum,
-                                                   r->kv_checksum())));
+    return fail(absl::AbortedError(
+        absl::StrFormat("KV arrived corrupted: checksum %016x, the sender's %016x", sum, r->kv_checksum())));
   }
   absl::StatusOr<SamplingParams> sampling = FromProto(r->sampling(), vocab);
   if (!sampling.ok()) return fail(sampling.status());
   absl::StatusOr<StopParams> stop = FromProto(r->stop(), vocab);
   if (!stop.ok()) return fail(stop.status());
-  EngineRequest req{.id = r->request_id(), .prompt = std::vector<int32_t>(r->prompt().begin(), r->prompt().end()),
+  EngineRequest req{.id = id, .prompt = std::vector<int32_t>(r->prompt().begin(), r->prompt().end()),
                     .sampling = *sampling, .stop = std::move(*stop)};
   req.resume_tokens.assign(r->resume_tokens().begin(), r->resume_tokens().end());
-  absl::StatusOr<std::shared_ptr<OutputStream>> stream =
-      engine_->SubmitImported(std::move(req), r->first_token(), /*emit_first_token=*/false,
-                              device ? Engine::ImportedKv::kDevicePool : Engine::ImportedKv::kHostPool);
-  if (!stream.ok()) return fail(stream.status());
-  return EngineStreamReactor::Start(engine_, r->request_id(), std::move(*stream));
+  engine_->SubmitImportedAsync(
+      std::move(req), r->first_token(), /*emit_first_token=*/false,
+      device ? Engine::ImportedKv::kDevicePool : Engine::ImportedKv::kHostPool,
+      [this, id, handle](absl::StatusOr<std::shared_ptr<OutputStream>> stream) {
+        // The engine thread (or this one, for a request refused at once).
+        if (!stream.ok()) {
+          engine_->Cancel(id);
+          EngineStreamReactor::Fail(handle, ToGrpcStatus(stream.status()));
+          return;
+        }
+        EngineStreamReactor::Attach(handle, std::move(*stream));
+      });
 }
 
 }  // namespace tandem

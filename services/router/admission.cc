@@ -19,13 +19,12 @@ void Admission::Leave(Queue q) {
   TANDEM_CHECK_GE(before, 1) << "Admission::Leave without TryEnter";
 }
 
-grpc::Status Admission::Refusal(Queue q) const {
+absl::Status Admission::Refusal(Queue q) const {
   const char* what = q == Queue::kPrefill ? "prefill queue (requests waiting for their first token)"
                                           : "decode queue (requests waiting for KV cache room)";
   const char* flag = q == Queue::kPrefill ? "--max-prefill-queue" : "--max-decode-queue";
-  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                      absl::StrCat("the router's ", what, " is full (", limit(q), " requests, ", flag,
-                                   "); retry after ", limits_.retry_after.count(), " ms"));
+  return absl::ResourceExhaustedError(absl::StrCat("the router's ", what, " is full (", limit(q), " requests, ", flag,
+                                                "); retry after ", limits_.retry_after.count(), " ms"));
 }
 
 }  // namespace tandem

@@ -11,13 +11,14 @@
 #include <cstdint>
 #include <string>
 
-#include <grpcpp/support/status.h>
+#include "absl/status/status.h"
+#include "services/api/downstream.h"
 
 namespace tandem {
 
-class Admission {
+class Admission final : public AdmissionQueues {
  public:
-  enum class Queue { kPrefill, kDecode };
+  using Queue = AdmissionQueues::Queue;
 
   struct Limits {
     int64_t max_prefill_queue = 4096;
@@ -28,16 +29,16 @@ class Admission {
   explicit Admission(Limits limits) : limits_(limits) {}
 
   // Takes a place in `q`; false when the queue is full (nothing taken).
-  bool TryEnter(Queue q);
-  void Leave(Queue q);
+  bool TryEnter(Queue q) override;
+  void Leave(Queue q) override;
 
   int64_t size(Queue q) const { return counter(q).load(std::memory_order_relaxed); }
   int64_t limit(Queue q) const { return q == Queue::kPrefill ? limits_.max_prefill_queue : limits_.max_decode_queue; }
-  std::chrono::milliseconds retry_after() const { return limits_.retry_after; }
+  std::chrono::milliseconds retry_after() const override { return limits_.retry_after; }
 
   // The status a refused request ends with (the caller adds the trailer, see
   // kRetryPushbackKey).
-  grpc::Status Refusal(Queue q) const;
+  absl::Status Refusal(Queue q) const override;
   static constexpr const char* kRetryPushbackKey = "grpc-retry-pushback-ms";
 
  private:

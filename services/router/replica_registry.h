@@ -40,6 +40,7 @@ struct Replica {
   std::unique_ptr<v1::Generation::Stub> generation;
   std::atomic<int32_t> outstanding{0};  // requests the router has in flight here
   std::atomic<int64_t> routed{0};      // requests the router sent it
+  std::atomic<int32_t> reserve_waiters{0};  // decode: requests waiting in its queue for KV room
   // Guarded by the registry's mutex:
   v1::LoadReport load;
   std::chrono::steady_clock::time_point last_heartbeat;

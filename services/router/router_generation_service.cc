@@ -11,7 +11,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* RouterGenerationService::Generat
   if (grpc::Status s = security::CheckApiKey(api_keys_, ctx); !s.ok()) {
     return new security::RefusedWriteReactor<v1::GenerateResponse>(std::move(s));
   }
-  return RoutedGenerate::Start(context_, ctx, r);
+  return GrpcGenerateReactor::Start(core_, ctx, r);
 }
 
 grpc::ServerUnaryReactor* RouterGenerationService::Tokenize(grpc::CallbackServerContext* ctx,

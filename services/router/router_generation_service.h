@@ -1,8 +1,9 @@
-// tandem.v1.Generation on the router: Generate through the cluster (routed_generate.h);
+// tandem.v1.Generation on the router: Generate through the cluster (grpc_generate_reactor.h
+// over services/api/request_core.h);
 // Tokenize, Detokenize and ListModels answered locally from the model's tokenizer.
 #pragma once
 
-#include "services/router/routed_generate.h"
+#include "services/router/grpc_generate_reactor.h"
 #include "services/security/api_key_authenticator.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
@@ -13,7 +14,7 @@ class RouterGenerationService final : public v1::Generation::CallbackService {
   // `api_keys` (may be null: the API is open) is checked at the entry of every method,
   // before any work: a refused call ends UNAUTHENTICATED or RESOURCE_EXHAUSTED.
   explicit RouterGenerationService(RouterContext context, security::ApiKeyAuthenticator* api_keys = nullptr)
-      : context_(std::move(context)), api_keys_(api_keys) {}
+      : context_(std::move(context)), core_(context_), api_keys_(api_keys) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* request) override;
@@ -26,6 +27,7 @@ class RouterGenerationService final : public v1::Generation::CallbackService {
 
  private:
   RouterContext context_;
+  RouterCore core_;  // after context_
   security::ApiKeyAuthenticator* api_keys_;
 };
 

@@ -92,13 +92,60 @@ EngineStreamReactor* EngineStreamReactor::Start(Engine* engine, std::string requ
   r->stream_ = std::move(stream);
   r->shared_ = std::make_shared<Shared>();
   r->shared_->reactor = r;
-  std::weak_ptr<Shared> weak = r->shared_;
-  r->stream_->SetListener([weak] {
+  r->Listen();
+  return r;
+}
+
+void EngineStreamReactor::Listen() {
+  std::weak_ptr<Shared> weak = shared_;
+  stream_->SetListener([weak] {
     std::shared_ptr<Shared> s = weak.lock();
     if (s && !s->queued.exchange(true)) PumpQueue::Get().Post(weak);
   });
-  r->Pump();  // outputs may have arrived before the listener was set
+  Pump();  // outputs may have arrived before the listener was set
+}
+
+EngineStreamReactor* EngineStreamReactor::Pending(Engine* engine, std::string request_id, Handle* handle) {
+  auto* r = new EngineStreamReactor();
+  r->engine_ = engine;
+  r->request_id_ = std::move(request_id);
+  r->shared_ = std::make_shared<Shared>();
+  r->shared_->reactor = r;
+  r->shared_->engine = engine;
+  r->shared_->request_id = r->request_id_;
+  *handle = r->shared_;
   return r;
+}
+
+void EngineStreamReactor::Attach(const Handle& h, std::shared_ptr<OutputStream> stream) {
+  std::lock_guard<std::mutex> lock(h->mu);
+  EngineStreamReactor* r = h->reactor;
+  if (r == nullptr) {
+    h->engine->Cancel(h->request_id);  // the call ended while the request was admitted
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> rlock(r->mu_);
+    if (r->finished_) {
+      // Cancelled before the request reached the engine (OnCancel's Cancel came first).
+      h->engine->Cancel(h->request_id);
+      return;
+    }
+    r->stream_ = std::move(stream);
+  }
+  r->Listen();
+}
+
+void EngineStreamReactor::Fail(const Handle& h, const grpc::Status& error) {
+  std::lock_guard<std::mutex> lock(h->mu);
+  EngineStreamReactor* r = h->reactor;
+  if (r == nullptr) return;
+  {
+    std::lock_guard<std::mutex> rlock(r->mu_);
+    if (r->finished_) return;  // cancelled meanwhile
+    r->finished_ = true;
+  }
+  r->Finish(error);
 }
 
 void EngineStreamReactor::Pump() {
@@ -107,7 +154,7 @@ void EngineStreamReactor::Pump() {
   bool finish = false, write = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (writing_ || final_written_ || finished_) return;
+    if (writing_ || final_written_ || finished_ || !stream_) return;
     std::optional<RequestOutput> out = stream_->TryNext();
     if (!out) return;
     if (out->finished) LogFinished(request_id_, *out);

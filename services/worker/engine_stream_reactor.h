@@ -18,11 +18,31 @@ namespace tandem {
 
 class EngineStreamReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
+  // Shared with the engine-thread listener (and a pending stream's admission), which may
+  // outlive the reactor by a moment.
+  struct Shared {
+    std::mutex mu;
+    EngineStreamReactor* reactor = nullptr;  // null once the RPC is done
+    std::atomic<bool> queued{false};         // waiting in the pump queue (.cc)
+    Engine* engine = nullptr;
+    std::string request_id;
+  };
+
+ public:
   // Ends immediately with `error` (not OK).
   static EngineStreamReactor* Failed(const grpc::Status& error);
   // Streams `stream`'s outputs for engine request `request_id`. The first response
   // carries the request id.
   static EngineStreamReactor* Start(Engine* engine, std::string request_id, std::shared_ptr<OutputStream> stream);
+  // A stream whose engine request is still being admitted (off the RPC thread): the RPC
+  // gets its reactor at once, and Attach or Fail completes it later from any thread,
+  // through the handle, which stays valid after the RPC is done (a cancelled call: Attach
+  // then cancels the engine request).
+  struct Shared;
+  using Handle = std::shared_ptr<Shared>;
+  static EngineStreamReactor* Pending(Engine* engine, std::string request_id, Handle* handle);
+  static void Attach(const Handle& h, std::shared_ptr<OutputStream> stream);
+  static void Fail(const Handle& h, const grpc::Status& error);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -30,13 +50,8 @@ class EngineStreamReactor : public grpc::ServerWriteReactor<v1::GenerateResponse
 
  private:
   EngineStreamReactor() = default;
-  // Shared with the engine-thread listener, which may outlive the reactor by a moment.
-  struct Shared {
-    std::mutex mu;
-    EngineStreamReactor* reactor = nullptr;  // null once the RPC is done
-    std::atomic<bool> queued{false};         // waiting in the pump queue (.cc)
-  };
   friend class PumpQueue;
+  void Listen();  // stream_'s pushes pump this reactor (through the pump queue)
   void Pump();  // writes the next pending output if no write is in flight
 
   Engine* engine_ = nullptr;

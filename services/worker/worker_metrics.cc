@@ -74,6 +74,10 @@ class EngineStatsCollector : public prometheus::Collectable {
         s.kv_quarantine_released, {"reason", "writer_ended"});
     add("tandem_kv_quarantine_ends_total", "Quarantines of expired reservations ended, by why", MetricType::Counter,
         s.kv_quarantine_timeouts, {"reason", "bound"});
+    add("tandem_decode_reserve_requests_total", "KV reservations asked for (decode replicas: Decode.Reserve calls)",
+        MetricType::Counter, s.kv_reserve_requests);
+    add("tandem_decode_reserve_waiting", "KV reservations waiting for room in the replica's queue",
+        MetricType::Gauge, s.kv_reserve_waiting);
     add("tandem_kv_host_staging_bytes_total",
         "KV bytes copied between the GPU's KV pool and the host pool (export for the transfer layer, imports)",
         MetricType::Counter, static_cast<double>(s.kv_host_staged_bytes));
