@@ -127,11 +127,6 @@ TEST_P(TokenizerReferenceTest, EncodeMatchesHuggingFace) {
   std::printf("[ %s ] %zu strings (%zu tokens) identical to HF: %zu; load %.3f s; encode %.3f s\n",
               GetParam().c_str(), ours.size(), tokens, ours.size() - mismatches, load_seconds_,
               encode_seconds);
-#ifdef NDEBUG
-  // Generous bounds: a regression to quadratic behaviour shows far above them.
-  EXPECT_LT(load_seconds_, 3.0);
-  EXPECT_LT(encode_seconds, 1.0);
-#endif
 }
 
 TEST_P(TokenizerReferenceTest, DecodeMatchesHuggingFace) {
@@ -243,7 +238,7 @@ TEST_P(TokenizerReferenceTest, ConcurrentEncodeAgrees) {
   EXPECT_EQ(mismatches.load(), 0u);
 }
 
-TEST_P(TokenizerReferenceTest, LongInputsAreFast) {
+TEST_P(TokenizerReferenceTest, LongInputsCostAboutAsMuchAsProse) {
   const std::string inputs[] = {
       std::string(100000, 'a'),
       std::string(100000, ' '),
@@ -271,21 +266,42 @@ TEST_P(TokenizerReferenceTest, LongInputsAreFast) {
         return s;
       }(),
   };
+  // Each input against prose of the same length measured in this run (best of two each,
+  // so a loaded machine slows both alike): pre-tokenizer regexes that backtrack, or merges
+  // that go quadratic on one long word, take hundreds of times longer than prose does.
+  const std::string prose = [] {
+    std::string s;
+    std::mt19937 rng(11);
+    while (s.size() < 100000) {
+      for (int i = 0, n = 2 + static_cast<int>(rng() % 8); i < n; ++i) s += static_cast<char>('a' + rng() % 26);
+      s += (rng() % 12 == 0) ? ". " : " ";
+    }
+    return s;
+  }();
+  auto best_seconds = [&](const std::string& input) {
+    double best = 1e9;
+    for (int rep = 0; rep < 2; ++rep) {
+      const auto start = Clock::now();
+      const Ids ids = tokenizer_->Encode(input, false);
+      best = std::min(best, Seconds(start));
+      // (Not EXPECT_EQ: gtest's diff of two 100k-line strings takes minutes.)
+      if (rep == 0 && Lossless()) {
+        EXPECT_TRUE(tokenizer_->Decode(ids, false) == input) << Escaped(input.substr(0, 20));
+      }
+    }
+    return best;
+  };
+  const double prose_seconds = best_seconds(prose);
   double slowest = 0;
   for (const std::string& input : inputs) {
-    const auto start = Clock::now();
-    const Ids ids = tokenizer_->Encode(input, false);
-    const double seconds = Seconds(start);
+    const double seconds = best_seconds(input);
     slowest = std::max(slowest, seconds);
-    // (Not EXPECT_EQ: gtest's diff of two 100k-line strings takes minutes.)
-    if (Lossless()) {
-      EXPECT_TRUE(tokenizer_->Decode(ids, false) == input);
-    }
-#ifdef NDEBUG
-    EXPECT_LT(seconds, 1.0) << Escaped(input.substr(0, 20)) << "... (" << input.size() << " bytes)";
-#endif
+    EXPECT_LT(seconds, 30.0 * prose_seconds + 0.005)
+        << Escaped(input.substr(0, 20)) << "... (" << input.size() << " bytes): " << seconds
+        << " s; prose of the same length " << prose_seconds << " s";
   }
-  std::printf("[ %s ] slowest 100k-character input: %.3f s\n", GetParam().c_str(), slowest);
+  std::printf("[ %s ] 100k characters of prose %.4f s; slowest adversarial input %.4f s\n",
+              GetParam().c_str(), prose_seconds, slowest);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, TokenizerReferenceTest,

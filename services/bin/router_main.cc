@@ -1,5 +1,5 @@
 #include "services/common/grpc_keepalive.h"
-#include "services/router/router_main.h"
+#include "services/bin/router_main.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>

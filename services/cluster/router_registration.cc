@@ -1,4 +1,4 @@
-#include "services/worker/router_registration.h"
+#include "services/cluster/router_registration.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -1,4 +1,4 @@
-#include "services/worker/worker_metrics.h"
+#include "services/bin/worker_metrics.h"
 
 #include "prometheus/metric_family.h"
 #include "services/api/metric_buckets.h"

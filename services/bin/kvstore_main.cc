@@ -1,5 +1,5 @@
 #include "services/common/grpc_keepalive.h"
-#include "services/kvstore/kvstore_main.h"
+#include "services/bin/kvstore_main.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -32,7 +32,7 @@
 #include "services/kvstore/kvstore_service.h"
 #include "services/security/internal_credentials.h"
 #include "services/security/listen_policy.h"
-#include "services/worker/router_registration.h"
+#include "services/cluster/router_registration.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {

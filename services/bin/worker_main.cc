@@ -1,5 +1,5 @@
 #include "services/common/grpc_keepalive.h"
-#include "services/worker/worker_main.h"
+#include "services/bin/worker_main.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -29,9 +29,9 @@
 #include "services/decode/decode_service.h"
 #include "services/prefill/prefill_service.h"
 #include "services/worker/local_generation_service.h"
-#include "services/worker/router_registration.h"
+#include "services/cluster/router_registration.h"
 #include "services/worker/transfer_kv_transport.h"
-#include "services/worker/worker_metrics.h"
+#include "services/bin/worker_metrics.h"
 #include "services/security/internal_credentials.h"
 #include "services/security/listen_policy.h"
 #include "spdlog/spdlog.h"

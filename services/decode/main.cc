@@ -1,4 +1,0 @@
-// tandem-decode: a worker whose default role is decode (see services/worker/worker_main.h).
-#include "services/worker/worker_main.h"
-
-int main(int argc, char** argv) { return tandem::RunWorker(argc, argv, tandem::v1::ROLE_DECODE, "tandem-decode"); }

@@ -1,4 +1,0 @@
-// tandem-kvstore: the prefix KV block store (see services/kvstore/kvstore_main.h).
-#include "services/kvstore/kvstore_main.h"
-
-int main(int argc, char** argv) { return tandem::RunKvStore(argc, argv); }
