@@ -19,12 +19,13 @@ LAYERS = [
     ["engine/runtime"],
     ["services/common/transfer"],
     ["services/common"],
-    ["services/security"],
+    ["services/security", "services/http"],
     ["services/api"],
     ["services/worker", "services/launcher"],
     ["services/cluster"],
     ["services/kvstore"],
     ["services/prefill", "services/decode", "services/router"],
+    ["services/openai"],
     ["services/bin", "cli"],
 ]
 RANK = {d: i for i, layer in enumerate(LAYERS) for d in layer}
