@@ -2,7 +2,7 @@
 # The services and the tests that exercise them under ThreadSanitizer: a CPU-only build in
 # build-tsan (TANDEM_TSAN=ON: every object instrumented, ccache as for build/) of the
 # `tsan`-labelled tests (router registry, the router's request core, the engine's KV
-# waiter queue, kvstore client and service, transfer layer with its two-process UCX test,
+# waiter queue, kvstore client and service, the transfer layer in one process,
 # the metrics history, requests waiting for KV room across real processes) and of the
 # service binaries, then
 # `ctest -L tsan`, whose integration test starts the instrumented tandem-router,
@@ -18,7 +18,7 @@ cmake -S "$root" -B "$build" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 targets=(services_router_replica_registry_test services_router_metrics_history_test
          services_kvstore_core_test services_kvstore_client_test
-         services_transfer_test services_transfer_ucx_test transfer_test_peer
+         services_transfer_test
          services_api_request_core_test engine_runtime_kv_wait_test
          integration_serving_tcp_test integration_kv_wait_test tandem-router tandem-prefill tandem-decode)
 echo "tsan.sh: building ${#targets[@]} targets with ThreadSanitizer in $build"
