@@ -4,6 +4,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -278,6 +279,13 @@ int RunRouter(int argc, char** argv) {
   // The OpenAI-compatible HTTP API, over the same request core as gRPC's Generate.
   std::unique_ptr<openai::OpenAiServer> http_api;
   if (!http_listen.empty()) {
+    // One descriptor per client connection: take the hard limit, so that a default soft
+    // limit of 1024 does not cap --http-max-connections.
+    rlimit files{};
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+      files.rlim_cur = files.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &files);
+    }
     openai::OpenAiServerOptions http_options;
     http_options.http.max_connections = http_max_connections;
     http_options.http.max_body_bytes = static_cast<size_t>(std::max<int64_t>(max_prompt_bytes, 1 << 20)) * 2 + (64 << 10);

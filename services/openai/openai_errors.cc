@@ -80,6 +80,7 @@ ApiError FromStatus(const absl::Status& status, std::optional<std::chrono::milli
       e.retry_after = retry_after.value_or(std::chrono::milliseconds(1000));
       break;
     case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:  // a KV transfer that failed after retries: transient
       e.http_status = 503;
       e.type = "service_unavailable";
       break;

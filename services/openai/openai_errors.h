@@ -28,7 +28,8 @@ ApiError InvalidRequest(std::string param, std::string message);
 
 // A status from the request core, the tokenizer or the API key check. INVALID_ARGUMENT
 // 400 (param from the message's leading field name, as OpenAI names it), UNAUTHENTICATED
-// 401, PERMISSION_DENIED 403, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, UNAVAILABLE 503,
+// 401, PERMISSION_DENIED 403, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, UNAVAILABLE and
+// ABORTED (a KV transfer that failed after retries) 503,
 // DEADLINE_EXCEEDED 504, CANCELLED 499, anything else 500.
 ApiError FromStatus(const absl::Status& status, std::optional<std::chrono::milliseconds> retry_after = std::nullopt);
 

@@ -397,5 +397,53 @@ TEST_F(OpenAiApiTest, ClientsThatGoAwayMidStreamAreCancelledAndTheirKvFreed) {
   EXPECT_EQ(after.status, 200);
 }
 
+TEST_F(OpenAiApiTest, AThousandStreamsHeldAtOnceAllComplete) {
+  const char* src = std::getenv("TANDEM_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  // The default KV lease here: a thousand requests queue for the prefill replica for
+  // longer than the suite's short lease.
+  auto cluster = StartCluster(1, 1, 0, {}, {"--http-listen=127.0.0.1:0", "--api-keys-file=" + *keys_file_});
+  ASSERT_NE(cluster, nullptr);
+  // While the SDK holds them, the router's in-flight gauge shows how many it serves at once.
+  std::atomic<bool> done{false};
+  std::atomic<int> most_running{0};
+  std::thread watcher([&] {
+    const std::string admin = cluster->processes()[0].ready.value("admin", "");
+    while (!done) {
+      const std::vector<std::string> lines = absl::StrSplit(testing::HttpGet(admin, "/metrics"), '\n');
+      for (const std::string& line : lines) {
+        if (!absl::StartsWith(line, "tandem_requests_running{")) continue;
+        double v = 0;
+        if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) {
+          most_running = std::max(most_running.load(), static_cast<int>(v));
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  testing::ProcessResult r = testing::RunProcess(
+      {"/usr/bin/env", "node", absl::StrCat(src, "/tests/integration/openai/many_streams.mjs"),
+       absl::StrCat("http://", cluster->router_http_address(), "/v1"), "tiny", kKey, "1000", "24"},
+      {}, 540);
+  done = true;
+  watcher.join();
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err.substr(0, 2000);
+  const Json j = Json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["completed"], 1000);
+  std::printf("1000 streams: at most %d in flight at the router at once\n", most_running.load());
+  EXPECT_GE(most_running.load(), 500) << "the streams were not held concurrently";
+  for (const ProcessInfo& p : cluster->processes()) {
+    if (p.role == "router") continue;
+    int64_t in_use = -1;
+    for (int i = 0; i < 600 && in_use != 0; ++i) {
+      const Json s = Json::parse(testing::HttpGet(p.ready.value("admin", ""), "/stats"), nullptr, false);
+      in_use = s.is_object() ? s.value("kv_blocks_in_use", -1) : -1;
+      if (in_use != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(in_use, 0) << p.name;
+  }
+}
+
 }  // namespace
 }  // namespace tandem
