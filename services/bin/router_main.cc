@@ -139,6 +139,15 @@ int RunRouter(int argc, char** argv) {
   app.add_option("--max-n", max_n, "Most choices (n) one HTTP completion request may ask for")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  std::string reasoning_parser;
+  std::string tool_call_parser;
+  app.add_option("--reasoning-parser", reasoning_parser,
+                 "Split chat output into reasoning (<think>...</think>, sent as reasoning_content and reasoning) "
+                 "and content: deepseek_r1 (output starts inside reasoning) or deepseek_v3 (V3.1: only with "
+                 "chat_template_kwargs.thinking). Default: off, all text is content");
+  app.add_option("--tool-call-parser", tool_call_parser,
+                 "Parse the model's tool calls into tool_calls when a chat request offers tools: deepseek_v3 "
+                 "(V3, R1) or deepseek_v31 (V3.1). Default: off");
   app.add_option("--http-max-connections", http_max_connections,
                  "Most HTTP connections open at once; more are answered 503 and closed")
       ->check(CLI::Range(1, 1 << 20))
@@ -277,6 +286,13 @@ int RunRouter(int argc, char** argv) {
   });
 
   // The OpenAI-compatible HTTP API, over the same request core as gRPC's Generate.
+  static const output_parsing::OutputParserRegistry parsers = output_parsing::OutputParserRegistry::WithBuiltins();
+  if (!reasoning_parser.empty()) {
+    if (absl::Status s = parsers.CheckReasoningParser(reasoning_parser); !s.ok()) return Fail("--reasoning-parser", s);
+  }
+  if (!tool_call_parser.empty()) {
+    if (absl::Status s = parsers.CheckToolCallParser(tool_call_parser); !s.ok()) return Fail("--tool-call-parser", s);
+  }
   std::unique_ptr<openai::OpenAiServer> http_api;
   if (!http_listen.empty()) {
     // One descriptor per client connection: take the hard limit, so that a default soft
@@ -291,7 +307,11 @@ int RunRouter(int argc, char** argv) {
     http_options.http.max_body_bytes = static_cast<size_t>(std::max<int64_t>(max_prompt_bytes, 1 << 20)) * 2 + (64 << 10);
     http_options.limits.max_n = max_n;
     openai::CompletionContext completion{
-        .router = &generation.core(),
+        .core = &generation.core().context(),
+        .on_core_started =
+            [metrics = generation.core().metrics()] {
+              if (metrics != nullptr) metrics->RequestStarted();
+            },
         .tokenizer = tokenizer->get(),
         .served_model = common.model,
         .context_tokens = config->max_position_embeddings,
@@ -301,7 +321,10 @@ int RunRouter(int argc, char** argv) {
           return static_cast<int64_t>(
               std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
                   .count());
-        }};
+        },
+        .parsers = &parsers,
+        .reasoning_parser = reasoning_parser,
+        .tool_call_parser = tool_call_parser};
     absl::StatusOr<std::unique_ptr<openai::OpenAiServer>> started =
         openai::OpenAiServer::Start(http_listen, http_options, std::move(completion), &*config, api_keys.get());
     if (!started.ok()) return Fail("HTTP API (--http-listen)", started.status());

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "services/api/proto_convert.h"
+#include "engine/output_parsing/chat_output_parser.h"
+#include "kernels/common/check.h"
 #include "services/api/request_core.h"
 
 namespace tandem::openai {
@@ -66,6 +68,12 @@ class Call : public std::enable_shared_from_this<Call> {
     bool sent_role = false;
     bool done = false;
     bool told_full = false;
+    // Chat with a reasoning or tool-call parser: the text goes through it.
+    std::optional<output_parsing::ChatOutputParser> parser;
+    std::string reasoning;
+    std::vector<Json> tool_calls;  // non-streamed: {id, type, function: {name, arguments}}
+    bool called_tool = false;
+    std::vector<bool> complete_calls;  // per call index, known at the end
   };
 
   bool Chat() const { return request_.endpoint == Endpoint::kChat; }
@@ -136,7 +144,7 @@ void Call::Start() {
     }
   }
 
-  const RequestCoreContext& core_ctx = ctx_.router->context();
+  const RequestCoreContext& core_ctx = *ctx_.core;
   const int total = static_cast<int>(prompts.size()) * request_.n;
   std::vector<v1::GenerateRequest> requests;
   {
@@ -152,6 +160,19 @@ void Call::Start() {
                           : Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()},
                                  {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
       c.core = RequestCore::Create(core_ctx, std::nullopt, c.sink.get());
+      if (Chat() && ctx_.parsers != nullptr && (!ctx_.reasoning_parser.empty() || !ctx_.tool_call_parser.empty())) {
+        output_parsing::ChatOutputOptions options;
+        options.reasoning_parser = ctx_.reasoning_parser;
+        options.reasoning.thinking = request_.thinking;
+        // Tool calls are parsed only when the request offered tools (and did not say none).
+        if (!request_.tools.is_null() && !(request_.tool_choice.is_string() && request_.tool_choice == "none")) {
+          options.tool_call_parser = ctx_.tool_call_parser;
+        }
+        absl::StatusOr<output_parsing::ChatOutputParser> parser =
+            output_parsing::ChatOutputParser::Create(*ctx_.parsers, options);
+        TANDEM_CHECK(parser.ok()) << parser.status();  // names were checked at startup
+        c.parser.emplace(std::move(*parser));
+      }
       v1::GenerateRequest r = prompts[c.prompt];
       const int choice_of_prompt = i % request_.n;
       r.set_request_id(total == 1 ? id_ : absl::StrCat(id_, "-", i));
@@ -178,7 +199,7 @@ void Call::Start() {
       }
       core = choices_[i].core;
     }
-    if (ctx_.router->metrics() != nullptr) ctx_.router->metrics()->RequestStarted();
+    if (ctx_.on_core_started) ctx_.on_core_started();
     core->Start(requests[i]);
   }
 }
@@ -252,10 +273,30 @@ bool Call::OnWrite(int index, v1::GenerateResponse m, bool final) {
     c.finish_reason = FinishReasonName(m.finish_reason());
     c.usage = m.usage();
   }
+  // Chat through a parser: the text splits into reasoning, content and tool calls.
+  output_parsing::OutputDelta parsed;
+  if (c.parser) {
+    parsed = c.parser->Feed(m.text());
+    if (final) {
+      output_parsing::ChatOutputFinish end = c.parser->Finish();
+      parsed.reasoning += end.delta.reasoning;
+      parsed.content += end.delta.content;
+      for (auto& t : end.delta.tool_calls) parsed.tool_calls.push_back(std::move(t));
+      c.complete_calls = end.tool_calls.complete;
+      for (bool complete : end.tool_calls.complete) c.called_tool = c.called_tool || complete;
+      if (c.called_tool && c.finish_reason != nullptr && std::string(c.finish_reason) == "stop") {
+        c.finish_reason = "tool_calls";
+      }
+    }
+    if (!request_.include_reasoning) parsed.reasoning.clear();
+  } else {
+    parsed.content = m.text();
+  }
   bool more = true;
   if (request_.stream) {
     const bool first = Chat() && !c.sent_role;
-    if (!m.text().empty() || has_logprobs || first || final) {
+    const bool has_delta = !parsed.content.empty() || !parsed.reasoning.empty() || !parsed.tool_calls.empty();
+    if ((Chat() ? has_delta : !m.text().empty()) || has_logprobs || first || final) {
       Json choice = {{"index", index}};
       if (Chat()) {
         Json delta = Json::object();
@@ -264,7 +305,25 @@ bool Call::OnWrite(int index, v1::GenerateResponse m, bool final) {
           delta["content"] = "";
           c.sent_role = true;
         }
-        if (!m.text().empty()) delta["content"] = m.text();
+        if (!parsed.content.empty()) delta["content"] = parsed.content;
+        if (!parsed.reasoning.empty()) {
+          // Both names: vLLM renamed the field, SGLang kept the old one, clients read either.
+          delta["reasoning_content"] = parsed.reasoning;
+          delta["reasoning"] = parsed.reasoning;
+        }
+        if (!parsed.tool_calls.empty()) {
+          Json calls = Json::array();
+          for (const auto& t : parsed.tool_calls) {
+            Json call = {{"index", t.index}, {"function", {{"arguments", t.arguments}}}};
+            if (!t.id.empty()) {
+              call["id"] = t.id;
+              call["type"] = "function";
+            }
+            if (!t.name.empty()) call["function"]["name"] = t.name;
+            calls.push_back(std::move(call));
+          }
+          delta["tool_calls"] = std::move(calls);
+        }
         choice["delta"] = delta;
       } else {
         choice["text"] = m.text();
@@ -278,7 +337,17 @@ bool Call::OnWrite(int index, v1::GenerateResponse m, bool final) {
       if (!more) c.told_full = true;
     }
   } else {
-    c.text += m.text();
+    c.text += parsed.content;
+    c.reasoning += parsed.reasoning;
+    for (const auto& t : parsed.tool_calls) {
+      if (!t.id.empty()) {
+        c.tool_calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", ""}}}});
+      }
+      if (!c.tool_calls.empty()) {
+        Json& call = c.tool_calls[std::min<size_t>(static_cast<size_t>(t.index), c.tool_calls.size() - 1)];
+        call["function"]["arguments"] = call["function"]["arguments"].get<std::string>() + t.arguments;
+      }
+    }
     if (has_logprobs) {
       if (Chat()) {
         for (auto& entry : logprobs["content"]) c.logprobs["content"].push_back(std::move(entry));
@@ -312,7 +381,21 @@ std::shared_ptr<Call> Call::FinishLocked() {
       const Choice& c = choices_[i];
       Json choice = {{"index", i}};
       if (Chat()) {
-        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        Json message = {{"role", "assistant"}, {"content", c.text}};
+        if (!c.reasoning.empty()) {
+          message["reasoning_content"] = c.reasoning;
+          message["reasoning"] = c.reasoning;
+        }
+        // Only calls that completed (a malformed or cut-off one is in the content as text).
+        Json calls = Json::array();
+        for (size_t k = 0; k < c.tool_calls.size(); ++k) {
+          if (k < c.complete_calls.size() && c.complete_calls[k]) calls.push_back(c.tool_calls[k]);
+        }
+        if (!calls.empty()) {
+          message["tool_calls"] = std::move(calls);
+          if (c.text.empty()) message["content"] = nullptr;
+        }
+        choice["message"] = std::move(message);
       } else {
         choice["text"] = c.text;
       }

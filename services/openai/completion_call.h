@@ -14,25 +14,35 @@
 #include <memory>
 #include <string>
 
+#include "engine/output_parsing/parser_registry.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "services/http/http_server.h"
 #include "services/openai/openai_request.h"
-#include "services/router/grpc_generate_reactor.h"
+#include "services/api/request_core.h"
 
 namespace tandem::openai {
 
 struct CompletionContext {
-  const RouterCore* router = nullptr;
+  // The request core's context gRPC's Generate uses (RouterCore::context()).
+  const RequestCoreContext* core = nullptr;
+  // Once per request core started (the router's in-flight gauge; its end is counted by
+  // the core's on_finished). May be empty.
+  std::function<void()> on_core_started;
   const Tokenizer* tokenizer = nullptr;
   std::string served_model;
   int64_t context_tokens = 0;  // the model's context length
   int64_t vocab_size = 0;
   int64_t max_prompt_bytes = 0;
   std::function<int64_t()> unix_seconds;  // `created`
+  // Chat output parsing (--reasoning-parser, --tool-call-parser): empty names are off.
+  const output_parsing::OutputParserRegistry* parsers = nullptr;
+  std::string reasoning_parser;
+  std::string tool_call_parser;
 };
 
 // Answers `request` on `exchange`; returns at once (the work runs on the cores'
-// executors). `id` is the response's id suffix and the cores' request id prefix.
+// executors). `id` is the response's id suffix and the cores' request id prefix. The
+// request is answered as given: no check against ParseLimits here (ParseRequest's job).
 void StartCompletion(const CompletionContext& context, ParsedRequest request, const std::string& id,
                      std::shared_ptr<http::Exchange> exchange);
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem::openai {
@@ -93,7 +94,14 @@ std::optional<ApiError> Sampling(const Json& body, Endpoint endpoint, v1::Sampli
   if (error) return error;
   if (const Json* bias = Field(body, "logit_bias")) {
     if (!bias->is_object()) return TypeError("logit_bias", "an object of token ids to numbers");
-    if (!bias->empty()) return InvalidRequest("logit_bias", "logit_bias: not supported yet");
+    for (const auto& [key, value] : bias->items()) {
+      int64_t id = 0;
+      if (!absl::SimpleAtoi(key, &id) || id < 0 || id > std::numeric_limits<int32_t>::max()) {
+        return InvalidRequest("logit_bias", absl::StrCat("logit_bias: key '", key, "' is not a token id"));
+      }
+      if (!value.is_number()) return TypeError("logit_bias", "an object of token ids to numbers");
+      (*s->mutable_logit_bias())[static_cast<int32_t>(id)] = static_cast<float>(value.get<double>());
+    }
   }
 
   // Logprobs: chat has a bool and top_logprobs, completions an integer.
@@ -285,7 +293,17 @@ std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, const Json
     if (auto e = Prompts(body, limits, &out.prompts)) return *e;
   } else {
     if (const Json* tools = Field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
-      return InvalidRequest("tools", "tools: not supported yet");
+      return InvalidRequest("tools", "tools: not supported yet (the chat template that shows them to the model is next)");
+    }
+    if (const Json* choice = Field(body, "tool_choice")) out.tool_choice = *choice;
+    if (auto v = Bool(body, "include_reasoning", &error)) out.include_reasoning = *v;
+    if (error) return *error;
+    if (const Json* kwargs = Field(body, "chat_template_kwargs")) {
+      if (!kwargs->is_object()) return TypeError("chat_template_kwargs", "an object");
+      for (const char* key : {"thinking", "enable_thinking"}) {
+        if (auto v = Bool(*kwargs, key, &error)) out.thinking = *v;
+        if (error) return TypeError(absl::StrCat("chat_template_kwargs.", key), "a boolean");
+      }
     }
     if (auto e = Messages(body, &out.prompts.emplace_back())) return *e;
   }

@@ -33,6 +33,13 @@ struct ParsedRequest {
   // and N alternatives).
   bool logprobs = false;
   int top_logprobs = 0;
+  // Chat: whether reasoning goes out (include_reasoning), whether the request enabled
+  // thinking (chat_template_kwargs.thinking / enable_thinking), and the tools offered
+  // with tool_choice as sent (null when absent).
+  bool include_reasoning = true;
+  bool thinking = false;
+  nlohmann::json tools;
+  nlohmann::json tool_choice;
 };
 
 struct ParseLimits {

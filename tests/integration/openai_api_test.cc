@@ -247,6 +247,27 @@ TEST_F(OpenAiApiTest, TheOpenAiNodeSdkDrivesEveryEndpointAndGetsTheGrpcTokens) {
   }
 }
 
+TEST_F(OpenAiApiTest, LogitBiasForcesATokenAsInTheGrpcApi) {
+  // +100 on one token: every generated token is it, through HTTP and gRPC alike.
+  const RawResponse r = Split(Exchange(Post(
+      "/v1/completions",
+      R"({"prompt":"Hello there","max_tokens":5,"temperature":0.9,"seed":3,"ignore_eos":true,"logit_bias":{"1000":100}})")));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json body = Json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(body.is_object()) << r.body;
+  v1::GenerateRequest same;
+  same.set_text("Hello there");
+  same.mutable_sampling()->set_temperature(0.9f);
+  same.mutable_sampling()->set_seed(3);
+  (*same.mutable_sampling()->mutable_logit_bias())[1000] = 100.0f;
+  same.mutable_stop()->set_max_tokens(5);
+  same.mutable_stop()->set_ignore_eos(true);
+  const StreamResult g = GrpcGenerate(same);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens, std::vector<int32_t>(5, 1000));
+  EXPECT_EQ(body["choices"][0]["text"].get<std::string>(), g.text);
+}
+
 TEST_F(OpenAiApiTest, ServerSentEventsAreFramedByteForByte) {
   const std::string raw = Exchange(Post(
       "/v1/completions",
@@ -323,6 +344,10 @@ TEST_F(OpenAiApiTest, BadInputGetsAClearStatusAndTheRouterStaysUp) {
        "prompt"},
       {"prompt longer than the context", Post("/v1/completions", R"({"prompt": "a", "max_tokens": 100000000})"), 400,
        "max_tokens"},
+      {"logit_bias key not a token id", Post("/v1/completions", R"({"prompt": "a", "logit_bias": {"x": 1}})"), 400,
+       "logit_bias"},
+      {"logit_bias out of range", Post("/v1/completions", R"({"prompt": "a", "logit_bias": {"5": 500}})"), 400,
+       "logit_bias"},
       {"unknown endpoint", Post("/v1/embeddings", "{}"), 404, nullptr},
       {"wrong method", "GET /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 405, nullptr},
       {"no key", "GET /v1/models HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 401, nullptr},

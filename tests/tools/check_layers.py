@@ -25,8 +25,7 @@ LAYERS = [
     ["services/worker", "services/launcher"],
     ["services/cluster"],
     ["services/kvstore"],
-    ["services/prefill", "services/decode", "services/router"],
-    ["services/openai"],
+    ["services/openai", "services/prefill", "services/decode", "services/router"],
     ["services/bin", "cli"],
 ]
 RANK = {d: i for i, layer in enumerate(LAYERS) for d in layer}
