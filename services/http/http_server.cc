@@ -322,6 +322,10 @@ class BeastServer : public Server {
 };
 
 Session::Session(BeastServer* server, tcp::socket socket) : server_(server), stream_(std::move(socket)) {
+  // Streamed answers are many small writes: with Nagle's algorithm each one after the
+  // first waits for the client's (delayed, up to 40 ms) ACK of the one before.
+  error_code ignored;
+  stream_.socket().set_option(tcp::no_delay(true), ignored);
   server_->connections_.fetch_add(1);
   std::lock_guard<std::mutex> lock(server_->sessions_mu_);
   server_->sessions_.insert(this);
