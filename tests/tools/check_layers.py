@@ -15,6 +15,7 @@ LAYERS = [
     ["kernels/cpu", "kernels/cuda"],
     ["engine/util"],
     ["engine/tokenizer"],
+    ["engine/chat_template"],
     ["engine/model"],
     ["engine/runtime"],
     ["services/common/transfer"],
