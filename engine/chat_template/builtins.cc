@@ -131,25 +131,18 @@ absl::StatusOr<bool> CompareTest(std::string_view test, std::string_view op, con
   return CompareOp(op, v, other);
 }
 
-absl::StatusOr<bool> ParityTest(const Value& v, bool want_odd) {
-  if (!v.is_number()) {
-    return PyError("TypeError", absl::StrCat("unsupported operand type(s) for %: '", TypeName(v), "' and 'int'"));
-  }
-  if (v.is_integral()) return ((v.as_int() % 2) != 0) == want_odd;
-  const double m = std::fmod(v.as_float(), 2.0);
-  return (m != 0) == want_odd;
+// Jinja2's odd and even: value % 2 == 1 and value % 2 == 0 (so 2.5 is neither).
+absl::StatusOr<bool> ParityTest(Runtime& rt, const Value& v, bool want_odd) {
+  ASSIGN_OR_RETURN(Value m, BinaryOp(rt, "%", v, Value::Int(2)));
+  return PyEquals(m, Value::Int(want_odd ? 1 : 0));
 }
 
 bool IsCasedLowerOrUpper(std::string_view s, bool lower) {
   bool cased = false;
-  for (char c : s) {
-    if (c >= 'a' && c <= 'z') {
-      if (!lower) return false;
-      cased = true;
-    } else if (c >= 'A' && c <= 'Z') {
-      if (lower) return false;
-      cased = true;
-    }
+  for (size_t pos = 0; pos < s.size();) {
+    const uint32_t cp = NextCodePoint(s, &pos);
+    if (lower ? IsUpperLetter(cp) : IsLowerLetter(cp)) return false;
+    if (IsCasedLetter(cp)) cased = true;
   }
   return cased;
 }
@@ -182,8 +175,8 @@ absl::StatusOr<bool> TestCallable(Runtime&, const Value& v, CallArgs&) {
   return v.kind() == Kind::kCallable || v.is_undefined() || v.kind() == Kind::kLoop;
 }
 absl::StatusOr<bool> TestEscaped(Runtime&, const Value& v, CallArgs&) { return v.is_string() && v.markup(); }
-absl::StatusOr<bool> TestEven(Runtime&, const Value& v, CallArgs&) { return ParityTest(v, false); }
-absl::StatusOr<bool> TestOdd(Runtime&, const Value& v, CallArgs&) { return ParityTest(v, true); }
+absl::StatusOr<bool> TestEven(Runtime& rt, const Value& v, CallArgs&) { return ParityTest(rt, v, false); }
+absl::StatusOr<bool> TestOdd(Runtime& rt, const Value& v, CallArgs&) { return ParityTest(rt, v, true); }
 absl::StatusOr<bool> TestDivisibleBy(Runtime& rt, const Value& v, CallArgs& args) {
   ASSIGN_OR_RETURN(Value n, OneArg("divisibleby", args));
   ASSIGN_OR_RETURN(Value m, BinaryOp(rt, "%", v, n));

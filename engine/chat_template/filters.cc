@@ -411,13 +411,37 @@ absl::StatusOr<Value> FUpper(Runtime&, const Value& v, CallArgs& args) {
   return Value::String(AsciiUpper(SoftStr(v)));
 }
 
+// Jinja2's own title (not str.title): split before runs of '-', whitespace, '(', '{',
+// '[' or '<'; each piece gets its first character upper-cased and the rest lower-cased.
 absl::StatusOr<Value> FTitle(Runtime&, const Value& v, CallArgs& args) {
   ASSIGN_OR_RETURN(Args a, BindArgs("title", args, {}));
-  return Value::String(PyTitle(SoftStr(v)));
+  const std::string s = SoftStr(v);
+  auto separator = [](uint32_t cp) {
+    return cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || PyIsSpace(cp);
+  };
+  std::string out;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    // A piece: a run of separators, or a run of other characters.
+    const size_t start = pos;
+    size_t probe = pos;
+    const bool sep = separator(NextCodePoint(s, &probe));
+    size_t end = probe;
+    while (end < s.size()) {
+      size_t q = end;
+      if (separator(NextCodePoint(s, &q)) != sep) break;
+      end = q;
+    }
+    out += AsciiUpper(s.substr(start, probe - start));
+    out += AsciiLower(s.substr(probe, end - probe));
+    pos = end;
+  }
+  return Value::String(std::move(out));
 }
 
 absl::StatusOr<Value> FMap(Runtime& rt, const Value& v, CallArgs& args) {
-  ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(rt, v));
+  // Jinja2's map, select and reject start with `if value:`: a falsy input maps to nothing.
+  ASSIGN_OR_RETURN(std::vector<Value> items, Truthy(v) ? Iterate(rt, v) : std::vector<Value>());
   std::vector<Value> out;
   out.reserve(items.size());
   if (args.positional.empty()) {
@@ -473,7 +497,7 @@ absl::StatusOr<Value> FMax(Runtime& rt, const Value& v, CallArgs& args) { return
 absl::StatusOr<Value> FMin(Runtime& rt, const Value& v, CallArgs& args) { return MinMax(rt, v, args, false); }
 
 absl::StatusOr<Value> SelectOrReject(Runtime& rt, const Value& v, CallArgs& args, bool select, bool by_attribute) {
-  ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(rt, v));
+  ASSIGN_OR_RETURN(std::vector<Value> items, Truthy(v) ? Iterate(rt, v) : std::vector<Value>());
   size_t off = 0;
   std::optional<Value> attribute;
   if (by_attribute) {
@@ -670,19 +694,35 @@ absl::StatusOr<Value> FTruncate(Runtime&, const Value& v, CallArgs& args) {
     ASSIGN_OR_RETURN(leeway, IntArg("truncate", "leeway", *a[3]));
   }
   const std::string end = a[2] ? SoftStr(*a[2]) : "...";
-  const std::string s = SoftStr(v);
   const int64_t end_len = static_cast<int64_t>(CodePointCount(end));
   if (length < end_len) return PyError("AssertionError", absl::StrCat("expected length >= ", end_len, ", got ", length));
   if (leeway < 0) return PyError("AssertionError", absl::StrCat("expected leeway >= 0, got ", leeway));
+  // Jinja2 takes len() of the input as it is: anything short enough comes back unchanged.
+  ASSIGN_OR_RETURN(int64_t n, Length(v));
+  if (n <= length + leeway) return v;
+  if (!v.is_string()) {
+    return PyError("AttributeError", absl::StrCat("'", TypeName(v), "' object has no attribute 'rsplit'"));
+  }
+  const std::string& s = v.str();
   const std::vector<size_t> offsets = CodePointOffsets(s);
-  const int64_t n = static_cast<int64_t>(offsets.size()) - 1;
-  if (n <= length + leeway) return Value::String(s);
   std::string head = s.substr(0, offsets[length - end_len]);
   if (!(a[1] && Truthy(*a[1]))) {
     const size_t space = head.rfind(' ');
     if (space != std::string::npos) head.resize(space);
   }
   return Value::String(head + end);
+}
+
+// The type Python refuses to hash in `v` (dicts, lists, tuples holding them), or null.
+const char* UnhashableType(const Value& v) {
+  if (v.is_dict()) return "dict";
+  if (v.is_list() && !v.is_tuple()) return "list";
+  if (v.is_list()) {
+    for (const Value& item : v.list()) {
+      if (const char* t = UnhashableType(item)) return t;
+    }
+  }
+  return nullptr;
 }
 
 absl::StatusOr<Value> FUnique(Runtime& rt, const Value& v, CallArgs& args) {
@@ -694,6 +734,9 @@ absl::StatusOr<Value> FUnique(Runtime& rt, const Value& v, CallArgs& args) {
   for (const Value& item : items) {
     RETURN_IF_ERROR(rt.Step());
     ASSIGN_OR_RETURN(Value key, SortKey(rt, item, a[1], case_sensitive));
+    if (const char* type = UnhashableType(key)) {
+      return PyError("TypeError", absl::StrCat("unhashable type: '", type, "'"));
+    }
     bool fresh;
     if (key.is_string()) {
       fresh = seen_strings.insert(key.str()).second;

@@ -222,15 +222,20 @@ absl::StatusOr<std::string> PyReplace(Runtime& rt, const std::string& s, const s
 }
 
 std::string PyTitle(std::string_view s) {
-  std::string out(s);
+  std::string out;
+  out.reserve(s.size());
   bool prev_cased = false;
-  for (char& c : out) {
-    const bool lower = c >= 'a' && c <= 'z', upper = c >= 'A' && c <= 'Z';
-    if (lower || upper) {
-      if (prev_cased && upper) c = static_cast<char>(c - 'A' + 'a');
-      if (!prev_cased && lower) c = static_cast<char>(c - 'a' + 'A');
+  for (size_t pos = 0; pos < s.size();) {
+    const uint32_t cp = NextCodePoint(s, &pos);
+    if (IsCasedLetter(cp)) {
+      if (prev_cased) {
+        AppendCodePoint(ToLower(cp), &out);
+      } else {
+        AppendUpper(cp, &out);
+      }
       prev_cased = true;
     } else {
+      AppendCodePoint(cp, &out);
       prev_cased = false;
     }
   }
@@ -238,8 +243,16 @@ std::string PyTitle(std::string_view s) {
 }
 
 std::string PyCapitalize(std::string_view s) {
-  std::string out = AsciiLower(s);
-  if (!out.empty() && out[0] >= 'a' && out[0] <= 'z') out[0] = static_cast<char>(out[0] - 'a' + 'A');
+  std::string out;
+  out.reserve(s.size());
+  for (size_t pos = 0; pos < s.size();) {
+    const uint32_t cp = NextCodePoint(s, &pos);
+    if (out.empty()) {
+      AppendUpper(cp, &out);
+    } else {
+      AppendCodePoint(ToLower(cp), &out);
+    }
+  }
   return out;
 }
 
@@ -360,22 +373,17 @@ bool IsDigitCp(uint32_t cp) { return cp >= '0' && cp <= '9'; }
 bool IsAlphaCp(uint32_t cp) { return (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z'); }
 bool IsAlnumCp(uint32_t cp) { return IsDigitCp(cp) || IsAlphaCp(cp); }
 
-absl::StatusOr<Value> StrIsLower(Runtime&, const Value& self, CallArgs&) {
+absl::StatusOr<Value> CaseCheck(const std::string& s, bool want_lower) {
   bool cased = false;
-  for (char c : self.str()) {
-    if (c >= 'A' && c <= 'Z') return Value::Bool(false);
-    if (c >= 'a' && c <= 'z') cased = true;
+  for (size_t pos = 0; pos < s.size();) {
+    const uint32_t cp = NextCodePoint(s, &pos);
+    if (want_lower ? IsUpperLetter(cp) : IsLowerLetter(cp)) return Value::Bool(false);
+    if (IsCasedLetter(cp)) cased = true;
   }
   return Value::Bool(cased);
 }
-absl::StatusOr<Value> StrIsUpper(Runtime&, const Value& self, CallArgs&) {
-  bool cased = false;
-  for (char c : self.str()) {
-    if (c >= 'a' && c <= 'z') return Value::Bool(false);
-    if (c >= 'A' && c <= 'Z') cased = true;
-  }
-  return Value::Bool(cased);
-}
+absl::StatusOr<Value> StrIsLower(Runtime&, const Value& self, CallArgs&) { return CaseCheck(self.str(), true); }
+absl::StatusOr<Value> StrIsUpper(Runtime&, const Value& self, CallArgs&) { return CaseCheck(self.str(), false); }
 
 absl::StatusOr<Value> StrSplitlines(Runtime&, const Value& self, CallArgs& args) {
   ASSIGN_OR_RETURN(Args a, BindArgs("splitlines", args, {"keepends"}));

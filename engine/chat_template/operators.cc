@@ -1,6 +1,9 @@
 #include "engine/chat_template/operators.h"
 
+#include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -112,6 +115,120 @@ absl::StatusOr<Value> Repeat(Runtime& rt, const Value& seq, int64_t n) {
   return Value::List(std::move(out), seq.is_tuple());
 }
 
+// Python's str % args for the conversions templates might use: %s %r %a %d %i %u %f %F
+// %e %E %g %G %x %X %o %c %%, with flags, width, precision and %(key)s.
+absl::StatusOr<Value> PercentFormat(Runtime& rt, const std::string& fmt, const Value& arg) {
+  std::vector<Value> args;
+  const bool tuple = arg.is_list() && arg.is_tuple();
+  // Python treats any non-tuple, non-str object with __getitem__ as a mapping argument,
+  // which a format without conversions may ignore.
+  const bool mapping_like = (arg.is_list() && !tuple) || arg.is_dict() || arg.is_undefined();
+  if (tuple) {
+    args = arg.list();
+  } else {
+    args.push_back(arg);
+  }
+  size_t next = 0;
+  bool used_mapping = false;
+  std::string out;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%') {
+      out.push_back(fmt[i]);
+      continue;
+    }
+    if (++i >= fmt.size()) return PyError("ValueError", "incomplete format");
+    std::optional<Value> value;
+    if (fmt[i] == '(') {
+      const size_t close = fmt.find(')', i);
+      if (close == std::string::npos) return PyError("ValueError", "incomplete format key");
+      if (!arg.is_dict()) return PyError("TypeError", "format requires a mapping");
+      const Value* v = arg.dict().Find(std::string_view(fmt).substr(i + 1, close - i - 1));
+      if (v == nullptr) return PyError("KeyError", PyReprString(fmt.substr(i + 1, close - i - 1)));
+      value = *v;
+      used_mapping = true;
+      i = close + 1;
+    }
+    std::string spec = "%";
+    while (i < fmt.size() && std::string_view("-+ #0").find(fmt[i]) != std::string_view::npos) spec += fmt[i++];
+    while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) spec += fmt[i++];
+    if (i < fmt.size() && fmt[i] == '.') {
+      spec += fmt[i++];
+      while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) spec += fmt[i++];
+    }
+    while (i < fmt.size() && (fmt[i] == 'h' || fmt[i] == 'l' || fmt[i] == 'L')) ++i;
+    if (i >= fmt.size()) return PyError("ValueError", "incomplete format");
+    const char conv = fmt[i];
+    if (conv == '%') {
+      out.push_back('%');
+      continue;
+    }
+    if (!value) {
+      if (next >= args.size()) return PyError("TypeError", "not enough arguments for format string");
+      value = args[next++];
+    }
+    char buf[512];
+    if (conv == 's' || conv == 'r' || conv == 'a') {
+      const std::string text = conv == 's' ? PyStr(*value) : PyRepr(*value);
+      // Width and precision count code points; pad by hand.
+      const size_t dot = spec.find('.');
+      std::string body = text;
+      if (dot != std::string::npos) {
+        const size_t precision = std::strtoul(spec.c_str() + dot + 1, nullptr, 10);
+        const std::vector<size_t> offsets = CodePointOffsets(body);
+        if (precision + 1 < offsets.size()) body.resize(offsets[precision]);
+      }
+      const size_t width_at = spec.find_first_of("123456789");
+      const size_t width = width_at != std::string::npos && (dot == std::string::npos || width_at < dot)
+                               ? std::strtoul(spec.c_str() + width_at, nullptr, 10)
+                               : 0;
+      const size_t n = CodePointCount(body);
+      if (n < width) {
+        const std::string pad(width - n, ' ');
+        body = spec.find('-') != std::string::npos ? body + pad : pad + body;
+      }
+      out += body;
+    } else if (std::string_view("diuxXoc").find(conv) != std::string_view::npos) {
+      int64_t n;
+      if (conv == 'c' && value->is_string()) {
+        if (CodePointCount(value->str()) != 1) return PyError("TypeError", "%c requires int or char");
+        out += value->str();
+        continue;
+      }
+      if (value->is_integral()) {
+        n = value->as_int();
+      } else if (value->kind() == Kind::kFloat && conv != 'x' && conv != 'X' && conv != 'o' && conv != 'c') {
+        if (!std::isfinite(value->as_float()) || std::fabs(value->as_float()) >= 9.2e18) return Overflow();
+        n = static_cast<int64_t>(value->as_float());
+      } else {
+        return PyError("TypeError", absl::StrCat("%", std::string(1, conv), " format: a real number is required, not ",
+                                                 TypeName(*value)));
+      }
+      if (conv == 'c') {
+        if (n < 0 || n > 0x10FFFF) return PyError("OverflowError", "%c arg not in range(0x110000)");
+        AppendCodePoint(static_cast<uint32_t>(n), &out);
+        continue;
+      }
+      const char c = conv == 'i' || conv == 'u' ? 'd' : conv;
+      std::snprintf(buf, sizeof(buf), (spec + "ll" + c).c_str(), static_cast<long long>(n));
+      out += buf;
+    } else if (std::string_view("fFeEgG").find(conv) != std::string_view::npos) {
+      if (!value->is_number()) {
+        return PyError("TypeError", absl::StrCat("must be real number, not ", TypeName(*value)));
+      }
+      std::snprintf(buf, sizeof(buf), (spec + conv).c_str(), value->as_float());
+      out += buf;
+    } else {
+      return PyError("ValueError", absl::StrCat("unsupported format character '", std::string(1, conv), "'"));
+    }
+    if (out.size() > (size_t{1} << 30)) return PyError("MemoryError", "format result too large");
+  }
+  if (next < args.size() && !used_mapping && !(next == 0 && mapping_like)) {
+    return PyError("TypeError", "not all arguments converted during string formatting");
+  }
+  RETURN_IF_ERROR(rt.Charge(out.size()));
+  return Value::String(std::move(out));
+}
+
 absl::StatusOr<Value> Add(Runtime& rt, const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) {
     if (a.is_integral() && b.is_integral()) {
@@ -207,15 +324,14 @@ absl::StatusOr<Value> Arithmetic(std::string_view op, const Value& a, const Valu
 }  // namespace
 
 absl::StatusOr<Value> BinaryOp(Runtime& rt, std::string_view op, const Value& a, const Value& b) {
+  // str % x: str.__mod__ takes any object, an Undefined too (it formats as "").
+  if (op == "%" && a.is_string()) return PercentFormat(rt, a.str(), b);
   if (a.is_undefined()) return UndefinedError(a);
   if (b.is_undefined()) return UndefinedError(b);
   if (op == "+") return Add(rt, a, b);
   if (op == "*") {
     if ((a.is_string() || a.is_list()) && b.is_integral()) return Repeat(rt, a, b.as_int());
     if (a.is_integral() && (b.is_string() || b.is_list())) return Repeat(rt, b, a.as_int());
-  }
-  if (op == "%" && a.is_string()) {
-    return PyError("TypeError", "printf-style string formatting ('%') is not supported by this interpreter");
   }
   return Arithmetic(op, a, b);
 }
@@ -341,10 +457,13 @@ absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
 
 absl::StatusOr<Value> Slice(Runtime& rt, const Value& obj, const std::optional<Value>& start,
                             const std::optional<Value>& stop, const std::optional<Value>& step) {
+  // Jinja2 compiles a slice to Python's own subscript, not to environment.getitem:
+  // failures raise rather than give Undefined.
   if (obj.is_undefined()) return UndefinedError(obj);
-  if (!obj.is_list() && !obj.is_string()) return Value::Undefined(absl::StrCat(ObjectRepr(obj), " has no element slice"));
-  // Bounds that are neither ints nor None make Python raise TypeError, which Jinja2's
-  // getitem turns into Undefined.
+  if (obj.is_dict()) return PyError("TypeError", "unhashable type: 'slice'");
+  if (!obj.is_list() && !obj.is_string()) {
+    return PyError("TypeError", absl::StrCat("'", TypeName(obj), "' object is not subscriptable"));
+  }
   auto bound = [](const std::optional<Value>& v, std::optional<int64_t>* out) {
     if (!v || v->is_none()) return true;
     if (!v->is_integral()) return false;
@@ -353,7 +472,7 @@ absl::StatusOr<Value> Slice(Runtime& rt, const Value& obj, const std::optional<V
   };
   std::optional<int64_t> b, e, s;
   if (!bound(start, &b) || !bound(stop, &e) || !bound(step, &s)) {
-    return Value::Undefined(absl::StrCat(ObjectRepr(obj), " has no element slice"));
+    return PyError("TypeError", "slice indices must be integers or None or have an __index__ method");
   }
   const int64_t st = s.value_or(1);
   if (st == 0) return PyError("ValueError", "slice step cannot be zero");

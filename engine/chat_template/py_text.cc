@@ -257,19 +257,89 @@ void AppendJsonString(std::string_view s, bool ensure_ascii, std::string* out) {
   out->push_back('"');
 }
 
-std::string AsciiUpper(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+namespace {
+
+// The lower-case partner of an upper-case letter, or 0.
+uint32_t LowerOf(uint32_t cp) {
+  if (cp >= 'A' && cp <= 'Z') return cp + 32;
+  if (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7) return cp + 32;
+  if (cp >= 0x100 && cp <= 0x17F) {
+    if (cp == 0x130) return 'i';  // İ
+    if (cp == 0x178) return 0xFF;  // Ÿ
+    const bool odd_upper = (cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E);
+    if (cp == 0x131 || cp == 0x138 || cp == 0x149 || cp == 0x17F) return 0;
+    if (odd_upper) return (cp & 1) ? cp + 1 : 0;
+    return (cp & 1) ? 0 : cp + 1;
   }
+  if (cp >= 0x391 && cp <= 0x3A9 && cp != 0x3A2) return cp + 32;
+  if (cp == 0x386) return 0x3AC;
+  if (cp >= 0x388 && cp <= 0x38A) return cp + 37;
+  if (cp == 0x38C) return 0x3CC;
+  if (cp == 0x38E || cp == 0x38F) return cp + 63;
+  if (cp >= 0x410 && cp <= 0x42F) return cp + 32;
+  if (cp >= 0x400 && cp <= 0x40F) return cp + 80;
+  if ((cp >= 0x460 && cp <= 0x481) || (cp >= 0x48A && cp <= 0x4BF)) return (cp & 1) ? 0 : cp + 1;
+  return 0;
+}
+
+// The upper-case partner of a lower-case letter, or 0.
+uint32_t UpperOf(uint32_t cp) {
+  if (cp >= 'a' && cp <= 'z') return cp - 32;
+  if (cp >= 0xE0 && cp <= 0xFE && cp != 0xF7) return cp - 32;
+  if (cp == 0xFF) return 0x178;
+  if (cp == 0xB5) return 0x39C;  // µ
+  if (cp >= 0x100 && cp <= 0x17F) {
+    if (cp == 0x131) return 'I';    // ı
+    if (cp == 0x17F) return 'S';    // ſ
+    if (cp == 0x130 || cp == 0x138 || cp == 0x149 || cp == 0x178) return 0;
+    const bool odd_upper = (cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E);
+    if (odd_upper) return (cp & 1) ? 0 : cp - 1;
+    return (cp & 1) ? cp - 1 : 0;
+  }
+  if (cp >= 0x3B1 && cp <= 0x3C9) return cp == 0x3C2 ? 0x3A3 : cp - 32;
+  if (cp == 0x3AC) return 0x386;
+  if (cp >= 0x3AD && cp <= 0x3AF) return cp - 37;
+  if (cp == 0x3CC) return 0x38C;
+  if (cp == 0x3CD || cp == 0x3CE) return cp - 63;
+  if (cp >= 0x430 && cp <= 0x44F) return cp - 32;
+  if (cp >= 0x450 && cp <= 0x45F) return cp - 80;
+  if ((cp >= 0x460 && cp <= 0x481) || (cp >= 0x48A && cp <= 0x4BF)) return (cp & 1) ? cp - 1 : 0;
+  return 0;
+}
+
+}  // namespace
+
+bool IsUpperLetter(uint32_t cp) { return LowerOf(cp) != 0 || cp == 0x130; }
+bool IsLowerLetter(uint32_t cp) {
+  return UpperOf(cp) != 0 || cp == 0xDF || cp == 0x138 || cp == 0x149;
+}
+bool IsCasedLetter(uint32_t cp) { return IsUpperLetter(cp) || IsLowerLetter(cp); }
+
+void AppendUpper(uint32_t cp, std::string* out) {
+  if (cp == 0xDF) {  // ß
+    *out += "SS";
+    return;
+  }
+  const uint32_t u = UpperOf(cp);
+  AppendCodePoint(u != 0 ? u : cp, out);
+}
+
+uint32_t ToLower(uint32_t cp) {
+  const uint32_t l = LowerOf(cp);
+  return l != 0 ? l : cp;
+}
+
+std::string PyUpper(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t pos = 0; pos < s.size();) AppendUpper(NextCodePoint(s, &pos), &out);
   return out;
 }
 
-std::string AsciiLower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
+std::string PyLower(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t pos = 0; pos < s.size();) AppendCodePoint(ToLower(NextCodePoint(s, &pos)), &out);
   return out;
 }
 

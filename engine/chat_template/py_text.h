@@ -38,8 +38,19 @@ std::string PyFloatRepr(double v);
 // code point as \uXXXX (surrogate pairs above U+FFFF), lower-case hex as Python writes.
 void AppendJsonString(std::string_view s, bool ensure_ascii, std::string* out);
 
-// ASCII-only case mapping (see chat_template.h: Unicode case mapping is not supported).
-std::string AsciiUpper(std::string_view s);
-std::string AsciiLower(std::string_view s);
+// str.upper() / str.lower() for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic
+// (other scripts are left as they are; Greek's final-sigma rule is not applied).
+std::string PyUpper(std::string_view s);
+std::string PyLower(std::string_view s);
+// Whether a code point is a cased letter of those scripts, upper or lower case.
+bool IsCasedLetter(uint32_t cp);
+bool IsUpperLetter(uint32_t cp);
+bool IsLowerLetter(uint32_t cp);
+// One code point's case mapping (ß upper-cases to "SS", as Python does).
+void AppendUpper(uint32_t cp, std::string* out);
+uint32_t ToLower(uint32_t cp);
+// Kept names for the ASCII-only callers: now the wider mapping above.
+inline std::string AsciiUpper(std::string_view s) { return PyUpper(s); }
+inline std::string AsciiLower(std::string_view s) { return PyLower(s); }
 
 }  // namespace tandem::chat_template_internal

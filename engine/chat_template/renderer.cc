@@ -78,7 +78,17 @@ class Renderer final : public Runtime {
     const Callable& c = callee.callable();
     if (c.macro != nullptr) return CallMacro(*c.macro, args);
     static const Value kNoSelf;
-    return c.builtin(*this, c.self ? *c.self : kNoSelf, args);
+    ASSIGN_OR_RETURN(Value out, c.builtin(*this, c.self ? *c.self : kNoSelf, args));
+    // Markup's methods return Markup.
+    if (c.self && c.self->is_string() && c.self->markup()) {
+      if (out.is_string()) return Value::SharedString(out.shared_str(), true);
+      if (out.is_list() && !out.list().empty() && out.list()[0].is_string()) {
+        std::vector<Value> items;
+        for (const Value& v : out.list()) items.push_back(v.is_string() ? Value::SharedString(v.shared_str(), true) : v);
+        return Value::List(std::move(items), out.is_tuple());
+      }
+    }
+    return out;
   }
   absl::StatusOr<Value> ApplyFilter(std::string_view name, const Value& input, CallArgs args) override {
     RETURN_IF_ERROR(Step());

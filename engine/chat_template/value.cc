@@ -106,7 +106,13 @@ void AppendRepr(const Value& v, int depth, std::string* out) {
   }
   switch (v.kind()) {
     case Kind::kUndefined: *out += "Undefined"; return;
-    case Kind::kString: *out += PyReprString(v.str()); return;
+    case Kind::kString:
+      if (v.markup()) {
+        absl::StrAppend(out, "Markup(", PyReprString(v.str()), ")");
+      } else {
+        *out += PyReprString(v.str());
+      }
+      return;
     case Kind::kList: {
       const std::vector<Value>& items = v.list();
       out->push_back(v.is_tuple() ? '(' : '[');

@@ -121,11 +121,15 @@ TEST_F(Jinja2ReferenceTest, EveryFeatureCaseMatches) {
       }
       continue;
     }
-    ASSERT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) {
+      ADD_FAILURE() << "Jinja2 compiled it; Tandem: " << t.status();
+      continue;
+    }
     absl::StatusOr<std::string> out = t->Render(cases[i]["context"]);
     if (want_ok) {
       const std::string want = results[i]["text"].get<std::string>();
-      ASSERT_TRUE(out.ok()) << "Jinja2 rendered " << testing::Quoted(want) << "; Tandem: " << out.status();
+      EXPECT_TRUE(out.ok()) << "Jinja2 rendered " << testing::Quoted(want) << "; Tandem: " << out.status();
+      if (!out.ok()) continue;
       EXPECT_EQ(*out, want) << FirstDifference(want, *out);
       if (*out == want) ++agreed;
     } else {

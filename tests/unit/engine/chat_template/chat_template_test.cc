@@ -112,8 +112,8 @@ TEST(ChatTemplateLimitsTest, UnsupportedConstructsAreErrors) {
                         "{% do x.append(1) %}"}) {
     EXPECT_EQ(ChatTemplate::Parse(t).status().code(), absl::StatusCode::kInvalidArgument) << t;
   }
-  for (const char* t : {"{{ [1]|groupby('x') }}", "{{ '%s'|format(1) }}", "{{ '{}'.format(1) }}", "{{ '%d' % 1 }}",
-                        "{{ 9223372036854775807 + 1 }}"}) {
+  for (const char* t : {"{{ [1]|groupby('x') }}", "{{ '%s'|format(1) }}", "{{ '{}'.format(1) }}",
+                        "{{ 9223372036854775807 + 1 }}", "{{ 1e20|int }}"}) {
     absl::StatusOr<std::string> out = Render(t);
     EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << t << ": " << out.status();
   }

@@ -71,7 +71,9 @@ inline ChatRequest RequestOf(const OrderedJson& conversation) {
   return r;
 }
 
-// Printable form of a string for failure messages.
-inline std::string Quoted(const std::string& s) { return OrderedJson(s).dump(); }
+// Printable form of a string for failure messages (bytes cut mid-character print as U+FFFD).
+inline std::string Quoted(const std::string& s) {
+  return OrderedJson(s).dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+}
 
 }  // namespace tandem::testing
