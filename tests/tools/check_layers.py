@@ -16,6 +16,7 @@ LAYERS = [
     ["engine/util"],
     ["engine/tokenizer"],
     ["engine/output_parsing"],
+    ["engine/chat_template"],
     ["engine/model"],
     ["engine/runtime"],
     ["services/common/transfer"],
