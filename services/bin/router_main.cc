@@ -253,7 +253,8 @@ int RunRouter(int argc, char** argv) {
     history = std::make_unique<MetricsHistory>(metrics, RegistryLoads(&registry), MetricsHistory::Options{});
     history->Start();
   }
-  service::AdminServer admin(CombineCollectables({metrics, ReplicaGaugeCollector(&registry, common.model)}));
+  service::AdminServer admin(CombineCollectables(
+      {metrics, ReplicaGaugeCollector(&registry, common.model), AdmissionGaugeCollector(&admission, common.model)}));
   if (absl::Status s = admin.Start(common.admin_listen); !s.ok()) return Fail("admin server", s);
   // Pages that show replicas need the API key when keys are configured.
   admin.AddHandler("/replicas", security::RequireApiKey(api_keys.get(), [&registry](const service::HttpRequest&) {

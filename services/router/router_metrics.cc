@@ -4,6 +4,7 @@
 
 #include "prometheus/metric_family.h"
 #include "services/api/metric_buckets.h"
+#include "services/router/admission.h"
 #include "services/router/replica_registry.h"
 
 namespace tandem {
@@ -123,6 +124,38 @@ void RouterMetrics::RequestFinished(const Finished& f) {
 std::shared_ptr<prometheus::Collectable> ReplicaGaugeCollector(const ReplicaRegistry* registry,
                                                                const std::string& model) {
   return std::make_shared<ReplicaCollector>(registry, model);
+}
+
+namespace {
+
+class AdmissionCollector : public prometheus::Collectable {
+ public:
+  AdmissionCollector(const Admission* a, std::string model) : admission_(a), model_(std::move(model)) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    prometheus::MetricFamily f{"tandem_requests_waiting",
+                               "Requests in the router's admission queues: prefill (admitted, no first token yet) "
+                               "and decode (waiting for KV room; also counted in prefill)",
+                               prometheus::MetricType::Gauge, {}};
+    for (const auto& [name, q] : {std::pair{"prefill", AdmissionQueues::Queue::kPrefill},
+                                  std::pair{"decode", AdmissionQueues::Queue::kDecode}}) {
+      prometheus::ClientMetric m;
+      m.label = {{"model", model_}, {"role", "router"}, {"queue", name}};
+      m.gauge.value = static_cast<double>(admission_->size(q));
+      f.metric.push_back(m);
+    }
+    return {f};
+  }
+
+ private:
+  const Admission* admission_;
+  std::string model_;
+};
+
+}  // namespace
+
+std::shared_ptr<prometheus::Collectable> AdmissionGaugeCollector(const Admission* admission,
+                                                                 const std::string& model) {
+  return std::make_shared<AdmissionCollector>(admission, model);
 }
 
 }  // namespace tandem

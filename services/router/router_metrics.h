@@ -58,4 +58,11 @@ class RouterMetrics {
 std::shared_ptr<prometheus::Collectable> ReplicaGaugeCollector(const ReplicaRegistry* registry,
                                                                const std::string& model);
 
+// tandem_requests_waiting{role="router",queue}: requests holding a place in admission's
+// prefill queue (admitted, no first token yet) and decode queue (waiting for KV room; such
+// a request counts in both), read when scraped. An endpoint picker's queued-requests gauge.
+class Admission;
+std::shared_ptr<prometheus::Collectable> AdmissionGaugeCollector(const Admission* admission,
+                                                                 const std::string& model);
+
 }  // namespace tandem
