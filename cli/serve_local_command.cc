@@ -33,6 +33,7 @@ struct ServeLocalArgs {
   std::vector<std::string> decode_devices;
   std::string listen = "127.0.0.1:50051";
   std::string internal_listen = "127.0.0.1:0";  // printed, and in the ready file
+  std::string http_listen = "127.0.0.1:0";      // the OpenAI-compatible API; "off": none
   std::string internal_auth = "mtls";
   bool public_tls = false;
   std::string api_keys_file;
@@ -99,6 +100,7 @@ int Run(const ServeLocalArgs& a) {
   o.num_decode = a.aggregated > 0 ? 0 : a.decode;
   o.num_both = a.aggregated;
   o.router_args = a.router_args;
+  if (!a.http_listen.empty() && a.http_listen != "off") o.router_args.push_back("--http-listen=" + a.http_listen);
   if (!a.api_keys_file.empty()) o.router_args.push_back("--api-keys-file=" + a.api_keys_file);
   o.worker_args = a.worker_args;
   // The prefix tier: prefill replicas find the kvstores through the router.
@@ -138,6 +140,10 @@ int Run(const ServeLocalArgs& a) {
   const std::string ca = sec.value("ca", "");
   std::printf("public   %s (%s%s)\n", (*cluster)->router_address().c_str(), a.public_tls ? "TLS" : "plaintext",
               a.api_keys_file.empty() ? ", no API keys" : ", API keys");
+  if (const std::string http = (*cluster)->router_http_address(); !http.empty()) {
+    std::printf("http     http://%s/v1 (OpenAI-compatible; plaintext%s)\n", http.c_str(),
+                a.api_keys_file.empty() ? ", no API keys" : ", API keys");
+  }
   std::printf("internal %s (%s)%s%s\n", (*cluster)->router_internal_address().c_str(),
               sec.value("internal_auth", "").c_str(), ca.empty() ? "" : "; CA ", ca.c_str());
   std::string status_flags;
@@ -198,6 +204,9 @@ void RegisterServeLocal(CLI::App& app, int* exit_code) {
                   "--device")
       ->delimiter(',');
   cmd->add_option("--listen", a->listen, "The router's public gRPC address (port 0 = any free port)")
+      ->capture_default_str();
+  cmd->add_option("--http-listen", a->http_listen,
+                  "The router's OpenAI-compatible HTTP API address (port 0 = any free port; \"off\" = none)")
       ->capture_default_str();
   cmd->add_option("--internal-listen", a->internal_listen,
                   "The router's internal gRPC address, where the replicas register (default: a free loopback "

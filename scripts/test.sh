@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds, runs every test with ctest, then
 # (without ctest options) the engine's tests under ASan + UBSan (scripts/sanitize.sh;
-# TANDEM_SKIP_SANITIZE=1 skips them) and the services' under ThreadSanitizer
-# (scripts/tsan.sh) when TANDEM_TSAN=1: that part is opt-in until a whole run of it has
-# been seen clean on a 2-core machine (the system's gRPC and UCX are not instrumented).
+# TANDEM_SKIP_SANITIZE=1 skips them) and the components that synchronize their own
+# threads under ThreadSanitizer (scripts/tsan.sh, its own build in build-tsan;
+# TANDEM_TSAN=0 skips it).
 #   scripts/test.sh [ctest options...]      e.g. scripts/test.sh -L unit
 # Labels: unit, integration, gpu (GPU tests: one ctest test per case, each skipped with a
 # reason where there is no GPU), tsan (the subset scripts/tsan.sh runs under
@@ -17,6 +17,6 @@ ctest --test-dir "$build" -j "$(nproc)" --output-on-failure --timeout 900 "$@"
 if [ $# -eq 0 ] && [ "${TANDEM_SKIP_SANITIZE:-0}" != 1 ]; then
   "$root/scripts/sanitize.sh"
 fi
-if [ $# -eq 0 ] && [ "${TANDEM_TSAN:-0}" = 1 ]; then
+if [ $# -eq 0 ] && [ "${TANDEM_TSAN:-1}" != 0 ]; then
   "$root/scripts/tsan.sh"
 fi

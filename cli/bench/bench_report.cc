@@ -42,11 +42,13 @@ BenchReport Compute(const std::vector<RequestRecord>& records, double duration_s
     if (!x.ok) {
       ++r.failed;
       if (r.sample_errors.size() < 5) r.sample_errors.push_back(x.error);
+      ++r.errors_by_class[x.error_class.empty() ? "other" : x.error_class];
       continue;
     }
     ++r.completed;
     r.total_input_tokens += x.prompt_tokens;
     r.total_output_tokens += x.output_tokens;
+    r.total_output_chunks += x.chunks;
     r.cached_input_tokens += x.cached_prompt_tokens;
     cached.push_back(x.cached_prompt_tokens);
     if (x.cached_prompt_tokens > 0) {
@@ -99,6 +101,8 @@ nlohmann::json BenchReport::ToJson() const {
           {"tpot_ms", tpot_ms.ToJson()},
           {"itl_ms", itl_ms.ToJson()},
           {"e2e_latency_ms", e2e_ms.ToJson()},
+          {"total_output_chunks", total_output_chunks},
+          {"errors_by_class", errors_by_class},
           {"sample_errors", sample_errors}};
 }
 
@@ -145,6 +149,9 @@ std::string BenchReport::ToText() const {
   section("---------------Inter-token Latency----------------", "ITL", itl_ms);
   section("----------------End-to-end Latency----------------", "E2EL", e2e_ms);
   out += "==================================================\n";
+  for (const auto& [error_class, count] : errors_by_class) {
+    out += "failed (" + error_class + "): " + std::to_string(count) + "\n";
+  }
   for (const std::string& e : sample_errors) out += "error: " + e + "\n";
   return out;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,9 @@ namespace tandem::cli {
 struct RequestRecord {
   bool ok = false;
   std::string error;             // status message when !ok
+  // What kind of failure, counted in the report: "http 503", "grpc UNAVAILABLE",
+  // "connection", "timeout", "stream error 500", "protocol".
+  std::string error_class;
   int32_t prompt_tokens = 0;
   int32_t output_tokens = 0;
   int32_t cached_prompt_tokens = 0;
@@ -21,6 +25,7 @@ struct RequestRecord {
   double ttft_s = 0;             // first token - start
   double e2e_s = 0;              // last message - start
   std::vector<double> itl_s;     // gaps between consecutive streamed chunks
+  int32_t chunks = 0;            // streamed pieces that carried output (the first included)
 };
 
 struct Slo {
@@ -55,6 +60,10 @@ struct BenchReport {
   double goodput = 0;                  // requests / s meeting every SLO
   LatencySummary ttft_ms, tpot_ms, itl_ms, e2e_ms;
   std::vector<std::string> sample_errors;
+  std::map<std::string, int> errors_by_class;  // failed requests per RequestRecord::error_class
+  // Streamed pieces carrying output over all completed requests: more than one per
+  // request says the answers really were streamed.
+  int64_t total_output_chunks = 0;
 
   nlohmann::json ToJson() const;
   std::string ToText() const;  // the human-readable table

@@ -792,7 +792,8 @@ bool Engine::DeviceSampleRows(const StepPlan& plan, std::vector<SampleRow>* rows
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.reaches_end()) continue;
     const Sequence& s = *c.seq;
-    if (s.sampling.logprobs > 0 || s.num_generated() < s.min_tokens) return false;
+    // The device sampler has no logprobs, min_tokens or logit_bias: the host samples.
+    if (s.sampling.logprobs > 0 || s.num_generated() < s.min_tokens || !s.sampling.logit_bias.empty()) return false;
     rows->push_back({.temperature = s.sampling.temperature,
                      .top_p = s.sampling.top_p,
                      .top_k = s.sampling.top_k,

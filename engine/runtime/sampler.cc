@@ -253,6 +253,10 @@ void Sampler::ApplyPenalties(std::span<float> logits, const SamplingParams& p,
                              std::span<const int32_t> prompt_tokens,
                              std::span<const int32_t> output_tokens) {
   const size_t vocab = logits.size();
+  for (const auto& [id, bias] : p.logit_bias) {
+    CheckTokenId(id, vocab);
+    logits[id] += bias;
+  }
   if (p.repetition_penalty != 1.0f) {
     const float r = p.repetition_penalty;
     const uint32_t epoch = NextEpoch(vocab);

@@ -80,6 +80,26 @@ absl::Status Validate(const SamplingParams& p, int64_t vocab_size) {
     return OutOfRange("logprobs", absl::StrCat("[0, ", kMaxLogprobs, "]"),
                       absl::StrCat(p.logprobs));
   }
+  if (p.logit_bias.size() > kMaxLogitBias) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logit_bias: at most ", kMaxLogitBias, " tokens, got ", p.logit_bias.size()));
+  }
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const auto& [id, bias] = p.logit_bias[i];
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (!(bias >= -kMaxAbsLogitBias && bias <= kMaxAbsLogitBias)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias: the bias of token ", id,
+                                                     " must be in [-100, 100], got ", bias));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (p.logit_bias[j].first == id) {
+        return absl::InvalidArgumentError(absl::StrCat("logit_bias: token id ", id, " appears twice"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,6 +43,10 @@ struct SamplingParams {
   // Number of most likely alternatives (with their log-probabilities) returned with each
   // sampled token. Valid: [0, 20]; at most the vocabulary size are returned.
   int32_t logprobs = 0;
+  // Added to a token's logit before penalties and sampling (OpenAI's logit_bias): -100
+  // all but bans a token, +100 all but forces it. Valid: at most kMaxLogitBias entries,
+  // ids in the vocabulary, each once, biases finite in [-100, 100].
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // Temperatures below this are greedy (vLLM's _SAMPLING_EPS).
@@ -52,6 +57,8 @@ inline constexpr float kMaxTemperature = 100.0f;
 inline constexpr float kMaxRepetitionPenalty = 10.0f;
 inline constexpr float kMaxAbsPresenceFrequencyPenalty = 2.0f;
 inline constexpr int32_t kMaxLogprobs = 20;
+inline constexpr size_t kMaxLogitBias = 1024;
+inline constexpr float kMaxAbsLogitBias = 100.0f;
 inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopStringBytes = 256;
 

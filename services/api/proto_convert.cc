@@ -1,5 +1,6 @@
 #include "services/api/proto_convert.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -35,6 +36,10 @@ absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p, int64_t vo
   if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
   if (p.has_seed()) s.seed = p.seed();
   s.logprobs = p.logprobs();
+  // Sorted by token id: the order a map arrives in is unspecified, and the sampler's
+  // float additions must not depend on it.
+  for (const auto& [id, bias] : p.logit_bias()) s.logit_bias.emplace_back(id, bias);
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());
   RETURN_IF_ERROR(Prefixed("sampling.", Validate(s, vocab_size)));
   return s;
 }
@@ -61,6 +66,7 @@ void ToProto(const SamplingParams& s, v1::SamplingParams* p) {
   p->set_frequency_penalty(s.frequency_penalty);
   if (s.seed) p->set_seed(*s.seed);
   p->set_logprobs(s.logprobs);
+  for (const auto& [id, bias] : s.logit_bias) (*p->mutable_logit_bias())[id] = bias;
 }
 
 void ToProto(const StopParams& s, v1::StopConditions* p) {

@@ -217,7 +217,13 @@ void RequestCore::OnReserved(const std::shared_ptr<ReplicaHandle>& d, const std:
     Prefill();
     return;
   }
-  const absl::Status& s = r.status();
+  absl::Status s = r.status();
+  // A replica dropped for missing heartbeats has its calls cancelled by the router: that
+  // CANCELLED is the replica's failure, not the client's (a cut network link), so the
+  // request goes on elsewhere.
+  if (MayStillRun(s) && d->IsLost()) {
+    s = absl::UnavailableError(absl::StrCat("decode replica ", d->id(), " stopped heartbeating"));
+  }
   if (absl::IsResourceExhausted(s)) {
     decode_.reset();
     if (waited) {

@@ -4,6 +4,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +34,7 @@
 #include "services/security/api_key_authenticator.h"
 #include "services/security/http_api_key_check.h"
 #include "services/security/internal_credentials.h"
+#include "services/openai/openai_server.h"
 #include "services/security/listen_policy.h"
 #include "services/security/public_credentials.h"
 #include "spdlog/spdlog.h"
@@ -128,6 +130,29 @@ int RunRouter(int argc, char** argv) {
                  "The KV layout fingerprint replicas must have to be admitted (16 hex digits, as the replicas show in "
                  "/stats). Default: computed from --model's config.json and a digest of its weight files, which the "
                  "router then reads once at startup");
+  std::string http_listen;
+  int max_n = 64;
+  int http_max_connections = 4096;
+  app.add_option("--http-listen", http_listen,
+                 "HOST:PORT of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
+                 "/tokenize, /detokenize, /health; port 0 picks a free one). Off unless given. Plain HTTP: put a TLS "
+                 "proxy in front of it on untrusted networks. Uses --api-keys-file's keys as gRPC does");
+  app.add_option("--max-n", max_n, "Most choices (n) one HTTP completion request may ask for")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  std::string reasoning_parser;
+  std::string tool_call_parser;
+  app.add_option("--reasoning-parser", reasoning_parser,
+                 "Split chat output into reasoning (<think>...</think>, sent as reasoning_content and reasoning) "
+                 "and content: deepseek_r1 (output starts inside reasoning) or deepseek_v3 (V3.1: only with "
+                 "chat_template_kwargs.thinking). Default: off, all text is content");
+  app.add_option("--tool-call-parser", tool_call_parser,
+                 "Parse the model's tool calls into tool_calls when a chat request offers tools: deepseek_v3 "
+                 "(V3, R1) or deepseek_v31 (V3.1). Default: off");
+  app.add_option("--http-max-connections", http_max_connections,
+                 "Most HTTP connections open at once; more are answered 503 and closed")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--dashboard-dir", dashboard_dir,
                  "The /dashboard page's files (default: share/tandem/dashboard next to the binary's directory)");
   service::BindEnvironment(app);
@@ -267,6 +292,52 @@ int RunRouter(int argc, char** argv) {
     }
   });
 
+  // The OpenAI-compatible HTTP API, over the same request core as gRPC's Generate.
+  static const output_parsing::OutputParserRegistry parsers = output_parsing::OutputParserRegistry::WithBuiltins();
+  if (!reasoning_parser.empty()) {
+    if (absl::Status s = parsers.CheckReasoningParser(reasoning_parser); !s.ok()) return Fail("--reasoning-parser", s);
+  }
+  if (!tool_call_parser.empty()) {
+    if (absl::Status s = parsers.CheckToolCallParser(tool_call_parser); !s.ok()) return Fail("--tool-call-parser", s);
+  }
+  std::unique_ptr<openai::OpenAiServer> http_api;
+  if (!http_listen.empty()) {
+    // One descriptor per client connection: take the hard limit, so that a default soft
+    // limit of 1024 does not cap --http-max-connections.
+    rlimit files{};
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+      files.rlim_cur = files.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &files);
+    }
+    openai::OpenAiServerOptions http_options;
+    http_options.http.max_connections = http_max_connections;
+    http_options.http.max_body_bytes = static_cast<size_t>(std::max<int64_t>(max_prompt_bytes, 1 << 20)) * 2 + (64 << 10);
+    http_options.limits.max_n = max_n;
+    openai::CompletionContext completion{
+        .core = &generation.core().context(),
+        .on_core_started =
+            [metrics = generation.core().metrics()] {
+              if (metrics != nullptr) metrics->RequestStarted();
+            },
+        .tokenizer = tokenizer->get(),
+        .served_model = common.model,
+        .context_tokens = config->max_position_embeddings,
+        .vocab_size = config->vocab_size,
+        .max_prompt_bytes = max_prompt_bytes,
+        .unix_seconds = [] {
+          return static_cast<int64_t>(
+              std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                  .count());
+        },
+        .parsers = &parsers,
+        .reasoning_parser = reasoning_parser,
+        .tool_call_parser = tool_call_parser};
+    absl::StatusOr<std::unique_ptr<openai::OpenAiServer>> started =
+        openai::OpenAiServer::Start(http_listen, http_options, std::move(completion), &*config, api_keys.get());
+    if (!started.ok()) return Fail("HTTP API (--http-listen)", started.status());
+    http_api = std::move(*started);
+  }
+
   admin.SetReady(true);
   nlohmann::json ready = {{"role", "router"},
                           {"pid", getpid()},
@@ -277,6 +348,7 @@ int RunRouter(int argc, char** argv) {
                           {"api_keys", api_keys != nullptr},
                           {"admin", admin.bound_address()},
                           {"model", *model_dir}};
+  if (http_api) ready["http"] = http_api->bound_address();
   if (!common.ready_file.empty()) {
     if (absl::Status s = service::WriteReadyFile(common.ready_file, ready); !s.ok()) return Fail("ready file", s);
   }
@@ -284,6 +356,7 @@ int RunRouter(int argc, char** argv) {
                grpc_address, public_security.tls_cert.empty() ? "plaintext" : "TLS",
                api_keys ? ", API keys" : ", no API keys", internal_address, internal_creds->Describe(),
                admin.bound_address(), *model_dir, config->Summary(), prefill_policy, decode_policy);
+  if (http_api) spdlog::info("OpenAI-compatible HTTP API on http://{}/v1", http_api->bound_address());
   const int sig = service::WaitForShutdownSignal();
   spdlog::info("shutting down ({})", sig == 0 ? "requested" : strsignal(sig));
   stop = true;
@@ -291,6 +364,7 @@ int RunRouter(int argc, char** argv) {
   // New calls are refused from now; in-flight streams finish (bounded).
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(drain_timeout_ms));
   internal_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (http_api) http_api->Stop();
   reaper.join();
   admin.Stop();
   return 0;

@@ -222,11 +222,12 @@ absl::StatusOr<BlockStore::CommitResult> BlockStore::Commit(const std::string& i
 }
 
 void BlockStore::OnDiskWritten(int32_t s) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    UnpinLocked(s);
-    pending_disk_writes_--;
-  }
+  // Notified under the lock: the destructor, once it sees no pending write, destroys the
+  // condition variable, so a notify after unlocking could touch a destroyed one
+  // (ThreadSanitizer saw exactly that in kvstore_core_test).
+  std::lock_guard<std::mutex> lock(mu_);
+  UnpinLocked(s);
+  pending_disk_writes_--;
   disk_cv_.notify_all();
 }
 

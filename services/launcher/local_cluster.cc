@@ -319,6 +319,11 @@ std::string LocalCluster::router_address() const {
   return children_.empty() ? "" : children_[0].info.ready.value("grpc", "");
 }
 
+std::string LocalCluster::router_http_address() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return children_.empty() ? "" : children_[0].info.ready.value("http", "");
+}
+
 std::string LocalCluster::router_internal_address() const {
   std::lock_guard<std::mutex> lock(mu_);
   return children_.empty() ? "" : children_[0].info.ready.value("internal", "");

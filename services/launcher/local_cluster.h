@@ -76,6 +76,7 @@ class LocalCluster {
 
   std::string router_address() const;           // public: Generation
   std::string router_internal_address() const;  // internal: Cluster (the workers' --router)
+  std::string router_http_address() const;      // the OpenAI-compatible API ("" when off)
   // The throwaway CA, certificates and token (null with InternalAuth::kNone and no
   // public TLS).
   const ThrowawayPki* pki() const { return pki_.get(); }

@@ -22,6 +22,9 @@ class RouterGenerationService final : public v1::Generation::CallbackService {
                                      v1::TokenizeResponse* response) override;
   grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* ctx, const v1::DetokenizeRequest* request,
                                        v1::DetokenizeResponse* response) override;
+  // The request core Generate uses, shared with the HTTP front end.
+  const RouterCore& core() const { return core_; }
+
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx, const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;
 

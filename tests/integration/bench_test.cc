@@ -23,8 +23,8 @@ using testing::RunProcess;
 using testing::TempDir;
 
 // Starts `tandem serve-local` (router, prefill, decode, kvstore on the tiny model) and
-// returns the router's address, empty on failure.
-std::string StartServeLocal(TempDir& tmp, std::unique_ptr<BackgroundProcess>* cluster) {
+// returns the router's gRPC address, empty on failure; *http: its OpenAI-compatible API's.
+std::string StartServeLocal(TempDir& tmp, std::unique_ptr<BackgroundProcess>* cluster, std::string* http = nullptr) {
   const std::string ready = tmp.Sub("ready.json");
   *cluster = std::make_unique<BackgroundProcess>(
       std::vector<std::string>{BinaryPath("tandem"), "serve-local", "--listen", "127.0.0.1:0", "--threads", "1",
@@ -39,7 +39,12 @@ std::string StartServeLocal(TempDir& tmp, std::unique_ptr<BackgroundProcess>* cl
     return "";
   }
   const nlohmann::json r = nlohmann::json::parse(ReadFileToString(ready).value());
+  if (http != nullptr) *http = r["router"].value("http", "");
   return r["router"].value("grpc", "");
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  return nlohmann::json::parse(ReadFileToString(path).value_or(""), nullptr, false);
 }
 
 TEST(BenchTest, ReportAndJsonAgainstServeLocal) {
@@ -146,6 +151,91 @@ TEST(BenchTest, WarmupPromptsAreNeverMeasured) {
   ASSERT_NE(line, std::string::npos) << bench.out;
   const std::string row = bench.out.substr(line, bench.out.find('\n', line) - line);
   EXPECT_TRUE(row.size() > 7 && row.compare(row.size() - 7, 7, " 0 of 6") == 0) << row;
+  EXPECT_EQ(cluster->Stop(), 0);
+}
+
+// The OpenAI backends through the router's HTTP API: every request completes with exactly
+// max_tokens tokens (--ignore-eos, counted from the usage event), and the answers were
+// streamed: several text events per request, timed at different reads (a client that
+// parsed the body once it ended, or a server that sent it whole, gives gaps of exactly
+// 0 and a TTFT equal to the end), over kept-alive connections (no more than the
+// concurrency). Failures are counted per HTTP status; --compare-backends runs both
+// backends and reports their TTFT medians' difference.
+TEST(BenchTest, OpenAiBackendsStreamThroughTheHttpApi) {
+  TempDir tmp;
+  std::unique_ptr<BackgroundProcess> cluster;
+  std::string http;
+  const std::string router = StartServeLocal(tmp, &cluster, &http);
+  ASSERT_FALSE(router.empty());
+  ASSERT_FALSE(http.empty()) << "serve-local's ready file names no http address";
+  const std::string base_url = "http://" + http + "/v1";
+  constexpr int kRequests = 12, kMaxTokens = 10, kConcurrency = 4;
+  for (const std::string backend : {"openai-completions", "openai-chat"}) {
+    SCOPED_TRACE(backend);
+    const std::string json_file = tmp.Sub(backend + ".json");
+    auto bench = RunProcess({BinaryPath("tandem"), "bench", "--backend", backend, "--base-url", base_url,
+                             "--num-prompts", std::to_string(kRequests), "--max-concurrency",
+                             std::to_string(kConcurrency), "--input-len", "24", "--output-len",
+                             std::to_string(kMaxTokens), "--ignore-eos", "--num-warmup", "2", "--json", json_file,
+                             "--no-progress"},
+                            {}, 300);
+    ASSERT_EQ(bench.exit_code, 0) << bench.out << bench.err;
+    const nlohmann::json j = ReadJson(json_file);
+    ASSERT_TRUE(j.is_object()) << ReadFileToString(json_file).value_or("");
+    EXPECT_EQ(j.value("backend", ""), backend);
+    EXPECT_EQ(j.value("base_url", ""), base_url);
+    const nlohmann::json& r = j["result"];
+    EXPECT_EQ(r.value("completed", -1), kRequests) << r.dump(2);
+    EXPECT_EQ(r.value("failed", -1), 0);
+    EXPECT_EQ(r.value("total_output_tokens", -1), kRequests * kMaxTokens) << r.dump(2);
+    EXPECT_GT(r.value("total_input_tokens", 0), 0);
+    EXPECT_GT(r.value("total_output_chunks", 0), 2 * kRequests) << r.dump(2);
+    EXPECT_GT(r["itl_ms"].value("median", 0.0), 0) << r.dump(2);
+    EXPECT_GT(r["tpot_ms"].value("median", 0.0), 0) << r.dump(2);
+    EXPECT_LT(r["ttft_ms"].value("median", 0.0), r["e2e_latency_ms"].value("median", 0.0)) << r.dump(2);
+    const int connections = r["transport"].value("http_connections_opened", -1);
+    EXPECT_GE(connections, 1) << r.dump(2);
+    EXPECT_LE(connections, kConcurrency) << "connections were not kept alive\n" << r.dump(2);
+  }
+
+  // A model the cluster does not serve: every request fails with 404, counted as such.
+  const std::string refused_json = tmp.Sub("refused.json");
+  auto refused = RunProcess({BinaryPath("tandem"), "bench", "--backend", "openai-completions", "--base-url", base_url,
+                             "--model", "no-such-model", "--num-prompts", "3", "--num-warmup", "0", "--input-len", "8",
+                             "--output-len", "2", "--json", refused_json, "--no-progress"},
+                            {}, 120);
+  EXPECT_EQ(refused.exit_code, 1) << refused.out << refused.err;
+  const nlohmann::json rj = ReadJson(refused_json);
+  ASSERT_TRUE(rj.is_object()) << refused.out << refused.err;
+  EXPECT_EQ(rj["result"].value("failed", -1), 3) << rj.dump(2);
+  EXPECT_EQ(rj["result"]["errors_by_class"].value("http 404", -1), 3) << rj.dump(2);
+
+  // Both paths in one run, alternating in rounds.
+  const std::string compare_json = tmp.Sub("compare.json");
+  auto compare = RunProcess({BinaryPath("tandem"), "bench", "--compare-backends", "grpc,openai-completions", "--addr",
+                             router, "--base-url", base_url, "--num-prompts", "8", "--compare-rounds", "2",
+                             "--max-concurrency", "2", "--input-len", "16", "--output-len", "6", "--ignore-eos",
+                             "--json", compare_json, "--no-progress"},
+                            {}, 300);
+  ASSERT_EQ(compare.exit_code, 0) << compare.out << compare.err;
+  EXPECT_NE(compare.out.find("Median TTFT, openai-completions - grpc:"), std::string::npos) << compare.out;
+  const nlohmann::json cj = ReadJson(compare_json);
+  ASSERT_TRUE(cj.is_object()) << compare.out;
+  EXPECT_EQ(cj.value("benchmark", ""), "serving-compare");
+  for (const char* backend : {"grpc", "openai-completions"}) {
+    const nlohmann::json& r = cj["results"][backend];
+    EXPECT_EQ(r.value("completed", -1), 8) << backend << "\n" << cj.dump(2);
+    EXPECT_EQ(r.value("total_output_tokens", -1), 8 * 6) << backend;
+  }
+  ASSERT_EQ(cj["comparison"].size(), 1u) << cj.dump(2);
+  const nlohmann::json& c = cj["comparison"][0];
+  EXPECT_EQ(c.value("backend", ""), "openai-completions");
+  EXPECT_EQ(c.value("baseline", ""), "grpc");
+  EXPECT_DOUBLE_EQ(c.value("ttft_p50_diff_ms", 0.0),
+                   cj["results"]["openai-completions"]["ttft_ms"].value("median", 0.0) -
+                       cj["results"]["grpc"]["ttft_ms"].value("median", 0.0));
+  EXPECT_GT(c.value("ttft_p50_ratio", 0.0), 0);
+  EXPECT_EQ(c["round_ttft_p50_diff_ms"].size(), 2u);
   EXPECT_EQ(cluster->Stop(), 0);
 }
 

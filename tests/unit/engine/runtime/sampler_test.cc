@@ -514,5 +514,27 @@ TEST(SamplerTest, Logprobs) {
   EXPECT_LT(g.logprob, 0.0f);
 }
 
+TEST(SamplerTest, LogitBiasIsAddedBeforeSampling) {
+  Sampler sampler;
+  std::vector<float> logits = {0.0f, 3.0f, 1.0f, 2.0f};
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = 4;
+  EXPECT_EQ(SampleCopy(sampler, logits, greedy, 1, 0).token, 1);
+  // -100 all but bans the argmax; +100 all but forces a token.
+  greedy.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(SampleCopy(sampler, logits, greedy, 1, 0).token, 3);
+  greedy.logit_bias = {{0, 100.0f}};
+  const SampledToken forced = SampleCopy(sampler, logits, greedy, 1, 0);
+  EXPECT_EQ(forced.token, 0);
+  // The logprobs are those of the biased logits: log-softmax of {100, 3, 1, 2}.
+  const double z = std::log(std::exp(0.0) + std::exp(-97.0) + std::exp(-99.0) + std::exp(-98.0));
+  EXPECT_NEAR(forced.logprob, -z, 1e-6);
+  // Sampling at temperature 1 with +100 on one token picks it for every seed.
+  SamplingParams sampled;
+  sampled.logit_bias = {{2, 100.0f}};
+  for (uint64_t seed = 0; seed < 50; ++seed) EXPECT_EQ(SampleCopy(sampler, logits, sampled, seed, 0).token, 2);
+}
+
 }  // namespace
 }  // namespace tandem

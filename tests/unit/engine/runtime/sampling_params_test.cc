@@ -132,5 +132,24 @@ TEST(StopParamsTest, AcceptsBoundaryValues) {
   EXPECT_TRUE(Validate(p, kVocab).ok()) << Validate(p, kVocab);
 }
 
+TEST(SamplingParamsTest, LogitBiasIsBoundedAndNamed) {
+  SamplingParams p;
+  p.logit_bias = {{0, -100.0f}, {999, 100.0f}, {5, 0.5f}};
+  EXPECT_TRUE(Validate(p, kVocab).ok());
+  p.logit_bias = {{1000, 1.0f}};
+  ExpectInvalid(Validate(p, kVocab), "logit_bias: token id 1000");
+  p.logit_bias = {{-1, 1.0f}};
+  ExpectInvalid(Validate(p, kVocab), "logit_bias: token id -1");
+  for (float bad : {100.5f, -101.0f, kNaN, kInf}) {
+    p.logit_bias = {{3, bad}};
+    ExpectInvalid(Validate(p, kVocab), "logit_bias: the bias of token 3");
+  }
+  p.logit_bias = {{3, 1.0f}, {3, 2.0f}};
+  ExpectInvalid(Validate(p, kVocab), "appears twice");
+  p.logit_bias.clear();
+  for (int32_t i = 0; i <= static_cast<int32_t>(kMaxLogitBias); ++i) p.logit_bias.emplace_back(i % kVocab, 1.0f);
+  ExpectInvalid(Validate(p, 1 << 20), "logit_bias: at most 1024");
+}
+
 }  // namespace
 }  // namespace tandem

@@ -211,5 +211,25 @@ TEST(ChatFormatTest, TokenizeFormatsChatsAsGenerateDoes) {
   EXPECT_EQ(std::vector<int32_t>(out.ids().begin(), out.ids().end()), *generate);
 }
 
+TEST(SamplingProtoTest, LogitBiasRoundTripsSortedAndIsValidated) {
+  v1::SamplingParams p;
+  (*p.mutable_logit_bias())[42] = -3.5f;
+  (*p.mutable_logit_bias())[7] = 100.0f;
+  (*p.mutable_logit_bias())[99] = 0.25f;
+  absl::StatusOr<SamplingParams> s = FromProto(p, 100);
+  ASSERT_TRUE(s.ok()) << s.status();
+  // Sorted by id whatever order the map gives: the sampler adds them in this order.
+  const std::vector<std::pair<int32_t, float>> want = {{7, 100.0f}, {42, -3.5f}, {99, 0.25f}};
+  EXPECT_EQ(s->logit_bias, want);
+  v1::SamplingParams back;
+  ToProto(*s, &back);
+  ASSERT_EQ(back.logit_bias_size(), 3);
+  EXPECT_EQ(back.logit_bias().at(42), -3.5f);
+  (*p.mutable_logit_bias())[100] = 1.0f;  // outside a vocabulary of 100
+  absl::StatusOr<SamplingParams> bad = FromProto(p, 100);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sampling.logit_bias: token id 100"), std::string::npos) << bad.status();
+}
+
 }  // namespace
 }  // namespace tandem

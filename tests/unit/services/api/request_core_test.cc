@@ -377,6 +377,21 @@ TEST_F(RequestCoreTest, DecodeReplicaGoneAtReserveTriesAnother) {
   EXPECT_TRUE(sink_.failure.ok());
 }
 
+// The router cancels the calls of a replica it dropped for missing heartbeats: a Reserve
+// that ends CANCELLED that way is the replica's failure, not the client's. (Seen in the
+// multihost test with a link cut: the request ended CANCELLED instead of going on.)
+TEST_F(RequestCoreTest, ReserveCancelledBecauseTheReplicaWasDroppedTriesAnother) {
+  Disaggregated(/*decode=*/2);
+  auto core = Start();
+  d_[0]->lost = true;
+  d_[0]->FailReserve(0, absl::CancelledError("cancelled: the replica was dropped"));
+  ASSERT_EQ(d_[1]->reserves.size(), 1u);
+  d_[1]->GrantReserve(0);
+  p_[0]->FirstToken(0, 100, /*finished=*/true);
+  ExpectDone(core);
+  EXPECT_TRUE(sink_.failure.ok()) << sink_.failure;
+}
+
 TEST_F(RequestCoreTest, PrefillReplicaGoneRetriesAnotherIntoTheSameLease) {
   Disaggregated(1, /*prefill=*/2);
   auto core = Start();

@@ -1,0 +1,213 @@
+// The official OpenAI Node SDK (npm `openai`, tools/node) against Tandem's HTTP API: a
+// real client written by others. Run by tests/integration/openai_api_test.cc, which starts
+// the cluster and passes:
+//   node sdk_client.mjs BASE_URL MODEL API_KEY RATE_LIMITED_KEY UNSERVED_BASE_URL
+// (BASE_URL like http://127.0.0.1:PORT/v1; RATE_LIMITED_KEY allows one request then
+// refuses; UNSERVED_BASE_URL is a router with no replicas). Exits non-zero naming the
+// first check that failed; prints one JSON line of results for the C++ side to compare
+// with the gRPC API.
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+
+const require = createRequire(import.meta.url);
+const nodeModules = path.resolve(path.dirname(new URL(import.meta.url).pathname), '../../../tools/node/node_modules');
+const OpenAI = require(path.join(nodeModules, 'openai')).default ?? require(path.join(nodeModules, 'openai'));
+
+const [baseURL, model, apiKey, rateLimitedKey, unservedURL] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 120000 });
+const results = {};
+
+async function check(name, fn) {
+  try {
+    await fn();
+  } catch (e) {
+    console.error(`FAILED: ${name}: ${e && e.stack ? e.stack : e}`);
+    process.exit(1);
+  }
+  console.error(`ok: ${name}`);
+}
+
+async function expectStatus(name, status, fn, more) {
+  await check(name, async () => {
+    let error = null;
+    try {
+      await fn();
+    } catch (e) {
+      error = e;
+    }
+    assert.ok(error, `${name}: no error`);
+    assert.ok(error instanceof OpenAI.APIError, `${name}: not an APIError: ${error}`);
+    assert.equal(error.status, status, `${name}: status ${error.status}: ${error.message}`);
+    assert.equal(typeof error.error?.message, 'string', `${name}: no error.message`);
+    if (more) more(error);
+  });
+}
+
+const prompt = 'The router balances requests across replicas';
+const messages = [
+  { role: 'system', content: 'You are terse.' },
+  { role: 'user', content: 'Name three colours.' },
+];
+
+await check('models.list', async () => {
+  const list = await client.models.list();
+  assert.equal(list.data.length, 1);
+  assert.equal(list.data[0].id, model);
+  assert.equal(list.data[0].object, 'model');
+});
+
+await check('completions greedy, not streamed', async () => {
+  const r = await client.completions.create({ model, prompt, max_tokens: 12, temperature: 0, ignore_eos: true });
+  assert.equal(r.object, 'text_completion');
+  assert.match(r.id, /^cmpl-/);
+  assert.equal(r.model, model);
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].index, 0);
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(typeof r.choices[0].text, 'string');
+  assert.equal(r.usage.completion_tokens, 12);
+  assert.ok(r.usage.prompt_tokens > 0);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 12);
+  assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, 'number');
+  results.completion_greedy = r.choices[0].text;
+  results.completion_prompt_tokens = r.usage.prompt_tokens;
+});
+
+await check('completions greedy, streamed = not streamed', async () => {
+  const stream = await client.completions.create({ model, prompt, max_tokens: 12, temperature: 0, ignore_eos: true,
+                                                   stream: true, stream_options: { include_usage: true } });
+  let text = '';
+  let finish = null;
+  let usage = null;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'text_completion');
+    if (chunk.usage) {
+      usage = chunk.usage;
+      assert.deepEqual(chunk.choices, []);
+      continue;
+    }
+    text += chunk.choices[0].text;
+    if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+  }
+  assert.equal(text, results.completion_greedy);
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 12);
+});
+
+await check('completions seeded with logprobs', async () => {
+  const r = await client.completions.create({ model, prompt, max_tokens: 10, temperature: 0.8, seed: 1234,
+                                              logprobs: 2, ignore_eos: true });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, 10);
+  assert.equal(lp.token_logprobs.length, 10);
+  assert.equal(lp.top_logprobs.length, 10);
+  assert.equal(lp.text_offset.length, 10);
+  for (let i = 0; i < 10; i++) {
+    assert.ok(lp.token_logprobs[i] <= 0);
+    assert.equal(Object.keys(lp.top_logprobs[i]).length <= 2, true);
+  }
+  assert.equal(lp.tokens.join(''), r.choices[0].text);
+  results.completion_seeded = r.choices[0].text;
+  results.completion_seeded_logprobs = lp.token_logprobs;
+});
+
+await check('chat greedy, not streamed and streamed', async () => {
+  const r = await client.chat.completions.create({ model, messages, max_completion_tokens: 16, temperature: 0,
+                                                   ignore_eos: true });
+  assert.equal(r.object, 'chat.completion');
+  assert.match(r.id, /^chatcmpl-/);
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 16);
+  results.chat_greedy = r.choices[0].message.content;
+  const stream = await client.chat.completions.create({ model, messages, max_completion_tokens: 16, temperature: 0,
+                                                        ignore_eos: true, stream: true,
+                                                        stream_options: { include_usage: true } });
+  let content = '';
+  let role = null;
+  let usage = null;
+  let finish = null;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'chat.completion.chunk');
+    if (chunk.usage) {
+      usage = chunk.usage;
+      assert.deepEqual(chunk.choices, []);
+      continue;
+    }
+    const delta = chunk.choices[0].delta;
+    if (delta.role) role = delta.role;
+    if (delta.content) content += delta.content;
+    if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+  }
+  assert.equal(role, 'assistant');
+  assert.equal(content, results.chat_greedy);
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 16);
+  assert.equal(usage.prompt_tokens, r.usage.prompt_tokens);
+});
+
+await check('chat logprobs', async () => {
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 8, temperature: 0, logprobs: true,
+                                                   top_logprobs: 3, ignore_eos: true });
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, 8);
+  for (const t of content) {
+    assert.equal(typeof t.token, 'string');
+    assert.ok(Array.isArray(t.bytes) && t.bytes.length > 0);
+    assert.equal(t.top_logprobs.length, 3);
+    // Greedy: the chosen token is the most likely one.
+    assert.equal(t.top_logprobs[0].logprob, t.logprob);
+  }
+  // The tokens' bytes make up the content.
+  assert.equal(Buffer.from(content.flatMap((t) => t.bytes)).toString('utf8'), r.choices[0].message.content);
+});
+
+await check('n = 3 seeded, not streamed and streamed', async () => {
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 8, temperature: 1.0, seed: 7, n: 3,
+                                                   ignore_eos: true });
+  assert.equal(r.choices.length, 3);
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  assert.equal(r.usage.completion_tokens, 24);
+  const stream = await client.chat.completions.create({ model, messages, max_tokens: 8, temperature: 1.0, seed: 7,
+                                                        n: 3, ignore_eos: true, stream: true });
+  const texts = ['', '', ''];
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) texts[c.index] += c.delta.content ?? '';
+  }
+  assert.deepEqual(texts, r.choices.map((c) => c.message.content));
+  results.chat_n3 = texts;
+});
+
+await expectStatus('400 naming the field (temperature)', 400,
+  () => client.completions.create({ model, prompt, max_tokens: 4, temperature: -1 }),
+  (e) => assert.equal(e.error.param, 'temperature'));
+await expectStatus('400 for a wrong type (max_tokens)', 400,
+  () => client.completions.create({ model, prompt, max_tokens: 'many' }),
+  (e) => assert.equal(e.param ?? e.error.param, 'max_tokens'));
+await expectStatus('400 for n over --max-n', 400,
+  () => client.chat.completions.create({ model, messages, max_tokens: 4, n: 100000 }),
+  (e) => assert.equal(e.error.param, 'n'));
+await expectStatus('404 for a model not served', 404,
+  () => client.completions.create({ model: 'no-such-model', prompt, max_tokens: 4 }));
+await expectStatus('401 for a wrong key', 401,
+  () => new OpenAI({ baseURL, apiKey: 'wrong-key', maxRetries: 0 }).models.list());
+await check('429 with Retry-After once a key is over its rate', async () => {
+  const limited = new OpenAI({ baseURL, apiKey: rateLimitedKey, maxRetries: 0 });
+  await limited.completions.create({ model, prompt, max_tokens: 2 });
+  let error = null;
+  try {
+    await limited.completions.create({ model, prompt, max_tokens: 2 });
+  } catch (e) {
+    error = e;
+  }
+  assert.ok(error instanceof OpenAI.RateLimitError, `not a RateLimitError: ${error}`);
+  assert.equal(error.status, 429);
+  assert.ok(Number(error.headers.get('retry-after')) >= 1);
+});
+await expectStatus('503 when no replica is up', 503,
+  () => new OpenAI({ baseURL: unservedURL, apiKey, maxRetries: 0, timeout: 60000 })
+    .completions.create({ model, prompt, max_tokens: 2 }));
+
+console.log(JSON.stringify(results));
