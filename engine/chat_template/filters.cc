@@ -20,7 +20,7 @@ using Args = std::vector<std::optional<Value>>;
 // Jinja2's soft_str: strings as they are, anything else through str().
 std::string SoftStr(const Value& v) { return v.is_string() ? v.str() : PyStr(v); }
 
-Value LowerIfString(const Value& v) { return v.is_string() ? Value::String(AsciiLower(v.str())) : v; }
+Value LowerIfString(const Value& v) { return v.is_string() ? Value::String(PyLower(v.str())) : v; }
 
 // make_attrgetter: "a.b.0" walks items (getitem, then attribute), digits as ints.
 absl::StatusOr<Value> GetPath(Runtime& rt, const Value& item, const Value& attribute,
@@ -222,7 +222,7 @@ std::optional<double> ParsePyFloat(const std::string& s) {
     clean.push_back(t[i]);
   }
   if (clean.empty()) return std::nullopt;
-  const std::string lower = AsciiLower(clean);
+  const std::string lower = PyLower(clean);
   const std::string body = lower[0] == '+' || lower[0] == '-' ? lower.substr(1) : lower;
   if (body == "inf" || body == "infinity" || body == "nan") {
     const double x = body == "nan" ? NAN : INFINITY;
@@ -407,12 +407,12 @@ absl::StatusOr<Value> FList(Runtime& rt, const Value& v, CallArgs& args) {
 
 absl::StatusOr<Value> FLower(Runtime&, const Value& v, CallArgs& args) {
   ASSIGN_OR_RETURN(Args a, BindArgs("lower", args, {}));
-  return Value::String(AsciiLower(SoftStr(v)));
+  return Value::String(PyLower(SoftStr(v)));
 }
 
 absl::StatusOr<Value> FUpper(Runtime&, const Value& v, CallArgs& args) {
   ASSIGN_OR_RETURN(Args a, BindArgs("upper", args, {}));
-  return Value::String(AsciiUpper(SoftStr(v)));
+  return Value::String(PyUpper(SoftStr(v)));
 }
 
 // Jinja2's own title (not str.title): split before runs of '-', whitespace, '(', '{',
@@ -436,8 +436,8 @@ absl::StatusOr<Value> FTitle(Runtime&, const Value& v, CallArgs& args) {
       if (separator(NextCodePoint(s, &q)) != sep) break;
       end = q;
     }
-    out += AsciiUpper(s.substr(start, probe - start));
-    out += AsciiLower(s.substr(probe, end - probe));
+    out += PyUpper(s.substr(start, probe - start));
+    out += PyLower(s.substr(probe, end - probe));
     pos = end;
   }
   return Value::String(std::move(out));

@@ -282,11 +282,11 @@ absl::StatusOr<Value> NoArgs(std::string_view fn, CallArgs& args) {
 
 absl::StatusOr<Value> StrUpper(Runtime&, const Value& self, CallArgs& args) {
   RETURN_IF_ERROR(NoArgs("upper", args).status());
-  return Value::String(AsciiUpper(self.str()));
+  return Value::String(PyUpper(self.str()));
 }
 absl::StatusOr<Value> StrLower(Runtime&, const Value& self, CallArgs& args) {
   RETURN_IF_ERROR(NoArgs("lower", args).status());
-  return Value::String(AsciiLower(self.str()));
+  return Value::String(PyLower(self.str()));
 }
 absl::StatusOr<Value> StrTitle(Runtime&, const Value& self, CallArgs& args) {
   RETURN_IF_ERROR(NoArgs("title", args).status());
