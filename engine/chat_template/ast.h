@@ -65,7 +65,7 @@ enum class StmtType {
   kFilterBlock,  // filter chain: body
   kBreak,
   kContinue,
-  kScope,        // body rendered in place ({% generation %}, which transformers defines)
+  kScope,  // body rendered in place ({% generation %}, which transformers defines)
 };
 
 struct MacroStmt {

@@ -19,17 +19,18 @@ absl::Status PyError(std::string_view type, std::string_view message) {
 }
 
 absl::Status UndefinedError(const Value& undefined) {
-  return PyError(undefined.undefined_unsafe() ? "SecurityError" : "UndefinedError", undefined.undefined_hint().empty()
-                                                                                        ? "value is undefined"
-                                                                                        : undefined.undefined_hint());
+  return PyError(undefined.undefined_unsafe() ? "SecurityError" : "UndefinedError",
+                 undefined.undefined_hint().empty() ? "value is undefined" : undefined.undefined_hint());
 }
 
 absl::StatusOr<std::vector<Value>> Iterate(Runtime& rt, const Value& v) {
   // A Value and its string's heap block, roughly.
   constexpr size_t kElementCost = 64;
   switch (v.kind()) {
-    case Kind::kUndefined: return std::vector<Value>();
-    case Kind::kList: return v.list();
+    case Kind::kUndefined:
+      return std::vector<Value>();
+    case Kind::kList:
+      return v.list();
     case Kind::kDict: {
       RETURN_IF_ERROR(rt.Charge(v.dict().size() * kElementCost));
       std::vector<Value> keys;
@@ -48,19 +49,27 @@ absl::StatusOr<std::vector<Value>> Iterate(Runtime& rt, const Value& v) {
       }
       return chars;
     }
-    case Kind::kLoop: return *v.loop().items;
-    default: return PyError("TypeError", absl::StrCat("'", TypeName(v), "' object is not iterable"));
+    case Kind::kLoop:
+      return *v.loop().items;
+    default:
+      return PyError("TypeError", absl::StrCat("'", TypeName(v), "' object is not iterable"));
   }
 }
 
 absl::StatusOr<int64_t> Length(const Value& v) {
   switch (v.kind()) {
-    case Kind::kUndefined: return 0;
-    case Kind::kString: return static_cast<int64_t>(CodePointCount(v.str()));
-    case Kind::kList: return static_cast<int64_t>(v.list().size());
-    case Kind::kDict: return static_cast<int64_t>(v.dict().size());
-    case Kind::kLoop: return static_cast<int64_t>(v.loop().items->size());
-    default: return PyError("TypeError", absl::StrCat("object of type '", TypeName(v), "' has no len()"));
+    case Kind::kUndefined:
+      return 0;
+    case Kind::kString:
+      return static_cast<int64_t>(CodePointCount(v.str()));
+    case Kind::kList:
+      return static_cast<int64_t>(v.list().size());
+    case Kind::kDict:
+      return static_cast<int64_t>(v.dict().size());
+    case Kind::kLoop:
+      return static_cast<int64_t>(v.loop().items->size());
+    default:
+      return PyError("TypeError", absl::StrCat("object of type '", TypeName(v), "' has no len()"));
   }
 }
 
@@ -69,12 +78,23 @@ std::string HtmlEscape(std::string_view s) {
   out.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '\'': out += "&#39;"; break;
-      case '"': out += "&#34;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return out;
@@ -84,8 +104,8 @@ absl::StatusOr<std::vector<std::optional<Value>>> BindArgs(std::string_view func
                                                            const std::vector<std::string_view>& names) {
   std::vector<std::optional<Value>> out(names.size());
   if (args.positional.size() > names.size()) {
-    return PyError("TypeError", absl::StrCat(std::string(function), "() takes at most ", names.size(),
-                                             " arguments (", args.positional.size(), " given)"));
+    return PyError("TypeError", absl::StrCat(std::string(function), "() takes at most ", names.size(), " arguments (",
+                                             args.positional.size(), " given)"));
   }
   for (size_t i = 0; i < args.positional.size(); ++i) out[i] = std::move(args.positional[i]);
   for (auto& [key, v] : args.keyword) {
@@ -96,7 +116,8 @@ absl::StatusOr<std::vector<std::optional<Value>>> BindArgs(std::string_view func
                      absl::StrCat(std::string(function), "() got an unexpected keyword argument '", key, "'"));
     }
     if (out[i]) {
-      return PyError("TypeError", absl::StrCat(std::string(function), "() got multiple values for argument '", key, "'"));
+      return PyError("TypeError",
+                     absl::StrCat(std::string(function), "() got multiple values for argument '", key, "'"));
     }
     out[i] = std::move(v);
   }
@@ -188,12 +209,17 @@ absl::StatusOr<bool> TestSameAs(Runtime&, const Value& v, CallArgs& args) {
   ASSIGN_OR_RETURN(Value other, OneArg("sameas", args));
   if (v.kind() != other.kind()) return false;
   switch (v.kind()) {
-    case Kind::kUndefined: return false;
-    case Kind::kNone: return true;
+    case Kind::kUndefined:
+      return false;
+    case Kind::kNone:
+      return true;
     case Kind::kBool:
-    case Kind::kInt: return v.as_int() == other.as_int();
-    case Kind::kFloat: return false;
-    default: return v.identity() == other.identity();
+    case Kind::kInt:
+      return v.as_int() == other.as_int();
+    case Kind::kFloat:
+      return false;
+    default:
+      return v.identity() == other.identity();
   }
 }
 absl::StatusOr<bool> TestIn(Runtime&, const Value& v, CallArgs& args) {
@@ -206,25 +232,49 @@ absl::StatusOr<bool> TestLt(Runtime&, const Value& v, CallArgs& args) { return C
 absl::StatusOr<bool> TestLe(Runtime&, const Value& v, CallArgs& args) { return CompareTest("le", "<=", v, args); }
 absl::StatusOr<bool> TestGt(Runtime&, const Value& v, CallArgs& args) { return CompareTest("gt", ">", v, args); }
 absl::StatusOr<bool> TestGe(Runtime&, const Value& v, CallArgs& args) { return CompareTest("ge", ">=", v, args); }
-absl::StatusOr<bool> TestFilter(Runtime&, const Value& v, CallArgs&) {
-  return v.is_string() && IsKnownFilter(v.str());
-}
+absl::StatusOr<bool> TestFilter(Runtime&, const Value& v, CallArgs&) { return v.is_string() && IsKnownFilter(v.str()); }
 absl::StatusOr<bool> TestTest(Runtime&, const Value& v, CallArgs&) { return v.is_string() && IsKnownTest(v.str()); }
 
 constexpr TestEntry kTests[] = {
-    {"boolean", TestBoolean},   {"callable", TestCallable},   {"defined", TestDefined},
-    {"divisibleby", TestDivisibleBy}, {"eq", TestEq},         {"equalto", TestEq},
-    {"==", TestEq},             {"escaped", TestEscaped},     {"even", TestEven},
-    {"false", TestFalse},       {"filter", TestFilter},       {"float", TestFloat},
-    {"ge", TestGe},             {">=", TestGe},               {"gt", TestGt},
-    {">", TestGt},              {"greaterthan", TestGt},      {"in", TestIn},
-    {"integer", TestInteger},   {"iterable", TestIterable},   {"le", TestLe},
-    {"<=", TestLe},             {"lower", TestLower},         {"lt", TestLt},
-    {"<", TestLt},              {"lessthan", TestLt},         {"mapping", TestMapping},
-    {"ne", TestNe},             {"!=", TestNe},               {"none", TestNone},
-    {"number", TestNumber},     {"odd", TestOdd},             {"sameas", TestSameAs},
-    {"sequence", TestSequence}, {"string", TestString},       {"test", TestTest},
-    {"true", TestTrue},         {"undefined", TestUndefined}, {"upper", TestUpper},
+    {"boolean", TestBoolean},
+    {"callable", TestCallable},
+    {"defined", TestDefined},
+    {"divisibleby", TestDivisibleBy},
+    {"eq", TestEq},
+    {"equalto", TestEq},
+    {"==", TestEq},
+    {"escaped", TestEscaped},
+    {"even", TestEven},
+    {"false", TestFalse},
+    {"filter", TestFilter},
+    {"float", TestFloat},
+    {"ge", TestGe},
+    {">=", TestGe},
+    {"gt", TestGt},
+    {">", TestGt},
+    {"greaterthan", TestGt},
+    {"in", TestIn},
+    {"integer", TestInteger},
+    {"iterable", TestIterable},
+    {"le", TestLe},
+    {"<=", TestLe},
+    {"lower", TestLower},
+    {"lt", TestLt},
+    {"<", TestLt},
+    {"lessthan", TestLt},
+    {"mapping", TestMapping},
+    {"ne", TestNe},
+    {"!=", TestNe},
+    {"none", TestNone},
+    {"number", TestNumber},
+    {"odd", TestOdd},
+    {"sameas", TestSameAs},
+    {"sequence", TestSequence},
+    {"string", TestString},
+    {"test", TestTest},
+    {"true", TestTrue},
+    {"undefined", TestUndefined},
+    {"upper", TestUpper},
 };
 
 // ---- globals ----

@@ -136,8 +136,8 @@ absl::StatusOr<nlohmann::ordered_json> MakeChatContext(const ChatRequest& reques
   context["documents"] = nullptr;
   context["add_generation_prompt"] = request.add_generation_prompt;
   const std::pair<const char*, const std::optional<std::string>*> special[] = {
-      {"bos_token", &tokens.bos_token}, {"eos_token", &tokens.eos_token}, {"unk_token", &tokens.unk_token},
-      {"sep_token", &tokens.sep_token}, {"pad_token", &tokens.pad_token}, {"cls_token", &tokens.cls_token},
+      {"bos_token", &tokens.bos_token},  {"eos_token", &tokens.eos_token}, {"unk_token", &tokens.unk_token},
+      {"sep_token", &tokens.sep_token},  {"pad_token", &tokens.pad_token}, {"cls_token", &tokens.cls_token},
       {"mask_token", &tokens.mask_token}};
   for (const auto& [name, value] : special) {
     if (*value) context[name] = **value;

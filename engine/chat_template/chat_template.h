@@ -16,12 +16,12 @@
 // Not supported (an error when a template uses them): include/import/extends/block,
 // call blocks, recursive loops, *args/**kwargs, macros' varargs/kwargs/caller, the
 // filters format, groupby, slice, pprint, random, striptags, urlize, urlencode,
-// wordwrap, xmlattr, filesizeformat, str.format and printf-style `%` formatting,
-// integers beyond 64 bits. Known deviations in output: upper/lower/title/capitalize and
-// the str.is* methods map ASCII letters only; repr() of a few rarely used objects
+// wordwrap, xmlattr, filesizeformat, str.format, integers beyond 64 bits. Known
+// deviations in output: case mapping covers ASCII, Latin-1, Latin Extended-A, Greek
+// (without the final-sigma rule) and Cyrillic only; repr() of a few rarely used objects
 // (range(), dict views, reversed iterators, built-in methods) differs from Python's;
-// Markup is kept through `+` and the escape filters but dropped by other string
-// operations.
+// Markup's methods do not escape their arguments; slicing a constant that is not a
+// sequence raises, where Jinja2's compile-time folding of constants gives Undefined.
 //
 // Every render is bounded (ChatTemplateLimits), so a hostile template can neither hang
 // nor exhaust memory, and a bad template or input is an error, never an abort.

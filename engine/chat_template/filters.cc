@@ -20,7 +20,7 @@ using Args = std::vector<std::optional<Value>>;
 // Jinja2's soft_str: strings as they are, anything else through str().
 std::string SoftStr(const Value& v) { return v.is_string() ? v.str() : PyStr(v); }
 
-Value LowerIfString(const Value& v) { return v.is_string() ? Value::String(AsciiLower(v.str())) : v; }
+Value LowerIfString(const Value& v) { return v.is_string() ? Value::String(PyLower(v.str())) : v; }
 
 // make_attrgetter: "a.b.0" walks items (getitem, then attribute), digits as ints.
 absl::StatusOr<Value> GetPath(Runtime& rt, const Value& item, const Value& attribute,
@@ -32,7 +32,8 @@ absl::StatusOr<Value> GetPath(Runtime& rt, const Value& item, const Value& attri
     while (true) {
       const size_t dot = a.find('.', start);
       const std::string part = a.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-      const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+      const bool digits =
+          !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
       parts.push_back(digits ? Value::Int(std::strtoll(part.c_str(), nullptr, 10)) : Value::String(part));
       if (dot == std::string::npos) break;
       start = dot + 1;
@@ -165,10 +166,12 @@ absl::StatusOr<Value> FDefault(Runtime&, const Value& v, CallArgs& args) {
 absl::StatusOr<Value> FDictsort(Runtime& rt, const Value& v, CallArgs& args) {
   ASSIGN_OR_RETURN(Args a, BindArgs("dictsort", args, {"case_sensitive", "by", "reverse"}));
   if (v.is_undefined()) return UndefinedError(v);
-  if (!v.is_dict()) return PyError("AttributeError", absl::StrCat("'", TypeName(v), "' object has no attribute 'items'"));
+  if (!v.is_dict())
+    return PyError("AttributeError", absl::StrCat("'", TypeName(v), "' object has no attribute 'items'"));
   const bool case_sensitive = a[0] && Truthy(*a[0]);
   const std::string by = a[1] ? SoftStr(*a[1]) : "key";
-  if (by != "key" && by != "value") return PyError("FilterArgumentError", "You can only sort by either \"key\" or \"value\"");
+  if (by != "key" && by != "value")
+    return PyError("FilterArgumentError", "You can only sort by either \"key\" or \"value\"");
   std::vector<Value> items, keys;
   for (const auto& [k, val] : v.dict().entries()) {
     items.push_back(Value::List({Value::String(k), val}, true));
@@ -219,14 +222,15 @@ std::optional<double> ParsePyFloat(const std::string& s) {
     clean.push_back(t[i]);
   }
   if (clean.empty()) return std::nullopt;
-  const std::string lower = AsciiLower(clean);
+  const std::string lower = PyLower(clean);
   const std::string body = lower[0] == '+' || lower[0] == '-' ? lower.substr(1) : lower;
   if (body == "inf" || body == "infinity" || body == "nan") {
     const double x = body == "nan" ? NAN : INFINITY;
     return lower[0] == '-' ? -x : x;
   }
   for (char c : body) {
-    if (!std::isdigit(static_cast<unsigned char>(c)) && c != '.' && c != 'e' && c != '+' && c != '-') return std::nullopt;
+    if (!std::isdigit(static_cast<unsigned char>(c)) && c != '.' && c != 'e' && c != '+' && c != '-')
+      return std::nullopt;
   }
   char* end = nullptr;
   const double x = std::strtod(clean.c_str(), &end);
@@ -312,8 +316,8 @@ std::vector<std::string> SplitLines(const std::string& s) {
   for (size_t pos = 0; pos < s.size();) {
     const size_t at = pos;
     const uint32_t cp = NextCodePoint(s, &pos);
-    const bool brk = cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) ||
-                     cp == 0x85 || cp == 0x2028 || cp == 0x2029;
+    const bool brk = cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) || cp == 0x85 ||
+                     cp == 0x2028 || cp == 0x2029;
     if (!brk) continue;
     if (cp == '\r' && pos < s.size() && s[pos] == '\n') ++pos;
     lines.push_back(s.substr(start, at - start));
@@ -403,12 +407,12 @@ absl::StatusOr<Value> FList(Runtime& rt, const Value& v, CallArgs& args) {
 
 absl::StatusOr<Value> FLower(Runtime&, const Value& v, CallArgs& args) {
   ASSIGN_OR_RETURN(Args a, BindArgs("lower", args, {}));
-  return Value::String(AsciiLower(SoftStr(v)));
+  return Value::String(PyLower(SoftStr(v)));
 }
 
 absl::StatusOr<Value> FUpper(Runtime&, const Value& v, CallArgs& args) {
   ASSIGN_OR_RETURN(Args a, BindArgs("upper", args, {}));
-  return Value::String(AsciiUpper(SoftStr(v)));
+  return Value::String(PyUpper(SoftStr(v)));
 }
 
 // Jinja2's own title (not str.title): split before runs of '-', whitespace, '(', '{',
@@ -432,8 +436,8 @@ absl::StatusOr<Value> FTitle(Runtime&, const Value& v, CallArgs& args) {
       if (separator(NextCodePoint(s, &q)) != sep) break;
       end = q;
     }
-    out += AsciiUpper(s.substr(start, probe - start));
-    out += AsciiLower(s.substr(probe, end - probe));
+    out += PyUpper(s.substr(start, probe - start));
+    out += PyLower(s.substr(probe, end - probe));
     pos = end;
   }
   return Value::String(std::move(out));
@@ -531,8 +535,12 @@ absl::StatusOr<Value> SelectOrReject(Runtime& rt, const Value& v, CallArgs& args
   RETURN_IF_ERROR(rt.Charge(out.size() * sizeof(Value)));
   return Value::List(std::move(out));
 }
-absl::StatusOr<Value> FSelect(Runtime& rt, const Value& v, CallArgs& args) { return SelectOrReject(rt, v, args, true, false); }
-absl::StatusOr<Value> FReject(Runtime& rt, const Value& v, CallArgs& args) { return SelectOrReject(rt, v, args, false, false); }
+absl::StatusOr<Value> FSelect(Runtime& rt, const Value& v, CallArgs& args) {
+  return SelectOrReject(rt, v, args, true, false);
+}
+absl::StatusOr<Value> FReject(Runtime& rt, const Value& v, CallArgs& args) {
+  return SelectOrReject(rt, v, args, false, false);
+}
 absl::StatusOr<Value> FSelectAttr(Runtime& rt, const Value& v, CallArgs& args) {
   return SelectOrReject(rt, v, args, true, true);
 }
@@ -695,7 +703,8 @@ absl::StatusOr<Value> FTruncate(Runtime&, const Value& v, CallArgs& args) {
   }
   const std::string end = a[2] ? SoftStr(*a[2]) : "...";
   const int64_t end_len = static_cast<int64_t>(CodePointCount(end));
-  if (length < end_len) return PyError("AssertionError", absl::StrCat("expected length >= ", end_len, ", got ", length));
+  if (length < end_len)
+    return PyError("AssertionError", absl::StrCat("expected length >= ", end_len, ", got ", length));
   if (leeway < 0) return PyError("AssertionError", absl::StrCat("expected leeway >= 0, got ", leeway));
   // Jinja2 takes len() of the input as it is: anything short enough comes back unchanged.
   ASSIGN_OR_RETURN(int64_t n, Length(v));
@@ -757,8 +766,8 @@ absl::StatusOr<Value> FWordcount(Runtime&, const Value& v, CallArgs& args) {
   bool in_word = false;
   for (size_t pos = 0; pos < s.size();) {
     const uint32_t cp = NextCodePoint(s, &pos);
-    const bool word = (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') ||
-                      cp == '_' || (cp >= 0x80 && !PyIsSpace(cp));
+    const bool word = (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') || cp == '_' ||
+                      (cp >= 0x80 && !PyIsSpace(cp));
     if (word && !in_word) ++words;
     in_word = word;
   }
@@ -771,20 +780,60 @@ struct FilterEntry {
 };
 
 constexpr FilterEntry kFilters[] = {
-    {"abs", FAbs},          {"attr", FAttr},           {"batch", FBatch},         {"capitalize", FCapitalize},
-    {"center", FCenter},    {"count", FLength},        {"d", FDefault},           {"default", FDefault},
-    {"dictsort", FDictsort}, {"e", FEscape},           {"escape", FEscape},       {"filesizeformat", nullptr},
-    {"first", FFirst},      {"float", FFloat},         {"forceescape", FForceEscape}, {"format", nullptr},
-    {"groupby", nullptr},   {"indent", FIndent},       {"int", FInt},             {"items", FItems},
-    {"join", FJoin},        {"last", FLast},           {"length", FLength},       {"list", FList},
-    {"lower", FLower},      {"map", FMap},             {"max", FMax},             {"min", FMin},
-    {"pprint", nullptr},    {"random", nullptr},       {"reject", FReject},       {"rejectattr", FRejectAttr},
-    {"replace", FReplace},  {"reverse", FReverse},     {"round", FRound},         {"safe", FSafe},
-    {"select", FSelect},    {"selectattr", FSelectAttr}, {"slice", nullptr},      {"sort", FSort},
-    {"string", FString},    {"striptags", nullptr},    {"sum", FSum},             {"title", FTitle},
-    {"tojson", FToJson},    {"trim", FTrim},           {"truncate", FTruncate},   {"unique", FUnique},
-    {"upper", FUpper},      {"urlencode", nullptr},    {"urlize", nullptr},       {"wordcount", FWordcount},
-    {"wordwrap", nullptr},  {"xmlattr", nullptr},
+    {"abs", FAbs},
+    {"attr", FAttr},
+    {"batch", FBatch},
+    {"capitalize", FCapitalize},
+    {"center", FCenter},
+    {"count", FLength},
+    {"d", FDefault},
+    {"default", FDefault},
+    {"dictsort", FDictsort},
+    {"e", FEscape},
+    {"escape", FEscape},
+    {"filesizeformat", nullptr},
+    {"first", FFirst},
+    {"float", FFloat},
+    {"forceescape", FForceEscape},
+    {"format", nullptr},
+    {"groupby", nullptr},
+    {"indent", FIndent},
+    {"int", FInt},
+    {"items", FItems},
+    {"join", FJoin},
+    {"last", FLast},
+    {"length", FLength},
+    {"list", FList},
+    {"lower", FLower},
+    {"map", FMap},
+    {"max", FMax},
+    {"min", FMin},
+    {"pprint", nullptr},
+    {"random", nullptr},
+    {"reject", FReject},
+    {"rejectattr", FRejectAttr},
+    {"replace", FReplace},
+    {"reverse", FReverse},
+    {"round", FRound},
+    {"safe", FSafe},
+    {"select", FSelect},
+    {"selectattr", FSelectAttr},
+    {"slice", nullptr},
+    {"sort", FSort},
+    {"string", FString},
+    {"striptags", nullptr},
+    {"sum", FSum},
+    {"title", FTitle},
+    {"tojson", FToJson},
+    {"trim", FTrim},
+    {"truncate", FTruncate},
+    {"unique", FUnique},
+    {"upper", FUpper},
+    {"urlencode", nullptr},
+    {"urlize", nullptr},
+    {"wordcount", FWordcount},
+    {"wordwrap", nullptr},
+    {"xmlattr", nullptr},
 };
 
 const FilterEntry* Entry(std::string_view name) {

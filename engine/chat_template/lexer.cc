@@ -190,8 +190,8 @@ class Lexer {
       while (pos_ < src_.size() && (ok(src_[pos_]) || (src_[pos_] == '_' && pos_ > from))) ++pos_;
       return pos_ > from;
     };
-    if (src_[pos_] == '0' && pos_ + 1 < src_.size() && std::string_view("xXoObB").find(src_[pos_ + 1]) !=
-                                                             std::string_view::npos) {
+    if (src_[pos_] == '0' && pos_ + 1 < src_.size() &&
+        std::string_view("xXoObB").find(src_[pos_ + 1]) != std::string_view::npos) {
       const char p = static_cast<char>(src_[pos_ + 1] | 0x20);
       const int base = p == 'x' ? 16 : (p == 'o' ? 8 : 2);
       pos_ += 2;
@@ -263,17 +263,38 @@ class Lexer {
       const char e = src_[pos_ + 1];
       pos_ += 2;
       switch (e) {
-        case '\n': break;
-        case '\\': out.push_back('\\'); break;
-        case '\'': out.push_back('\''); break;
-        case '"': out.push_back('"'); break;
-        case 'a': out.push_back('\a'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'v': out.push_back('\v'); break;
+        case '\n':
+          break;
+        case '\\':
+          out.push_back('\\');
+          break;
+        case '\'':
+          out.push_back('\'');
+          break;
+        case '"':
+          out.push_back('"');
+          break;
+        case 'a':
+          out.push_back('\a');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'v':
+          out.push_back('\v');
+          break;
         case 'x':
         case 'u':
         case 'U': {

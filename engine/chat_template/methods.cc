@@ -179,7 +179,9 @@ absl::StatusOr<Value> StripImpl(const Value& self, CallArgs& args, bool left, bo
   ASSIGN_OR_RETURN(std::optional<std::string> chars, OptionalStr("strip", a[0]));
   return Value::String(PyStrip(self.str(), chars, left, right));
 }
-absl::StatusOr<Value> StrStrip(Runtime&, const Value& self, CallArgs& args) { return StripImpl(self, args, true, true); }
+absl::StatusOr<Value> StrStrip(Runtime&, const Value& self, CallArgs& args) {
+  return StripImpl(self, args, true, true);
+}
 absl::StatusOr<Value> StrLstrip(Runtime&, const Value& self, CallArgs& args) {
   return StripImpl(self, args, true, false);
 }
@@ -280,11 +282,11 @@ absl::StatusOr<Value> NoArgs(std::string_view fn, CallArgs& args) {
 
 absl::StatusOr<Value> StrUpper(Runtime&, const Value& self, CallArgs& args) {
   RETURN_IF_ERROR(NoArgs("upper", args).status());
-  return Value::String(AsciiUpper(self.str()));
+  return Value::String(PyUpper(self.str()));
 }
 absl::StatusOr<Value> StrLower(Runtime&, const Value& self, CallArgs& args) {
   RETURN_IF_ERROR(NoArgs("lower", args).status());
-  return Value::String(AsciiLower(self.str()));
+  return Value::String(PyLower(self.str()));
 }
 absl::StatusOr<Value> StrTitle(Runtime&, const Value& self, CallArgs& args) {
   RETURN_IF_ERROR(NoArgs("title", args).status());
@@ -349,8 +351,8 @@ absl::StatusOr<Value> StrJoin(Runtime& rt, const Value& self, CallArgs& args) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].is_string()) {
-      return PyError("TypeError", absl::StrCat("sequence item ", i, ": expected str instance, ", TypeName(items[i]),
-                                               " found"));
+      return PyError("TypeError",
+                     absl::StrCat("sequence item ", i, ": expected str instance, ", TypeName(items[i]), " found"));
     }
     if (i > 0) out += self.str();
     out += items[i].str();
@@ -504,26 +506,46 @@ struct MethodEntry {
 };
 
 constexpr MethodEntry kStrMethods[] = {
-    {"startswith", StrStartswith}, {"endswith", StrEndswith}, {"split", StrSplit},
-    {"rsplit", StrRsplit},         {"strip", StrStrip},       {"lstrip", StrLstrip},
-    {"rstrip", StrRstrip},         {"replace", StrReplace},   {"upper", StrUpper},
-    {"lower", StrLower},           {"title", StrTitle},       {"capitalize", StrCapitalize},
-    {"find", StrFind},             {"rfind", StrRfind},       {"index", StrIndex},
-    {"rindex", StrRindex},         {"count", StrCount},       {"join", StrJoin},
-    {"isdigit", StrIs<IsDigitCp>}, {"isdecimal", StrIs<IsDigitCp>}, {"isnumeric", StrIs<IsDigitCp>},
-    {"isalpha", StrIs<IsAlphaCp>}, {"isalnum", StrIs<IsAlnumCp>}, {"isspace", StrIs<PyIsSpace>},
-    {"islower", StrIsLower},       {"isupper", StrIsUpper},   {"splitlines", StrSplitlines},
-    {"removeprefix", StrRemovePrefix}, {"removesuffix", StrRemoveSuffix}, {"format", StrFormat},
+    {"startswith", StrStartswith},
+    {"endswith", StrEndswith},
+    {"split", StrSplit},
+    {"rsplit", StrRsplit},
+    {"strip", StrStrip},
+    {"lstrip", StrLstrip},
+    {"rstrip", StrRstrip},
+    {"replace", StrReplace},
+    {"upper", StrUpper},
+    {"lower", StrLower},
+    {"title", StrTitle},
+    {"capitalize", StrCapitalize},
+    {"find", StrFind},
+    {"rfind", StrRfind},
+    {"index", StrIndex},
+    {"rindex", StrRindex},
+    {"count", StrCount},
+    {"join", StrJoin},
+    {"isdigit", StrIs<IsDigitCp>},
+    {"isdecimal", StrIs<IsDigitCp>},
+    {"isnumeric", StrIs<IsDigitCp>},
+    {"isalpha", StrIs<IsAlphaCp>},
+    {"isalnum", StrIs<IsAlnumCp>},
+    {"isspace", StrIs<PyIsSpace>},
+    {"islower", StrIsLower},
+    {"isupper", StrIsUpper},
+    {"splitlines", StrSplitlines},
+    {"removeprefix", StrRemovePrefix},
+    {"removesuffix", StrRemoveSuffix},
+    {"format", StrFormat},
     {"format_map", StrFormat},
 };
 constexpr MethodEntry kDictMethods[] = {
-    {"items", DictItems}, {"keys", DictKeys}, {"values", DictValues}, {"get", DictGet}, {"copy", Copy},
+    {"items", DictItems}, {"keys", DictKeys}, {"values", DictValues}, {"get", DictGet},        {"copy", Copy},
     {"clear", nullptr},   {"pop", nullptr},   {"popitem", nullptr},   {"setdefault", nullptr}, {"update", nullptr},
 };
 constexpr MethodEntry kListMethods[] = {
-    {"index", ListIndex},  {"count", ListCount},  {"copy", Copy},       {"append", nullptr}, {"clear", nullptr},
-    {"extend", nullptr},   {"insert", nullptr},   {"pop", nullptr},     {"remove", nullptr}, {"reverse", nullptr},
-    {"sort", nullptr},
+    {"index", ListIndex}, {"count", ListCount}, {"copy", Copy},      {"append", nullptr},
+    {"clear", nullptr},   {"extend", nullptr},  {"insert", nullptr}, {"pop", nullptr},
+    {"remove", nullptr},  {"reverse", nullptr}, {"sort", nullptr},
 };
 constexpr MethodEntry kTupleMethods[] = {{"index", ListIndex}, {"count", ListCount}};
 constexpr MethodEntry kLoopMethods[] = {{"cycle", LoopCycle}, {"changed", LoopChanged}};
@@ -550,12 +572,16 @@ std::optional<Value> Lookup(const MethodEntry (&table)[N], const Value& obj, std
 std::optional<Value> FindMethod(const Value& obj, std::string_view name, bool* unsafe) {
   *unsafe = false;
   switch (obj.kind()) {
-    case Kind::kString: return Lookup(kStrMethods, obj, name, unsafe);
-    case Kind::kDict: return Lookup(kDictMethods, obj, name, unsafe);
-    case Kind::kList: return obj.is_tuple() ? Lookup(kTupleMethods, obj, name, unsafe)
-                                            : Lookup(kListMethods, obj, name, unsafe);
-    case Kind::kLoop: return Lookup(kLoopMethods, obj, name, unsafe);
-    default: return std::nullopt;
+    case Kind::kString:
+      return Lookup(kStrMethods, obj, name, unsafe);
+    case Kind::kDict:
+      return Lookup(kDictMethods, obj, name, unsafe);
+    case Kind::kList:
+      return obj.is_tuple() ? Lookup(kTupleMethods, obj, name, unsafe) : Lookup(kListMethods, obj, name, unsafe);
+    case Kind::kLoop:
+      return Lookup(kLoopMethods, obj, name, unsafe);
+    default:
+      return std::nullopt;
   }
 }
 

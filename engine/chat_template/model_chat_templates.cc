@@ -36,15 +36,16 @@ absl::StatusOr<std::optional<std::string>> TokenContent(const Json& config, cons
 absl::StatusOr<ChatTemplate> ParseNamed(std::string_view name, std::string_view source) {
   absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
   if (!t.ok()) {
-    return absl::Status(t.status().code(), absl::StrCat("chat template '", std::string(name), "': ", t.status().message()));
+    return absl::Status(t.status().code(),
+                        absl::StrCat("chat template '", std::string(name), "': ", t.status().message()));
   }
   return t;
 }
 
 }  // namespace
 
-absl::StatusOr<ModelChatTemplates> ModelChatTemplates::FromFiles(std::string_view tokenizer_config_json,
-                                                                  const std::optional<std::string>& chat_template_jinja) {
+absl::StatusOr<ModelChatTemplates> ModelChatTemplates::FromFiles(
+    std::string_view tokenizer_config_json, const std::optional<std::string>& chat_template_jinja) {
   const Json config = Json::parse(tokenizer_config_json.begin(), tokenizer_config_json.end(), nullptr,
                                   /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) {
@@ -52,9 +53,9 @@ absl::StatusOr<ModelChatTemplates> ModelChatTemplates::FromFiles(std::string_vie
   }
   ModelChatTemplates out;
   const std::pair<const char*, std::optional<std::string>*> tokens[] = {
-      {"bos_token", &out.special_tokens_.bos_token}, {"eos_token", &out.special_tokens_.eos_token},
-      {"unk_token", &out.special_tokens_.unk_token}, {"sep_token", &out.special_tokens_.sep_token},
-      {"pad_token", &out.special_tokens_.pad_token}, {"cls_token", &out.special_tokens_.cls_token},
+      {"bos_token", &out.special_tokens_.bos_token},  {"eos_token", &out.special_tokens_.eos_token},
+      {"unk_token", &out.special_tokens_.unk_token},  {"sep_token", &out.special_tokens_.sep_token},
+      {"pad_token", &out.special_tokens_.pad_token},  {"cls_token", &out.special_tokens_.cls_token},
       {"mask_token", &out.special_tokens_.mask_token}};
   for (const auto& [key, slot] : tokens) {
     ASSIGN_OR_RETURN(*slot, TokenContent(config, key));

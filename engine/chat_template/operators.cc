@@ -254,8 +254,8 @@ absl::StatusOr<Value> Add(Runtime& rt, const Value& a, const Value& b) {
     return Value::List(std::move(out), a.is_tuple());
   }
   if (a.is_list()) {
-    return PyError("TypeError", absl::StrCat("can only concatenate ", TypeName(a), " (not \"", TypeName(b), "\") to ",
-                                             TypeName(a)));
+    return PyError("TypeError",
+                   absl::StrCat("can only concatenate ", TypeName(a), " (not \"", TypeName(b), "\") to ", TypeName(a)));
   }
   return Unsupported("+", a, b);
 }
@@ -355,7 +355,8 @@ absl::StatusOr<Value> UnaryPlus(const Value& a) {
 
 absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
   switch (container.kind()) {
-    case Kind::kUndefined: return false;  // Undefined iterates as empty
+    case Kind::kUndefined:
+      return false;  // Undefined iterates as empty
     case Kind::kString:
       if (!item.is_string()) {
         return PyError("TypeError",
@@ -399,7 +400,8 @@ absl::StatusOr<bool> CompareOp(std::string_view op, const Value& a, const Value&
 
 absl::StatusOr<Value> GetAttr(const Value& obj, std::string_view name) {
   switch (obj.kind()) {
-    case Kind::kUndefined: return UndefinedError(obj);
+    case Kind::kUndefined:
+      return UndefinedError(obj);
     case Kind::kDict: {
       if (std::optional<Value> m = MethodOrUnsafe(obj, name)) return *m;
       if (const Value* v = obj.dict().Find(name)) return *v;
@@ -409,7 +411,8 @@ absl::StatusOr<Value> GetAttr(const Value& obj, std::string_view name) {
       if (const Value* v = obj.ns().attrs.Find(name)) return *v;
       return NoAttribute(obj, name);
     }
-    case Kind::kLoop: return LoopAttr(obj, name);
+    case Kind::kLoop:
+      return LoopAttr(obj, name);
     case Kind::kString:
     case Kind::kList:
       if (std::optional<Value> m = MethodOrUnsafe(obj, name)) return *m;
@@ -422,7 +425,8 @@ absl::StatusOr<Value> GetAttr(const Value& obj, std::string_view name) {
 
 absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
   switch (obj.kind()) {
-    case Kind::kUndefined: return UndefinedError(obj);
+    case Kind::kUndefined:
+      return UndefinedError(obj);
     case Kind::kDict:
       if (key.is_string()) {
         if (const Value* v = obj.dict().Find(key.str())) return *v;
@@ -451,7 +455,8 @@ absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
     case Kind::kLoop:
       if (key.is_string()) return GetAttr(obj, key.str());
       return NoElement(obj, key);
-    default: return key.is_string() ? NoAttribute(obj, key.str()) : NoElement(obj, key);
+    default:
+      return key.is_string() ? NoAttribute(obj, key.str()) : NoElement(obj, key);
   }
 }
 

@@ -24,17 +24,28 @@ StmtPtr NewStmt(StmtType type, size_t offset) {
 
 std::string Describe(const Token& t) {
   switch (t.type) {
-    case TokenType::kText: return "template data";
-    case TokenType::kVarBegin: return "begin of print statement";
-    case TokenType::kVarEnd: return "end of print statement";
-    case TokenType::kBlockBegin: return "begin of statement block";
-    case TokenType::kBlockEnd: return "end of statement block";
-    case TokenType::kName: return t.value;
-    case TokenType::kString: return "string";
-    case TokenType::kInteger: return "integer";
-    case TokenType::kFloat: return "float";
-    case TokenType::kOp: return t.value;
-    case TokenType::kEnd: return "end of template";
+    case TokenType::kText:
+      return "template data";
+    case TokenType::kVarBegin:
+      return "begin of print statement";
+    case TokenType::kVarEnd:
+      return "end of print statement";
+    case TokenType::kBlockBegin:
+      return "begin of statement block";
+    case TokenType::kBlockEnd:
+      return "end of statement block";
+    case TokenType::kName:
+      return t.value;
+    case TokenType::kString:
+      return "string";
+    case TokenType::kInteger:
+      return "integer";
+    case TokenType::kFloat:
+      return "float";
+    case TokenType::kOp:
+      return t.value;
+    case TokenType::kEnd:
+      return "end of template";
   }
   return "token";
 }
@@ -143,10 +154,12 @@ class Parser {
         case TokenType::kEnd: {
           if (ends.size() == 0) return absl::OkStatus();
           std::string wanted;
-          for (std::string_view end : ends) absl::StrAppend(&wanted, wanted.empty() ? "'" : " or '", std::string(end), "'");
+          for (std::string_view end : ends)
+            absl::StrAppend(&wanted, wanted.empty() ? "'" : " or '", std::string(end), "'");
           return Fail(t.offset, absl::StrCat("unexpected end of template; looking for the tags ", wanted));
         }
-        default: return Fail(t.offset, absl::StrCat("unexpected '", Describe(t), "'"));
+        default:
+          return Fail(t.offset, absl::StrCat("unexpected '", Describe(t), "'"));
       }
     }
   }
@@ -179,8 +192,8 @@ class Parser {
       out->push_back(std::move(s));
       return absl::OkStatus();
     }
-    for (std::string_view unsupported : {"include", "import", "from", "extends", "block", "call", "raw", "with",
-                                         "autoescape", "do"}) {
+    for (std::string_view unsupported :
+         {"include", "import", "from", "extends", "block", "call", "raw", "with", "autoescape", "do"}) {
       if (name == unsupported) return Fail(t.offset, absl::StrCat("the '", name, "' tag is not supported"));
     }
     return Fail(t.offset, absl::StrCat("encountered unknown tag '", name, "'"));
@@ -342,7 +355,8 @@ class Parser {
 
   bool AtTupleEnd() const {
     const Token& t = Cur();
-    return t.type == TokenType::kVarEnd || t.type == TokenType::kBlockEnd || (t.type == TokenType::kOp && t.value == ")");
+    return t.type == TokenType::kVarEnd || t.type == TokenType::kBlockEnd ||
+           (t.type == TokenType::kOp && t.value == ")");
   }
 
   absl::StatusOr<ExprPtr> ParseTuple(bool with_condexpr, bool explicit_parens) {
@@ -362,7 +376,8 @@ class Parser {
     }
     if (!is_tuple) {
       if (!items.empty()) return std::move(items[0]);
-      if (!explicit_parens) return Fail(Cur().offset, absl::StrCat("expected an expression, got '", Describe(Cur()), "'"));
+      if (!explicit_parens)
+        return Fail(Cur().offset, absl::StrCat("expected an expression, got '", Describe(Cur()), "'"));
     }
     ExprPtr t = NewExpr(ExprType::kTuple, offset);
     t->items = std::move(items);
@@ -437,9 +452,8 @@ class Parser {
     std::vector<std::pair<std::string, ExprPtr>> ops;
     while (true) {
       std::string op;
-      if (Cur().type == TokenType::kOp &&
-          (Cur().value == "==" || Cur().value == "!=" || Cur().value == "<" || Cur().value == "<=" ||
-           Cur().value == ">" || Cur().value == ">=")) {
+      if (Cur().type == TokenType::kOp && (Cur().value == "==" || Cur().value == "!=" || Cur().value == "<" ||
+                                           Cur().value == "<=" || Cur().value == ">" || Cur().value == ">=")) {
         op = Cur().value;
         Next();
       } else if (IsName("in")) {
@@ -588,7 +602,8 @@ class Parser {
         if (t.value == "[") return ParseList();
         if (t.value == "{") return ParseDict();
         break;
-      default: break;
+      default:
+        break;
     }
     return Fail(t.offset, absl::StrCat("unexpected '", Describe(t), "'"));
   }

@@ -15,11 +15,11 @@ struct Range {
   uint32_t lo, hi;
 };
 constexpr Range kNonPrintable[] = {
-    {0x0000, 0x001F},   {0x007F, 0x00A0},   {0x00AD, 0x00AD},   {0x0600, 0x0605},   {0x061C, 0x061C},
-    {0x06DD, 0x06DD},   {0x070F, 0x070F},   {0x0890, 0x0891},   {0x08E2, 0x08E2},   {0x1680, 0x1680},
-    {0x180E, 0x180E},   {0x2000, 0x200F},   {0x2028, 0x202F},   {0x205F, 0x206F},   {0x3000, 0x3000},
-    {0xD800, 0xF8FF},   {0xFEFF, 0xFEFF},   {0xFFF0, 0xFFFB},   {0xFFFE, 0xFFFF},   {0x110BD, 0x110BD},
-    {0x110CD, 0x110CD}, {0x13430, 0x1343F}, {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A}, {0x323B0, 0xE00FF},
+    {0x0000, 0x001F},    {0x007F, 0x00A0},   {0x00AD, 0x00AD},   {0x0600, 0x0605},   {0x061C, 0x061C},
+    {0x06DD, 0x06DD},    {0x070F, 0x070F},   {0x0890, 0x0891},   {0x08E2, 0x08E2},   {0x1680, 0x1680},
+    {0x180E, 0x180E},    {0x2000, 0x200F},   {0x2028, 0x202F},   {0x205F, 0x206F},   {0x3000, 0x3000},
+    {0xD800, 0xF8FF},    {0xFEFF, 0xFEFF},   {0xFFF0, 0xFFFB},   {0xFFFE, 0xFFFF},   {0x110BD, 0x110BD},
+    {0x110CD, 0x110CD},  {0x13430, 0x1343F}, {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A}, {0x323B0, 0xE00FF},
     {0xE01F0, 0x10FFFF},
 };
 
@@ -116,8 +116,8 @@ std::vector<size_t> CodePointOffsets(std::string_view text) {
 bool PyIsSpace(uint32_t cp) {
   if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x1F)) return true;
   if (cp < 0x85) return false;
-  return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
-         cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+  return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 std::string PyStrip(std::string_view s, const std::optional<std::string>& chars, bool left, bool right) {
@@ -229,14 +229,29 @@ void AppendJsonString(std::string_view s, bool ensure_ascii, std::string* out) {
     const size_t start = pos;
     const uint32_t cp = NextCodePoint(s, &pos);
     switch (cp) {
-      case '"': *out += "\\\""; continue;
-      case '\\': *out += "\\\\"; continue;
-      case '\n': *out += "\\n"; continue;
-      case '\r': *out += "\\r"; continue;
-      case '\t': *out += "\\t"; continue;
-      case '\b': *out += "\\b"; continue;
-      case '\f': *out += "\\f"; continue;
-      default: break;
+      case '"':
+        *out += "\\\"";
+        continue;
+      case '\\':
+        *out += "\\\\";
+        continue;
+      case '\n':
+        *out += "\\n";
+        continue;
+      case '\r':
+        *out += "\\r";
+        continue;
+      case '\t':
+        *out += "\\t";
+        continue;
+      case '\b':
+        *out += "\\b";
+        continue;
+      case '\f':
+        *out += "\\f";
+        continue;
+      default:
+        break;
     }
     if (cp < 0x20) {
       *out += "\\u";
@@ -264,7 +279,7 @@ uint32_t LowerOf(uint32_t cp) {
   if (cp >= 'A' && cp <= 'Z') return cp + 32;
   if (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7) return cp + 32;
   if (cp >= 0x100 && cp <= 0x17F) {
-    if (cp == 0x130) return 'i';  // İ
+    if (cp == 0x130) return 'i';   // İ
     if (cp == 0x178) return 0xFF;  // Ÿ
     const bool odd_upper = (cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E);
     if (cp == 0x131 || cp == 0x138 || cp == 0x149 || cp == 0x17F) return 0;
@@ -289,8 +304,8 @@ uint32_t UpperOf(uint32_t cp) {
   if (cp == 0xFF) return 0x178;
   if (cp == 0xB5) return 0x39C;  // µ
   if (cp >= 0x100 && cp <= 0x17F) {
-    if (cp == 0x131) return 'I';    // ı
-    if (cp == 0x17F) return 'S';    // ſ
+    if (cp == 0x131) return 'I';  // ı
+    if (cp == 0x17F) return 'S';  // ſ
     if (cp == 0x130 || cp == 0x138 || cp == 0x149 || cp == 0x178) return 0;
     const bool odd_upper = (cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E);
     if (odd_upper) return (cp & 1) ? 0 : cp - 1;
@@ -310,9 +325,7 @@ uint32_t UpperOf(uint32_t cp) {
 }  // namespace
 
 bool IsUpperLetter(uint32_t cp) { return LowerOf(cp) != 0 || cp == 0x130; }
-bool IsLowerLetter(uint32_t cp) {
-  return UpperOf(cp) != 0 || cp == 0xDF || cp == 0x138 || cp == 0x149;
-}
+bool IsLowerLetter(uint32_t cp) { return UpperOf(cp) != 0 || cp == 0xDF || cp == 0x138 || cp == 0x149; }
 bool IsCasedLetter(uint32_t cp) { return IsUpperLetter(cp) || IsLowerLetter(cp); }
 
 void AppendUpper(uint32_t cp, std::string* out) {

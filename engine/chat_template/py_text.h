@@ -49,8 +49,6 @@ bool IsLowerLetter(uint32_t cp);
 // One code point's case mapping (ß upper-cases to "SS", as Python does).
 void AppendUpper(uint32_t cp, std::string* out);
 uint32_t ToLower(uint32_t cp);
-// Kept names for the ASCII-only callers: now the wider mapping above.
-inline std::string AsciiUpper(std::string_view s) { return PyUpper(s); }
-inline std::string AsciiLower(std::string_view s) { return PyLower(s); }
+
 
 }  // namespace tandem::chat_template_internal

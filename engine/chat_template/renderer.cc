@@ -84,7 +84,8 @@ class Renderer final : public Runtime {
       if (out.is_string()) return Value::SharedString(out.shared_str(), true);
       if (out.is_list() && !out.list().empty() && out.list()[0].is_string()) {
         std::vector<Value> items;
-        for (const Value& v : out.list()) items.push_back(v.is_string() ? Value::SharedString(v.shared_str(), true) : v);
+        for (const Value& v : out.list())
+          items.push_back(v.is_string() ? Value::SharedString(v.shared_str(), true) : v);
         return Value::List(std::move(items), out.is_tuple());
       }
     }
@@ -113,8 +114,8 @@ class Renderer final : public Runtime {
   absl::Status Charge(size_t bytes) override {
     allocated_ += static_cast<int64_t>(bytes);
     if (allocated_ > budget_.max_allocated_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat("chat template allocated more than ",
-                                                       budget_.max_allocated_bytes, " bytes"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("chat template allocated more than ", budget_.max_allocated_bytes, " bytes"));
     }
     return absl::OkStatus();
   }
@@ -126,8 +127,7 @@ class Renderer final : public Runtime {
   }
   int64_t NowMicros() override {
     if (budget_.now_micros) return budget_.now_micros();
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();
   }
 
@@ -167,7 +167,9 @@ class Renderer final : public Runtime {
   absl::StatusOr<Flow> ExecStmt(const Stmt& s, Frame& frame, std::string* out) {
     RETURN_IF_ERROR(Step());
     switch (s.type) {
-      case StmtType::kText: RETURN_IF_ERROR(Append(out, s.text)); return Flow::kNormal;
+      case StmtType::kText:
+        RETURN_IF_ERROR(Append(out, s.text));
+        return Flow::kNormal;
       case StmtType::kOutput: {
         ASSIGN_OR_RETURN(Value v, Eval(*s.expr, frame));
         RETURN_IF_ERROR(Append(out, v.is_string() ? std::string_view(v.str()) : std::string_view(PyStr(v))));
@@ -179,7 +181,8 @@ class Renderer final : public Runtime {
           if (Truthy(c)) return Exec(body, frame, out);
         }
         return Exec(s.else_body, frame, out);
-      case StmtType::kFor: return ExecFor(s, frame, out);
+      case StmtType::kFor:
+        return ExecFor(s, frame, out);
       case StmtType::kSet: {
         ASSIGN_OR_RETURN(Value v, Eval(*s.expr, frame));
         RETURN_IF_ERROR(At(s.offset, Assign(s, frame, std::move(v))));
@@ -212,9 +215,12 @@ class Renderer final : public Runtime {
         RETURN_IF_ERROR(Append(out, PyStr(v)));
         return flow;
       }
-      case StmtType::kBreak: return Flow::kBreak;
-      case StmtType::kContinue: return Flow::kContinue;
-      case StmtType::kScope: return Exec(s.body, frame, out);
+      case StmtType::kBreak:
+        return Flow::kBreak;
+      case StmtType::kContinue:
+        return Flow::kContinue;
+      case StmtType::kScope:
+        return Exec(s.body, frame, out);
     }
     return Flow::kNormal;
   }
@@ -289,8 +295,8 @@ class Renderer final : public Runtime {
           absl::StrCat("chat template macro calls nested more than ", budget_.max_call_depth, " deep"));
     }
     if (args.positional.size() > m.params.size()) {
-      return PyError("TypeError", absl::StrCat("macro '", m.name, "' takes not more than ", m.params.size(),
-                                               " argument(s)"));
+      return PyError("TypeError",
+                     absl::StrCat("macro '", m.name, "' takes not more than ", m.params.size(), " argument(s)"));
     }
     std::vector<std::optional<Value>> given(m.params.size());
     for (size_t i = 0; i < args.positional.size(); ++i) given[i] = std::move(args.positional[i]);
@@ -300,7 +306,8 @@ class Renderer final : public Runtime {
       if (i == m.params.size()) {
         return PyError("TypeError", absl::StrCat("macro '", m.name, "' takes no keyword argument '", key, "'"));
       }
-      if (given[i]) return PyError("TypeError", absl::StrCat("macro '", m.name, "' got multiple values for '", key, "'"));
+      if (given[i])
+        return PyError("TypeError", absl::StrCat("macro '", m.name, "' got multiple values for '", key, "'"));
       given[i] = std::move(v);
     }
     Frame f(root_);
@@ -368,7 +375,8 @@ class Renderer final : public Runtime {
   absl::StatusOr<Value> EvalNode(const Expr& e, const Frame& frame) {
     RETURN_IF_ERROR(Step());
     switch (e.type) {
-      case ExprType::kLiteral: return e.literal;
+      case ExprType::kLiteral:
+        return e.literal;
       case ExprType::kName: {
         if (const Value* v = Lookup(e.name, frame)) return *v;
         if (std::optional<Value> g = FindGlobal(e.name)) return *g;
@@ -424,7 +432,8 @@ class Renderer final : public Runtime {
         ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, frame));
         return At(e.offset, Call(callee, std::move(args)));
       }
-      case ExprType::kFilter: return EvalFilter(e, frame, nullptr);
+      case ExprType::kFilter:
+        return EvalFilter(e, frame, nullptr);
       case ExprType::kTest: {
         ASSIGN_OR_RETURN(Value input, Eval(*e.a, frame));
         ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, frame));

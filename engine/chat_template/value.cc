@@ -80,8 +80,8 @@ absl::StatusOr<int> CompareAt(const Value& a, const Value& b, int depth) {
     }
     return x.size() < y.size() ? -1 : (x.size() > y.size() ? 1 : 0);
   }
-  return absl::InvalidArgumentError(absl::StrCat("TypeError: '<' not supported between instances of '", TypeName(a),
-                                                 "' and '", TypeName(b), "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("TypeError: '<' not supported between instances of '", TypeName(a), "' and '", TypeName(b), "'"));
 }
 
 void AppendRepr(const Value& v, int depth, std::string* out);
@@ -105,7 +105,9 @@ void AppendRepr(const Value& v, int depth, std::string* out) {
     return;
   }
   switch (v.kind()) {
-    case Kind::kUndefined: *out += "Undefined"; return;
+    case Kind::kUndefined:
+      *out += "Undefined";
+      return;
     case Kind::kString:
       if (v.markup()) {
         absl::StrAppend(out, "Markup(", PyReprString(v.str()), ")");
@@ -124,7 +126,9 @@ void AppendRepr(const Value& v, int depth, std::string* out) {
       out->push_back(v.is_tuple() ? ')' : ']');
       return;
     }
-    case Kind::kDict: AppendDictRepr(v.dict(), depth, out); return;
+    case Kind::kDict:
+      AppendDictRepr(v.dict(), depth, out);
+      return;
     case Kind::kNamespace:
       *out += "<Namespace ";
       AppendDictRepr(v.ns().attrs, depth, out);
@@ -142,7 +146,9 @@ void AppendRepr(const Value& v, int depth, std::string* out) {
       absl::StrAppend(out, "<LoopContext ", l.index0 + 1, "/", l.items->size(), ">");
       return;
     }
-    default: *out += PyStr(v); return;
+    default:
+      *out += PyStr(v);
+      return;
   }
 }
 
@@ -159,9 +165,15 @@ struct JsonWriter {
   absl::Status Write(const Value& v, int level) {
     if (level > kMaxNesting) return absl::InvalidArgumentError("RecursionError: value nested too deeply for tojson");
     switch (v.kind()) {
-      case Kind::kNone: out += "null"; return absl::OkStatus();
-      case Kind::kBool: out += v.as_bool() ? "true" : "false"; return absl::OkStatus();
-      case Kind::kInt: absl::StrAppend(&out, v.as_int()); return absl::OkStatus();
+      case Kind::kNone:
+        out += "null";
+        return absl::OkStatus();
+      case Kind::kBool:
+        out += v.as_bool() ? "true" : "false";
+        return absl::OkStatus();
+      case Kind::kInt:
+        absl::StrAppend(&out, v.as_int());
+        return absl::OkStatus();
       case Kind::kFloat: {
         const double f = v.as_float();
         if (std::isnan(f)) {
@@ -173,9 +185,13 @@ struct JsonWriter {
         }
         return absl::OkStatus();
       }
-      case Kind::kString: AppendJsonString(v.str(), options.ensure_ascii, &out); return absl::OkStatus();
-      case Kind::kList: return WriteList(v.list(), level);
-      case Kind::kDict: return WriteDict(v.dict(), level);
+      case Kind::kString:
+        AppendJsonString(v.str(), options.ensure_ascii, &out);
+        return absl::OkStatus();
+      case Kind::kList:
+        return WriteList(v.list(), level);
+      case Kind::kDict:
+        return WriteDict(v.dict(), level);
       default:
         return absl::InvalidArgumentError(
             absl::StrCat("TypeError: Object of type ", TypeName(v), " is not JSON serializable"));
@@ -225,16 +241,21 @@ struct JsonWriter {
 absl::StatusOr<Value> FromJsonAt(const nlohmann::ordered_json& j, int depth) {
   if (depth >= kMaxValueDepth) return absl::InvalidArgumentError("JSON nested too deeply");
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::None();
-    case nlohmann::ordered_json::value_t::boolean: return Value::Bool(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value::Int(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null:
+      return Value::None();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value::Bool(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value::Int(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       const uint64_t u = j.get<uint64_t>();
       if (u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return Value::Int(static_cast<int64_t>(u));
       return Value::Float(static_cast<double>(u));  // Python would keep the exact integer
     }
-    case nlohmann::ordered_json::value_t::number_float: return Value::Float(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value::String(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value::Float(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value::String(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
@@ -254,7 +275,8 @@ absl::StatusOr<Value> FromJsonAt(const nlohmann::ordered_json& j, int depth) {
       }
       return Value::MakeDict(std::move(d));
     }
-    default: return absl::InvalidArgumentError("unsupported JSON value (binary)");
+    default:
+      return absl::InvalidArgumentError("unsupported JSON value (binary)");
   }
 }
 
@@ -292,7 +314,9 @@ Value Value::Undefined(std::string hint, bool unsafe) {
 Value Value::String(std::string s, bool markup) {
   return Value(StrRep{std::make_shared<const std::string>(std::move(s)), markup});
 }
-Value Value::SharedString(std::shared_ptr<const std::string> s, bool markup) { return Value(StrRep{std::move(s), markup}); }
+Value Value::SharedString(std::shared_ptr<const std::string> s, bool markup) {
+  return Value(StrRep{std::move(s), markup});
+}
 Value Value::List(std::vector<Value> items, bool tuple) {
   int depth = 0;
   for (const Value& v : items) depth = std::max(depth, v.depth());
@@ -330,29 +354,47 @@ double Value::as_float() const {
 
 const void* Value::identity() const {
   switch (kind()) {
-    case Kind::kString: return std::get<StrRep>(rep_).s.get();
-    case Kind::kList: return std::get<ListRep>(rep_).items.get();
-    case Kind::kDict: return std::get<DictRep>(rep_).d.get();
-    case Kind::kNamespace: return std::get<NamespaceRep>(rep_).ns.get();
-    case Kind::kCallable: return std::get<CallableRep>(rep_).fn.get();
-    case Kind::kLoop: return std::get<LoopRep>(rep_).loop.get();
-    default: return nullptr;
+    case Kind::kString:
+      return std::get<StrRep>(rep_).s.get();
+    case Kind::kList:
+      return std::get<ListRep>(rep_).items.get();
+    case Kind::kDict:
+      return std::get<DictRep>(rep_).d.get();
+    case Kind::kNamespace:
+      return std::get<NamespaceRep>(rep_).ns.get();
+    case Kind::kCallable:
+      return std::get<CallableRep>(rep_).fn.get();
+    case Kind::kLoop:
+      return std::get<LoopRep>(rep_).loop.get();
+    default:
+      return nullptr;
   }
 }
 
 std::string TypeName(const Value& v) {
   switch (v.kind()) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kList: return v.is_tuple() ? "tuple" : "list";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "Namespace";
-    case Kind::kCallable: return v.callable().macro != nullptr ? "Macro" : "builtin_function_or_method";
-    case Kind::kLoop: return "LoopContext";
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return v.is_tuple() ? "tuple" : "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "Namespace";
+    case Kind::kCallable:
+      return v.callable().macro != nullptr ? "Macro" : "builtin_function_or_method";
+    case Kind::kLoop:
+      return "LoopContext";
   }
   return "object";
 }
@@ -360,14 +402,22 @@ std::string TypeName(const Value& v) {
 bool Truthy(const Value& v) {
   switch (v.kind()) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return v.as_bool();
-    case Kind::kInt: return v.as_int() != 0;
-    case Kind::kFloat: return v.as_float() != 0.0;
-    case Kind::kString: return !v.str().empty();
-    case Kind::kList: return !v.list().empty();
-    case Kind::kDict: return v.dict().size() > 0;
-    default: return true;
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return v.as_bool();
+    case Kind::kInt:
+      return v.as_int() != 0;
+    case Kind::kFloat:
+      return v.as_float() != 0.0;
+    case Kind::kString:
+      return !v.str().empty();
+    case Kind::kList:
+      return !v.list().empty();
+    case Kind::kDict:
+      return v.dict().size() > 0;
+    default:
+      return true;
   }
 }
 
@@ -390,13 +440,20 @@ absl::StatusOr<int> PyCompare(const Value& a, const Value& b) { return CompareAt
 
 std::string PyStr(const Value& v) {
   switch (v.kind()) {
-    case Kind::kUndefined: return "";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return v.as_bool() ? "True" : "False";
-    case Kind::kInt: return absl::StrCat(v.as_int());
-    case Kind::kFloat: return PyFloatRepr(v.as_float());
-    case Kind::kString: return v.str();
-    default: return PyRepr(v);
+    case Kind::kUndefined:
+      return "";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return v.as_bool() ? "True" : "False";
+    case Kind::kInt:
+      return absl::StrCat(v.as_int());
+    case Kind::kFloat:
+      return PyFloatRepr(v.as_float());
+    case Kind::kString:
+      return v.str();
+    default:
+      return PyRepr(v);
   }
 }
 

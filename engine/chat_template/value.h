@@ -30,7 +30,17 @@ struct LoopState;
 struct Callable;
 
 enum class Kind : uint8_t {
-  kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable, kLoop
+  kUndefined,
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kList,
+  kDict,
+  kNamespace,
+  kCallable,
+  kLoop
 };
 
 class Value {
@@ -63,7 +73,7 @@ class Value {
   bool is_number() const { return is_integral() || kind() == Kind::kFloat; }
 
   bool as_bool() const { return std::get<bool>(rep_); }
-  int64_t as_int() const;  // int or bool
+  int64_t as_int() const;   // int or bool
   double as_float() const;  // any number
   const std::string& str() const { return *std::get<StrRep>(rep_).s; }
   const std::shared_ptr<const std::string>& shared_str() const { return std::get<StrRep>(rep_).s; }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/chat_template/builtin_templates.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
@@ -398,8 +399,13 @@ absl::StatusOr<GeneratedModel> GenerateModel(const ModelGeneratorOptions& option
       return absl::InvalidArgumentError("config.json: field 'vocab_size' must be at least 300 for a generated tokenizer");
     }
     GeneratedTokenizerFiles tok = BuildByteLevelTokenizer(static_cast<int>(c.vocab_size));
+    // DeepSeek-V3's chat template, as the real tokenizer_config.json carries it: chat
+    // requests to a generated model go through the same template rendering as a real
+    // checkpoint's.
+    Json tok_config = Json::parse(tok.tokenizer_config_json);
+    tok_config["chat_template"] = std::string(DeepseekV3ChatTemplate());
     RETURN_IF_ERROR(WriteStringToFile((dir / "tokenizer.json").string(), tok.tokenizer_json));
-    RETURN_IF_ERROR(WriteStringToFile((dir / "tokenizer_config.json").string(), tok.tokenizer_config_json));
+    RETURN_IF_ERROR(WriteStringToFile((dir / "tokenizer_config.json").string(), tok_config.dump(2) + "\n"));
     result.tokenizer = "generated-byte-level";
   }
 

@@ -20,7 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // Bump when the generator's output changes, so stale cached models are not reused.
-constexpr int kGeneratorVersion = 1;
+// 2: the generated tokenizer_config.json carries DeepSeek-V3's chat template.
+constexpr int kGeneratorVersion = 2;
 
 std::string CacheDir(const ModelResolverOptions& options) {
   if (!options.cache_dir.empty()) return options.cache_dir;

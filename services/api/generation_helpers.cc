@@ -10,7 +10,8 @@ absl::Status CheckModelName(const std::string& requested, const std::string& ser
   return absl::InvalidArgumentError(absl::StrCat("model: '", requested, "' is not served here (serving '", served, "')"));
 }
 
-absl::Status TokenizeInto(const v1::TokenizeRequest& r, const Tokenizer& tokenizer, const std::string& model_name,
+absl::Status TokenizeInto(const v1::TokenizeRequest& r, const Tokenizer& tokenizer,
+                          const ModelChatTemplates* chat_templates, const std::string& model_name,
                           int64_t max_prompt_bytes, v1::TokenizeResponse* out) {
   if (absl::Status s = CheckModelName(r.model(), model_name); !s.ok()) return s;
   const bool special = !r.has_add_special_tokens() || r.add_special_tokens();
@@ -18,14 +19,16 @@ absl::Status TokenizeInto(const v1::TokenizeRequest& r, const Tokenizer& tokeniz
   const int64_t bytes = chat ? ChatBytes(r.chat()) : static_cast<int64_t>(r.text().size());
   if (absl::Status s = CheckPromptBytes(bytes, max_prompt_bytes); !s.ok()) return s;
   std::string text;
+  bool add_special = special;
   if (chat) {
-    absl::StatusOr<std::string> formatted = FormatChat(r.chat(), tokenizer);
+    absl::StatusOr<ChatPrompt> formatted = FormatChat(r.chat(), chat_templates);
     if (!formatted.ok()) return formatted.status();
-    text = *std::move(formatted);
+    text = std::move(formatted->text);
+    add_special = special && formatted->add_special_tokens;
   } else {
     text = r.text();
   }
-  absl::StatusOr<std::vector<int32_t>> ids = tokenizer.TryEncode(text, special);
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer.TryEncode(text, add_special);
   if (!ids.ok()) {
     return absl::Status(ids.status().code(), absl::StrCat(chat ? "chat: " : "text: ", ids.status().message()));
   }

@@ -78,24 +78,46 @@ void ToProto(const StopParams& s, v1::StopConditions* p) {
   p->set_include_stop_str_in_output(s.include_stop_str_in_output);
 }
 
-absl::StatusOr<std::string> FormatChat(const v1::ChatMessages& chat, const Tokenizer& tokenizer) {
+absl::StatusOr<ChatPrompt> FormatChat(const v1::ChatMessages& chat, const ModelChatTemplates* templates) {
   if (chat.messages().empty()) return absl::InvalidArgumentError("chat.messages: empty");
-  std::string system, turns;
   for (int i = 0; i < chat.messages_size(); ++i) {
-    const v1::ChatMessage& m = chat.messages(i);
+    const std::string& role = chat.messages(i).role();
+    if (role != "system" && role != "user" && role != "assistant") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chat.messages[", i, "].role: '", role, "' (expected system, user or assistant)"));
+    }
+  }
+  if (templates != nullptr) {
+    ChatRequest request;
+    for (const v1::ChatMessage& m : chat.messages()) {
+      request.messages.push_back({{"role", m.role()}, {"content", m.content()}});
+    }
+    request.add_generation_prompt = true;
+    absl::StatusOr<std::string> text = templates->Apply(request);
+    // The model's template refusing the chat (raise_exception, a limit) is the
+    // request's fault: INVALID_ARGUMENT, whatever the template's status said.
+    if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("chat: ", text.status().message()));
+    return ChatPrompt{*std::move(text), /*add_special_tokens=*/false};
+  }
+  // No template: the DeepSeek-V3 format, kept for models that ship none.
+  std::string system, turns;
+  for (const v1::ChatMessage& m : chat.messages()) {
     if (m.role() == "system") {
       system += m.content();
     } else if (m.role() == "user") {
       turns += "<｜User｜>" + m.content();
-    } else if (m.role() == "assistant") {
-      turns += "<｜Assistant｜>" + m.content() + "<｜end▁of▁sentence｜>";
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("chat.messages[", i, "].role: '", m.role(),
-                                                     "' (expected system, user or assistant)"));
+      turns += "<｜Assistant｜>" + m.content() + "<｜end▁of▁sentence｜>";
     }
   }
-  (void)tokenizer;
-  return system + turns + "<｜Assistant｜>";
+  return ChatPrompt{system + turns + "<｜Assistant｜>", /*add_special_tokens=*/true};
+}
+
+absl::StatusOr<std::unique_ptr<ModelChatTemplates>> LoadChatTemplates(const std::string& model_dir) {
+  absl::StatusOr<ModelChatTemplates> t = ModelChatTemplates::Load(model_dir);
+  if (absl::IsNotFound(t.status())) return std::unique_ptr<ModelChatTemplates>();
+  if (!t.ok()) return t.status();
+  return std::make_unique<ModelChatTemplates>(*std::move(t));
 }
 
 int64_t PromptBytes(const v1::GenerateRequest& r) {
@@ -122,7 +144,8 @@ absl::Status CheckPromptBytes(int64_t bytes, int64_t max_prompt_bytes) {
 }
 
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& r, const Tokenizer& tokenizer,
-                                                  int64_t vocab_size, int64_t max_prompt_bytes) {
+                                                  int64_t vocab_size, int64_t max_prompt_bytes,
+                                                  const ModelChatTemplates* chat_templates) {
   RETURN_IF_ERROR(CheckPromptBytes(PromptBytes(r), max_prompt_bytes));
   std::vector<int32_t> ids;
   switch (r.prompt_case()) {
@@ -142,8 +165,8 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& r, 
       }
       break;
     case v1::GenerateRequest::kChat: {
-      ASSIGN_OR_RETURN(std::string text, FormatChat(r.chat(), tokenizer));
-      ASSIGN_OR_RETURN(ids, Prefixed("chat: ", tokenizer.TryEncode(text, /*add_special_tokens=*/true)));
+      ASSIGN_OR_RETURN(ChatPrompt chat, FormatChat(r.chat(), chat_templates));
+      ASSIGN_OR_RETURN(ids, Prefixed("chat: ", tokenizer.TryEncode(chat.text, chat.add_special_tokens)));
       break;
     }
     case v1::GenerateRequest::PROMPT_NOT_SET:

@@ -3,10 +3,12 @@
 // rejects bad input the same way, with INVALID_ARGUMENT.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/chat_template/model_chat_templates.h"
 #include "engine/runtime/output_stream.h"
 #include "engine/runtime/sampling_params.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -38,15 +40,35 @@ int64_t ChatBytes(const v1::ChatMessages& chat);
 absl::Status CheckPromptBytes(int64_t bytes, int64_t max_prompt_bytes);
 
 // The prompt's token ids: text through the tokenizer (BOS as configured), ids checked
-// against the vocabulary, chat messages through the DeepSeek chat format. A prompt of
-// more than `max_prompt_bytes` (PromptBytes) is refused before any tokenization work.
-// Errors: INVALID_ARGUMENT naming the field (empty or oversize prompt, bad id, unknown
-// role, a prompt the tokenizer's pattern cannot split within its budget).
+// against the vocabulary, chat messages through FormatChat. A prompt of more than
+// `max_prompt_bytes` (PromptBytes) is refused before any tokenization work.
+// `chat_templates`: the model's (null for a model without one). Errors:
+// INVALID_ARGUMENT naming the field (empty or oversize prompt, bad id, unknown role, a
+// chat the template refuses, a prompt the tokenizer's pattern cannot split within its
+// budget).
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& r, const Tokenizer& tokenizer,
-                                                  int64_t vocab_size, int64_t max_prompt_bytes);
-// DeepSeek-V3's chat format: BOS, system text, then "<｜User｜>...<｜Assistant｜>..." turns,
-// ending with "<｜Assistant｜>" for the reply.
-absl::StatusOr<std::string> FormatChat(const v1::ChatMessages& chat, const Tokenizer& tokenizer);
+                                                  int64_t vocab_size, int64_t max_prompt_bytes,
+                                                  const ModelChatTemplates* chat_templates);
+
+// Chat messages as prompt text, in the model's chat format: its chat template
+// (tokenizer_config.json's chat_template, rendered as transformers' apply_chat_template
+// renders it, with add_generation_prompt; the text carries BOS itself, so tokenizing it
+// adds no special tokens, as transformers does); or, for a model without a template
+// (`templates` null), the DeepSeek-V3 format Tandem used before it read templates:
+// system text, then "<｜User｜>..." and "<｜Assistant｜>...<｜end▁of▁sentence｜>" turns,
+// ending with "<｜Assistant｜>", tokenized with BOS as configured. Roles must be system,
+// user or assistant (the proto's). Errors: INVALID_ARGUMENT "chat.messages..." or
+// "chat: <the template's error>".
+struct ChatPrompt {
+  std::string text;
+  bool add_special_tokens = true;
+};
+absl::StatusOr<ChatPrompt> FormatChat(const v1::ChatMessages& chat, const ModelChatTemplates* templates);
+
+// The chat templates of the model in `model_dir` (ModelChatTemplates::Load), or null
+// when it has none. Errors: a tokenizer_config.json or template that cannot be read or
+// parsed (a model that would fail every chat request is refused at startup).
+absl::StatusOr<std::unique_ptr<ModelChatTemplates>> LoadChatTemplates(const std::string& model_dir);
 
 // The prompt must leave room for max_tokens in the model's context (as vLLM checks).
 // Errors: INVALID_ARGUMENT naming "prompt" or "stop.max_tokens".

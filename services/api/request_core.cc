@@ -90,7 +90,8 @@ absl::Status RequestCore::Prepare(const v1::GenerateRequest& r) {
   if (absl::Status s = CheckModelName(r.model(), ctx_.model_name); !s.ok()) return s;
   absl::StatusOr<std::string> id = RequestIdOrNew(r.request_id());
   if (!id.ok()) return id.status();
-  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(r, *ctx_.tokenizer, vocab, ctx_.max_prompt_bytes);
+  absl::StatusOr<std::vector<int32_t>> prompt =
+      PromptTokens(r, *ctx_.tokenizer, vocab, ctx_.max_prompt_bytes, ctx_.chat_templates);
   if (!prompt.ok()) return prompt.status();
   absl::StatusOr<SamplingParams> sampling = FromProto(r.sampling(), vocab);
   if (!sampling.ok()) return sampling.status();

@@ -55,6 +55,9 @@ struct RequestCoreContext {
   ClusterView* cluster = nullptr;
   RequestClock* clock = nullptr;
   const Tokenizer* tokenizer = nullptr;
+  // The model's chat templates; null for a model without one (chat prompts then get the
+  // DeepSeek-V3 format, proto_convert.h).
+  const ModelChatTemplates* chat_templates = nullptr;
   const ModelConfig* config = nullptr;
   std::string model_name;
   uint64_t layout_fingerprint = 0;

@@ -17,6 +17,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
+#include "services/api/proto_convert.h"
 #include "services/common/admin_server.h"
 #include "services/common/collectables.h"
 #include "services/common/host_port.h"
@@ -187,6 +188,11 @@ int RunRouter(int argc, char** argv) {
   if (!config.ok()) return Fail("model config", config.status());
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDir(*model_dir);
   if (!tokenizer.ok()) return Fail("tokenizer", tokenizer.status());
+  absl::StatusOr<std::unique_ptr<ModelChatTemplates>> chat_templates = LoadChatTemplates(*model_dir);
+  if (!chat_templates.ok()) return Fail("chat template", chat_templates.status());
+  if (*chat_templates == nullptr) {
+    spdlog::info("the model has no chat template: chat prompts get the DeepSeek-V3 format");
+  }
   absl::StatusOr<uint64_t> admitted = AdmittedLayoutFingerprint(*model_dir, layout_fingerprint, "--layout-fingerprint");
   if (!admitted.ok()) return Fail("KV layout", admitted.status());
   const uint64_t fingerprint = *admitted;
@@ -202,7 +208,8 @@ int RunRouter(int argc, char** argv) {
                             .channel_factory = internal_creds->ChannelFactory()});
   admission_limits.retry_after = std::chrono::milliseconds(retry_after_ms);
   Admission admission(admission_limits);
-  RouterContext rc{.registry = &registry, .tokenizer = tokenizer->get(), .config = &*config,
+  RouterContext rc{.registry = &registry, .tokenizer = tokenizer->get(), .chat_templates = chat_templates->get(),
+                   .config = &*config,
                    .model_name = common.model, .layout_fingerprint = fingerprint,
                    .max_queue_wait = std::chrono::milliseconds(max_queue_wait_ms),
                    .prefill_policy = *ParseRoutingPolicy(prefill_policy),

@@ -16,6 +16,7 @@
 #include "engine/runtime/kv_layout.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
+#include "services/api/proto_convert.h"
 #include "services/common/admin_server.h"
 #include "services/common/collectables.h"
 #include "services/common/host_port.h"
@@ -183,6 +184,16 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   }
   absl::StatusOr<std::string> model_dir = ResolveModelDir(f.common.model);
   if (!model_dir.ok()) return Fail("model", model_dir.status());
+  // Chat prompts are formatted where they are tokenized: here only for --role both.
+  std::unique_ptr<ModelChatTemplates> chat_templates;
+  if (role == v1::ROLE_BOTH) {
+    absl::StatusOr<std::unique_ptr<ModelChatTemplates>> t = LoadChatTemplates(*model_dir);
+    if (!t.ok()) return Fail("chat template", t.status());
+    chat_templates = std::move(*t);
+    if (chat_templates == nullptr) {
+      spdlog::info("the model has no chat template: chat prompts get the DeepSeek-V3 format");
+    }
+  }
 
   // KV transfer between prefill and decode replicas; an aggregated worker needs none. A
   // decode replica's KV cache lives in memory the transport allocates, so that prefill
@@ -297,7 +308,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       builder.RegisterService(decode.get());
       break;
     default:
-      generation = std::make_unique<LocalGenerationService>(engine->get(), model_name, f.max_prompt_bytes);
+      generation = std::make_unique<LocalGenerationService>(engine->get(), chat_templates.get(), model_name,
+                                                            f.max_prompt_bytes);
       builder.RegisterService(generation.get());
       break;
   }

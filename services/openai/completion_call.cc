@@ -128,7 +128,10 @@ void Call::Start() {
                                                            ctx_.served_model, "')"),
                                    .param = "model"});
     }
-    absl::StatusOr<std::vector<int32_t>> ids = PromptTokens(r, *ctx_.tokenizer, ctx_.vocab_size, ctx_.max_prompt_bytes);
+    // Chat messages in the model's chat template, as the request core's own Generate.
+    const ModelChatTemplates* templates = ctx_.core != nullptr ? ctx_.core->chat_templates : nullptr;
+    absl::StatusOr<std::vector<int32_t>> ids =
+        PromptTokens(r, *ctx_.tokenizer, ctx_.vocab_size, ctx_.max_prompt_bytes, templates);
     if (!ids.ok()) return RespondError(FromStatus(ids.status()));
     prompt_tokens_.push_back(static_cast<int>(ids->size()));
     r.mutable_token_ids()->mutable_ids()->Assign(ids->begin(), ids->end());

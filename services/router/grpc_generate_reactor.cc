@@ -14,6 +14,7 @@ RouterCore::RouterCore(const RouterContext& rc)
   core_ = RequestCoreContext{.cluster = cluster_.get(),
                              .clock = clock_.get(),
                              .tokenizer = rc.tokenizer,
+                             .chat_templates = rc.chat_templates,
                              .config = rc.config,
                              .model_name = rc.model_name,
                              .layout_fingerprint = rc.layout_fingerprint,

@@ -25,6 +25,7 @@ namespace tandem {
 struct RouterContext {
   ReplicaRegistry* registry = nullptr;
   const Tokenizer* tokenizer = nullptr;
+  const ModelChatTemplates* chat_templates = nullptr;  // null: the model has none
   const ModelConfig* config = nullptr;
   std::string model_name;
   uint64_t layout_fingerprint = 0;

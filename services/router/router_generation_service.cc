@@ -23,7 +23,8 @@ grpc::ServerUnaryReactor* RouterGenerationService::Tokenize(grpc::CallbackServer
   }
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(
-      ToGrpcStatus(TokenizeInto(*r, *context_.tokenizer, context_.model_name, context_.max_prompt_bytes, out)));
+      ToGrpcStatus(TokenizeInto(*r, *context_.tokenizer, context_.chat_templates, context_.model_name,
+                                context_.max_prompt_bytes, out)));
   return reactor;
 }
 

@@ -7,8 +7,12 @@
 
 namespace tandem {
 
-LocalGenerationService::LocalGenerationService(Engine* engine, std::string model_name, int64_t max_prompt_bytes)
-    : engine_(engine), model_name_(std::move(model_name)), max_prompt_bytes_(max_prompt_bytes) {}
+LocalGenerationService::LocalGenerationService(Engine* engine, const ModelChatTemplates* chat_templates,
+                                               std::string model_name, int64_t max_prompt_bytes)
+    : engine_(engine),
+      chat_templates_(chat_templates),
+      model_name_(std::move(model_name)),
+      max_prompt_bytes_(max_prompt_bytes) {}
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* LocalGenerationService::Generate(grpc::CallbackServerContext* ctx,
                                                                                 const v1::GenerateRequest* r) {
@@ -17,7 +21,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* LocalGenerationService::Generate
     return EngineStreamReactor::Failed(ToGrpcStatus(s));
   }
   absl::StatusOr<std::string> id = RequestIdOrNew(r->request_id());
-  absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(*r, engine_->tokenizer(), vocab, max_prompt_bytes_);
+  absl::StatusOr<std::vector<int32_t>> prompt =
+      PromptTokens(*r, engine_->tokenizer(), vocab, max_prompt_bytes_, chat_templates_);
   absl::StatusOr<SamplingParams> sampling = FromProto(r->sampling(), vocab);
   absl::StatusOr<StopParams> stop = FromProto(r->stop(), vocab);
   for (const absl::Status* s : {&id.status(), &prompt.status(), &sampling.status(), &stop.status()}) {
@@ -36,7 +41,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* LocalGenerationService::Generate
 grpc::ServerUnaryReactor* LocalGenerationService::Tokenize(grpc::CallbackServerContext* ctx,
                                                            const v1::TokenizeRequest* r, v1::TokenizeResponse* out) {
   auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(TokenizeInto(*r, engine_->tokenizer(), model_name_, max_prompt_bytes_, out)));
+  reactor->Finish(
+      ToGrpcStatus(TokenizeInto(*r, engine_->tokenizer(), chat_templates_, model_name_, max_prompt_bytes_, out)));
   return reactor;
 }
 

@@ -13,9 +13,11 @@ namespace tandem {
 
 class LocalGenerationService final : public v1::Generation::CallbackService {
  public:
-  // `engine` must outlive the service. `model_name` is what ListModels reports. Prompts
-  // (and Tokenize inputs) of more than `max_prompt_bytes` are refused untokenized.
-  LocalGenerationService(Engine* engine, std::string model_name, int64_t max_prompt_bytes = kDefaultMaxPromptBytes);
+  // `engine` (and `chat_templates`, the model's, null when it has none) must outlive the
+  // service. `model_name` is what ListModels reports. Prompts (and Tokenize inputs) of
+  // more than `max_prompt_bytes` are refused untokenized.
+  LocalGenerationService(Engine* engine, const ModelChatTemplates* chat_templates, std::string model_name,
+                         int64_t max_prompt_bytes = kDefaultMaxPromptBytes);
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* request) override;
@@ -28,6 +30,7 @@ class LocalGenerationService final : public v1::Generation::CallbackService {
 
  private:
   Engine* engine_;
+  const ModelChatTemplates* chat_templates_;
   std::string model_name_;
   int64_t max_prompt_bytes_;
 };

@@ -133,8 +133,10 @@ v1::GenerateRequest TextRequest(const std::string& text, int max_tokens, std::op
 
 std::vector<int32_t> ReferenceTokens(Engine& engine, const v1::GenerateRequest& r) {
   static std::atomic<int> counter{0};
+  // The tiny model's chat template, as the router formats chat prompts with it.
+  static const std::unique_ptr<ModelChatTemplates> templates = *LoadChatTemplates(TinyModelDir());
   absl::StatusOr<std::vector<int32_t>> prompt =
-      PromptTokens(r, engine.tokenizer(), engine.config().vocab_size, kDefaultMaxPromptBytes);
+      PromptTokens(r, engine.tokenizer(), engine.config().vocab_size, kDefaultMaxPromptBytes, templates.get());
   EXPECT_TRUE(prompt.ok()) << prompt.status();
   absl::StatusOr<SamplingParams> sampling = FromProto(r.sampling(), engine.config().vocab_size);
   absl::StatusOr<StopParams> stop = FromProto(r.stop(), engine.config().vocab_size);

