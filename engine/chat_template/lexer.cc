@@ -307,7 +307,7 @@ class Lexer {
             ++pos_;
           }
           if (cp > 0x10FFFF) return Error(at, "illegal Unicode character");
-          AppendCodePoint(cp, &out);
+          AppendUtf8(cp, &out);
           break;
         }
         default:
@@ -316,7 +316,7 @@ class Lexer {
             for (int i = 0; i < 2 && pos_ < src_.size() && src_[pos_] >= '0' && src_[pos_] <= '7'; ++i) {
               cp = cp * 8 + static_cast<uint32_t>(src_[pos_++] - '0');
             }
-            AppendCodePoint(cp, &out);
+            AppendUtf8(cp, &out);
           } else if (e == 'N') {
             return Error(at, "\\N{...} escapes are not supported");
           } else {
@@ -343,7 +343,7 @@ class Lexer {
     if (std::string_view("+-/*%~[](){}<>=.:|,;").find(c) == std::string_view::npos) {
       size_t next = pos_;
       std::string ch;
-      AppendCodePoint(NextCodePoint(src_, &next), &ch);
+      AppendUtf8(NextCodePoint(src_, &next), &ch);
       return Error(at, absl::StrCat("unexpected char '", ch, "'"));
     }
     if (c == '(' || c == '[' || c == '{') {

@@ -231,13 +231,13 @@ std::string PyTitle(std::string_view s) {
     const uint32_t cp = NextCodePoint(s, &pos);
     if (IsCasedLetter(cp)) {
       if (prev_cased) {
-        AppendCodePoint(ToLower(cp), &out);
+        AppendUtf8(ToLower(cp), &out);
       } else {
         AppendUpper(cp, &out);
       }
       prev_cased = true;
     } else {
-      AppendCodePoint(cp, &out);
+      AppendUtf8(cp, &out);
       prev_cased = false;
     }
   }
@@ -252,7 +252,7 @@ std::string PyCapitalize(std::string_view s) {
     if (out.empty()) {
       AppendUpper(cp, &out);
     } else {
-      AppendCodePoint(ToLower(cp), &out);
+      AppendUtf8(ToLower(cp), &out);
     }
   }
   return out;

@@ -205,7 +205,7 @@ absl::StatusOr<Value> PercentFormat(Runtime& rt, const std::string& fmt, const V
       }
       if (conv == 'c') {
         if (n < 0 || n > 0x10FFFF) return PyError("OverflowError", "%c arg not in range(0x110000)");
-        AppendCodePoint(static_cast<uint32_t>(n), &out);
+        AppendUtf8(static_cast<uint32_t>(n), &out);
         continue;
       }
       const char c = conv == 'i' || conv == 'u' ? 'd' : conv;

@@ -78,24 +78,6 @@ uint32_t NextCodePoint(std::string_view text, size_t* pos) {
   return cp;
 }
 
-void AppendCodePoint(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 size_t CodePointCount(std::string_view text) {
   size_t n = 0;
   for (size_t pos = 0; pos < text.size(); ++n) NextCodePoint(text, &pos);
@@ -161,7 +143,7 @@ std::string PyReprString(std::string_view s) {
     } else if (cp == '\t') {
       out += "\\t";
     } else if (PyIsPrintable(cp)) {
-      AppendCodePoint(cp, &out);
+      AppendUtf8(cp, &out);
     } else if (cp < 0x100) {
       out += "\\x";
       AppendHex(cp, 2, &out);
@@ -334,7 +316,7 @@ void AppendUpper(uint32_t cp, std::string* out) {
     return;
   }
   const uint32_t u = UpperOf(cp);
-  AppendCodePoint(u != 0 ? u : cp, out);
+  AppendUtf8(u != 0 ? u : cp, out);
 }
 
 uint32_t ToLower(uint32_t cp) {
@@ -352,7 +334,7 @@ std::string PyUpper(std::string_view s) {
 std::string PyLower(std::string_view s) {
   std::string out;
   out.reserve(s.size());
-  for (size_t pos = 0; pos < s.size();) AppendCodePoint(ToLower(NextCodePoint(s, &pos)), &out);
+  for (size_t pos = 0; pos < s.size();) AppendUtf8(ToLower(NextCodePoint(s, &pos)), &out);
   return out;
 }
 

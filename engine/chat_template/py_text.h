@@ -3,6 +3,8 @@
 // str.isspace / str.strip, repr() of strings and floats, and json.dumps' string escaping.
 #pragma once
 
+#include "engine/tokenizer/utf8.h"  // AppendUtf8
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -12,11 +14,13 @@
 
 namespace tandem::chat_template_internal {
 
+// Code points to UTF-8: the tokenizer's encoder.
+using tokenizer_internal::AppendUtf8;
+
 // Decodes the code point at text[*pos] and advances *pos. A byte that does not start a
 // valid UTF-8 sequence decodes as itself (0x80-0xFF) and advances by one, so malformed
 // text never stalls or reads past the end.
 uint32_t NextCodePoint(std::string_view text, size_t* pos);
-void AppendCodePoint(uint32_t cp, std::string* out);
 // Number of code points (Python's len() of the string).
 size_t CodePointCount(std::string_view text);
 // Byte offsets of every code point start, plus text.size() at the end.

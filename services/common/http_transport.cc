@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/host_port.h"
+#include "services/common/tcp_listen.h"
 
 namespace tandem::service::internal {
 namespace {
@@ -88,33 +89,10 @@ class BeastTransport : public HttpTransport {
   ~BeastTransport() override { Stop(); }
 
   absl::Status Listen(const std::string& host_port) {
-    auto parsed = ParseHostPort(host_port);
-    if (!parsed.ok()) return parsed.status();
+    absl::StatusOr<tcp::acceptor> acceptor = ListenTcp(ioc_, host_port, "admin server");
+    if (!acceptor.ok()) return acceptor.status();
+    acceptor_.emplace(std::move(*acceptor));
     error_code ec;
-    tcp::resolver resolver(ioc_);
-    auto endpoints = resolver.resolve(parsed->host, std::to_string(parsed->port),
-                                      tcp::resolver::numeric_service | tcp::resolver::passive, ec);
-    if (ec) {
-      return absl::UnavailableError(
-          absl::StrCat("admin server: cannot resolve '", parsed->host, "': ", ec.message()));
-    }
-    std::string last_error = "no address";
-    for (const auto& entry : endpoints) {
-      tcp::acceptor acceptor(ioc_);
-      if (acceptor.open(entry.endpoint().protocol(), ec) ||
-          acceptor.set_option(asio::socket_base::reuse_address(true), ec) ||
-          acceptor.bind(entry.endpoint(), ec) ||
-          acceptor.listen(asio::socket_base::max_listen_connections, ec)) {
-        last_error = ec.message();
-        continue;
-      }
-      acceptor_.emplace(std::move(acceptor));
-      break;
-    }
-    if (!acceptor_) {
-      return absl::UnavailableError(
-          absl::StrCat("admin server: cannot listen on ", host_port, ": ", last_error));
-    }
     tcp::endpoint local = acceptor_->local_endpoint(ec);
     bound_address_ = FormatHostPort(local.address().to_string(), local.port());
     bound_port_ = local.port();

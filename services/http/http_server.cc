@@ -30,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "services/common/host_port.h"
+#include "services/common/tcp_listen.h"
 
 namespace tandem::http {
 
@@ -211,26 +212,10 @@ class BeastServer : public Server {
   ~BeastServer() override { Stop(); }
 
   absl::Status Listen(const std::string& host_port) {
-    auto parsed = service::ParseHostPort(host_port);
-    if (!parsed.ok()) return parsed.status();
+    absl::StatusOr<tcp::acceptor> acceptor = service::ListenTcp(ioc_, host_port, "http");
+    if (!acceptor.ok()) return acceptor.status();
+    acceptor_.emplace(std::move(*acceptor));
     error_code ec;
-    tcp::resolver resolver(ioc_);
-    auto endpoints = resolver.resolve(parsed->host, std::to_string(parsed->port),
-                                      tcp::resolver::numeric_service | tcp::resolver::passive, ec);
-    if (ec) return absl::UnavailableError(absl::StrCat("http: cannot resolve '", parsed->host, "': ", ec.message()));
-    std::string last_error = "no address";
-    for (const auto& entry : endpoints) {
-      tcp::acceptor acceptor(ioc_);
-      if (acceptor.open(entry.endpoint().protocol(), ec) ||
-          acceptor.set_option(asio::socket_base::reuse_address(true), ec) ||
-          acceptor.bind(entry.endpoint(), ec) || acceptor.listen(asio::socket_base::max_listen_connections, ec)) {
-        last_error = ec.message();
-        continue;
-      }
-      acceptor_.emplace(std::move(acceptor));
-      break;
-    }
-    if (!acceptor_) return absl::UnavailableError(absl::StrCat("http: cannot listen on ", host_port, ": ", last_error));
     tcp::endpoint local = acceptor_->local_endpoint(ec);
     bound_address_ = service::FormatHostPort(local.address().to_string(), local.port());
     bound_port_ = local.port();
