@@ -81,6 +81,9 @@ struct StopParams {
   bool ignore_eos = false;
   // Emit the matched stop string at the end of the text (it is dropped by default).
   bool include_stop_str_in_output = false;
+  // Drop special tokens' text from the output (Tokenizer::IsSpecial), as vLLM does by
+  // default; false keeps it.
+  bool skip_special_tokens = true;
 };
 
 // INVALID_ARGUMENT, naming the field and the valid range, for any value outside the

@@ -13,7 +13,7 @@ StopChecker::StopChecker(const Tokenizer& tokenizer, StopParams params,
     : params_(std::move(params)),
       eos_ids_(eos_ids.begin(), eos_ids.end()),
       stop_token_ids_(params_.stop_token_ids.begin(), params_.stop_token_ids.end()),
-      detokenizer_(tokenizer, /*skip_special_tokens=*/true) {
+      detokenizer_(tokenizer, params_.skip_special_tokens) {
   TANDEM_CHECK(params_.max_tokens >= 1 && params_.min_tokens >= 0) << "invalid StopParams";
   for (const std::string& s : params_.stop) {
     TANDEM_CHECK(!s.empty()) << "empty stop string";

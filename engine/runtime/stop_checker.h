@@ -20,7 +20,7 @@
 // (held-back text, and incomplete UTF-8 as U+FFFD, as Tokenizer::Decode gives it); Flush()
 // is for a sequence that ends for another reason (cancelled, context full).
 // Without stops, the deltas of all results plus Flush() equal
-// Tokenizer::Decode(tokens, /*skip_special_tokens=*/true).
+// Tokenizer::Decode(tokens, params.skip_special_tokens).
 #pragma once
 
 #include <cstdint>

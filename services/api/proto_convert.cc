@@ -52,6 +52,7 @@ absl::StatusOr<StopParams> FromProto(const v1::StopConditions& p, int64_t vocab_
   s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   s.ignore_eos = p.ignore_eos();
   s.include_stop_str_in_output = p.include_stop_str_in_output();
+  s.skip_special_tokens = !p.include_special_tokens();
   RETURN_IF_ERROR(Prefixed("stop.", Validate(s, vocab_size)));
   return s;
 }
@@ -76,30 +77,120 @@ void ToProto(const StopParams& s, v1::StopConditions* p) {
   for (int32_t id : s.stop_token_ids) p->add_stop_token_ids(id);
   p->set_ignore_eos(s.ignore_eos);
   p->set_include_stop_str_in_output(s.include_stop_str_in_output);
+  p->set_include_special_tokens(!s.skip_special_tokens);
 }
+
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+// Nesting of tools and template kwargs, bounded: the template walks them recursively
+// (tojson, loops), so a hostile value must not run the stack out.
+constexpr int kMaxJsonDepth = 64;
+
+bool DepthAtMost(const OrderedJson& v, int depth) {
+  if (!v.is_structured()) return true;
+  if (depth == 0) return false;
+  for (const OrderedJson& child : v) {
+    if (!DepthAtMost(child, depth - 1)) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<OrderedJson> ParseJsonField(const std::string& text, const char* field, bool want_array) {
+  OrderedJson v = OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("chat.", field, ": not valid JSON"));
+  if (want_array ? !v.is_array() : !v.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("chat.", field, ": must be a JSON ", want_array ? "array" : "object"));
+  }
+  if (!DepthAtMost(v, kMaxJsonDepth)) {
+    return absl::InvalidArgumentError(absl::StrCat("chat.", field, ": nested deeper than ", kMaxJsonDepth, " levels"));
+  }
+  return v;
+}
+
+// A message as the template sees it: OpenAI's message object, keys in the order OpenAI's
+// documents give them (tojson shows the order).
+OrderedJson TemplateMessage(const v1::ChatMessage& m) {
+  OrderedJson out = {{"role", m.role()}};
+  if (!m.has_content() && !m.tool_calls().empty()) {
+    out["content"] = nullptr;
+  } else {
+    out["content"] = m.content();
+  }
+  if (!m.name().empty()) out["name"] = m.name();
+  if (!m.tool_calls().empty()) {
+    OrderedJson calls = OrderedJson::array();
+    for (const v1::ToolCall& c : m.tool_calls()) {
+      calls.push_back({{"id", c.id()},
+                       {"type", "function"},
+                       {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}});
+    }
+    out["tool_calls"] = std::move(calls);
+  }
+  if (m.role() == "tool") out["tool_call_id"] = m.tool_call_id();
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<ChatPrompt> FormatChat(const v1::ChatMessages& chat, const ModelChatTemplates* templates) {
   if (chat.messages().empty()) return absl::InvalidArgumentError("chat.messages: empty");
+  bool uses_tools = !chat.tools_json().empty();
   for (int i = 0; i < chat.messages_size(); ++i) {
-    const std::string& role = chat.messages(i).role();
-    if (role != "system" && role != "user" && role != "assistant") {
+    const v1::ChatMessage& m = chat.messages(i);
+    const std::string where = absl::StrCat("chat.messages[", i, "]");
+    const std::string& role = m.role();
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
       return absl::InvalidArgumentError(
-          absl::StrCat("chat.messages[", i, "].role: '", role, "' (expected system, user or assistant)"));
+          absl::StrCat(where, ".role: '", role, "' (expected system, user, assistant or tool)"));
     }
+    if (!m.tool_calls().empty() && role != "assistant") {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".tool_calls: only an assistant message calls tools"));
+    }
+    for (int j = 0; j < m.tool_calls_size(); ++j) {
+      if (m.tool_calls(j).name().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".tool_calls[", j, "].name: empty"));
+      }
+    }
+    if (role == "tool") {
+      if (m.tool_call_id().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".tool_call_id: required for a tool message"));
+      }
+    } else if (!m.tool_call_id().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".tool_call_id: only a tool message answers a call"));
+    }
+    uses_tools = uses_tools || role == "tool" || !m.tool_calls().empty();
   }
   if (templates != nullptr) {
     ChatRequest request;
-    for (const v1::ChatMessage& m : chat.messages()) {
-      request.messages.push_back({{"role", m.role()}, {"content", m.content()}});
+    for (const v1::ChatMessage& m : chat.messages()) request.messages.push_back(TemplateMessage(m));
+    if (!chat.tools_json().empty()) {
+      ASSIGN_OR_RETURN(request.tools, ParseJsonField(chat.tools_json(), "tools_json", /*want_array=*/true));
+      for (size_t i = 0; i < request.tools.size(); ++i) {
+        if (!request.tools[i].is_object()) {
+          return absl::InvalidArgumentError(absl::StrCat("chat.tools_json[", i, "]: must be an object"));
+        }
+      }
+    }
+    if (!chat.template_kwargs_json().empty()) {
+      ASSIGN_OR_RETURN(request.kwargs,
+                       ParseJsonField(chat.template_kwargs_json(), "template_kwargs_json", /*want_array=*/false));
     }
     request.add_generation_prompt = true;
     absl::StatusOr<std::string> text = templates->Apply(request);
-    // The model's template refusing the chat (raise_exception, a limit) is the
-    // request's fault: INVALID_ARGUMENT, whatever the template's status said.
+    // The model's template refusing the chat (raise_exception, a limit, a reserved
+    // kwarg) is the request's fault: INVALID_ARGUMENT, whatever the status said.
     if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("chat: ", text.status().message()));
     return ChatPrompt{*std::move(text), /*add_special_tokens=*/false};
   }
-  // No template: the DeepSeek-V3 format, kept for models that ship none.
+  if (uses_tools) {
+    return absl::InvalidArgumentError(
+        "chat: tools, tool calls and tool results need the model's chat template (tokenizer_config.json's "
+        "chat_template), and this model has none");
+  }
+  // No template: the DeepSeek-V3 format, kept for models that ship none. It takes no
+  // variables, so template_kwargs_json has nothing to change here.
   std::string system, turns;
   for (const v1::ChatMessage& m : chat.messages()) {
     if (m.role() == "system") {
@@ -133,7 +224,13 @@ int64_t PromptBytes(const v1::GenerateRequest& r) {
 
 int64_t ChatBytes(const v1::ChatMessages& chat) {
   int64_t bytes = 0;
-  for (const v1::ChatMessage& m : chat.messages()) bytes += static_cast<int64_t>(m.role().size() + m.content().size());
+  for (const v1::ChatMessage& m : chat.messages()) {
+    bytes += static_cast<int64_t>(m.role().size() + m.content().size() + m.tool_call_id().size() + m.name().size());
+    for (const v1::ToolCall& c : m.tool_calls()) {
+      bytes += static_cast<int64_t>(c.id().size() + c.name().size() + c.arguments().size());
+    }
+  }
+  bytes += static_cast<int64_t>(chat.tools_json().size() + chat.template_kwargs_json().size());
   return bytes;
 }
 

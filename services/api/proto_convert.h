@@ -33,7 +33,8 @@ void ToProto(const StopParams& s, v1::StopConditions* p);
 inline constexpr int64_t kDefaultMaxPromptBytes = int64_t{4} << 20;
 
 // The bytes of a request's prompt that would be tokenized: the text, or the chat
-// messages' roles and contents (token ids are not tokenized: CheckLength bounds them).
+// messages' text fields, tools and template variables (token ids are not tokenized:
+// CheckLength bounds them).
 int64_t PromptBytes(const v1::GenerateRequest& r);
 int64_t ChatBytes(const v1::ChatMessages& chat);
 // Errors: INVALID_ARGUMENT "prompt: N bytes ... exceed ... --max-prompt-bytes (M)".
@@ -56,8 +57,12 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& r, 
 // adds no special tokens, as transformers does); or, for a model without a template
 // (`templates` null), the DeepSeek-V3 format Tandem used before it read templates:
 // system text, then "<｜User｜>..." and "<｜Assistant｜>...<｜end▁of▁sentence｜>" turns,
-// ending with "<｜Assistant｜>", tokenized with BOS as configured. Roles must be system,
-// user or assistant (the proto's). Errors: INVALID_ARGUMENT "chat.messages..." or
+// ending with "<｜Assistant｜>", tokenized with BOS as configured. The template sees
+// each message as OpenAI's message object (content None for an assistant turn that only
+// calls tools; tool_calls as {"id", "type", "function": {"name", "arguments"}}), tools
+// as given (key order kept) and template_kwargs_json's members as variables. Tools,
+// tool calls and tool results need a template. Errors: INVALID_ARGUMENT
+// "chat.messages...", "chat.tools_json: ...", "chat.template_kwargs_json: ..." or
 // "chat: <the template's error>".
 struct ChatPrompt {
   std::string text;

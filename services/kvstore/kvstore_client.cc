@@ -307,8 +307,13 @@ void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
   std::vector<std::pair<int, std::vector<int32_t>>> groups =
       op->snap->Group(op->req.hashes, from, to, options_.max_hashes_per_call);
   op->pending = static_cast<int>(groups.size());
+  // Every call is built before any is sent, and this frame's reference to the lease is
+  // dropped first: the last get may finish on another thread before this returns, and the
+  // slots must go back the moment the engine drops the result, not when this frame ends.
+  using GetCall = Call<v1::KvGetRequest, v1::KvGetResponse>;
+  std::vector<std::shared_ptr<GetCall>> calls;
   for (auto& [node, group] : groups) {
-    auto call = std::make_shared<Call<v1::KvGetRequest, v1::KvGetResponse>>();
+    auto call = std::make_shared<GetCall>();
     call->ctx.set_deadline(absl::ToChronoTime(op->deadline));
     TagRequest(call->ctx, op->req.request_id);
     *call->req.mutable_format() = Format();
@@ -317,7 +322,14 @@ void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
       call->req.add_block_hashes(op->req.hashes[static_cast<size_t>(p)]);
       call->req.add_offsets(static_cast<uint64_t>(staging_->offset(lease->slots[static_cast<size_t>(p - from)])));
     }
-    op->snap->stubs[static_cast<size_t>(node)]->async()->Get(
+    calls.push_back(std::move(call));
+  }
+  lease.reset();
+  const std::shared_ptr<const Snapshot> snap = op->snap;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    auto& [node, group] = groups[i];
+    std::shared_ptr<GetCall> call = std::move(calls[i]);
+    snap->stubs[static_cast<size_t>(node)]->async()->Get(
         &call->ctx, &call->req, &call->resp, [this, op, call, from, positions = std::move(group)](grpc::Status s) {
           bool last;
           {

@@ -14,7 +14,6 @@
 namespace tandem::openai {
 namespace {
 
-using Json = nlohmann::json;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
@@ -166,11 +165,8 @@ void Call::Start() {
       if (Chat() && ctx_.parsers != nullptr && (!ctx_.reasoning_parser.empty() || !ctx_.tool_call_parser.empty())) {
         output_parsing::ChatOutputOptions options;
         options.reasoning_parser = ctx_.reasoning_parser;
-        options.reasoning.thinking = request_.thinking;
-        // Tool calls are parsed only when the request offered tools (and did not say none).
-        if (!request_.tools.is_null() && !(request_.tool_choice.is_string() && request_.tool_choice == "none")) {
-          options.tool_call_parser = ctx_.tool_call_parser;
-        }
+        options.reasoning.thinking = request_.chat.thinking;
+        if (request_.chat.parse_tool_calls) options.tool_call_parser = ctx_.tool_call_parser;
         absl::StatusOr<output_parsing::ChatOutputParser> parser =
             output_parsing::ChatOutputParser::Create(*ctx_.parsers, options);
         TANDEM_CHECK(parser.ok()) << parser.status();  // names were checked at startup

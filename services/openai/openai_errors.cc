@@ -35,6 +35,8 @@ std::optional<std::string> ParamOf(std::string_view message) {
   if (field == "stop.stop") return "stop";
   if (field == "token_ids.ids" || field == "token_ids" || field == "text" || field == "ids") return "prompt";
   if (field == "chat.messages" || field == "chat") return "messages";
+  if (field == "chat.tools_json") return "tools";
+  if (field == "chat.template_kwargs_json") return "chat_template_kwargs";
   if (field == "logprobs") return "logprobs";
   static constexpr std::string_view kKnown[] = {
       "temperature", "top_p",     "top_k",          "min_p",          "repetition_penalty",

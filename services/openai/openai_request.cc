@@ -6,26 +6,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/openai/chat_request.h"
+#include "services/openai/json_fields.h"
 
 namespace tandem::openai {
 namespace {
-
-using Json = nlohmann::json;
-
-// A field's value: absent and null are both "not given" (clients send null for unset).
-const Json* Field(const Json& body, const char* name) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-struct Fail {
-  ApiError error;
-};
-
-ApiError TypeError(const std::string& name, const char* want) {
-  return InvalidRequest(name, absl::StrCat(name, ": must be ", want));
-}
 
 std::optional<double> Number(const Json& body, const char* name, std::optional<ApiError>* error) {
   const Json* v = Field(body, name);
@@ -54,16 +39,6 @@ std::optional<int64_t> Integer(const Json& body, const char* name, std::optional
   }
   *error = TypeError(name, "an integer");
   return std::nullopt;
-}
-
-std::optional<bool> Bool(const Json& body, const char* name, std::optional<ApiError>* error) {
-  const Json* v = Field(body, name);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_boolean()) {
-    *error = TypeError(name, "a boolean");
-    return std::nullopt;
-  }
-  return v->get<bool>();
 }
 
 // Values outside int32 (and so outside every valid range here) are clamped so that the
@@ -166,9 +141,7 @@ std::optional<ApiError> Sampling(const Json& body, Endpoint endpoint, v1::Sampli
   if (error) return error;
   if (auto v = Bool(body, "include_stop_str_in_output", &error)) stop->set_include_stop_str_in_output(*v);
   if (error) return error;
-  if (auto v = Bool(body, "skip_special_tokens", &error); v && !*v) {
-    return InvalidRequest("skip_special_tokens", "skip_special_tokens: false is not supported yet");
-  }
+  if (auto v = Bool(body, "skip_special_tokens", &error)) stop->set_include_special_tokens(!*v);
   if (error) return error;
   return std::nullopt;
 }
@@ -210,51 +183,6 @@ std::optional<ApiError> Prompts(const Json& body, const ParseLimits& limits, std
   return std::nullopt;
 }
 
-// Chat messages: role and content (a string, or a list of text parts).
-std::optional<ApiError> Messages(const Json& body, v1::GenerateRequest* r) {
-  const Json* m = Field(body, "messages");
-  if (m == nullptr) return InvalidRequest("messages", "messages: required");
-  if (!m->is_array() || m->empty()) return TypeError("messages", "a non-empty list of messages");
-  v1::ChatMessages* chat = r->mutable_chat();
-  for (size_t i = 0; i < m->size(); ++i) {
-    const Json& message = (*m)[i];
-    const std::string where = absl::StrCat("messages[", i, "]");
-    if (!message.is_object()) return TypeError(where, "an object with role and content");
-    const Json* role = Field(message, "role");
-    if (role == nullptr || !role->is_string()) return TypeError(where + ".role", "a string");
-    const std::string role_name = role->get<std::string>();
-    if (role_name != "system" && role_name != "user" && role_name != "assistant" && role_name != "developer") {
-      return InvalidRequest(where + ".role",
-                            absl::StrCat(where, ".role: '", role_name,
-                                         "' is not supported yet (system, developer, user, assistant)"));
-    }
-    std::string text;
-    const Json* content = Field(message, "content");
-    if (content == nullptr) {
-      if (role_name != "assistant") return InvalidRequest(where + ".content", where + ".content: required");
-    } else if (content->is_string()) {
-      text = content->get<std::string>();
-    } else if (content->is_array()) {
-      for (const Json& part : *content) {
-        const Json* type = part.is_object() ? Field(part, "type") : nullptr;
-        const Json* part_text = part.is_object() ? Field(part, "text") : nullptr;
-        if (type == nullptr || !type->is_string() || type->get<std::string>() != "text" || part_text == nullptr ||
-            !part_text->is_string()) {
-          return InvalidRequest(where + ".content",
-                                where + ".content: parts other than {\"type\": \"text\", \"text\": ...} are not supported");
-        }
-        text += part_text->get<std::string>();
-      }
-    } else {
-      return TypeError(where + ".content", "a string or a list of text parts");
-    }
-    v1::ChatMessage* out = chat->add_messages();
-    out->set_role(role_name == "developer" ? "system" : role_name);
-    out->set_content(std::move(text));
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, const Json& body, const ParseLimits& limits) {
@@ -292,20 +220,9 @@ std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, const Json
     }
     if (auto e = Prompts(body, limits, &out.prompts)) return *e;
   } else {
-    if (const Json* tools = Field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
-      return InvalidRequest("tools", "tools: not supported yet (the chat template that shows them to the model is next)");
-    }
-    if (const Json* choice = Field(body, "tool_choice")) out.tool_choice = *choice;
     if (auto v = Bool(body, "include_reasoning", &error)) out.include_reasoning = *v;
     if (error) return *error;
-    if (const Json* kwargs = Field(body, "chat_template_kwargs")) {
-      if (!kwargs->is_object()) return TypeError("chat_template_kwargs", "an object");
-      for (const char* key : {"thinking", "enable_thinking"}) {
-        if (auto v = Bool(*kwargs, key, &error)) out.thinking = *v;
-        if (error) return TypeError(absl::StrCat("chat_template_kwargs.", key), "a boolean");
-      }
-    }
-    if (auto e = Messages(body, &out.prompts.emplace_back())) return *e;
+    if (auto e = ParseChat(body, &out.prompts.emplace_back(), &out.chat)) return *e;
   }
   v1::GenerateRequest shared;
   if (auto e = Sampling(body, endpoint, shared.mutable_sampling(), shared.mutable_stop(), &out)) return *e;

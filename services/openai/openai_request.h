@@ -10,7 +10,7 @@
 #include <variant>
 #include <vector>
 
-#include "nlohmann/json.hpp"
+#include "services/openai/chat_request.h"
 #include "services/openai/openai_errors.h"
 #include "tandem/v1/generation.pb.h"
 
@@ -33,13 +33,10 @@ struct ParsedRequest {
   // and N alternatives).
   bool logprobs = false;
   int top_logprobs = 0;
-  // Chat: whether reasoning goes out (include_reasoning), whether the request enabled
-  // thinking (chat_template_kwargs.thinking / enable_thinking), and the tools offered
-  // with tool_choice as sent (null when absent).
+  // Chat: whether reasoning goes out (include_reasoning), and what the chat fields
+  // decided (chat_request.h).
   bool include_reasoning = true;
-  bool thinking = false;
-  nlohmann::json tools;
-  nlohmann::json tool_choice;
+  ChatOptions chat;
 };
 
 struct ParseLimits {
@@ -48,7 +45,7 @@ struct ParseLimits {
 };
 
 // The request, or the 400 to answer.
-std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, const nlohmann::json& body,
+std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, const Json& body,
                                                     const ParseLimits& limits);
 
 }  // namespace tandem::openai

@@ -12,7 +12,6 @@
 namespace tandem::openai {
 namespace {
 
-using Json = nlohmann::json;
 
 void Answer(http::Exchange& exchange, int status, const Json& body, http::Headers headers = {}) {
   exchange.Respond(status, "application/json", body.dump(-1, ' ', false, Json::error_handler_t::replace),
@@ -120,6 +119,19 @@ void OpenAiServer::Handle(http::Request&& request, std::shared_ptr<http::Exchang
   }
   std::optional<Json> body = ParseBody(request, *exchange);
   if (!body) return;
+  if (route == Route::kTokenize && body->contains("messages")) {
+    // vLLM's chat form: the messages (and tools) rendered as a chat completion renders them.
+    if (body->contains("add_generation_prompt") && (*body)["add_generation_prompt"] != true) {
+      return AnswerError(*exchange, InvalidRequest("add_generation_prompt", "add_generation_prompt: only true is supported"));
+    }
+    v1::GenerateRequest r;
+    ChatOptions ignored;
+    if (std::optional<ApiError> e = ParseChat(*body, &r, &ignored)) return AnswerError(*exchange, *e);
+    absl::StatusOr<std::vector<int32_t>> ids = PromptTokens(r, *context_.tokenizer, context_.vocab_size,
+                                                            context_.max_prompt_bytes, context_.core->chat_templates);
+    if (!ids.ok()) return AnswerError(*exchange, FromStatus(ids.status()));
+    return Answer(*exchange, 200, {{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", context_.context_tokens}});
+  }
   if (route == Route::kTokenize) {
     const Json* prompt = body->contains("prompt") ? &(*body)["prompt"] : nullptr;
     if (prompt == nullptr || !prompt->is_string()) {

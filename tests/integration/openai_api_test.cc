@@ -235,6 +235,38 @@ TEST_F(OpenAiApiTest, TheOpenAiNodeSdkDrivesEveryEndpointAndGetsTheGrpcTokens) {
   ASSERT_TRUE(c.status.ok()) << c.status.error_message();
   EXPECT_EQ(results["chat_greedy"].get<std::string>(), c.text);
 
+  // The conversation with tools, as a gRPC chat: the same prompt and the same tokens.
+  std::ifstream conversations_file(absl::StrCat(src, "/tests/goldens/chat_templates/conversations.json"));
+  const nlohmann::ordered_json conversations = nlohmann::ordered_json::parse(conversations_file, nullptr, false);
+  ASSERT_TRUE(conversations.is_object());
+  v1::GenerateRequest tools_chat;
+  for (const auto& conversation : conversations["conversations"]) {
+    if (conversation["name"] != "tool_call_string_arguments") continue;
+    tools_chat.mutable_chat()->set_tools_json(conversation["tools"].dump());
+    for (const auto& m : conversation["messages"]) {
+      v1::ChatMessage* out = tools_chat.mutable_chat()->add_messages();
+      out->set_role(m["role"].get<std::string>());
+      if (m["content"].is_string()) out->set_content(m["content"].get<std::string>());
+      if (m.contains("tool_call_id")) out->set_tool_call_id(m["tool_call_id"].get<std::string>());
+      if (m.contains("tool_calls")) {
+        for (const auto& c : m["tool_calls"]) {
+          v1::ToolCall* call = out->add_tool_calls();
+          call->set_id(c["id"].get<std::string>());
+          call->set_name(c["function"]["name"].get<std::string>());
+          call->set_arguments(c["function"]["arguments"].get<std::string>());
+        }
+      }
+    }
+  }
+  ASSERT_GT(tools_chat.chat().messages_size(), 0);
+  tools_chat.mutable_sampling()->set_temperature(0);
+  tools_chat.mutable_stop()->set_max_tokens(8);
+  tools_chat.mutable_stop()->set_ignore_eos(true);
+  StreamResult t = GrpcGenerate(tools_chat);
+  ASSERT_TRUE(t.status.ok()) << t.status.error_message();
+  EXPECT_EQ(results["tools_chat"].get<std::string>(), t.text);
+  EXPECT_EQ(results["tools_prompt_tokens"].get<int>(), t.final.usage().prompt_tokens());
+
   // n = 3 with seed 7: choice i samples with seed 7 + i, as a gRPC request with that seed.
   for (int i = 0; i < 3; ++i) {
     v1::GenerateRequest choice = chat;
@@ -266,6 +298,25 @@ TEST_F(OpenAiApiTest, LogitBiasForcesATokenAsInTheGrpcApi) {
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(g.tokens, std::vector<int32_t>(5, 1000));
   EXPECT_EQ(body["choices"][0]["text"].get<std::string>(), g.text);
+}
+
+TEST_F(OpenAiApiTest, SkipSpecialTokensFalseKeepsTheirText) {
+  // EOS forced (id 1, "<｜end▁of▁sentence｜>" in the generated tokenizer) and ignored:
+  // three EOS tokens, whose text only skip_special_tokens: false keeps, on both
+  // generation paths (the prefill replica's first token, the decode replica's rest).
+  const std::string eos = "<｜end▁of▁sentence｜>";
+  for (const bool skip : {true, false}) {
+    SCOPED_TRACE(skip ? "skip_special_tokens: true" : "skip_special_tokens: false");
+    const RawResponse r = Split(Exchange(Post(
+        "/v1/completions", absl::StrCat(R"({"prompt":"Hello there","max_tokens":3,"temperature":0,"ignore_eos":true,)",
+                                        R"("logit_bias":{"1":100},"logprobs":0,"skip_special_tokens":)",
+                                        skip ? "true" : "false", "}"))));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const Json body = Json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(body.is_object()) << r.body;
+    EXPECT_EQ(body["choices"][0]["text"].get<std::string>(), skip ? "" : eos + eos + eos) << r.body;
+    EXPECT_EQ(body["usage"]["completion_tokens"].get<int>(), 3);
+  }
 }
 
 TEST_F(OpenAiApiTest, ServerSentEventsAreFramedByteForByte) {

@@ -3,12 +3,7 @@
 // its usage. Run by tests/integration/openai_api_test.cc:
 //   node many_streams.mjs BASE_URL MODEL API_KEY N MAX_TOKENS
 // Prints {"completed", "failed", "max_open"} as JSON; exits non-zero on any failure.
-import { createRequire } from 'node:module';
-import path from 'node:path';
-
-const require = createRequire(import.meta.url);
-const nodeModules = path.resolve(path.dirname(new URL(import.meta.url).pathname), '../../../tools/node/node_modules');
-const OpenAI = require(path.join(nodeModules, 'openai')).default ?? require(path.join(nodeModules, 'openai'));
+import { OpenAI } from './sdk_common.mjs';
 
 const [baseURL, model, apiKey, nText, maxTokensText] = process.argv.slice(2);
 const n = Number(nText);

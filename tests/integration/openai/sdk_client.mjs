@@ -7,26 +7,13 @@
 // first check that failed; prints one JSON line of results for the C++ side to compare
 // with the gRPC API.
 import assert from 'node:assert/strict';
-import { createRequire } from 'node:module';
+import fs from 'node:fs';
 import path from 'node:path';
-
-const require = createRequire(import.meta.url);
-const nodeModules = path.resolve(path.dirname(new URL(import.meta.url).pathname), '../../../tools/node/node_modules');
-const OpenAI = require(path.join(nodeModules, 'openai')).default ?? require(path.join(nodeModules, 'openai'));
+import { OpenAI, check } from './sdk_common.mjs';
 
 const [baseURL, model, apiKey, rateLimitedKey, unservedURL] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 120000 });
 const results = {};
-
-async function check(name, fn) {
-  try {
-    await fn();
-  } catch (e) {
-    console.error(`FAILED: ${name}: ${e && e.stack ? e.stack : e}`);
-    process.exit(1);
-  }
-  console.error(`ok: ${name}`);
-}
 
 async function expectStatus(name, status, fn, more) {
   await check(name, async () => {
@@ -162,6 +149,38 @@ await check('chat logprobs', async () => {
   }
   // The tokens' bytes make up the content.
   assert.equal(Buffer.from(content.flatMap((t) => t.bytes)).toString('utf8'), r.choices[0].message.content);
+});
+
+// A conversation with tools, an earlier tool call and its result, as OpenAI clients send
+// it (tests/goldens/chat_templates/conversations.json's tool_call_string_arguments). The
+// prompt the model's template made of it, read back through /tokenize and /detokenize,
+// must be what transformers' apply_chat_template renders from the same conversation with
+// DeepSeek-V3's template, which the built-in model carries.
+const repo = path.resolve(path.dirname(new URL(import.meta.url).pathname), '../../..');
+const goldens = path.join(repo, 'tests/goldens/chat_templates');
+const toolConversation = JSON.parse(fs.readFileSync(path.join(goldens, 'conversations.json'), 'utf8'))
+  .conversations.find((c) => c.name === 'tool_call_string_arguments');
+const toolRendering = JSON.parse(fs.readFileSync(path.join(goldens, 'transformers_renderings.json'), 'utf8'))
+  .cases.find((c) => c.template === 'deepseek_v3' && c.conversation === 'tool_call_string_arguments');
+async function postJson(route, body) {
+  const r = await fetch(baseURL.replace(/\/v1$/, '') + route, {
+    method: 'POST', headers: { authorization: `Bearer ${apiKey}`, 'content-type': 'application/json' },
+    body: JSON.stringify(body) });
+  assert.equal(r.status, 200, `${route}: ${r.status} ${await r.clone().text()}`);
+  return r.json();
+}
+await check('chat with tools, a tool call and its result', async () => {
+  const { messages: history, tools } = toolConversation;
+  const r = await client.chat.completions.create({ model, messages: history, tools, tool_choice: 'auto',
+                                                   max_tokens: 8, temperature: 0, ignore_eos: true });
+  assert.equal(r.choices[0].message.role, 'assistant');
+  results.tools_chat = r.choices[0].message.content ?? '';
+  results.tools_prompt_tokens = r.usage.prompt_tokens;
+  const tokenized = await postJson('/tokenize', { model, messages: history, tools });
+  assert.equal(tokenized.count, r.usage.prompt_tokens);
+  const text = await postJson('/detokenize', { model, tokens: tokenized.tokens });
+  assert.ok(toolRendering && toolRendering.ok, 'the golden rendering is missing');
+  assert.equal(text.prompt, toolRendering.text);
 });
 
 await check('n = 3 seeded, not streamed and streamed', async () => {

@@ -352,3 +352,30 @@ TEST(StopCheckerTest, RandomTextsAgainstTheDefinition) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Special tokens' text is dropped unless skip_special_tokens is off; then it is text like
+// any other, which stop strings can match (vLLM's skip_special_tokens: false).
+TEST(StopCheckerTest, SpecialTokensAreDroppedUnlessSkipSpecialTokensIsOff) {
+  const std::string eos_text = TestTokenizer().Decode(std::vector<int32_t>{kEos}, /*skip_special_tokens=*/false);
+  ASSERT_FALSE(eos_text.empty());
+  std::vector<int32_t> tokens = Bytes("ab");
+  tokens.push_back(kEos);
+  tokens.push_back(Byte('c'));
+  StopParams p;
+  p.ignore_eos = true;
+  p.max_tokens = 4;
+  EXPECT_EQ(Feed(p, tokens).Text(), "abc");
+  p.skip_special_tokens = false;
+  EXPECT_EQ(Feed(p, tokens).Text(), "ab" + eos_text + "c");
+  p.stop = {eos_text};
+  const Streamed stopped = Feed(p, tokens);
+  EXPECT_EQ(stopped.Text(), "ab");
+  EXPECT_EQ(stopped.last.matched_stop, eos_text);
+  EXPECT_EQ(stopped.fed, 3);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -17,7 +17,6 @@
 namespace tandem::openai {
 namespace {
 
-using Json = nlohmann::json;
 using tandem::testing::FakeClock;
 using tandem::testing::FakeCluster;
 using tandem::testing::FakeReplica;
@@ -141,7 +140,7 @@ const std::vector<std::string> kToolCallOutput = {
 TEST_F(CompletionCallTest, StreamedToolCallIsANameThenArgumentFragments) {
   ctx_.tool_call_parser = "deepseek_v3";
   ParsedRequest r = Chat(/*stream=*/true);
-  r.tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}])");
+  r.chat.parse_tool_calls = true;
   auto exchange = std::make_shared<FakeExchange>();
   StartCompletion(ctx_, std::move(r), "abc", exchange);
   Script(kToolCallOutput);
@@ -195,7 +194,7 @@ TEST_F(CompletionCallTest, StreamedToolCallIsANameThenArgumentFragments) {
 TEST_F(CompletionCallTest, WholeBodyCarriesTheSameToolCallAndNullContentWhenThereIsNone) {
   ctx_.tool_call_parser = "deepseek_v3";
   ParsedRequest r = Chat(/*stream=*/false);
-  r.tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}])");
+  r.chat.parse_tool_calls = true;
   auto exchange = std::make_shared<FakeExchange>();
   StartCompletion(ctx_, std::move(r), "xyz", exchange);
   std::vector<std::string> only_call(kToolCallOutput.begin() + 1, kToolCallOutput.end());
