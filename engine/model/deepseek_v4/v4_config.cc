@@ -310,7 +310,7 @@ absl::Status ParseQuantization(const Json& root, const Reader& f, DeepseekV4Conf
 
 }  // namespace
 
-std::string_view AttentionTypeName(AttentionType t) {
+const char* AttentionTypeName(AttentionType t) {
   switch (t) {
     case AttentionType::kSliding: return kSliding;
     case AttentionType::kCompressedSparse: return kCsa;
@@ -319,7 +319,7 @@ std::string_view AttentionTypeName(AttentionType t) {
   return "?";
 }
 
-std::string_view MlpTypeName(MlpType t) { return t == MlpType::kHashMoe ? "hash_moe" : "moe"; }
+const char* MlpTypeName(MlpType t) { return t == MlpType::kHashMoe ? "hash_moe" : "moe"; }
 
 std::vector<float> RopeTable::InverseFrequencies() const {
   // ModelConfig carries the V2/V3 implementation of the same transformers formulas

@@ -28,8 +28,8 @@ enum class ScoringFunc { kSqrtSoftplus, kSoftmax, kSigmoid };
 
 // transformers' names: "sliding_attention", "compressed_sparse_attention",
 // "heavily_compressed_attention"; "hash_moe", "moe".
-std::string_view AttentionTypeName(AttentionType t);
-std::string_view MlpTypeName(MlpType t);
+const char* AttentionTypeName(AttentionType t);
+const char* MlpTypeName(MlpType t);
 
 // One of the two rotary tables ("main" for sliding-only layers, "compress" for CSA/HCA
 // layers, their compressors and the indexer). rope.truncate is always true: transformers
