@@ -101,10 +101,14 @@ std::vector<std::string> CandidateNames(TensorNaming naming, const std::string& 
   return {absl::StrCat("model.", official)};
 }
 
-FusedExpertNames FusedExperts(TensorNaming naming, int64_t layer) {
-  const std::string p = absl::StrCat("model.layers.", layer,
-                                     naming == TensorNaming::kTransformersSaved ? ".ffn.experts." : ".mlp.experts.");
-  return {p + "gate_up_proj", p + "down_proj"};
+std::vector<FusedExpertNames> FusedExperts(TensorNaming naming, int64_t layer) {
+  std::vector<FusedExpertNames> names;
+  for (const char* block : {"ffn", "mlp"}) {
+    if (naming != TensorNaming::kTransformersSaved && block == std::string_view("ffn")) continue;
+    const std::string p = absl::StrCat("model.layers.", layer, ".", block, ".experts.");
+    names.push_back({p + "gate_up_proj", p + "down_proj"});
+  }
+  return names;
 }
 
 std::vector<std::string> ScaleNames(const std::string& weight_name) {

@@ -24,13 +24,14 @@ std::vector<std::string> CandidateNames(TensorNaming naming, const std::string& 
 
 // transformers' fused routed-expert tensors of layer `layer`, gate_up_proj
 // [E, 2 * moe_intermediate, D] (w1 then w3 of each expert) and down_proj
-// [E, D, moe_intermediate]: under kTransformersModules "model.layers.N.mlp.experts.*";
-// a transformers-saved checkpoint that kept them fused has "model.layers.N.ffn.experts.*".
+// [E, D, moe_intermediate], where a checkpoint of `naming` may hold them:
+// "model.layers.N.mlp.experts.*" (module names), and for a transformers-saved checkpoint
+// that kept them fused also "model.layers.N.ffn.experts.*". Most likely first.
 struct FusedExpertNames {
   std::string gate_up;
   std::string down;
 };
-FusedExpertNames FusedExperts(TensorNaming naming, int64_t layer);
+std::vector<FusedExpertNames> FusedExperts(TensorNaming naming, int64_t layer);
 
 // The official name of a block-scaled FP8 weight's scales, and transformers' spelling.
 // ("x.weight" -> "x.scale", "x.weight_scale_inv").

@@ -360,7 +360,13 @@ class WeightResolver {
   // transformers' fused expert tensors, sliced per expert (float types only).
   absl::Status FusedExperts(int64_t layer, MoeWeights& moe) {
     const int64_t e = c_.n_routed_experts, inter = c_.moe_intermediate_size, dm = c_.hidden_size;
-    const FusedExpertNames names = v4::FusedExperts(w_.naming, layer);
+    FusedExpertNames names = v4::FusedExperts(w_.naming, layer).front();
+    for (const FusedExpertNames& candidate : v4::FusedExperts(w_.naming, layer)) {
+      if (ckpt_.Find(candidate.gate_up) != nullptr) {
+        names = candidate;
+        break;
+      }
+    }
     const TensorView* gate_up = ckpt_.Find(names.gate_up);
     const TensorView* down = ckpt_.Find(names.down);
     for (auto [t, name, shape] : {std::tuple{gate_up, names.gate_up, std::vector<int64_t>{e, 2 * inter, dm}},
@@ -429,11 +435,12 @@ class WeightResolver {
     } else {
       ASSIGN_OR_RETURN(moe.correction_bias, Floats(f + "gate.bias", {e}));
     }
-    const bool fused =
-        layer >= 0 && (w_.naming == TensorNaming::kTransformersModules ||
-                       (w_.naming == TensorNaming::kTransformersSaved &&
-                        Lookup(f + "experts.0.w1.weight").first == nullptr &&
-                        ckpt_.Find(v4::FusedExperts(w_.naming, layer).gate_up) != nullptr));
+    bool fused = layer >= 0 && w_.naming == TensorNaming::kTransformersModules;
+    if (layer >= 0 && w_.naming == TensorNaming::kTransformersSaved && Lookup(f + "experts.0.w1.weight").first == nullptr) {
+      for (const FusedExpertNames& candidate : v4::FusedExperts(w_.naming, layer)) {
+        fused |= ckpt_.Find(candidate.gate_up) != nullptr;
+      }
+    }
     if (fused) {
       RETURN_IF_ERROR(FusedExperts(layer, moe));
     } else {

@@ -178,6 +178,10 @@ TEST(V4WeightsTest, AllThreeNamingsGiveTheSameWeights) {
     if (!names.empty()) modules[names.front()] = t;
   }
   const int64_t inter = c.moe_intermediate_size, d = c.hidden_size, e = c.n_routed_experts;
+  TensorMap saved_fused;  // saved names with the experts left fused (under ffn.)
+  for (const auto& [name, t] : tensors) {
+    if (name.find(".ffn.experts.") == std::string::npos) saved_fused[name] = t;
+  }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     StoredTensor gate_up{DType::kBF16, {e, 2 * inter, d}, {}}, down{DType::kBF16, {e, d, inter}, {}};
     for (int64_t x = 0; x < e; ++x) {
@@ -189,9 +193,12 @@ TEST(V4WeightsTest, AllThreeNamingsGiveTheSameWeights) {
       const auto& b = official.at(p + "w2.weight").bytes;
       down.bytes.insert(down.bytes.end(), b.begin(), b.end());
     }
-    modules[FusedExperts(TensorNaming::kTransformersModules, l).gate_up] = gate_up;
-    modules[FusedExperts(TensorNaming::kTransformersModules, l).down] = down;
+    modules[FusedExperts(TensorNaming::kTransformersModules, l).front().gate_up] = gate_up;
+    modules[FusedExperts(TensorNaming::kTransformersModules, l).front().down] = down;
+    saved_fused[FusedExperts(TensorNaming::kTransformersSaved, l).front().gate_up] = gate_up;
+    saved_fused[FusedExperts(TensorNaming::kTransformersSaved, l).front().down] = down;
   }
+  EXPECT_TRUE(saved_fused.contains("model.layers.0.ffn.experts.gate_up_proj"));
   // A few module names spelled out, as shared/models/deepseek-v4.md §4.2 lists them.
   for (const char* name : {"model.embed_tokens.weight", "lm_head.weight", "model.hc_head.hc_fn",
                            "model.layers.0.input_layernorm.weight", "model.layers.0.attn_hc.fn",
@@ -205,6 +212,7 @@ TEST(V4WeightsTest, AllThreeNamingsGiveTheSameWeights) {
   }
   WriteAll(official, saved, tmp.Sub("official"));
   WriteAll(modules, saved, tmp.Sub("modules"));
+  WriteAll(saved_fused, saved, tmp.Sub("saved_fused"));
   absl::StatusOr<std::unique_ptr<LoadedWeights>> a = Load(saved);
   absl::StatusOr<std::unique_ptr<LoadedWeights>> b = Load(tmp.Sub("official"));
   absl::StatusOr<std::unique_ptr<LoadedWeights>> m = Load(tmp.Sub("modules"));
@@ -216,6 +224,10 @@ TEST(V4WeightsTest, AllThreeNamingsGiveTheSameWeights) {
   EXPECT_TRUE((*m)->weights().unused_tensors.empty());
   ExpectSameWeights((*a)->weights(), (*b)->weights(), c);
   ExpectSameWeights((*a)->weights(), (*m)->weights(), c);
+  absl::StatusOr<std::unique_ptr<LoadedWeights>> f = Load(tmp.Sub("saved_fused"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE((*f)->weights().unused_tensors.empty());
+  ExpectSameWeights((*a)->weights(), (*f)->weights(), c);
 }
 
 TEST(V4WeightsTest, Fp4AndFp8DecodeAsSpecified) {
