@@ -23,8 +23,9 @@ transformers cannot load a checkpoint, its own decoding is used and the JSON say
 
 Then (unless --skip-hf-written) it makes a checkpoint with transformers itself: the tiny
 config of shared/models/deepseek-v4.md §6 (a larger position limit), randomized where
-default init is trivial, saved in bf16 with save_pretrained in several shards into
-OUT/hf_tiny_v4/, reloaded in float32, and writes OUT/hf_tiny_v4.json the same way.
+default init is trivial, saved in bf16 with save_pretrained in two or three shards into
+OUT/hf_tiny_v4/ (config.json, the index, the shards), reloaded in float32, and writes
+OUT/hf_tiny_v4.json the same way. At most 8 files in all, as the device returns.
 
 Copy OUT/*.json and OUT/hf_tiny_v4/ into tests/goldens/v4/ and commit them; the C++ test
 tests/unit/engine/model/deepseek_v4/v4_golden_test.cc skips until they are there.
@@ -351,8 +352,16 @@ def hf_written(args):
             elif name.endswith(("_hc.scale", "hc_scale")):
                 p.normal_(1.0, 0.25)
     out = os.path.join(args.out, "hf_tiny_v4")
-    model.to(torch.bfloat16).save_pretrained(out, max_shard_size="150KB")
+    # Two or three shards: the device returns at most 8 files.
+    model = model.to(torch.bfloat16)
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    model.save_pretrained(out, max_shard_size=total // 2 + 1)
+    for extra in ("generation_config.json",):  # nothing reads it; it would cost a returned file
+        if os.path.exists(os.path.join(out, extra)):
+            os.remove(os.path.join(out, extra))
     shards = [n for n in os.listdir(out) if n.endswith(".safetensors")]
+    if len(shards) < 2:
+        sys.exit(f"{out}: save_pretrained wrote {len(shards)} shard(s); the golden wants a sharded checkpoint")
     reloaded = transformers_model(out, quantized=False)
     rng = np.random.default_rng(args.seed)
     prompt = [0] + rng.integers(3, cfg.vocab_size, size=47).tolist()
