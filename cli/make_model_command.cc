@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "absl/strings/str_join.h"
+#include "engine/model/deepseek_v4/v4_generator.h"
 #include "engine/model/model_generator.h"
 #include "engine/model/model_resolver.h"
 #include "engine/util/mapped_file.h"
@@ -36,9 +37,14 @@ int Run(const MakeModelArgs& a) {
     }
     options.config_json = *text;
   } else {
-    absl::StatusOr<std::string> preset = PresetConfig(a.preset.empty() ? "tiny" : a.preset);
+    const std::string name = a.preset.empty() ? "tiny" : a.preset;
+    absl::StatusOr<std::string> preset = PresetConfig(name);
+    if (!preset.ok() && v4::V4PresetConfig(name).ok()) preset = v4::V4PresetConfig(name);
     if (!preset.ok()) {
-      std::fprintf(stderr, "tandem make-model: %s\n", std::string(preset.status().message()).c_str());
+      std::vector<std::string> names = PresetNames();
+      for (const std::string& n : v4::V4PresetNames()) names.push_back(n);
+      std::fprintf(stderr, "tandem make-model: unknown preset '%s' (presets: %s)\n", name.c_str(),
+                   absl::StrJoin(names, ", ").c_str());
       return 2;
     }
     options.config_json = *preset;
@@ -67,7 +73,10 @@ int Run(const MakeModelArgs& a) {
       std::fprintf(stderr, "  %3d%%  %.2f / %.2f GiB\n", pct, done / 1073741824.0, total / 1073741824.0);
     }
   };
-  absl::StatusOr<GeneratedModel> model = GenerateModel(options, a.out);
+  // DeepSeek-V4 has a generator of its own (engine/model/deepseek_v4), above the V2/V3 one.
+  absl::StatusOr<GeneratedModel> model = v4::IsDeepseekV4Config(options.config_json)
+                                             ? v4::GenerateDeepseekV4Model(options, a.out)
+                                             : GenerateModel(options, a.out);
   if (!model.ok()) {
     std::fprintf(stderr, "tandem make-model: %s\n", std::string(model.status().message()).c_str());
     return 1;
@@ -86,8 +95,10 @@ void RegisterMakeModel(CLI::App& app, int* exit_code) {
       "make-model",
       "Write a deterministic random-weight checkpoint in Hugging Face format (config.json, safetensors, "
       "tokenizer.json, tokenizer_config.json).");
+  std::vector<std::string> presets = PresetNames();
+  for (const std::string& name : v4::V4PresetNames()) presets.push_back(name);
   auto* preset = cmd->add_option("--preset", args->preset,
-                                 "Built-in architecture: " + absl::StrJoin(PresetNames(), ", ") + " (default: tiny)");
+                                 "Built-in architecture: " + absl::StrJoin(presets, ", ") + " (default: tiny)");
   auto* config = cmd->add_option("--config", args->config_file,
                                  "A Hugging Face config.json giving the architecture (e.g. DeepSeek-V2-Lite's "
                                  "with fewer layers); vocab_size may be omitted")
@@ -95,7 +106,9 @@ void RegisterMakeModel(CLI::App& app, int* exit_code) {
   preset->excludes(config);
   cmd->add_option("--out", args->out, "Output directory (created)")->required();
   cmd->add_option("--seed", args->seed, "Seed of the random weights")->capture_default_str();
-  cmd->add_option("--dtype", args->dtype, "Weight type: bf16, f32 or fp8 (e4m3 with 128x128 block scales)")
+  cmd->add_option("--dtype", args->dtype,
+                  "Weight type: bf16, f32 or fp8 (e4m3 with 128x128 block scales; DeepSeek-V4 also writes FP4 "
+                  "routed experts with per-32 scales, as its official checkpoints do)")
       ->check(CLI::IsMember({"bf16", "f32", "fp8"}))
       ->capture_default_str();
   cmd->add_option("--shards", args->shards, "Number of safetensors shards (>1 writes an index)")

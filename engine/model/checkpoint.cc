@@ -34,7 +34,7 @@ absl::StatusOr<std::map<std::string, std::string>> ReadWeightMap(const std::stri
   return weight_map;
 }
 
-absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir, AcceptedDTypes accepted) {
   auto ckpt = std::make_unique<Checkpoint>();
   ckpt->dir_ = dir;
   const fs::path root(dir);
@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   std::map<std::string, std::string> owner;  // tensor -> shard it was found in
   for (const std::string& shard : shard_names) {
     ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                     SafetensorsFile::Open((root / shard).string()));
+                     SafetensorsFile::Open((root / shard).string(), accepted));
     for (const auto& [name, view] : file->tensors()) {
       auto [it, inserted] = owner.emplace(name, shard);
       if (!inserted) {

@@ -29,7 +29,8 @@ class Checkpoint {
   // Errors: NOT_FOUND (no safetensors files), INVALID_ARGUMENT (malformed index, a tensor
   // in two shards, an index entry naming a tensor its shard lacks), and every error of
   // SafetensorsFile::Open.
-  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir,
+                                                          AcceptedDTypes accepted = AcceptedDTypes::kFloatWeights);
 
   const std::string& dir() const { return dir_; }
   // nullptr if absent.

@@ -339,6 +339,47 @@ absl::Status WriteShards(const CheckpointBuilder& b, int num_shards, const fs::p
 
 }  // namespace
 
+GeneratorTokenizerPlan PlanGeneratorTokenizer(const ModelGeneratorOptions& options,
+                                              std::optional<int64_t> config_vocab_size) {
+  // DeepSeek-V3's real tokenizer when it is available and fits the vocabulary.
+  std::error_code ec;
+  const fs::path real_dir(options.tokenizer_dir);
+  const bool real_available = !options.tokenizer_dir.empty() && fs::exists(real_dir / "tokenizer.json", ec) &&
+                              fs::exists(real_dir / "tokenizer_config.json", ec);
+  GeneratorTokenizerPlan plan;
+  plan.use_real = real_available && (!config_vocab_size || *config_vocab_size >= kDeepseekV3VocabSize);
+  plan.vocab_size = config_vocab_size ? *config_vocab_size
+                                      : (plan.use_real ? kDeepseekV3VocabSize : options.generated_vocab_size);
+  return plan;
+}
+
+absl::StatusOr<std::string> WriteGeneratorTokenizer(const ModelGeneratorOptions& options,
+                                                    const GeneratorTokenizerPlan& plan, int64_t vocab_size,
+                                                    const std::string& dir_str) {
+  std::error_code ec;
+  const fs::path dir(dir_str);
+  if (plan.use_real) {
+    const fs::path real_dir(options.tokenizer_dir);
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      fs::copy_file(real_dir / f, dir / f, fs::copy_options::overwrite_existing, ec);
+      if (ec) return absl::InternalError(absl::StrCat("cannot copy tokenizer file ", f, ": ", ec.message()));
+    }
+    return std::string("deepseek-v3");
+  }
+  if (vocab_size < 300) {
+    return absl::InvalidArgumentError("config.json: field 'vocab_size' must be at least 300 for a generated tokenizer");
+  }
+  GeneratedTokenizerFiles tok = BuildByteLevelTokenizer(static_cast<int>(vocab_size));
+  // DeepSeek-V3's chat template, as the real tokenizer_config.json carries it: chat
+  // requests to a generated model go through the same template rendering as a real
+  // checkpoint's.
+  Json tok_config = Json::parse(tok.tokenizer_config_json);
+  tok_config["chat_template"] = std::string(DeepseekV3ChatTemplate());
+  RETURN_IF_ERROR(WriteStringToFile((dir / "tokenizer.json").string(), tok.tokenizer_json));
+  RETURN_IF_ERROR(WriteStringToFile((dir / "tokenizer_config.json").string(), tok_config.dump(2) + "\n"));
+  return std::string("generated-byte-level");
+}
+
 absl::StatusOr<std::string> PresetConfig(const std::string& preset) {
   auto it = Presets().find(preset);
   if (it == Presets().end()) {
@@ -372,14 +413,10 @@ absl::StatusOr<GeneratedModel> GenerateModel(const ModelGeneratorOptions& option
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create '", dir_str, "': ", ec.message()));
 
-  // Tokenizer: DeepSeek-V3's real one when it is available and fits the vocabulary.
   const bool has_vocab = config.contains("vocab_size") && !config["vocab_size"].is_null();
-  const fs::path real_dir(options.tokenizer_dir);
-  const bool real_available = !options.tokenizer_dir.empty() && fs::exists(real_dir / "tokenizer.json", ec) &&
-                              fs::exists(real_dir / "tokenizer_config.json", ec);
-  const bool use_real =
-      real_available && (!has_vocab || config["vocab_size"].get<int64_t>() >= kDeepseekV3VocabSize);
-  if (!has_vocab) config["vocab_size"] = use_real ? kDeepseekV3VocabSize : options.generated_vocab_size;
+  const GeneratorTokenizerPlan tokenizer = PlanGeneratorTokenizer(
+      options, has_vocab ? std::optional<int64_t>(config["vocab_size"].get<int64_t>()) : std::nullopt);
+  if (!has_vocab) config["vocab_size"] = tokenizer.vocab_size;
   if (options.weight_dtype == DType::kF8E4M3) {
     config["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"},
                                      {"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
@@ -388,26 +425,7 @@ absl::StatusOr<GeneratedModel> GenerateModel(const ModelGeneratorOptions& option
   const std::string config_text = config.dump(2) + "\n";
   ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(config_text));
 
-  if (use_real) {
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
-      fs::copy_file(real_dir / f, dir / f, fs::copy_options::overwrite_existing, ec);
-      if (ec) return absl::InternalError(absl::StrCat("cannot copy tokenizer file ", f, ": ", ec.message()));
-    }
-    result.tokenizer = "deepseek-v3";
-  } else {
-    if (c.vocab_size < 300) {
-      return absl::InvalidArgumentError("config.json: field 'vocab_size' must be at least 300 for a generated tokenizer");
-    }
-    GeneratedTokenizerFiles tok = BuildByteLevelTokenizer(static_cast<int>(c.vocab_size));
-    // DeepSeek-V3's chat template, as the real tokenizer_config.json carries it: chat
-    // requests to a generated model go through the same template rendering as a real
-    // checkpoint's.
-    Json tok_config = Json::parse(tok.tokenizer_config_json);
-    tok_config["chat_template"] = std::string(DeepseekV3ChatTemplate());
-    RETURN_IF_ERROR(WriteStringToFile((dir / "tokenizer.json").string(), tok.tokenizer_json));
-    RETURN_IF_ERROR(WriteStringToFile((dir / "tokenizer_config.json").string(), tok_config.dump(2) + "\n"));
-    result.tokenizer = "generated-byte-level";
-  }
+  ASSIGN_OR_RETURN(result.tokenizer, WriteGeneratorTokenizer(options, tokenizer, c.vocab_size, dir_str));
 
   CheckpointBuilder b(options.seed, options.weight_dtype);
   b.Add("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, Init::kEmbedding, /*quantizable=*/false);

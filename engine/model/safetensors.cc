@@ -22,19 +22,27 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the reference implementation's limit
 
 absl::StatusOr<DType> ParseDType(const std::string& s, const std::string& tensor,
-                                 const std::string& path) {
+                                 const std::string& path, AcceptedDTypes accepted) {
   if (s == "F32") return DType::kF32;
   if (s == "BF16") return DType::kBF16;
   if (s == "F16") return DType::kF16;
   if (s == "F8_E4M3") return DType::kF8E4M3;
-  return absl::InvalidArgumentError(
-      absl::StrCat(path, ": tensor '", tensor, "' has dtype '", s,
-                   "', which Tandem does not support (supported: F32, BF16, F16, F8_E4M3)"));
+  if (accepted == AcceptedDTypes::kAll) {
+    if (s == "F8_E8M0") return DType::kF8E8M0;
+    if (s == "I8") return DType::kI8;
+    if (s == "U8") return DType::kU8;
+    if (s == "I32") return DType::kI32;
+    if (s == "I64") return DType::kI64;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, ": tensor '", tensor, "' has dtype '", s, "', which Tandem does not support (supported: F32, BF16, F16, F8_E4M3",
+      accepted == AcceptedDTypes::kAll ? ", F8_E8M0, I8, U8, I32, I64)" : ")"));
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path,
+                                                                       AcceptedDTypes accepted) {
   ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapped, MappedFile::Open(path));
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(std::move(mapped)));
   const std::span<const std::byte> all = file->file_->bytes();
@@ -91,7 +99,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     if (!entry["dtype"].is_string()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": 'dtype' is not a string"));
     }
-    ASSIGN_OR_RETURN(DType dtype, ParseDType(entry["dtype"].get<std::string>(), name, path));
+    ASSIGN_OR_RETURN(DType dtype, ParseDType(entry["dtype"].get<std::string>(), name, path, accepted));
     const nlohmann::json& shape_json = entry["shape"];
     if (!shape_json.is_array()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": 'shape' is not an array"));

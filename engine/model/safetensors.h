@@ -20,12 +20,18 @@
 
 namespace tandem {
 
+// Which stored element types a reader accepts: the floating-point weight types F32, BF16,
+// F16 and F8_E4M3 (all a V2/V3 checkpoint holds; anything else is an error), or also the
+// scale, packed and index types of DeepSeek-V4 checkpoints (F8_E8M0, I8, U8, I32, I64).
+enum class AcceptedDTypes { kFloatWeights, kAll };
+
 class SafetensorsFile {
  public:
   // Errors: NOT_FOUND (no file), DATA_LOSS (truncated: the header or a tensor's bytes lie
   // past the end of the file), INVALID_ARGUMENT (malformed header, unsupported dtype,
   // inconsistent shape and size, overlapping tensors).
-  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(
+      const std::string& path, AcceptedDTypes accepted = AcceptedDTypes::kFloatWeights);
 
   const std::string& path() const { return file_->path(); }
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }

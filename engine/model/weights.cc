@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/util/status_macros.h"
+#include "kernels/common/check.h"
 
 namespace tandem {
 
@@ -144,6 +145,13 @@ class WeightLoader {
           break;
         }
         case DType::kF8E4M3: dst[i] = F8E4M3ToF32(static_cast<uint8_t>(t.bytes[i])); break;
+        // Never in a checkpoint opened for V2/V3 (Checkpoint::Open refuses them there).
+        case DType::kF8E8M0:
+        case DType::kI8:
+        case DType::kU8:
+        case DType::kI32:
+        case DType::kI64:
+          TANDEM_CHECK(false) << "tensor of type " << DTypeName(t.dtype);
       }
     }
   }

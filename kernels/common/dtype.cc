@@ -11,6 +11,11 @@ std::string_view DTypeName(DType t) {
     case DType::kBF16: return "BF16";
     case DType::kF16: return "F16";
     case DType::kF8E4M3: return "F8_E4M3";
+    case DType::kF8E8M0: return "F8_E8M0";
+    case DType::kI8: return "I8";
+    case DType::kU8: return "U8";
+    case DType::kI32: return "I32";
+    case DType::kI64: return "I64";
   }
   return "?";
 }

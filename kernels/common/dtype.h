@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string_view>
 
 namespace tandem {
@@ -14,6 +15,14 @@ enum class DType : uint8_t {
   kBF16,
   kF16,
   kF8E4M3,  // OCP FP8 E4M3 "fn": no infinities, 0x7f/0xff are NaN, max 448.
+  // Stored types that are not weights by themselves: block scales (an exponent only,
+  // 2^(e - 127); 0xff is NaN), packed FP4 pairs (I8/U8) and index tables (I32/I64).
+  // Safetensors readers accept them only when asked to (safetensors.h).
+  kF8E8M0,
+  kI8,
+  kU8,
+  kI32,
+  kI64,
 };
 
 constexpr size_t DTypeSize(DType t) {
@@ -22,11 +31,17 @@ constexpr size_t DTypeSize(DType t) {
     case DType::kBF16: return 2;
     case DType::kF16: return 2;
     case DType::kF8E4M3: return 1;
+    case DType::kF8E8M0: return 1;
+    case DType::kI8: return 1;
+    case DType::kU8: return 1;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
   }
   return 0;
 }
 
-// Safetensors' spelling of each type ("F32", "BF16", "F16", "F8_E4M3").
+// Safetensors' spelling of each type ("F32", "BF16", "F16", "F8_E4M3", "F8_E8M0", "I8",
+// "U8", "I32", "I64").
 std::string_view DTypeName(DType t);
 
 inline float Bf16ToF32(uint16_t v) {
@@ -53,5 +68,11 @@ float F8E4M3ToF32(uint8_t v);
 // Round to nearest even, saturating at ±448; NaN maps to 0x7f.
 uint8_t F32ToF8E4M3(float f);
 const float* F8E4M3Table();  // 256 entries
+
+// An E8M0 scale byte (OCP MX): 2^(v - 127), exact; 0xff is NaN.
+inline float F8E8M0ToF32(uint8_t v) {
+  if (v == 0xff) return std::numeric_limits<float>::quiet_NaN();
+  return std::ldexp(1.0f, static_cast<int>(v) - 127);
+}
 
 }  // namespace tandem

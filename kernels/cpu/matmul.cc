@@ -42,6 +42,12 @@ void DequantizeRows(const WeightMatrix& w, int64_t row_begin, int64_t num_rows, 
         for (int64_t c = 0; c < cols; ++c) dst[c] = table[src[c]] * scales[c / kFp8BlockSize];
         break;
       }
+      case DType::kF8E8M0:
+      case DType::kI8:
+      case DType::kU8:
+      case DType::kI32:
+      case DType::kI64:
+        TANDEM_CHECK(false) << "a " << DTypeName(w.dtype) << " tensor is not a weight matrix";
     }
   }
 }

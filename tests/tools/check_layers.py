@@ -17,6 +17,8 @@ LAYERS = [
     ["engine/tokenizer"],
     ["engine/chat_template", "engine/output_parsing"],
     ["engine/model"],
+    # One directory per model architecture, above the loading code it shares.
+    ["engine/model/deepseek_v4"],
     ["engine/runtime"],
     ["services/common/transfer"],
     ["services/common"],
@@ -37,6 +39,8 @@ def directory_of(path):
     parts = path.split("/")
     if parts[:3] == ["services", "common", "transfer"]:
         return "services/common/transfer"
+    if parts[:3] == ["engine", "model", "deepseek_v4"]:
+        return "engine/model/deepseek_v4"
     if parts[0] == "cli":
         return "cli"
     return "/".join(parts[:2])

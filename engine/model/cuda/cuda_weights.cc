@@ -244,6 +244,11 @@ class Builder {
                           "dequantizing fp8");
       }
       case DType::kF16:
+      case DType::kF8E8M0:
+      case DType::kI8:
+      case DType::kU8:
+      case DType::kI32:
+      case DType::kI64:
         break;
     }
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has a type the CUDA backend cannot load"));

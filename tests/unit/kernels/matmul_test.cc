@@ -57,6 +57,9 @@ Stored MakeWeights(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
           s.dequantized[i] = F8E4M3ToF32(b) * s.scales[(r / 128) * sc + c / 128];
           break;
         }
+        default:  // scale, packed and index types are not weight matrices
+          ADD_FAILURE() << "no matrix of " << DTypeName(dtype);
+          return s;
       }
     }
   }
