@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Load(const std::st
 }
 
 absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const ForwardSequence> batch,
-                                                          LatentKvCache& cache, const ForwardOptions& options) {
+                                                          LatentKvCache& cache, const DeepseekForwardOptions& options) {
   const ModelConfig& c = config_;
   const ModelWeights& w = weights();
   const int64_t hidden = c.hidden_size;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/forward_batch.h"
 #include "engine/model/latent_kv_cache.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
@@ -29,43 +30,17 @@ namespace tandem {
 // (bench/README.md, cpu_prefill_attention_bench). kExpanded stays for tests.
 enum class AttentionForm { kAuto, kExpanded, kAbsorbed };
 
-struct ForwardSequence {
-  std::span<const int32_t> tokens;       // new tokens, at positions start_position...
-  int64_t start_position = 0;            // tokens of this sequence already in the cache
-  std::span<const int32_t> block_table;  // cache blocks covering start_position + tokens.size()
-  bool all_logits = false;               // logits for every new token, not only the last
-  bool no_logits = false;                // no logits at all (a prefill chunk short of the end)
-};
-
-struct ForwardOptions {
+// ForwardOptions with the DeepSeek backends' own choice of attention form (the CPU
+// model's and CudaDeepseekModel's Forward); the engine passes ForwardOptions, which
+// always runs kAuto.
+struct DeepseekForwardOptions {
   AttentionForm attention = AttentionForm::kAuto;
-  // Called on the calling thread once layer `layer` has written the latent KV of every
-  // new token of the batch, before the next layer starts: lets a prefill stream each
-  // layer's KV out while later layers compute.
-  std::function<void(int64_t layer)> after_layer_kv;
-  // The callback only enqueues work on the device backend's stream (device-to-device KV
-  // writes): the backend need not wait for the layer before calling it.
-  bool after_layer_kv_enqueues_only = false;
+  std::function<void(int64_t layer)> after_layer_kv;  // as ForwardOptions'
+  bool after_layer_kv_enqueues_only = false;          // as ForwardOptions'
 };
-
-// How a device backend chooses one logits row's token (CudaDeepseekModel::ForwardSample,
-// ModelBackend::ForwardSample): the CPU Sampler's parameters with its semantics
-// (engine/runtime/sampler.h; temperature below 1e-5 is greedy), the seed and output
-// position of UniformFromSeedStep, and the sequence's history for the penalties. The
-// spans must stay valid during the call.
-struct SampleRow {
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t top_k = 0;
-  float min_p = 0.0f;
-  float repetition_penalty = 1.0f;
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  uint64_t seed = 0;
-  int64_t step = 0;
-  std::span<const int32_t> prompt_tokens;
-  std::span<const int32_t> output_tokens;
-};
+inline DeepseekForwardOptions ForDeepseek(const ForwardOptions& o) {
+  return {.after_layer_kv = o.after_layer_kv, .after_layer_kv_enqueues_only = o.after_layer_kv_enqueues_only};
+}
 
 class DeepseekModel {
  public:
@@ -97,7 +72,7 @@ class DeepseekModel {
   // none of sequences with no_logits, the last token of the others. Errors: INVALID_ARGUMENT for token ids out of the
   // vocabulary, positions past max_position_embeddings, or block tables too short.
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& cache,
-                                             const ForwardOptions& options = {});
+                                             const DeepseekForwardOptions& options = {});
 
  private:
   DeepseekModel() = default;

@@ -37,7 +37,7 @@ int CudaDeviceCount() {
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<ModelBackend>> LoadBackend(const std::string& dir, const BackendOptions& options) {
+absl::StatusOr<std::unique_ptr<ModelBackend>> LoadDeepseekBackend(const std::string& dir, const BackendOptions& options) {
   ASSIGN_OR_RETURN(DeviceSpec spec, ParseDevice(options.device));
   if (spec.kind == DeviceSpec::Kind::kCpu) {
     std::error_code ec;

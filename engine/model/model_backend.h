@@ -142,7 +142,7 @@ class CpuBackend : public ModelBackend {
   bool kv_in_host_pool() const override { return true; }
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& host,
                                              const ForwardOptions& options) override {
-    return model_->Forward(batch, host, options);
+    return model_->Forward(batch, host, ForDeepseek(options));
   }
   DeepseekModel& model() { return *model_; }
 
@@ -170,8 +170,11 @@ struct BackendOptions {
 // CUDA devices this process sees (0 in a build without CUDA, or without a driver or GPU).
 int CudaDeviceCount();
 
-// Loads the checkpoint in `dir` onto the device of `options`. A CUDA device in a build
-// without CUDA, or on a machine without a usable GPU, is FAILED_PRECONDITION saying why.
-absl::StatusOr<std::unique_ptr<ModelBackend>> LoadBackend(const std::string& dir, const BackendOptions& options);
+// Loads a DeepSeek-V2/V3 checkpoint in `dir` onto the device of `options` (the
+// architectures' registry, engine/architectures, picks it by model_type). A CUDA device
+// in a build without CUDA, or on a machine without a usable GPU, is FAILED_PRECONDITION
+// saying why.
+absl::StatusOr<std::unique_ptr<ModelBackend>> LoadDeepseekBackend(const std::string& dir,
+                                                                  const BackendOptions& options);
 
 }  // namespace tandem

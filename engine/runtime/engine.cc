@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/runtime/block_hash.h"
+#include "engine/architectures/architectures.h"
 #include "engine/model/weights_digest.h"
 #include "engine/runtime/kv_layout.h"
 #include "engine/util/mapped_file.h"
@@ -62,7 +63,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   if (options.backend_factory) {
     ASSIGN_OR_RETURN(e->backend_, options.backend_factory(model_dir));
   } else {
-    ASSIGN_OR_RETURN(e->backend_, LoadBackend(model_dir, {.device = options.device,
+    ASSIGN_OR_RETURN(e->backend_, LoadModelBackend(model_dir, {.device = options.device,
                                                           .num_threads = options.num_threads,
                                                           .gpu_memory_utilization = options.gpu_memory_utilization,
                                                           .max_batch_tokens = options.max_batch_tokens,

@@ -162,7 +162,7 @@ TEST_F(FaultToleranceTest, KillingAPrefillAndADecodeReplicaMidStream) {
   const uint32_t seed = std::random_device{}();
   std::mt19937 rng(seed);
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kStreams; ++i) streams.emplace_back([&, i] { got[i] = Generate(*stub, reqs[i], 60); });
+  for (int i = 0; i < kStreams; ++i) streams.emplace_back([&, i] { got[i] = Generate(*stub, reqs[i], 180); });
   // Which dies first at random; each dies at a random moment once it is busy (a prefill
   // replica with a prompt in its engine, a decode replica with 5 streams decoding), so
   // that the kills cut work in flight whatever the machine's speed. The seed is printed

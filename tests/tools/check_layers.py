@@ -19,6 +19,8 @@ LAYERS = [
     ["engine/model"],
     # One directory per model architecture, above the loading code it shares.
     ["engine/model/deepseek_v4"],
+    # model_type -> backend loaders: knows every architecture directory.
+    ["engine/architectures"],
     ["engine/runtime"],
     ["services/common/transfer"],
     ["services/common"],

@@ -41,7 +41,7 @@ class CudaBackend : public ModelBackend {
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& /*host*/,
                                              const ForwardOptions& options) override {
     TraceEnter();
-    absl::StatusOr<std::vector<float>> r = model_->Forward(batch, options);
+    absl::StatusOr<std::vector<float>> r = model_->Forward(batch, ForDeepseek(options));
     Trace();
     return r;
   }
@@ -51,7 +51,7 @@ class CudaBackend : public ModelBackend {
                                                      std::span<const SampleRow> rows,
                                                      const ForwardOptions& options) override {
     TraceEnter();
-    absl::StatusOr<std::vector<int32_t>> r = model_->ForwardSample(batch, rows, options);
+    absl::StatusOr<std::vector<int32_t>> r = model_->ForwardSample(batch, rows, ForDeepseek(options));
     Trace();
     return r;
   }
@@ -59,7 +59,7 @@ class CudaBackend : public ModelBackend {
   absl::Status LaunchSample(std::span<const ForwardSequence> batch, LatentKvCache& /*host*/,
                             std::span<const SampleRow> rows, const ForwardOptions& options) override {
     TraceEnter();
-    return model_->LaunchSample(batch, rows, options);
+    return model_->LaunchSample(batch, rows, ForDeepseek(options));
   }
   absl::StatusOr<std::vector<int32_t>> CollectSample() override {
     absl::StatusOr<std::vector<int32_t>> r = model_->CollectSample();

@@ -516,7 +516,7 @@ bool AllGreedy(std::span<const CudaDeepseekModel::SampleRow> rows) {
 
 }  // namespace
 
-absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch, const ForwardOptions& fo,
+absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch, const DeepseekForwardOptions& fo,
                                           std::vector<float>* logits, std::vector<int32_t>* ids,
                                           std::span<const CudaDeepseekModel::SampleRow> sample, bool launch) {
   TANDEM_CUDA_RETURN(cudaSetDevice(options.device), "selecting the GPU");
@@ -671,7 +671,7 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaDeepseekModel::I
   return SumByName(intervals);
 }
 
-absl::Status CudaDeepseekModel::Impl::RunGraph(const StepPlan& plan, const ForwardOptions& fo) {
+absl::Status CudaDeepseekModel::Impl::RunGraph(const StepPlan& plan, const DeepseekForwardOptions& fo) {
   // Context bucket: the decode launch's grid is sized for it, so one graph serves every
   // step whose longest sequence fits.
   StepPlan p = plan;
@@ -820,14 +820,14 @@ uint64_t CudaDeepseekModel::kv_cache_bytes() const { return impl_->kv_bytes; }
 uint64_t CudaDeepseekModel::activation_bytes() const { return impl_->activation_bytes; }
 
 absl::StatusOr<std::vector<float>> CudaDeepseekModel::Forward(std::span<const ForwardSequence> batch,
-                                                              const ForwardOptions& options) {
+                                                              const DeepseekForwardOptions& options) {
   std::vector<float> logits;
   RETURN_IF_ERROR(impl_->Run(batch, options, &logits, nullptr));
   return logits;
 }
 
 absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardGreedy(std::span<const ForwardSequence> batch,
-                                                                      const ForwardOptions& options) {
+                                                                      const DeepseekForwardOptions& options) {
   std::vector<int32_t> ids;
   RETURN_IF_ERROR(impl_->Run(batch, options, nullptr, &ids));
   return ids;
@@ -835,7 +835,7 @@ absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardGreedy(std::span<
 
 absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardSample(std::span<const ForwardSequence> batch,
                                                                       std::span<const SampleRow> rows,
-                                                                      const ForwardOptions& options) {
+                                                                      const DeepseekForwardOptions& options) {
   std::vector<int32_t> ids;
   if (rows.empty()) {
     // Only a batch without logits rows has nothing to sample (Run checks the count).
@@ -850,7 +850,7 @@ absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::ForwardSample(std::span<
 }
 
 absl::Status CudaDeepseekModel::LaunchSample(std::span<const ForwardSequence> batch, std::span<const SampleRow> rows,
-                                             const ForwardOptions& options) {
+                                             const DeepseekForwardOptions& options) {
   if (impl_->launched_) return absl::FailedPreconditionError("a launched step was not collected");
   std::vector<int32_t> ids;
   const absl::Status st = rows.empty() ? absl::InvalidArgumentError("no sampling rows")

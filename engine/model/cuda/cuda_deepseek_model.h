@@ -1,6 +1,6 @@
 // The DeepSeek-V2/V3 forward pass on an NVIDIA GPU (docs/design.md §7-§8), with exactly the
 // contract of DeepseekModel::Forward (deepseek_model.h): the same ForwardSequence and
-// ForwardOptions, block tables into a paged latent KV cache, logits returned to the host
+// DeepseekForwardOptions, block tables into a paged latent KV cache, logits returned to the host
 // as float32. The GPU holds bf16 weights (cuda_weights.h), a paged bf16 latent cache
 // ([layer][block][64][kv_lora_rank + rope]) and every activation buffer, preallocated
 // for max_batch_tokens tokens of max_seqs sequences: no allocation per step.
@@ -87,7 +87,7 @@ class CudaDeepseekModel {
     // likewise (MlaDecodeParams::q_lo) instead of bf16, where the decode kernel honours them
     // (models of at most 32 heads off kv_lora_rank 512 + rope 64 on sm_90: tiny, tiny-v2).
     // There, prefill chunks short enough that the absorbed form needs fewer multiply-adds
-    // than expanding the cached prefix also run absorbed (ForwardOptions' kAuto form).
+    // than expanding the cached prefix also run absorbed (DeepseekForwardOptions' kAuto form).
     bool split_decode_queries = true;
     // Programmatic dependent launch between the kernels of steps of at most
     // moe_grouped_max_tokens tokens (graph-captured decode steps included).
@@ -121,24 +121,24 @@ class CudaDeepseekModel {
   // model, plus batches beyond max_batch_tokens / max_seqs / max_context; INTERNAL for
   // CUDA failures.
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch,
-                                             const ForwardOptions& options = {});
+                                             const DeepseekForwardOptions& options = {});
   // The same, but only the argmax of each logits row (greedy, ties to the lowest id)
   // crosses to the host.
   absl::StatusOr<std::vector<int32_t>> ForwardGreedy(std::span<const ForwardSequence> batch,
-                                                     const ForwardOptions& options = {});
+                                                     const DeepseekForwardOptions& options = {});
   // The same, but each logits row's token is sampled on the GPU (kernels/cuda/sampling.h)
   // as the CPU Sampler would choose it from the same logits: rows[i] for logits row i (one
   // per row, in Forward's order). Token ids only cross to the host. INVALID_ARGUMENT for a
   // row count that does not match or history ids outside the vocabulary.
   absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch,
                                                      std::span<const SampleRow> rows,
-                                                     const ForwardOptions& options = {});
+                                                     const DeepseekForwardOptions& options = {});
   // ForwardSample in two halves (ModelBackend::LaunchSample's contract): LaunchSample
   // enqueues the step on the GPU and returns once its inputs are copied (a step of more
   // logits rows than one LM-head pass runs to completion here); CollectSample waits for
   // its tokens. Every other call in between is ordered after the launched step.
   absl::Status LaunchSample(std::span<const ForwardSequence> batch, std::span<const SampleRow> rows,
-                            const ForwardOptions& options = {});
+                            const DeepseekForwardOptions& options = {});
   absl::StatusOr<std::vector<int32_t>> CollectSample();
 
   // KV export/import (float32 on the host, bf16 in the cache). ReadKvBlocks writes

@@ -108,7 +108,7 @@ bool CudaDeepseekModel::Impl::Fused(const StepPlan& plan) const {
          c.hidden_size % 32 == 0;
 }
 
-absl::Status CudaDeepseekModel::Impl::EnqueueStep(const StepPlan& plan, const ForwardOptions& fo) {
+absl::Status CudaDeepseekModel::Impl::EnqueueStep(const StepPlan& plan, const DeepseekForwardOptions& fo) {
   const ModelConfig& c = config;
   // Programmatic dependent launch for steps without host synchronization inside (the MoE
   // layers of larger steps read their expert counts); not while profiling (the events

@@ -141,7 +141,7 @@ class CudaDeepseekModel::Impl {
   // with sample also set, the token sampled from it.
   // With `launch`, a step of one logits pass returns once enqueued, its tokens copied later
   // by CollectLaunched (launched_ says where they land).
-  absl::Status Run(std::span<const ForwardSequence> batch, const ForwardOptions& options, std::vector<float>* logits,
+  absl::Status Run(std::span<const ForwardSequence> batch, const DeepseekForwardOptions& options, std::vector<float>* logits,
                    std::vector<int32_t>* ids, std::span<const CudaDeepseekModel::SampleRow> sample = {},
                    bool launch = false);
   absl::StatusOr<std::vector<int32_t>> CollectLaunched();
@@ -192,7 +192,7 @@ class CudaDeepseekModel::Impl {
   // Everything of a step after the metadata upload: layers, final norm and LM head of
   // logits rows [0, min(out_rows, max_logit_rows)), argmax. Capturable when
   // plan.decode_only and no callback.
-  absl::Status EnqueueStep(const cuda_model::StepPlan& plan, const ForwardOptions& options);
+  absl::Status EnqueueStep(const cuda_model::StepPlan& plan, const DeepseekForwardOptions& options);
   absl::Status EnqueueLogits(const cuda_model::StepPlan& plan, int64_t begin, int64_t count);
   // gate_up then down through the expert GEMVs, each marked with its name.
   absl::Status ExpertProjections(const cuda::MoeExpertGemvParams& gate_up, const cuda::MoeExpertGemvParams& down,
@@ -220,7 +220,7 @@ class CudaDeepseekModel::Impl {
   // y (+)= x . w^T for `rows` rows: the grouped kernel for small row counts, cuBLAS else.
   absl::Status Dense(const DeviceMatrix& w, const __nv_bfloat16* x, const __nv_bfloat16* x_lo, int64_t ldx,
                      int64_t rows, void* y, int64_t ldy, Out out);
-  absl::Status RunGraph(const cuda_model::StepPlan& plan, const ForwardOptions& options);
+  absl::Status RunGraph(const cuda_model::StepPlan& plan, const DeepseekForwardOptions& options);
   // Whether a step takes the fused small-batch kernels (cuda_deepseek_model.h).
   bool Fused(const cuda_model::StepPlan& plan) const;
   // Whether absorbed jobs split their queries (LoadOptions::split_decode_queries, where the

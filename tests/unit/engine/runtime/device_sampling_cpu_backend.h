@@ -29,13 +29,13 @@ class DeviceSamplingCpuBackend : public ModelBackend {
   bool kv_in_host_pool() const override { return true; }
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& host,
                                              const ForwardOptions& options) override {
-    return model_->Forward(batch, host, options);
+    return model_->Forward(batch, host, ForDeepseek(options));
   }
   bool samples_on_device() const override { return true; }
   absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch, LatentKvCache& host,
                                                      std::span<const SampleRow> rows,
                                                      const ForwardOptions& options) override {
-    absl::StatusOr<std::vector<float>> logits = model_->Forward(batch, host, options);
+    absl::StatusOr<std::vector<float>> logits = model_->Forward(batch, host, ForDeepseek(options));
     if (!logits.ok()) return logits.status();
     const int64_t vocab = model_->config().vocab_size;
     if (static_cast<int64_t>(logits->size()) != static_cast<int64_t>(rows.size()) * vocab) {

@@ -1,0 +1,39 @@
+// The model architectures this build serves, by config.json's `model_type`, each with
+// the loaders of its backends (cpu, cuda). Adding an architecture is its own directory
+// (engine/model/<name>/) plus one entry in architectures.cc; the engine finds the
+// backend here and knows nothing else of the model.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/model_backend.h"
+
+namespace tandem {
+
+struct Architecture {
+  std::string model_type;  // config.json's
+  // Loads a checkpoint directory of this architecture on options.device; an empty
+  // loader, or one answering UNIMPLEMENTED, means the architecture is known but not
+  // servable yet (its message says why).
+  std::function<absl::StatusOr<std::unique_ptr<ModelBackend>>(const std::string& dir, const BackendOptions& options)>
+      load;
+};
+
+// Every architecture this build knows, in registration order.
+const std::vector<Architecture>& Architectures();
+
+// config.json's model_type in `dir`. Errors: NOT_FOUND without config.json,
+// INVALID_ARGUMENT "config.json: ..." for malformed JSON or a missing or non-string field.
+absl::StatusOr<std::string> ReadModelType(const std::string& dir);
+
+// The backend for the checkpoint in `dir`, by its model_type. Errors: INVALID_ARGUMENT
+// "config.json: field 'model_type' is 'X'; supported: ..." for an architecture this
+// build does not know; the loader's own errors otherwise.
+absl::StatusOr<std::unique_ptr<ModelBackend>> LoadModelBackend(const std::string& dir, const BackendOptions& options);
+
+}  // namespace tandem

@@ -1,0 +1,49 @@
+// The vocabulary every model backend speaks (engine/model/model_backend.h), whatever the
+// architecture: the sequences of one forward pass, what the engine asks of the pass, and
+// how a device backend samples a logits row. What only one architecture knows (DeepSeek's
+// absorbed or expanded latent attention) stays in its own headers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+
+namespace tandem {
+
+struct ForwardSequence {
+  std::span<const int32_t> tokens;       // new tokens, at positions start_position...
+  int64_t start_position = 0;            // tokens of this sequence already in the cache
+  std::span<const int32_t> block_table;  // cache blocks covering start_position + tokens.size()
+  bool all_logits = false;               // logits for every new token, not only the last
+  bool no_logits = false;                // no logits at all (a prefill chunk short of the end)
+};
+
+struct ForwardOptions {
+  // Called on the calling thread once layer `layer` has written the KV of every new token
+  // of the batch, before the next layer starts: lets a prefill stream each layer's KV out
+  // while later layers compute.
+  std::function<void(int64_t layer)> after_layer_kv;
+  // The callback only enqueues work on the device backend's stream (device-to-device KV
+  // writes): the backend need not wait for the layer before calling it.
+  bool after_layer_kv_enqueues_only = false;
+};
+
+// How a device backend chooses one logits row's token (ModelBackend::ForwardSample): the
+// CPU Sampler's parameters with its semantics (engine/runtime/sampler.h; temperature
+// below 1e-5 is greedy), the seed and output position of UniformFromSeedStep, and the
+// sequence's history for the penalties. The spans must stay valid during the call.
+struct SampleRow {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  uint64_t seed = 0;
+  int64_t step = 0;
+  std::span<const int32_t> prompt_tokens;
+  std::span<const int32_t> output_tokens;
+};
+
+}  // namespace tandem

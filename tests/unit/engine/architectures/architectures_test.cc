@@ -1,0 +1,56 @@
+// The architectures' registry: a checkpoint's backend found by its model_type, and a
+// clear error, naming what is supported, for what this build does not serve.
+#include "engine/architectures/architectures.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "tests/unit/engine/model/test_models.h"
+
+namespace tandem {
+namespace {
+
+void WriteConfig(const std::string& dir, const std::string& text) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << text;
+}
+
+TEST(ArchitecturesTest, BothDeepseekGenerationsLoadThroughTheRegistry) {
+  testing::TempDir dir;
+  for (const char* preset : {"tiny", "tiny-v2"}) {
+    SCOPED_TRACE(preset);
+    const std::string model = testing::MakeModel(dir, preset, testing::PresetJson(preset));
+    absl::StatusOr<std::unique_ptr<ModelBackend>> b = LoadModelBackend(model, {.device = "cpu", .num_threads = 1});
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ((*b)->device_name(), "cpu");
+    EXPECT_EQ((*b)->config().model_type, *ReadModelType(model));
+  }
+}
+
+TEST(ArchitecturesTest, WhatThisBuildDoesNotServeIsAClearError) {
+  testing::TempDir dir;
+  WriteConfig(dir.Sub("llama"), R"({"model_type": "llama"})");
+  absl::StatusOr<std::unique_ptr<ModelBackend>> b = LoadModelBackend(dir.Sub("llama"), {});
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.status().message(),
+            "config.json: field 'model_type' is 'llama'; supported: deepseek_v2, deepseek_v3, deepseek_v4");
+
+  WriteConfig(dir.Sub("v4"), R"({"model_type": "deepseek_v4"})");
+  b = LoadModelBackend(dir.Sub("v4"), {});
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(b.status().message().find("not servable yet"), absl::string_view::npos) << b.status();
+
+  WriteConfig(dir.Sub("none"), R"({"vocab_size": 10})");
+  EXPECT_EQ(ReadModelType(dir.Sub("none")).status().message(), "config.json: field 'model_type' is required");
+  WriteConfig(dir.Sub("number"), R"({"model_type": 3})");
+  EXPECT_EQ(ReadModelType(dir.Sub("number")).status().message(), "config.json: field 'model_type' must be a string");
+  WriteConfig(dir.Sub("broken"), "{");
+  EXPECT_EQ(ReadModelType(dir.Sub("broken")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ReadModelType(dir.Sub("absent")).ok());
+}
+
+}  // namespace
+}  // namespace tandem
