@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/model/config_fields.h"
 #include "engine/util/mapped_file.h"
 #include "engine/util/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -16,65 +17,10 @@ namespace {
 using Json = nlohmann::json;
 
 absl::Status FieldError(const std::string& field, const std::string& problem) {
-  return absl::InvalidArgumentError(absl::StrCat("config.json: field '", field, "' ", problem));
+  return ConfigFieldError(field, problem);
 }
 
-// Typed access to optional fields of a JSON object; a present field of the wrong type is
-// an error naming it. A JSON null counts as absent.
-class Fields {
- public:
-  Fields(const Json& obj, std::string prefix) : obj_(obj), prefix_(std::move(prefix)) {}
-
-  bool Has(const char* key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
-  std::string Name(const char* key) const { return prefix_ + key; }
-
-  absl::StatusOr<std::optional<int64_t>> Int(const char* key) const {
-    if (!Has(key)) return std::optional<int64_t>();
-    const Json& v = obj_.at(key);
-    if (v.is_number_integer()) return std::optional<int64_t>(v.get<int64_t>());
-    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
-      return std::optional<int64_t>(static_cast<int64_t>(v.get<double>()));
-    }
-    return FieldError(Name(key), absl::StrCat("must be an integer, got ", v.dump()));
-  }
-  absl::StatusOr<int64_t> Int(const char* key, int64_t fallback) const {
-    ASSIGN_OR_RETURN(std::optional<int64_t> v, Int(key));
-    return v.value_or(fallback);
-  }
-  absl::StatusOr<int64_t> RequiredInt(const char* key) const {
-    ASSIGN_OR_RETURN(std::optional<int64_t> v, Int(key));
-    if (!v) return FieldError(Name(key), "is required");
-    return *v;
-  }
-  absl::StatusOr<std::optional<double>> Double(const char* key) const {
-    if (!Has(key)) return std::optional<double>();
-    const Json& v = obj_.at(key);
-    if (!v.is_number()) return FieldError(Name(key), absl::StrCat("must be a number, got ", v.dump()));
-    const double d = v.get<double>();
-    if (!std::isfinite(d)) return FieldError(Name(key), "must be finite");
-    return std::optional<double>(d);
-  }
-  absl::StatusOr<double> Double(const char* key, double fallback) const {
-    ASSIGN_OR_RETURN(std::optional<double> v, Double(key));
-    return v.value_or(fallback);
-  }
-  absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
-    if (!Has(key)) return fallback;
-    const Json& v = obj_.at(key);
-    if (!v.is_boolean()) return FieldError(Name(key), absl::StrCat("must be true or false, got ", v.dump()));
-    return v.get<bool>();
-  }
-  absl::StatusOr<std::optional<std::string>> String(const char* key) const {
-    if (!Has(key)) return std::optional<std::string>();
-    const Json& v = obj_.at(key);
-    if (!v.is_string()) return FieldError(Name(key), absl::StrCat("must be a string, got ", v.dump()));
-    return std::optional<std::string>(v.get<std::string>());
-  }
-
- private:
-  const Json& obj_;
-  std::string prefix_;
-};
+using Fields = ConfigFields;
 
 absl::Status Positive(const std::string& field, int64_t v) {
   if (v <= 0) return FieldError(field, absl::StrCat("must be positive, got ", v));

@@ -414,6 +414,9 @@ absl::StatusOr<GeneratedModel> GenerateModel(const ModelGeneratorOptions& option
   if (ec) return absl::InternalError(absl::StrCat("cannot create '", dir_str, "': ", ec.message()));
 
   const bool has_vocab = config.contains("vocab_size") && !config["vocab_size"].is_null();
+  if (has_vocab && !config["vocab_size"].is_number_integer()) {
+    return absl::InvalidArgumentError("config.json: field 'vocab_size' must be an integer");
+  }
   const GeneratorTokenizerPlan tokenizer = PlanGeneratorTokenizer(
       options, has_vocab ? std::optional<int64_t>(config["vocab_size"].get<int64_t>()) : std::nullopt);
   if (!has_vocab) config["vocab_size"] = tokenizer.vocab_size;

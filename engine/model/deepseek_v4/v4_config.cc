@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/config_fields.h"
 #include "engine/util/mapped_file.h"
 #include "engine/util/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -21,64 +22,10 @@ constexpr char kCsa[] = "compressed_sparse_attention";
 constexpr char kHca[] = "heavily_compressed_attention";
 
 absl::Status FieldError(const std::string& field, const std::string& problem) {
-  return absl::InvalidArgumentError(absl::StrCat("config.json: field '", field, "' ", problem));
+  return ConfigFieldError(field, problem);
 }
 
-// Typed reads of one JSON object's optional members; a JSON null counts as absent, a
-// member of the wrong type is an error naming it (with `prefix` for nested objects).
-class Reader {
- public:
-  Reader(const Json& obj, std::string prefix) : obj_(obj), prefix_(std::move(prefix)) {}
-
-  bool Has(const char* key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
-  const Json& At(const char* key) const { return obj_.at(key); }
-  std::string Name(const char* key) const { return prefix_ + key; }
-
-  absl::StatusOr<std::optional<int64_t>> OptInt(const char* key) const {
-    if (!Has(key)) return std::optional<int64_t>();
-    return AsInt(obj_.at(key), Name(key));
-  }
-  absl::StatusOr<int64_t> Int(const char* key, int64_t fallback) const {
-    ASSIGN_OR_RETURN(std::optional<int64_t> v, OptInt(key));
-    return v.value_or(fallback);
-  }
-  absl::StatusOr<std::optional<double>> OptDouble(const char* key) const {
-    if (!Has(key)) return std::optional<double>();
-    const Json& v = obj_.at(key);
-    if (!v.is_number()) return FieldError(Name(key), absl::StrCat("must be a number, got ", v.dump()));
-    const double d = v.get<double>();
-    if (!std::isfinite(d)) return FieldError(Name(key), "must be finite");
-    return std::optional<double>(d);
-  }
-  absl::StatusOr<double> Double(const char* key, double fallback) const {
-    ASSIGN_OR_RETURN(std::optional<double> v, OptDouble(key));
-    return v.value_or(fallback);
-  }
-  absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
-    if (!Has(key)) return fallback;
-    const Json& v = obj_.at(key);
-    if (!v.is_boolean()) return FieldError(Name(key), absl::StrCat("must be true or false, got ", v.dump()));
-    return v.get<bool>();
-  }
-  absl::StatusOr<std::optional<std::string>> OptString(const char* key) const {
-    if (!Has(key)) return std::optional<std::string>();
-    const Json& v = obj_.at(key);
-    if (!v.is_string()) return FieldError(Name(key), absl::StrCat("must be a string, got ", v.dump()));
-    return std::optional<std::string>(v.get<std::string>());
-  }
-
-  static absl::StatusOr<int64_t> AsInt(const Json& v, const std::string& name) {
-    if (v.is_number_integer()) return v.get<int64_t>();
-    if (v.is_number_float() && std::isfinite(v.get<double>()) && std::floor(v.get<double>()) == v.get<double>()) {
-      return static_cast<int64_t>(v.get<double>());
-    }
-    return FieldError(name, absl::StrCat("must be an integer, got ", v.dump()));
-  }
-
- private:
-  const Json& obj_;
-  std::string prefix_;
-};
+using Reader = ConfigFields;
 
 absl::Status AtLeast(const std::string& field, int64_t v, int64_t min) {
   if (v < min) return FieldError(field, absl::StrCat("must be at least ", min, ", got ", v));
@@ -177,11 +124,11 @@ absl::Status ParseCompressRates(const Json& root, const Reader& f, DeepseekV4Con
     }
     // A rate the dictionary lacks is an error only where a layer of that type needs it.
     Reader r(cr, "compress_rates.");
-    ASSIGN_OR_RETURN(csa, r.OptInt(kCsa));
-    ASSIGN_OR_RETURN(hca, r.OptInt(kHca));
+    ASSIGN_OR_RETURN(csa, r.Int(kCsa));
+    ASSIGN_OR_RETURN(hca, r.Int(kHca));
   }
-  ASSIGN_OR_RETURN(std::optional<int64_t> legacy_csa, f.OptInt("compress_rate_csa"));
-  ASSIGN_OR_RETURN(std::optional<int64_t> legacy_hca, f.OptInt("compress_rate_hca"));
+  ASSIGN_OR_RETURN(std::optional<int64_t> legacy_csa, f.Int("compress_rate_csa"));
+  ASSIGN_OR_RETURN(std::optional<int64_t> legacy_hca, f.Int("compress_rate_hca"));
   if (legacy_csa) csa = legacy_csa;
   if (legacy_hca) hca = legacy_hca;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -218,7 +165,7 @@ absl::Status ParseRopeTable(const Json& obj, const std::string& prefix, double d
                       absl::StrCat("gives ", t.rotary_dim, " rotary dimensions, which is odd"));
   }
   const char* type_key = f.Has("rope_type") ? "rope_type" : "type";
-  ASSIGN_OR_RETURN(std::optional<std::string> type, f.OptString(type_key));
+  ASSIGN_OR_RETURN(std::optional<std::string> type, f.String(type_key));
   const std::string kind = type.value_or("default");
   t.rope.truncate = true;
   if (kind == "default") return absl::OkStatus();
@@ -227,7 +174,7 @@ absl::Status ParseRopeTable(const Json& obj, const std::string& prefix, double d
   ASSIGN_OR_RETURN(t.rope.original_max_position_embeddings,
                    f.Int("original_max_position_embeddings", c.max_position_embeddings));
   RETURN_IF_ERROR(AtLeast(f.Name("original_max_position_embeddings"), t.rope.original_max_position_embeddings, 1));
-  ASSIGN_OR_RETURN(std::optional<double> factor, f.OptDouble("factor"));
+  ASSIGN_OR_RETURN(std::optional<double> factor, f.Double("factor"));
   t.rope.factor = factor ? *factor
                          : static_cast<double>(c.max_position_embeddings) /
                                static_cast<double>(t.rope.original_max_position_embeddings);
@@ -238,7 +185,7 @@ absl::Status ParseRopeTable(const Json& obj, const std::string& prefix, double d
   t.rope.beta_slow = beta_slow != 0.0 ? beta_slow : 1.0;
   ASSIGN_OR_RETURN(t.rope.mscale, f.Double("mscale", 0.0));
   ASSIGN_OR_RETURN(t.rope.mscale_all_dim, f.Double("mscale_all_dim", 0.0));
-  ASSIGN_OR_RETURN(t.rope.attention_factor, f.OptDouble("attention_factor"));
+  ASSIGN_OR_RETURN(t.rope.attention_factor, f.Double("attention_factor"));
   if (!t.rope.attention_factor && default_attention_factor_one) t.rope.attention_factor = 1.0;
   return absl::OkStatus();
 }
@@ -279,7 +226,7 @@ absl::Status ParseRope(const Json& root, const Reader& f, DeepseekV4Config& c) {
 }
 
 absl::Status ParseQuantization(const Json& root, const Reader& f, DeepseekV4Config& c) {
-  ASSIGN_OR_RETURN(std::optional<std::string> expert_dtype, f.OptString("expert_dtype"));
+  ASSIGN_OR_RETURN(std::optional<std::string> expert_dtype, f.String("expert_dtype"));
   c.expert_dtype = expert_dtype.value_or("");
   if (!c.expert_dtype.empty() && c.expert_dtype != "fp4" && c.expert_dtype != "fp8" && c.expert_dtype != "bf16") {
     return FieldError("expert_dtype", absl::StrCat("is '", c.expert_dtype, "'; supported: fp4, fp8, bf16"));
@@ -288,13 +235,13 @@ absl::Status ParseQuantization(const Json& root, const Reader& f, DeepseekV4Conf
   const Json& q = root["quantization_config"];
   if (!q.is_object()) return FieldError("quantization_config", "must be an object");
   Reader r(q, "quantization_config.");
-  ASSIGN_OR_RETURN(std::optional<std::string> method, r.OptString("quant_method"));
+  ASSIGN_OR_RETURN(std::optional<std::string> method, r.String("quant_method"));
   if (method.value_or("") != "fp8") {
     return FieldError("quantization_config.quant_method", absl::StrCat("is '", method.value_or(""), "'; supported: fp8"));
   }
-  ASSIGN_OR_RETURN(std::optional<std::string> fmt, r.OptString("fmt"));
+  ASSIGN_OR_RETURN(std::optional<std::string> fmt, r.String("fmt"));
   if (fmt && *fmt != "e4m3") return FieldError("quantization_config.fmt", absl::StrCat("is '", *fmt, "'; supported: e4m3"));
-  ASSIGN_OR_RETURN(std::optional<std::string> scale_fmt, r.OptString("scale_fmt"));
+  ASSIGN_OR_RETURN(std::optional<std::string> scale_fmt, r.String("scale_fmt"));
   if (scale_fmt && *scale_fmt != "ue8m0") {
     return FieldError("quantization_config.scale_fmt", absl::StrCat("is '", *scale_fmt, "'; supported: ue8m0"));
   }
@@ -370,7 +317,7 @@ absl::StatusOr<DeepseekV4Config> ParseDeepseekV4Config(std::string_view config_j
   if (!root.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
   Reader f(root, "");
   DeepseekV4Config c;
-  ASSIGN_OR_RETURN(std::optional<std::string> model_type, f.OptString("model_type"));
+  ASSIGN_OR_RETURN(std::optional<std::string> model_type, f.String("model_type"));
   if (!model_type) return FieldError("model_type", "is required");
   if (*model_type != "deepseek_v4") {
     return FieldError("model_type", absl::StrCat("is '", *model_type, "'; this parser reads deepseek_v4"));
@@ -441,25 +388,25 @@ absl::StatusOr<DeepseekV4Config> ParseDeepseekV4Config(std::string_view config_j
   if (c.rope_theta <= 1.0) return FieldError("rope_theta", "must be greater than 1");
   if (c.compress_rope_theta <= 1.0) return FieldError("compress_rope_theta", "must be greater than 1");
 
-  ASSIGN_OR_RETURN(std::optional<std::string> scoring, f.OptString("scoring_func"));
+  ASSIGN_OR_RETURN(std::optional<std::string> scoring, f.String("scoring_func"));
   const std::string s = scoring.value_or("sqrtsoftplus");
   if (s == "sqrtsoftplus") c.scoring_func = ScoringFunc::kSqrtSoftplus;
   else if (s == "softmax") c.scoring_func = ScoringFunc::kSoftmax;
   else if (s == "sigmoid") c.scoring_func = ScoringFunc::kSigmoid;
   else return FieldError("scoring_func", absl::StrCat("is '", s, "'; supported: sqrtsoftplus, softmax, sigmoid"));
 
-  ASSIGN_OR_RETURN(std::optional<std::string> act, f.OptString("hidden_act"));
+  ASSIGN_OR_RETURN(std::optional<std::string> act, f.String("hidden_act"));
   if (act && *act != "silu") return FieldError("hidden_act", absl::StrCat("is '", *act, "'; supported: silu"));
   ASSIGN_OR_RETURN(bool attention_bias, f.Bool("attention_bias", false));
   if (attention_bias) return FieldError("attention_bias", "is true; DeepSeek-V4 has no attention biases");
   ASSIGN_OR_RETURN(bool mlp_bias, f.Bool("mlp_bias", false));
   if (mlp_bias) return FieldError("mlp_bias", "is true; DeepSeek-V4 has no MLP biases");
-  ASSIGN_OR_RETURN(std::optional<std::string> topk_method, f.OptString("topk_method"));
+  ASSIGN_OR_RETURN(std::optional<std::string> topk_method, f.String("topk_method"));
   c.topk_method = topk_method.value_or("");
 
   // partial_rotary_factor, else qk_rope_head_dim / head_dim, else 64 / 512.
-  ASSIGN_OR_RETURN(std::optional<double> prf, f.OptDouble("partial_rotary_factor"));
-  ASSIGN_OR_RETURN(std::optional<int64_t> qk_rope, f.OptInt("qk_rope_head_dim"));
+  ASSIGN_OR_RETURN(std::optional<double> prf, f.Double("partial_rotary_factor"));
+  ASSIGN_OR_RETURN(std::optional<int64_t> qk_rope, f.Int("qk_rope_head_dim"));
   if (prf) c.partial_rotary_factor = *prf;
   else if (qk_rope) c.partial_rotary_factor = static_cast<double>(*qk_rope) / static_cast<double>(c.head_dim);
   else c.partial_rotary_factor = 64.0 / 512.0;
@@ -488,7 +435,7 @@ absl::StatusOr<DeepseekV4Config> ParseDeepseekV4Config(std::string_view config_j
   }
   RETURN_IF_ERROR(ParseQuantization(root, f, c));
 
-  ASSIGN_OR_RETURN(c.bos_token_id, f.OptInt("bos_token_id"));
+  ASSIGN_OR_RETURN(c.bos_token_id, f.Int("bos_token_id"));
   if (!root.contains("bos_token_id")) c.bos_token_id = 0;  // transformers' default; null means none
   if (root.contains("eos_token_id")) {
     c.eos_token_ids.clear();

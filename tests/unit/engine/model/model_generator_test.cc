@@ -8,6 +8,7 @@
 #include "engine/chat_template/builtin_templates.h"
 #include "engine/chat_template/model_chat_templates.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
 #include "tests/unit/engine/model/test_models.h"
 
 namespace tandem {
@@ -26,6 +27,25 @@ TEST(ModelGeneratorTest, GeneratedTokenizerConfigCarriesTheDeepseekV3ChatTemplat
   EXPECT_EQ(templates->Apply(r).value_or("?"), "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜>");
   // The tokenizer still reads the file (the template is one more key to it).
   EXPECT_TRUE(Tokenizer::FromDir(dir).ok());
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// A config's vocab_size of the wrong type is an error naming it (it used to throw from
+// nlohmann's get<int64_t>, out of the generator).
+TEST(ModelGeneratorTest, AVocabSizeThatIsNotAnIntegerIsAnErrorNamingIt) {
+  testing::TempDir dir;
+  nlohmann::json config = nlohmann::json::parse(testing::PresetJson("tiny"));
+  config["vocab_size"] = "many";
+  ModelGeneratorOptions options;
+  options.config_json = config.dump();
+  absl::StatusOr<GeneratedModel> m = GenerateModel(options, dir.Sub("m"));
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message(), "config.json: field 'vocab_size' must be an integer");
 }
 
 }  // namespace
