@@ -296,7 +296,23 @@ void Engine::KvWriterStopped(const std::string& id, uint64_t token, uint64_t inc
 }
 
 void Engine::SetKvQuarantineListener(KvQuarantineListener* listener) {
-  Post([this, listener] { leases_->set_listener(listener); });
+  // Synchronous: once this returns the engine thread calls only the new listener.
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    leases_->set_listener(listener);
+    return;
+  }
+  auto set = std::make_shared<std::promise<void>>();
+  std::future<void> done = set->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;  // the thread is gone or going: it calls no listener any more
+    commands_.push_back([this, listener, set] {
+      leases_->set_listener(listener);
+      set->set_value();
+    });
+  }
+  cv_.notify_all();
+  done.wait();
 }
 
 void Engine::Post(Command c) {
@@ -429,33 +445,48 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
 
 void Engine::SubmitImportedAsync(EngineRequest request, int32_t first_token, bool emit_first_token, ImportedKv where,
                                  SubmitDone done) {
-  if (absl::Status st = ValidateRequest(request); !st.ok()) return done(st);
+  const uint64_t kv_writer = request.kv_writer;
+  // The writer's proof holds whatever becomes of the request: a refused one still ends it
+  // (before `done`, so that a Cancel from `done` comes after).
+  auto refuse = [&](absl::Status st) {
+    if (kv_writer != 0) {
+      Post([this, id = request.id, kv_writer] { leases_->EndWrites(id, 0, kv_writer, KvWriterProof::kDecoded); });
+    }
+    done(std::move(st));
+  };
+  if (absl::Status st = ValidateRequest(request); !st.ok()) return refuse(st);
   if (first_token < 0 || first_token >= backend_->config().vocab_size) {
-    return done(absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary")));
+    return refuse(absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary")));
   }
   if (where == ImportedKv::kDevicePool && backend_->kv_in_host_pool()) {
-    return done(absl::InvalidArgumentError("KV in a device pool, but the model runs on the CPU"));
+    return refuse(absl::InvalidArgumentError("KV in a device pool, but the model runs on the CPU"));
   }
   auto out = std::make_shared<OutputStream>();
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return done(absl::UnavailableError("engine is shutting down"));
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stop_) {
+      lock.unlock();
+      return done(absl::UnavailableError("engine is shutting down"));
+    }
     if (live_ids_.contains(request.id)) {
-      return done(absl::InvalidArgumentError(absl::StrCat("request id '", request.id, "' is already in use")));
+      lock.unlock();
+      return refuse(absl::InvalidArgumentError(absl::StrCat("request id '", request.id, "' is already in use")));
     }
     live_ids_[request.id] = true;
   }
-  const uint64_t kv_writer = request.kv_writer;
   auto seq = std::make_shared<std::unique_ptr<Sequence>>(MakeSequence(std::move(request), out));
   Post([this, seq, out, done = std::move(done), first_token, emit_first_token, where, kv_writer] {
     Sequence& s = **seq;
     const int32_t have = static_cast<int32_t>(s.tokens.size());  // prompt + resumed output
     const KvLeases::Reservation* live = leases_->Find(s.id);
-    absl::StatusOr<KvLeases::Reservation> taken =
-        live == nullptr || live->num_tokens < have
-            ? absl::FailedPreconditionError(absl::StrCat("no KV reservation of ", have, " tokens for request '", s.id,
-                                                         "' (expired or never made)"))
-            : leases_->Take(s.id, kv_writer, Now());
+    absl::StatusOr<KvLeases::Reservation> taken;
+    if (live == nullptr || live->num_tokens < have) {
+      leases_->EndWrites(s.id, 0, kv_writer, KvWriterProof::kDecoded);
+      taken = absl::FailedPreconditionError(
+          absl::StrCat("no KV reservation of ", have, " tokens for request '", s.id, "' (expired or never made)"));
+    } else {
+      taken = leases_->Take(s.id, kv_writer, Now());
+    }
     if (!taken.ok()) {
       {
         std::lock_guard<std::mutex> lock(mu_);
