@@ -36,6 +36,7 @@ void KvWriterProber::OnQuarantined(const std::string& lease_id, uint64_t token, 
     }
     t.leases[key].insert(w.incarnation);
   }
+  news_ = true;
   cv_.notify_all();
 }
 
@@ -149,6 +150,7 @@ void KvWriterProber::LogStuck(Clock::time_point now, Clock::time_point* wake) {
 void KvWriterProber::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
+    news_ = false;
     std::vector<Proof> proofs;
     while (!answers_.empty()) {
       Answer a = std::move(answers_.front());
@@ -174,7 +176,7 @@ void KvWriterProber::Loop() {
       wake = std::min(wake, t.next);
     }
     if (wake <= now) continue;
-    auto ready = [this] { return stop_ || !answers_.empty(); };
+    auto ready = [this] { return stop_ || news_ || !answers_.empty(); };
     if (wake == Clock::time_point::max()) cv_.wait(lock, ready);
     else cv_.wait_until(lock, wake, ready);
   }

@@ -113,6 +113,7 @@ class KvWriterProber final : public KvQuarantineListener {
   std::map<LeaseKey, Quarantine> quarantines_;
   std::deque<Answer> answers_;
   int asks_in_flight_ = 0;
+  bool news_ = false;  // a quarantine came since the loop last looked
   bool stop_ = false;
   std::thread thread_;  // last: started once the rest exists
 };
