@@ -346,7 +346,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   service::AdminServer admin(CombineCollectables(std::move(collectables)));
   if (absl::Status s = admin.Start(f.common.admin_listen); !s.ok()) return Fail("admin server", s);
   Engine* e = engine->get();
-  admin.AddHandler("/stats", [e, kv = kvstore_client.get()](const service::HttpRequest&) {
+  admin.AddHandler("/stats", [e, kv = kvstore_client.get(), dec = decode.get()](const service::HttpRequest&) {
     const EngineStats s = e->Stats();
     nlohmann::json j = {{"waiting", s.num_waiting},         {"running", s.num_running},
                         {"kv_blocks_total", s.kv_blocks_total}, {"kv_blocks_in_use", s.kv_blocks_in_use},
@@ -366,6 +366,11 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                         {"kv_host_staged_bytes", s.kv_host_staged_bytes},
                         {"device_sampled_tokens", s.device_sampled_tokens},
                         {"layout_fingerprint", FingerprintHex(e->layout_fingerprint())}};
+    if (dec != nullptr) {
+      nlohmann::json writers = nlohmann::json::object();
+      for (const auto& [address, n] : dec->QuarantineWriters()) writers[address] = n;
+      j["kv_quarantine_writers"] = writers;
+    }
     if (kv != nullptr) {
       const kvstore::KvStoreClientStats k = kv->stats();
       j["kvstore"] = {{"instances", kv->instances().size()},     {"fetches", k.fetches},

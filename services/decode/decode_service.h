@@ -59,6 +59,8 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
   // This replica's internal address as peers reach it (KvDestination.decode_address): set
   // once the server listens, before it is registered.
   void SetAddress(std::string address);
+  // Writers of quarantined leases not yet known to have stopped, by address (/stats).
+  std::map<std::string, size_t> QuarantineWriters() const { return prober_.PendingByAddress(); }
 
   grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* ctx, const v1::ReserveRequest* request,
                                     v1::ReserveResponse* response) override;

@@ -60,6 +60,17 @@ size_t KvWriterProber::pending() const {
   return n;
 }
 
+std::map<std::string, size_t> KvWriterProber::PendingByAddress() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, size_t> out;
+  for (const auto& [address, t] : targets_) {
+    size_t n = 0;
+    for (const auto& [key, incarnations] : t.leases) n += incarnations.size();
+    if (n > 0) out[address] = n;
+  }
+  return out;
+}
+
 void KvWriterProber::Ask(const std::string& address, Target& t) {
   v1::WriterStateRequest request;
   for (const auto& [key, incarnations] : t.leases) {

@@ -68,6 +68,8 @@ class KvWriterProber final : public KvQuarantineListener {
 
   // Writers of quarantined leases not proven stopped yet (lease, writer pairs).
   size_t pending() const;
+  // The same by writer address: which prefill replicas hold this replica's KV out of use.
+  std::map<std::string, size_t> PendingByAddress() const;
 
  private:
   using Clock = std::chrono::steady_clock;
