@@ -278,13 +278,9 @@ void Engine::ReleaseKv(const std::string& id, uint64_t ended_writer) {
 
 void Engine::BeginKvWrites(const std::string& id, uint64_t token, KvWriter writer,
                            std::function<void(absl::Status)> done) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return done(absl::UnavailableError("engine is shutting down"));
-  }
-  Post([this, id, token, writer = std::move(writer), done = std::move(done)] {
-    done(leases_->BeginWrites(id, token, writer));
-  });
+  // On the caller's thread: the writer waits for this answer, which must not wait for the
+  // step in flight (kv_leases.h).
+  done(leases_->BeginWrites(id, token, writer));
 }
 
 void Engine::EndKvWrites(const std::string& id, uint64_t token, uint64_t incarnation) {

@@ -177,7 +177,8 @@ class Engine {
   void ReleaseKv(const std::string& id, uint64_t ended_writer = 0);
   // The writers of reservations (kv_leases.h). BeginKvWrites records `writer` on the live
   // reservation `id` of `token` and answers OK (it may write now) or FAILED_PRECONDITION
-  // (it must not write); `done` runs once, on the engine thread (keep it short).
+  // (it must not write); `done` runs once, inline on the caller's thread (the answer does
+  // not wait for the engine's step in flight).
   void BeginKvWrites(const std::string& id, uint64_t token, KvWriter writer, std::function<void(absl::Status)> done);
   // One write session of writer `incarnation` ended (its EndWrites).
   void EndKvWrites(const std::string& id, uint64_t token, uint64_t incarnation);

@@ -8,7 +8,8 @@ namespace tandem {
 
 absl::StatusOr<KvLeases::Reservation> KvLeases::Reserve(const std::string& id, int32_t num_blocks, int32_t num_tokens,
                                                         double now) {
-  if (Contains(id)) return absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use"));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ContainsLocked(id)) return absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use"));
   absl::StatusOr<std::vector<int32_t>> got = blocks_->Allocate(num_blocks);
   if (!got.ok()) {
     return absl::ResourceExhaustedError(
@@ -23,6 +24,7 @@ absl::StatusOr<KvLeases::Reservation> KvLeases::Reserve(const std::string& id, i
 }
 
 const KvLeases::Reservation* KvLeases::Find(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(id);
   return it == live_.end() ? nullptr : &it->second.r;
 }
@@ -53,6 +55,7 @@ absl::Status KvLeases::BeginWrites(const std::string& id, uint64_t token, const 
   if (writer.address.empty() || writer.incarnation == 0) {
     return absl::InvalidArgumentError("BeginWrites: the writer's address and incarnation are required");
   }
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(id);
   if (it == live_.end() || it->second.r.token != token) {
     counts_.writers_refused++;
@@ -69,6 +72,7 @@ absl::Status KvLeases::BeginWrites(const std::string& id, uint64_t token, const 
 }
 
 void KvLeases::EndWrites(const std::string& id, uint64_t token, uint64_t incarnation, KvWriterProof proof) {
+  std::lock_guard<std::mutex> lock(mu_);
   bool quarantined = false;
   Held* h = Lookup(id, token, &quarantined);
   if (h == nullptr) return;
@@ -79,6 +83,7 @@ void KvLeases::EndWrites(const std::string& id, uint64_t token, uint64_t incarna
 }
 
 void KvLeases::WriterStopped(const std::string& id, uint64_t token, uint64_t incarnation, KvWriterProof proof) {
+  std::lock_guard<std::mutex> lock(mu_);
   bool quarantined = false;
   Held* h = Lookup(id, token, &quarantined);
   if (h == nullptr) return;
@@ -89,6 +94,7 @@ void KvLeases::WriterStopped(const std::string& id, uint64_t token, uint64_t inc
 }
 
 absl::StatusOr<KvLeases::Reservation> KvLeases::Take(const std::string& id, uint64_t ended_writer, double now) {
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(id);
   if (it == live_.end()) {
     return absl::FailedPreconditionError(absl::StrCat("no live KV reservation '", id, "' (expired or never made)"));
@@ -107,6 +113,7 @@ absl::StatusOr<KvLeases::Reservation> KvLeases::Take(const std::string& id, uint
 }
 
 bool KvLeases::Release(const std::string& id, double now) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (auto it = live_.find(id); it != live_.end()) {
     EndLive(it, now);
     return true;
@@ -150,6 +157,7 @@ void KvLeases::MaybeEndQuarantine(Leases::iterator it, KvWriterProof proof) {
 }
 
 void KvLeases::Tick(double now) {
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, h] : quarantined_) {
     if (!h.stuck && h.since + stuck_seconds_ <= now) h.stuck = true;
   }
@@ -165,6 +173,7 @@ void KvLeases::Tick(double now) {
 }
 
 double KvLeases::NextDeadline() const {
+  std::lock_guard<std::mutex> lock(mu_);
   double next = std::numeric_limits<double>::infinity();
   for (const auto& [id, h] : live_) next = std::min(next, h.until);
   for (const auto& [id, h] : quarantined_) {
@@ -174,6 +183,7 @@ double KvLeases::NextDeadline() const {
 }
 
 void KvLeases::ReleaseAll() {
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, h] : live_) blocks_->Release(h.r.blocks);
   for (auto& [id, h] : quarantined_) blocks_->Release(h.r.blocks);
   live_.clear();
@@ -182,6 +192,7 @@ void KvLeases::ReleaseAll() {
 }
 
 KvLeaseStats KvLeases::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
   KvLeaseStats s = counts_;
   s.quarantined_blocks = quarantined_blocks_;
   s.quarantined_leases = static_cast<int64_t>(quarantined_.size());

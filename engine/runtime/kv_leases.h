@@ -20,12 +20,15 @@
 // counted in use, until its last open writer stopped. No time bound frees a quarantine;
 // one older than `stuck_seconds` is only counted (KvLeaseStats::quarantine_stuck).
 //
-// Not thread-safe: the engine thread owns it. Times are the caller's clock (seconds).
+// The engine thread owns it: every method is called there, except BeginWrites, which may
+// be called from any thread (a writer's announcement is answered at once, not after the
+// engine's step in flight; it touches no block). Times are the caller's clock (seconds).
 #pragma once
 
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,8 +82,12 @@ class KvLeases {
   KvLeases(BlockManager* blocks, double lease_seconds, double stuck_seconds, uint64_t first_token = 1)
       : blocks_(blocks), lease_seconds_(lease_seconds), stuck_seconds_(stuck_seconds), next_token_(first_token) {}
 
-  // Null: nobody is told. Must outlive this object.
-  void set_listener(KvQuarantineListener* listener) { listener_ = listener; }
+  // Null: nobody is told. Must outlive this object. Called with this object's lock held:
+  // it must not call back.
+  void set_listener(KvQuarantineListener* listener) {
+    std::lock_guard<std::mutex> lock(mu_);
+    listener_ = listener;
+  }
 
   struct Reservation {
     std::vector<int32_t> blocks;
@@ -89,15 +96,20 @@ class KvLeases {
   };
 
   // Whether `id` holds a reservation, live or quarantined (an id in use).
-  bool Contains(const std::string& id) const { return live_.contains(id) || quarantined_.contains(id); }
+  bool Contains(const std::string& id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ContainsLocked(id);
+  }
   // Reserves `num_blocks` blocks for `num_tokens` tokens under `id` until now + the lease.
   // RESOURCE_EXHAUSTED when the block manager has too few; INVALID_ARGUMENT for an id in use.
   absl::StatusOr<Reservation> Reserve(const std::string& id, int32_t num_blocks, int32_t num_tokens, double now);
-  // The live reservation of `id` (null: none, or no longer live). Valid until the next call.
+  // The live reservation of `id` (null: none, or no longer live). Valid until the next call
+  // on the owner thread.
   const Reservation* Find(const std::string& id) const;
   // Records `writer` on the live reservation `id` of `token`: from now on it may write.
   // FAILED_PRECONDITION when there is none (expired, released, taken, never made, another
   // token): it must not write. INVALID_ARGUMENT for a writer without address or incarnation.
+  // Any thread.
   absl::Status BeginWrites(const std::string& id, uint64_t token, const KvWriter& writer);
   // One write session of writer `incarnation` on `id` (token 0: whichever reservation
   // holds `id`) ended, known by `proof`; with the last open writer of a quarantined lease
@@ -123,7 +135,10 @@ class KvLeases {
   void ReleaseAll();
 
   KvLeaseStats stats() const;
-  bool empty() const { return live_.empty() && quarantined_.empty(); }
+  bool empty() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_.empty() && quarantined_.empty();
+  }
 
  private:
   struct Writer {
@@ -138,6 +153,7 @@ class KvLeases {
     std::vector<Writer> writers;
   };
   using Leases = std::map<std::string, Held>;
+  bool ContainsLocked(const std::string& id) const { return live_.contains(id) || quarantined_.contains(id); }
   static bool AnyOpen(const Held& h);
   static Writer* FindWriter(Held& h, uint64_t incarnation);
   // A live lease that ended unused: freed (no writer open) or quarantined.
@@ -150,6 +166,9 @@ class KvLeases {
   BlockManager* blocks_;
   const double lease_seconds_;
   const double stuck_seconds_;
+  // Guards everything below; held only for map work (and the listener's calls, which
+  // only queue).
+  mutable std::mutex mu_;
   uint64_t next_token_;
   KvQuarantineListener* listener_ = nullptr;
   Leases live_;

@@ -83,7 +83,7 @@ void DecodeServiceImpl::Remember(const std::string& id, const KvLeases::Reservat
     if (now - it->second.made > std::chrono::milliseconds(4 * lease_ms_)) it = reservations_.erase(it);
     else ++it;
   }
-  reservations_[id] = {r.blocks, r.num_tokens, r.token, now};
+  reservations_[id] = {r.blocks, r.num_tokens, now};
 }
 
 void DecodeServiceImpl::FillDestination(const std::string& id, const KvLeases::Reservation& r,
@@ -260,8 +260,8 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::BeginWrites(grpc::CallbackServerCon
         absl::InvalidArgumentError("lease.lease_id, writer_address and writer_incarnation are required")));
     return reactor;
   }
-  // Answered from the engine thread once the writer is recorded (or refused): the writer
-  // writes only after this answer.
+  // Answered at once, once the writer is recorded (or refused): the writer writes only
+  // after this answer.
   engine_->BeginKvWrites(r->lease().lease_id(), r->lease().lease_token(),
                          {.address = r->writer_address(), .incarnation = r->writer_incarnation()},
                          [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });

@@ -9,8 +9,8 @@
 // Decode's checksum runs on a checksum worker, which hands the request to the engine
 // asynchronously; the stream attaches when the engine has admitted it.
 //
-// Writers announce themselves (BeginWrites, answered from the engine thread once the
-// engine recorded them on the live lease, or refused) and say when they are done
+// Writers announce themselves (BeginWrites, answered at once, not after the engine's step
+// in flight, once the engine recorded them on the live lease, or refused) and say when they are done
 // (EndWrites); a lease that ends unused while a writer may still write stays quarantined
 // until proof, which a KvWriterProber looks for when the writer's own word does not come
 // (engine/runtime/kv_leases.h, docs/architecture.md "KV leases").
@@ -77,7 +77,6 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
   struct Reservation {
     std::vector<int32_t> blocks;
     int32_t num_tokens = 0;
-    uint64_t token = 0;
     std::chrono::steady_clock::time_point made;
   };
   // Takes the reservation of `id` out of the map (it is either used or released).

@@ -1,5 +1,6 @@
 #include "services/prefill/device_kv_sink.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "services/prefill/kv_write_deadline.h"
@@ -14,8 +15,11 @@ absl::Status DeviceKvSink::DeadlineWriter::WriteLayer(int64_t layer, std::span<c
                                                       int64_t begin, int64_t end) {
   if (!error_.ok()) return absl::OkStatus();
   if (!open_) {
-    // Before the first copy: the decode replica must have recorded this writer.
-    absl::Status gate = gate_->Wait(deadline_);
+    // Before the first copy: the decode replica must have recorded this writer. This runs on
+    // the engine thread, so the wait is short: a decode replica that has not answered by
+    // then (stopped, overloaded) gets no KV from this request (it is retried elsewhere).
+    constexpr auto kMaxWait = std::chrono::milliseconds(500);
+    absl::Status gate = gate_->Wait(std::min(deadline_, std::chrono::steady_clock::now() + kMaxWait));
     if (!gate.ok()) {
       error_ = gate;
       return absl::OkStatus();

@@ -4,8 +4,8 @@
 // host; the writes are complete when the engine's step returns, so Flush has nothing
 // left to wait for. The copies read the engine's own blocks, which cannot wait for the
 // decode replica to accept this writer (write_gate.h): the first copy waits for the gate
-// on the engine thread instead, which the BeginWrites sent when the call arrived has
-// nearly always answered by the time the first layer is computed.
+// on the engine thread instead (500 ms at most), which the BeginWrites sent when the call
+// arrived has nearly always answered by the time the first layer is computed.
 #pragma once
 
 #include <chrono>
