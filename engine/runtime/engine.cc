@@ -292,23 +292,8 @@ void Engine::KvWriterStopped(const std::string& id, uint64_t token, uint64_t inc
 }
 
 void Engine::SetKvQuarantineListener(KvQuarantineListener* listener) {
-  // Synchronous: once this returns the engine thread calls only the new listener.
-  if (std::this_thread::get_id() == thread_.get_id()) {
-    leases_->set_listener(listener);
-    return;
-  }
-  auto set = std::make_shared<std::promise<void>>();
-  std::future<void> done = set->get_future();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return;  // the thread is gone or going: it calls no listener any more
-    commands_.push_back([this, listener, set] {
-      leases_->set_listener(listener);
-      set->set_value();
-    });
-  }
-  cv_.notify_all();
-  done.wait();
+  // KvLeases calls its listener under its lock: once this returns, the old one is done with.
+  leases_->set_listener(listener);
 }
 
 void Engine::Post(Command c) {

@@ -186,7 +186,8 @@ class Engine {
   // finding: kEnded, its process holds none; kGone, its process is gone).
   void KvWriterStopped(const std::string& id, uint64_t token, uint64_t incarnation, KvWriterProof proof);
   // Told on the engine thread when reservations go into and out of quarantine (null: none).
-  // Must outlive the engine, or be replaced by null first.
+  // Must outlive the engine, or be replaced first: once this returns the previous one is
+  // called no more.
   void SetKvQuarantineListener(KvQuarantineListener* listener);
   // ReserveKv without blocking the caller: `done` runs exactly once, on the engine thread
   // (keep it short: no waiting, no heavy work), or inline for a call refused before it is

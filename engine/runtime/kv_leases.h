@@ -82,8 +82,8 @@ class KvLeases {
   KvLeases(BlockManager* blocks, double lease_seconds, double stuck_seconds, uint64_t first_token = 1)
       : blocks_(blocks), lease_seconds_(lease_seconds), stuck_seconds_(stuck_seconds), next_token_(first_token) {}
 
-  // Null: nobody is told. Must outlive this object. Called with this object's lock held:
-  // it must not call back.
+  // Null: nobody is told. Called with this object's lock held (it must not call back), so
+  // once this returns the previous listener is called no more. Any thread.
   void set_listener(KvQuarantineListener* listener) {
     std::lock_guard<std::mutex> lock(mu_);
     listener_ = listener;

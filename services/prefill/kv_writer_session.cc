@@ -1,5 +1,6 @@
 #include "services/prefill/kv_writer_session.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -41,7 +42,10 @@ void KvWriterSession::Begin(std::chrono::steady_clock::time_point deadline) {
   *r.mutable_lease() = lease_;
   r.set_writer_address(writer_.address);
   r.set_writer_incarnation(writer_.incarnation);
-  notices_->BeginWrites(decode_address_, r, deadline, [gate = gate_, id = lease_.lease_id()](absl::Status s) {
+  // A decode replica that does not answer in a few seconds (stopped, overloaded) gets no KV
+  // from this call: it ends ABORTED and the router starts over elsewhere.
+  const auto answer_by = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  notices_->BeginWrites(decode_address_, r, answer_by, [gate = gate_, id = lease_.lease_id()](absl::Status s) {
     if (s.ok()) {
       gate->Resolve(absl::OkStatus());
     } else {
