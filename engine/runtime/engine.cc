@@ -124,9 +124,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
     return absl::InvalidArgumentError("max_batch_tokens, max_running and max_waiting must be positive");
   }
   e->scheduler_ = std::make_unique<Scheduler>(so, static_cast<int32_t>(blocks));
+  std::random_device random;
+  const uint64_t first_token = (uint64_t{random()} << 32) | random();
   e->leases_ = std::make_unique<KvLeases>(&e->scheduler_->blocks(), options.kv_lease_seconds,
-                                          options.kv_quarantine_seconds);
-  e->seed_counter_ = std::random_device{}();
+                                          options.kv_quarantine_stuck_seconds, first_token);
+  e->seed_counter_ = random();
   e->PublishStats();
   e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
   return e;
@@ -256,10 +258,8 @@ void Engine::Cancel(const std::string& id) {
       done(absl::CancelledError(absl::StrCat("reservation '", id, "' was cancelled")));
       return;
     }
-    // The callers cancel a reservation only once no writer can still touch it (the
-    // router's Release, or the Decode call after a completed prefill): quarantined or not,
-    // its blocks are free again.
-    leases_->Release(id);
+    // Freed, or quarantined while a writer may still write into it (kv_leases.h).
+    leases_->Release(id, Now());
     std::unique_ptr<Sequence> seq = scheduler_->Remove(id);
     if (!seq) return;
     RequestOutput out;
@@ -270,8 +270,31 @@ void Engine::Cancel(const std::string& id) {
   });
 }
 
-void Engine::ReleaseKv(const std::string& id) {
-  Post([this, id] { leases_->Release(id); });
+void Engine::ReleaseKv(const std::string& id, uint64_t ended_writer) {
+  Post([this, id, ended_writer] {
+    if (ended_writer != 0) leases_->EndWrites(id, 0, ended_writer, KvWriterProof::kDecoded);
+    leases_->Release(id, Now());
+  });
+}
+
+void Engine::BeginKvWrites(const std::string& id, uint64_t token, KvWriter writer,
+                           std::function<void(absl::Status)> done) {
+  // On the caller's thread: the writer waits for this answer, which must not wait for the
+  // step in flight (kv_leases.h).
+  done(leases_->BeginWrites(id, token, writer));
+}
+
+void Engine::EndKvWrites(const std::string& id, uint64_t token, uint64_t incarnation) {
+  Post([this, id, token, incarnation] { leases_->EndWrites(id, token, incarnation, KvWriterProof::kEnded); });
+}
+
+void Engine::KvWriterStopped(const std::string& id, uint64_t token, uint64_t incarnation, KvWriterProof proof) {
+  Post([this, id, token, incarnation, proof] { leases_->WriterStopped(id, token, incarnation, proof); });
+}
+
+void Engine::SetKvQuarantineListener(KvQuarantineListener* listener) {
+  // KvLeases calls its listener under its lock: once this returns, the old one is done with.
+  leases_->set_listener(listener);
 }
 
 void Engine::Post(Command c) {
@@ -285,8 +308,10 @@ void Engine::Post(Command c) {
 absl::StatusOr<std::vector<int32_t>> Engine::ReserveKv(const std::string& id, int32_t num_tokens) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<std::vector<int32_t>>>>();
   auto future = promise->get_future();
-  ReserveKvAsync(id, num_tokens, /*wait_s=*/0,
-                 [promise](absl::StatusOr<std::vector<int32_t>> r) { promise->set_value(std::move(r)); });
+  ReserveKvAsync(id, num_tokens, /*wait_s=*/0, [promise](absl::StatusOr<KvLeases::Reservation> r) {
+    if (r.ok()) promise->set_value(std::move(r->blocks));
+    else promise->set_value(r.status());
+  });
   return future.get();
 }
 
@@ -319,7 +344,7 @@ void Engine::ReserveKvAsync(const std::string& id, int32_t num_tokens, double wa
       return;
     }
     // First fit: a reservation that fits now is made now (waiting ones do not fit).
-    absl::StatusOr<std::vector<int32_t>> blocks = ReserveNow(id, num_tokens);
+    absl::StatusOr<KvLeases::Reservation> blocks = ReserveNow(id, num_tokens);
     if (blocks.ok() || !absl::IsResourceExhausted(blocks.status()) || wait_s <= 0) {
       done(std::move(blocks));
       return;
@@ -333,7 +358,7 @@ void Engine::ReserveKvAsync(const std::string& id, int32_t num_tokens, double wa
   });
 }
 
-absl::StatusOr<std::vector<int32_t>> Engine::ReserveNow(const std::string& id, int32_t num_tokens) {
+absl::StatusOr<KvLeases::Reservation> Engine::ReserveNow(const std::string& id, int32_t num_tokens) {
   // One position more than the prompt: the first decode step writes there.
   const int32_t need = scheduler_->BlocksFor(static_cast<int64_t>(num_tokens) + 1);
   if (scheduler_->blocks().num_free() < need) {
@@ -362,7 +387,7 @@ void Engine::AdmitKvWaiters() {
   // more room does not hold back smaller ones behind it (it keeps its place, and its wait
   // bounds how long it can be overtaken).
   for (auto it = kv_waiters_.begin(); it != kv_waiters_.end() && scheduler_->blocks().num_free() > 0;) {
-    absl::StatusOr<std::vector<int32_t>> blocks = ReserveNow(it->id, it->num_tokens);
+    absl::StatusOr<KvLeases::Reservation> blocks = ReserveNow(it->id, it->num_tokens);
     if (!blocks.ok() && absl::IsResourceExhausted(blocks.status())) {
       ++it;
       continue;
@@ -402,37 +427,57 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::SubmitImported(EngineReque
 
 void Engine::SubmitImportedAsync(EngineRequest request, int32_t first_token, bool emit_first_token, ImportedKv where,
                                  SubmitDone done) {
-  if (absl::Status st = ValidateRequest(request); !st.ok()) return done(st);
+  const uint64_t kv_writer = request.kv_writer;
+  // The writer's proof holds whatever becomes of the request: a refused one still ends it
+  // (before `done`, so that a Cancel from `done` comes after).
+  auto refuse = [&](absl::Status st) {
+    if (kv_writer != 0) {
+      Post([this, id = request.id, kv_writer] { leases_->EndWrites(id, 0, kv_writer, KvWriterProof::kDecoded); });
+    }
+    done(std::move(st));
+  };
+  if (absl::Status st = ValidateRequest(request); !st.ok()) return refuse(st);
   if (first_token < 0 || first_token >= backend_->config().vocab_size) {
-    return done(absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary")));
+    return refuse(absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary")));
   }
   if (where == ImportedKv::kDevicePool && backend_->kv_in_host_pool()) {
-    return done(absl::InvalidArgumentError("KV in a device pool, but the model runs on the CPU"));
+    return refuse(absl::InvalidArgumentError("KV in a device pool, but the model runs on the CPU"));
   }
   auto out = std::make_shared<OutputStream>();
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return done(absl::UnavailableError("engine is shutting down"));
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stop_) {
+      lock.unlock();
+      return done(absl::UnavailableError("engine is shutting down"));
+    }
     if (live_ids_.contains(request.id)) {
-      return done(absl::InvalidArgumentError(absl::StrCat("request id '", request.id, "' is already in use")));
+      lock.unlock();
+      return refuse(absl::InvalidArgumentError(absl::StrCat("request id '", request.id, "' is already in use")));
     }
     live_ids_[request.id] = true;
   }
   auto seq = std::make_shared<std::unique_ptr<Sequence>>(MakeSequence(std::move(request), out));
-  Post([this, seq, out, done = std::move(done), first_token, emit_first_token, where] {
+  Post([this, seq, out, done = std::move(done), first_token, emit_first_token, where, kv_writer] {
     Sequence& s = **seq;
     const int32_t have = static_cast<int32_t>(s.tokens.size());  // prompt + resumed output
     const KvLeases::Reservation* live = leases_->Find(s.id);
+    absl::StatusOr<KvLeases::Reservation> taken;
     if (live == nullptr || live->num_tokens < have) {
+      leases_->EndWrites(s.id, 0, kv_writer, KvWriterProof::kDecoded);
+      taken = absl::FailedPreconditionError(
+          absl::StrCat("no KV reservation of ", have, " tokens for request '", s.id, "' (expired or never made)"));
+    } else {
+      taken = leases_->Take(s.id, kv_writer, Now());
+    }
+    if (!taken.ok()) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         live_ids_.erase(s.id);
       }
-      done(absl::FailedPreconditionError(absl::StrCat(
-          "no KV reservation of ", have, " tokens for request '", s.id, "' (expired or never made)")));
+      done(taken.status());
       return;
     }
-    s.blocks = std::move(leases_->Take(s.id)->blocks);
+    s.blocks = std::move(taken->blocks);
     s.num_computed = have;
     s.host_kv_upload_end = backend_->kv_in_host_pool() || where == ImportedKv::kDevicePool ? 0 : have;
     s.prefix_looked_up = true;
@@ -522,10 +567,14 @@ void Engine::PublishStats() {
   s.kv_usage = scheduler_->blocks().usage();
   const KvLeaseStats ls = leases_->stats();
   s.kv_leases_expired = ls.expired;
+  s.kv_writers_refused = ls.writers_refused;
   s.kv_blocks_quarantined = ls.quarantined_blocks;
   s.kv_leases_quarantined = ls.quarantined_leases;
-  s.kv_quarantine_released = ls.quarantine_released;
-  s.kv_quarantine_timeouts = ls.quarantine_timeouts;
+  s.kv_quarantine_stuck = ls.quarantine_stuck;
+  s.kv_quarantine_ends_writer_ended = ls.ends_writer_ended;
+  s.kv_quarantine_ends_writer_gone = ls.ends_writer_gone;
+  s.kv_quarantine_ends_decoded = ls.ends_decoded;
+  s.kv_quarantine_ends_no_writer = ls.ends_no_writer;
   s.kv_reserve_waiting = static_cast<int64_t>(kv_waiters_.size());
   const BlockManagerStats& bs = scheduler_->blocks().stats();
   s.prefix_cache_queries = bs.prefix_queries;
@@ -585,7 +634,7 @@ void Engine::Loop() {
         if (leases_->empty() && kv_waiters_.empty()) {
           cv_.wait(lock, [this] { return stop_ || !commands_.empty(); });
         } else {
-          // Wake for the next lease expiry or quarantine bound, or end of a reservation's wait.
+          // Wake for the next lease expiry or stuck quarantine, or end of a reservation's wait.
           double next = leases_->NextDeadline();
           for (const KvWaiter& w : kv_waiters_) next = std::min(next, w.deadline);
           const double wait_s = std::max(0.0, next - Now());

@@ -4,7 +4,8 @@
 //   - Submit: generate (prefill, then decode until a stop), or prefill only (the prompt's
 //     KV streamed to a KvSink layer by layer as computed; ends with the first token);
 //   - ReserveKv + WriteKv + SubmitImported: continue a request whose prompt KV another
-//     engine computed (the decode side of disaggregation); an unused reservation expires;
+//     engine computed (the decode side of disaggregation); an unused reservation expires,
+//     into quarantine while a writer recorded on it (BeginKvWrites) may still write;
 //   - Cancel, Stats.
 // Thread-safe: every public method may be called from any thread.
 #pragma once
@@ -59,10 +60,10 @@ struct EngineOptions {
   int32_t max_waiting = 1024;              // admitted but not yet running; beyond: RESOURCE_EXHAUSTED
   bool enable_prefix_cache = true;
   double kv_lease_seconds = 30.0;          // an unused ReserveKv expires after this
-  // An expired reservation's blocks are quarantined, not freed (a prefill replica may still
-  // be writing into them): until a Cancel of its id says no writer can touch them, or this
-  // long after the expiry at most (kv_leases.h).
-  double kv_quarantine_seconds = 60.0;
+  // A reservation that ends unused while a writer recorded on it may still write is
+  // quarantined until that writer is known to have stopped, however long that takes
+  // (kv_leases.h); one quarantined longer than this counts as stuck (a warning, nothing more).
+  double kv_quarantine_stuck_seconds = 60.0;
   // ReserveKvAsync calls waiting for KV room (first come, first served); beyond:
   // RESOURCE_EXHAUSTED at once.
   int32_t max_kv_waiters = 1024;
@@ -104,6 +105,9 @@ struct EngineRequest {
   // sampling continues at output position resume_tokens.size(), so the continuation is the
   // one the lost replica would have produced.
   std::vector<int32_t> resume_tokens;
+  // SubmitImported: the writer (its incarnation, kv_leases.h) whose prefill into the
+  // reservation answered, so whose writes are complete; 0: none known.
+  uint64_t kv_writer = 0;
 };
 
 struct EngineStats {
@@ -119,12 +123,17 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t requests_finished = 0;
   int64_t kv_leases_expired = 0;
-  // Expired reservations held back from reuse (kv_leases.h): blocks and leases now, and how
-  // quarantines ended (a Cancel: the writer ended; or the fallback bound).
+  int64_t kv_writers_refused = 0;  // BeginKvWrites on a reservation that was not live
+  // Reservations held back from reuse while a writer may still write (kv_leases.h): blocks
+  // and leases now, those quarantined past kv_quarantine_stuck_seconds, and how quarantines
+  // ended (KvLeaseStats::ends_*).
   int64_t kv_blocks_quarantined = 0;
   int64_t kv_leases_quarantined = 0;
-  int64_t kv_quarantine_released = 0;
-  int64_t kv_quarantine_timeouts = 0;
+  int64_t kv_quarantine_stuck = 0;
+  int64_t kv_quarantine_ends_writer_ended = 0;
+  int64_t kv_quarantine_ends_writer_gone = 0;
+  int64_t kv_quarantine_ends_decoded = 0;
+  int64_t kv_quarantine_ends_no_writer = 0;
   int64_t kv_reserve_requests = 0;  // ReserveKv / ReserveKvAsync calls (decode replicas: Reserve RPCs)
   int64_t kv_reserve_waiting = 0;   // ReserveKvAsync calls waiting for room now
   // Prefix cache (block manager): lookups, blocks looked up and found, evictions.
@@ -153,8 +162,7 @@ class Engine {
   // a prompt larger than the whole KV cache).
   absl::StatusOr<std::shared_ptr<OutputStream>> Submit(EngineRequest request);
   // Ends a live request with CANCELLED and frees its blocks; unknown ids are ignored. For a
-  // ReserveKv id it frees the reservation, live or expired and quarantined: call it only
-  // once no peer can still be writing into the blocks.
+  // ReserveKv id it ends the reservation as ReleaseKv does; a waiting one is withdrawn.
   void Cancel(const std::string& id);
 
   // Decode side of disaggregation. Reserves KV blocks for `num_tokens` positions under
@@ -162,10 +170,25 @@ class Engine {
   // block table to write into. Errors: RESOURCE_EXHAUSTED (not enough free blocks now),
   // INVALID_ARGUMENT (an id in use).
   absl::StatusOr<std::vector<int32_t>> ReserveKv(const std::string& id, int32_t num_tokens);
-  // No peer writes into the reservation `id` any more (its prefill call ended): frees its
-  // blocks, live or expired and quarantined. Unlike Cancel, a running request of that id is
-  // left alone. Unknown ids are ignored.
-  void ReleaseKv(const std::string& id);
+  // The reservation `id` will not be used: its blocks are freed when no writer recorded on
+  // it may still write, else quarantined until each is known to have stopped (kv_leases.h).
+  // `ended_writer` (an incarnation; 0: none) is known to be done (its prefill answered).
+  // Unlike Cancel, a running request of that id is left alone. Unknown ids are ignored.
+  void ReleaseKv(const std::string& id, uint64_t ended_writer = 0);
+  // The writers of reservations (kv_leases.h). BeginKvWrites records `writer` on the live
+  // reservation `id` of `token` and answers OK (it may write now) or FAILED_PRECONDITION
+  // (it must not write); `done` runs once, inline on the caller's thread (the answer does
+  // not wait for the engine's step in flight).
+  void BeginKvWrites(const std::string& id, uint64_t token, KvWriter writer, std::function<void(absl::Status)> done);
+  // One write session of writer `incarnation` ended (its EndWrites).
+  void EndKvWrites(const std::string& id, uint64_t token, uint64_t incarnation);
+  // Every write session of writer `incarnation` on `id` ended, known by `proof` (a prober's
+  // finding: kEnded, its process holds none; kGone, its process is gone).
+  void KvWriterStopped(const std::string& id, uint64_t token, uint64_t incarnation, KvWriterProof proof);
+  // Told on the engine thread when reservations go into and out of quarantine (null: none).
+  // Must outlive the engine, or be replaced first: once this returns the previous one is
+  // called no more.
+  void SetKvQuarantineListener(KvQuarantineListener* listener);
   // ReserveKv without blocking the caller: `done` runs exactly once, on the engine thread
   // (keep it short: no waiting, no heavy work), or inline for a call refused before it is
   // queued. With `wait_s` > 0 a reservation that does not fit now waits (at most
@@ -173,7 +196,8 @@ class Engine {
   // soon as it fits (a large one does not hold back smaller ones behind it); it ends
   // RESOURCE_EXHAUSTED when `wait_s` passes or the wait queue is full, OUT_OF_RANGE at once
   // when it is larger than the whole pool (it can never fit), CANCELLED on Cancel(id).
-  using ReserveDone = std::function<void(absl::StatusOr<std::vector<int32_t>>)>;
+  // The reservation: its blocks and its token (for writers, BeginKvWrites).
+  using ReserveDone = std::function<void(absl::StatusOr<KvLeases::Reservation>)>;
   void ReserveKvAsync(const std::string& id, int32_t num_tokens, double wait_s, ReserveDone done);
   // Copies entries of positions [first_position, first_position + n) of one layer into a
   // reservation's blocks (n = entries.size() / entry_dim). Safe from any thread: it only
@@ -185,7 +209,8 @@ class Engine {
   // stream starts with that token; without, it starts with the next one (the prefill
   // side already reported the first, with the same text delta: the stop checker sees the
   // token either way). Errors: FAILED_PRECONDITION (no live reservation: expired or never
-  // made), and Submit's. `where`: the KV was written into the host pool (kv_memory(),
+  // made, or a writer other than request.kv_writer may still be writing into it: the
+  // reservation is then quarantined), and Submit's. `where`: the KV was written into the host pool (kv_memory(),
   // uploaded to a device backend's pool before the first step) or straight into the
   // device backend's pool (ModelBackend::ShareKvPool).
   enum class ImportedKv { kHostPool, kDevicePool };
@@ -292,7 +317,7 @@ class Engine {
   void Finish(std::unique_ptr<Sequence> seq, RequestOutput out);
   void ExpireLeases();
   // ReserveKv's allocation (engine thread): the blocks, or RESOURCE_EXHAUSTED for now.
-  absl::StatusOr<std::vector<int32_t>> ReserveNow(const std::string& id, int32_t num_tokens);
+  absl::StatusOr<KvLeases::Reservation> ReserveNow(const std::string& id, int32_t num_tokens);
   // Makes the waiting reservations that now fit (in order), ends those whose wait ran out.
   void AdmitKvWaiters();
   void PublishStats();

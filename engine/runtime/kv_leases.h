@@ -1,25 +1,34 @@
-// The decode side's KV reservations (leases) and the quarantine of expired ones.
+// The decode side's KV reservations (leases), the writers recorded on them, and the
+// quarantine of leases a writer may still be writing into.
 //
 // A reservation's blocks are written by a prefill replica from outside this process (UCX
-// puts, a memcpy into shared memory, a CUDA IPC copy), and nothing here can stop such a
-// writer. So a reservation that expires (no SubmitImported in time) does not free its
-// blocks: they go into quarantine, still allocated, and leave it only
-//   - when the caller says no writer can still touch them (Release: the router's
-//     Decode.Release, sent only once the prefill call ended, or the Decode call that
-//     follows a completed prefill), or
-//   - after quarantine_seconds more, the bounded fallback for a writer nobody hears of
-//     again. The prefill replica's writer stops starting writes before the lease ends
-//     (its own deadline, services/prefill/kv_write_deadline.h), so the fallback only
-//     matters for a write started in time and then held up longer than the quarantine
-//     (docs/architecture.md, "KV leases", states the argument and what is left).
-// Quarantined blocks count as in use; the block manager cannot hand them out.
+// puts, a copy into shared memory, a CUDA IPC copy), and nothing here can stop such a
+// writer: a process stopped mid-copy resumes where it was. So blocks are never handed to
+// anyone else while a writer may still write into them, and what decides it is proof, not
+// time:
+//   - A writer writes only after BeginWrites recorded it on the live lease (the prefill
+//     replica waits for that answer before its first write), so a lease with no writer
+//     recorded has nobody writing into it, and once a lease is no longer live nobody new
+//     can start.
+//   - A recorded writer stays open until it is known to have stopped: its own EndWrites
+//     (sent once its writes completed), the Decode call that follows its answered Prefill
+//     call (it answers only after its writes completed), its process saying it holds no
+//     writes for the lease, or its process provably gone (the last two are a prober's
+//     findings, services/decode/kv_writer_prober.h).
+// A lease that ends unused (it expires, is released, or a Decode finds another writer
+// open) is freed at once when no writer is open; else it is quarantined: still allocated,
+// counted in use, until its last open writer stopped. No time bound frees a quarantine;
+// one older than `stuck_seconds` is only counted (KvLeaseStats::quarantine_stuck).
 //
-// Not thread-safe: the engine thread owns it. Times are the caller's clock (seconds).
+// The engine thread owns it: every method is called there, except BeginWrites, which may
+// be called from any thread (a writer's announcement is answered at once, not after the
+// engine's step in flight; it touches no block). Times are the caller's clock (seconds).
 #pragma once
 
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,43 +38,96 @@
 
 namespace tandem {
 
+// A process writing into a lease, as its BeginWrites named it.
+struct KvWriter {
+  std::string address;       // where it answers Prefill.WriterState
+  uint64_t incarnation = 0;  // its process (random per process start)
+};
+
+// How a writer, and with the last open one a quarantine, was known to have stopped.
+enum class KvWriterProof {
+  kEnded,    // its EndWrites, or its process answering that it holds no writes for the lease
+  kGone,     // its process is gone (another process answers at its address, or none listens)
+  kDecoded,  // the Decode (or Release) that follows its answered Prefill call
+};
+
+// Told when leases go into and out of quarantine. Called on the engine thread: must not
+// block.
+class KvQuarantineListener {
+ public:
+  virtual ~KvQuarantineListener() = default;
+  // `open`: the writers not known to have stopped (at least one).
+  virtual void OnQuarantined(const std::string& lease_id, uint64_t token, const std::vector<KvWriter>& open) = 0;
+  virtual void OnQuarantineEnded(const std::string& lease_id, uint64_t token) = 0;
+};
+
 struct KvLeaseStats {
-  int64_t expired = 0;              // leases that expired unused (each went into quarantine)
-  int64_t quarantine_released = 0;  // quarantines ended by Release (the writer ended)
-  int64_t quarantine_timeouts = 0;  // quarantines ended by the fallback bound
-  int64_t quarantined_blocks = 0;   // blocks in quarantine now
-  int64_t quarantined_leases = 0;   // leases in quarantine now
+  int64_t expired = 0;          // leases that expired unused
+  int64_t writers_refused = 0;  // BeginWrites on a lease that was not live
+  // Quarantines ended, by the proof that ended them; and expired leases freed at once
+  // because no writer was open (none began, or all had ended).
+  int64_t ends_writer_ended = 0;
+  int64_t ends_writer_gone = 0;
+  int64_t ends_decoded = 0;
+  int64_t ends_no_writer = 0;
+  int64_t quarantined_blocks = 0;  // now
+  int64_t quarantined_leases = 0;  // now
+  int64_t quarantine_stuck = 0;    // quarantined for longer than stuck_seconds, now
 };
 
 class KvLeases {
  public:
-  // `blocks` must outlive this object.
-  KvLeases(BlockManager* blocks, double lease_seconds, double quarantine_seconds)
-      : blocks_(blocks), lease_seconds_(lease_seconds), quarantine_seconds_(quarantine_seconds) {}
+  // `blocks` must outlive this object. Tokens count up from `first_token` (a random number
+  // in the engine, so that two processes' tokens do not meet).
+  KvLeases(BlockManager* blocks, double lease_seconds, double stuck_seconds, uint64_t first_token = 1)
+      : blocks_(blocks), lease_seconds_(lease_seconds), stuck_seconds_(stuck_seconds), next_token_(first_token) {}
+
+  // Null: nobody is told. Called with this object's lock held (it must not call back), so
+  // once this returns the previous listener is called no more. Any thread.
+  void set_listener(KvQuarantineListener* listener) {
+    std::lock_guard<std::mutex> lock(mu_);
+    listener_ = listener;
+  }
 
   struct Reservation {
     std::vector<int32_t> blocks;
     int32_t num_tokens = 0;
+    uint64_t token = 0;  // never 0
   };
 
   // Whether `id` holds a reservation, live or quarantined (an id in use).
-  bool Contains(const std::string& id) const { return live_.contains(id) || quarantined_.contains(id); }
+  bool Contains(const std::string& id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ContainsLocked(id);
+  }
   // Reserves `num_blocks` blocks for `num_tokens` tokens under `id` until now + the lease.
   // RESOURCE_EXHAUSTED when the block manager has too few; INVALID_ARGUMENT for an id in use.
-  absl::StatusOr<std::vector<int32_t>> Reserve(const std::string& id, int32_t num_blocks, int32_t num_tokens,
-                                               double now);
-  // The live reservation of `id` (null: none, or expired). Valid until the next call.
-  const Reservation* Find(const std::string& id) const {
-    auto it = live_.find(id);
-    return it == live_.end() ? nullptr : &it->second.r;
-  }
+  absl::StatusOr<Reservation> Reserve(const std::string& id, int32_t num_blocks, int32_t num_tokens, double now);
+  // The live reservation of `id` (null: none, or no longer live). Valid until the next call
+  // on the owner thread.
+  const Reservation* Find(const std::string& id) const;
+  // Records `writer` on the live reservation `id` of `token`: from now on it may write.
+  // FAILED_PRECONDITION when there is none (expired, released, taken, never made, another
+  // token): it must not write. INVALID_ARGUMENT for a writer without address or incarnation.
+  // Any thread.
+  absl::Status BeginWrites(const std::string& id, uint64_t token, const KvWriter& writer);
+  // One write session of writer `incarnation` on `id` (token 0: whichever reservation
+  // holds `id`) ended, known by `proof`; with the last open writer of a quarantined lease
+  // the quarantine ends. Unknown leases and writers are ignored (their quarantine ended).
+  void EndWrites(const std::string& id, uint64_t token, uint64_t incarnation, KvWriterProof proof);
+  // Every write session of writer `incarnation` on `id` ended (its process holds none for
+  // the lease, or is gone).
+  void WriterStopped(const std::string& id, uint64_t token, uint64_t incarnation, KvWriterProof proof);
   // Hands a live reservation's blocks to its sequence (the lease ends, the blocks stay
-  // allocated). nullopt when `id` has no live reservation (expired, or never made).
-  std::optional<Reservation> Take(const std::string& id);
-  // No writer can still touch `id`'s blocks: frees them, live or quarantined. False when
-  // `id` holds nothing.
-  bool Release(const std::string& id);
-  // Moves leases expired by `now` into quarantine and frees quarantines past their bound.
+  // allocated), with `ended_writer` (an incarnation, 0: none) known to be done: the writer
+  // whose Prefill call answered. FAILED_PRECONDITION when `id` has no live reservation, or
+  // another writer of it is still open (the lease then goes into quarantine).
+  absl::StatusOr<Reservation> Take(const std::string& id, uint64_t ended_writer, double now);
+  // The lease will not be used (the router's Release, a failed Decode): freed when no
+  // writer is open, else quarantined. A quarantined `id` stays so. False when `id` holds
+  // nothing.
+  bool Release(const std::string& id, double now);
+  // Frees or quarantines the leases expired by `now`; counts quarantines grown stuck.
   void Tick(double now);
   // When Tick has something to do next (+infinity: nothing pending).
   double NextDeadline() const;
@@ -73,18 +135,44 @@ class KvLeases {
   void ReleaseAll();
 
   KvLeaseStats stats() const;
-  bool empty() const { return live_.empty() && quarantined_.empty(); }
+  bool empty() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_.empty() && quarantined_.empty();
+  }
 
  private:
+  struct Writer {
+    KvWriter w;
+    int open = 0;  // write sessions begun and not ended
+  };
   struct Held {
     Reservation r;
-    double until = 0;  // live: the lease's end; quarantined: the fallback's end
+    double until = 0;  // live: the lease's end
+    double since = 0;  // quarantined: since when
+    bool stuck = false;
+    std::vector<Writer> writers;
   };
+  using Leases = std::map<std::string, Held>;
+  bool ContainsLocked(const std::string& id) const { return live_.contains(id) || quarantined_.contains(id); }
+  static bool AnyOpen(const Held& h);
+  static Writer* FindWriter(Held& h, uint64_t incarnation);
+  // A live lease that ended unused: freed (no writer open) or quarantined.
+  void EndLive(Leases::iterator it, double now);
+  // Ends the quarantine of `it` when no writer is open any more.
+  void MaybeEndQuarantine(Leases::iterator it, KvWriterProof proof);
+  // The lease `id` of `token` (0: any), live or quarantined, and which map holds it.
+  Held* Lookup(const std::string& id, uint64_t token, bool* quarantined);
+
   BlockManager* blocks_;
   const double lease_seconds_;
-  const double quarantine_seconds_;
-  std::map<std::string, Held> live_;
-  std::map<std::string, Held> quarantined_;
+  const double stuck_seconds_;
+  // Guards everything below; held only for map work (and the listener's calls, which
+  // only queue).
+  mutable std::mutex mu_;
+  uint64_t next_token_;
+  KvQuarantineListener* listener_ = nullptr;
+  Leases live_;
+  Leases quarantined_;
   int64_t quarantined_blocks_ = 0;
   KvLeaseStats counts_;
 };

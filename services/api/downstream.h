@@ -69,8 +69,9 @@ class ReplicaHandle {
 
   virtual std::unique_ptr<PendingCall> Reserve(const CallOptions& o, const v1::ReserveRequest& r,
                                                std::function<void(absl::StatusOr<v1::ReserveResponse>)> done) = 0;
-  // Frees a reservation; fire and forget (the replica also expires it).
-  virtual void Release(const CallOptions& o, const std::string& lease_id) = 0;
+  // Frees a reservation; fire and forget (the replica also expires it). `ended_writer`:
+  // ReleaseRequest.ended_writer_incarnation (0: none).
+  virtual void Release(const CallOptions& o, const std::string& lease_id, uint64_t ended_writer) = 0;
   virtual std::unique_ptr<PendingCall> Prefill(const CallOptions& o, const v1::PrefillRequest& r,
                                                std::function<void(absl::StatusOr<v1::PrefillResponse>)> done) = 0;
   // The stream starts at once; the caller Reads.

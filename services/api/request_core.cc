@@ -205,7 +205,7 @@ void RequestCore::OnReserved(const std::shared_ptr<ReplicaHandle>& d, const std:
   if (IsTerminal(state_)) {
     // The request ended while the reservation was in flight: nobody will use it. A
     // cancelled Reserve may have reserved all the same.
-    if (r.ok() || MayStillRun(r.status())) d->Release(Options(), lease_id);
+    if (r.ok() || MayStillRun(r.status())) d->Release(Options(), lease_id, 0);
     MaybeDone();
     return;
   }
@@ -246,7 +246,7 @@ void RequestCore::OnReserved(const std::shared_ptr<ReplicaHandle>& d, const std:
     return;
   }
   if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
-    if (absl::IsDeadlineExceeded(s)) d->Release(Options(), lease_id);  // it may have reserved
+    if (absl::IsDeadlineExceeded(s)) d->Release(Options(), lease_id, 0);  // it may have reserved
     tried_decode_.push_back(d->id());  // gone: not again for this request
     decode_.reset();
     Reserve();
@@ -318,11 +318,15 @@ void RequestCore::OnPrefilled(const std::shared_ptr<ReplicaHandle>& p, absl::Sta
   absl::Status s = r.status();
   const bool lost = MayStillRun(s) && p->IsLost();
   if (lost) s = absl::UnavailableError(absl::StrCat("prefill replica ", p->id(), " stopped heartbeating"));
-  // Cancelled, timed out or cut off, the prefill replica may still be writing into the
-  // reserved blocks: leave them to the lease's expiry rather than free them under it.
-  if (lost || MayStillRun(s)) AbandonLease(lost ? "prefill replica cut off" : "prefill call cancelled");
+  // Whatever the answer, the lease is not written into again by this request: a retry
+  // takes a fresh one. Its release carries proof only when the prefill answered OK (its
+  // writes all completed first); cancelled, timed out, cut off or dead, the writer may
+  // still be writing, and the decode replica keeps the blocks quarantined until it knows
+  // better (kv_leases.h). The release is sent now unless the prefill's KV is used (decode)
+  // or the request keeps the lease for its Decode call.
+  if (!r.ok()) ReleaseLease();
   if (IsTerminal(state_)) {
-    ReleaseLease();  // the Fail that ended the request had to leave it to us
+    ReleaseLease(r.ok() ? r->writer_incarnation() : 0);  // the Fail that ended the request had to leave it to us
     prefill_.reset();
     MaybeDone();
     return;
@@ -331,21 +335,11 @@ void RequestCore::OnPrefilled(const std::shared_ptr<ReplicaHandle>& p, absl::Sta
   prefill_call_.reset();
   if (!s.ok()) {
     const bool retry = prefill_attempts_ < kMaxPrefillAttempts;
-    if (retry && absl::IsUnavailable(s)) {
-      tried_prefill_.push_back(p->id());
-      prefill_.reset();
-      if (!lease_) {
-        // Cut off, not dead: the lease is abandoned; take a fresh one.
-        decode_.reset();
-        Reserve();
-        return;
-      }
-      Prefill();  // the replica is gone: the same lease serves another one
-      return;
-    }
-    if (retry && absl::IsAborted(s)) {
-      // The transfer failed: start over with a fresh lease (possibly on the same replica).
-      ReleaseLease();
+    if (retry && (absl::IsUnavailable(s) || absl::IsAborted(s))) {
+      // The replica is gone or cut off (another one, on a fresh lease: the cut-off one may
+      // still write into the old lease), or the transfer failed (a fresh lease, possibly
+      // on the same replicas).
+      if (absl::IsUnavailable(s)) tried_prefill_.push_back(p->id());
       prefill_.reset();
       decode_.reset();
       Reserve();
@@ -369,7 +363,7 @@ void RequestCore::OnPrefilled(const std::shared_ptr<ReplicaHandle>& p, absl::Sta
   if (prefill_resp_.finished()) {
     first.set_finish_reason(prefill_resp_.finish_reason());
     first.set_matched_stop(prefill_resp_.matched_stop());
-    ReleaseLease();
+    ReleaseLease(prefill_resp_.writer_incarnation());
     FinishOk(std::move(first), nullptr);
     return;
   }
@@ -401,6 +395,7 @@ void RequestCore::StartDecode() {
   req.set_kv_bytes(prefill_resp_.kv_bytes());
   req.set_kv_checksum(prefill_resp_.kv_checksum());
   req.set_kv_path(prefill_resp_.kv_path());
+  req.set_writer_incarnation(prefill_resp_.writer_incarnation());
   for (int32_t t : resume_) req.add_resume_tokens(t);
   lease_.reset();  // the Decode call consumes it (the replica frees it when the stream ends)
   Transition(RequestState::kDecoding);
@@ -496,16 +491,9 @@ void RequestCore::OnDeadline(bool fired) {
 
 // ---- Leases and queues ----
 
-void RequestCore::ReleaseLease() {
-  if (!lease_ || lease_->prefill_writing) return;  // OnPrefilled releases (or abandons) it
-  lease_->replica->Release(Options(), lease_->id);
-  lease_.reset();
-}
-
-void RequestCore::AbandonLease(const char* why) {
-  if (!lease_) return;
-  spdlog::debug("{}lease {} left to expire on {}: {}", service::RequestLogPrefix(id_), lease_->id,
-                lease_->replica->id(), why);
+void RequestCore::ReleaseLease(uint64_t ended_writer) {
+  if (!lease_ || lease_->prefill_writing) return;  // OnPrefilled releases it
+  lease_->replica->Release(Options(), lease_->id, ended_writer);
   lease_.reset();
 }
 

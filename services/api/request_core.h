@@ -132,8 +132,12 @@ class RequestCore : public std::enable_shared_from_this<RequestCore> {
   bool Migrate(const absl::Status& why);
   void OnDeadline(bool fired);
 
-  void ReleaseLease();
-  void AbandonLease(const char* why);
+  // Releases the lease (once no Prefill call into it is in flight). `ended_writer`: the
+  // incarnation of the prefill replica whose call into it answered (its writes are done;
+  // 0: none known). Without it the decode replica frees the blocks only when no writer
+  // it recorded may still write, and otherwise keeps them quarantined until that writer
+  // is known to have stopped (engine/runtime/kv_leases.h).
+  void ReleaseLease(uint64_t ended_writer = 0);
   bool EnterQueue(AdmissionQueues::Queue q);
   void LeaveQueue(AdmissionQueues::Queue q);
 

@@ -6,6 +6,8 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,7 +54,7 @@ struct WorkerFlags {
   int32_t max_running = 64;
   int32_t max_waiting = 1024;
   int64_t kv_lease_ms = 30000;
-  int64_t kv_quarantine_ms = 0;
+  int64_t kv_quarantine_warn_ms = 0;
   std::string kv_transfer = "auto";
   bool no_prefix_cache = false;
   bool no_device_sampling = false;
@@ -130,9 +132,10 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   app.add_option("--kv-lease-ms", f.kv_lease_ms, "How long a decode reservation waits for its KV")
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}))
       ->capture_default_str();
-  app.add_option("--kv-quarantine-ms", f.kv_quarantine_ms,
-                 "How long, at most, the blocks of an expired decode reservation stay out of use when nobody says "
-                 "its prefill replica stopped writing into them (0: twice --kv-lease-ms)")
+  app.add_option("--kv-quarantine-warn-ms", f.kv_quarantine_warn_ms,
+                 "Decode: a reservation whose prefill replica may still be writing into it stays out of use until "
+                 "that replica is known to have stopped, however long it takes; past this age it is logged and "
+                 "counted in tandem_kv_quarantine_stuck (0: twice --kv-lease-ms)")
       ->check(CLI::Range(int64_t{0}, int64_t{86400000}))
       ->capture_default_str();
   app.add_option("--kv-transfer", f.kv_transfer,
@@ -227,7 +230,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.sample_on_device = !f.no_device_sampling;
   eo.pipeline_steps = !f.no_pipeline_steps;
   eo.kv_lease_seconds = f.kv_lease_ms / 1000.0;
-  eo.kv_quarantine_seconds = (f.kv_quarantine_ms > 0 ? f.kv_quarantine_ms : 2 * f.kv_lease_ms) / 1000.0;
+  const int64_t quarantine_warn_ms = f.kv_quarantine_warn_ms > 0 ? f.kv_quarantine_warn_ms : 2 * f.kv_lease_ms;
+  eo.kv_quarantine_stuck_seconds = quarantine_warn_ms / 1000.0;
   eo.kv_memory = static_cast<float*>(pool.base);
   eo.kv_memory_bytes = pool.bytes;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);
@@ -267,6 +271,10 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   service::AcceptClientKeepalive(builder);
+  // No SO_REUSEPORT: while this process lives no other can listen on its port, which is
+  // what lets a decode replica read "another process answers here" or "nothing listens
+  // here" as this prefill replica's writers being gone (docs/architecture.md, "KV leases").
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(f.common.listen, creds->ServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(64 << 20);
@@ -295,7 +303,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   switch (role) {
     case v1::ROLE_PREFILL:
       prefill = std::make_unique<PrefillServiceImpl>(
-          engine->get(), transport.get(),
+          engine->get(), transport.get(), std::make_shared<GrpcKvWriteNotices>(creds->ChannelFactory(), 256),
           [&metrics](double seconds, int64_t bytes, bool ok, const std::string& path) {
             metrics.KvTransfer(seconds, bytes, ok, path);
           },
@@ -304,7 +312,12 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       builder.RegisterService(prefill.get());
       break;
     case v1::ROLE_DECODE:
-      decode = std::make_unique<DecodeServiceImpl>(engine->get(), pool.descriptor, f.kv_lease_ms, device_pool);
+      decode = std::make_unique<DecodeServiceImpl>(
+          engine->get(), pool.descriptor,
+          DecodeServiceImpl::Options{.lease_ms = f.kv_lease_ms,
+                                     .device_pool = device_pool,
+                                     .channel_factory = creds->ChannelFactory(),
+                                     .prober = {.stuck_after = std::chrono::milliseconds(quarantine_warn_ms)}});
       builder.RegisterService(decode.get());
       break;
     default:
@@ -321,6 +334,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   std::string host = f.advertise.empty() ? (listen.ok() ? listen->host : "127.0.0.1") : f.advertise;
   if (host == "0.0.0.0" || host == "::" || host.empty()) host = "127.0.0.1";
   const std::string grpc_address = service::FormatHostPort(host, static_cast<uint16_t>(port));
+  if (prefill) prefill->SetAddress(grpc_address);
+  if (decode) decode->SetAddress(grpc_address);
 
   std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {
       metrics_registry, EngineCollector(engine->get(), ucx.get(), f.common.model, RoleName(role))};
@@ -331,7 +346,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   service::AdminServer admin(CombineCollectables(std::move(collectables)));
   if (absl::Status s = admin.Start(f.common.admin_listen); !s.ok()) return Fail("admin server", s);
   Engine* e = engine->get();
-  admin.AddHandler("/stats", [e, kv = kvstore_client.get()](const service::HttpRequest&) {
+  admin.AddHandler("/stats", [e, kv = kvstore_client.get(), dec = decode.get()](const service::HttpRequest&) {
     const EngineStats s = e->Stats();
     nlohmann::json j = {{"waiting", s.num_waiting},         {"running", s.num_running},
                         {"kv_blocks_total", s.kv_blocks_total}, {"kv_blocks_in_use", s.kv_blocks_in_use},
@@ -340,10 +355,22 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                         {"prompt_tokens_cached", s.prompt_tokens_cached}, {"preemptions", s.preemptions},
                         {"requests_finished", s.requests_finished}, {"kv_leases_expired", s.kv_leases_expired},
                         {"kv_blocks_quarantined", s.kv_blocks_quarantined},
+                        {"kv_leases_quarantined", s.kv_leases_quarantined},
+                        {"kv_quarantine_stuck", s.kv_quarantine_stuck},
+                        {"kv_quarantine_ends",
+                         {{"writer_ended", s.kv_quarantine_ends_writer_ended},
+                          {"writer_gone", s.kv_quarantine_ends_writer_gone},
+                          {"decoded", s.kv_quarantine_ends_decoded},
+                          {"no_writer", s.kv_quarantine_ends_no_writer}}},
                         {"prompt_tokens_imported", s.prompt_tokens_imported},
                         {"kv_host_staged_bytes", s.kv_host_staged_bytes},
                         {"device_sampled_tokens", s.device_sampled_tokens},
                         {"layout_fingerprint", FingerprintHex(e->layout_fingerprint())}};
+    if (dec != nullptr) {
+      nlohmann::json writers = nlohmann::json::object();
+      for (const auto& [address, n] : dec->QuarantineWriters()) writers[address] = n;
+      j["kv_quarantine_writers"] = writers;
+    }
     if (kv != nullptr) {
       const kvstore::KvStoreClientStats k = kv->stats();
       j["kvstore"] = {{"instances", kv->instances().size()},     {"fetches", k.fetches},
@@ -429,6 +456,17 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   registration.reset();  // deregisters
+  if (prefill) {
+    // The listening port closes only once no call here may still write into a decode
+    // replica's blocks: until then a closed port would read as this process being gone.
+    prefill->StopAccepting();
+    const auto writes_until = std::max(drain_until, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+    if (!prefill->WaitForWritesToEnd(writes_until)) {
+      spdlog::error("{} calls still hold KV writes into decode replicas: exiting without closing the port first",
+                    prefill->writers().size());
+      std::_Exit(1);  // the port closes with the process, after its last thread
+    }
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   admin.Stop();
   return 0;

@@ -66,14 +66,27 @@ class EngineStatsCollector : public prometheus::Collectable {
     add("tandem_preemptions_total", "Sequences preempted for KV cache room (recomputed later)", MetricType::Counter,
         s.preemptions);
     add("tandem_engine_steps_total", "Engine steps (batches run)", MetricType::Counter, s.steps);
-    add("tandem_kv_leases_expired_total", "Decode reservations that expired unused (their blocks quarantined)",
-        MetricType::Counter, s.kv_leases_expired);
-    add("tandem_kv_quarantined_blocks", "KV blocks of expired reservations held back from reuse (a prefill replica "
-        "may still be writing into them)", MetricType::Gauge, s.kv_blocks_quarantined);
-    add("tandem_kv_quarantine_ends_total", "Quarantines of expired reservations ended, by why", MetricType::Counter,
-        s.kv_quarantine_released, {"reason", "writer_ended"});
-    add("tandem_kv_quarantine_ends_total", "Quarantines of expired reservations ended, by why", MetricType::Counter,
-        s.kv_quarantine_timeouts, {"reason", "bound"});
+    add("tandem_kv_leases_expired_total", "Decode reservations that expired unused", MetricType::Counter,
+        s.kv_leases_expired);
+    add("tandem_kv_writers_refused_total",
+        "Decode.BeginWrites refused: the reservation was not live, so that writer wrote nothing into it",
+        MetricType::Counter, s.kv_writers_refused);
+    add("tandem_kv_quarantined_blocks", "KV blocks of ended reservations held back from reuse (a prefill replica "
+        "recorded as their writer may still be writing into them)", MetricType::Gauge, s.kv_blocks_quarantined);
+    add("tandem_kv_quarantine_stuck", "Quarantined reservations older than --kv-quarantine-warn-ms (their writer is "
+        "neither known to be done nor known to be gone)", MetricType::Gauge, s.kv_quarantine_stuck);
+    const char* ends_help =
+        "Quarantines ended, by the proof that the writer stopped (writer_ended: its EndWrites or its own answer; "
+        "writer_gone: its process is gone; decoded: the Decode or Release after its answered Prefill call), and "
+        "expired reservations freed at once because no writer was open (no_writer)";
+    add("tandem_kv_quarantine_ends_total", ends_help, MetricType::Counter, s.kv_quarantine_ends_writer_ended,
+        {"reason", "writer_ended"});
+    add("tandem_kv_quarantine_ends_total", ends_help, MetricType::Counter, s.kv_quarantine_ends_writer_gone,
+        {"reason", "writer_gone"});
+    add("tandem_kv_quarantine_ends_total", ends_help, MetricType::Counter, s.kv_quarantine_ends_decoded,
+        {"reason", "decoded"});
+    add("tandem_kv_quarantine_ends_total", ends_help, MetricType::Counter, s.kv_quarantine_ends_no_writer,
+        {"reason", "no_writer"});
     add("tandem_decode_reserve_requests_total", "KV reservations asked for (decode replicas: Decode.Reserve calls)",
         MetricType::Counter, s.kv_reserve_requests);
     add("tandem_decode_reserve_waiting", "KV reservations waiting for room in the replica's queue",

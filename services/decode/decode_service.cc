@@ -31,12 +31,40 @@ class ReserveReactor final : public grpc::ServerUnaryReactor {
   std::atomic<bool> armed_{false};
 };
 
+// Channels to writers: a short reconnect backoff, so that a writer's new process is
+// heard soon after it listens.
+grpc::ChannelArguments WriterChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return args;
+}
+
+constexpr size_t kMaxWriterChannels = 256;
+
 }  // namespace
 
-DecodeServiceImpl::DecodeServiceImpl(Engine* engine, std::string pool_descriptor, int64_t lease_ms,
-                                     std::optional<v1::DeviceKvPool> device_pool)
-    : engine_(engine), pool_descriptor_(std::move(pool_descriptor)), lease_ms_(lease_ms),
-      device_pool_(std::move(device_pool)) {}
+DecodeServiceImpl::DecodeServiceImpl(Engine* engine, std::string pool_descriptor, Options o)
+    : engine_(engine),
+      pool_descriptor_(std::move(pool_descriptor)),
+      lease_ms_(o.lease_ms),
+      device_pool_(std::move(o.device_pool)),
+      writer_channels_(o.channel_factory, kMaxWriterChannels, WriterChannelArgs()),
+      writer_state_(&writer_channels_, o.writer_call_timeout, o.writer_connect_timeout),
+      prober_(&writer_state_,
+              [engine](const std::string& id, uint64_t token, uint64_t incarnation, KvWriterProof proof) {
+                engine->KvWriterStopped(id, token, incarnation, proof);
+              },
+              o.prober) {
+  engine_->SetKvQuarantineListener(&prober_);
+}
+
+DecodeServiceImpl::~DecodeServiceImpl() { engine_->SetKvQuarantineListener(nullptr); }
+
+void DecodeServiceImpl::SetAddress(std::string address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  address_ = std::move(address);
+}
 
 std::optional<DecodeServiceImpl::Reservation> DecodeServiceImpl::Take(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -47,7 +75,7 @@ std::optional<DecodeServiceImpl::Reservation> DecodeServiceImpl::Take(const std:
   return r;
 }
 
-void DecodeServiceImpl::Remember(const std::string& id, const std::vector<int32_t>& blocks, int32_t num_tokens) {
+void DecodeServiceImpl::Remember(const std::string& id, const KvLeases::Reservation& r) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   // Forget reservations the engine has long since expired.
@@ -55,11 +83,11 @@ void DecodeServiceImpl::Remember(const std::string& id, const std::vector<int32_
     if (now - it->second.made > std::chrono::milliseconds(4 * lease_ms_)) it = reservations_.erase(it);
     else ++it;
   }
-  reservations_[id] = {blocks, num_tokens, now};
+  reservations_[id] = {r.blocks, r.num_tokens, now};
 }
 
-void DecodeServiceImpl::FillDestination(const std::string& id, const std::vector<int32_t>& blocks,
-                                        v1::KvDestination* d) const {
+void DecodeServiceImpl::FillDestination(const std::string& id, const KvLeases::Reservation& r,
+                                        v1::KvDestination* d) {
   const Engine::KvMemory m = engine_->kv_memory();
   d->set_layout_fingerprint(engine_->layout_fingerprint());
   d->set_memory_descriptor(pool_descriptor_);
@@ -68,9 +96,14 @@ void DecodeServiceImpl::FillDestination(const std::string& id, const std::vector
   d->set_entry_dim(static_cast<int32_t>(m.entry_dim));
   d->set_num_layers(static_cast<int32_t>(m.num_layers));
   d->set_bytes_per_value(sizeof(float));
-  for (int32_t b : blocks) d->add_block_ids(b);
+  for (int32_t b : r.blocks) d->add_block_ids(b);
   d->set_lease_id(id);
   d->set_lease_ms(lease_ms_);
+  d->set_lease_token(r.token);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    d->set_decode_address(address_);
+  }
   if (device_pool_) *d->mutable_device_pool() = *device_pool_;
 }
 
@@ -95,7 +128,7 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Reserve(grpc::CallbackServerContext
   reactor->Arm();
   // `ctx`, `r` and `response` stay valid until Finish.
   engine_->ReserveKvAsync(r->request_id(), r->num_tokens(), wait_s,
-                          [this, reactor, ctx, r, response](absl::StatusOr<std::vector<int32_t>> blocks) {
+                          [this, reactor, ctx, r, response](absl::StatusOr<KvLeases::Reservation> blocks) {
                             // The engine thread: record and answer, nothing more.
                             reactor->Disarm();
                             if (!blocks.ok()) {
@@ -103,12 +136,13 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Reserve(grpc::CallbackServerContext
                               return;
                             }
                             if (ctx->IsCancelled()) {
-                              // The router gave up waiting: nobody will use or release this.
+                              // The router gave up waiting: nobody will use or release this
+                              // (nor write into it: no writer could have its destination).
                               engine_->Cancel(r->request_id());
                               reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
                               return;
                             }
-                            Remember(r->request_id(), *blocks, r->num_tokens());
+                            Remember(r->request_id(), *blocks);
                             FillDestination(r->request_id(), *blocks, response->mutable_destination());
                             reactor->Finish(grpc::Status::OK);
                           });
@@ -118,7 +152,10 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Reserve(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* DecodeServiceImpl::Release(grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* r,
                                                      v1::ReleaseResponse*) {
   Take(r->request_id());
-  engine_->Cancel(r->request_id());  // frees the engine's reservation (or withdraws a waiting one)
+  // The writer whose prefill answered is done; the reservation is freed unless another
+  // writer may still write into it (then quarantined until proof).
+  if (r->ended_writer_incarnation() != 0) engine_->ReleaseKv(r->request_id(), r->ended_writer_incarnation());
+  engine_->Cancel(r->request_id());  // ends the engine's reservation (or withdraws a waiting one)
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -127,14 +164,16 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Release(grpc::CallbackServerContext
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::CallbackServerContext*,
                                                                           const v1::DecodeRequest* r) {
   std::optional<Reservation> res = Take(r->request_id());
+  // The router sends Decode only once the prefill call answered, after that writer's
+  // writes completed: r->writer_incarnation() is done, whatever happens to this call.
   auto fail = [&](const absl::Status& s) {
-    engine_->Cancel(r->request_id());
+    engine_->ReleaseKv(r->request_id(), r->writer_incarnation());
     return EngineStreamReactor::Failed(ToGrpcStatus(s));
   };
   if (!res) {
-    // The router sends Decode only after the prefill call completed, so no writer is left:
-    // an expired lease of this id, quarantined in the engine, can be freed now.
-    engine_->ReleaseKv(r->request_id());
+    // An expired lease of this id, quarantined in the engine, is freed unless another
+    // writer may still write into it.
+    engine_->ReleaseKv(r->request_id(), r->writer_incarnation());
     return EngineStreamReactor::Failed(ToGrpcStatus(absl::FailedPreconditionError(
         absl::StrCat("no KV reservation for request '", r->request_id(), "' (expired or never made)"))));
   }
@@ -173,7 +212,7 @@ void DecodeServiceImpl::CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> 
                                        EngineStreamReactor::Handle handle) {
   const std::string& id = r->request_id();
   auto fail = [&](const absl::Status& s) {
-    engine_->Cancel(id);
+    engine_->ReleaseKv(id, r->writer_incarnation());
     EngineStreamReactor::Fail(handle, ToGrpcStatus(s));
   };
   const int64_t vocab = engine_->config().vocab_size;
@@ -197,11 +236,13 @@ void DecodeServiceImpl::CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> 
   EngineRequest req{.id = id, .prompt = std::vector<int32_t>(r->prompt().begin(), r->prompt().end()),
                     .sampling = *sampling, .stop = std::move(*stop)};
   req.resume_tokens.assign(r->resume_tokens().begin(), r->resume_tokens().end());
+  req.kv_writer = r->writer_incarnation();
   engine_->SubmitImportedAsync(
       std::move(req), r->first_token(), /*emit_first_token=*/false,
       device ? Engine::ImportedKv::kDevicePool : Engine::ImportedKv::kHostPool,
       [this, id, handle](absl::StatusOr<std::shared_ptr<OutputStream>> stream) {
-        // The engine thread (or this one, for a request refused at once).
+        // The engine thread (or this one, for a request refused at once). The engine took
+        // the writer's proof (EngineRequest::kv_writer) either way.
         if (!stream.ok()) {
           engine_->Cancel(id);
           EngineStreamReactor::Fail(handle, ToGrpcStatus(stream.status()));
@@ -209,6 +250,32 @@ void DecodeServiceImpl::CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> 
         }
         EngineStreamReactor::Attach(handle, std::move(*stream));
       });
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::BeginWrites(grpc::CallbackServerContext* ctx,
+                                                         const v1::BeginWritesRequest* r, v1::BeginWritesResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (r->lease().lease_id().empty() || r->writer_address().empty() || r->writer_incarnation() == 0) {
+    reactor->Finish(ToGrpcStatus(
+        absl::InvalidArgumentError("lease.lease_id, writer_address and writer_incarnation are required")));
+    return reactor;
+  }
+  // Answered at once, once the writer is recorded (or refused): the writer writes only
+  // after this answer.
+  engine_->BeginKvWrites(r->lease().lease_id(), r->lease().lease_token(),
+                         {.address = r->writer_address(), .incarnation = r->writer_incarnation()},
+                         [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::EndWrites(grpc::CallbackServerContext* ctx, const v1::EndWritesRequest* r,
+                                                       v1::EndWritesResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!r->lease().lease_id().empty() && r->writer_incarnation() != 0) {
+    engine_->EndKvWrites(r->lease().lease_id(), r->lease().lease_token(), r->writer_incarnation());
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
 }  // namespace tandem

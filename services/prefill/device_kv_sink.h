@@ -2,7 +2,10 @@
 // layer's new positions to the backend's PeerKvWriter, which copies them on the GPU into
 // the decode replica's device pool while later layers compute. Nothing is staged on the
 // host; the writes are complete when the engine's step returns, so Flush has nothing
-// left to wait for.
+// left to wait for. The copies read the engine's own blocks, which cannot wait for the
+// decode replica to accept this writer (write_gate.h): the first copy waits for the gate
+// on the engine thread instead (500 ms at most), which the BeginWrites sent when the call
+// arrived has nearly always answered by the time the first layer is computed.
 #pragma once
 
 #include <chrono>
@@ -10,14 +13,17 @@
 
 #include "engine/model/model_backend.h"
 #include "services/prefill/outgoing_kv_sink.h"
+#include "services/prefill/write_gate.h"
 
 namespace tandem {
 
 class DeviceKvSink : public OutgoingKvSink {
  public:
-  // No copy is enqueued at or after `write_deadline` (kv_write_deadline.h): the layers
-  // after it are skipped and Flush reports DEADLINE_EXCEEDED.
-  DeviceKvSink(std::unique_ptr<PeerKvWriter> writer, std::chrono::steady_clock::time_point write_deadline);
+  // No copy is enqueued before `gate` opened (a gate that shuts, or stays closed until
+  // `write_deadline`, skips every layer), nor at or after `write_deadline`
+  // (kv_write_deadline.h): the layers after it are skipped and Flush reports the error.
+  DeviceKvSink(std::unique_ptr<PeerKvWriter> writer, std::chrono::steady_clock::time_point write_deadline,
+               std::shared_ptr<WriteGate> gate);
 
   void OnLayerKv(const KvSlice& slice) override;  // never called: wants_host_kv() is false
   PeerKvWriter* peer_writer() override;
@@ -35,8 +41,9 @@ class DeviceKvSink : public OutgoingKvSink {
   // requests of the step go on; this one's Flush fails.
   class DeadlineWriter : public PeerKvWriter {
    public:
-    DeadlineWriter(std::unique_ptr<PeerKvWriter> inner, std::chrono::steady_clock::time_point deadline)
-        : inner_(std::move(inner)), deadline_(deadline) {}
+    DeadlineWriter(std::unique_ptr<PeerKvWriter> inner, std::chrono::steady_clock::time_point deadline,
+                   std::shared_ptr<WriteGate> gate)
+        : inner_(std::move(inner)), deadline_(deadline), gate_(std::move(gate)) {}
     absl::Status WriteLayer(int64_t layer, std::span<const int32_t> src_blocks, int64_t begin,
                             int64_t end) override;
     int64_t bytes() const override { return inner_->bytes(); }
@@ -47,6 +54,8 @@ class DeviceKvSink : public OutgoingKvSink {
    private:
     std::unique_ptr<PeerKvWriter> inner_;
     std::chrono::steady_clock::time_point deadline_;
+    std::shared_ptr<WriteGate> gate_;
+    bool open_ = false;
     absl::Status error_;
   };
   DeadlineWriter guard_;

@@ -2,6 +2,7 @@
 
 #include <memory>
 #include <mutex>
+#include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "services/common/transfer/remote_memory_descriptor.h"
 #include "services/prefill/device_kv_sink.h"
 #include "services/prefill/kv_write_deadline.h"
+#include "services/prefill/kv_writer_session.h"
 #include "services/prefill/prefix_tier.h"
 #include "services/prefill/transfer_kv_sink.h"
 #include "spdlog/spdlog.h"
@@ -68,13 +70,14 @@ DeviceKvPool PoolFromProto(const v1::DeviceKvPool& p) {
 // transfer layer.
 absl::StatusOr<std::unique_ptr<OutgoingKvSink>> MakeSink(Engine& engine, KvTransport* transport,
                                                          KvTransferMode mode, const v1::KvDestination& d,
-                                                         std::chrono::steady_clock::time_point write_deadline) {
+                                                         std::chrono::steady_clock::time_point write_deadline,
+                                                         const std::shared_ptr<WriteGate>& gate) {
   if (mode != KvTransferMode::kTransfer) {
     absl::Status why;
     if (d.has_device_pool()) {
       absl::StatusOr<std::unique_ptr<PeerKvWriter>> w = engine.backend().OpenPeerKv(
           PoolFromProto(d.device_pool()), std::vector<int32_t>(d.block_ids().begin(), d.block_ids().end()));
-      if (w.ok()) return std::make_unique<DeviceKvSink>(std::move(*w), write_deadline);
+      if (w.ok()) return std::make_unique<DeviceKvSink>(std::move(*w), write_deadline, gate);
       why = w.status();
     } else {
       why = absl::FailedPreconditionError(
@@ -87,20 +90,27 @@ absl::StatusOr<std::unique_ptr<OutgoingKvSink>> MakeSink(Engine& engine, KvTrans
   }
   ASSIGN_OR_RETURN(std::unique_ptr<KvWriteSession> session,
                    transport->OpenSession(d.memory_descriptor(), write_deadline));
-  return std::make_unique<TransferKvSink>(std::move(session), d, write_deadline);
+  return std::make_unique<TransferKvSink>(std::move(session), d, write_deadline, gate);
 }
+
+// What a call needs to write as this process.
+struct WriterContext {
+  KvWriterRegistry* registry;
+  std::shared_ptr<KvWriteNotices> notices;
+  KvWriterIdentity identity;
+};
 
 class PrefillReactor : public grpc::ServerUnaryReactor {
  public:
   PrefillReactor(Engine* engine, KvTransport* transport, KvTransferMode mode,
-                 const PrefillServiceImpl::OnTransfer* on_transfer, PrefixStore* prefix_store,
+                 const PrefillServiceImpl::OnTransfer* on_transfer, PrefixStore* prefix_store, WriterContext writer,
                  const v1::PrefillRequest* request, v1::PrefillResponse* response)
       : engine_(engine), mode_(mode), on_transfer_(on_transfer), response_(response), id_(request->request_id()),
-        prefix_store_(prefix_store), received_(std::chrono::steady_clock::now()) {
+        prefix_store_(prefix_store), writer_context_(std::move(writer)), received_(std::chrono::steady_clock::now()) {
     absl::Status st = Start(transport, *request);
     if (!st.ok()) {
       spdlog::info("{}prefill refused: {}", service::RequestLogPrefix(id_), st.ToString());
-      Finish(ToGrpcStatus(st));
+      FinishAfterWrites(ToGrpcStatus(st));
     }
   }
 
@@ -129,8 +139,13 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     // Counted from now, when this replica first saw the lease (kv_write_deadline.h).
     absl::StatusOr<std::chrono::steady_clock::time_point> deadline = KvWriteDeadline(r.destination(), received_);
     if (!deadline.ok()) return deadline.status();
+    // Announced first, so that the decode replica's answer overlaps everything below; from
+    // here every way out ends the session (FinishAfterWrites, or its destructor).
+    writer_ = std::make_unique<KvWriterSession>(writer_context_.registry, writer_context_.notices, r.destination(),
+                                                writer_context_.identity);
+    writer_->Begin(*deadline);
     absl::StatusOr<std::unique_ptr<OutgoingKvSink>> sink =
-        MakeSink(*engine_, transport, mode_, r.destination(), *deadline);
+        MakeSink(*engine_, transport, mode_, r.destination(), *deadline, writer_->gate());
     if (!sink.ok()) return sink.status();
     sink_ = std::move(*sink);
     EngineRequest req{.id = id_, .prompt = std::vector<int32_t>(r.prompt().begin(), r.prompt().end()),
@@ -171,7 +186,7 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
       cancelled = cancelled_;
     }
     if (cancelled) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+      FinishAfterWrites(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
       return;
     }
     spdlog::debug("{}kvstore tier: {} blocks cached here, {} stored in the tier, {} fetched in {:.1f} ms{}",
@@ -191,8 +206,16 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     }
     if (!st.ok()) {
       spdlog::info("{}prefill refused: {}", service::RequestLogPrefix(id_), st.ToString());
-      Finish(ToGrpcStatus(st));
+      FinishAfterWrites(ToGrpcStatus(st));
     }
+  }
+
+  // Every way out once the session began: the writes have all completed (the sink
+  // flushed) or none was made; the decode replica hears that they ended, then the call
+  // answers.
+  void FinishAfterWrites(grpc::Status s) {
+    if (writer_) writer_->End();
+    Finish(std::move(s));
   }
 
   void OnOutput() {
@@ -211,8 +234,9 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
         spdlog::info("{}prefill failed: {}", service::RequestLogPrefix(id_), out->status.ToString());
       }
       // Writes already issued must still complete before the call ends (the sink's
-      // staging memory is in use until then).
-      sink_->Flush([this, st = out->status](absl::Status) { Finish(ToGrpcStatus(st)); });
+      // staging memory is in use until then, and the writes must have ended before the
+      // decode replica is told so).
+      sink_->Flush([this, st = out->status](absl::Status) { FinishAfterWrites(ToGrpcStatus(st)); });
       return;
     }
     response_->set_first_token(out->token_ids.empty() ? -1 : out->token_ids[0]);
@@ -232,7 +256,7 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
       if (*on_transfer_) (*on_transfer_)(sink_->transfer_seconds(), sink_->bytes(), st.ok(), device ? "cuda_ipc" : "transfer");
       if (!st.ok()) {
         spdlog::info("{}KV transfer failed: {}", service::RequestLogPrefix(id_), st.ToString());
-        Finish(ToGrpcStatus(absl::AbortedError(absl::StrCat("KV transfer failed: ", st.message()))));
+        FinishAfterWrites(ToGrpcStatus(absl::AbortedError(absl::StrCat("KV transfer failed: ", st.message()))));
         return;
       }
       spdlog::debug("{}prefilled ({} prompt tokens cached): queue {:.1f} ms, prefill {:.1f} ms, KV {} bytes in {:.1f} ms{}",
@@ -243,8 +267,9 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
       response_->set_kv_bytes(sink_->bytes());
       response_->set_kv_checksum(sink_->checksum());
       response_->set_kv_path(sink_->path());
+      response_->set_writer_incarnation(writer_context_.identity.incarnation);
       std::unique_ptr<PrefixTierSession> tier = std::move(tier_);  // `this` may go with Finish
-      Finish(grpc::Status::OK);
+      FinishAfterWrites(grpc::Status::OK);
       // New full blocks to the kvstore tier, in the background, after the response.
       if (tier) tier->Offload();
     });
@@ -258,6 +283,8 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
   std::unique_ptr<OutgoingKvSink> sink_;
   std::shared_ptr<OutputStream> stream_;
   PrefixStore* prefix_store_;
+  WriterContext writer_context_;
+  std::unique_ptr<KvWriterSession> writer_;  // from Start's announcement on
   const std::chrono::steady_clock::time_point received_;
   std::unique_ptr<PrefixTierSession> tier_;
   EngineRequest pending_;  // while the tier is asked
@@ -267,11 +294,56 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
   bool cancelled_ = false;
 };
 
+uint64_t NewIncarnation() {
+  std::random_device random;
+  uint64_t x = 0;
+  while (x == 0) x = (uint64_t{random()} << 32) | random();
+  return x;
+}
+
 }  // namespace
 
-grpc::ServerUnaryReactor* PrefillServiceImpl::Prefill(grpc::CallbackServerContext*, const v1::PrefillRequest* request,
+PrefillServiceImpl::PrefillServiceImpl(Engine* engine, KvTransport* transport, std::shared_ptr<KvWriteNotices> notices,
+                                       OnTransfer on_transfer, KvTransferMode mode)
+    : engine_(engine),
+      transport_(transport),
+      notices_(std::move(notices)),
+      on_transfer_(std::move(on_transfer)),
+      mode_(mode),
+      incarnation_(NewIncarnation()) {}
+
+void PrefillServiceImpl::SetAddress(std::string address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  address_ = std::move(address);
+}
+
+grpc::ServerUnaryReactor* PrefillServiceImpl::Prefill(grpc::CallbackServerContext* ctx,
+                                                      const v1::PrefillRequest* request,
                                                       v1::PrefillResponse* response) {
-  return new PrefillReactor(engine_, transport_, mode_, &on_transfer_, prefix_store_, request, response);
+  if (!accepting_) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "this prefill replica is shutting down"));
+    return reactor;
+  }
+  WriterContext writer{.registry = &writers_, .notices = notices_, .identity = {.incarnation = incarnation_}};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writer.identity.address = address_;
+  }
+  return new PrefillReactor(engine_, transport_, mode_, &on_transfer_, prefix_store_, std::move(writer), request,
+                            response);
+}
+
+grpc::ServerUnaryReactor* PrefillServiceImpl::WriterState(grpc::CallbackServerContext* ctx,
+                                                          const v1::WriterStateRequest* request,
+                                                          v1::WriterStateResponse* response) {
+  response->set_incarnation(incarnation_);
+  for (const v1::LeaseRef& l : request->leases()) {
+    if (writers_.Holds(l.lease_id(), l.lease_token())) *response->add_writing() = l;
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
 }  // namespace tandem

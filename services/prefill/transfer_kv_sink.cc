@@ -10,7 +10,7 @@
 namespace tandem {
 
 TransferKvSink::TransferKvSink(std::unique_ptr<KvWriteSession> session, const v1::KvDestination& d,
-                               std::chrono::steady_clock::time_point write_deadline)
+                               std::chrono::steady_clock::time_point write_deadline, std::shared_ptr<WriteGate> gate)
     : session_(std::move(session)),
       block_ids_(d.block_ids().begin(), d.block_ids().end()),
       pool_{.num_layers = d.num_layers(), .num_blocks = d.num_blocks(), .block_size = d.block_size(),
@@ -19,6 +19,7 @@ TransferKvSink::TransferKvSink(std::unique_ptr<KvWriteSession> session, const v1
       block_size_(d.block_size()),
       entry_dim_(d.entry_dim()),
       write_deadline_(write_deadline),
+      gate_(std::move(gate)),
       checksum_(d.num_layers()) {}
 
 void TransferKvSink::OnLayerKv(const KvSlice& s) {
@@ -32,9 +33,10 @@ void TransferKvSink::OnLayerKv(const KvSlice& s) {
     error_ = KvWriteDeadlinePassed();  // the lease may end before these puts land
     return;
   }
-  if (!started_) {
-    first_put_ = std::chrono::steady_clock::now();
-    started_ = true;
+  const std::optional<absl::Status> gate = gate_->state();
+  if (gate && !gate->ok()) {
+    error_ = *gate;  // the decode replica did not record this writer: nothing may be written
+    return;
   }
   // Stage the slice contiguously, then one write per run of positions within a block.
   std::vector<float>& stage = staging_.emplace_back(static_cast<size_t>((s.end - s.begin) * entry_dim_));
@@ -48,28 +50,56 @@ void TransferKvSink::OnLayerKv(const KvSlice& s) {
     const int64_t block = block_ids_[p / block_size_];
     const uint64_t offset = KvEntryOffset(pool_, s.layer, block, slot);
     const size_t length = static_cast<size_t>(n * entry_dim_) * sizeof(float);
-    absl::Status st = session_->Put(&stage[(p - s.begin) * entry_dim_], length, offset);
-    if (!st.ok()) {
-      error_ = st;
-      return;
-    }
+    held_.push_back({&stage[(p - s.begin) * entry_dim_], length, offset});
     bytes_ += static_cast<int64_t>(length);
     p += n;
   }
-  session_->Commit();  // this layer moves while the next one computes
+  if (gate) PutHeld();  // open: this layer moves while the next one computes
+}
+
+void TransferKvSink::PutHeld() {
+  if (held_.empty() || !error_.ok()) return;
+  if (!started_) {
+    first_put_ = std::chrono::steady_clock::now();
+    started_ = true;
+  }
+  for (const HeldPut& h : held_) {
+    absl::Status st = session_->Put(h.local, h.length, h.offset);
+    if (!st.ok()) {
+      error_ = st;
+      break;
+    }
+    queued_any_ = true;
+  }
+  held_.clear();
+  session_->Commit();
 }
 
 void TransferKvSink::Flush(std::function<void(absl::Status)> done) {
-  if (!error_.ok()) {
-    done(error_);
+  auto complete = [this, done = std::move(done)](const absl::Status& gate) mutable {
+    if (!gate.ok() && error_.ok()) error_ = gate;
+    if (gate.ok()) PutHeld();
+    held_.clear();
+    if (!queued_any_) {
+      done(error_);
+      return;
+    }
+    // Whatever went wrong, the puts already queued complete before `done`: the caller
+    // tells the decode replica its writes ended once it runs.
+    session_->Flush([this, done = std::move(done)](absl::Status st) {
+      if (started_) {
+        transfer_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_put_).count();
+      }
+      done(error_.ok() ? st : error_);
+    });
+  };
+  if (held_.empty()) {
+    // Nothing waits for the gate: what was queued only needs completing.
+    const std::optional<absl::Status> gate = gate_->state();
+    complete(gate && !gate->ok() ? *gate : absl::OkStatus());
     return;
   }
-  session_->Flush([this, done = std::move(done)](absl::Status st) {
-    if (started_) {
-      transfer_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_put_).count();
-    }
-    done(st);
-  });
+  gate_->OnResolved(std::move(complete));
 }
 
 }  // namespace tandem

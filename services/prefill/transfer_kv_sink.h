@@ -3,7 +3,10 @@
 // transfer layer while later layers compute, checksumming what it sends.
 //
 // Staging (a copy out of the engine's cache) is what lets the engine release the
-// request's blocks as soon as prefill ends while writes are still in flight.
+// request's blocks as soon as prefill ends while writes are still in flight, and what
+// lets the layers computed before the decode replica accepted this writer (the write gate,
+// write_gate.h) wait for it without holding up the engine: their puts are queued only
+// once the gate opens, and dropped if it never does.
 #pragma once
 
 #include <chrono>
@@ -15,6 +18,7 @@
 
 #include "services/prefill/kv_destination.h"
 #include "services/prefill/outgoing_kv_sink.h"
+#include "services/prefill/write_gate.h"
 #include "services/worker/kv_checksum.h"
 #include "services/worker/kv_transport.h"
 #include "tandem/v1/internal.pb.h"
@@ -24,13 +28,15 @@ namespace tandem {
 class TransferKvSink : public OutgoingKvSink {
  public:
   // `destination` must have been checked against the engine's layout (geometry and
-  // fingerprint) by the caller. No put is queued at or after `write_deadline`
-  // (kv_write_deadline.h; the session checks it again right before each put).
+  // fingerprint) by the caller. No put is queued before `gate` opened, nor at or after
+  // `write_deadline` (kv_write_deadline.h; the session checks it again right before each put).
   TransferKvSink(std::unique_ptr<KvWriteSession> session, const v1::KvDestination& destination,
-                 std::chrono::steady_clock::time_point write_deadline);
+                 std::chrono::steady_clock::time_point write_deadline, std::shared_ptr<WriteGate> gate);
 
   void OnLayerKv(const KvSlice& slice) override;
 
+  // Waits for the gate when puts are held back for it; completes every put queued (also
+  // after an error: nothing is left in flight when `done` runs).
   void Flush(std::function<void(absl::Status)> done) override;
   int64_t bytes() const override { return bytes_; }
   uint64_t checksum() const override { return checksum_.Digest(); }
@@ -42,7 +48,18 @@ class TransferKvSink : public OutgoingKvSink {
   std::vector<int32_t> block_ids_;
   KvPoolGeometry pool_;  // checked by CheckKvDestination (the caller)
   int64_t num_blocks_, block_size_, entry_dim_;
+  // Queues the held-back puts (the gate is open).
+  void PutHeld();
+
   std::chrono::steady_clock::time_point write_deadline_;
+  std::shared_ptr<WriteGate> gate_;
+  struct HeldPut {
+    const void* local;
+    size_t length;
+    uint64_t offset;
+  };
+  std::vector<HeldPut> held_;  // staged, not queued yet
+  bool queued_any_ = false;
   std::deque<std::vector<float>> staging_;  // stable addresses until Flush completes
   KvChecksum checksum_;
   absl::Status error_;

@@ -122,7 +122,7 @@ std::unique_ptr<PendingCall> GrpcReplicaHandle::Reserve(const CallOptions& o, co
       });
 }
 
-void GrpcReplicaHandle::Release(const CallOptions& o, const std::string& lease_id) {
+void GrpcReplicaHandle::Release(const CallOptions& o, const std::string& lease_id, uint64_t ended_writer) {
   struct Call {
     ReplicaPtr replica;
     grpc::ClientContext ctx;
@@ -131,6 +131,7 @@ void GrpcReplicaHandle::Release(const CallOptions& o, const std::string& lease_i
   };
   auto* call = new Call{lease_.get(), {}, {}, {}};
   call->req.set_request_id(lease_id);
+  call->req.set_ended_writer_incarnation(ended_writer);
   // Its own short deadline: a release must go out even when the request's deadline passed.
   call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   if (!o.request_id.empty()) call->ctx.AddMetadata("x-request-id", o.request_id);

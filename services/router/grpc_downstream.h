@@ -21,7 +21,7 @@ class GrpcReplicaHandle final : public ReplicaHandle {
   void AddWaiting(int delta) override { lease_->reserve_waiters.fetch_add(delta); }
   std::unique_ptr<PendingCall> Reserve(const CallOptions& o, const v1::ReserveRequest& r,
                                        std::function<void(absl::StatusOr<v1::ReserveResponse>)> done) override;
-  void Release(const CallOptions& o, const std::string& lease_id) override;
+  void Release(const CallOptions& o, const std::string& lease_id, uint64_t ended_writer) override;
   std::unique_ptr<PendingCall> Prefill(const CallOptions& o, const v1::PrefillRequest& r,
                                        std::function<void(absl::StatusOr<v1::PrefillResponse>)> done) override;
   std::unique_ptr<DownstreamStream> Decode(const CallOptions& o, const v1::DecodeRequest& r,

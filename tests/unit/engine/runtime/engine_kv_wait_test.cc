@@ -30,7 +30,7 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions o) {
 class Completions {
  public:
   Engine::ReserveDone For(const std::string& id) {
-    return [this, id](absl::StatusOr<std::vector<int32_t>> r) {
+    return [this, id](absl::StatusOr<KvLeases::Reservation> r) {
       std::lock_guard<std::mutex> lock(mu_);
       order_.push_back(id);
       codes_[id] = r.status().code();

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <map>
 #include <random>
+#include <future>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -265,45 +266,81 @@ TEST_P(EngineTest, PrefillExportThenImportedDecodeMatchesOneEngine) {
   }
 }
 
-TEST_P(EngineTest, ImportWithoutReservationFailsAndLeasesExpire) {
+// A reservation (blocks and token) made through ReserveKvAsync.
+KvLeases::Reservation ReserveWithToken(Engine& e, const std::string& id, int32_t num_tokens) {
+  std::promise<absl::StatusOr<KvLeases::Reservation>> p;
+  e.ReserveKvAsync(id, num_tokens, 0, [&p](absl::StatusOr<KvLeases::Reservation> r) { p.set_value(std::move(r)); });
+  absl::StatusOr<KvLeases::Reservation> r = p.get_future().get();
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : KvLeases::Reservation{};
+}
+
+absl::Status BeginWrites(Engine& e, const std::string& id, uint64_t token, const KvWriter& w) {
+  std::promise<absl::Status> p;
+  e.BeginKvWrites(id, token, w, [&p](absl::Status s) { p.set_value(std::move(s)); });
+  return p.get_future().get();
+}
+
+// A stat as the engine publishes it after each loop iteration, polled until it reads
+// `want` (a number of tries: the engine thread's progress, not a clock bound).
+int64_t StatBecomes(Engine& e, int64_t EngineStats::*field, int64_t want) {
+  int64_t v = 0;
+  for (int i = 0; i < 400 && (v = e.Stats().*field) != want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return v;
+}
+
+TEST_P(EngineTest, ImportWithoutReservationFailsAndLeasesEndOnProofOnly) {
   std::atomic<double> now{1000.0};
-  auto e = MakeEngine({.kv_lease_seconds = 5.0, .kv_quarantine_seconds = 20.0, .clock = [&now] { return now.load(); }});
+  auto e = MakeEngine({.kv_lease_seconds = 5.0, .kv_quarantine_stuck_seconds = 20.0, .clock = [&now] { return now.load(); }});
   auto s = e->SubmitImported(Req("nope", Tokens(10, 1), 4, 1), 5);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  const KvWriter w{.address = "127.0.0.1:1", .incarnation = 77};
 
-  ASSERT_TRUE(e->ReserveKv("lease", 100).ok());
-  EXPECT_EQ(e->ReserveKv("lease", 100).status().code(), absl::StatusCode::kInvalidArgument);
-  for (int i = 0; i < 200 && e->Stats().kv_blocks_in_use == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(e->Stats().kv_blocks_in_use, 2);
+  // No writer began on it: the expiry frees it at once.
+  ASSERT_TRUE(e->ReserveKv("idle", 100).ok());
+  EXPECT_EQ(e->ReserveKv("idle", 100).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StatBecomes(*e, &EngineStats::kv_blocks_in_use, 2), 2);
   now = 1006.0;
   e->Cancel("unrelated");  // wakes the engine thread
-  // Expired, but a prefill replica may still be writing: quarantined, not free.
-  for (int i = 0; i < 200 && e->Stats().kv_leases_expired == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(e->Stats().kv_leases_expired, 1);
-  EXPECT_EQ(e->Stats().kv_blocks_quarantined, 2);
-  EXPECT_EQ(e->Stats().kv_blocks_in_use, 2);
+  EXPECT_EQ(StatBecomes(*e, &EngineStats::kv_quarantine_ends_no_writer, 1), 1);
+  ExpectNoBlocksInUse(*e);
+  EXPECT_EQ(BeginWrites(*e, "idle", 1, w).code(), absl::StatusCode::kFailedPrecondition);
+
+  // A writer began: expired, it is quarantined, and no time frees it.
+  const KvLeases::Reservation lease = ReserveWithToken(*e, "lease", 100);
+  ASSERT_TRUE(BeginWrites(*e, "lease", lease.token, w).ok());
+  now = 1012.0;
+  e->Cancel("unrelated");
+  EXPECT_EQ(StatBecomes(*e, &EngineStats::kv_blocks_quarantined, 2), 2);
+  EXPECT_EQ(e->Stats().kv_leases_expired, 2);
   EXPECT_EQ(e->SubmitImported(Req("lease", Tokens(100, 1), 4, 1), 5).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(e->ReserveKv("lease", 100).status().code(), absl::StatusCode::kInvalidArgument);
-  // The fallback bound frees it.
-  now = 1026.0;
+  now = 1000.0 + 1e6;
   e->Cancel("unrelated");
+  EXPECT_EQ(StatBecomes(*e, &EngineStats::kv_quarantine_stuck, 1), 1);
+  EXPECT_EQ(e->Stats().kv_blocks_quarantined, 2);
+  EXPECT_EQ(e->Stats().kv_blocks_in_use, 2);
+  // The writer's EndWrites frees it.
+  e->EndKvWrites("lease", lease.token, w.incarnation);
   ExpectNoBlocksInUse(*e);
-  EXPECT_EQ(e->Stats().kv_blocks_quarantined, 0);
-  EXPECT_EQ(e->Stats().kv_quarantine_timeouts, 1);
+  EXPECT_EQ(e->Stats().kv_quarantine_ends_writer_ended, 1);
 
-  // ReleaseKv or Cancel (the writer is known to have ended) frees a quarantined lease at once.
-  ASSERT_TRUE(e->ReserveKv("second", 100).ok());
-  ASSERT_TRUE(e->ReserveKv("third", 100).ok());
-  now = 1032.0;
-  e->Cancel("unrelated");
-  for (int i = 0; i < 200 && e->Stats().kv_blocks_quarantined < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(e->Stats().kv_blocks_quarantined, 4);
-  e->ReleaseKv("second");
+  // A Release (Cancel) while the writer may write quarantines; the proof of its answered
+  // prefill (ReleaseKv with its incarnation) frees. A writer gone frees too.
+  const KvLeases::Reservation second = ReserveWithToken(*e, "second", 100);
+  const KvLeases::Reservation third = ReserveWithToken(*e, "third", 100);
+  ASSERT_TRUE(BeginWrites(*e, "second", second.token, w).ok());
+  ASSERT_TRUE(BeginWrites(*e, "third", third.token, w).ok());
+  e->Cancel("second");
   e->Cancel("third");
+  EXPECT_EQ(StatBecomes(*e, &EngineStats::kv_blocks_quarantined, 4), 4);
+  e->ReleaseKv("second", w.incarnation);
+  e->KvWriterStopped("third", third.token, w.incarnation, KvWriterProof::kGone);
   ExpectNoBlocksInUse(*e);
-  EXPECT_EQ(e->Stats().kv_quarantine_released, 2);
-  EXPECT_EQ(e->Stats().kv_quarantine_timeouts, 1);
+  EXPECT_EQ(e->Stats().kv_quarantine_ends_decoded, 1);
+  EXPECT_EQ(e->Stats().kv_quarantine_ends_writer_gone, 1);
+  EXPECT_EQ(e->Stats().kv_blocks_quarantined, 0);
 }
 
 TEST_P(EngineTest, PreemptionUnderKvPressureKeepsOutputsIdentical) {

@@ -31,8 +31,13 @@ class FakeCall final : public PendingCall {
 struct LeaseLedger {
   std::map<std::string, int> prefills_writing;
   std::map<std::string, int> releases;
+  // The ended writer each release named (ReleaseRequest.ended_writer_incarnation).
+  std::map<std::string, uint64_t> release_proofs;
   std::vector<std::string> violations;
 };
+
+// The writer incarnation the fake prefill replicas answer with (PrefillResponse).
+inline constexpr uint64_t kFakeWriterIncarnation = 0x77;
 
 class FakeReplica final : public ReplicaHandle {
  public:
@@ -77,8 +82,9 @@ class FakeReplica final : public ReplicaHandle {
     reserves.push_back({r, std::move(done), call});
     return std::make_unique<Forward>(call);
   }
-  void Release(const CallOptions&, const std::string& lease_id) override {
+  void Release(const CallOptions&, const std::string& lease_id, uint64_t ended_writer) override {
     released.push_back(lease_id);
+    ledger_->release_proofs[lease_id] = ended_writer;
     if (++ledger_->releases[lease_id] > 1) ledger_->violations.push_back("lease " + lease_id + " released twice");
     if (ledger_->prefills_writing[lease_id] > 0) {
       ledger_->violations.push_back("lease " + lease_id + " released while a prefill writes into it");
@@ -140,6 +146,7 @@ class FakeReplica final : public ReplicaHandle {
     if (finished) r.set_finish_reason(v1::FINISH_REASON_STOP);
     r.set_kv_bytes(100);
     r.set_cached_prompt_tokens(0);
+    r.set_writer_incarnation(kFakeWriterIncarnation);
     FinishPrefill(i, r);
   }
   void Push(size_t stream, std::vector<int32_t> tokens, bool final = false) {

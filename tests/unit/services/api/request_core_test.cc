@@ -72,6 +72,8 @@ class RequestCoreTest : public ::testing::Test {
     EXPECT_EQ(clock_.Pending(), 0);
   }
   int Releases(const std::string& lease) { return cluster_.ledger.releases[lease]; }
+  // The ended writer a lease's release named (0: none, a release without proof).
+  uint64_t ReleaseProof(const std::string& lease) { return cluster_.ledger.release_proofs[lease]; }
 
   ModelConfig config_;
   FakeCluster cluster_;
@@ -104,6 +106,8 @@ TEST_F(RequestCoreTest, HappyPathStreamsEveryTokenAndConsumesTheLease) {
   p_[0]->FirstToken(0, 100);
   ASSERT_EQ(d_[0]->streams.size(), 1u);
   EXPECT_EQ(core->state(), RequestState::kDecoding);
+  // The Decode names the writer whose answer proves its writes are done.
+  EXPECT_EQ(d_[0]->streams[0]->decode_req.writer_incarnation(), testing::kFakeWriterIncarnation);
   d_[0]->Push(0, {101, 102});
   d_[0]->Push(0, {103}, /*final=*/true);
   EXPECT_EQ(core->state(), RequestState::kFinishing);  // the stream has not ended yet
@@ -125,6 +129,7 @@ TEST_F(RequestCoreTest, FirstTokenEndsTheRequestAndReleasesTheLeaseOnce) {
   ExpectDone(core);
   EXPECT_EQ(sink_.Final().usage().completion_tokens(), 1);
   EXPECT_EQ(Releases("r"), 1);
+  EXPECT_EQ(ReleaseProof("r"), testing::kFakeWriterIncarnation);  // its answer proves its writes done
   EXPECT_TRUE(d_[0]->streams.empty());
 }
 
@@ -174,7 +179,7 @@ TEST_F(RequestCoreTest, CancelWhileWaitingForRoomEndsTheWait) {
   EXPECT_EQ(Releases("r#2"), 1);  // a cancelled Reserve may have reserved
 }
 
-TEST_F(RequestCoreTest, CancelWhilePrefillingNeverReleasesUnderTheWriter) {
+TEST_F(RequestCoreTest, CancelWhilePrefillingNeverReleasesUnderTheWriterNorWithProof) {
   Disaggregated();
   auto core = Start();
   d_[0]->GrantReserve(0);
@@ -184,7 +189,10 @@ TEST_F(RequestCoreTest, CancelWhilePrefillingNeverReleasesUnderTheWriter) {
   EXPECT_EQ(Releases("r"), 0);  // the prefill may still write
   p_[0]->FinishPrefill(0, absl::CancelledError("cancelled"));
   ExpectDone(core);
-  EXPECT_EQ(Releases("r"), 0);  // left to the lease's expiry: it might have been writing still
+  // Released once the call ended, without proof: the call ended for the router, the
+  // writer may still be copying (the decode replica quarantines until it knows).
+  EXPECT_EQ(Releases("r"), 1);
+  EXPECT_EQ(ReleaseProof("r"), 0u);
 }
 
 TEST_F(RequestCoreTest, CancelWhilePrefillingReleasesOnceThePrefillEnded) {
@@ -232,7 +240,7 @@ TEST_F(RequestCoreTest, EventsAfterDoneAreHarmlessAndTheCoreIsFreed) {
   EXPECT_TRUE(weak.expired());
 }
 
-TEST_F(RequestCoreTest, DeadlineDuringPrefillFailsAndLeavesTheLeaseToExpire) {
+TEST_F(RequestCoreTest, DeadlineDuringPrefillFailsAndReleasesTheLeaseWithoutProof) {
   Disaggregated();
   auto core = Start(5, 16, clock_.now + 500ms);
   d_[0]->GrantReserve(0);
@@ -241,7 +249,8 @@ TEST_F(RequestCoreTest, DeadlineDuringPrefillFailsAndLeavesTheLeaseToExpire) {
   EXPECT_TRUE(p_[0]->prefills[0].call->cancelled);
   p_[0]->FinishPrefill(0, absl::DeadlineExceededError("deadline"));
   ExpectDone(core);
-  EXPECT_EQ(Releases("r"), 0);
+  EXPECT_EQ(Releases("r"), 1);
+  EXPECT_EQ(ReleaseProof("r"), 0u);
 }
 
 // A request that finds the decode replicas full waits in one replica's queue with one
@@ -392,17 +401,24 @@ TEST_F(RequestCoreTest, ReserveCancelledBecauseTheReplicaWasDroppedTriesAnother)
   EXPECT_TRUE(sink_.failure.ok()) << sink_.failure;
 }
 
-TEST_F(RequestCoreTest, PrefillReplicaGoneRetriesAnotherIntoTheSameLease) {
+TEST_F(RequestCoreTest, PrefillReplicaGoneRetriesAnotherOnAFreshLease) {
+  // The dead replica may have begun writing into its lease: one writer per lease, so that
+  // the Decode's proof (the writer that answered) covers every writer of it.
   Disaggregated(1, /*prefill=*/2);
   auto core = Start();
   d_[0]->GrantReserve(0);
   p_[0]->FinishPrefill(0, absl::UnavailableError("connection reset"));
+  EXPECT_EQ(Releases("r"), 1);
+  EXPECT_EQ(ReleaseProof("r"), 0u);
+  ASSERT_EQ(d_[0]->reserves.size(), 2u);
+  EXPECT_EQ(d_[0]->reserves[1].req.request_id(), "r#2");
+  d_[0]->GrantReserve(1);
   ASSERT_EQ(p_[1]->prefills.size(), 1u);
-  EXPECT_EQ(p_[1]->prefills[0].req.destination().lease_id(), "r");
-  EXPECT_EQ(d_[0]->reserves.size(), 1u);
+  EXPECT_EQ(p_[1]->prefills[0].req.destination().lease_id(), "r#2");
   p_[1]->FirstToken(0, 100, /*finished=*/true);
   ExpectDone(core);
-  EXPECT_EQ(Releases("r"), 1);
+  EXPECT_EQ(Releases("r#2"), 1);
+  EXPECT_EQ(ReleaseProof("r#2"), testing::kFakeWriterIncarnation);
 }
 
 TEST_F(RequestCoreTest, PrefillReplicaCutOffAbandonsItsLeaseForAFreshOne) {
@@ -417,7 +433,8 @@ TEST_F(RequestCoreTest, PrefillReplicaCutOffAbandonsItsLeaseForAFreshOne) {
   ASSERT_EQ(p_[1]->prefills.size(), 1u);
   p_[1]->FirstToken(0, 100, /*finished=*/true);
   ExpectDone(core);
-  EXPECT_EQ(Releases("r"), 0);  // the cut-off writer's: left to expire
+  EXPECT_EQ(Releases("r"), 1);  // the cut-off writer's: without proof (quarantined while it may write)
+  EXPECT_EQ(ReleaseProof("r"), 0u);
   EXPECT_EQ(Releases("r#2"), 1);
 }
 
@@ -444,9 +461,11 @@ TEST_F(RequestCoreTest, NoPrefillReplicaLeftReleasesTheLease) {
   auto core = Start();
   d_[0]->GrantReserve(0);
   p_[0]->FinishPrefill(0, absl::UnavailableError("gone"));
+  EXPECT_EQ(Releases("r"), 1);
+  d_[0]->GrantReserve(1);  // the retry's fresh lease, then no prefill replica to write it
   ExpectDone(core);
   EXPECT_EQ(sink_.failure.code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(Releases("r"), 1);
+  EXPECT_EQ(Releases("r#2"), 1);
 }
 
 TEST_F(RequestCoreTest, MigrationResumesFromTheTokensSentAndCountsThem) {
