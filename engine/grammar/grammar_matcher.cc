@@ -1,0 +1,114 @@
+#include "engine/grammar/grammar_matcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "kernels/common/check.h"
+
+namespace tandem::grammar {
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
+    : grammar_(std::move(grammar)),
+      rec_(grammar_->table()),
+      walker_(grammar_->vocabulary(), &rec_),
+      entry_stamp_(grammar_->num_entries(), 0) {
+  rec_.ResetToStart();
+}
+
+bool GrammarMatcher::AcceptBytes(std::string_view bytes) {
+  if (terminated_) return false;
+  const size_t before = rec_.num_sets();
+  for (char c : bytes) {
+    if (!rec_.Push(static_cast<uint8_t>(c))) {
+      rec_.PopTo(before);
+      return false;
+    }
+  }
+  history_.push_back({static_cast<uint32_t>(before), false});
+  return true;
+}
+
+bool GrammarMatcher::AcceptToken(int32_t token) {
+  const GrammarVocabulary& v = grammar_->vocabulary();
+  if (terminated_ || token < 0 || token >= v.size()) return false;
+  if (v.is_end_token(token)) {
+    if (!rec_.CanEnd()) return false;
+    history_.push_back({static_cast<uint32_t>(rec_.num_sets()), true});
+    terminated_ = true;
+    return true;
+  }
+  if (v.is_special(token) || v.token_bytes(token).empty()) return false;
+  return AcceptBytes(v.token_bytes(token));
+}
+
+void GrammarMatcher::Rollback(int num_tokens) {
+  TANDEM_CHECK(num_tokens >= 0 && num_tokens <= static_cast<int>(history_.size())) << num_tokens;
+  if (num_tokens == 0) return;
+  const Accepted& first = history_[history_.size() - num_tokens];
+  rec_.PopTo(first.sets_before);
+  history_.resize(history_.size() - num_tokens);
+  terminated_ = false;
+  for (const Accepted& a : history_) terminated_ = terminated_ || a.end_token;
+}
+
+void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) {
+  const GrammarVocabulary& v = grammar_->vocabulary();
+  TANDEM_CHECK(bitmask.size() >= v.mask_words()) << bitmask.size();
+  std::memset(bitmask.data(), 0, bitmask.size() * sizeof(uint32_t));
+  if (terminated_) return;
+  if (stamp_ == std::numeric_limits<uint32_t>::max()) {
+    std::fill(entry_stamp_.begin(), entry_stamp_.end(), 0);
+    stamp_ = 0;
+  }
+  ++stamp_;
+  uncertain_.clear();
+  const CompiledGrammar& g = *grammar_;
+  const auto use = [&](int32_t index) {
+    if (index < 0 || entry_stamp_[index] == stamp_) return;
+    entry_stamp_[index] = stamp_;
+    const CompiledGrammar::Entry& e = g.entry_at(index);
+    g.base(e.base).OrInto(bitmask);
+    e.extra.OrInto(bitmask);
+    uncertain_.insert(uncertain_.end(), e.uncertain.begin(), e.uncertain.end());
+  };
+  const size_t last = rec_.num_sets() - 1;
+  if (last == 0) {
+    use(g.entry_index(g.table().start_position()));
+  } else {
+    // The items that consumed input (origin before this set); the others were predicted
+    // here by them, and their precomputed masks include what those allow.
+    for (const EarleyRecognizer::Item& it : rec_.Set(last)) {
+      if (static_cast<size_t>(it.origin) == last) continue;
+      const RuleTable::Kind k = g.table().kind(it.pos);
+      if (k != RuleTable::kTerminal && k != RuleTable::kRule) continue;
+      const int32_t index = g.entry_index(it.pos);
+      TANDEM_CHECK(index >= 0) << it.pos;
+      use(index);
+    }
+  }
+  if (!uncertain_.empty()) {
+    std::sort(uncertain_.begin(), uncertain_.end());
+    uncertain_.erase(std::unique(uncertain_.begin(), uncertain_.end()), uncertain_.end());
+    // Drop nodes inside an earlier node's subtree.
+    const auto& trie = v.trie();
+    size_t kept = 0;
+    int32_t end = -1;
+    for (int32_t n : uncertain_) {
+      if (n < end) continue;
+      uncertain_[kept++] = n;
+      end = trie[n].end;
+    }
+    uncertain_.resize(kept);
+    accepted_.clear();
+    unused_.clear();
+    const absl::Status s = walker_.Walk(uncertain_, &accepted_, &unused_);
+    TANDEM_CHECK(s.ok()) << s;
+    for (int32_t id : accepted_) bitmask[id >> 5] |= uint32_t{1} << (id & 31);
+  }
+  if (rec_.CanEnd()) {
+    for (int32_t id : v.end_tokens()) bitmask[id >> 5] |= uint32_t{1} << (id & 31);
+  }
+}
+
+}  // namespace tandem::grammar
