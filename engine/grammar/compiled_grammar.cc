@@ -49,10 +49,19 @@ namespace {
 class Precomputer {
  public:
   Precomputer(const RuleTable& table, const GrammarVocabulary& vocab, absl::Time deadline)
-      : table_(table), vocab_(vocab), rec_(table), walker_(vocab, &rec_, deadline) {}
+      : table_(table), vocab_(vocab), rec_(table), any_context_(table), walker_(vocab, &rec_, deadline),
+        any_walker_(vocab, &any_context_, deadline) {
+    // Every site of every rule, from set 0: completions with origin 0 reach them all.
+    std::vector<EarleyRecognizer::Item> sites;
+    for (int32_t p = 0; p < static_cast<int32_t>(table_.num_positions()); ++p) {
+      if (table_.kind(p) == RuleTable::kRule && table_.rule_of(p) >= 0) sites.push_back({p, 0});
+    }
+    any_context_.StartSet(sites);
+  }
 
-  uint64_t pushes() const { return walker_.pushes(); }
+  uint64_t pushes() const { return walker_.pushes() + any_walker_.pushes(); }
   size_t shared_walks() const { return level1_.size(); }
+  size_t pruned() const { return pruned_; }
 
   // Fills entries for every position an item can hold after input.
   absl::Status Run(std::vector<int32_t>* entry_of, std::vector<CompiledGrammar::Entry>* entries,
@@ -62,7 +71,8 @@ class Precomputer {
     // The start: the whole grammar, nothing uncertain.
     {
       rec_.ResetToStart();
-      std::vector<int32_t> accepted, uncertain;
+      std::vector<int32_t> accepted;
+      std::vector<UncertainSubtree> uncertain;
       const int32_t root = 0;
       if (absl::Status s = walker_.Walk({&root, 1}, &accepted, &uncertain); !s.ok()) return s;
       TANDEM_CHECK(uncertain.empty());
@@ -87,7 +97,7 @@ class Precomputer {
  private:
   struct Level1 {
     int32_t base;
-    std::vector<int32_t> candidates;  // trie nodes
+    std::vector<int32_t> candidates;  // trie nodes, ascending
   };
 
   int32_t AddBase(std::vector<int32_t> ids) {
@@ -95,6 +105,7 @@ class Precomputer {
     return static_cast<int32_t>(bases_->size() - 1);
   }
 
+  // Step 1: within p's rule alone, shared by identical rule bodies.
   absl::StatusOr<const Level1*> Level1For(int32_t p) {
     const int32_t rule = table_.rule_of(p);
     const uint64_t key = (static_cast<uint64_t>(table_.canonical_rule(rule)) << 32) |
@@ -105,10 +116,12 @@ class Precomputer {
     rec_.StartSet({&below, 1});
     const EarleyRecognizer::Item at{p, 0};
     rec_.StartSet({&at, 1});
-    std::vector<int32_t> accepted, candidates;
+    std::vector<int32_t> accepted;
+    std::vector<UncertainSubtree> uncertain;
     const int32_t root = 0;
-    if (absl::Status s = walker_.Walk({&root, 1}, &accepted, &candidates); !s.ok()) return s;
-    Level1 l{AddBase(std::move(accepted)), std::move(candidates)};
+    if (absl::Status s = walker_.Walk({&root, 1}, &accepted, &uncertain); !s.ok()) return s;
+    Level1 l{AddBase(std::move(accepted)), {}};
+    for (const UncertainSubtree& u : uncertain) l.candidates.push_back(u.node);
     return &level1_.emplace(key, std::move(l)).first->second;
   }
 
@@ -117,17 +130,13 @@ class Precomputer {
     if (!l1.ok()) return l1.status();
     CompiledGrammar::Entry e;
     e.base = (*l1)->base;
-    // The chain of single sites under p's rule.
-    std::vector<int32_t> chain;
+    if ((*l1)->candidates.empty()) return e;
+    // Step 2: the chain of single sites under p's rule.
     int32_t outer = table_.rule_of(p);
-    while (outer != table_.start_rule() && table_.sites(outer).size() == 1 && chain.size() < kMaxChain) {
+    while (outer != table_.start_rule() && table_.sites(outer).size() == 1 && e.chain.size() < kMaxChain) {
       const int32_t site = table_.sites(outer)[0];
-      chain.push_back(site);
+      e.chain.push_back(site);
       outer = table_.rule_of(site);
-    }
-    if (chain.empty() || (*l1)->candidates.empty()) {
-      e.uncertain = (*l1)->candidates;
-      return e;
     }
     // Sets: 0 the outer rule predicted (under an exit marker unless it is $start), then
     // one set per site from the outside in, then p.
@@ -136,24 +145,50 @@ class Precomputer {
         outer == table_.start_rule() ? EarleyRecognizer::Item{table_.start_position(), 0}
                                      : EarleyRecognizer::Item{table_.exit_wait(outer), 0};
     rec_.StartSet({&bottom, 1});
-    for (size_t j = 0; j < chain.size(); ++j) {
-      const EarleyRecognizer::Item site{chain[chain.size() - 1 - j], static_cast<int32_t>(j)};
+    for (size_t j = 0; j < e.chain.size(); ++j) {
+      const EarleyRecognizer::Item site{e.chain[e.chain.size() - 1 - j], static_cast<int32_t>(j)};
       rec_.StartSet({&site, 1});
     }
-    const EarleyRecognizer::Item at{p, static_cast<int32_t>(chain.size())};
+    const EarleyRecognizer::Item at{p, static_cast<int32_t>(e.chain.size())};
     rec_.StartSet({&at, 1});
     std::vector<int32_t> accepted;
-    if (absl::Status s = walker_.Walk((*l1)->candidates, &accepted, &e.uncertain); !s.ok()) return s;
+    std::vector<UncertainSubtree> uncertain;
+    if (absl::Status s = walker_.Walk((*l1)->candidates, &accepted, &uncertain); !s.ok()) return s;
     e.extra = TokenSet::FromIds(std::move(accepted), static_cast<size_t>(vocab_.size()));
+    if (uncertain.empty()) {
+      e.chain.clear();
+      return e;
+    }
+    TANDEM_CHECK(outer != table_.start_rule());
+    e.outer = outer;
+    // Keep the suffixes some context could consume after `outer` completes.
+    any_context_.PopTo(1);
+    const EarleyRecognizer::Item completed{table_.end_position(outer), 0};
+    any_context_.StartSet({&completed, 1});
+    const auto& trie = vocab_.trie();
+    std::vector<int32_t> kept;
+    for (const UncertainSubtree& u : uncertain) {
+      for (int32_t d : u.exit_depths) {
+        kept.clear();
+        if (absl::Status s = any_walker_.WalkShifted(u.node, d, &kept); !s.ok()) return s;
+        pruned_ += static_cast<size_t>(trie[u.node].tok_sub_end - trie[u.node].tok_begin) - kept.size();
+        for (int32_t id : kept) e.uncertain.push_back({id, d});
+      }
+    }
+    TokenWalker::SortSuffixes(vocab_, &e.uncertain);
+    if (e.uncertain.empty()) e.chain.clear(), e.outer = -1;
     return e;
   }
 
   const RuleTable& table_;
   const GrammarVocabulary& vocab_;
   EarleyRecognizer rec_;
+  EarleyRecognizer any_context_;
   TokenWalker walker_;
+  TokenWalker any_walker_;
   std::vector<TokenSet>* bases_ = nullptr;
   absl::flat_hash_map<uint64_t, Level1> level1_;
+  size_t pruned_ = 0;
 };
 
 }  // namespace
@@ -179,10 +214,11 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
   st.shared_walks = pre.shared_walks();
   st.copies = g->table_.num_copies();
   st.pushes = pre.pushes();
+  st.pruned = pre.pruned();
   for (const TokenSet& b : g->bases_) st.mask_bytes += b.bytes();
   for (const Entry& e : g->entries_) {
-    st.uncertain_nodes += e.uncertain.size();
-    st.mask_bytes += e.extra.bytes() + e.uncertain.size() * sizeof(int32_t);
+    st.uncertain += e.uncertain.size();
+    st.mask_bytes += e.extra.bytes() + e.uncertain.size() * sizeof(TokenSuffix) + e.chain.size() * sizeof(int32_t);
   }
   st.compile_time = absl::Now() - started;
   return std::shared_ptr<const CompiledGrammar>(std::move(g));

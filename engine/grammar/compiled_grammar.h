@@ -16,8 +16,15 @@
 //      completion is again an exit) or to $start (after which nothing may follow).
 //      Candidates consumed entirely are allowed too; those dying after the outer exit
 //      stay uncertain.
-//   3. At run time the matcher unites what the items of the current set allow and walks
-//      only the uncertain subtrees with the real chart.
+//      Each uncertain token is kept as the suffix after the depth at which the outer
+//      rule completed (the rest is the context's), and only if some context could take
+//      it: a chart whose bottom set holds every site of every rule (any rule's
+//      completion may go to any of its sites, an over-approximation of every real
+//      context) must consume the suffix after the outer rule's completion.
+//   3. At run time the matcher unites what the items of the current set allow; for an
+//      item with uncertain suffixes it follows the sites down the real chart to where
+//      the outer rule began, builds the set that the outer rule's completion leads to
+//      (the same whatever the token's prefix), and tries only the suffixes from there.
 // Grammars whose rules are all specialized up to the root (what the JSON schema front
 // end produces, recursion aside) leave nothing uncertain.
 //
@@ -35,6 +42,7 @@
 #include "absl/time/time.h"
 #include "engine/grammar/grammar.h"
 #include "engine/grammar/rule_table.h"
+#include "engine/grammar/token_walker.h"
 #include "engine/grammar/vocabulary.h"
 
 namespace tandem::grammar {
@@ -59,11 +67,15 @@ struct CompileOptions {
 class CompiledGrammar {
  public:
   // What one item position allows: base (shared between identical rule bodies) and
-  // extra are allowed outright; the subtrees in `uncertain` are checked at run time.
+  // extra are allowed outright; a token of `uncertain` is allowed when its suffix is
+  // consumed after `outer` completes in the real chart (found below the item through
+  // the `chain` of sites, innermost first).
   struct Entry {
     int32_t base = -1;  // index into bases()
     TokenSet extra;
-    std::vector<int32_t> uncertain;  // trie nodes, ascending
+    int32_t outer = -1;
+    std::vector<int32_t> chain;
+    std::vector<TokenSuffix> uncertain;  // sorted by suffix bytes
   };
 
   struct Stats {
@@ -71,7 +83,8 @@ class CompiledGrammar {
     size_t entries = 0;           // positions with precomputed masks
     size_t shared_walks = 0;      // step 1 walks (distinct rule bodies and positions)
     size_t copies = 0;            // rules added by site specialization
-    size_t uncertain_nodes = 0;   // over all entries
+    size_t uncertain = 0;         // token suffixes left to run time, over all entries
+    size_t pruned = 0;            // suffixes no context can consume, dropped
     size_t mask_bytes = 0;        // storage of all token sets
     uint64_t pushes = 0;          // bytes pushed by all walks
     absl::Duration compile_time;  // wall time of Compile

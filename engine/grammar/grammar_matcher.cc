@@ -62,49 +62,67 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) {
     stamp_ = 0;
   }
   ++stamp_;
-  uncertain_.clear();
+  pending_.clear();
   const CompiledGrammar& g = *grammar_;
-  const auto use = [&](int32_t index) {
-    if (index < 0 || entry_stamp_[index] == stamp_) return;
-    entry_stamp_[index] = stamp_;
+  const RuleTable& table = g.table();
+  const auto use = [&](int32_t index, int32_t origin) {
     const CompiledGrammar::Entry& e = g.entry_at(index);
+    if (!e.uncertain.empty()) pending_.push_back({index, origin});
+    if (entry_stamp_[index] == stamp_) return;
+    entry_stamp_[index] = stamp_;
     g.base(e.base).OrInto(bitmask);
     e.extra.OrInto(bitmask);
-    uncertain_.insert(uncertain_.end(), e.uncertain.begin(), e.uncertain.end());
   };
   const size_t last = rec_.num_sets() - 1;
   if (last == 0) {
-    use(g.entry_index(g.table().start_position()));
+    use(g.entry_index(table.start_position()), 0);
   } else {
     // The items that consumed input (origin before this set); the others were predicted
     // here by them, and their precomputed masks include what those allow.
     for (const EarleyRecognizer::Item& it : rec_.Set(last)) {
       if (static_cast<size_t>(it.origin) == last) continue;
-      const RuleTable::Kind k = g.table().kind(it.pos);
+      const RuleTable::Kind k = table.kind(it.pos);
       if (k != RuleTable::kTerminal && k != RuleTable::kRule) continue;
       const int32_t index = g.entry_index(it.pos);
       TANDEM_CHECK(index >= 0) << it.pos;
-      use(index);
+      use(index, it.origin);
     }
   }
-  if (!uncertain_.empty()) {
-    std::sort(uncertain_.begin(), uncertain_.end());
-    uncertain_.erase(std::unique(uncertain_.begin(), uncertain_.end()), uncertain_.end());
-    // Drop nodes inside an earlier node's subtree.
-    const auto& trie = v.trie();
-    size_t kept = 0;
-    int32_t end = -1;
-    for (int32_t n : uncertain_) {
-      if (n < end) continue;
-      uncertain_[kept++] = n;
-      end = trie[n].end;
+  if (!pending_.empty()) {
+    std::sort(pending_.begin(), pending_.end(), [](const Pending& a, const Pending& b) {
+      return a.entry != b.entry ? a.entry < b.entry : a.origin < b.origin;
+    });
+    pending_.erase(std::unique(pending_.begin(), pending_.end()), pending_.end());
+  }
+  for (const Pending& pend : pending_) {
+    const CompiledGrammar::Entry& e = g.entry_at(pend.entry);
+    // Down the chain of sites to where the outer rule began.
+    origins_.assign(1, pend.origin);
+    for (int32_t site : e.chain) {
+      next_origins_.clear();
+      for (int32_t o : origins_) {
+        for (const EarleyRecognizer::Item& w : rec_.Set(static_cast<size_t>(o))) {
+          if (w.pos == site) next_origins_.push_back(w.origin);
+        }
+      }
+      std::sort(next_origins_.begin(), next_origins_.end());
+      next_origins_.erase(std::unique(next_origins_.begin(), next_origins_.end()), next_origins_.end());
+      origins_.swap(next_origins_);
     }
-    uncertain_.resize(kept);
+    TANDEM_CHECK(!origins_.empty());
+    // The set the outer rule's completion leads to, then the suffixes from there.
+    seeds_.clear();
+    for (int32_t o : origins_) seeds_.push_back({table.end_position(e.outer), o});
+    const size_t sets = rec_.num_sets();
+    rec_.StartSet(seeds_);
     accepted_.clear();
-    unused_.clear();
-    const absl::Status s = walker_.Walk(uncertain_, &accepted_, &unused_);
+    const absl::Status s = walker_.WalkSuffixes(e.uncertain, &accepted_);
     TANDEM_CHECK(s.ok()) << s;
-    for (int32_t id : accepted_) bitmask[id >> 5] |= uint32_t{1} << (id & 31);
+    rec_.PopTo(sets);
+    for (int32_t i : accepted_) {
+      const int32_t id = e.uncertain[i].token;
+      bitmask[id >> 5] |= uint32_t{1} << (id & 31);
+    }
   }
   if (rec_.CanEnd()) {
     for (int32_t id : v.end_tokens()) bitmask[id >> 5] |= uint32_t{1} << (id & 31);

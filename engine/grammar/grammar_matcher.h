@@ -63,9 +63,15 @@ class GrammarMatcher {
   // Scratch of FillNextTokenBitmask.
   std::vector<uint32_t> entry_stamp_;
   uint32_t stamp_ = 0;
-  std::vector<int32_t> uncertain_;
+  struct Pending {
+    int32_t entry;
+    int32_t origin;
+    bool operator==(const Pending&) const = default;
+  };
+  std::vector<Pending> pending_;
+  std::vector<int32_t> origins_, next_origins_;
+  std::vector<EarleyRecognizer::Item> seeds_;
   std::vector<int32_t> accepted_;
-  std::vector<int32_t> unused_;
 };
 
 }  // namespace tandem::grammar

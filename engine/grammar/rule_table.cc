@@ -199,6 +199,12 @@ RuleTable RuleTable::Build(const Grammar& grammar, const RuleTableOptions& optio
       add(kEnd, r, r, static_cast<int32_t>(alt.size()));
     }
   }
+  t.end_position_.resize(n);
+  for (int32_t r = 0; r < n; ++r) {
+    int32_t p = t.alt_starts_[r][0];
+    while (t.kind_[p] != kEnd) ++p;
+    t.end_position_[r] = p;
+  }
   t.exit_wait_.resize(n);
   for (int32_t r = 0; r < n; ++r) {
     t.exit_wait_[r] = add(kRule, r, -1, 0);

@@ -54,6 +54,8 @@ class RuleTable {
   // The position [kRule rule][kExit]: an item there waits for `rule` and marks its
   // completion.
   int32_t exit_wait(int32_t rule) const { return exit_wait_[rule]; }
+  // An end marker of `rule` (an item there completes it).
+  int32_t end_position(int32_t rule) const { return end_position_[rule]; }
   // $start ::= root; the parse starts with an item at start_position().
   int32_t start_rule() const { return start_rule_; }
   int32_t start_position() const { return alt_starts_[start_rule_][0]; }
@@ -79,6 +81,7 @@ class RuleTable {
   std::vector<char> nullable_;
   std::vector<std::string> names_;
   std::vector<int32_t> exit_wait_;
+  std::vector<int32_t> end_position_;
   std::vector<std::vector<int32_t>> sites_;
   std::vector<int32_t> canonical_;
   size_t num_canonical_ = 0;

@@ -6,8 +6,11 @@
 //     (RuleTable::kExit) at an earlier byte: the rest of the token belongs to a context
 //     the recognizer does not hold (reported as whole trie subtrees);
 //   - rejected: everything else (not reported).
-// At run time the recognizer holds the whole chart, so no exit is ever reached and the
-// walk answers exactly which tokens the grammar allows.
+// Uncertain subtrees carry the depths (bytes into the token) at which exits were
+// reached on the way to them: what follows such a depth is up to the context.
+//
+// WalkSuffixes tries byte strings (token suffixes) the same way, for the matcher's run
+// time check of uncertain tokens.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,17 @@
 
 namespace tandem::grammar {
 
+// A token's bytes from `offset` on.
+struct TokenSuffix {
+  int32_t token;
+  int32_t offset;
+};
+
+struct UncertainSubtree {
+  int32_t node;
+  std::vector<int32_t> exit_depths;  // ascending, each < the node's depth
+};
+
 class TokenWalker {
  public:
   // Both must outlive the walker. The deadline is checked every few thousand bytes.
@@ -33,7 +47,19 @@ class TokenWalker {
   // uncertain subtrees to *uncertain. Leaves the recognizer as it found it. Errors:
   // DEADLINE_EXCEEDED when the deadline passed (the outputs are then incomplete).
   absl::Status Walk(std::span<const int32_t> nodes, std::vector<int32_t>* accepted,
-                    std::vector<int32_t>* uncertain);
+                    std::vector<UncertainSubtree>* uncertain);
+
+  // Walks the subtree of `node` with its path shifted: the path's bytes from `offset`
+  // on are pushed first. Appends the ids of the subtree's tokens consumed entirely
+  // (their bytes from `offset` on) to *accepted.
+  absl::Status WalkShifted(int32_t node, int32_t offset, std::vector<int32_t>* accepted);
+
+  // Tries each suffix (sorted by its bytes: SortSuffixes) from the recognizer's current
+  // state; appends the index of each one consumed entirely to *accepted. Leaves the
+  // recognizer as it found it.
+  absl::Status WalkSuffixes(std::span<const TokenSuffix> suffixes, std::vector<int32_t>* accepted);
+  // Sorts by suffix bytes and drops duplicates.
+  static void SortSuffixes(const GrammarVocabulary& vocabulary, std::vector<TokenSuffix>* suffixes);
 
   // Bytes pushed so far over all walks (successful pushes), for statistics.
   uint64_t pushes() const { return pushes_; }
@@ -41,14 +67,21 @@ class TokenWalker {
  private:
   bool Push(uint8_t byte);
   void WalkSubtree(int32_t node);
+  void Pushed(size_t depth) {
+    if (rec_.HasExit()) exit_depths_.push_back(static_cast<int32_t>(depth));
+  }
+  void PoppedTo(size_t depth) {
+    while (!exit_depths_.empty() && exit_depths_.back() > static_cast<int32_t>(depth)) exit_depths_.pop_back();
+  }
 
   const GrammarVocabulary& vocab_;
   EarleyRecognizer& rec_;
   absl::Time deadline_;
   size_t base_ = 0;                // recognizer sets at the trie root
-  std::vector<char> exited_;       // [depth]: an exit was reached at this depth or above
+  std::vector<int32_t> exit_depths_;  // on the current path
   std::vector<int32_t>* accepted_ = nullptr;
-  std::vector<int32_t>* uncertain_ = nullptr;
+  std::vector<UncertainSubtree>* uncertain_ = nullptr;
+  std::vector<UncertainSubtree> ignored_;
   uint64_t pushes_ = 0;
   uint32_t until_check_ = 0;
   bool expired_ = false;
