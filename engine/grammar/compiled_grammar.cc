@@ -49,7 +49,8 @@ namespace {
 class Precomputer {
  public:
   Precomputer(const RuleTable& table, const GrammarVocabulary& vocab, absl::Time deadline)
-      : table_(table), vocab_(vocab), rec_(table), any_context_(table), walker_(vocab, &rec_, deadline),
+      : table_(table), vocab_(vocab), deadline_(deadline), rec_(table), any_context_(table),
+        walker_(vocab, &rec_, deadline),
         any_walker_(vocab, &any_context_, deadline) {
     // Every site of every rule, from set 0: completions with origin 0 reach them all.
     std::vector<EarleyRecognizer::Item> sites;
@@ -85,6 +86,11 @@ class Precomputer {
       const RuleTable::Kind k = table_.kind(p);
       if ((k != RuleTable::kTerminal && k != RuleTable::kRule) || table_.rule_of(p) < 0 || table_.dot(p) == 0) {
         continue;
+      }
+      // The walks check the deadline as they go; this catches grammars of many small
+      // entries too.
+      if (deadline_ != absl::InfiniteFuture() && absl::Now() > deadline_) {
+        return absl::DeadlineExceededError("precomputation passed its deadline");
       }
       absl::StatusOr<CompiledGrammar::Entry> e = EntryFor(p);
       if (!e.ok()) return e.status();
@@ -182,6 +188,7 @@ class Precomputer {
 
   const RuleTable& table_;
   const GrammarVocabulary& vocab_;
+  absl::Time deadline_;
   EarleyRecognizer rec_;
   EarleyRecognizer any_context_;
   TokenWalker walker_;
