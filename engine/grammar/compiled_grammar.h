@@ -62,17 +62,21 @@ struct CompileOptions {
   // Past it, Compile fails (INVALID_ARGUMENT, the message says the limit was reached).
   absl::Time deadline = absl::InfiniteFuture();
   RuleTableOptions table;
+  // Walk with the stack machine (stack_walker.h) where it can run the grammar; the
+  // Earley walker otherwise. The results are the same (tested); this is for tests.
+  bool stack_walker = true;
 };
 
 class CompiledGrammar {
  public:
   // What one item position allows: base (shared between identical rule bodies) and
-  // extra are allowed outright; a token of `uncertain` is allowed when its suffix is
+  // extra are allowed outright (indices of token_set(), which holds each distinct set
+  // once; extra -1 for none); a token of `uncertain` is allowed when its suffix is
   // consumed after `outer` completes in the real chart (found below the item through
   // the `chain` of sites, innermost first).
   struct Entry {
-    int32_t base = -1;  // index into bases()
-    TokenSet extra;
+    int32_t base = -1;
+    int32_t extra = -1;
     int32_t outer = -1;
     std::vector<int32_t> chain;
     std::vector<TokenSuffix> uncertain;  // sorted by suffix bytes
@@ -86,7 +90,9 @@ class CompiledGrammar {
     size_t uncertain = 0;         // token suffixes left to run time, over all entries
     size_t pruned = 0;            // suffixes no context can consume, dropped
     size_t mask_bytes = 0;        // storage of all token sets
-    uint64_t pushes = 0;          // bytes pushed by all walks
+    uint64_t pushes = 0;          // bytes pushed by all walks (stack machine steps included)
+    size_t machine_states = 0;    // distinct stack machine states
+    bool stack_walker = false;    // whether the stack machine ran every walk
     absl::Duration compile_time;  // wall time of Compile
   };
 
@@ -108,7 +114,7 @@ class CompiledGrammar {
   int32_t entry_index(int32_t pos) const { return entry_of_[pos]; }
   size_t num_entries() const { return entries_.size(); }
   const Entry& entry_at(int32_t index) const { return entries_[index]; }
-  const TokenSet& base(int32_t index) const { return bases_[index]; }
+  const TokenSet& token_set(int32_t index) const { return sets_[index]; }
   const Stats& stats() const { return stats_; }
 
  private:
@@ -118,7 +124,7 @@ class CompiledGrammar {
   RuleTable table_;
   std::vector<int32_t> entry_of_;
   std::vector<Entry> entries_;
-  std::vector<TokenSet> bases_;
+  std::vector<TokenSet> sets_;
   Stats stats_;
 };
 

@@ -16,6 +16,7 @@ void EarleyRecognizer::Clear() {
   next_same_.clear();
   set_begin_.clear();
   set_flags_.clear();
+  indexed_.clear();
 }
 
 void EarleyRecognizer::ResetToStart() {
@@ -78,11 +79,7 @@ void EarleyRecognizer::Close(int32_t set) {
         const int32_t r = table_.arg(it.pos);
         if (r == table_.start_rule()) flags |= kCanEnd;
         if (it.origin == set) break;  // nullable completions: see the header
-        const uint32_t begin = set_begin_[it.origin], end = set_begin_[it.origin + 1];
-        for (uint32_t w = begin; w < end; ++w) {
-          const int32_t wp = items_[w].pos;
-          if (table_.kind(wp) == RuleTable::kRule && table_.arg(wp) == r) Add(wp + 1, items_[w].origin);
-        }
+        Complete(r, it.origin);
         break;
       }
       case RuleTable::kExit:
@@ -91,6 +88,36 @@ void EarleyRecognizer::Close(int32_t set) {
     }
   }
   set_flags_[set] = flags;
+}
+
+void EarleyRecognizer::Complete(int32_t rule, int32_t origin) {
+  const uint32_t begin = set_begin_[origin], end = set_begin_[origin + 1];
+  if (end - begin <= kIndexedSetSize) {
+    for (uint32_t w = begin; w < end; ++w) {
+      const int32_t wp = items_[w].pos;
+      if (table_.kind(wp) == RuleTable::kRule && table_.arg(wp) == rule) Add(wp + 1, items_[w].origin);
+    }
+    return;
+  }
+  if (indexed_.size() <= static_cast<size_t>(origin)) {
+    indexed_.resize(origin + 1, 0);
+    if (waiters_.size() < indexed_.size()) waiters_.resize(indexed_.size());
+  }
+  auto& index = waiters_[origin];
+  if (!indexed_[origin]) {
+    index.clear();
+    for (uint32_t w = begin; w < end; ++w) {
+      const int32_t wp = items_[w].pos;
+      if (table_.kind(wp) == RuleTable::kRule) index.push_back({table_.arg(wp), static_cast<int32_t>(w)});
+    }
+    std::sort(index.begin(), index.end());
+    indexed_[origin] = 1;
+  }
+  auto it = std::lower_bound(index.begin(), index.end(), std::pair<int32_t, int32_t>{rule, -1});
+  for (; it != index.end() && it->first == rule; ++it) {
+    const Item w = items_[it->second];
+    Add(w.pos + 1, w.origin);
+  }
 }
 
 bool EarleyRecognizer::Push(uint8_t byte) {
@@ -120,6 +147,7 @@ void EarleyRecognizer::PopTo(size_t num_sets) {
   next_same_.resize(set_begin_[num_sets]);
   set_begin_.resize(num_sets);
   set_flags_.resize(num_sets);
+  if (indexed_.size() > num_sets) indexed_.resize(num_sets);
 }
 
 ByteSet EarleyRecognizer::NextBytes() const {

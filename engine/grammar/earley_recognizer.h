@@ -63,9 +63,14 @@ class EarleyRecognizer {
   static constexpr uint8_t kCanEnd = 1;
   static constexpr uint8_t kHasExit = 2;
 
+  // Sets larger than this get an index of their items by the rule they wait for, built
+  // on the first completion that looks into them (sets below the last never change).
+  static constexpr uint32_t kIndexedSetSize = 24;
+
   void NewStamp();
   void Add(int32_t pos, int32_t origin);
   void Close(int32_t set);
+  void Complete(int32_t rule, int32_t origin);
 
   const RuleTable& table_;
   std::vector<Item> items_;
@@ -76,6 +81,9 @@ class EarleyRecognizer {
   std::vector<int32_t> pos_head_;
   std::vector<uint32_t> rule_stamp_;  // per rule: predicted in the set of this stamp
   uint32_t stamp_ = 0;
+  // Per set: (rule waited for, item index) sorted, when the set is indexed.
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> waiters_;
+  std::vector<char> indexed_;
 };
 
 }  // namespace tandem::grammar

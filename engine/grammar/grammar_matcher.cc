@@ -70,8 +70,8 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) {
     if (!e.uncertain.empty()) pending_.push_back({index, origin});
     if (entry_stamp_[index] == stamp_) return;
     entry_stamp_[index] = stamp_;
-    g.base(e.base).OrInto(bitmask);
-    e.extra.OrInto(bitmask);
+    g.token_set(e.base).OrInto(bitmask);
+    if (e.extra >= 0) g.token_set(e.extra).OrInto(bitmask);
   };
   const size_t last = rec_.num_sets() - 1;
   if (last == 0) {

@@ -127,6 +127,50 @@ TEST_F(GrammarMatcherTest, MaskEqualsBruteForceAlongRandomWalks) {
   }
 }
 
+std::vector<uint32_t> MaskOf(const TokenSet& t, size_t words) {
+  std::vector<uint32_t> m(words, 0);
+  t.OrInto(m);
+  return m;
+}
+
+// The stack machine walker and the Earley walker precompute the same entries.
+TEST_F(GrammarMatcherTest, StackMachineAndEarleyWalksAgree) {
+  std::vector<GrammarCase> cases = Cases();
+  cases.push_back({"json_schema_like", R"(
+root ::= "{\"a\": " s ", \"b\": [" (n (", " n){0,3})? "]" (", \"c\": " s)? "}"
+s ::= "\"" ( [^"\\\x00-\x1f] | "\\" ["\\/bfnrtu] ){1,6} "\""
+n ::= "-"? [0-9]{1,3}
+)", ""});
+  for (const GrammarCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Grammar g = Load(c);
+    CompileOptions earley;
+    earley.stack_walker = false;
+    auto a = CompiledGrammar::Compile(g, vocab_);
+    auto b = CompiledGrammar::Compile(g, vocab_, earley);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE((*a)->stats().stack_walker);
+    ASSERT_EQ((*a)->num_entries(), (*b)->num_entries());
+    const size_t words = vocab_->mask_words();
+    for (size_t i = 0; i < (*a)->num_entries(); ++i) {
+      const CompiledGrammar::Entry& x = (*a)->entry_at(static_cast<int32_t>(i));
+      const CompiledGrammar::Entry& y = (*b)->entry_at(static_cast<int32_t>(i));
+      ASSERT_EQ(MaskOf((*a)->token_set(x.base), words), MaskOf((*b)->token_set(y.base), words)) << "entry " << i;
+      const TokenSet none;
+      ASSERT_EQ(MaskOf(x.extra < 0 ? none : (*a)->token_set(x.extra), words),
+                MaskOf(y.extra < 0 ? none : (*b)->token_set(y.extra), words))
+          << "entry " << i;
+      ASSERT_EQ(x.outer, y.outer);
+      ASSERT_EQ(x.chain, y.chain);
+      ASSERT_EQ(x.uncertain.size(), y.uncertain.size()) << "entry " << i;
+      for (size_t k = 0; k < x.uncertain.size(); ++k) {
+        ASSERT_EQ(x.uncertain[k].token, y.uncertain[k].token);
+        ASSERT_EQ(x.uncertain[k].offset, y.uncertain[k].offset);
+      }
+    }
+  }
+}
+
 TEST_F(GrammarMatcherTest, RollbackRestoresTheEarlierMasks) {
   for (const GrammarCase& c : Cases()) {
     SCOPED_TRACE(c.name);
