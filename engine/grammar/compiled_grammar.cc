@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/grammar/earley_recognizer.h"
@@ -76,7 +77,7 @@ class Precomputer {
     // The start: the whole grammar, nothing uncertain.
     {
       std::vector<int32_t> accepted;
-      std::vector<UncertainSubtree> uncertain;
+      std::vector<Pending> uncertain;
       const int32_t root = 0;
       const int32_t start = table_.start_position();
       if (absl::Status s = WalkFrom({&start, 1}, {&root, 1}, &accepted, &uncertain); !s.ok()) return s;
@@ -105,22 +106,18 @@ class Precomputer {
   }
 
  private:
+  using Pending = UncertainSubtree;
   struct Level1 {
+    int32_t id;
     int32_t base;
-    std::vector<UncertainSubtree> candidates;  // ascending nodes, with the depths where the rule completed
+    std::vector<Pending> candidates;  // where the rule completed, in trie order
+    // The candidates by the byte that follows their exit (built on first use).
+    std::vector<std::vector<Pending>> by_next_byte;
   };
-  // (trie node, depth at which the outer rule completed): a subtree left to run time.
-  using Pending = std::pair<int32_t, int32_t>;
   struct Shifted {
     std::vector<int32_t> accepted;
     std::vector<Pending> uncertain;
   };
-
-  static void Flatten(const std::vector<UncertainSubtree>& in, std::vector<Pending>* out) {
-    for (const UncertainSubtree& u : in) {
-      for (int32_t d : u.exit_depths) out->push_back({u.node, d});
-    }
-  }
 
   // The index of the set of `ids`, each distinct set stored once.
   int32_t AddSet(std::vector<int32_t> ids) {
@@ -140,21 +137,21 @@ class Precomputer {
   }
 
   // Step 1: within p's rule alone, shared by identical rule bodies.
-  absl::StatusOr<const Level1*> Level1For(int32_t p) {
+  absl::StatusOr<Level1*> Level1For(int32_t p) {
     const int32_t rule = table_.rule_of(p);
     const uint64_t key = (static_cast<uint64_t>(table_.canonical_rule(rule)) << 32) |
                          static_cast<uint32_t>(p - table_.alternatives(rule)[0]);
     if (auto it = level1_.find(key); it != level1_.end()) return &it->second;
     std::vector<int32_t> accepted;
-    std::vector<UncertainSubtree> uncertain;
+    std::vector<Pending> uncertain;
     const int32_t root = 0;
     if (absl::Status s = WalkFrom({&p, 1}, {&root, 1}, &accepted, &uncertain); !s.ok()) return s;
-    Level1 l{AddSet(std::move(accepted)), std::move(uncertain)};
+    Level1 l{static_cast<int32_t>(level1_.size()), AddSet(std::move(accepted)), std::move(uncertain), {}};
     return &level1_.emplace(key, std::move(l)).first->second;
   }
 
   absl::StatusOr<CompiledGrammar::Entry> EntryFor(int32_t p) {
-    absl::StatusOr<const Level1*> l1 = Level1For(p);
+    absl::StatusOr<Level1*> l1 = Level1For(p);
     if (!l1.ok()) return l1.status();
     CompiledGrammar::Entry e;
     e.base = (*l1)->base;
@@ -170,8 +167,8 @@ class Precomputer {
     std::vector<Pending> uncertain;
     if (e.chain.empty()) {
       // p's rule is the outer one: its completion is the exit.
-      Flatten((*l1)->candidates, &uncertain);
-    } else if (absl::Status s = ThroughChain(p, e.chain, (*l1)->candidates, &accepted, &uncertain);
+      uncertain = (*l1)->candidates;
+    } else if (absl::Status s = ThroughChain(p, e.chain, *l1, &accepted, &uncertain);
                !s.ok()) {
       return s;
     }
@@ -190,7 +187,8 @@ class Precomputer {
     any_context_.StartSet({&completed, 1});
     const auto& trie = vocab_.trie();
     std::vector<int32_t> kept;
-    for (const auto& [node, d] : uncertain) {
+    for (const auto& [node, d] : uncertain) {  // sorted: equal subtrees share walks
+
       kept.clear();
       if (absl::Status s = any_walker_.WalkShifted(node, d, &kept); !s.ok()) return s;
       pruned_ += static_cast<size_t>(trie[node].tok_sub_end - trie[node].tok_begin) - kept.size();
@@ -206,76 +204,188 @@ class Precomputer {
   // after the innermost site, and that state is the same for every candidate (and for
   // every position whose rule completes into the same state: memoized). With the
   // Earley walker, the candidates are walked again from a chart of the whole chain.
-  absl::Status ThroughChain(int32_t p, const std::vector<int32_t>& chain,
-                            const std::vector<UncertainSubtree>& candidates, std::vector<int32_t>* accepted,
+  // The chain is taken kSegment sites at a time: a segment's stack is rebuilt from
+  // canonical representatives (the outermost site's rule replaced by the first rule of
+  // its canonical class, the others by the rules that one references), so identical
+  // copies of a rule share one machine state and one memo; the tokens that complete a
+  // segment's outermost rule go on to the next segment.
+  static constexpr size_t kSegment = 4;
+
+  absl::Status ThroughChain(int32_t p, const std::vector<int32_t>& chain, Level1* l1, std::vector<int32_t>* accepted,
                             std::vector<Pending>* uncertain) {
-    std::vector<int32_t> stack(chain.rbegin(), chain.rend());
-    if (use_stack_) {
-      stack.back() += 1;  // past the innermost site: p's rule has completed
-      const StackMachine::State after = machine_.Initial(stack);
-      if (++stamp_ == 0) {
-        std::fill(token_stamp_.begin(), token_stamp_.end(), 0);
-        stamp_ = 1;
+    if (!use_stack_) {
+      std::vector<int32_t> stack(chain.rbegin(), chain.rend());
+      stack.push_back(p);
+      return WalkFrom(stack, Nodes(l1->candidates), accepted, uncertain);
+    }
+    if (++stamp_ == 0) {
+      std::fill(token_stamp_.begin(), token_stamp_.end(), 0);
+      stamp_ = 1;
+    }
+    if (l1->by_next_byte.empty()) {
+      l1->by_next_byte.resize(256);
+      for (const Pending& c : l1->candidates) {
+        l1->by_next_byte[static_cast<uint8_t>(vocab_.NodePath(c.node)[c.depth])].push_back(c);
       }
-      if (after == StackMachine::kDead) return FallBack(p, std::move(stack), candidates, accepted, uncertain);
-      // Most candidates die on their first byte after the exit (a bounded string's
-      // content tokens that are too long, say): one bit test, no walk.
-      const ByteSet first = machine_.NextBytes(after);
-      const bool exits_at_once = machine_.HasExit(after);
-      absl::Status status = absl::OkStatus();
-      for (const UncertainSubtree& u : candidates) {
-        const std::string_view path = vocab_.NodePath(u.node);
-        for (int32_t d : u.exit_depths) {
-          if (!first.Contains(static_cast<uint8_t>(path[d]))) {
-            if (exits_at_once) uncertain->push_back({u.node, d});
-            continue;
-          }
-          const std::tuple<int32_t, int32_t, int32_t> key{after, u.node, d};
-          auto it = shifted_.find(key);
-          if (it == shifted_.end()) {
-            std::vector<UncertainSubtree> left;
-            Shifted r;
-            status = stack_walker_.WalkShifted(after, u.node, d, &r.accepted, &left);
-            if (!status.ok()) break;
-            Flatten(left, &r.uncertain);
-            it = shifted_.emplace(key, std::move(r)).first;
-          }
-          for (int32_t id : it->second.accepted) {
-            if (token_stamp_[id] == stamp_) continue;
-            token_stamp_[id] = stamp_;
-            accepted->push_back(id);
-          }
-          uncertain->insert(uncertain->end(), it->second.uncertain.begin(), it->second.uncertain.end());
+    }
+    // Segment k covers chain[k * kSegment, ...); its state is where a token goes on
+    // after the rule below the segment completed. A segment whose rule completes at
+    // once passes a byte it refuses on to the next one.
+    const size_t segments = (chain.size() + kSegment - 1) / kSegment;
+    std::vector<StackMachine::State> state(segments, StackMachine::kDead);
+    std::vector<char> built(segments, 0);
+    const auto state_of = [&](size_t k) {
+      if (!built[k]) {
+        state[k] = SegmentState(chain, k * kSegment, std::min(chain.size(), (k + 1) * kSegment));
+        built[k] = 1;
+      }
+      return state[k];
+    };
+    // The first segment from k on whose state takes byte b (passing through segments
+    // that complete at once); `segments` when the last one completes at once and the
+    // byte is left to run time; -1 when the byte dies.
+    bool failed = false;
+    const auto resolve = [&](size_t k, uint8_t b) -> int64_t {
+      for (; k < segments; ++k) {
+        const StackMachine::State st = state_of(k);
+        if (st == StackMachine::kDead) {
+          failed = true;
+          return -1;
+        }
+        if (machine_.NextBytes(st).Contains(b)) return static_cast<int64_t>(k);
+        if (!machine_.HasExit(st)) return -1;
+      }
+      return static_cast<int64_t>(segments);
+    };
+    std::vector<std::vector<Pending>> pending(segments + 1);
+    const auto step = [&](size_t k, const Pending& c) -> absl::Status {
+      const StackMachine::State after = state[k];
+      const std::tuple<int32_t, int32_t, int32_t> key{after, c.node, c.depth};
+      auto it = shifted_.find(key);
+      if (it == shifted_.end()) {
+        Shifted r;
+        absl::Status status = stack_walker_.WalkShifted(after, c.node, c.depth, &r.accepted, &r.uncertain);
+        if (!status.ok()) return status;
+        it = shifted_.emplace(key, std::move(r)).first;
+      }
+      for (int32_t id : it->second.accepted) {
+        if (token_stamp_[id] == stamp_) continue;
+        token_stamp_[id] = stamp_;
+        accepted->push_back(id);
+      }
+      pending[k + 1].insert(pending[k + 1].end(), it->second.uncertain.begin(), it->second.uncertain.end());
+      return absl::OkStatus();
+    };
+    // A byte group's outcome from a segment state is the same for every position
+    // sharing this step 1 result and state (copies of one rule): memoized whole.
+    const auto merge = [&](size_t k, const Shifted& r) {
+      for (int32_t id : r.accepted) {
+        if (token_stamp_[id] == stamp_) continue;
+        token_stamp_[id] = stamp_;
+        accepted->push_back(id);
+      }
+      pending[k + 1].insert(pending[k + 1].end(), r.uncertain.begin(), r.uncertain.end());
+    };
+    absl::Status status = absl::OkStatus();
+    for (int b = 0; b < 256 && status.ok(); ++b) {
+      const std::vector<Pending>& group = l1->by_next_byte[b];
+      if (group.empty()) continue;
+      const int64_t k = resolve(0, static_cast<uint8_t>(b));
+      if (failed) break;
+      if (k < 0) continue;
+      if (k == static_cast<int64_t>(segments)) {
+        pending[segments].insert(pending[segments].end(), group.begin(), group.end());
+        continue;
+      }
+      const std::tuple<int32_t, int32_t, int32_t> key{state[k], l1->id, b};
+      auto it = group_memo_.find(key);
+      if (it == group_memo_.end()) {
+        Shifted all;
+        for (const Pending& c : group) {
+          Shifted r;
+          status = stack_walker_.WalkShifted(state[k], c.node, c.depth, &r.accepted, &r.uncertain);
+          if (!status.ok()) break;
+          all.accepted.insert(all.accepted.end(), r.accepted.begin(), r.accepted.end());
+          all.uncertain.insert(all.uncertain.end(), r.uncertain.begin(), r.uncertain.end());
         }
         if (!status.ok()) break;
+        std::sort(all.accepted.begin(), all.accepted.end());
+        all.accepted.erase(std::unique(all.accepted.begin(), all.accepted.end()), all.accepted.end());
+        it = group_memo_.emplace(key, std::move(all)).first;
       }
-      if (!absl::IsFailedPrecondition(status)) return status;
-      return FallBack(p, std::move(stack), candidates, accepted, uncertain);
+      merge(static_cast<size_t>(k), it->second);
     }
-    stack.push_back(p);
+    for (size_t from = 1; from < segments && status.ok() && !failed; ++from) {
+      std::vector<Pending>& list = pending[from];
+      std::sort(list.begin(), list.end());
+      list.erase(std::unique(list.begin(), list.end()), list.end());
+      for (const Pending& c : list) {
+        const int64_t k = resolve(from, static_cast<uint8_t>(vocab_.NodePath(c.node)[c.depth]));
+        if (failed) break;
+        if (k < 0) continue;
+        if (k == static_cast<int64_t>(segments)) {
+          pending[segments].push_back(c);
+          continue;
+        }
+        status = step(static_cast<size_t>(k), c);
+        if (!status.ok()) break;
+      }
+      list.clear();
+    }
+    if (failed || absl::IsFailedPrecondition(status)) return FallBack(p, chain, l1->candidates, accepted, uncertain);
+    if (!status.ok()) return status;
+    *uncertain = std::move(pending[segments]);
+    return absl::OkStatus();
+  }
+
+  // The machine state after the rule below chain[level] completed, with the sites
+  // chain[level, end) above it: built from canonical representatives (see kSegment).
+  StackMachine::State SegmentState(const std::vector<int32_t>& chain, size_t level, size_t end) {
+    std::vector<int32_t> stack;
+    const int32_t outer_site = chain[end - 1];
+    const int32_t outer_rule = table_.rule_of(outer_site);
+    int32_t rule = Representative(outer_rule);
+    stack.push_back(table_.alternatives(rule)[0] + (outer_site - table_.alternatives(outer_rule)[0]));
+    for (size_t j = end - 1; j > level; --j) {
+      // The site one level in, in the rule the previous stack entry expects.
+      const int32_t inner_site = chain[j - 1];
+      const int32_t inner_rule = table_.rule_of(inner_site);
+      rule = table_.arg(stack.back());
+      stack.push_back(table_.alternatives(rule)[0] + (inner_site - table_.alternatives(inner_rule)[0]));
+    }
+    stack.back() += 1;  // past the innermost site: the rule below it has completed
+    return machine_.Initial(stack);
+  }
+
+  int32_t Representative(int32_t rule) {
+    if (representative_.empty()) {
+      representative_.assign(table_.num_canonical_rules(), -1);
+      for (int32_t r = 0; r < static_cast<int32_t>(table_.num_rules()); ++r) {
+        int32_t& rep = representative_[table_.canonical_rule(r)];
+        if (rep < 0) rep = r;
+      }
+    }
+    return representative_[table_.canonical_rule(rule)];
+  }
+
+  static std::vector<int32_t> Nodes(const std::vector<Pending>& pending) {
     std::vector<int32_t> nodes;
-    for (const UncertainSubtree& u : candidates) nodes.push_back(u.node);
-    std::vector<UncertainSubtree> left;
-    absl::Status s = WalkFrom(stack, nodes, accepted, &left);
-    Flatten(left, uncertain);
-    return s;
+    for (const Pending& c : pending) {
+      if (nodes.empty() || nodes.back() != c.node) nodes.push_back(c.node);
+    }
+    return nodes;
   }
 
   // ThroughChain with the Earley walker, after the stack machine gave up (for the rest
   // of the grammar). `stack` is the chain with its innermost site advanced.
-  absl::Status FallBack(int32_t p, std::vector<int32_t> stack, const std::vector<UncertainSubtree>& candidates,
+  absl::Status FallBack(int32_t p, const std::vector<int32_t>& chain, const std::vector<Pending>& candidates,
                         std::vector<int32_t>* accepted, std::vector<Pending>* uncertain) {
     use_stack_ = false;
     accepted->clear();
     uncertain->clear();
-    stack.back() -= 1;
+    std::vector<int32_t> stack(chain.rbegin(), chain.rend());
     stack.push_back(p);
-    std::vector<int32_t> nodes;
-    for (const UncertainSubtree& u : candidates) nodes.push_back(u.node);
-    std::vector<UncertainSubtree> left;
-    absl::Status s = WalkFrom(stack, nodes, accepted, &left);
-    Flatten(left, uncertain);
-    return s;
+    return WalkFrom(stack, Nodes(candidates), accepted, uncertain);
   }
 
   // Walks `nodes` from the parse of one stack of positions (outermost first: sites, then
@@ -321,9 +431,11 @@ class Precomputer {
   StackTrieWalker stack_walker_;
   bool use_stack_;
   std::vector<TokenSet>* bases_ = nullptr;
-  absl::flat_hash_map<uint64_t, Level1> level1_;
+  absl::node_hash_map<uint64_t, Level1> level1_;  // node: entries keep pointers
   absl::flat_hash_map<std::string, int32_t> set_index_;
   absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, Shifted> shifted_;
+  absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, Shifted> group_memo_;
+  std::vector<int32_t> representative_;  // per canonical rule: its first rule
   std::vector<uint32_t> token_stamp_;  // per token: appended to the current entry's extra
   uint32_t stamp_ = 0;
   size_t pruned_ = 0;

@@ -167,7 +167,7 @@ void StackTrieWalker::WalkSubtree(int32_t node, StackMachine::State s) {
   for (int32_t c = node + 1; c < n.end; c = trie[c].end) {
     if (expired_ || m_.failed()) return;
     if (!next.Contains(trie[c].byte)) {
-      if (!exit_depths_.empty()) uncertain_->push_back({c, exit_depths_});
+      Uncertain(c);
       continue;
     }
     const StackMachine::State t = m_.Step(s, trie[c].byte);
@@ -195,7 +195,7 @@ absl::Status StackTrieWalker::WalkShifted(StackMachine::State start, int32_t nod
   StackMachine::State s = start;
   for (size_t d = static_cast<size_t>(offset); d < path.size(); ++d) {
     if (!m_.NextBytes(s).Contains(static_cast<uint8_t>(path[d]))) {
-      if (!exit_depths_.empty()) uncertain->push_back({node, exit_depths_});
+      Uncertain(node);
       return absl::OkStatus();
     }
     s = m_.Step(s, static_cast<uint8_t>(path[d]));
@@ -241,7 +241,7 @@ absl::Status StackTrieWalker::Walk(StackMachine::State start, std::span<const in
     }
     if (m_.failed()) break;
     if (!alive) {
-      if (!exit_depths_.empty()) uncertain->push_back({node, exit_depths_});
+      Uncertain(node);
     } else {
       const size_t depth = path.size();
       WalkSubtree(node, path_states.back());

@@ -90,6 +90,9 @@ class StackTrieWalker {
 
  private:
   void WalkSubtree(int32_t node, StackMachine::State s);
+  void Uncertain(int32_t node) {
+    for (int32_t d : exit_depths_) uncertain_->push_back({node, d});
+  }
 
   const GrammarVocabulary& vocab_;
   StackMachine& m_;

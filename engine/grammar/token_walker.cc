@@ -35,7 +35,7 @@ void TokenWalker::WalkSubtree(int32_t node) {
   for (int32_t c = node + 1; c < n.end; c = trie[c].end) {
     if (expired_) return;
     if (!next.Contains(trie[c].byte)) {
-      if (!exit_depths_.empty()) uncertain_->push_back({c, exit_depths_});
+      Uncertain(c);
       continue;
     }
     const bool pushed = Push(trie[c].byte);
@@ -75,7 +75,7 @@ absl::Status TokenWalker::Walk(std::span<const int32_t> nodes, std::vector<int32
     if (!alive) {
       // Dead on the way down, after `path`: uncertain if an exit was reached at or
       // above the byte that failed.
-      if (!exit_depths_.empty()) uncertain->push_back({node, exit_depths_});
+      Uncertain(node);
     } else {
       TANDEM_CHECK(rec_.num_sets() == base_ + trie[node].depth);
       WalkSubtree(node);

@@ -6,8 +6,8 @@
 //     (RuleTable::kExit) at an earlier byte: the rest of the token belongs to a context
 //     the recognizer does not hold (reported as whole trie subtrees);
 //   - rejected: everything else (not reported).
-// Uncertain subtrees carry the depths (bytes into the token) at which exits were
-// reached on the way to them: what follows such a depth is up to the context.
+// Uncertain subtrees carry the depth (bytes into the token) at which an exit was
+// reached on the way to them: what follows that depth is up to the context.
 //
 // WalkSuffixes tries byte strings (token suffixes) the same way, for the matcher's run
 // time check of uncertain tokens.
@@ -31,9 +31,14 @@ struct TokenSuffix {
   int32_t offset;
 };
 
+// Tokens left undecided: those below trie node `node`, from byte `depth` on (an exit
+// was reached there, above the node). A subtree with several exits on its way appears
+// once per exit depth.
 struct UncertainSubtree {
   int32_t node;
-  std::vector<int32_t> exit_depths;  // ascending, each < the node's depth
+  int32_t depth;
+  bool operator==(const UncertainSubtree&) const = default;
+  bool operator<(const UncertainSubtree& o) const { return node != o.node ? node < o.node : depth < o.depth; }
 };
 
 class TokenWalker {
@@ -67,6 +72,9 @@ class TokenWalker {
  private:
   bool Push(uint8_t byte);
   void WalkSubtree(int32_t node);
+  void Uncertain(int32_t node) {
+    for (int32_t d : exit_depths_) uncertain_->push_back({node, d});
+  }
   void Pushed(size_t depth) {
     if (rec_.HasExit()) exit_depths_.push_back(static_cast<int32_t>(depth));
   }
