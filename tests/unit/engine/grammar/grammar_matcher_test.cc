@@ -76,6 +76,10 @@ ws     ::= [ \t\n]{0,2}
       {"utf8", "root ::= ([\\u00e0-\\u00ff] | [\\u20ac] | [\\U0001F600-\\U0001F64F] | \"\xC3\xA9t\xC3\xA9\")+ \"!\"?", ""},
       {"literals", "root ::= \"{\\\"name\\\": \\\"\" [a-z ]{1,12} \"\\\", \\\"n\\\": \" [0-9]{1,3} \"}\"", ""},
       {"regex", "", "[a-z]+(,[0-9]{1,3})*(\\.[A-Z_]?)?"},
+      // Left recursion through a nullable prefix and through another rule: the stack
+      // machine cannot close them and the precomputation falls back to Earley walks.
+      {"nullable_left_recursion", "root ::= list \"!\"\nlist ::= opt list \"a\" | \"b\"\nopt ::= \"\" | \"c\"", ""},
+      {"mutual_left_recursion", "root ::= a\na ::= b \"x\" | \"y\"\nb ::= a \"z\" | \"w\"", ""},
       {"regex_alt", "", "(true|false|null|\"[^\"]*\")( (true|false|null|\"[^\"]*\"))*"},
   };
 }
@@ -149,7 +153,8 @@ n ::= "-"? [0-9]{1,3}
     auto a = CompiledGrammar::Compile(g, vocab_);
     auto b = CompiledGrammar::Compile(g, vocab_, earley);
     ASSERT_TRUE(a.ok() && b.ok());
-    EXPECT_TRUE((*a)->stats().stack_walker);
+    const bool fallback = std::string(c.name).find("left_recursion") != std::string::npos;
+    EXPECT_EQ((*a)->stats().stack_walker, !fallback);
     ASSERT_EQ((*a)->num_entries(), (*b)->num_entries());
     const size_t words = vocab_->mask_words();
     for (size_t i = 0; i < (*a)->num_entries(); ++i) {
