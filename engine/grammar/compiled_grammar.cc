@@ -21,6 +21,7 @@ namespace {
 // repetitions, where no token crosses that many completions anyway.
 constexpr size_t kMaxChain = 128;
 
+
 }  // namespace
 
 TokenSet TokenSet::FromIds(std::vector<int32_t> ids, size_t vocab_size) {
@@ -51,10 +52,12 @@ namespace {
 
 class Precomputer {
  public:
-  Precomputer(const RuleTable& table, const GrammarVocabulary& vocab, absl::Time deadline, bool stack_walker)
+  Precomputer(const RuleTable& table, const GrammarVocabulary& vocab, absl::Time deadline, bool stack_walker,
+              int64_t horizon)
       : table_(table), vocab_(vocab), deadline_(deadline), rec_(table), any_context_(table),
         walker_(vocab, &rec_, deadline), any_walker_(vocab, &any_context_, deadline), machine_(table),
         stack_walker_(vocab, &machine_, deadline), use_stack_(stack_walker), token_stamp_(vocab.size(), 0) {
+    horizon_ = horizon;
     // Every site of every rule, from set 0: completions with origin 0 reach them all.
     std::vector<EarleyRecognizer::Item> sites;
     for (int32_t p = 0; p < static_cast<int32_t>(table_.num_positions()); ++p) {
@@ -137,17 +140,67 @@ class Precomputer {
   }
 
   // Step 1: within p's rule alone, shared by identical rule bodies.
+  // What an item at p can do within one token depends only on the symbols from p on
+  // until they need more bytes than the longest token (the horizon), and, if the end of
+  // p's alternative lies within that, on p's rule itself (its completion, its other
+  // alternatives when it recurses on itself). The key says exactly that, with rules by
+  // canonical number; positions with equal keys share step 1 (a string's hundred
+  // required characters are one walk, not a hundred).
+  std::string RemainderKey(int32_t p, bool* end_reachable) {
+    std::string key;
+    int64_t need = 0;
+    int32_t q = p;
+    for (; table_.kind(q) != RuleTable::kEnd && need <= horizon_; ++q) {
+      if (table_.kind(q) == RuleTable::kTerminal) {
+        absl::StrAppend(&key, "t", table_.arg(q), " ");
+        need += 1;
+      } else {
+        absl::StrAppend(&key, "r", table_.canonical_rule(table_.arg(q)), " ");
+        need += MinLength(table_.arg(q));
+      }
+    }
+    *end_reachable = table_.kind(q) == RuleTable::kEnd && need <= horizon_;
+    if (*end_reachable) {
+      const int32_t rule = table_.rule_of(p);
+      absl::StrAppend(&key, "| ", table_.canonical_rule(rule), "@", p - table_.alternatives(rule)[0]);
+    }
+    return key;
+  }
+
+  // The least number of bytes a rule matches (a fixpoint, computed once).
+  int64_t MinLength(int32_t rule) {
+    if (min_length_.empty()) {
+      constexpr int64_t kInf = int64_t{1} << 40;
+      min_length_.assign(table_.num_rules(), kInf);
+      for (bool changed = true; changed;) {
+        changed = false;
+        for (int32_t r = 0; r < static_cast<int32_t>(table_.num_rules()); ++r) {
+          for (int32_t a : table_.alternatives(r)) {
+            int64_t n = 0;
+            for (int32_t q = a; table_.kind(q) != RuleTable::kEnd && n < kInf; ++q) {
+              n += table_.kind(q) == RuleTable::kTerminal ? 1 : min_length_[table_.arg(q)];
+            }
+            if (n < min_length_[r]) {
+              min_length_[r] = std::min(n, kInf);
+              changed = true;
+            }
+          }
+        }
+      }
+    }
+    return min_length_[rule];
+  }
+
   absl::StatusOr<Level1*> Level1For(int32_t p) {
-    const int32_t rule = table_.rule_of(p);
-    const uint64_t key = (static_cast<uint64_t>(table_.canonical_rule(rule)) << 32) |
-                         static_cast<uint32_t>(p - table_.alternatives(rule)[0]);
+    bool end_reachable = false;
+    std::string key = RemainderKey(p, &end_reachable);
     if (auto it = level1_.find(key); it != level1_.end()) return &it->second;
     std::vector<int32_t> accepted;
     std::vector<Pending> uncertain;
     const int32_t root = 0;
     if (absl::Status s = WalkFrom({&p, 1}, {&root, 1}, &accepted, &uncertain); !s.ok()) return s;
     Level1 l{static_cast<int32_t>(level1_.size()), AddSet(std::move(accepted)), std::move(uncertain), {}};
-    return &level1_.emplace(key, std::move(l)).first->second;
+    return &level1_.emplace(std::move(key), std::move(l)).first->second;
   }
 
   absl::StatusOr<CompiledGrammar::Entry> EntryFor(int32_t p) {
@@ -156,27 +209,13 @@ class Precomputer {
     CompiledGrammar::Entry e;
     e.base = (*l1)->base;
     if ((*l1)->candidates.empty()) return e;
-    // Step 2: the chain of single sites under p's rule.
-    int32_t outer = table_.rule_of(p);
-    while (outer != table_.start_rule() && table_.sites(outer).size() == 1 && e.chain.size() < kMaxChain) {
-      const int32_t site = table_.sites(outer)[0];
-      e.chain.push_back(site);
-      outer = table_.rule_of(site);
-    }
+    // Step 2: through the chain of single sites under p's rule.
     std::vector<int32_t> accepted;
     std::vector<Pending> uncertain;
-    if (e.chain.empty()) {
-      // p's rule is the outer one: its completion is the exit.
-      uncertain = (*l1)->candidates;
-    } else if (absl::Status s = ThroughChain(p, e.chain, *l1, &accepted, &uncertain);
-               !s.ok()) {
-      return s;
-    }
+    int32_t outer = -1;
+    if (absl::Status s = ThroughChain(p, *l1, &accepted, &uncertain, &outer); !s.ok()) return s;
     if (!accepted.empty()) e.extra = AddSet(std::move(accepted));
-    if (uncertain.empty()) {
-      e.chain.clear();
-      return e;
-    }
+    if (uncertain.empty()) return e;
     std::sort(uncertain.begin(), uncertain.end());
     uncertain.erase(std::unique(uncertain.begin(), uncertain.end()), uncertain.end());
     TANDEM_CHECK(outer != table_.start_rule());
@@ -195,7 +234,7 @@ class Precomputer {
       for (int32_t id : kept) e.uncertain.push_back({id, d});
     }
     TokenWalker::SortSuffixes(vocab_, &e.uncertain);
-    if (e.uncertain.empty()) e.chain.clear(), e.outer = -1;
+    if (e.uncertain.empty()) e.outer = -1;
     return e;
   }
 
@@ -211,8 +250,79 @@ class Precomputer {
   // segment's outermost rule go on to the next segment.
   static constexpr size_t kSegment = 4;
 
-  absl::Status ThroughChain(int32_t p, const std::vector<int32_t>& chain, Level1* l1, std::vector<int32_t>* accepted,
-                            std::vector<Pending>* uncertain) {
+  // The sites above p's rule while each rule has exactly one (rule_table.h), innermost
+  // first, up to $start, a rule of several sites, or kMaxChain kept sites; returns the
+  // rule it stopped at (the outer rule: its completion is the exit). With `skip_tails`,
+  // tail sites are left out: a rule completing there completes the site's rule at once
+  // (what the stack machine's stacks may skip; bounded repetitions are chains of them).
+  int32_t Chain(int32_t p, bool skip_tails, std::vector<int32_t>* chain) {
+    chain->clear();
+    int32_t rule = table_.rule_of(p);
+    if (!skip_tails) {
+      while (rule != table_.start_rule() && table_.sites(rule).size() == 1 && chain->size() < kMaxChain) {
+        const int32_t site = table_.sites(rule)[0];
+        chain->push_back(site);
+        rule = table_.rule_of(site);
+      }
+      return rule;
+    }
+    while (chain->size() < kMaxChain) {
+      const auto [site, stop] = Hop(rule);
+      if (site < 0) {
+        rule = stop;
+        break;
+      }
+      chain->push_back(site);
+      rule = table_.rule_of(site);
+    }
+    // Ending at $start, the stack must bottom out in it (its completion is the end of
+    // the input, not an exit).
+    if (rule == table_.start_rule() && !chain->empty() && table_.rule_of(chain->back()) != rule) {
+      chain->push_back(table_.start_position());
+    }
+    return rule;
+  }
+
+  // From `rule` up through tail sites: the first site that is not a tail site, or -1
+  // and the rule where the single sites end ($start, or a rule of several sites).
+  // Memoized: a rule is passed once in all (a repetition's chain is walked once, not
+  // once per position in it).
+  std::pair<int32_t, int32_t> Hop(int32_t rule) {
+    if (hop_.empty()) hop_.assign(table_.num_rules(), {-2, -1});
+    std::vector<int32_t> passed;
+    std::pair<int32_t, int32_t> result;
+    for (;;) {
+      if (hop_[rule].first != -2) {
+        result = hop_[rule];
+        break;
+      }
+      if (rule == table_.start_rule() || table_.sites(rule).size() != 1) {
+        result = {-1, rule};
+        break;
+      }
+      const int32_t site = table_.sites(rule)[0];
+      if (!table_.is_tail_site(site)) {
+        result = {site, -1};
+        break;
+      }
+      passed.push_back(rule);
+      rule = table_.rule_of(site);
+    }
+    hop_[rule] = result;
+    for (int32_t r : passed) hop_[r] = result;
+    return result;
+  }
+
+  absl::Status ThroughChain(int32_t p, Level1* l1, std::vector<int32_t>* accepted, std::vector<Pending>* uncertain,
+                            int32_t* outer) {
+    std::vector<int32_t> chain;
+    *outer = Chain(p, use_stack_, &chain);
+    if (chain.empty()) {
+      // p's rule (or a rule it completes at once) is the outer one: its completion is
+      // the exit, or, for $start, the end (nothing may follow: refused).
+      if (*outer != table_.start_rule()) *uncertain = l1->candidates;
+      return absl::OkStatus();
+    }
     if (!use_stack_) {
       std::vector<int32_t> stack(chain.rbegin(), chain.rend());
       stack.push_back(p);
@@ -332,7 +442,7 @@ class Precomputer {
       }
       list.clear();
     }
-    if (failed || absl::IsFailedPrecondition(status)) return FallBack(p, chain, l1->candidates, accepted, uncertain);
+    if (failed || absl::IsFailedPrecondition(status)) return FallBack(p, l1->candidates, accepted, uncertain, outer);
     if (!status.ok()) return status;
     *uncertain = std::move(pending[segments]);
     return absl::OkStatus();
@@ -342,18 +452,24 @@ class Precomputer {
   // chain[level, end) above it: built from canonical representatives (see kSegment).
   StackMachine::State SegmentState(const std::vector<int32_t>& chain, size_t level, size_t end) {
     std::vector<int32_t> stack;
-    const int32_t outer_site = chain[end - 1];
-    const int32_t outer_rule = table_.rule_of(outer_site);
-    int32_t rule = Representative(outer_rule);
-    stack.push_back(table_.alternatives(rule)[0] + (outer_site - table_.alternatives(outer_rule)[0]));
-    for (size_t j = end - 1; j > level; --j) {
-      // The site one level in, in the rule the previous stack entry expects.
-      const int32_t inner_site = chain[j - 1];
-      const int32_t inner_rule = table_.rule_of(inner_site);
-      rule = table_.arg(stack.back());
-      stack.push_back(table_.alternatives(rule)[0] + (inner_site - table_.alternatives(inner_rule)[0]));
+    for (size_t j = end; j > level; --j) {
+      // Each site at the same offset of its rule's representative: rules of one
+      // canonical class behave alike, so the machine pops a completed rule into any
+      // site of its class (and through skipped tail sites) alike.
+      const int32_t site = chain[j - 1];
+      const int32_t rule = table_.rule_of(site);
+      stack.push_back(table_.alternatives(Representative(rule))[0] + (site - table_.alternatives(rule)[0]));
     }
     stack.back() += 1;  // past the innermost site: the rule below it has completed
+    // When what the innermost position still needs exceeds the horizon, nothing below
+    // it can matter to a token: its first position of equal remainder alone stands for
+    // the whole stack (so states beyond the horizon are shared).
+    bool end_reachable = false;
+    std::string key = RemainderKey(stack.back(), &end_reachable);
+    if (!end_reachable) {
+      auto [it, inserted] = horizon_representative_.try_emplace(std::move(key), stack.back());
+      stack.assign(1, it->second);
+    }
     return machine_.Initial(stack);
   }
 
@@ -378,11 +494,17 @@ class Precomputer {
 
   // ThroughChain with the Earley walker, after the stack machine gave up (for the rest
   // of the grammar). `stack` is the chain with its innermost site advanced.
-  absl::Status FallBack(int32_t p, const std::vector<int32_t>& chain, const std::vector<Pending>& candidates,
-                        std::vector<int32_t>* accepted, std::vector<Pending>* uncertain) {
+  absl::Status FallBack(int32_t p, const std::vector<Pending>& candidates, std::vector<int32_t>* accepted,
+                        std::vector<Pending>* uncertain, int32_t* outer) {
     use_stack_ = false;
     accepted->clear();
     uncertain->clear();
+    std::vector<int32_t> chain;
+    *outer = Chain(p, /*skip_tails=*/false, &chain);
+    if (chain.empty()) {
+      if (*outer != table_.start_rule()) *uncertain = candidates;
+      return absl::OkStatus();
+    }
     std::vector<int32_t> stack(chain.rbegin(), chain.rend());
     stack.push_back(p);
     return WalkFrom(stack, Nodes(candidates), accepted, uncertain);
@@ -431,11 +553,15 @@ class Precomputer {
   StackTrieWalker stack_walker_;
   bool use_stack_;
   std::vector<TokenSet>* bases_ = nullptr;
-  absl::node_hash_map<uint64_t, Level1> level1_;  // node: entries keep pointers
+  absl::node_hash_map<std::string, Level1> level1_;  // node: entries keep pointers
+  absl::flat_hash_map<std::string, int32_t> horizon_representative_;  // RemainderKey -> first position
+  std::vector<int64_t> min_length_;
+  int64_t horizon_ = 0;
   absl::flat_hash_map<std::string, int32_t> set_index_;
   absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, Shifted> shifted_;
   absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, Shifted> group_memo_;
   std::vector<int32_t> representative_;  // per canonical rule: its first rule
+  std::vector<std::pair<int32_t, int32_t>> hop_;  // per rule: Hop's answer ({-2, -1} until known)
   std::vector<uint32_t> token_stamp_;  // per token: appended to the current entry's extra
   uint32_t stamp_ = 0;
   size_t pruned_ = 0;
@@ -448,8 +574,15 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
   const absl::Time started = absl::Now();
   auto g = std::shared_ptr<CompiledGrammar>(new CompiledGrammar());
   g->vocab_ = std::move(vocabulary);
-  g->table_ = RuleTable::Build(grammar, options.table);
-  Precomputer pre(g->table_, *g->vocab_, options.deadline, options.stack_walker);
+  RuleTableOptions table_options = options.table;
+  if (table_options.repeat_horizon == 0) {
+    for (int32_t id = 0; id < g->vocab_->size(); ++id) {
+      table_options.repeat_horizon =
+          std::max(table_options.repeat_horizon, static_cast<int32_t>(g->vocab_->token_bytes(id).size()));
+    }
+  }
+  g->table_ = RuleTable::Build(grammar, table_options);
+  Precomputer pre(g->table_, *g->vocab_, options.deadline, options.stack_walker, table_options.repeat_horizon);
   if (absl::Status s = pre.Run(&g->entry_of_, &g->entries_, &g->sets_); !s.ok()) {
     if (absl::IsDeadlineExceeded(s)) {
       return absl::InvalidArgumentError(
@@ -470,7 +603,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
   for (const TokenSet& b : g->sets_) st.mask_bytes += b.bytes();
   for (const Entry& e : g->entries_) {
     st.uncertain += e.uncertain.size();
-    st.mask_bytes += sizeof(Entry) + e.uncertain.size() * sizeof(TokenSuffix) + e.chain.size() * sizeof(int32_t);
+    st.mask_bytes += sizeof(Entry) + e.uncertain.size() * sizeof(TokenSuffix);
   }
   st.compile_time = absl::Now() - started;
   return std::shared_ptr<const CompiledGrammar>(std::move(g));

@@ -72,13 +72,12 @@ class CompiledGrammar {
   // What one item position allows: base (shared between identical rule bodies) and
   // extra are allowed outright (indices of token_set(), which holds each distinct set
   // once; extra -1 for none); a token of `uncertain` is allowed when its suffix is
-  // consumed after `outer` completes in the real chart (found below the item through
-  // the `chain` of sites, innermost first).
+  // consumed after `outer` completes in the real chart (found below the item by
+  // following each rule's single site, RuleTable::sites, up to `outer`).
   struct Entry {
     int32_t base = -1;
     int32_t extra = -1;
     int32_t outer = -1;
-    std::vector<int32_t> chain;
     std::vector<TokenSuffix> uncertain;  // sorted by suffix bytes
   };
 

@@ -43,6 +43,7 @@ void EarleyRecognizer::StartSet(std::span<const Item> seeds) {
 }
 
 inline void EarleyRecognizer::Add(int32_t pos, int32_t origin) {
+  ++work_;
   const int32_t index = static_cast<int32_t>(items_.size());
   if (pos_stamp_[pos] != stamp_) {
     pos_stamp_[pos] = stamp_;

@@ -58,6 +58,8 @@ class EarleyRecognizer {
     return {items_.data() + set_begin_[k], end - set_begin_[k]};
   }
   const RuleTable& table() const { return table_; }
+  // Items added so far (a measure of work done, for deadline checks).
+  uint64_t work() const { return work_; }
 
  private:
   static constexpr uint8_t kCanEnd = 1;
@@ -81,6 +83,7 @@ class EarleyRecognizer {
   std::vector<int32_t> pos_head_;
   std::vector<uint32_t> rule_stamp_;  // per rule: predicted in the set of this stamp
   uint32_t stamp_ = 0;
+  uint64_t work_ = 0;
   // Per set: (rule waited for, item index) sorted, when the set is indexed.
   std::vector<std::vector<std::pair<int32_t, int32_t>>> waiters_;
   std::vector<char> indexed_;

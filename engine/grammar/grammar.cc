@@ -358,6 +358,7 @@ class Lowerer {
         std::vector<Symbol> seq = {*x};
         if (j > 1) seq.push_back(inner);
         rules_[t].alternatives = {{}, std::move(seq)};
+        rules_[t].repeat_remaining = j;
         symbols_ += 4;
         inner = Symbol::Rule(t);
       }

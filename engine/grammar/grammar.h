@@ -131,6 +131,10 @@ class Grammar {
     std::string name;
     SourcePos pos;
     std::vector<std::vector<Symbol>> alternatives;
+    // For the rules a bounded repetition X{m,n} lowers to (T1 ::= "" | X, Tj ::= "" |
+    // X T(j-1)): j, how many more copies of X it allows; 0 for every other rule. Lets the
+    // precomputation treat chains deeper than any token alike (rule_table.h).
+    int32_t repeat_remaining = 0;
   };
 
   const std::vector<Rule>& rules() const { return rules_; }

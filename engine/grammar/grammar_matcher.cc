@@ -65,9 +65,9 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) {
   pending_.clear();
   const CompiledGrammar& g = *grammar_;
   const RuleTable& table = g.table();
-  const auto use = [&](int32_t index, int32_t origin) {
+  const auto use = [&](int32_t index, int32_t origin, int32_t pos) {
     const CompiledGrammar::Entry& e = g.entry_at(index);
-    if (!e.uncertain.empty()) pending_.push_back({index, origin});
+    if (!e.uncertain.empty()) pending_.push_back({index, origin, pos});
     if (entry_stamp_[index] == stamp_) return;
     entry_stamp_[index] = stamp_;
     g.token_set(e.base).OrInto(bitmask);
@@ -75,7 +75,7 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) {
   };
   const size_t last = rec_.num_sets() - 1;
   if (last == 0) {
-    use(g.entry_index(table.start_position()), 0);
+    use(g.entry_index(table.start_position()), 0, table.start_position());
   } else {
     // The items that consumed input (origin before this set); the others were predicted
     // here by them, and their precomputed masks include what those allow.
@@ -85,7 +85,7 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) {
       if (k != RuleTable::kTerminal && k != RuleTable::kRule) continue;
       const int32_t index = g.entry_index(it.pos);
       TANDEM_CHECK(index >= 0) << it.pos;
-      use(index, it.origin);
+      use(index, it.origin, it.pos);
     }
   }
   if (!pending_.empty()) {
@@ -96,9 +96,10 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) {
   }
   for (const Pending& pend : pending_) {
     const CompiledGrammar::Entry& e = g.entry_at(pend.entry);
-    // Down the chain of sites to where the outer rule began.
+    // Down the sites to where the outer rule began.
     origins_.assign(1, pend.origin);
-    for (int32_t site : e.chain) {
+    for (int32_t rule = table.rule_of(pend.pos); rule != e.outer; rule = table.rule_of(table.sites(rule)[0])) {
+      const int32_t site = table.sites(rule)[0];
       next_origins_.clear();
       for (int32_t o : origins_) {
         for (const EarleyRecognizer::Item& w : rec_.Set(static_cast<size_t>(o))) {

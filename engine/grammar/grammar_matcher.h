@@ -66,6 +66,7 @@ class GrammarMatcher {
   struct Pending {
     int32_t entry;
     int32_t origin;
+    int32_t pos;
     bool operator==(const Pending&) const = default;
   };
   std::vector<Pending> pending_;

@@ -15,6 +15,7 @@ using Alternatives = std::vector<std::vector<Symbol>>;
 struct WorkRule {
   std::string name;
   Alternatives alts;
+  int32_t repeat_remaining = 0;
 };
 
 // A reference to a rule: rules[rule].alts[alt][index].
@@ -146,7 +147,7 @@ void Specialize(std::vector<WorkRule>* rules_ptr, int32_t start, const RuleTable
       sites[r] = {mine[0]};
       for (size_t k = 1; k < mine.size(); ++k) {
         const int32_t copy = static_cast<int32_t>(rules.size());
-        WorkRule w{absl::StrCat(rules[r].name, "@", k), rules[r].alts};
+        WorkRule w{absl::StrCat(rules[r].name, "@", k), rules[r].alts, rules[r].repeat_remaining};
         for (int32_t a = 0; a < static_cast<int32_t>(w.alts.size()); ++a) {
           auto& alt = w.alts[a];
           for (int32_t i = 0; i < static_cast<int32_t>(alt.size()); ++i) {
@@ -171,7 +172,7 @@ void Specialize(std::vector<WorkRule>* rules_ptr, int32_t start, const RuleTable
 
 RuleTable RuleTable::Build(const Grammar& grammar, const RuleTableOptions& options) {
   std::vector<WorkRule> rules;
-  for (const Grammar::Rule& r : grammar.rules()) rules.push_back({r.name, r.alternatives});
+  for (const Grammar::Rule& r : grammar.rules()) rules.push_back({r.name, r.alternatives, r.repeat_remaining});
   const int32_t start = static_cast<int32_t>(rules.size());
   rules.push_back({"$start", {{Symbol::Rule(grammar.root())}}});
   RuleTable t;
@@ -226,6 +227,12 @@ RuleTable RuleTable::Build(const Grammar& grammar, const RuleTableOptions& optio
       }
     }
   }
+  t.self_recursive_.assign(n, 0);
+  for (int32_t r = 0; r < n; ++r) {
+    for (int32_t a : t.alt_starts_[r]) {
+      if (t.kind_[a] == kRule && t.arg_[a] == r) t.self_recursive_[r] = 1;
+    }
+  }
   t.sites_.resize(n);
   for (int32_t p = 0; p < static_cast<int32_t>(t.kind_.size()); ++p) {
     if (t.kind_[p] != kRule || t.rule_of_[p] < 0) continue;
@@ -259,6 +266,16 @@ RuleTable RuleTable::Build(const Grammar& grammar, const RuleTableOptions& optio
           }
         }
         absl::StrAppend(&key, "|");
+      }
+      // A repetition rule beyond the horizon is its child's equal (the child is the
+      // chain's next rule, already numbered).
+      const int32_t remaining = rules[r].repeat_remaining;
+      if (options.repeat_horizon > 0 && remaining > options.repeat_horizon + 1) {
+        const auto& alt = rules[r].alts.back();
+        if (alt.size() == 2 && alt[1].is_rule() && rules[alt[1].rule()].repeat_remaining == remaining - 1) {
+          t.canonical_[r] = t.canonical_[alt[1].rule()];
+          continue;
+        }
       }
       auto [it, inserted] = interned.try_emplace(std::move(key), next);
       if (inserted) ++next;

@@ -26,6 +26,10 @@ struct RuleTableOptions {
   // A rule is copied only if it, with everything it references (counted as a tree),
   // has at most this many positions.
   size_t max_copied_rule_size = 4096;
+  // Bounded repetition rules allowing more than this many further copies share their
+  // canonical number (canonical_rule) with the one allowing this many plus one: within
+  // this many bytes (set to the longest token) they cannot be told apart. 0: off.
+  int32_t repeat_horizon = 0;
 };
 
 class RuleTable {
@@ -65,9 +69,16 @@ class RuleTable {
   // ones (the first symbol of one of its alternatives).
   const std::vector<int32_t>& sites(int32_t rule) const { return sites_[rule]; }
   // Rules with identical bodies, up to renaming of rules with identical bodies, share a
-  // number; recursive rules have their own.
+  // number; recursive rules have their own; bounded repetition rules deeper than the
+  // horizon share the number of the first beyond it (RuleTableOptions::repeat_horizon):
+  // identical for any input of at most that many bytes.
   int32_t canonical_rule(int32_t rule) const { return canonical_[rule]; }
   size_t num_canonical_rules() const { return num_canonical_; }
+  // Whether a site is a tail call: the last symbol of its alternative, in a rule without
+  // left self-recursion, so that completing the rule there completes the site's rule.
+  bool is_tail_site(int32_t site) const {
+    return kind(site + 1) == kEnd && !self_recursive_[rule_of(site)];
+  }
   // How many rules the specialization added.
   size_t num_copies() const { return num_copies_; }
 
@@ -84,6 +95,7 @@ class RuleTable {
   std::vector<int32_t> end_position_;
   std::vector<std::vector<int32_t>> sites_;
   std::vector<int32_t> canonical_;
+  std::vector<char> self_recursive_;  // per rule: has an alternative starting with itself
   size_t num_canonical_ = 0;
   size_t num_copies_ = 0;
   int32_t start_rule_ = 0;

@@ -13,6 +13,7 @@ namespace {
 constexpr size_t kMaxStackDepth = 2048;
 constexpr int kMaxExpansions = 200000;
 constexpr uint32_t kStepsPerDeadlineCheck = 4096;
+constexpr uint64_t kWorkPerDeadlineCheck = 1 << 16;
 
 std::string Key(const std::vector<int32_t>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int32_t));
@@ -41,6 +42,7 @@ void StackMachine::Expand(std::vector<int32_t>& stack, std::vector<int32_t>* out
     return;
   }
   if (!seen_.emplace(Key(stack), 1).second) return;
+  ++work_;
   const int32_t top = stack.back();
   switch (t_.kind(top)) {
     case RuleTable::kTerminal:
@@ -71,8 +73,10 @@ void StackMachine::Expand(std::vector<int32_t>& stack, std::vector<int32_t>* out
           *exit = true;
         }
       } else {
+        // The parent expects this rule, or one that completes with it at once (a tail
+        // site the caller's stack skipped, or an equal rule of the same canonical class).
         const int32_t parent = stack.back();
-        TANDEM_CHECK(t_.kind(parent) == RuleTable::kRule && t_.arg(parent) == rule);
+        TANDEM_CHECK(t_.kind(parent) == RuleTable::kRule);
         stack.back() = parent + 1;
         Expand(stack, out, exit, can_end, budget - 1);
         stack.back() = parent;
@@ -173,8 +177,9 @@ void StackTrieWalker::WalkSubtree(int32_t node, StackMachine::State s) {
     const StackMachine::State t = m_.Step(s, trie[c].byte);
     if (t == StackMachine::kDead) return;  // only when the machine failed
     ++steps_;
-    if (++until_check_ >= kStepsPerDeadlineCheck) {
+    if (++until_check_ >= kStepsPerDeadlineCheck || m_.work() - checked_at_work_ >= kWorkPerDeadlineCheck) {
       until_check_ = 0;
+      checked_at_work_ = m_.work();
       if (deadline_ != absl::InfiniteFuture() && absl::Now() > deadline_) expired_ = true;
     }
     const bool exits = m_.HasExit(t);

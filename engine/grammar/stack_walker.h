@@ -47,6 +47,8 @@ class StackMachine {
   const ByteSet& NextBytes(State s) const { return states_[s].next; }
   bool failed() const { return failed_; }  // a closure did not terminate
   size_t num_states() const { return states_.size(); }
+  // Stacks expanded so far (a measure of work done, for deadline checks).
+  uint64_t work() const { return work_; }
 
  private:
   static constexpr State kUnknown = -2;
@@ -72,6 +74,7 @@ class StackMachine {
   // Scratch of one closure: stacks already expanded.
   absl::flat_hash_map<std::string, char> seen_;
   bool failed_ = false;
+  uint64_t work_ = 0;
 };
 
 // TokenWalker's Walk over a StackMachine (see token_walker.h for the outputs).
@@ -102,6 +105,7 @@ class StackTrieWalker {
   std::vector<UncertainSubtree>* uncertain_ = nullptr;
   uint64_t steps_ = 0;
   uint32_t until_check_ = 0;
+  uint64_t checked_at_work_ = 0;
   bool expired_ = false;
 };
 

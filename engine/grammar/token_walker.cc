@@ -7,7 +7,9 @@
 
 namespace tandem::grammar {
 namespace {
-constexpr uint32_t kPushesPerDeadlineCheck = 4096;
+// The deadline is read after this many items of work (a push may add one item or, in
+// a large chart, hundreds of thousands).
+constexpr uint64_t kWorkPerDeadlineCheck = 1 << 16;
 }  // namespace
 
 TokenWalker::TokenWalker(const GrammarVocabulary& vocabulary, EarleyRecognizer* recognizer, absl::Time deadline)
@@ -16,8 +18,8 @@ TokenWalker::TokenWalker(const GrammarVocabulary& vocabulary, EarleyRecognizer* 
 bool TokenWalker::Push(uint8_t byte) {
   if (!rec_.Push(byte)) return false;
   ++pushes_;
-  if (++until_check_ >= kPushesPerDeadlineCheck) {
-    until_check_ = 0;
+  if (rec_.work() - checked_at_work_ >= kWorkPerDeadlineCheck) {
+    checked_at_work_ = rec_.work();
     if (deadline_ != absl::InfiniteFuture() && absl::Now() > deadline_) expired_ = true;
   }
   return true;

@@ -91,7 +91,7 @@ class TokenWalker {
   std::vector<UncertainSubtree>* uncertain_ = nullptr;
   std::vector<UncertainSubtree> ignored_;
   uint64_t pushes_ = 0;
-  uint32_t until_check_ = 0;
+  uint64_t checked_at_work_ = 0;
   bool expired_ = false;
 };
 

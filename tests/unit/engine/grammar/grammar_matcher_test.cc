@@ -76,6 +76,9 @@ ws     ::= [ \t\n]{0,2}
       {"utf8", "root ::= ([\\u00e0-\\u00ff] | [\\u20ac] | [\\U0001F600-\\U0001F64F] | \"\xC3\xA9t\xC3\xA9\")+ \"!\"?", ""},
       {"literals", "root ::= \"{\\\"name\\\": \\\"\" [a-z ]{1,12} \"\\\", \\\"n\\\": \" [0-9]{1,3} \"}\"", ""},
       {"regex", "", "[a-z]+(,[0-9]{1,3})*(\\.[A-Z_]?)?"},
+      // Repetitions longer than the longest token: positions beyond the horizon share
+      // their precomputation (rule_table.h, compiled_grammar.cc).
+      {"long_repeat", "root ::= \"<\" [a-z ]{20,45} \">\" ([0-9] | \"\\\\u00\" [0-9a-f]{2}){0,30} \"!\"", ""},
       // Left recursion through a nullable prefix and through another rule: the stack
       // machine cannot close them and the precomputation falls back to Earley walks.
       {"nullable_left_recursion", "root ::= list \"!\"\nlist ::= opt list \"a\" | \"b\"\nopt ::= \"\" | \"c\"", ""},
@@ -100,6 +103,7 @@ std::shared_ptr<const GrammarVocabulary> GrammarMatcherTest::vocab_;
 TEST_F(GrammarMatcherTest, MaskEqualsBruteForceAlongRandomWalks) {
   for (const GrammarCase& c : Cases()) {
     const Grammar g = Load(c);
+    int steps = std::string(c.name) == "long_repeat" ? 80 : 30;
     for (size_t budget : {size_t{200000}, size_t{0}}) {
       SCOPED_TRACE(std::string(c.name) + (budget ? " specialized" : " shared"));
       CompileOptions o;
@@ -109,7 +113,7 @@ TEST_F(GrammarMatcherTest, MaskEqualsBruteForceAlongRandomWalks) {
       for (uint32_t seed = 1; seed <= 4; ++seed) {
         std::mt19937 rng(seed);
         GrammarMatcher m(*compiled);
-        for (int step = 0; step < 30; ++step) {
+        for (int step = 0; step < steps; ++step) {
           const std::vector<uint32_t> got = Fill(m);
           const std::vector<uint32_t> want = BruteForce(m);
           ASSERT_EQ(got, want) << "step " << step << "\n" << Describe(*vocab_, want, got);
@@ -166,7 +170,6 @@ n ::= "-"? [0-9]{1,3}
                 MaskOf(y.extra < 0 ? none : (*b)->token_set(y.extra), words))
           << "entry " << i;
       ASSERT_EQ(x.outer, y.outer);
-      ASSERT_EQ(x.chain, y.chain);
       ASSERT_EQ(x.uncertain.size(), y.uncertain.size()) << "entry " << i;
       for (size_t k = 0; k < x.uncertain.size(); ++k) {
         ASSERT_EQ(x.uncertain[k].token, y.uncertain[k].token);
