@@ -99,6 +99,7 @@ void GrammarMatcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) {
     // Down the sites to where the outer rule began.
     origins_.assign(1, pend.origin);
     for (int32_t rule = table.rule_of(pend.pos); rule != e.outer; rule = table.rule_of(table.sites(rule)[0])) {
+      TANDEM_CHECK(table.sites(rule).size() == 1) << table.rule_name(rule);
       const int32_t site = table.sites(rule)[0];
       next_origins_.clear();
       for (int32_t o : origins_) {
