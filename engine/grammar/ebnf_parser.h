@@ -1,0 +1,33 @@
+// The EBNF front end: a GBNF-like text format (llama.cpp's grammar files, read as the
+// format is documented; the parser is ours).
+//
+//   # a comment, to the end of the line
+//   root   ::= object
+//   object ::= "{" ws ( pair ( "," ws pair )* )? "}"
+//   pair   ::= string ws ":" ws value
+//   string ::= "\"" [^"\\\x00-\x1f]* "\""
+//   digit  ::= [0-9]
+//   id     ::= [a-zA-Z_] [a-zA-Z0-9_]{0,31}
+//
+// - A rule is `name ::= body`; names are letters, digits, `_` and `-`. A body may span
+//   lines: it ends where the next `name ::=` begins.
+// - Bodies: sequences of items, `|` between alternatives, `( ... )` groups.
+// - Items: a rule name; a "literal" (UTF-8; escapes \n \r \t \\ \" \' \[ \] \- \/ \^
+//   \xHH \uHHHH \UHHHHHHHH, the hex forms giving a code point); a class `[...]` of code
+//   points and ranges `a-z` (`[^...]` for its complement), with the same escapes; `.`
+//   for any code point.
+// - Postfix repetition: `*`, `+`, `?`, `{m}`, `{m,}`, `{m,n}`, `{,n}`.
+// Errors are INVALID_ARGUMENT with the line and column (in bytes, 1-based) and what was
+// expected; the grammar's own checks (grammar.h) name the rule and its line.
+#pragma once
+
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "engine/grammar/grammar.h"
+
+namespace tandem::grammar {
+
+absl::StatusOr<Grammar> ParseEbnf(std::string_view text, std::string_view root = "root");
+
+}  // namespace tandem::grammar

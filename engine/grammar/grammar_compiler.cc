@@ -1,0 +1,81 @@
+#include "engine/grammar/grammar_compiler.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/grammar/ebnf_parser.h"
+#include "engine/grammar/regex_to_grammar.h"
+
+namespace tandem::grammar {
+namespace {
+
+std::string JsonOptionsKey(const JsonSchemaOptions& o) {
+  return absl::StrCat(o.whitespace == JsonSchemaOptions::Whitespace::kCompact ? "c" : "p", o.strict ? "s" : "-",
+                      o.refuse_overlapping_one_of ? "o" : "-");
+}
+
+}  // namespace
+
+GrammarCompiler::GrammarCompiler(std::shared_ptr<const GrammarVocabulary> vocabulary, Options options)
+    : vocab_(std::move(vocabulary)), options_(options) {}
+
+template <typename Build>
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Cached(std::string key, Build build,
+                                                                               absl::Time deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = index_.find(key); it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      ++stats_.hits;
+      return it->second->second;
+    }
+    ++stats_.misses;
+  }
+  absl::StatusOr<Grammar> grammar = build();
+  if (!grammar.ok()) return grammar.status();
+  CompileOptions o;
+  o.deadline = deadline;
+  o.table = options_.table;
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> compiled = CompiledGrammar::Compile(*grammar, vocab_, o);
+  if (!compiled.ok() || options_.cache_capacity == 0) return compiled;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = index_.find(key); it != index_.end()) return it->second->second;  // another thread won
+  lru_.emplace_front(key, *compiled);
+  index_[key] = lru_.begin();
+  while (lru_.size() > options_.cache_capacity) {
+    index_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+  return compiled;
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileJsonSchema(
+    std::string_view schema, const JsonSchemaOptions& options, absl::Time deadline) {
+  return Cached(absl::StrCat("json_schema|", JsonOptionsKey(options), "|", std::string(schema)),
+                [&] { return JsonSchemaToGrammar(schema, options); }, deadline);
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileJsonObject(
+    const JsonSchemaOptions& options, absl::Time deadline) {
+  return Cached(absl::StrCat("json_object|", JsonOptionsKey(options)),
+                [&]() -> absl::StatusOr<Grammar> { return JsonObjectGrammar(options); }, deadline);
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileRegex(std::string_view pattern,
+                                                                                     absl::Time deadline) {
+  return Cached(absl::StrCat("regex|", std::string(pattern)), [&] { return RegexToGrammar(pattern); }, deadline);
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileEbnf(std::string_view text,
+                                                                                    std::string_view root,
+                                                                                    absl::Time deadline) {
+  return Cached(absl::StrCat("ebnf|", std::string(root), "|", std::string(text)),
+                [&] { return ParseEbnf(text, root); }, deadline);
+}
+
+GrammarCompiler::CacheStats GrammarCompiler::cache_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  CacheStats s = stats_;
+  s.size = lru_.size();
+  return s;
+}
+
+}  // namespace tandem::grammar

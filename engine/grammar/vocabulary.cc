@@ -1,0 +1,105 @@
+#include "engine/grammar/vocabulary.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "kernels/common/check.h"
+
+namespace tandem::grammar {
+namespace {
+
+// FNV-1a, 64 bits: stable across runs (the cache key needs no more).
+void Mix(uint64_t* h, std::string_view bytes) {
+  for (char c : bytes) {
+    *h ^= static_cast<uint8_t>(c);
+    *h *= 0x100000001B3ull;
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const GrammarVocabulary> GrammarVocabulary::FromTokenizer(const Tokenizer& tokenizer,
+                                                                          std::vector<int32_t> end_tokens) {
+  std::vector<std::string> bytes(tokenizer.vocab_size());
+  std::vector<char> special(bytes.size(), 0);
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    special[id] = tokenizer.IsSpecial(id) ? 1 : 0;
+    if (!special[id]) bytes[id] = tokenizer.TokenBytes(id);
+  }
+  if (end_tokens.empty() && tokenizer.eos_id().has_value()) end_tokens.push_back(*tokenizer.eos_id());
+  return FromTokens(std::move(bytes), std::move(special), std::move(end_tokens));
+}
+
+std::shared_ptr<const GrammarVocabulary> GrammarVocabulary::FromTokens(std::vector<std::string> token_bytes,
+                                                                       std::vector<char> special,
+                                                                       std::vector<int32_t> end_tokens) {
+  auto v = std::shared_ptr<GrammarVocabulary>(new GrammarVocabulary());
+  v->bytes_ = std::move(token_bytes);
+  v->special_ = std::move(special);
+  v->special_.resize(v->bytes_.size(), 0);
+  std::sort(end_tokens.begin(), end_tokens.end());
+  end_tokens.erase(std::unique(end_tokens.begin(), end_tokens.end()), end_tokens.end());
+  for (int32_t id : end_tokens) TANDEM_CHECK(id >= 0 && id < v->size()) << id;
+  v->end_tokens_ = std::move(end_tokens);
+  v->Build();
+  return v;
+}
+
+bool GrammarVocabulary::is_end_token(int32_t id) const {
+  return std::binary_search(end_tokens_.begin(), end_tokens_.end(), id);
+}
+
+void GrammarVocabulary::Build() {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (size_t id = 0; id < bytes_.size(); ++id) {
+    Mix(&h, special_[id] ? std::string_view("s", 1) : std::string_view("n", 1));
+    Mix(&h, std::to_string(bytes_[id].size()));
+    Mix(&h, bytes_[id]);
+  }
+  for (int32_t id : end_tokens_) Mix(&h, std::to_string(id) + ",");
+  fingerprint_ = h;
+
+  // End tokens and special tokens are never matched by bytes; nor are empty tokens.
+  for (int32_t id = 0; id < size(); ++id) {
+    if (special_[id] || is_end_token(id) || bytes_[id].empty()) continue;
+    if (bytes_[id].size() > std::numeric_limits<uint16_t>::max()) continue;
+    sorted_.push_back(id);
+  }
+  std::sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) {
+    return bytes_[a] != bytes_[b] ? bytes_[a] < bytes_[b] : a < b;
+  });
+  trie_.push_back(TrieNode{});
+  std::vector<int32_t> stack = {0};
+  std::string_view prev;
+  const int32_t total = static_cast<int32_t>(sorted_.size());
+  for (int32_t k = 0; k < total; ++k) {
+    const std::string_view b = bytes_[sorted_[k]];
+    size_t lcp = 0;
+    while (lcp < prev.size() && lcp < b.size() && prev[lcp] == b[lcp]) ++lcp;
+    while (trie_[stack.back()].depth > lcp) {
+      TrieNode& n = trie_[stack.back()];
+      n.end = static_cast<int32_t>(trie_.size());
+      n.tok_sub_end = k;
+      stack.pop_back();
+    }
+    for (size_t d = lcp; d < b.size(); ++d) {
+      TrieNode n;
+      n.depth = static_cast<uint16_t>(d + 1);
+      n.byte = static_cast<uint8_t>(b[d]);
+      n.tok_begin = n.tok_here_end = k;
+      trie_.push_back(n);
+      stack.push_back(static_cast<int32_t>(trie_.size() - 1));
+    }
+    trie_[stack.back()].tok_here_end = k + 1;
+    prev = b;
+  }
+  while (!stack.empty()) {
+    TrieNode& n = trie_[stack.back()];
+    n.end = static_cast<int32_t>(trie_.size());
+    n.tok_sub_end = total;
+    stack.pop_back();
+  }
+}
+
+}  // namespace tandem::grammar
