@@ -136,7 +136,7 @@ class ScriptedReplica final : public ReplicaHandle {
     ADD_FAILURE() << "an aggregated replica is not reserved";
     return nullptr;
   }
-  void Release(const CallOptions&, const std::string&) override {}
+  void Release(const CallOptions&, const std::string&, uint64_t) override {}
   std::unique_ptr<PendingCall> Prefill(const CallOptions&, const v1::PrefillRequest&,
                                        std::function<void(absl::StatusOr<v1::PrefillResponse>)>) override {
     ADD_FAILURE() << "an aggregated replica does not prefill for others";
