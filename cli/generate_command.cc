@@ -18,6 +18,8 @@
 #include "cli/remote_client.h"
 #endif
 #include "engine/tokenizer/tokenizer.h"
+#include "engine/util/mapped_file.h"
+#include "engine/util/status_macros.h"
 
 namespace tandem::cli {
 namespace {
@@ -38,6 +40,10 @@ struct GenerateArgs {
   int64_t seed = -1;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  std::string json_schema, regex, grammar;
+  bool json_object = false;
+  bool compact_json = false;
+  int grammar_compile_timeout_ms = 5000;
   ClientSecurityArgs security;
   int threads = 0;
   std::string device = "cpu";
@@ -61,7 +67,47 @@ const char* FinishName(const RequestOutput& o) {
   return "?";
 }
 
+// The structured-output flags as one constraint (at most one kind); `@PATH` reads a file.
+absl::StatusOr<OutputConstraint> ConstraintOf(const GenerateArgs& a) {
+  OutputConstraint c;
+  int kinds = 0;
+  auto text = [](const std::string& v) -> absl::StatusOr<std::string> {
+    if (!v.empty() && v[0] == '@') return ReadFileToString(v.substr(1));
+    return v;
+  };
+  if (!a.json_schema.empty()) {
+    ++kinds;
+    c.kind = OutputConstraint::Kind::kJsonSchema;
+    ASSIGN_OR_RETURN(c.text, text(a.json_schema));
+  }
+  if (!a.regex.empty()) {
+    ++kinds;
+    c.kind = OutputConstraint::Kind::kRegex;
+    c.text = a.regex;
+  }
+  if (!a.grammar.empty()) {
+    ++kinds;
+    c.kind = OutputConstraint::Kind::kEbnf;
+    ASSIGN_OR_RETURN(c.text, text(a.grammar));
+  }
+  if (a.json_object) {
+    ++kinds;
+    c.kind = OutputConstraint::Kind::kJsonObject;
+  }
+  if (kinds > 1) return absl::InvalidArgumentError("--json-schema, --regex, --grammar and --json-object exclude each other");
+  if (a.compact_json) {
+    if (c.kind != OutputConstraint::Kind::kJsonSchema && c.kind != OutputConstraint::Kind::kJsonObject) {
+      return absl::InvalidArgumentError("--compact-json needs --json-schema or --json-object");
+    }
+    c.json.whitespace = grammar::JsonSchemaOptions::Whitespace::kCompact;
+  }
+  RETURN_IF_ERROR(Validate(c));
+  return c;
+}
+
 int RunLocal(const GenerateArgs& a) {
+  absl::StatusOr<OutputConstraint> constraint = ConstraintOf(a);
+  if (!constraint.ok()) return Fail(constraint.status());
   absl::StatusOr<std::string> dir = ResolveModelDir(a.model);
   if (!dir.ok()) return Fail(dir.status());
   const auto t_load = std::chrono::steady_clock::now();
@@ -69,6 +115,7 @@ int RunLocal(const GenerateArgs& a) {
   options.num_threads = a.threads;
   options.device = a.device;
   options.gpu_memory_utilization = a.gpu_memory_utilization;
+  options.grammar_compile_timeout_s = a.grammar_compile_timeout_ms / 1000.0;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*dir, options);
   if (!engine.ok()) return Fail(engine.status());
   std::fprintf(stderr, "model %s (%s), loaded in %.2f s\n", dir->c_str(), (*engine)->config().Summary().c_str(),
@@ -90,6 +137,7 @@ int RunLocal(const GenerateArgs& a) {
   request.stop.max_tokens = a.max_tokens;
   request.stop.stop = a.stop;
   request.stop.ignore_eos = a.ignore_eos;
+  request.constraint = *std::move(constraint);
   absl::StatusOr<std::shared_ptr<OutputStream>> stream = (*engine)->Submit(std::move(request));
   if (!stream.ok()) return Fail(stream.status());
   RequestOutput out;
@@ -154,6 +202,19 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", args->seed, "Random seed (default: random)");
   cmd->add_option("--stop", args->stop, "Stop string (repeatable); not included in the output");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past the end-of-sequence token");
+  cmd->add_option("--json-schema", args->json_schema,
+                  "Structured output: the text must be JSON valid under this schema (inline, or @FILE)");
+  cmd->add_option("--regex", args->regex, "Structured output: the text must match this regex in full (Python syntax)");
+  cmd->add_option("--grammar", args->grammar,
+                  "Structured output: the text must be a sentence of this EBNF grammar, from rule 'root' (inline, "
+                  "or @FILE)");
+  cmd->add_flag("--json-object", args->json_object, "Structured output: the text must be a JSON object");
+  cmd->add_flag("--compact-json", args->compact_json,
+                "With --json-schema / --json-object: no spaces after ',' and ':' (default: as json.dumps)");
+  cmd->add_option("--grammar-compile-timeout-ms", args->grammar_compile_timeout_ms,
+                  "--local: a constraint that takes longer to compile is refused")
+      ->check(CLI::Range(1, 600000))
+      ->capture_default_str();
   cmd->add_option("--threads", args->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--device", args->device, "--local: where the model runs: cpu, cuda or cuda:N")
       ->capture_default_str();
@@ -171,13 +232,18 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
       return;
     }
 #ifdef TANDEM_WITH_SERVICES
+    absl::StatusOr<OutputConstraint> constraint = ConstraintOf(*args);
+    if (!constraint.ok()) {
+      *exit_code = Fail(constraint.status());
+      return;
+    }
     RemoteGenerateArgs r{.addr = args->addr.empty() ? "127.0.0.1:50051" : args->addr,
                          .model = args->model_set ? args->model : "",
                          .prompt = args->prompt, .max_tokens = args->max_tokens, .temperature = args->temperature,
                          .top_p = args->top_p, .top_k = args->top_k, .min_p = args->min_p,
                          .repetition_penalty = args->repetition_penalty, .presence_penalty = args->presence_penalty,
                          .frequency_penalty = args->frequency_penalty, .seed = args->seed, .stop = args->stop,
-                         .ignore_eos = args->ignore_eos, .timeout_s = args->timeout_s,
+                         .ignore_eos = args->ignore_eos, .constraint = *std::move(constraint), .timeout_s = args->timeout_s,
                          .security = args->security};
     *exit_code = RunRemoteGenerate(r);
 #else

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "cli/client_channel.h"
+#include "services/api/proto_convert.h"
 #include "nlohmann/json.hpp"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tandem/v1/internal.grpc.pb.h"
@@ -64,6 +65,7 @@ int RunRemoteGenerate(const RemoteGenerateArgs& a) {
   st->set_max_tokens(a.max_tokens);
   for (const auto& x : a.stop) st->add_stop(x);
   st->set_ignore_eos(a.ignore_eos);
+  if (a.constraint.active()) ToProto(a.constraint, req.mutable_constraint());
 
   grpc::ClientContext ctx;
   if (a.timeout_s > 0) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/client_security.h"
+#include "engine/runtime/output_constraint.h"
 
 namespace tandem::cli {
 
@@ -23,6 +24,7 @@ struct RemoteGenerateArgs {
   int64_t seed = -1;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  OutputConstraint constraint;
   double timeout_s = 0;  // 0: none
   ClientSecurityArgs security;
 };

@@ -162,7 +162,8 @@ class Converter {
       const Json& branches = s[key];
       if (!branches.is_array() || branches.empty()) return Error(ptr, absl::StrCat("'", key, "' must be a non-empty array"));
       if (one && branches.size() > 1 && !Disjoint(branches, 0) && options_.refuse_overlapping_one_of) {
-        return Error(ptr, "'oneOf' branches that may overlap are refused (refuse_overlapping_one_of)");
+        return Error(ptr, "'oneOf' whose branches may overlap is not supported (only branches disjoint by type or by the "
+                        "const/enum of a property all of them require); anyOf accepts any match");
       }
       std::vector<Expr> alts;
       for (size_t i = 0; i < branches.size(); ++i) {

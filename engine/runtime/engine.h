@@ -27,8 +27,10 @@
 #include "absl/status/statusor.h"
 #include "engine/model/deepseek_model.h"
 #include "engine/model/model_backend.h"
+#include "engine/runtime/constraint_compiler.h"
 #include "engine/runtime/kv_leases.h"
 #include "engine/runtime/kv_sink.h"
+#include "engine/runtime/output_constraint.h"
 #include "engine/runtime/output_stream.h"
 #include "engine/runtime/prefix_kv.h"
 #include "engine/runtime/sampler.h"
@@ -79,6 +81,10 @@ struct EngineOptions {
   // result is dropped). Steps with logprobs, suppressed tokens, KV export or imported KV
   // run one at a time. false: every step one at a time.
   bool pipeline_steps = true;
+  // Structured output: a request's constraint is compiled off the engine thread
+  // (constraint_compiler.h) within this many seconds (--grammar-compile-timeout-ms), or
+  // the request fails with INVALID_ARGUMENT.
+  double grammar_compile_timeout_s = 5.0;
   // Seconds on a monotonic clock; injectable for tests.
   std::function<double()> clock;
   // Tests and benchmarks: the model backend for the checkpoint directory instead of
@@ -105,6 +111,13 @@ struct EngineRequest {
   // sampling continues at output position resume_tokens.size(), so the continuation is the
   // one the lost replica would have produced.
   std::vector<int32_t> resume_tokens;
+  // Structured output: every generated token keeps the output a prefix of a sentence of
+  // the constraint, and EOS comes only where it may end (output_constraint.h). Compiled
+  // before the request is admitted; a constraint that does not compile ends the request
+  // with INVALID_ARGUMENT (through the stream for Submit, through `done` for
+  // SubmitImportedAsync). resume_tokens (and SubmitImported's first token) must satisfy
+  // it: the matcher is rebuilt from them.
+  OutputConstraint constraint;
   // SubmitImported: the writer (its incarnation, kv_leases.h) whose prefill into the
   // reservation answered, so whose writes are complete; 0: none known.
   uint64_t kv_writer = 0;
@@ -147,6 +160,13 @@ struct EngineStats {
   // path copies none.
   int64_t kv_host_staged_bytes = 0;
   int64_t device_sampled_tokens = 0;  // tokens chosen on the device (no logits to the host)
+  // Structured output: constraints compiled (cache hits included) and refused, compiles
+  // answered from the cache, seconds spent compiling, tokens chosen under a constraint.
+  int64_t constraints_compiled = 0;
+  int64_t constraints_failed = 0;
+  int64_t constraint_cache_hits = 0;
+  double constraint_compile_seconds = 0;
+  int64_t constrained_tokens = 0;
 };
 
 class Engine {
@@ -222,6 +242,10 @@ class Engine {
   using SubmitDone = std::function<void(absl::StatusOr<std::shared_ptr<OutputStream>>)>;
   void SubmitImportedAsync(EngineRequest request, int32_t first_token, bool emit_first_token, ImportedKv where,
                            SubmitDone done);
+  // Compiles `c` into the constraint cache without a request (a decode replica, while the
+  // prefill of the request it reserved for runs); errors are dropped (the request's own
+  // submission reports them). Never blocks.
+  void PrecompileConstraint(OutputConstraint c);
   // The model backend, for the device-to-device KV transfer calls that are thread-safe
   // (ShareKvPool, OpenPeerKv, DeviceKvChecksum).
   ModelBackend& backend() const { return *backend_; }
@@ -321,6 +345,19 @@ class Engine {
   // Makes the waiting reservations that now fit (in order), ends those whose wait ran out.
   void AdmitKvWaiters();
   void PublishStats();
+  // Structured output (engine thread). A constrained request waits in compiling_ (by id)
+  // until its constraint is compiled; `then` gets the grammar, or why there is none
+  // (refused, CANCELLED by Cancel, UNAVAILABLE at shutdown).
+  using Compiled = absl::StatusOr<ConstraintCompiler::Grammar>;
+  void CompileThen(const std::string& id, const OutputConstraint& c, std::function<void(Compiled)> then);
+  // Gives `s` a matcher of `g` that has accepted its output so far.
+  absl::Status AttachMatcher(Sequence& s, const ConstraintCompiler::Grammar& g) const;
+  // SubmitImportedAsync's admission on the engine thread, once any constraint compiled.
+  void AdmitImported(std::unique_ptr<Sequence> seq, int32_t first_token, bool emit_first_token, ImportedKv where,
+                     uint64_t kv_writer, SubmitDone done);
+  // Masks a constrained row's logits before sampling (and keeps min_tokens' suppression
+  // from leaving no token at all).
+  void ConstrainLogits(Sequence& s, std::span<float> logits, int32_t step);
   double Now() const { return options_.clock(); }
 
   EngineOptions options_;
@@ -333,6 +370,9 @@ class Engine {
   std::vector<int32_t> eos_ids_;
   uint64_t layout_fingerprint_ = 0;
   std::unique_ptr<KvLeases> leases_;                 // engine thread only
+  std::unique_ptr<ConstraintCompiler> constraints_;
+  std::map<std::string, std::function<void(Compiled)>> compiling_;  // engine thread only
+  std::vector<uint32_t> constraint_mask_;             // engine thread only (scratch)
   struct KvWaiter {
     std::string id;
     int32_t num_tokens = 0;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/grammar/grammar_matcher.h"
 #include "engine/runtime/kv_sink.h"
 #include "engine/runtime/output_stream.h"
 #include "engine/runtime/prefix_kv.h"
@@ -43,6 +44,9 @@ struct Sequence {
   std::vector<int32_t> stop_token_ids;
   bool queued = false;                  // counted in the engine's waiting-queue bound
   std::unique_ptr<StopChecker> stop;
+  // Structured output: the constraint's state after the output so far (null: none). Its
+  // rows are sampled on the host, one step at a time.
+  std::unique_ptr<grammar::GrammarMatcher> matcher;
   std::shared_ptr<OutputStream> output;
 
   // Prefill-only (disaggregated prefill): KV goes to `kv_sink` as produced, the request

@@ -44,6 +44,55 @@ absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p, int64_t vo
   return s;
 }
 
+absl::StatusOr<OutputConstraint> FromProto(const v1::Constraint& c) {
+  OutputConstraint o;
+  using K = OutputConstraint::Kind;
+  switch (c.kind_case()) {
+    case v1::Constraint::KIND_NOT_SET:
+      if (c.compact_json() || c.strict()) {
+        return absl::InvalidArgumentError("constraint: compact_json or strict set without a constraint kind");
+      }
+      return o;
+    case v1::Constraint::kJsonSchema: o.kind = K::kJsonSchema; o.text = c.json_schema(); break;
+    case v1::Constraint::kRegex: o.kind = K::kRegex; o.text = c.regex(); break;
+    case v1::Constraint::kEbnf:
+      o.kind = K::kEbnf;
+      o.text = c.ebnf().grammar();
+      if (!c.ebnf().root().empty()) o.root = c.ebnf().root();
+      break;
+    case v1::Constraint::kJsonObject: o.kind = K::kJsonObject; break;
+  }
+  const bool json = o.kind == K::kJsonSchema || o.kind == K::kJsonObject;
+  if (!json && c.compact_json()) {
+    return absl::InvalidArgumentError(absl::StrCat("constraint.compact_json: only for JSON kinds, not ", KindName(o.kind)));
+  }
+  if (o.kind != K::kJsonSchema && c.strict()) {
+    return absl::InvalidArgumentError(absl::StrCat("constraint.strict: only for json_schema, not ", KindName(o.kind)));
+  }
+  o.json.whitespace = c.compact_json() ? grammar::JsonSchemaOptions::Whitespace::kCompact
+                                       : grammar::JsonSchemaOptions::Whitespace::kPython;
+  o.json.strict = c.strict();
+  if (o.kind == K::kEbnf && o.text.empty()) return absl::InvalidArgumentError("constraint.ebnf.grammar: must not be empty");
+  RETURN_IF_ERROR(Validate(o));
+  return o;
+}
+
+void ToProto(const OutputConstraint& c, v1::Constraint* p) {
+  p->Clear();
+  switch (c.kind) {
+    case OutputConstraint::Kind::kNone: return;
+    case OutputConstraint::Kind::kJsonSchema: p->set_json_schema(c.text); break;
+    case OutputConstraint::Kind::kRegex: p->set_regex(c.text); break;
+    case OutputConstraint::Kind::kEbnf:
+      p->mutable_ebnf()->set_grammar(c.text);
+      p->mutable_ebnf()->set_root(c.root);
+      break;
+    case OutputConstraint::Kind::kJsonObject: p->mutable_json_object(); break;
+  }
+  p->set_compact_json(c.json.whitespace == grammar::JsonSchemaOptions::Whitespace::kCompact);
+  p->set_strict(c.kind == OutputConstraint::Kind::kJsonSchema && c.json.strict);
+}
+
 absl::StatusOr<StopParams> FromProto(const v1::StopConditions& p, int64_t vocab_size) {
   StopParams s;
   if (p.has_max_tokens()) s.max_tokens = p.max_tokens();

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/chat_template/model_chat_templates.h"
+#include "engine/runtime/output_constraint.h"
 #include "engine/runtime/output_stream.h"
 #include "engine/runtime/sampling_params.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -21,6 +22,10 @@ namespace tandem {
 absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p, int64_t vocab_size);
 absl::StatusOr<StopParams> FromProto(const v1::StopConditions& p, int64_t vocab_size);
 void ToProto(const SamplingParams& s, v1::SamplingParams* p);
+// An unset constraint is OutputConstraint::Kind::kNone. Errors: INVALID_ARGUMENT naming
+// "constraint.<kind>" (empty or oversize text, options on a kind without them).
+absl::StatusOr<OutputConstraint> FromProto(const v1::Constraint& c);
+void ToProto(const OutputConstraint& c, v1::Constraint* p);
 void ToProto(const StopParams& s, v1::StopConditions* p);
 
 // The default of --max-prompt-bytes (router, --role both workers): 4 MiB, gRPC's

@@ -97,6 +97,8 @@ absl::Status RequestCore::Prepare(const v1::GenerateRequest& r) {
   if (!sampling.ok()) return sampling.status();
   absl::StatusOr<StopParams> stop = FromProto(r.stop(), vocab);
   if (!stop.ok()) return stop.status();
+  // Only its shape here: the workers compile it (and refuse what does not compile).
+  if (absl::StatusOr<OutputConstraint> c = FromProto(r.constraint()); !c.ok()) return c.status();
   if (absl::Status s = CheckLength(prompt->size(), *stop, ctx_.config->max_position_embeddings); !s.ok()) return s;
   id_ = *id;
   prompt_ = std::move(*prompt);
@@ -190,6 +192,7 @@ void RequestCore::StartReserve(std::shared_ptr<ReplicaHandle> d, bool wait) {
   req.set_num_tokens(static_cast<int32_t>(prompt_.size() + resume_.size()));
   req.set_layout_fingerprint(ctx_.layout_fingerprint);
   req.set_wait_ms(wait_ms);
+  if (original_.has_constraint()) *req.mutable_constraint() = original_.constraint();
   CallStarted();
   reserve_call_ = d->Reserve(Options(), req, [self = shared_from_this(), d, lease_id, wait](auto r) {
     self->Post([c = self.get(), d, lease_id, wait, r = std::move(r)]() mutable {
@@ -304,6 +307,7 @@ void RequestCore::Prefill() {
   *req.mutable_stop() = stop_;
   *req.mutable_destination() = lease_->destination;
   for (int32_t t : resume_) req.add_resume_tokens(t);
+  if (original_.has_constraint()) *req.mutable_constraint() = original_.constraint();
   lease_->prefill_writing = true;
   CallStarted();
   prefill_call_ = p->Prefill(Options(), req, [self = shared_from_this(), p](auto r) {
@@ -397,6 +401,7 @@ void RequestCore::StartDecode() {
   req.set_kv_path(prefill_resp_.kv_path());
   req.set_writer_incarnation(prefill_resp_.writer_incarnation());
   for (int32_t t : resume_) req.add_resume_tokens(t);
+  if (original_.has_constraint()) *req.mutable_constraint() = original_.constraint();
   lease_.reset();  // the Decode call consumes it (the replica frees it when the stream ends)
   Transition(RequestState::kDecoding);
   CallStarted();

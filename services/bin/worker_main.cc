@@ -55,6 +55,7 @@ struct WorkerFlags {
   int32_t max_waiting = 1024;
   int64_t kv_lease_ms = 30000;
   int64_t kv_quarantine_warn_ms = 0;
+  int64_t grammar_compile_timeout_ms = 5000;
   std::string kv_transfer = "auto";
   bool no_prefix_cache = false;
   bool no_device_sampling = false;
@@ -137,6 +138,11 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                  "that replica is known to have stopped, however long it takes; past this age it is logged and "
                  "counted in tandem_kv_quarantine_stuck (0: twice --kv-lease-ms)")
       ->check(CLI::Range(int64_t{0}, int64_t{86400000}))
+      ->capture_default_str();
+  app.add_option("--grammar-compile-timeout-ms", f.grammar_compile_timeout_ms,
+                 "Structured output: a request's constraint (JSON schema, regex, grammar) that takes longer to "
+                 "compile is refused with INVALID_ARGUMENT; compiles run on their own thread, never the engine's")
+      ->check(CLI::Range(int64_t{1}, int64_t{600000}))
       ->capture_default_str();
   app.add_option("--kv-transfer", f.kv_transfer,
                  "How KV goes from prefill to decode replicas: auto (GPU to GPU over CUDA IPC when both models are "
@@ -232,6 +238,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.kv_lease_seconds = f.kv_lease_ms / 1000.0;
   const int64_t quarantine_warn_ms = f.kv_quarantine_warn_ms > 0 ? f.kv_quarantine_warn_ms : 2 * f.kv_lease_ms;
   eo.kv_quarantine_stuck_seconds = quarantine_warn_ms / 1000.0;
+  eo.grammar_compile_timeout_s = f.grammar_compile_timeout_ms / 1000.0;
   eo.kv_memory = static_cast<float*>(pool.base);
   eo.kv_memory_bytes = pool.bytes;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);

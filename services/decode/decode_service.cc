@@ -125,6 +125,12 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::Reserve(grpc::CallbackServerContext
     return reactor;
   }
   const double wait_s = static_cast<double>(std::min<int64_t>(r->wait_ms(), kMaxReserveWaitMs)) / 1e3;
+  if (r->has_constraint()) {
+    // Compiled while the prefill runs; a bad one is refused by the Decode call, not here.
+    if (absl::StatusOr<OutputConstraint> c = FromProto(r->constraint()); c.ok() && c->active()) {
+      engine_->PrecompileConstraint(*std::move(c));
+    }
+  }
   reactor->Arm();
   // `ctx`, `r` and `response` stay valid until Finish.
   engine_->ReserveKvAsync(r->request_id(), r->num_tokens(), wait_s,
@@ -233,10 +239,13 @@ void DecodeServiceImpl::CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> 
   if (!sampling.ok()) return fail(sampling.status());
   absl::StatusOr<StopParams> stop = FromProto(r->stop(), vocab);
   if (!stop.ok()) return fail(stop.status());
+  absl::StatusOr<OutputConstraint> constraint = FromProto(r->constraint());
+  if (!constraint.ok()) return fail(constraint.status());
   EngineRequest req{.id = id, .prompt = std::vector<int32_t>(r->prompt().begin(), r->prompt().end()),
                     .sampling = *sampling, .stop = std::move(*stop)};
   req.resume_tokens.assign(r->resume_tokens().begin(), r->resume_tokens().end());
   req.kv_writer = r->writer_incarnation();
+  req.constraint = std::move(*constraint);
   engine_->SubmitImportedAsync(
       std::move(req), r->first_token(), /*emit_first_token=*/false,
       device ? Engine::ImportedKv::kDevicePool : Engine::ImportedKv::kHostPool,

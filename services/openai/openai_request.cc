@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/openai/chat_request.h"
 #include "services/openai/json_fields.h"
+#include "services/openai/response_format.h"
 
 namespace tandem::openai {
 namespace {
@@ -226,10 +227,12 @@ std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, const Json
   }
   v1::GenerateRequest shared;
   if (auto e = Sampling(body, endpoint, shared.mutable_sampling(), shared.mutable_stop(), &out)) return *e;
+  if (auto e = ParseResponseFormat(body, shared.mutable_constraint())) return *e;
   for (v1::GenerateRequest& r : out.prompts) {
     r.set_model(out.model);
     *r.mutable_sampling() = shared.sampling();
     *r.mutable_stop() = shared.stop();
+    if (shared.has_constraint()) *r.mutable_constraint() = shared.constraint();
   }
   return out;
 }

@@ -136,6 +136,8 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     if (!sampling.ok()) return sampling.status();
     absl::StatusOr<StopParams> stop = FromProto(r.stop(), vocab);
     if (!stop.ok()) return stop.status();
+    absl::StatusOr<OutputConstraint> constraint = FromProto(r.constraint());
+    if (!constraint.ok()) return constraint.status();
     // Counted from now, when this replica first saw the lease (kv_write_deadline.h).
     absl::StatusOr<std::chrono::steady_clock::time_point> deadline = KvWriteDeadline(r.destination(), received_);
     if (!deadline.ok()) return deadline.status();
@@ -151,6 +153,7 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     EngineRequest req{.id = id_, .prompt = std::vector<int32_t>(r.prompt().begin(), r.prompt().end()),
                       .sampling = *sampling, .stop = std::move(*stop), .kv_sink = sink_.get()};
     req.resume_tokens.assign(r.resume_tokens().begin(), r.resume_tokens().end());
+    req.constraint = std::move(*constraint);
     if (prefix_store_ != nullptr && prefix_store_->available()) {
       // The kvstore tier first (asynchronously); the request is submitted after.
       tier_ = std::make_unique<PrefixTierSession>(prefix_store_, *engine_, req.prompt);

@@ -25,7 +25,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* LocalGenerationService::Generate
       PromptTokens(*r, engine_->tokenizer(), vocab, max_prompt_bytes_, chat_templates_);
   absl::StatusOr<SamplingParams> sampling = FromProto(r->sampling(), vocab);
   absl::StatusOr<StopParams> stop = FromProto(r->stop(), vocab);
-  for (const absl::Status* s : {&id.status(), &prompt.status(), &sampling.status(), &stop.status()}) {
+  absl::StatusOr<OutputConstraint> constraint = FromProto(r->constraint());
+  for (const absl::Status* s :
+       {&id.status(), &prompt.status(), &sampling.status(), &stop.status(), &constraint.status()}) {
     if (!s->ok()) return EngineStreamReactor::Failed(ToGrpcStatus(*s));
   }
   if (absl::Status s = CheckLength(prompt->size(), *stop, engine_->config().max_position_embeddings); !s.ok()) {
@@ -33,6 +35,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* LocalGenerationService::Generate
   }
   ctx->AddInitialMetadata("x-request-id", *id);
   EngineRequest req{.id = *id, .prompt = std::move(*prompt), .sampling = *sampling, .stop = std::move(*stop)};
+  req.constraint = std::move(*constraint);
   absl::StatusOr<std::shared_ptr<OutputStream>> stream = engine_->Submit(std::move(req));
   if (!stream.ok()) return EngineStreamReactor::Failed(ToGrpcStatus(stream.status()));
   return EngineStreamReactor::Start(engine_, *id, std::move(*stream));

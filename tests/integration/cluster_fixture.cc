@@ -140,7 +140,10 @@ std::vector<int32_t> ReferenceTokens(Engine& engine, const v1::GenerateRequest& 
   EXPECT_TRUE(prompt.ok()) << prompt.status();
   absl::StatusOr<SamplingParams> sampling = FromProto(r.sampling(), engine.config().vocab_size);
   absl::StatusOr<StopParams> stop = FromProto(r.stop(), engine.config().vocab_size);
+  absl::StatusOr<OutputConstraint> constraint = FromProto(r.constraint());
+  EXPECT_TRUE(constraint.ok()) << constraint.status();
   EngineRequest req{.id = "ref-" + std::to_string(counter++), .prompt = *prompt, .sampling = *sampling, .stop = *stop};
+  if (constraint.ok()) req.constraint = *constraint;
   auto stream = engine.Submit(std::move(req));
   EXPECT_TRUE(stream.ok()) << stream.status();
   std::vector<int32_t> tokens;

@@ -235,6 +235,21 @@ TEST_F(OpenAiApiTest, TheOpenAiNodeSdkDrivesEveryEndpointAndGetsTheGrpcTokens) {
   ASSERT_TRUE(c.status.ok()) << c.status.error_message();
   EXPECT_EQ(results["chat_greedy"].get<std::string>(), c.text);
 
+  // Structured output: the SDK's greedy response_format json_schema chat is the gRPC chat
+  // with the same constraint, token for token.
+  v1::GenerateRequest structured = chat;
+  structured.mutable_stop()->set_ignore_eos(false);
+  structured.mutable_stop()->set_max_tokens(80);
+  structured.mutable_constraint()->set_json_schema(
+      R"({"type":"object","properties":{"city":{"enum":["Paris","Lima","Oslo"]},)"
+      R"("days":{"type":"integer","minimum":1,"maximum":14},"unit":{"enum":["C","F"]}},)"
+      R"("required":["city","days","unit"],"additionalProperties":false})");
+  structured.mutable_constraint()->set_strict(true);
+  StreamResult st = GrpcGenerate(structured);
+  ASSERT_TRUE(st.status.ok()) << st.status.error_message();
+  ASSERT_TRUE(results["structured_chat"].is_array());
+  EXPECT_EQ(results["structured_chat"][0].get<std::string>(), st.text);
+
   // The conversation with tools, as a gRPC chat: the same prompt and the same tokens.
   std::ifstream conversations_file(absl::StrCat(src, "/tests/goldens/chat_templates/conversations.json"));
   const nlohmann::ordered_json conversations = nlohmann::ordered_json::parse(conversations_file, nullptr, false);

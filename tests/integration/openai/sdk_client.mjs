@@ -199,6 +199,61 @@ await check('n = 3 seeded, not streamed and streamed', async () => {
   results.chat_n3 = texts;
 });
 
+// Structured output as the SDK sends it, each output checked by Ajv (npm ajv, tools/node)
+// or a regex, not by anything of ours.
+const require = (await import('node:module')).createRequire(import.meta.url);
+const nodeModules = path.resolve(path.dirname(new URL(import.meta.url).pathname), '../../../tools/node/node_modules');
+const Ajv2020 = require(path.join(nodeModules, 'ajv/dist/2020')).default;
+const weatherSchema = {
+  type: 'object',
+  properties: { city: { enum: ['Paris', 'Lima', 'Oslo'] }, days: { type: 'integer', minimum: 1, maximum: 14 },
+                unit: { enum: ['C', 'F'] } },
+  required: ['city', 'days', 'unit'], additionalProperties: false,
+};
+await check('chat response_format json_schema (strict), greedy and seeded, valid by Ajv', async () => {
+  const validate = new Ajv2020({ strict: false }).compile(weatherSchema);
+  const outputs = [];
+  for (const seed of [undefined, 3, 4]) {
+    const r = await client.chat.completions.create({
+      model, messages, max_tokens: 80, temperature: seed === undefined ? 0 : 1, seed,
+      response_format: { type: 'json_schema', json_schema: { name: 'weather', schema: weatherSchema, strict: true } },
+    });
+    assert.equal(r.choices[0].finish_reason, 'stop', r.choices[0].message.content);
+    const doc = JSON.parse(r.choices[0].message.content);
+    assert.ok(validate(doc), `${r.choices[0].message.content}: ${JSON.stringify(validate.errors)}`);
+    outputs.push(r.choices[0].message.content);
+  }
+  results.structured_chat = outputs;
+});
+await check('completions response_format json_object, streamed', async () => {
+  const stream = await client.completions.create({ model, prompt, max_tokens: 200, temperature: 1, seed: 5,
+                                                   stream: true, response_format: { type: 'json_object' } });
+  let text = '';
+  let finish = null;
+  for await (const chunk of stream) {
+    text += chunk.choices[0]?.text ?? '';
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  if (finish === 'stop') assert.equal(typeof JSON.parse(text), 'object', text);
+  else assert.equal(finish, 'length');
+});
+await check('vLLM structured_outputs choice and regex', async () => {
+  const choice = await client.chat.completions.create({ model, messages, max_tokens: 10, temperature: 1, seed: 9,
+                                                        structured_outputs: { choice: ['red', 'green', 'blue (dark)'] } });
+  assert.ok(['red', 'green', 'blue (dark)'].includes(choice.choices[0].message.content), choice.choices[0].message.content);
+  const regex = await client.completions.create({ model, prompt, max_tokens: 20, temperature: 0,
+                                                  structured_outputs: { regex: '[0-9]{3}-[a-z]{2}' } });
+  assert.match(regex.choices[0].text, /^[0-9]{3}-[a-z]{2}$/);
+});
+await expectStatus('400 for an unsupported schema keyword, naming it', 400,
+  () => client.chat.completions.create({ model, messages, max_tokens: 4, response_format: {
+    type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', patternProperties: { a: {} } } } } }),
+  (e) => assert.match(e.error.message, /patternProperties/));
+await expectStatus('400 for two constraints at once', 400,
+  () => client.chat.completions.create({ model, messages, max_tokens: 4, response_format: { type: 'json_object' },
+                                         structured_outputs: { regex: 'a' } }),
+  (e) => assert.equal(e.error.param, 'response_format'));
+
 await expectStatus('400 naming the field (temperature)', 400,
   () => client.completions.create({ model, prompt, max_tokens: 4, temperature: -1 }),
   (e) => assert.equal(e.error.param, 'temperature'));

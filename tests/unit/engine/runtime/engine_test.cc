@@ -52,22 +52,8 @@ class EngineTest : public ::testing::TestWithParam<Backend> {
   void TearDown() override { g_backend = Backend::kCpu; }
 };
 
-struct Result {
-  std::vector<int32_t> tokens;
-  std::string text;
-  RequestOutput final;
-};
-
-Result Drain(OutputStream& s) {
-  Result r;
-  RequestOutput o;
-  while (s.Next(&o)) {
-    r.tokens.insert(r.tokens.end(), o.token_ids.begin(), o.token_ids.end());
-    r.text += o.text;
-    if (o.finished) r.final = o;
-  }
-  return r;
-}
+using testing::Drain;
+using testing::Result;
 
 EngineRequest Req(const std::string& id, std::vector<int32_t> prompt, int max_tokens, std::optional<uint64_t> seed,
                   float temperature = 0.8f) {

@@ -1,10 +1,11 @@
 // Shared by the engine tests: one generated tiny model (vocabulary cut to 1,024 so steps
-// are fast) for the whole test binary, and deterministic prompt tokens.
+// are fast) for the whole test binary, deterministic prompt tokens, draining a stream.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "engine/runtime/output_stream.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/engine/model/test_models.h"
 
@@ -18,6 +19,24 @@ inline const std::string& SmallTinyModelDir() {
     return MakeModel(*dir, "tiny", j.dump());
   }();
   return path;
+}
+
+// A request's whole output: its tokens, its text and the final output.
+struct Result {
+  std::vector<int32_t> tokens;
+  std::string text;
+  RequestOutput final;
+};
+
+inline Result Drain(OutputStream& s) {
+  Result r;
+  RequestOutput o;
+  while (s.Next(&o)) {
+    r.tokens.insert(r.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+    r.text += o.text;
+    if (o.finished) r.final = o;
+  }
+  return r;
 }
 
 // n prompt tokens in [3, 1003), different for each salt.

@@ -1,0 +1,64 @@
+// The engine's structured-output steps (engine.h, EngineRequest::constraint): a
+// constrained request waits for its grammar off the engine thread, gets a matcher that
+// has accepted its output so far, and has its logits masked before each sample.
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/engine.h"
+
+namespace tandem {
+
+void Engine::CompileThen(const std::string& id, const OutputConstraint& c, std::function<void(Compiled)> then) {
+  compiling_[id] = std::move(then);
+  constraints_->Compile(c, [this, id](Compiled g) {
+    Post([this, id, g = std::move(g)]() mutable {
+      auto it = compiling_.find(id);
+      if (it == compiling_.end()) return;  // cancelled meanwhile
+      std::function<void(Compiled)> then = std::move(it->second);
+      compiling_.erase(it);
+      then(std::move(g));
+    });
+  });
+}
+
+absl::Status Engine::AttachMatcher(Sequence& s, const ConstraintCompiler::Grammar& g) const {
+  s.matcher = std::make_unique<grammar::GrammarMatcher>(g);
+  const std::span<const int32_t> done = s.generated();
+  for (size_t i = 0; i < done.size(); ++i) {
+    if (!s.matcher->AcceptToken(done[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("resume_tokens[", i, "] (token ", done[i],
+                                                     ") does not satisfy the request's constraint"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Engine::PrecompileConstraint(OutputConstraint c) {
+  constraints_->Compile(std::move(c), [](Compiled) {});
+}
+
+void Engine::ConstrainLogits(Sequence& s, std::span<float> logits, int32_t step) {
+  const size_t words = std::max((logits.size() + 31) / 32, s.matcher->grammar().vocabulary().mask_words());
+  constraint_mask_.assign(words, 0);
+  s.matcher->FillNextTokenBitmask(constraint_mask_);
+  MaskLogits(logits, constraint_mask_);
+  if (step >= s.min_tokens) return;
+  // min_tokens holds back EOS and stop tokens, unless the grammar allows nothing else (it
+  // is complete): the constraint wins, as in vLLM.
+  std::vector<std::pair<int32_t, float>> kept;
+  for (const std::vector<int32_t>* ids : {&eos_ids_, &s.stop_token_ids}) {
+    for (int32_t id : *ids) {
+      if (id >= 0 && static_cast<size_t>(id) < logits.size()) kept.emplace_back(id, logits[id]);
+    }
+  }
+  SuppressTokens(logits, eos_ids_);
+  SuppressTokens(logits, s.stop_token_ids);
+  for (float l : logits) {
+    if (std::isfinite(l)) return;
+  }
+  for (const auto& [id, l] : kept) logits[id] = l;
+}
+
+}  // namespace tandem
