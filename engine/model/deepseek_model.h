@@ -37,9 +37,12 @@ struct DeepseekForwardOptions {
   AttentionForm attention = AttentionForm::kAuto;
   std::function<void(int64_t layer)> after_layer_kv;  // as ForwardOptions'
   bool after_layer_kv_enqueues_only = false;          // as ForwardOptions'
+  std::function<void()> before_sampling;              // as ForwardOptions'
 };
 inline DeepseekForwardOptions ForDeepseek(const ForwardOptions& o) {
-  return {.after_layer_kv = o.after_layer_kv, .after_layer_kv_enqueues_only = o.after_layer_kv_enqueues_only};
+  return {.after_layer_kv = o.after_layer_kv,
+          .after_layer_kv_enqueues_only = o.after_layer_kv_enqueues_only,
+          .before_sampling = o.before_sampling};
 }
 
 class DeepseekModel {

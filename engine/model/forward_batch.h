@@ -26,6 +26,11 @@ struct ForwardOptions {
   // The callback only enqueues work on the device backend's stream (device-to-device KV
   // writes): the backend need not wait for the layer before calling it.
   bool after_layer_kv_enqueues_only = false;
+  // Sampling backends (ForwardSample, LaunchSample): called on the calling thread once,
+  // after the step's forward pass is enqueued on the device and before the sampling rows'
+  // `allowed` masks are read, and before the call returns: the host fills the masks while
+  // the device computes the forward pass.
+  std::function<void()> before_sampling;
 };
 
 // How a device backend chooses one logits row's token (ModelBackend::ForwardSample): the
@@ -44,6 +49,11 @@ struct SampleRow {
   int64_t step = 0;
   std::span<const int32_t> prompt_tokens;
   std::span<const int32_t> output_tokens;
+  // Structured output: the tokens allowed (bit i % 32 of word i / 32; ids past the words
+  // are not allowed); the others' logits are -inf before everything above. Empty: all.
+  // Valid only during the call that takes the row (a launch copies it); its contents may
+  // be written by ForwardOptions::before_sampling.
+  std::span<const uint32_t> allowed;
 };
 
 }  // namespace tandem

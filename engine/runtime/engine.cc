@@ -504,7 +504,7 @@ void Engine::Step() {
   if (!batch.device_error.ok()) {
     logits = batch.device_error;
   } else if (device_sampling) {
-    device_tokens = backend_->ForwardSample(batch.sequences, *cache_, sample_rows, fo);
+    device_tokens = backend_->ForwardSample(batch.sequences, *cache_, sample_rows, WithMaskFill(std::move(fo)));
     if (!device_tokens.ok()) logits = device_tokens.status();
   } else {
     logits = backend_->Forward(batch.sequences, *cache_, fo);
@@ -553,6 +553,8 @@ void Engine::Advance() {
     TANDEM_CHECK(s->pending_token && s->tokens.back() == kPendingToken) << s->id;
     s->tokens.back() = (*tokens)[i];
     s->pending_token = false;
+    // Before the next launch, whose mask for this sequence starts after this token.
+    if (s->matcher) AcceptConstrained(*s, (*tokens)[i]);
   }
   emitting_ = &done;
   // Launch the next step before this one's outputs: the device waits only for this.
@@ -651,12 +653,14 @@ ForwardOptions Engine::ForwardOptionsFor(const StepPlan& plan, StepBatch& batch)
 
 bool Engine::DeviceSampleRows(const StepPlan& plan, std::vector<SampleRow>* rows) const {
   rows->clear();
+  pending_masks_.clear();
   if (!options_.sample_on_device || !backend_->samples_on_device()) return false;
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.reaches_end()) continue;
     const Sequence& s = *c.seq;
     // The device sampler has no logprobs, min_tokens or logit_bias: the host samples.
-    if (s.sampling.logprobs > 0 || s.num_generated() < s.min_tokens || !s.sampling.logit_bias.empty() || s.matcher) {
+    if (s.sampling.logprobs > 0 || s.num_generated() < s.min_tokens || !s.sampling.logit_bias.empty()) {
+      pending_masks_.clear();
       return false;
     }
     rows->push_back({.temperature = s.sampling.temperature,
@@ -670,9 +674,11 @@ bool Engine::DeviceSampleRows(const StepPlan& plan, std::vector<SampleRow>* rows
                      .step = s.num_generated(),
                      .prompt_tokens = s.prompt(),
                      .output_tokens = s.generated()});
+    if (s.matcher && !s.matcher->IsTerminated()) rows->back().allowed = DeviceMask(s, rows->size() - 1);
   }
   return !rows->empty();
 }
+
 
 bool Engine::Pipelinable(const StepPlan& plan) const {
   if (!options_.pipeline_steps || !options_.sample_on_device || !backend_->samples_on_device()) return false;
@@ -684,7 +690,7 @@ bool Engine::Pipelinable(const StepPlan& plan) const {
 }
 
 void Engine::Launch(StepPlan plan, StepBatch batch, std::vector<SampleRow> rows) {
-  const absl::Status st = backend_->LaunchSample(batch.sequences, *cache_, rows, ForwardOptions{});
+  const absl::Status st = backend_->LaunchSample(batch.sequences, *cache_, rows, WithMaskFill(ForwardOptions{}));
   counters_.steps++;
   if (!st.ok()) {
     FailStep(plan, st, nullptr);
@@ -742,11 +748,8 @@ void Engine::EmitTokens(std::span<Sequence* const> ended, const std::vector<int3
       }
       t = sampler_.Sample(lg, s.sampling, s.seed, step, s.prompt(), s.generated());
     }
-    if (s.matcher) {
-      // The mask allowed only what the matcher accepts: a refusal is a bug here.
-      TANDEM_CHECK(s.matcher->AcceptToken(t.token)) << s.id << ": token " << t.token << " outside its constraint";
-      counters_.constrained_tokens++;
-    }
+    // (In place, Advance accepted it before launching the next step.)
+    if (s.matcher && !in_place) AcceptConstrained(s, t.token);
     const StopResult r = s.stop->OnToken(t.token);
     if (!in_place) s.tokens.push_back(t.token);
     scheduler_->OnTokenAppended(s);

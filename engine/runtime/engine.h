@@ -167,6 +167,10 @@ struct EngineStats {
   int64_t constraint_cache_hits = 0;
   double constraint_compile_seconds = 0;
   int64_t constrained_tokens = 0;
+  // Engine-thread seconds filling token masks (overlapped with the device's forward pass
+  // for device sampling) and feeding chosen tokens to the matchers.
+  double constraint_mask_seconds = 0;
+  double constraint_accept_seconds = 0;
 };
 
 class Engine {
@@ -358,6 +362,16 @@ class Engine {
   // Masks a constrained row's logits before sampling (and keeps min_tokens' suppression
   // from leaving no token at all).
   void ConstrainLogits(Sequence& s, std::span<float> logits, int32_t step);
+  // The allowed-token bitmask of `s`'s next token for device sampling row `row`, in
+  // storage that lives until the next call with that row (DeviceSampleRows).
+  std::span<const uint32_t> DeviceMask(const Sequence& s, size_t row) const;
+  // Device sampling with masks: `fo` with a before_sampling hook that fills the masks
+  // DeviceSampleRows reserved, while the device runs the forward pass.
+  ForwardOptions WithMaskFill(ForwardOptions fo);
+  void FillDeviceMasks();
+  // The matcher takes the chosen token; the mask allowed only what it accepts, so a
+  // refusal is a bug (abort).
+  void AcceptConstrained(Sequence& s, int32_t token);
   double Now() const { return options_.clock(); }
 
   EngineOptions options_;
@@ -373,6 +387,9 @@ class Engine {
   std::unique_ptr<ConstraintCompiler> constraints_;
   std::map<std::string, std::function<void(Compiled)>> compiling_;  // engine thread only
   std::vector<uint32_t> constraint_mask_;             // engine thread only (scratch)
+  mutable std::vector<std::vector<uint32_t>> device_masks_;  // engine thread only: per sampling row
+  // The rows of the last DeviceSampleRows whose masks are still to fill (engine thread).
+  mutable std::vector<std::pair<const Sequence*, size_t>> pending_masks_;
   struct KvWaiter {
     std::string id;
     int32_t num_tokens = 0;

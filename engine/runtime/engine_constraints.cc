@@ -1,12 +1,14 @@
 // The engine's structured-output steps (engine.h, EngineRequest::constraint): a
 // constrained request waits for its grammar off the engine thread, gets a matcher that
 // has accepted its output so far, and has its logits masked before each sample.
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/engine.h"
+#include "kernels/common/check.h"
 
 namespace tandem {
 
@@ -37,6 +39,40 @@ absl::Status Engine::AttachMatcher(Sequence& s, const ConstraintCompiler::Gramma
 
 void Engine::PrecompileConstraint(OutputConstraint c) {
   constraints_->Compile(std::move(c), [](Compiled) {});
+}
+
+std::span<const uint32_t> Engine::DeviceMask(const Sequence& s, size_t row) const {
+  if (device_masks_.size() <= row) device_masks_.resize(row + 1);
+  std::vector<uint32_t>& m = device_masks_[row];
+  // One size for every row (the backend wants one per step): every grammar has the
+  // engine's vocabulary.
+  m.resize(std::max((static_cast<size_t>(backend_->config().vocab_size) + 31) / 32,
+                    s.matcher->grammar().vocabulary().mask_words()));
+  pending_masks_.emplace_back(&s, row);
+  return m;
+}
+
+ForwardOptions Engine::WithMaskFill(ForwardOptions fo) {
+  if (!pending_masks_.empty()) fo.before_sampling = [this] { FillDeviceMasks(); };
+  return fo;
+}
+
+void Engine::FillDeviceMasks() {
+  const double start = Now();
+  for (const auto& [s, row] : pending_masks_) {
+    std::vector<uint32_t>& m = device_masks_[row];
+    std::fill(m.begin(), m.end(), 0u);
+    s->matcher->FillNextTokenBitmask(m);
+  }
+  pending_masks_.clear();
+  counters_.constraint_mask_seconds += Now() - start;
+}
+
+void Engine::AcceptConstrained(Sequence& s, int32_t token) {
+  const double start = Now();
+  TANDEM_CHECK(s.matcher->AcceptToken(token)) << s.id << ": token " << token << " outside its constraint";
+  counters_.constrained_tokens++;
+  counters_.constraint_accept_seconds += Now() - start;
 }
 
 void Engine::ConstrainLogits(Sequence& s, std::span<float> logits, int32_t step) {

@@ -15,6 +15,7 @@
 #include "kernels/cuda/moe_expert_gemv.h"
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/token_mask.h"
 #include "kernels/cuda/small_gemv.h"
 #include "kernels/cuda/timestamp.h"
 
@@ -470,8 +471,23 @@ absl::Status CudaDeepseekModel::Impl::EnqueueSample(std::span<const CudaDeepseek
       p.penalty_count = static_cast<int32_t>(penalties.size()) - p.penalty_begin;
     }
   }
-  const size_t param_bytes = (params.size() * sizeof(cuda::SampleRowParams) + 255) / 256 * 256;
-  const size_t bytes = param_bytes + penalties.size() * sizeof(cuda::PenaltyEntry);
+  // Structured output: each masked row's bitmask, after the penalties (token_mask.h).
+  std::vector<int32_t> slots(static_cast<size_t>(count), -1);
+  size_t words = 0;
+  int32_t num_masks = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const std::span<const uint32_t> m = rows[begin + i].allowed;
+    if (m.empty()) continue;
+    if (words != 0 && m.size() != words) return absl::InvalidArgumentError("token masks of different sizes in one step");
+    words = m.size();
+    slots[i] = num_masks++;
+  }
+  auto aligned = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t param_bytes = aligned(params.size() * sizeof(cuda::SampleRowParams));
+  const size_t penalty_bytes = aligned(penalties.size() * sizeof(cuda::PenaltyEntry));
+  const size_t slot_bytes = num_masks > 0 ? aligned(slots.size() * sizeof(int32_t)) : 0;
+  const size_t mask_bytes = static_cast<size_t>(num_masks) * words * sizeof(uint32_t);
+  const size_t bytes = param_bytes + penalty_bytes + slot_bytes + mask_bytes;
   // The previous step's upload may still be in flight: buffers are reused only after a
   // synchronization (Run synchronizes at its end), so growing here is safe.
   if (sample_host_.bytes() < bytes) {
@@ -483,8 +499,27 @@ absl::Status CudaDeepseekModel::Impl::EnqueueSample(std::span<const CudaDeepseek
     std::memcpy(sample_host_.get<char>() + param_bytes, penalties.data(),
                 penalties.size() * sizeof(cuda::PenaltyEntry));
   }
+  const size_t slot_at = param_bytes + penalty_bytes;
+  if (num_masks > 0) {
+    std::memcpy(sample_host_.get<char>() + slot_at, slots.data(), slots.size() * sizeof(int32_t));
+    for (int64_t i = 0; i < count; ++i) {
+      if (slots[i] < 0) continue;
+      std::memcpy(sample_host_.get<char>() + slot_at + slot_bytes + static_cast<size_t>(slots[i]) * words * 4,
+                  rows[begin + i].allowed.data(), words * sizeof(uint32_t));
+    }
+  }
   TANDEM_CUDA_RETURN(cudaMemcpyAsync(sample_dev_.get(), sample_host_.get(), bytes, cudaMemcpyHostToDevice, stream),
                      "uploading sampling parameters");
+  if (num_masks > 0) {
+    TANDEM_CUDA_RETURN(
+        cuda::ApplyTokenMasks({.logits = act_.logits, .stride = vocab, .rows = static_cast<int>(count),
+                               .vocab = static_cast<int>(vocab),
+                               .row_slot = reinterpret_cast<const int32_t*>(sample_dev_.get<char>() + slot_at),
+                               .masks = reinterpret_cast<const uint32_t*>(sample_dev_.get<char>() + slot_at + slot_bytes),
+                               .words = static_cast<int>(words)},
+                              stream),
+        "masking constrained rows");
+  }
   TANDEM_CUDA_RETURN(
       cuda::SampleTokens({.logits = act_.logits, .stride = vocab, .rows = static_cast<int>(count),
                           .vocab = static_cast<int>(vocab),
@@ -507,7 +542,7 @@ namespace {
 bool AllGreedy(std::span<const CudaDeepseekModel::SampleRow> rows) {
   for (const CudaDeepseekModel::SampleRow& r : rows) {
     if (!(r.temperature < cuda::kSampleGreedyTemperature) || r.repetition_penalty != 1.0f ||
-        r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f) {
+        r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f || !r.allowed.empty()) {
       return false;
     }
   }
@@ -545,6 +580,8 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
     RETURN_IF_ERROR(EnqueueStep(plan, fo));
   }
 
+  // The forward pass is on the stream: the host fills the rows' masks while it computes.
+  if (fo.before_sampling) fo.before_sampling();
   const int64_t vocab = config.vocab_size;
   if (logits != nullptr) logits->resize(static_cast<size_t>(plan.out_rows * vocab));
   if (ids != nullptr) ids->resize(static_cast<size_t>(plan.out_rows));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/model/model_backend.h"
+#include "engine/runtime/output_constraint.h"
 #include "engine/runtime/sampler.h"
 
 namespace tandem::testing {
@@ -37,6 +38,7 @@ class DeviceSamplingCpuBackend : public ModelBackend {
                                                      const ForwardOptions& options) override {
     absl::StatusOr<std::vector<float>> logits = model_->Forward(batch, host, ForDeepseek(options));
     if (!logits.ok()) return logits.status();
+    if (options.before_sampling) options.before_sampling();
     const int64_t vocab = model_->config().vocab_size;
     if (static_cast<int64_t>(logits->size()) != static_cast<int64_t>(rows.size()) * vocab) {
       return absl::InvalidArgumentError("sampling rows do not match the logits rows");
@@ -53,6 +55,7 @@ class DeviceSamplingCpuBackend : public ModelBackend {
       p.presence_penalty = r.presence_penalty;
       p.frequency_penalty = r.frequency_penalty;
       std::span<float> lg(logits->data() + i * vocab, static_cast<size_t>(vocab));
+      if (!r.allowed.empty()) MaskLogits(lg, r.allowed);
       tokens.push_back(sampler_.Sample(lg, p, r.seed, r.step, r.prompt_tokens, r.output_tokens).token);
     }
     ++steps_computed_;
@@ -74,6 +77,8 @@ class DeviceSamplingCpuBackend : public ModelBackend {
     }
     if (!defer_) return ModelBackend::LaunchSample(batch, host, rows, options);
     // Everything the step reads, copied now: the engine changes the sequences afterwards.
+    // (The masks are filled first, as a GPU's host would while the forward pass runs.)
+    if (options.before_sampling) options.before_sampling();
     Launched l;
     l.host = &host;
     for (const ForwardSequence& s : batch) {
@@ -84,6 +89,7 @@ class DeviceSamplingCpuBackend : public ModelBackend {
     for (const SampleRow& r : rows) {
       l.histories.emplace_back(r.prompt_tokens.begin(), r.prompt_tokens.end());
       l.histories.emplace_back(r.output_tokens.begin(), r.output_tokens.end());
+      l.masks.emplace_back(r.allowed.begin(), r.allowed.end());
       l.rows.push_back(r);
     }
     launched_ = std::move(l);
@@ -106,6 +112,7 @@ class DeviceSamplingCpuBackend : public ModelBackend {
     for (size_t i = 0; i < l.rows.size(); ++i) {
       l.rows[i].prompt_tokens = l.histories[2 * i];
       l.rows[i].output_tokens = l.histories[2 * i + 1];
+      l.rows[i].allowed = l.masks[i];
     }
     return ForwardSample(l.sequences, *l.host, l.rows, ForwardOptions{});
   }
@@ -117,6 +124,7 @@ class DeviceSamplingCpuBackend : public ModelBackend {
   struct Launched {
     LatentKvCache* host = nullptr;
     std::vector<std::vector<int32_t>> tokens, tables, histories;
+    std::vector<std::vector<uint32_t>> masks;
     std::vector<ForwardSequence> sequences;
     std::vector<SampleRow> rows;
   };

@@ -291,7 +291,7 @@ TEST(EngineConstraintTest, PrefillThenImportedDecodeMatchesOneEngine) {
 
 TEST(EngineConstraintTest, ConstrainedBesidePipelinedRequests) {
   // Unconstrained greedy requests give the same tokens whether constrained ones share
-  // their steps (which then run one at a time, sampled on the host) or not.
+  // their steps (sampled "on the device" with their masks, pipelined) or not.
   auto alone = MakeEngine({}, /*pipelined=*/true);
   std::vector<Result> reference;
   for (int i = 0; i < 4; ++i) {
@@ -312,6 +312,9 @@ TEST(EngineConstraintTest, ConstrainedBesidePipelinedRequests) {
     const Result kr = Drain(*k[i]);
     EXPECT_TRUE(std::regex_match(kr.text, std::regex("[0-9]{6}"))) << kr.text;
   }
+  // The constrained rows were chosen "on the device" too, under their masks (at least
+  // the 6 digits of each; EOS after them).
+  EXPECT_GE(mixed->Stats().device_sampled_tokens, 4 * 24 + 4 * 6);
 }
 
 }  // namespace

@@ -18,6 +18,8 @@
 #include "engine/model/model_backend.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/sampler.h"
+#include <regex>
+
 #include "gtest/gtest.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/sampling.h"
@@ -248,6 +250,58 @@ TEST_F(EngineCudaTest, DeviceSamplingGivesTheHostSamplersTokens) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(Drain(**a), Drain(**b));
   EXPECT_EQ(device->Stats().device_sampled_tokens, 8 * 24);
+}
+
+// Structured output sampled on the GPU (the mask kernel before the sampler, pipelined
+// steps, the matcher fed before each launch) gives the host path's tokens, and every
+// output is what the regex allows (std::regex, not our grammar engine).
+TEST_F(EngineCudaTest, ConstrainedRowsOnTheDeviceGiveTheHostTokens) {
+  const std::vector<std::pair<std::string, std::string>> patterns = {
+      {"[a-z]{3,8}(-[0-9]{1,3}){2}", "[a-z]{3,8}(-[0-9]{1,3}){2}"},
+      {"(red|green|blue)( (red|green|blue)){0,4}", "(red|green|blue)( (red|green|blue)){0,4}"},
+      {"\\d{2}:\\d{2}", "[0-9]{2}:[0-9]{2}"},
+  };
+  // One request at a time for the comparison: the GPU's logits depend on the batch's
+  // composition (not batch-invariant), which pipelining changes when a sequence ends (it
+  // is computed one step further). Together, for the validity of mixed batches.
+  auto run = [&](Engine& e, bool together) {
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    std::vector<testing::Result> out;
+    for (int i = 0; i < 12; ++i) {
+      EngineRequest r = Greedy("c" + std::to_string(i), Tokens(10 + 7 * i, 50 + i), 48);
+      r.stop.ignore_eos = false;
+      if (i % 2 == 1) {
+        r.sampling.temperature = 1.0f;
+        r.sampling.seed = 300 + i;
+      }
+      if (i % 4 != 3) r.constraint = {.kind = OutputConstraint::Kind::kRegex, .text = patterns[i % 3].first};
+      auto st = e.Submit(std::move(r));
+      EXPECT_TRUE(st.ok()) << st.status();
+      if (!st.ok()) continue;
+      if (together) streams.push_back(*st);
+      else out.push_back(testing::Drain(**st));
+    }
+    for (auto& st : streams) out.push_back(testing::Drain(*st));
+    return out;
+  };
+  EngineOptions host_options;
+  host_options.sample_on_device = false;
+  std::unique_ptr<Engine> device = Make("cuda"), host = Make("cuda", host_options);
+  ASSERT_TRUE(device && host);
+  const std::vector<testing::Result> on_device = run(*device, false), on_host = run(*host, false);
+  const std::vector<testing::Result> batched = run(*device, true);
+  ASSERT_EQ(on_device.size(), on_host.size());
+  ASSERT_EQ(batched.size(), on_host.size());
+  for (size_t i = 0; i < on_device.size(); ++i) {
+    EXPECT_EQ(on_device[i].tokens, on_host[i].tokens) << i;
+    if (i % 4 == 3) continue;
+    for (const testing::Result* r : {&on_device[i], &batched[i]}) {
+      EXPECT_EQ(r->final.finish_reason, FinishReason::kStop) << i << ": " << r->text;
+      EXPECT_TRUE(std::regex_match(r->text, std::regex(patterns[i % 3].second))) << r->text;
+    }
+  }
+  EXPECT_GT(device->Stats().device_sampled_tokens, 100);
+  EXPECT_EQ(host->Stats().device_sampled_tokens, 0);
 }
 
 TEST_F(EngineCudaTest, PrefillExportImportedIntoADecodeEngineContinuesExactly) {
