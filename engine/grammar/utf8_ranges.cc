@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/tokenizer/utf8.h"
 #include "kernels/common/check.h"
 
 namespace tandem::grammar {
@@ -53,21 +54,7 @@ void AddSameLength(uint32_t lo, uint32_t hi, std::vector<Utf8ByteRanges>* out) {
 
 void AppendCodepointUtf8(uint32_t cp, std::string* out) {
   TANDEM_CHECK(cp <= kMaxCodepoint && !(cp >= 0xD800 && cp <= 0xDFFF)) << cp;
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  tokenizer_internal::AppendUtf8(cp, out);
 }
 
 int32_t DecodeCodepoint(std::string_view text, size_t* pos) {

@@ -5,12 +5,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "engine/util/mapped_file.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
@@ -80,10 +83,39 @@ class ConfigFields {
     if (!v.is_string()) return ConfigFieldError(Name(key), absl::StrCat("must be a string, got ", v.dump()));
     return std::optional<std::string>(v.get<std::string>());
   }
+  // An integer or a list of integers (as eos_token_id is written), as a list.
+  absl::StatusOr<std::optional<std::vector<int64_t>>> IntList(const char* key) const {
+    if (!Has(key)) return std::optional<std::vector<int64_t>>();
+    const Json& v = obj_.at(key);
+    std::vector<int64_t> out;
+    if (v.is_number_integer()) {
+      out.push_back(v.get<int64_t>());
+    } else if (v.is_array()) {
+      for (const Json& item : v) {
+        if (!item.is_number_integer()) return ConfigFieldError(Name(key), "must be an integer or a list of integers");
+        out.push_back(item.get<int64_t>());
+      }
+    } else {
+      return ConfigFieldError(Name(key), "must be an integer or a list of integers");
+    }
+    return std::optional<std::vector<int64_t>>(std::move(out));
+  }
 
  private:
   const Json& obj_;
   std::string prefix_;
 };
+
+// Reads DIR/config.json and parses it with `parse` (text -> StatusOr<Config>); errors
+// name the file.
+template <typename Parse>
+auto LoadConfigFile(const std::string& dir, Parse parse) -> decltype(parse(std::string())) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return text.status();
+  auto config = parse(*text);
+  if (!config.ok()) return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
+  return config;
+}
 
 }  // namespace tandem

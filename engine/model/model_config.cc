@@ -221,31 +221,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json) {
   RETURN_IF_ERROR(ParseQuantization(root, c));
 
   ASSIGN_OR_RETURN(c.bos_token_id, f.Int("bos_token_id"));
-  if (f.Has("eos_token_id")) {
-    const Json& e = root["eos_token_id"];
-    if (e.is_number_integer()) {
-      c.eos_token_ids.push_back(e.get<int64_t>());
-    } else if (e.is_array()) {
-      for (const Json& id : e) {
-        if (!id.is_number_integer()) return FieldError("eos_token_id", "must be an integer or a list of integers");
-        c.eos_token_ids.push_back(id.get<int64_t>());
-      }
-    } else {
-      return FieldError("eos_token_id", "must be an integer or a list of integers");
-    }
-  }
+  ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> eos, f.IntList("eos_token_id"));
+  if (eos) c.eos_token_ids = std::move(*eos);
   return c;
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
-  const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  absl::StatusOr<ModelConfig> config = ParseModelConfig(text);
-  if (!config.ok()) {
-    return absl::Status(config.status().code(),
-                        absl::StrCat(path, ": ", config.status().message()));
-  }
-  return config;
+  return LoadConfigFile(dir, [](const std::string& text) { return ParseModelConfig(text); });
 }
 
 namespace {

@@ -353,6 +353,34 @@ GeneratorTokenizerPlan PlanGeneratorTokenizer(const ModelGeneratorOptions& optio
   return plan;
 }
 
+absl::StatusOr<GeneratorStart> StartGeneratedModel(const ModelGeneratorOptions& options, const std::string& dir) {
+  GeneratorStart start;
+  start.config = Json::parse(options.config_json, nullptr, /*allow_exceptions=*/false);
+  Json& config = start.config;
+  if (config.is_discarded() || !config.is_object()) return absl::InvalidArgumentError("model config is not a JSON object");
+  if (options.num_shards < 1) return absl::InvalidArgumentError("number of shards must be at least 1");
+  std::error_code ec;
+  fs::create_directories(fs::path(dir), ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create '", dir, "': ", ec.message()));
+  const bool has_vocab = config.contains("vocab_size") && !config["vocab_size"].is_null();
+  if (has_vocab && !config["vocab_size"].is_number_integer()) {
+    return absl::InvalidArgumentError("config.json: field 'vocab_size' must be an integer");
+  }
+  start.tokenizer = PlanGeneratorTokenizer(
+      options, has_vocab ? std::optional<int64_t>(config["vocab_size"].get<int64_t>()) : std::nullopt);
+  if (!has_vocab) config["vocab_size"] = start.tokenizer.vocab_size;
+  return start;
+}
+
+void RemoveGeneratedModelFiles(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(fs::path(dir), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.ends_with(".safetensors") || name == "model.safetensors.index.json") fs::remove(entry.path(), ec);
+  }
+  fs::remove(fs::path(dir) / kGeneratedWeightsFile, ec);
+}
+
 absl::StatusOr<std::string> WriteGeneratorTokenizer(const ModelGeneratorOptions& options,
                                                     const GeneratorTokenizerPlan& plan, int64_t vocab_size,
                                                     const std::string& dir_str) {
@@ -397,29 +425,15 @@ std::vector<std::string> PresetNames() {
 }
 
 absl::StatusOr<GeneratedModel> GenerateModel(const ModelGeneratorOptions& options, const std::string& dir_str) {
-  Json config = Json::parse(options.config_json, nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded() || !config.is_object()) {
-    return absl::InvalidArgumentError("model config is not a JSON object");
-  }
   if (options.weight_dtype == DType::kF16) {
     return absl::InvalidArgumentError("make-model writes bf16, f32 or fp8 weights, not f16");
   }
-  if (options.num_shards < 1) return absl::InvalidArgumentError("number of shards must be at least 1");
-
+  ASSIGN_OR_RETURN(GeneratorStart start, StartGeneratedModel(options, dir_str));
+  Json& config = start.config;
+  const GeneratorTokenizerPlan& tokenizer = start.tokenizer;
   GeneratedModel result;
   result.dir = dir_str;
   const fs::path dir(dir_str);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create '", dir_str, "': ", ec.message()));
-
-  const bool has_vocab = config.contains("vocab_size") && !config["vocab_size"].is_null();
-  if (has_vocab && !config["vocab_size"].is_number_integer()) {
-    return absl::InvalidArgumentError("config.json: field 'vocab_size' must be an integer");
-  }
-  const GeneratorTokenizerPlan tokenizer = PlanGeneratorTokenizer(
-      options, has_vocab ? std::optional<int64_t>(config["vocab_size"].get<int64_t>()) : std::nullopt);
-  if (!has_vocab) config["vocab_size"] = tokenizer.vocab_size;
   if (options.weight_dtype == DType::kF8E4M3) {
     config["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"},
                                      {"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
@@ -440,13 +454,8 @@ absl::StatusOr<GeneratedModel> GenerateModel(const ModelGeneratorOptions& option
   }
   result.num_parameters = b.num_parameters();
 
-  // Remove model files a previous run may have left (a different shard count).
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.ends_with(".safetensors") || name == "model.safetensors.index.json") fs::remove(entry.path(), ec);
-  }
+  RemoveGeneratedModelFiles(dir_str);
   result.weight_bytes = b.total_bytes();
-  fs::remove(dir / kGeneratedWeightsFile, ec);
   if (options.write_weights) {
     RETURN_IF_ERROR(WriteShards(b, options.num_shards, dir, options.progress));
   } else {

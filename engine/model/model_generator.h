@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "kernels/common/dtype.h"
 
 namespace tandem {
@@ -58,6 +59,18 @@ struct GeneratorTokenizerPlan {
 };
 GeneratorTokenizerPlan PlanGeneratorTokenizer(const ModelGeneratorOptions& options,
                                               std::optional<int64_t> config_vocab_size);
+// What every architecture's generator starts with: options.config_json as a JSON object
+// whose vocab_size is the tokenizer plan's when it had none, the plan, and `dir` created.
+// Errors: INVALID_ARGUMENT (not an object, a non-integer vocab_size, fewer than one
+// shard); file system errors.
+struct GeneratorStart {
+  nlohmann::ordered_json config;
+  GeneratorTokenizerPlan tokenizer;
+};
+absl::StatusOr<GeneratorStart> StartGeneratedModel(const ModelGeneratorOptions& options, const std::string& dir);
+// Removes the model files a previous run may have left in `dir` (safetensors shards of
+// another count, their index, the generated-weights marker), before new ones are written.
+void RemoveGeneratedModelFiles(const std::string& dir);
 // Writes tokenizer.json and tokenizer_config.json into `dir`; returns "deepseek-v3" or
 // "generated-byte-level". Errors: INVALID_ARGUMENT for a generated vocabulary under 300
 // tokens; file system errors.

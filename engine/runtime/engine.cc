@@ -651,7 +651,7 @@ ForwardOptions Engine::ForwardOptionsFor(const StepPlan& plan, StepBatch& batch)
   return fo;
 }
 
-bool Engine::DeviceSampleRows(const StepPlan& plan, std::vector<SampleRow>* rows) const {
+bool Engine::DeviceSampleRows(const StepPlan& plan, std::vector<SampleRow>* rows) {
   rows->clear();
   pending_masks_.clear();
   if (!options_.sample_on_device || !backend_->samples_on_device()) return false;

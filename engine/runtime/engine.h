@@ -323,7 +323,7 @@ class Engine {
   ForwardOptions ForwardOptionsFor(const StepPlan& plan, StepBatch& batch);
   // The device sampling rows of the plan's sampled chunks; false when some row needs the
   // host (logprobs, tokens still to suppress) or the backend cannot.
-  bool DeviceSampleRows(const StepPlan& plan, std::vector<SampleRow>* rows) const;
+  bool DeviceSampleRows(const StepPlan& plan, std::vector<SampleRow>* rows);
   // Whether `plan` may be launched pipelined (options, device sampling, no KV export or
   // import).
   bool Pipelinable(const StepPlan& plan) const;
@@ -364,7 +364,7 @@ class Engine {
   void ConstrainLogits(Sequence& s, std::span<float> logits, int32_t step);
   // The allowed-token bitmask of `s`'s next token for device sampling row `row`, in
   // storage that lives until the next call with that row (DeviceSampleRows).
-  std::span<const uint32_t> DeviceMask(const Sequence& s, size_t row) const;
+  std::span<const uint32_t> DeviceMask(const Sequence& s, size_t row);
   // Device sampling with masks: `fo` with a before_sampling hook that fills the masks
   // DeviceSampleRows reserved, while the device runs the forward pass.
   ForwardOptions WithMaskFill(ForwardOptions fo);
@@ -387,9 +387,9 @@ class Engine {
   std::unique_ptr<ConstraintCompiler> constraints_;
   std::map<std::string, std::function<void(Compiled)>> compiling_;  // engine thread only
   std::vector<uint32_t> constraint_mask_;             // engine thread only (scratch)
-  mutable std::vector<std::vector<uint32_t>> device_masks_;  // engine thread only: per sampling row
+  std::vector<std::vector<uint32_t>> device_masks_;  // engine thread only: per sampling row
   // The rows of the last DeviceSampleRows whose masks are still to fill (engine thread).
-  mutable std::vector<std::pair<const Sequence*, size_t>> pending_masks_;
+  std::vector<std::pair<const Sequence*, size_t>> pending_masks_;
   struct KvWaiter {
     std::string id;
     int32_t num_tokens = 0;

@@ -41,7 +41,7 @@ void Engine::PrecompileConstraint(OutputConstraint c) {
   constraints_->Compile(std::move(c), [](Compiled) {});
 }
 
-std::span<const uint32_t> Engine::DeviceMask(const Sequence& s, size_t row) const {
+std::span<const uint32_t> Engine::DeviceMask(const Sequence& s, size_t row) {
   if (device_masks_.size() <= row) device_masks_.resize(row + 1);
   std::vector<uint32_t>& m = device_masks_[row];
   // One size for every row (the backend wants one per step): every grammar has the

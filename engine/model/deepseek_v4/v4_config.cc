@@ -437,29 +437,14 @@ absl::StatusOr<DeepseekV4Config> ParseDeepseekV4Config(std::string_view config_j
 
   ASSIGN_OR_RETURN(c.bos_token_id, f.Int("bos_token_id"));
   if (!root.contains("bos_token_id")) c.bos_token_id = 0;  // transformers' default; null means none
-  if (root.contains("eos_token_id")) {
-    c.eos_token_ids.clear();
-    const Json& e = root["eos_token_id"];
-    if (e.is_number_integer()) {
-      c.eos_token_ids.push_back(e.get<int64_t>());
-    } else if (e.is_array()) {
-      for (const Json& id : e) {
-        if (!id.is_number_integer()) return FieldError("eos_token_id", "must be an integer or a list of integers");
-        c.eos_token_ids.push_back(id.get<int64_t>());
-      }
-    } else if (!e.is_null()) {
-      return FieldError("eos_token_id", "must be an integer or a list of integers");
-    }
-  }
+  // null means none (as transformers reads it); absent keeps the default.
+  ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> eos, f.IntList("eos_token_id"));
+  if (root.contains("eos_token_id")) c.eos_token_ids = eos.value_or(std::vector<int64_t>{});
   return c;
 }
 
 absl::StatusOr<DeepseekV4Config> LoadDeepseekV4Config(const std::string& dir) {
-  const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  absl::StatusOr<DeepseekV4Config> config = ParseDeepseekV4Config(text);
-  if (!config.ok()) return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
-  return config;
+  return LoadConfigFile(dir, [](const std::string& text) { return ParseDeepseekV4Config(text); });
 }
 
 }  // namespace tandem::v4

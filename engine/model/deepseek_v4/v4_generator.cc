@@ -445,8 +445,6 @@ bool IsDeepseekV4Config(std::string_view config_json) {
 }
 
 absl::StatusOr<GeneratedModel> GenerateDeepseekV4Model(const ModelGeneratorOptions& options, const std::string& dir_str) {
-  Json config = Json::parse(options.config_json, nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded() || !config.is_object()) return absl::InvalidArgumentError("model config is not a JSON object");
   if (options.weight_dtype != DType::kF32 && options.weight_dtype != DType::kBF16 &&
       options.weight_dtype != DType::kF8E4M3) {
     return absl::InvalidArgumentError("make-model writes DeepSeek-V4 weights as f32, bf16 or fp8 (with FP4 experts)");
@@ -454,22 +452,12 @@ absl::StatusOr<GeneratedModel> GenerateDeepseekV4Model(const ModelGeneratorOptio
   if (!options.write_weights) {
     return absl::InvalidArgumentError("weights generated on the GPU are not available for DeepSeek-V4");
   }
-  if (options.num_shards < 1) return absl::InvalidArgumentError("number of shards must be at least 1");
-
+  ASSIGN_OR_RETURN(GeneratorStart start, StartGeneratedModel(options, dir_str));
+  Json& config = start.config;
+  const GeneratorTokenizerPlan& tokenizer = start.tokenizer;
   GeneratedModel result;
   result.dir = dir_str;
   const fs::path dir(dir_str);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create '", dir_str, "': ", ec.message()));
-
-  const bool has_vocab = config.contains("vocab_size") && !config["vocab_size"].is_null();
-  if (has_vocab && !config["vocab_size"].is_number_integer()) {
-    return absl::InvalidArgumentError("config.json: field 'vocab_size' must be an integer");
-  }
-  const GeneratorTokenizerPlan tokenizer = PlanGeneratorTokenizer(
-      options, has_vocab ? std::optional<int64_t>(config["vocab_size"].get<int64_t>()) : std::nullopt);
-  if (!has_vocab) config["vocab_size"] = tokenizer.vocab_size;
   if (options.weight_dtype == DType::kF8E4M3) {
     config["expert_dtype"] = "fp4";
     config["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
@@ -484,11 +472,7 @@ absl::StatusOr<GeneratedModel> GenerateDeepseekV4Model(const ModelGeneratorOptio
   builder.Plan();
   result.num_parameters = builder.num_parameters();
   result.weight_bytes = builder.total_bytes();
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {  // what a run with other shards left
-    const std::string name = entry.path().filename().string();
-    if (name.ends_with(".safetensors") || name == "model.safetensors.index.json") fs::remove(entry.path(), ec);
-  }
-  fs::remove(dir / kGeneratedWeightsFile, ec);
+  RemoveGeneratedModelFiles(dir_str);
   RETURN_IF_ERROR(builder.Write(dir, options.num_shards, options.progress));
   RETURN_IF_ERROR(WriteStringToFile((dir / "config.json").string(), config_text));
   return result;
