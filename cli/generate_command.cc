@@ -44,6 +44,7 @@ struct GenerateArgs {
   bool json_object = false;
   bool compact_json = false;
   int grammar_compile_timeout_ms = 5000;
+  bool batch_invariant = false;
   ClientSecurityArgs security;
   int threads = 0;
   std::string device = "cpu";
@@ -116,6 +117,7 @@ int RunLocal(const GenerateArgs& a) {
   options.device = a.device;
   options.gpu_memory_utilization = a.gpu_memory_utilization;
   options.grammar_compile_timeout_s = a.grammar_compile_timeout_ms / 1000.0;
+  options.batch_invariant = a.batch_invariant;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*dir, options);
   if (!engine.ok()) return Fail(engine.status());
   std::fprintf(stderr, "model %s (%s), loaded in %.2f s\n", dir->c_str(), (*engine)->config().Summary().c_str(),
@@ -215,6 +217,9 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
                   "--local: a constraint that takes longer to compile is refused")
       ->check(CLI::Range(1, 600000))
       ->capture_default_str();
+  cmd->add_flag("--batch-invariant", args->batch_invariant,
+                "--local: logits bitwise independent of batching and prefill chunking (docs/batch-invariance.md); "
+                "for a cluster, start its workers with --batch-invariant");
   cmd->add_option("--threads", args->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--device", args->device, "--local: where the model runs: cpu, cuda or cuda:N")
       ->capture_default_str();
@@ -229,6 +234,12 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
     args->model_set = model_opt->count() > 0;
     if (args->local) {
       *exit_code = RunLocal(*args);
+      return;
+    }
+    if (args->batch_invariant) {
+      *exit_code = Fail(absl::InvalidArgumentError(
+          "--batch-invariant needs --local: a cluster computes batch-invariantly when its workers are started "
+          "with --batch-invariant (tandem serve-local --batch-invariant)"));
       return;
     }
 #ifdef TANDEM_WITH_SERVICES

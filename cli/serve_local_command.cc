@@ -41,6 +41,7 @@ struct ServeLocalArgs {
   std::string run_dir;
   int threads = 0;
   int64_t kv_cache_mb = 512;
+  bool batch_invariant = false;
   std::vector<std::string> router_args;
   std::vector<std::string> worker_args;
 };
@@ -114,6 +115,7 @@ int Run(const ServeLocalArgs& a) {
   o.worker_args.push_back("--threads=" + std::to_string(a.threads));
   PlaceWorkers(a, &o);
   o.worker_args.push_back("--kv-cache-mb=" + std::to_string(a.kv_cache_mb));
+  if (a.batch_invariant) o.worker_args.push_back("--batch-invariant");
   o.log = [](const std::string& line) { std::fprintf(stderr, "serve-local: %s\n", line.c_str()); };
   if (a.device != "cpu" || !a.prefill_devices.empty() || !a.decode_devices.empty()) {
     std::fprintf(stderr, "serve-local: prefill replicas on %s, %s on %s\n",
@@ -228,6 +230,9 @@ void RegisterServeLocal(CLI::App& app, int* exit_code) {
   cmd->add_option("--run-dir", a->run_dir, "Where logs and ready files go (default /tmp/tandem-serve-local-PID)");
   cmd->add_option("--threads", a->threads, "CPU threads per worker (0 = all)")->capture_default_str();
   cmd->add_option("--kv-cache-mb", a->kv_cache_mb, "KV cache per worker, MiB")->capture_default_str();
+  cmd->add_flag("--batch-invariant", a->batch_invariant,
+                "Every worker computes batch-invariantly (worker --batch-invariant): a seeded request's tokens do "
+                "not depend on the load, the replica or the kvstore");
   cmd->add_option("--router-arg", a->router_args, "Extra flag for the router (repeatable), e.g. --router-arg=--heartbeat-ms=500");
   cmd->add_option("--worker-arg", a->worker_args, "Extra flag for every worker (repeatable)");
   cmd->add_option("--kvstore-capacity", a->kvstore_capacity, "DRAM tier of each kvstore (bytes, or 512M, 4G)")

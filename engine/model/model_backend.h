@@ -165,6 +165,10 @@ struct BackendOptions {
   int64_t max_batch_tokens = 2048;        // cuda: sizes the preallocated activations
   int64_t max_running = 64;
   int64_t kv_blocks = 0;                  // cuda: the device pool's blocks (0: from gpu_memory_utilization)
+  // A sequence's logits bitwise the same whatever else is in the batch and however its
+  // prompt is chunked (docs/batch-invariance.md). The CPU backend always is; a backend that
+  // cannot be refuses to load (FAILED_PRECONDITION naming --batch-invariant).
+  bool batch_invariant = false;
 };
 
 // CUDA devices this process sees (0 in a build without CUDA, or without a driver or GPU).

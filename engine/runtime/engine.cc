@@ -69,7 +69,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
                                                           .gpu_memory_utilization = options.gpu_memory_utilization,
                                                           .max_batch_tokens = options.max_batch_tokens,
                                                           .max_running = options.max_running,
-                                                          .kv_blocks = options.num_kv_blocks}));
+                                                          .kv_blocks = options.num_kv_blocks,
+                                                          .batch_invariant = options.batch_invariant}));
   }
   ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromDir(model_dir));
   const ModelConfig& c = e->backend_->config();

@@ -81,6 +81,10 @@ struct EngineOptions {
   // result is dropped). Steps with logprobs, suppressed tokens, KV export or imported KV
   // run one at a time. false: every step one at a time.
   bool pipeline_steps = true;
+  // --batch-invariant: the backend computes each sequence's logits independently of its
+  // batch companions and of prefill chunking (BackendOptions::batch_invariant), so seeded
+  // sampling gives the same tokens whatever the load (docs/batch-invariance.md).
+  bool batch_invariant = false;
   // Structured output: a request's constraint is compiled off the engine thread
   // (constraint_compiler.h) within this many seconds (--grammar-compile-timeout-ms), or
   // the request fails with INVALID_ARGUMENT.

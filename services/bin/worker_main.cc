@@ -60,6 +60,7 @@ struct WorkerFlags {
   bool no_prefix_cache = false;
   bool no_device_sampling = false;
   bool no_pipeline_steps = false;
+  bool batch_invariant = false;
   std::vector<std::string> kvstores;  // static kvstore instances (else: the router's list)
   bool no_kvstore = false;
   int64_t kvstore_timeout_ms = 1000;
@@ -159,6 +160,11 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                "cuda: run every step to completion before scheduling the next (default: while a step whose tokens "
                "are chosen on the GPU computes, the next one is scheduled, and launched before this one's outputs "
                "are emitted)");
+  app.add_flag("--batch-invariant", f.batch_invariant,
+               "Compute each request's logits bitwise independently of what it is batched with and of how its "
+               "prompt is chunked, so a seeded request gives the same tokens under any load, across prefill/decode "
+               "replicas, migration and the kvstore (every worker of a cluster needs it). The CPU backend always "
+               "computes this way; the CUDA backend refuses it for now (docs/batch-invariance.md)");
   app.add_option("--kvstore", f.kvstores,
                  "Prefill: kvstore instances to use, NAME=HOST:PORT or HOST:PORT, comma-separated (default: the "
                  "instances registered with the router)")
@@ -235,6 +241,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.enable_prefix_cache = !f.no_prefix_cache;
   eo.sample_on_device = !f.no_device_sampling;
   eo.pipeline_steps = !f.no_pipeline_steps;
+  eo.batch_invariant = f.batch_invariant;
   eo.kv_lease_seconds = f.kv_lease_ms / 1000.0;
   const int64_t quarantine_warn_ms = f.kv_quarantine_warn_ms > 0 ? f.kv_quarantine_warn_ms : 2 * f.kv_lease_ms;
   eo.kv_quarantine_stuck_seconds = quarantine_warn_ms / 1000.0;
@@ -243,8 +250,9 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.kv_memory_bytes = pool.bytes;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);
   if (!engine.ok()) return Fail("engine", engine.status());
-  spdlog::info("{} worker: model {} ({}), KV layout fingerprint {}", RoleName(role), *model_dir,
-               (*engine)->config().Summary(), FingerprintHex((*engine)->layout_fingerprint()));
+  spdlog::info("{} worker: model {} ({}), KV layout fingerprint {}{}", RoleName(role), *model_dir,
+               (*engine)->config().Summary(), FingerprintHex((*engine)->layout_fingerprint()),
+               f.batch_invariant ? ", batch-invariant" : "");
   // Prefill replicas use the kvstore tier (services/kvstore): cached prefixes are fetched,
   // new blocks offloaded. Instances come from --kvstore or from the router.
   std::unique_ptr<kvstore::KvStoreClient> kvstore_client;
