@@ -920,7 +920,7 @@ int BlocksPerSm(const Plan& p) {
 
 // Kernel choice for these dimensions. requested: 0 auto, else an Impl. Returns false when
 // the request cannot be served here.
-bool MakePlan(int q_per_seq, int heads, int R, int P, int requested, Plan* plan) {
+bool MakePlan(int q_per_seq, int heads, int R, int P, int requested, Plan* plan, bool fixed = false) {
   const int rows = q_per_seq * heads;
   const int D = R + P;
   const int major = CurrentDeviceAttr(cudaDevAttrComputeCapabilityMajor, 0);
@@ -939,7 +939,7 @@ bool MakePlan(int q_per_seq, int heads, int R, int P, int requested, Plan* plan)
     p.kernel = reinterpret_cast<const void*>(MlaDecodeWgmmaKernel);
   } else if (requested == 0 || requested == static_cast<int>(Impl::kMma)) {
     p.impl = Impl::kMma;
-    p.mt = rows <= 16 ? 1 : 2;
+    p.mt = rows <= 16 && !fixed ? 1 : 2;
     const int warps = 4 * p.mt;
     p.nt = 2;
     while (warps * p.nt * 8 < R) p.nt *= 2;  // mt 1: 2, 4, (8 ->) 16; mt 2: 2, (4 ->) 8
@@ -1053,7 +1053,9 @@ cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   Plan plan;
-  if (!MakePlan(p.q_per_seq, p.num_heads, p.kv_lora_rank, p.rope_dim, p.impl, &plan)) return cudaErrorInvalidValue;
+  if (!MakePlan(p.q_per_seq, p.num_heads, p.kv_lora_rank, p.rope_dim, p.impl, &plan, p.fixed_plan)) {
+    return cudaErrorInvalidValue;
+  }
   // Split queries: the portable kernel, half a tile's rows per tile (more row tiles).
   const bool split_q = p.q_lo != nullptr && plan.impl == Impl::kMma;
   if (split_q) {

@@ -70,6 +70,10 @@ struct MlaDecodeParams {
   // impl: 1 = portable mma.sync kernel, 2 = sm_90a wgmma kernel (rejected where unsupported).
   int num_splits = 0;
   int impl = 0;
+  // The same kernel and tile shape whatever q_per_seq and num_heads (the portable kernel's
+  // two-tile rows otherwise depend on them), so that a query's arithmetic does not depend
+  // on its launch: with num_splits 1, the batch-invariant mode.
+  bool fixed_plan = false;
   // Optional: the absorbed form's value projection fused into the split combine, for
   // launches of at most kMlaDecodeFusedMaxTokens query tokens (decode steps of a few
   // sequences): out_v[token][h][0:v_dim] = W_UV[h] . latent_out[token][h] in float32, with

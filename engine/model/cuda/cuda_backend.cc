@@ -179,14 +179,9 @@ int CudaDevicesVisible() {
 
 absl::StatusOr<std::unique_ptr<ModelBackend>> LoadCudaBackend(const std::string& dir, const BackendOptions& options,
                                                               int device_index) {
-  if (options.batch_invariant) {
-    return absl::FailedPreconditionError(
-        "--batch-invariant: the CUDA backend does not compute batch-invariantly yet (its GEMM, attention and MoE "
-        "kernels choose tiles, splits and atomics by batch size); run with --device cpu, which always does "
-        "(docs/batch-invariance.md)");
-  }
   CudaDeepseekModel::LoadOptions lo;
   lo.device = device_index;
+  lo.batch_invariant = options.batch_invariant;
   lo.max_batch_tokens = options.max_batch_tokens;
   lo.max_seqs = options.max_running;
   lo.gpu_memory_utilization = options.gpu_memory_utilization;

@@ -84,6 +84,14 @@ absl::Status CudaDeepseekModel::Impl::Init(const ModelConfig& c, const ModelWeig
                                            const LoadOptions& o) {
   config = c;
   options = o;
+  if (o.batch_invariant) {
+    options.small_gemm_max_rows = o.max_batch_tokens;
+    options.moe_grouped_max_tokens = o.max_batch_tokens;
+    options.split_activations_max_tokens = o.max_batch_tokens;
+    options.fused_decode_max_tokens = 0;
+    options.moe_expert_gemv = false;
+    options.split_decode_queries = false;
+  }
   std::vector<cuda::DeviceInfo> devices;
   const std::string why = cuda::QueryDevices(&devices);
   if (!why.empty()) return absl::FailedPreconditionError(absl::StrCat("no usable GPU: ", why));
@@ -346,7 +354,7 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
     return s.tokens.size() == 1 && form != AttentionForm::kExpanded;
   };
   auto absorbed = [&](const ForwardSequence& s) {
-    return form == AttentionForm::kAbsorbed ||
+    return form == AttentionForm::kAbsorbed || options.batch_invariant ||
            (form == AttentionForm::kAuto && AutoAbsorbed(static_cast<int64_t>(s.tokens.size()), s.start_position));
   };
   std::vector<size_t> order;

@@ -92,6 +92,14 @@ class CudaDeepseekModel {
     // Programmatic dependent launch between the kernels of steps of at most
     // moe_grouped_max_tokens tokens (graph-captured decode steps included).
     bool programmatic_launch = true;
+    // One computation path for every step (docs/batch-invariance.md): a sequence's logits
+    // do not depend on its batch companions or on how its prompt is chunked. Overrides the
+    // size-dependent choices above: every dense layer and expert on the grouped kernel
+    // without split K and with split activations, the router and the absorbed attention's
+    // W_UK / W_UV on InvariantGemm (k in order), every position through the absorbed decode
+    // kernel with one KV split and a fixed tile shape, the MoE combine without atomics, no
+    // fused small-batch kernels.
+    bool batch_invariant = false;
   };
 
   // How ForwardSample chooses each logits row's token (deepseek_model.h).

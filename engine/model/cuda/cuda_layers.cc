@@ -11,6 +11,7 @@
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/invariant_gemm.h"
 #include "kernels/cuda/kv_gather.h"
 #include "kernels/cuda/launch_control.h"
 #include "kernels/cuda/mla_decode_attention.h"
@@ -52,6 +53,14 @@ cuda::MoeTopk Method(TopkMethod m) {
   return cuda::MoeTopk::kGreedy;
 }
 
+// Row chunks of a dense GEMM spread over grid.z: only where one chunk per column tile
+// would serialize many chunks (the batch-invariant mode's large steps, which never go
+// to cuBLAS); each row's sums are the same either way.
+int MChunks(int64_t rows, int split) {
+  if (split > 1) return 1;
+  return static_cast<int>(std::clamp<int64_t>(rows / 256, 1, 64));
+}
+
 }  // namespace
 
 absl::Status CudaDeepseekModel::Impl::Dense(const DeviceMatrix& w, const __nv_bfloat16* x,
@@ -71,7 +80,7 @@ absl::Status CudaDeepseekModel::Impl::Dense(const DeviceMatrix& w, const __nv_bf
   // keeps at least 8 K tiles).
   const int64_t tiles = (w.rows + 63) / 64, k_tiles = (w.cols + 63) / 64;
   int split = 1;
-  if (out != Out::kBf16 && tiles < 2 * sm_count) {
+  if (out != Out::kBf16 && tiles < 2 * sm_count && !options.batch_invariant) {
     split = static_cast<int>(std::min<int64_t>({(2 * sm_count + tiles - 1) / tiles, std::max<int64_t>(k_tiles / 8, 1), 8}));
   }
   cuda::GemmEpilogue epilogue = cuda::GemmEpilogue::kAccumulateF32;
@@ -91,7 +100,7 @@ absl::Status CudaDeepseekModel::Impl::Dense(const DeviceMatrix& w, const __nv_bf
   return CudaStatus(cuda::GroupedGemm({.a = x, .lda = ldx, .a_lo = x_lo, .b = w.data, .n = static_cast<int>(w.rows),
                                        .k = static_cast<int>(w.cols), .num_rows = static_cast<int>(rows),
                                        .rows_hint = static_cast<int>(rows), .epilogue = epilogue, .out = y, .ldo = ldy,
-                                       .split_k = split},
+                                       .split_k = split, .m_chunks = MChunks(rows, split)},
                                       stream),
                     "dense GEMM");
 }
@@ -240,8 +249,18 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
     if (job.absorbed) {
       // q_latent = q_nope . W_UK per head, into the decode queries' first kv_lora_rank values:
       // for split queries from the float32 queries in float32 (lat_out as scratch), then split
-      // into bf16 value + remainder; else through bf16.
-      if (split_q) {
+      // into bf16 value + remainder; else through bf16. Batch-invariant: from the float32
+      // queries with k in order (kv_b's key rows read in place as [nope][rank]).
+      if (options.batch_invariant) {
+        TANDEM_CUDA_RETURN(cuda::InvariantGemm({.a = q + r0 * q_stride, .lda = q_stride, .a_batch = qk,
+                                                .b = w.kv_b.data, .b_bf16 = true, .ldb_n = 1, .ldb_k = rank,
+                                                .b_batch = (nope + v) * rank, .c = act_.q_dec + r0 * heads * entry,
+                                                .c_bf16 = true, .ldc = heads * entry, .c_batch = entry,
+                                                .m = static_cast<int>(rows), .n = static_cast<int>(rank),
+                                                .k = static_cast<int>(nope), .batch = static_cast<int>(heads)},
+                                               stream),
+                           "W_UK");
+      } else if (split_q) {
         TANDEM_CUBLAS_RETURN(gemm_.BatchedF32({.a = q + r0 * q_stride, .lda = q_stride, .stride_a = qk, .b = w.w_uk,
                                                .ldb = rank, .stride_b = nope * rank, .b_transposed = false,
                                                .c = act_.lat_out + r0 * heads * rank, .ldc = heads * rank,
@@ -275,13 +294,23 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
                .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
                .max_cache_len = static_cast<int>(job.max_cache_len), .softmax_scale = softmax_scale_,
                .out = act_.lat_out + r0 * heads * rank, .out_stride = heads * rank, .workspace = act_.decode_ws,
-               .workspace_bytes = act_.decode_ws_bytes},
+               .workspace_bytes = act_.decode_ws_bytes, .num_splits = options.batch_invariant ? 1 : 0,
+               .fixed_plan = options.batch_invariant},
               stream),
           "MLA decode attention");
       RETURN_IF_ERROR(Mark("decode attention"));
       // out = latent_out . W_UV^T per head: in float32 for small steps (the latent output
-      // stays unrounded), else through bf16 (tensor cores).
-      if (split) {
+      // stays unrounded), else through bf16 (tensor cores). Batch-invariant: float32, k in order.
+      if (options.batch_invariant) {
+        TANDEM_CUDA_RETURN(cuda::InvariantGemm({.a = act_.lat_out + r0 * heads * rank, .lda = heads * rank,
+                                                .a_batch = rank, .b = w.kv_b.data + nope * rank, .b_bf16 = true,
+                                                .ldb_n = rank, .ldb_k = 1, .b_batch = (nope + v) * rank,
+                                                .c = act_.attn_f32 + r0 * heads * v, .ldc = heads * v, .c_batch = v,
+                                                .m = static_cast<int>(rows), .n = static_cast<int>(v),
+                                                .k = static_cast<int>(rank), .batch = static_cast<int>(heads)},
+                                               stream),
+                           "W_UV");
+      } else if (split) {
         TANDEM_CUBLAS_RETURN(gemm_.BatchedF32({.a = act_.lat_out + r0 * heads * rank, .lda = heads * rank,
                                                .stride_a = rank, .b = w.w_uv, .ldb = rank, .stride_b = v * rank,
                                                .b_transposed = true, .c = act_.attn_f32 + r0 * heads * v,
@@ -471,7 +500,8 @@ absl::Status CudaDeepseekModel::Impl::Mlp(int64_t layer, const StepPlan& plan) {
                                           .k = static_cast<int>(hidden), .num_rows = static_cast<int>(t),
                                           .rows_hint = static_cast<int>(t),
                                           .epilogue = cuda::GemmEpilogue::kSiluMulBf16, .out = act_.act_bf16,
-                                          .ldo = inter, .out_lo = split ? act_.act_lo : nullptr},
+                                          .ldo = inter, .out_lo = split ? act_.act_lo : nullptr,
+                                          .m_chunks = MChunks(t, 1)},
                                          stream),
                        "MLP gate_up");
     RETURN_IF_ERROR(Mark("MLP gate_up"));
@@ -554,10 +584,19 @@ absl::Status CudaDeepseekModel::Impl::MoeFrontEnd(int64_t layer, const StepPlan&
                                    stream),
                      "post-attention norm");
   RETURN_IF_ERROR(Mark("MLP/MoE norm"));
-  TANDEM_CUBLAS_RETURN(gemm_.LinearF32({.x = act_.h_f32, .ldx = hidden, .w = w.router, .ldw = hidden,
-                                        .y = act_.router_logits, .ldy = experts, .m = t, .n = experts, .k = hidden},
-                                       stream),
+  if (options.batch_invariant) {
+    TANDEM_CUDA_RETURN(cuda::InvariantGemm({.a = act_.h_f32, .lda = hidden, .b = w.router, .ldb_n = hidden,
+                                            .ldb_k = 1, .c = act_.router_logits, .ldc = experts,
+                                            .m = static_cast<int>(t), .n = static_cast<int>(experts),
+                                            .k = static_cast<int>(hidden)},
+                                           stream),
                        "router");
+  } else {
+    TANDEM_CUBLAS_RETURN(gemm_.LinearF32({.x = act_.h_f32, .ldx = hidden, .w = w.router, .ldw = hidden,
+                                          .y = act_.router_logits, .ldy = experts, .m = t, .n = experts, .k = hidden},
+                                         stream),
+                         "router");
+  }
   RETURN_IF_ERROR(Mark("router"));
   TANDEM_CUDA_RETURN(cuda::MoeRouting(routing, stream), "routing");
   RETURN_IF_ERROR(Mark("routing"));
@@ -660,7 +699,9 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
                           stream),
         "experts gate_up");
     RETURN_IF_ERROR(Mark("experts gate_up"));
-    const bool scatter = rows <= kScatterMaxRows;
+    // Batch-invariant: each token's experts summed by the combine in a fixed order, not by
+    // atomics in completion order.
+    const bool scatter = rows <= kScatterMaxRows && !options.batch_invariant;
     // A few tokens: few weight tiles per expert, so split K as well (atomics add anyway).
     const int down_split = scatter && t <= 16 ? 2 : 1;
     TANDEM_CUDA_RETURN(
