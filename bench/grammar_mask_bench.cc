@@ -95,8 +95,9 @@ int Main(int argc, char** argv) {
   std::vector<std::string> bytes((*tokenizer)->vocab_size());
   std::vector<char> special(bytes.size(), 0);
   for (int32_t id = 0; id < (*tokenizer)->vocab_size(); ++id) {
-    special[id] = (*tokenizer)->IsSpecial(id);
-    if (!special[id]) bytes[id] = (*tokenizer)->TokenBytes(id);
+    // As GrammarVocabulary::FromTokenizer: added tokens are special, named by content.
+    special[id] = (*tokenizer)->IsSpecial(id) || (*tokenizer)->IsAdded(id);
+    bytes[id] = (*tokenizer)->TokenBytes(id);
   }
   const int tokenizer_size = static_cast<int>(bytes.size());
   if (static_cast<int>(bytes.size()) < vocab_size) bytes.resize(vocab_size), special.resize(vocab_size, 0);

@@ -574,9 +574,23 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
   const absl::Time started = absl::Now();
   auto g = std::shared_ptr<CompiledGrammar>(new CompiledGrammar());
   g->vocab_ = std::move(vocabulary);
+  // A token the vocabulary lacks would leave its alternatives silently unmatchable.
+  for (const std::string& name : grammar.token_names()) {
+    const std::optional<int32_t> id = g->vocab_->SpecialTokenId(name);
+    if (!id) {
+      return absl::InvalidArgumentError(absl::StrCat("grammar: token '", name,
+                                                     "' is not a special or added token of this vocabulary"));
+    }
+    if (g->vocab_->is_end_token(*id)) {
+      return absl::InvalidArgumentError(absl::StrCat("grammar: token '", name, "' (id ", *id,
+                                                     ") ends generation: it is allowed where the grammar may end, "
+                                                     "and a grammar does not name it"));
+    }
+  }
   RuleTableOptions table_options = options.table;
   if (table_options.repeat_horizon == 0) {
     for (int32_t id = 0; id < g->vocab_->size(); ++id) {
+      if (!g->vocab_->matchable(id)) continue;
       table_options.repeat_horizon =
           std::max(table_options.repeat_horizon, static_cast<int32_t>(g->vocab_->token_bytes(id).size()));
     }

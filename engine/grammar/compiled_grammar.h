@@ -96,7 +96,8 @@ class CompiledGrammar {
   };
 
   // Errors: INVALID_ARGUMENT when the deadline passes during the precomputation ("the
-  // grammar took longer to compile than its limit").
+  // grammar took longer to compile than its limit"), or when the grammar names a token
+  // that is not a special token of the vocabulary, or one of its end tokens.
   static absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(
       const Grammar& grammar, std::shared_ptr<const GrammarVocabulary> vocabulary,
       const CompileOptions& options = {});

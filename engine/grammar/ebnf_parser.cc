@@ -150,6 +150,14 @@ class EbnfParser {
     const char c = Peek();
     if (c == '"') return ParseLiteral();
     if (c == '[') return ParseClass();
+    if (c == '<') return ParseTokenName();
+    if (c == '@' && Peek(1) == '"') {
+      Advance();
+      absl::StatusOr<Expr> name = ParseLiteral();
+      if (!name.ok()) return name.status();
+      if (name->text.empty()) return FailAt(pos, "a token's name is empty");
+      return Expr::Token(name->text, pos);
+    }
     if (c == '.') {
       Advance();
       return Expr::AnyChar(pos);
@@ -286,6 +294,22 @@ class EbnfParser {
     return Expr::Literal(bytes, pos);
   }
 
+  // <...>: the token whose content is the text from '<' to the first '>', both included.
+  absl::StatusOr<Expr> ParseTokenName() {
+    const SourcePos pos = Pos();
+    const size_t start = i_;
+    for (;;) {
+      if (AtEnd() || Peek() == '\n' || Peek() == ' ' || Peek() == '\t' || Peek() == '\r' || Peek() == '"') {
+        return FailAt(pos, "unterminated token name (<...> without whitespace or quotes; @\"...\" for others)");
+      }
+      const char c = Peek();
+      Advance();
+      if (c == '>' && i_ - start > 2) break;
+      if (c == '>') return FailAt(pos, "a token's name is empty");
+    }
+    return Expr::Token(text_.substr(start, i_ - start), pos);
+  }
+
   absl::StatusOr<Expr> ParseClass() {
     const SourcePos pos = Pos();
     Advance();  // [
@@ -324,10 +348,14 @@ class EbnfParser {
 
 }  // namespace
 
+absl::Status ParseEbnfRules(std::string_view text, GrammarBuilder* builder) {
+  EbnfParser parser(text);
+  return parser.Parse(builder);
+}
+
 absl::StatusOr<Grammar> ParseEbnf(std::string_view text, std::string_view root) {
   GrammarBuilder builder;
-  EbnfParser parser(text);
-  if (absl::Status s = parser.Parse(&builder); !s.ok()) return s;
+  if (absl::Status s = ParseEbnfRules(text, &builder); !s.ok()) return s;
   return std::move(builder).Build(root);
 }
 

@@ -15,7 +15,11 @@
 // - Items: a rule name; a "literal" (UTF-8; escapes \n \r \t \\ \" \' \[ \] \- \/ \^
 //   \xHH \uHHHH \UHHHHHHHH, the hex forms giving a code point); a class `[...]` of code
 //   points and ranges `a-z` (`[^...]` for its complement), with the same escapes; `.`
-//   for any code point.
+//   for any code point; a special token (grammar.h, vocabulary.h): `<...>` names the
+//   token whose content is that text, from `<` to the first `>` (no whitespace or
+//   quotes inside), as `<｜tool▁sep｜>` or `<|im_end|>`; `@"..."` names any other
+//   content, with the literal's escapes (`@"[INST]"`). Only the token matches there:
+//   the text `"<｜tool▁sep｜>"` is ordinary text and never produces the token.
 // - Postfix repetition: `*`, `+`, `?`, `{m}`, `{m,}`, `{m,n}`, `{,n}`.
 // Errors are INVALID_ARGUMENT with the line and column (in bytes, 1-based) and what was
 // expected; the grammar's own checks (grammar.h) name the rule and its line.
@@ -29,5 +33,10 @@
 namespace tandem::grammar {
 
 absl::StatusOr<Grammar> ParseEbnf(std::string_view text, std::string_view root = "root");
+
+// The rules of `text` added to `builder`, for grammars that define more rules by other
+// means (JSON schema rules, json_schema_to_grammar.h). Errors as ParseEbnf's, the
+// grammar's own checks left to Build.
+absl::Status ParseEbnfRules(std::string_view text, GrammarBuilder* builder);
 
 }  // namespace tandem::grammar

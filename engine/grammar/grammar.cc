@@ -58,6 +58,31 @@ Expr Expr::Ref(std::string_view rule, SourcePos pos) {
   return e;
 }
 
+Expr Expr::Token(std::string_view name, SourcePos pos) {
+  Expr e;
+  e.kind = Kind::kToken;
+  e.text = std::string(name);
+  e.pos = std::move(pos);
+  return e;
+}
+
+std::string TokenMarker(std::string_view name) {
+  std::string m;
+  m.reserve(name.size() + 2);
+  m.push_back(static_cast<char>(kTokenMarkerOpen));
+  m.append(name);
+  m.push_back(static_cast<char>(kTokenMarkerClose));
+  return m;
+}
+
+bool HoldsMarkerByte(std::string_view bytes) {
+  for (char c : bytes) {
+    const uint8_t b = static_cast<uint8_t>(c);
+    if (b == kTokenMarkerOpen || b == kTokenMarkerClose) return true;
+  }
+  return false;
+}
+
 Expr Expr::Sequence(std::vector<Expr> children, SourcePos pos) {
   if (children.size() == 1) return std::move(children[0]);
   Expr e;
@@ -223,9 +248,12 @@ class Lowerer {
 
   std::vector<ByteSet> TakeByteSets() { return std::move(byte_sets_); }
   size_t num_named() const { return num_named_; }
+  // Per named rule: the tokens its body names (helpers included).
+  std::vector<std::vector<std::string>> TakeTokenNames() { return std::move(token_names_); }
 
   absl::Status LowerRule(int32_t rule, const Expr& body) {
     current_ = rules_[rule].name;
+    current_index_ = rule;
     helpers_ = 0;
     return LowerInto(rule, body, 0);
   }
@@ -377,9 +405,23 @@ class Lowerer {
       case Expr::Kind::kEmpty:
         return absl::OkStatus();
       case Expr::Kind::kLiteral:
+        if (HoldsMarkerByte(e.text)) {
+          return Error(e.pos, current_, "a literal holds byte 0xFE or 0xFF (kept for token markers)");
+        }
         for (char c : e.text) out->push_back(ByteTerminal(static_cast<uint8_t>(c)));
         symbols_ += e.text.size();
         return absl::OkStatus();
+      case Expr::Kind::kToken: {
+        if (e.text.empty() || HoldsMarkerByte(e.text)) {
+          return Error(e.pos, current_, "a token's name must be non-empty UTF-8 text");
+        }
+        if (token_names_.size() <= static_cast<size_t>(current_index_)) token_names_.resize(current_index_ + 1);
+        token_names_[current_index_].push_back(e.text);
+        const std::string marker = TokenMarker(e.text);
+        for (char c : marker) out->push_back(ByteTerminal(static_cast<uint8_t>(c)));
+        symbols_ += marker.size();
+        return absl::OkStatus();
+      }
       case Expr::Kind::kClass:
         return LowerClass(e, out);
       case Expr::Kind::kRule: {
@@ -411,6 +453,8 @@ class Lowerer {
   std::vector<ByteSet> byte_sets_;
   absl::flat_hash_map<ByteSet, int32_t, ByteSetHash> byte_set_index_;
   std::string current_;
+  int32_t current_index_ = 0;
+  std::vector<std::vector<std::string>> token_names_;
   int helpers_ = 0;
   size_t symbols_ = 0;
 };
@@ -438,6 +482,7 @@ absl::StatusOr<Grammar> GrammarBuilder::Build(std::string_view root) && {
   }
   std::vector<ByteSet> byte_sets = lowerer.TakeByteSets();
   const size_t num_named = lowerer.num_named();
+  std::vector<std::vector<std::string>> token_names = lowerer.TakeTokenNames();
   const size_t n = rules.size();
 
   // Productive rules: a fixpoint over alternatives whose symbols are all productive.
@@ -496,6 +541,12 @@ absl::StatusOr<Grammar> GrammarBuilder::Build(std::string_view root) && {
   }
   reach(&reachable);
   Grammar g;
+  for (size_t r = 0; r < token_names.size(); ++r) {
+    if (!reachable[r]) continue;
+    for (std::string& name : token_names[r]) g.token_names_.push_back(std::move(name));
+  }
+  std::sort(g.token_names_.begin(), g.token_names_.end());
+  g.token_names_.erase(std::unique(g.token_names_.begin(), g.token_names_.end()), g.token_names_.end());
   std::vector<int32_t> renumber(n, -1);
   for (size_t r = 0; r < n; ++r) {
     if (!reachable[r]) {

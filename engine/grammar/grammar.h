@@ -16,7 +16,12 @@
 //     recognizer handles it in constant work per byte, where right recursion would cost
 //     work proportional to the repetition's length); X? becomes h ::= "" | X; X{m,n}
 //     becomes m copies of X followed by n - m nested optional copies (or X* when n is
-//     unbounded).
+//     unbounded);
+//   - a token terminal (a special or added token named by its content, e.g. DeepSeek's
+//     <｜tool▁calls▁begin｜>) becomes the bytes of its marker (TokenMarker): 0xFF, the
+//     name, 0xFE. No UTF-8 text holds those two bytes, and the vocabulary gives them to
+//     nothing but that token (vocabulary.h), so text never produces a special token and
+//     a special token is allowed exactly where a grammar names it.
 // Helper rules are named after their rule with a suffix ("value#3").
 //
 // Validation (each error INVALID_ARGUMENT, naming the rule and its source position):
@@ -26,7 +31,11 @@
 //     contain an empty class or such a rule) are dropped when the rule keeps others;
 //   - repetition bounds out of order or above kMaxRepetition, and grammars larger than
 //     kMaxGrammarSymbols symbols after lowering (hostile inputs fail instead of
-//     exhausting memory).
+//     exhausting memory);
+//   - a literal holding a marker byte (0xFE, 0xFF), a token terminal with an empty name
+//     or one holding them.
+// Whether the vocabulary has the named tokens is checked when the grammar is compiled
+// against it (compiled_grammar.h).
 // Rules that the root cannot reach are dropped and reported in Grammar::warnings(), not
 // refused: a grammar file may keep helper rules it does not use.
 #pragma once
@@ -73,6 +82,7 @@ struct Expr {
     kSequence,  // children one after another
     kChoice,    // one of children
     kRepeat,    // children[0] between min and max times (max -1: unbounded)
+    kToken,     // the special or added token whose content is `text`
   };
   Kind kind = Kind::kEmpty;
   std::string text;
@@ -89,6 +99,7 @@ struct Expr {
   static Expr Char(uint32_t cp, SourcePos pos = {});
   static Expr AnyChar(SourcePos pos = {});  // any code point
   static Expr Ref(std::string_view rule, SourcePos pos = {});
+  static Expr Token(std::string_view name, SourcePos pos = {});
   static Expr Sequence(std::vector<Expr> children, SourcePos pos = {});
   static Expr Choice(std::vector<Expr> children, SourcePos pos = {});
   static Expr Repeat(Expr child, int min, int max, SourcePos pos = {});
@@ -96,6 +107,13 @@ struct Expr {
   static Expr Star(Expr child, SourcePos pos = {}) { return Repeat(std::move(child), 0, -1, std::move(pos)); }
   static Expr Plus(Expr child, SourcePos pos = {}) { return Repeat(std::move(child), 1, -1, std::move(pos)); }
 };
+
+// A token terminal's bytes in a grammar and in the vocabulary's trie.
+inline constexpr uint8_t kTokenMarkerOpen = 0xFF;
+inline constexpr uint8_t kTokenMarkerClose = 0xFE;
+std::string TokenMarker(std::string_view name);
+// Whether `bytes` hold kTokenMarkerOpen or kTokenMarkerClose.
+bool HoldsMarkerByte(std::string_view bytes);
 
 // The code points of `ranges` (or of their complement, when `negated`), sorted, merged,
 // without surrogates.
@@ -141,6 +159,8 @@ class Grammar {
   const std::vector<ByteSet>& byte_sets() const { return byte_sets_; }
   int32_t root() const { return root_; }
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // The names of the tokens that rules reachable from the root use, sorted.
+  const std::vector<std::string>& token_names() const { return token_names_; }
   size_t num_symbols() const;
   // EBNF-like text of the lowered grammar (one rule per line), for debugging and tests.
   std::string ToString() const;
@@ -151,6 +171,7 @@ class Grammar {
   std::vector<ByteSet> byte_sets_;
   int32_t root_ = 0;
   std::vector<std::string> warnings_;
+  std::vector<std::string> token_names_;
 };
 
 // Collects rules, then validates and lowers them (see the top of this file).

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/grammar/ebnf_parser.h"
+#include "engine/grammar/json_schema_to_grammar.h"
 #include "engine/grammar/regex_to_grammar.h"
 
 namespace tandem::grammar {
@@ -69,6 +70,29 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileE
                                                                                     absl::Time deadline) {
   return Cached(absl::StrCat("ebnf|", std::string(root), "|", std::string(text)),
                 [&] { return ParseEbnf(text, root); }, deadline);
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileEbnf(
+    std::string_view text, std::string_view root, std::span<const JsonSchemaRule> json_rules,
+    const JsonSchemaOptions& json, absl::Time deadline) {
+  if (json_rules.empty()) return CompileEbnf(text, root, deadline);
+  std::string key = absl::StrCat("ebnf+json|", JsonOptionsKey(json), "|", std::string(root), "|", text.size(), "|",
+                                 std::string(text));
+  for (const JsonSchemaRule& r : json_rules) {
+    absl::StrAppend(&key, "|", r.name.size(), ":", r.name, r.strict ? "s" : "-", r.schema.size(), ":", r.schema);
+  }
+  return Cached(std::move(key), [&]() -> absl::StatusOr<Grammar> {
+    GrammarBuilder builder;
+    if (absl::Status s = ParseEbnfRules(text, &builder); !s.ok()) return s;
+    for (const JsonSchemaRule& r : json_rules) {
+      JsonSchemaOptions o = json;
+      o.strict = r.strict;
+      if (absl::Status s = AddJsonSchemaRule(r.name, r.schema, o, &builder); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("json rule '", r.name, "': ", s.message()));
+      }
+    }
+    return std::move(builder).Build(root);
+  }, deadline);
 }
 
 GrammarCompiler::CacheStats GrammarCompiler::cache_stats() const {

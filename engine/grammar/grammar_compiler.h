@@ -14,6 +14,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -52,6 +53,12 @@ class GrammarCompiler {
                                                                            absl::Time deadline);
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileRegex(std::string_view pattern, absl::Time deadline);
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileEbnf(std::string_view text, std::string_view root,
+                                                                     absl::Time deadline);
+  // With rules defined by JSON schemas besides the EBNF ones, written with `json`'s
+  // whitespace (each rule's own strict).
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileEbnf(std::string_view text, std::string_view root,
+                                                                     std::span<const JsonSchemaRule> json_rules,
+                                                                     const JsonSchemaOptions& json,
                                                                      absl::Time deadline);
 
   CacheStats cache_stats() const;

@@ -38,7 +38,8 @@ bool GrammarMatcher::AcceptToken(int32_t token) {
     terminated_ = true;
     return true;
   }
-  if (v.is_special(token) || v.token_bytes(token).empty()) return false;
+  // A special token's bytes are its marker, which only its token terminal matches.
+  if (!v.matchable(token)) return false;
   return AcceptBytes(v.token_bytes(token));
 }
 

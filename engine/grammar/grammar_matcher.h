@@ -7,8 +7,8 @@
 //
 // Allowed next tokens: exactly the tokens whose bytes keep the input a prefix of a
 // sentence of the grammar; the end tokens (GrammarVocabulary::end_tokens) exactly when
-// the input so far is a sentence; special tokens never. Once an end token is accepted
-// the matcher is terminated and allows nothing.
+// the input so far is a sentence; a special token exactly where a token terminal names it
+// (grammar.h). Once an end token is accepted the matcher is terminated and allows nothing.
 //
 // Not thread-safe; one per request. The compiled grammar is shared and immutable.
 #pragma once

@@ -82,7 +82,11 @@ std::string TypeOf(const Json& v) {
 
 class Converter {
  public:
-  Converter(const Json& root, const JsonSchemaOptions& options) : root_(root), options_(options) {
+  // The schema's rules go into `builder`: `rule` for the document, its sub-schemas under
+  // names that start with `prefix` (and hold '#', which EBNF names never do).
+  Converter(const Json& root, const JsonSchemaOptions& options, GrammarBuilder* builder, std::string rule,
+            std::string prefix)
+      : root_(root), options_(options), builder_(*builder), rule_(std::move(rule)), prefix_(std::move(prefix)) {
     if (options.whitespace == JsonSchemaOptions::Whitespace::kPython) {
       sep_ = {", ", ": "};
     } else {
@@ -90,20 +94,15 @@ class Converter {
     }
   }
 
-  absl::StatusOr<Grammar> Run() {
-    ref_rules_[""] = "root";
-    used_names_.insert("root");
+  absl::Status AddRules() {
+    ref_rules_[""] = rule_;
+    used_names_.insert(rule_);
     absl::StatusOr<Expr> body = Visit(root_, "", 0);
     if (!body.ok()) return body.status();
-    builder_.AddRule("root", *std::move(body));
-    if (uses_shared_) jv::AddSharedRules(sep_, &builder_);
-    absl::StatusOr<Grammar> g = std::move(builder_).Build("root");
-    if (!g.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("json schema: ", std::string(g.status().message()),
-                       " (a schema or sub-schema accepts no value)"));
-    }
-    return g;
+    builder_.AddRule(rule_, *std::move(body));
+    // Shared by every schema of one grammar (they have the same separators).
+    if (uses_shared_ && !builder_.HasRule(jv::kValueRule)) jv::AddSharedRules(sep_, &builder_);
+    return absl::OkStatus();
   }
 
  private:
@@ -114,7 +113,7 @@ class Converter {
   }
 
   std::string NewName(const std::string& base) {
-    std::string name = base.empty() ? "#" : Where(base);
+    std::string name = prefix_ + (base.empty() ? "#" : Where(base));
     if (used_names_.insert(name).second) return name;
     for (int k = 2;; ++k) {
       std::string alt = absl::StrCat(name, "~", k);
@@ -690,7 +689,9 @@ class Converter {
   const Json& root_;
   JsonSchemaOptions options_;
   jv::Separators sep_;
-  GrammarBuilder builder_;
+  GrammarBuilder& builder_;
+  const std::string rule_;
+  const std::string prefix_;
   absl::flat_hash_map<std::string, std::string> ref_rules_;
   absl::flat_hash_set<std::string> used_names_;
   bool uses_shared_ = false;
@@ -699,7 +700,24 @@ class Converter {
 }  // namespace
 
 absl::StatusOr<Grammar> JsonSchemaToGrammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options) {
-  return Converter(schema, options).Run();
+  GrammarBuilder builder;
+  if (absl::Status s = Converter(schema, options, &builder, "root", "").AddRules(); !s.ok()) return s;
+  absl::StatusOr<Grammar> g = std::move(builder).Build("root");
+  if (!g.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("json schema: ", std::string(g.status().message()),
+                                                   " (a schema or sub-schema accepts no value)"));
+  }
+  return g;
+}
+
+absl::Status AddJsonSchemaRule(std::string_view name, std::string_view schema, const JsonSchemaOptions& options,
+                               GrammarBuilder* builder) {
+  nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(schema, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) return absl::InvalidArgumentError("json schema: not valid JSON");
+  if (builder->HasRule(name)) {
+    return absl::InvalidArgumentError(absl::StrCat("json schema rule '", std::string(name), "': defined twice"));
+  }
+  return Converter(parsed, options, builder, std::string(name), std::string(name)).AddRules();
 }
 
 absl::StatusOr<Grammar> JsonSchemaToGrammar(std::string_view schema, const JsonSchemaOptions& options) {

@@ -45,6 +45,7 @@
 // except where noted above.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -71,6 +72,20 @@ struct JsonSchemaOptions {
 absl::StatusOr<Grammar> JsonSchemaToGrammar(std::string_view schema, const JsonSchemaOptions& options = {});
 absl::StatusOr<Grammar> JsonSchemaToGrammar(const nlohmann::ordered_json& schema,
                                             const JsonSchemaOptions& options = {});
+
+// A rule of an EBNF grammar defined by a JSON schema (EbnfGrammar.json_rules).
+struct JsonSchemaRule {
+  std::string name;
+  std::string schema;
+  bool strict = false;  // JsonSchemaOptions::strict for this schema
+};
+
+// Adds rule `name`, matching the JSON texts `schema` accepts, to `builder`, with helper
+// rules named "name#..." and the shared "json:..." ones (added once per builder: every
+// schema of one builder must have the same whitespace). Errors: as JsonSchemaToGrammar's
+// (a schema that accepts nothing shows when the builder builds), and `name` taken.
+absl::Status AddJsonSchemaRule(std::string_view name, std::string_view schema, const JsonSchemaOptions& options,
+                               GrammarBuilder* builder);
 
 // OpenAI's json_object mode: any JSON object.
 Grammar JsonObjectGrammar(const JsonSchemaOptions& options = {});

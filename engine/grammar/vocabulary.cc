@@ -4,6 +4,7 @@
 #include <limits>
 #include <utility>
 
+#include "engine/grammar/grammar.h"
 #include "kernels/common/check.h"
 
 namespace tandem::grammar {
@@ -24,8 +25,8 @@ std::shared_ptr<const GrammarVocabulary> GrammarVocabulary::FromTokenizer(const 
   std::vector<std::string> bytes(tokenizer.vocab_size());
   std::vector<char> special(bytes.size(), 0);
   for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
-    special[id] = tokenizer.IsSpecial(id) ? 1 : 0;
-    if (!special[id]) bytes[id] = tokenizer.TokenBytes(id);
+    special[id] = tokenizer.IsSpecial(id) || tokenizer.IsAdded(id) ? 1 : 0;
+    bytes[id] = tokenizer.TokenBytes(id);
   }
   if (end_tokens.empty() && tokenizer.eos_id().has_value()) end_tokens.push_back(*tokenizer.eos_id());
   return FromTokens(std::move(bytes), std::move(special), std::move(end_tokens));
@@ -50,6 +51,12 @@ bool GrammarVocabulary::is_end_token(int32_t id) const {
   return std::binary_search(end_tokens_.begin(), end_tokens_.end(), id);
 }
 
+std::optional<int32_t> GrammarVocabulary::SpecialTokenId(std::string_view name) const {
+  const auto it = special_by_name_.find(absl::string_view(name.data(), name.size()));
+  if (it == special_by_name_.end()) return std::nullopt;
+  return it->second;
+}
+
 void GrammarVocabulary::Build() {
   uint64_t h = 0xCBF29CE484222325ull;
   for (size_t id = 0; id < bytes_.size(); ++id) {
@@ -60,10 +67,18 @@ void GrammarVocabulary::Build() {
   for (int32_t id : end_tokens_) Mix(&h, std::to_string(id) + ",");
   fingerprint_ = h;
 
-  // End tokens and special tokens are never matched by bytes; nor are empty tokens.
+  // End tokens are allowed where the grammar ends, not by bytes; a special token only by
+  // its marker (a name holding marker bytes would make a marker ambiguous: unnamed).
+  matchable_.assign(bytes_.size(), 0);
   for (int32_t id = 0; id < size(); ++id) {
-    if (special_[id] || is_end_token(id) || bytes_[id].empty()) continue;
+    if (bytes_[id].empty() || HoldsMarkerByte(bytes_[id])) continue;
+    // The first id of a name keeps it (a tokenizer's contents are distinct anyway); end
+    // tokens are named too, so that a grammar naming one hears why it may not.
+    if (special_[id] && !special_by_name_.try_emplace(bytes_[id], id).second) continue;
+    if (is_end_token(id)) continue;
+    if (special_[id]) bytes_[id] = TokenMarker(bytes_[id]);
     if (bytes_[id].size() > std::numeric_limits<uint16_t>::max()) continue;
+    matchable_[id] = 1;
     sorted_.push_back(id);
   }
   std::sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) {

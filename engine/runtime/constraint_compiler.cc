@@ -89,7 +89,7 @@ absl::StatusOr<ConstraintCompiler::Grammar> ConstraintCompiler::Run(const Output
     case OutputConstraint::Kind::kJsonSchema: g = compiler_->CompileJsonSchema(c.text, c.json, deadline); break;
     case OutputConstraint::Kind::kJsonObject: g = compiler_->CompileJsonObject(c.json, deadline); break;
     case OutputConstraint::Kind::kRegex: g = compiler_->CompileRegex(c.text, deadline); break;
-    case OutputConstraint::Kind::kEbnf: g = compiler_->CompileEbnf(c.text, c.root, deadline); break;
+    case OutputConstraint::Kind::kEbnf: g = compiler_->CompileEbnf(c.text, c.root, c.json_rules, c.json, deadline); break;
     case OutputConstraint::Kind::kNone: return absl::InvalidArgumentError("constraint: none to compile");
   }
   if (!g.ok() && (absl::IsDeadlineExceeded(g.status()) || absl::Now() > deadline)) {

@@ -25,9 +25,20 @@ absl::Status Validate(const OutputConstraint& c) {
     return absl::OkStatus();
   }
   if (c.text.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
-  if (c.text.size() > kMaxConstraintBytes) {
+  if (!c.json_rules.empty() && c.kind != OutputConstraint::Kind::kEbnf) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": json rules only go with ebnf"));
+  }
+  size_t bytes = c.text.size();
+  for (size_t i = 0; i < c.json_rules.size(); ++i) {
+    const grammar::JsonSchemaRule& r = c.json_rules[i];
+    if (r.name.empty() || r.schema.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("constraint.ebnf.json_rules[", i, "]: needs a name and a schema"));
+    }
+    bytes += r.name.size() + r.schema.size();
+  }
+  if (bytes > kMaxConstraintBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", c.text.size(), " bytes exceed the limit of ", kMaxConstraintBytes));
+        absl::StrCat(field, ": ", bytes, " bytes exceed the limit of ", kMaxConstraintBytes));
   }
   if (c.kind == OutputConstraint::Kind::kEbnf && c.root.empty()) {
     return absl::InvalidArgumentError("constraint.ebnf.root: must not be empty");

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -24,6 +25,8 @@ struct OutputConstraint {
   Kind kind = Kind::kNone;
   std::string text;
   std::string root = "root";
+  // kEbnf: more rules, each defined by a JSON schema (written with json.whitespace).
+  std::vector<grammar::JsonSchemaRule> json_rules;
   // oneOf with overlapping branches is refused rather than widened to anyOf: every
   // output must be valid by the schema.
   grammar::JsonSchemaOptions json = {.refuse_overlapping_one_of = true};
@@ -38,8 +41,10 @@ inline constexpr size_t kMaxConstraintBytes = 256 * 1024;
 
 absl::string_view KindName(OutputConstraint::Kind kind);
 
-// INVALID_ARGUMENT "constraint...: ..." for an empty or oversize text, an empty root or a
-// text on json_object. What the text says is checked by compiling it.
+// INVALID_ARGUMENT "constraint...: ..." for an empty or oversize text (json rules'
+// schemas count towards the size), an empty root, a text on json_object, json rules on a
+// kind other than ebnf or without a name or schema. What the text says is checked by
+// compiling it.
 absl::Status Validate(const OutputConstraint& c);
 
 // Sets every logit whose token the bitmask does not allow (bit i % 32 of word i / 32) to

@@ -85,6 +85,7 @@ class HfTokenizer final : public Tokenizer {
   std::optional<int32_t> bos_id() const override { return parts_.bos_id; }
   std::optional<int32_t> eos_id() const override { return parts_.eos_id; }
   bool IsSpecial(int32_t id) const override { return IsKnown(id) && special_[id]; }
+  bool IsAdded(int32_t id) const override { return IsKnown(id) && parts_.added.Find(id) != nullptr; }
 
   std::optional<int32_t> TokenToId(std::string_view token) const override {
     if (auto id = parts_.added.TokenToId(token)) return id;

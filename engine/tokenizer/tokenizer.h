@@ -46,6 +46,10 @@ class Tokenizer {
   virtual std::optional<int32_t> bos_id() const = 0;
   virtual std::optional<int32_t> eos_id() const = 0;
   virtual bool IsSpecial(int32_t id) const = 0;
+  // An added token of tokenizer.json, special or not (DeepSeek's tool-call markers are
+  // added tokens that are not special): text equal to its content always encodes to it,
+  // so it is a unit of the format rather than a piece of text.
+  virtual bool IsAdded(int32_t id) const = 0;
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
   virtual std::string IdToToken(int32_t id) const = 0;  // empty if unknown
   // The raw bytes a token stands for (after byte-level decoding); special tokens give

@@ -59,10 +59,13 @@ absl::StatusOr<OutputConstraint> FromProto(const v1::Constraint& c) {
       o.kind = K::kEbnf;
       o.text = c.ebnf().grammar();
       if (!c.ebnf().root().empty()) o.root = c.ebnf().root();
+      for (const v1::JsonSchemaRule& r : c.ebnf().json_rules()) {
+        o.json_rules.push_back({.name = r.name(), .schema = r.json_schema(), .strict = r.strict()});
+      }
       break;
     case v1::Constraint::kJsonObject: o.kind = K::kJsonObject; break;
   }
-  const bool json = o.kind == K::kJsonSchema || o.kind == K::kJsonObject;
+  const bool json = o.kind == K::kJsonSchema || o.kind == K::kJsonObject || !o.json_rules.empty();
   if (!json && c.compact_json()) {
     return absl::InvalidArgumentError(absl::StrCat("constraint.compact_json: only for JSON kinds, not ", KindName(o.kind)));
   }
@@ -86,6 +89,12 @@ void ToProto(const OutputConstraint& c, v1::Constraint* p) {
     case OutputConstraint::Kind::kEbnf:
       p->mutable_ebnf()->set_grammar(c.text);
       p->mutable_ebnf()->set_root(c.root);
+      for (const grammar::JsonSchemaRule& r : c.json_rules) {
+        v1::JsonSchemaRule* out = p->mutable_ebnf()->add_json_rules();
+        out->set_name(r.name);
+        out->set_json_schema(r.schema);
+        out->set_strict(r.strict);
+      }
       break;
     case OutputConstraint::Kind::kJsonObject: p->mutable_json_object(); break;
   }

@@ -141,6 +141,22 @@ std::optional<ApiError> Tools(const Json& tools) {
   return std::nullopt;
 }
 
+// {"type": "function", "function": {"name": NAME}}.
+std::optional<ApiError> NamedFunction(const Json& c, std::string* name) {
+  const Json* type = Field(c, "type");
+  if (type == nullptr || !(type->is_string() && *type == "function")) {
+    return InvalidRequest("tool_choice.type", "tool_choice.type: must be \"function\"");
+  }
+  const Json* function = Field(c, "function");
+  if (function == nullptr || !function->is_object()) return TypeError("tool_choice.function", "an object with a name");
+  const Json* n = Field(*function, "name");
+  if (n == nullptr || !n->is_string() || n->get<std::string>().empty()) {
+    return TypeError("tool_choice.function.name", "a non-empty string");
+  }
+  *name = n->get<std::string>();
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseChat(const Json& body, v1::GenerateRequest* r, ChatOptions* out) {
@@ -152,11 +168,13 @@ std::optional<ApiError> ParseChat(const Json& body, v1::GenerateRequest* r, Chat
     if (tools->empty()) tools = nullptr;
   }
   std::string choice = tools != nullptr ? "auto" : "none";
+  std::string named;
   if (const Json* c = Field(body, "tool_choice")) {
     if (c->is_string() && (*c == "none" || *c == "auto" || *c == "required")) {
       choice = c->get<std::string>();
     } else if (c->is_object()) {
       choice = "named";
+      if (auto e = NamedFunction(*c, &named)) return e;
     } else {
       return InvalidRequest("tool_choice", "tool_choice: must be \"none\", \"auto\", \"required\" or "
                                            "{\"type\": \"function\", \"function\": {\"name\": ...}}");
@@ -164,13 +182,23 @@ std::optional<ApiError> ParseChat(const Json& body, v1::GenerateRequest* r, Chat
     if (choice != "none" && tools == nullptr) {
       return InvalidRequest("tool_choice", "tool_choice: needs tools");
     }
-    if (choice == "required" || choice == "named") {
-      return InvalidRequest("tool_choice", "tool_choice: \"required\" and a named function need constrained decoding, "
-                                           "which Tandem does not have yet; use \"auto\"");
+  }
+  if (choice == "required" || choice == "named") {
+    RequiredToolCalls calls;
+    if (auto e = ReadCallableTools(*tools, named, &calls)) return e;
+    if (calls.tools.empty()) {
+      return InvalidRequest("tool_choice.function.name",
+                            absl::StrCat("tool_choice.function.name: no tool is named '", named, "'"));
     }
+    std::optional<ApiError> error;
+    const std::optional<bool> parallel = Bool(body, "parallel_tool_calls", &error);
+    if (error) return TypeError("parallel_tool_calls", "a boolean");
+    // OpenAI's named choice is one call to that function.
+    calls.single = choice == "named" || parallel == false;
+    out->required_calls = std::move(calls);
   }
   if (tools != nullptr) chat->set_tools_json(tools->dump());
-  out->parse_tool_calls = tools != nullptr && choice == "auto";
+  out->parse_tool_calls = tools != nullptr && choice != "none";
   if (const Json* kwargs = Field(body, "chat_template_kwargs")) {
     if (!kwargs->is_object()) return TypeError("chat_template_kwargs", "an object");
     std::optional<ApiError> error;

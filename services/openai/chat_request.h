@@ -8,6 +8,7 @@
 
 #include "services/openai/json_fields.h"
 #include "services/openai/openai_errors.h"
+#include "services/openai/tool_choice_constraint.h"
 #include "tandem/v1/generation.pb.h"
 
 namespace tandem::openai {
@@ -18,12 +19,16 @@ struct ChatOptions {
   bool thinking = false;
   // Tools were offered and tool_choice is not "none": the output is parsed for calls.
   bool parse_tool_calls = false;
+  // tool_choice "required" or a named function: the calls the output is constrained to,
+  // once the tool-call format is known (tool_choice_constraint.h). A named function is
+  // one call; "required" one or more, unless parallel_tool_calls is false.
+  std::optional<RequiredToolCalls> required_calls;
 };
 
 // Sets `r`'s chat prompt. tool_choice "none" keeps the tools in the prompt (as vLLM
-// does) but leaves the output unparsed; "required" and a named function need
-// constrained decoding and are refused (400) until Tandem has it. Errors: a 400 naming
-// the field ("messages[2].tool_calls[0].function.name", "tools[1].function", ...).
+// does) but leaves the output unparsed. Errors: a 400 naming the field
+// ("messages[2].tool_calls[0].function.name", "tools[1].function", "tool_choice.function.name"
+// for a function no tool has, ...).
 std::optional<ApiError> ParseChat(const Json& body, v1::GenerateRequest* r, ChatOptions* out);
 
 }  // namespace tandem::openai

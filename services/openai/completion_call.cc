@@ -116,10 +116,35 @@ void Call::RespondError(const ApiError& e) {
   exchange_->Respond(e.http_status, "application/json", e.ToJson(), std::move(headers));
 }
 
+std::optional<ApiError> ToolChoiceConstraint(const CompletionContext& ctx, const ParsedRequest& request,
+                                             v1::Constraint* out) {
+  const RequiredToolCalls& calls = *request.chat.required_calls;
+  if (ctx.parsers != nullptr && !ctx.reasoning_parser.empty()) {
+    // The constraint holds from the first token; output the reasoning parser takes for
+    // reasoning would hide the calls from the tool-call parser.
+    output_parsing::ChatOutputOptions probe;
+    probe.reasoning_parser = ctx.reasoning_parser;
+    probe.reasoning.thinking = request.chat.thinking;
+    absl::StatusOr<output_parsing::ParsedChatOutput> parsed = output_parsing::ParseChatOutput(*ctx.parsers, probe, "x");
+    if (parsed.ok() && !parsed->reasoning.empty()) {
+      return InvalidRequest("tool_choice", "tool_choice: \"required\" and a named function are not supported while "
+                                           "the model reasons first (thinking, or the reasoning parser '" +
+                                               ctx.reasoning_parser + "'): the calls would be constrained before "
+                                               "the reasoning ends; use \"auto\"");
+    }
+  }
+  return ToolCallConstraint(calls, ctx.tool_call_parser, out);
+}
+
 void Call::Start() {
   // Tokenize each prompt as Generate does, then send token ids: the default max_tokens
   // (the rest of the context, as vLLM) needs the prompt's length.
   std::vector<v1::GenerateRequest> prompts = request_.prompts;
+  if (Chat() && request_.chat.required_calls) {
+    v1::Constraint calls;
+    if (auto e = ToolChoiceConstraint(ctx_, request_, &calls)) return RespondError(*e);
+    for (v1::GenerateRequest& r : prompts) *r.mutable_constraint() = calls;
+  }
   for (v1::GenerateRequest& r : prompts) {
     if (!r.model().empty() && r.model() != ctx_.served_model) {
       return RespondError(ApiError{.http_status = 404, .type = "not_found_error",

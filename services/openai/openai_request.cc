@@ -228,6 +228,13 @@ std::variant<ParsedRequest, ApiError> ParseRequest(Endpoint endpoint, const Json
   v1::GenerateRequest shared;
   if (auto e = Sampling(body, endpoint, shared.mutable_sampling(), shared.mutable_stop(), &out)) return *e;
   if (auto e = ParseResponseFormat(body, shared.mutable_constraint())) return *e;
+  if (out.chat.required_calls && shared.constraint().kind_case() != v1::Constraint::KIND_NOT_SET) {
+    // Both would constrain the same output; picking one silently would hide the client's
+    // mistake.
+    return InvalidRequest("tool_choice", "tool_choice: \"required\" or a named function constrains the output to "
+                                         "tool calls, which a response_format or structured output constraint "
+                                         "cannot also constrain; send one of them");
+  }
   for (v1::GenerateRequest& r : out.prompts) {
     r.set_model(out.model);
     *r.mutable_sampling() = shared.sampling();

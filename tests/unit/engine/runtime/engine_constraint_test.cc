@@ -1,11 +1,14 @@
 // Structured output through the engine (EngineRequest::constraint): outputs of a random
 // tiny model, greedy and sampled, checked by checkers the grammar engine does not share
-// (std::regex_match, nlohmann::json); refusals; cancellation while compiling; resumed and
-// imported requests rebuilding the matcher; constrained rows beside pipelined ones.
+// (std::regex_match, nlohmann::json); a special token named by the grammar; refusals;
+// cancellation while compiling; resumed and imported requests rebuilding the matcher;
+// constrained rows beside pipelined ones.
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "engine/runtime/engine.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -143,6 +146,39 @@ name ::= [A-Z] [a-z] [a-z]?)";
     ASSERT_TRUE(r.final.status.ok()) << r.final.status;
     EXPECT_EQ(r.final.finish_reason, FinishReason::kStop);
     EXPECT_TRUE(std::regex_match(r.text, std::regex("(hi|hello) [A-Z][a-z][a-z]?!"))) << r.text;
+  }
+}
+
+TEST(EngineConstraintTest, ASpecialTokenComesExactlyWhereTheGrammarNamesIt) {
+  // The host path and the pipelined "device" path (the same bitmask, applied by the
+  // backend), greedy and sampled.
+  for (const bool pipelined : {false, true}) {
+    auto e = MakeEngine({}, pipelined);
+    const std::optional<int32_t> pad = e->tokenizer().TokenToId("<｜▁pad▁｜>");
+    ASSERT_TRUE(pad.has_value());
+    const std::string g = "root ::= [a-z]{2,4} <｜▁pad▁｜> [0-9]{1,2} | \"<｜▁pad▁｜>\" [a-z]";
+    int with_token = 0;
+    for (int i = 0; i < 6; ++i) {
+      SCOPED_TRACE(absl::StrCat(pipelined ? "pipelined " : "host ", i));
+      EngineRequest r = Req("t" + std::to_string(i), 40 + i, {.kind = OutputConstraint::Kind::kEbnf, .text = g},
+                            i ? std::optional<uint64_t>(i) : std::nullopt);
+      r.stop.skip_special_tokens = false;
+      const Result out = RunToEnd(*e, std::move(r));
+      ASSERT_TRUE(out.final.status.ok()) << out.final.status;
+      EXPECT_EQ(out.final.finish_reason, FinishReason::kStop) << out.text;
+      // Either the token between letters and digits, or its text spelled out before a
+      // letter: never the token there, never the text in the token's place.
+      const auto at = std::find(out.tokens.begin(), out.tokens.end(), *pad);
+      if (at != out.tokens.end()) {
+        ++with_token;
+        EXPECT_EQ(std::count(out.tokens.begin(), out.tokens.end(), *pad), 1);
+        EXPECT_TRUE(std::regex_match(out.text, std::regex("[a-z]{2,4}<｜▁pad▁｜>[0-9]{1,2}"))) << out.text;
+      } else {
+        EXPECT_TRUE(std::regex_match(out.text, std::regex("<｜▁pad▁｜>[a-z]"))) << out.text;
+        EXPECT_GT(out.tokens.size(), 2u) << "the text takes ordinary tokens";
+      }
+    }
+    EXPECT_GT(with_token, 0) << "no output took the token's branch";
   }
 }
 

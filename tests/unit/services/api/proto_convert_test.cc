@@ -35,6 +35,7 @@ class CountingTokenizer final : public Tokenizer {
   std::optional<int32_t> bos_id() const override { return std::nullopt; }
   std::optional<int32_t> eos_id() const override { return std::nullopt; }
   bool IsSpecial(int32_t) const override { return false; }
+  bool IsAdded(int32_t) const override { return false; }
   std::optional<int32_t> TokenToId(std::string_view) const override { return std::nullopt; }
   std::string IdToToken(int32_t) const override { return ""; }
   std::string TokenBytes(int32_t) const override { return ""; }

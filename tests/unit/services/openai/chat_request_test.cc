@@ -142,6 +142,27 @@ TEST(ChatRequestTest, ToolsAndToolCallsReachTheRequest) {
                      nullptr, &none)
                    .has_value());
   EXPECT_FALSE(none.parse_tool_calls);
+  EXPECT_FALSE(none.required_calls.has_value());
+
+  // "required" and a named function: parsed, and the calls the output is held to.
+  ChatOptions required;
+  ASSERT_FALSE(Parse(std::string(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required", )"
+                                 R"("tools": [)") + kTool + "]}",
+                     nullptr, &required)
+                   .has_value());
+  EXPECT_TRUE(required.parse_tool_calls);
+  ASSERT_TRUE(required.required_calls.has_value());
+  ASSERT_EQ(required.required_calls->tools.size(), 1u);
+  EXPECT_EQ(required.required_calls->tools[0].name, "f");
+  EXPECT_FALSE(required.required_calls->single);
+  ChatOptions named;
+  ASSERT_FALSE(Parse(std::string(R"({"messages": [{"role": "user", "content": "x"}], )"
+                                 R"("tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": [)") +
+                         kTool + "]}",
+                     nullptr, &named)
+                   .has_value());
+  ASSERT_TRUE(named.required_calls.has_value());
+  EXPECT_TRUE(named.required_calls->single);
 }
 
 TEST(ChatRequestTest, BadToolFieldsAre400sNamingTheField) {
@@ -158,10 +179,12 @@ TEST(ChatRequestTest, BadToolFieldsAre400sNamingTheField) {
        "tools[0].function.parameters"},
       {R"({"messages": [)" + user + R"(], "tool_choice": "auto"})", "tool_choice"},
       {R"({"messages": [)" + user + R"(], "tool_choice": 7, "tools": [)" + kTool + "]}", "tool_choice"},
-      {R"({"messages": [)" + user + R"(], "tool_choice": "required", "tools": [)" + kTool + "]}", "tool_choice"},
-      {R"({"messages": [)" + user + R"(], "tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": [)" +
+      {R"({"messages": [)" + user + R"(], "tool_choice": "required"})", "tool_choice"},
+      {R"({"messages": [)" + user + R"(], "tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [)" +
            kTool + "]}",
-       "tool_choice"},
+       "tool_choice.function.name"},
+      {R"({"messages": [)" + user + R"(], "tool_choice": {"function": {"name": "f"}}, "tools": [)" + kTool + "]}",
+       "tool_choice.type"},
       {R"({"messages": [{"role": "tool", "content": "r"}]})", "messages[0].tool_call_id"},
       {R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})", "messages[0].tool_calls"},
       {R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]})",

@@ -249,5 +249,42 @@ TEST_F(CompletionCallTest, ReasoningGoesToBothFieldsOrNowhere) {
   }
 }
 
+TEST_F(CompletionCallTest, RequiredToolCallsTravelAsTheFormatsGrammar) {
+  ParsedRequest r = Chat(/*stream=*/false);
+  r.chat.parse_tool_calls = true;
+  r.chat.required_calls = RequiredToolCalls{.tools = {{.index = 0, .name = "get_weather",
+                                                       .parameters = R"({"type":"object"})"}},
+                                            .single = true};
+  // Without a tool-call parser there is no format to hold the output to.
+  auto refused = std::make_shared<FakeExchange>();
+  StartCompletion(ctx_, r, "a", refused);
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_TRUE(absl::StrContains(refused->body, "--tool-call-parser")) << refused->body;
+  // Nor while the model reasons first: the calls would be held before reasoning ended.
+  ctx_.tool_call_parser = "deepseek_v3";
+  ctx_.reasoning_parser = "deepseek_r1";
+  auto reasoning = std::make_shared<FakeExchange>();
+  StartCompletion(ctx_, r, "b", reasoning);
+  EXPECT_EQ(reasoning->status, 400);
+  EXPECT_TRUE(absl::StrContains(reasoning->body, "reasons first")) << reasoning->body;
+  EXPECT_TRUE(worker_->streams.empty());
+
+  ctx_.reasoning_parser = "deepseek_v3";  // reasons only when asked to
+  auto exchange = std::make_shared<FakeExchange>();
+  StartCompletion(ctx_, r, "c", exchange);
+  ASSERT_EQ(worker_->streams.size(), 1u);
+  const v1::Constraint& c = worker_->streams[0]->generate_req.constraint();
+  ASSERT_TRUE(c.has_ebnf());
+  EXPECT_TRUE(absl::StrContains(c.ebnf().grammar(), "<｜tool▁calls▁begin｜> call <｜tool▁calls▁end｜>"))
+      << c.ebnf().grammar();
+  ASSERT_EQ(c.ebnf().json_rules_size(), 1);
+  EXPECT_EQ(c.ebnf().json_rules(0).json_schema(), R"({"type":"object"})");
+  std::vector<std::string> only_call(kToolCallOutput.begin() + 1, kToolCallOutput.end());
+  Script(only_call);
+  const Json body = Json::parse(exchange->body);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls");
+  ASSERT_EQ(body["choices"][0]["message"]["tool_calls"].size(), 1u) << body;
+}
+
 }  // namespace
 }  // namespace tandem::openai
