@@ -17,8 +17,8 @@ the outputs are written out for checking by references nobody here wrote:
 
 Outputs that ended with FINISH_REASON_LENGTH (max_tokens before the grammar's end: a
 random model may wander in an unbounded repetition) are incomplete by definition and
-counted, not checked. A constraint the server refuses must be INVALID_ARGUMENT naming
-"constraint.". Prints a summary JSON line; exits 1 on any invalid output or disagreement.
+counted; an EBNF one must still be a prefix of a sentence (Lark again). A constraint
+the server refuses must be INVALID_ARGUMENT naming "constraint.". Prints a summary JSON line; exits 1 on any invalid output or disagreement.
 
   structured_output_client.py --addr H:P --stubs DIR --corpus corpus.json --suite suite.json
       --generated N --out documents.json
@@ -83,7 +83,8 @@ for name, schema, ws in schemas:
 for pattern in regex_reference.PATTERNS:
     jobs.append(("regex", pattern, g.Constraint(regex=pattern), pattern))
 
-ebnf_self_check = ebnf_corpus.check_examples(ebnf_to_lark.compile_ebnf, ebnf_to_lark.accepts)
+ebnf_self_check = ebnf_corpus.check_examples(ebnf_to_lark.compile_ebnf, ebnf_to_lark.accepts,
+                                             ebnf_to_lark.viable_prefix)
 if ebnf_self_check:
     print(json.dumps({"ebnf_self_check": ebnf_self_check}))
     sys.exit(1)
@@ -98,6 +99,8 @@ with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
     results = list(pool.map(lambda ij: generate(ij[0], ij[1][0][2], ij[1][1]), enumerate(runs)))
 
 summary = {k: {"requests": 0, "stop": 0, "length": 0, "refused": 0, "invalid": 0} for k in ("json", "regex", "ebnf")}
+summary["ebnf"]["length_prefix_checked"] = 0
+ebnf_finishes = {}  # grammar -> finish reasons of its two runs
 problems = []
 refusals = {}
 entries = {}
@@ -110,8 +113,17 @@ for ((kind, name, _, check), sampled), r in zip(runs, results):
         if r["code"] != "INVALID_ARGUMENT" or "constraint." not in r["message"]:
             problems.append({"kind": kind, "name": name, "refusal": r})
         continue
+    if kind == "ebnf":
+        ebnf_finishes.setdefault(name, []).append(r["finish"])
     if r["finish"] == "FINISH_REASON_LENGTH":
         s["length"] += 1
+        # Cut short, an EBNF output must still be the start of a sentence.
+        if kind == "ebnf":
+            s["length_prefix_checked"] += 1
+            if not ebnf_to_lark.viable_prefix(check[0], r["text"]):
+                s["invalid"] += 1
+                problems.append({"kind": kind, "name": name, "sampled": sampled, "text": r["text"],
+                                 "why": "not a prefix of any sentence"})
         continue
     s["stop"] += 1
     text = r["text"]
@@ -135,5 +147,6 @@ with open(args.out, "w") as f:
     json.dump({"entries": list(entries.values())}, f)
 print(json.dumps({"summary": summary, "schemas": len(schemas), "json_entries_with_documents": len(entries),
                   "ebnf_grammars": len(ebnf_corpus.GRAMMARS), "ebnf_examples": ebnf_examples,
+                  "ebnf_finishes": ebnf_finishes,
                   "refusals": refusals, "problems": problems[:20], "num_problems": len(problems)}))
 sys.exit(1 if problems else 0)

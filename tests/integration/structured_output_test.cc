@@ -98,6 +98,8 @@ TEST_F(StructuredOutputTest, EveryOutputIsValidByAnIndependentChecker) {
   EXPECT_GE(report["ebnf_grammars"].get<int>(), 17);
   EXPECT_EQ(s["ebnf"]["requests"].get<int>(), 2 * report["ebnf_grammars"].get<int>()) << s;
   EXPECT_GT(s["ebnf"]["stop"].get<int>(), 0) << s;
+  // Outputs cut short are checked too, as prefixes of a sentence.
+  EXPECT_EQ(s["ebnf"]["length_prefix_checked"].get<int>(), s["ebnf"]["length"].get<int>()) << s;
   // A random model ends most documents well within max_tokens (the rest, in unbounded
   // repetitions, are LENGTH and incomplete by definition). Half is far below what it does.
   EXPECT_GT(s["json"]["stop"].get<int>(), s["json"]["requests"].get<int>() / 2) << s;

@@ -79,9 +79,10 @@ GRAMMARS = [
 ]
 
 
-def check_examples(compile_grammar, accepts):
+def check_examples(compile_grammar, accepts, viable_prefix):
     """Problems (strings) where a grammar's parser disagrees with its known sentences and
-    non-sentences, or where the regex does: how a broken checker gets caught."""
+    non-sentences (or refuses a prefix of a sentence), or where the regex does: how a
+    broken checker gets caught."""
     import re
     problems = []
     for entry in GRAMMARS:
@@ -89,6 +90,8 @@ def check_examples(compile_grammar, accepts):
         for text, want in [(t, True) for t in entry["valid"]] + [(t, False) for t in entry["invalid"]]:
             if accepts(parser, text) != want:
                 problems.append("%r: parser %s %r" % (entry["grammar"], "refuses" if want else "accepts", text))
+            if want and not all(viable_prefix(parser, text[:k]) for k in range(len(text) + 1)):
+                problems.append("%r: parser refuses a prefix of %r" % (entry["grammar"], text))
             if entry["regex"] is not None and (re.fullmatch(entry["regex"], text, re.ASCII) is not None) != want:
                 problems.append("%r: regex %s %r" % (entry["grammar"], "refuses" if want else "accepts", text))
     return problems

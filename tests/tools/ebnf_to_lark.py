@@ -11,6 +11,7 @@ grammar refuses.
 
   parser = ebnf_to_lark.compile_ebnf(text, root="root")
   ebnf_to_lark.accepts(parser, output)   # True iff the whole output derives from root
+  ebnf_to_lark.viable_prefix(parser, output)   # True iff some sentence starts with it
 
   ebnf_to_lark.py GRAMMAR_FILE [--root NAME] [--check TEXT]   (prints the Lark grammar)
 """
@@ -303,7 +304,9 @@ class _Emitter:
         if kind == "alt":
             return "(" + " | ".join(self.emit(n) for n in node[1]) + ")"
         if kind == "lit":
-            return '"' + "".join(_string_char(c) for c in node[1]) + '"' if node[1] else "eps"
+            # One terminal per character: with no terminal longer than one character, a
+            # parse that stops at the input's end means a viable prefix (viable_prefix).
+            return "(" + " ".join('"%s"' % _string_char(c) for c in node[1]) + ")" if node[1] else "eps"
         if kind == "any":
             return "/./s"
         if kind == "class":
@@ -373,6 +376,21 @@ def accepts(parser, text):
         parser.parse(text)
         return True
     except lark.exceptions.UnexpectedInput:
+        return False
+
+
+def viable_prefix(parser, text):
+    """Whether `text` is a sentence or can be extended into one: what an output cut short
+    by max_tokens must be. Every terminal is one character, so Earley meets a character
+    no live item can scan as UnexpectedCharacters, and input that ends before a sentence
+    does as UnexpectedEOF listing the terminals still expected: none when the only items
+    left wait on a rule that derives nothing (what [] translates to)."""
+    try:
+        parser.parse(text)
+        return True
+    except lark.exceptions.UnexpectedEOF as e:
+        return bool(e.expected)
+    except lark.exceptions.UnexpectedCharacters:
         return False
 
 

@@ -26,7 +26,7 @@ def escaped(cp, width):
 
 class Corpus(unittest.TestCase):
     def test_known_sentences_and_non_sentences(self):
-        self.assertEqual(ebnf_corpus.check_examples(E.compile_ebnf, E.accepts), [])
+        self.assertEqual(ebnf_corpus.check_examples(E.compile_ebnf, E.accepts, E.viable_prefix), [])
 
     def test_parser_agrees_with_regex_on_mutations(self):
         # Edits of sentences land on both sides of the language's edge, where a wrong
@@ -165,6 +165,39 @@ class Structure(unittest.TestCase):
         g = 'root ::= "(" root ")" | ""'
         self.assertTrue(accepts(g, "(" * 50 + ")" * 50))
         self.assertFalse(accepts(g, "(" * 50 + ")" * 49))
+
+
+class Prefixes(unittest.TestCase):
+    # What an output cut short by max_tokens is checked against.
+    CASES = [
+        ('root ::= "ab"', ["", "a", "ab"], ["b", "ac", "abc", "aa"]),
+        ('root ::= "a"{2,3}', ["", "a", "aa", "aaa"], ["aaaa", "b"]),
+        ('root ::= [^x]* "x"', ["", "yy", "\n", "x"], ["xx", "xa"]),
+        ('root ::= .', ["", "😀"], ["ab"]),
+        ('root ::= l\nl ::= l "," "x" | "x"', ["", "x", "x,", "x,x,"], [",", "xx", "x,,"]),
+        ('root ::= pair+\npair ::= "(" pair* ")" | "[" pair* "]"', ["", "(((", "([]", "()["], ["(]", "())", "( ", ")"]),
+        ('root ::= "x" | [] "y"', ["", "x"], ["y"]),
+        ('root ::= "a" [] | "c"', ["", "c"], ["a", "ac"]),
+    ]
+
+    def test_prefixes(self):
+        for grammar, viable, dead in self.CASES:
+            p = E.compile_ebnf(grammar)
+            for text in viable:
+                self.assertTrue(E.viable_prefix(p, text), (grammar, text))
+            for text in dead:
+                self.assertFalse(E.viable_prefix(p, text), (grammar, text))
+
+    def test_corpus_prefixes_live_and_die(self):
+        # Every prefix of a sentence is viable (check_examples); with a character no
+        # sentence of these grammars holds appended, none is.
+        for entry in ebnf_corpus.GRAMMARS:
+            p = E.compile_ebnf(entry["grammar"])
+            if "." in entry["grammar"].replace('"."', "") or "[^" in entry["grammar"]:
+                continue
+            for text in entry["valid"]:
+                for k in range(len(text) + 1):
+                    self.assertFalse(E.viable_prefix(p, text[:k] + "\x07"), (entry["grammar"], text[:k]))
 
 
 class Refusals(unittest.TestCase):
