@@ -25,7 +25,7 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libucx-dev ucx-utils prometheus-cpp-dev prometheus
   libspdlog-dev libfmt-dev libyaml-cpp-dev libre2-dev
-  python3-grpcio python3-jinja2
+  python3-grpcio python3-jinja2 python3-lark
   chromium
 )
 # Boost 1.81 (Asio with as_tuple for C++20 coroutines); conflicts with libboost-dev 1.74.

@@ -6,16 +6,19 @@ the outputs are written out for checking by references nobody here wrote:
 
 - regexes: Python's re.fullmatch (re.ASCII, the dialect the grammar engine implements),
   here;
-- EBNF grammars: each is given with the same language as a Python regex written by
-  hand, checked here with re.fullmatch (and one recursive grammar, balanced brackets,
-  with a counter);
+- EBNF grammars (tests/tools/ebnf_corpus.py): each output must parse whole from the root
+  with a parser Lark generates from the grammar (tests/tools/ebnf_to_lark.py, Earley);
+  where the corpus also gives the language as a hand-written regex, re.fullmatch must
+  agree. Before anything is sent, every grammar's parser must accept its known sentences
+  and refuse its known non-sentences, so a broken checker fails the run instead of
+  passing everything;
 - JSON schemas: written as {"entries": [{name, schema, documents}]} for
   tests/tools/json_schema_reference.js validate (Ajv2020 + ajv-formats).
 
 Outputs that ended with FINISH_REASON_LENGTH (max_tokens before the grammar's end: a
 random model may wander in an unbounded repetition) are incomplete by definition and
-counted, not checked. A constraint the server refuses must be INVALID_ARGUMENT naming
-"constraint.". Prints a summary JSON line; exits 1 on any invalid output.
+counted; an EBNF one must still be a prefix of a sentence (Lark again). A constraint
+the server refuses must be INVALID_ARGUMENT naming "constraint.". Prints a summary JSON line; exits 1 on any invalid output or disagreement.
 
   structured_output_client.py --addr H:P --stubs DIR --corpus corpus.json --suite suite.json
       --generated N --out documents.json
@@ -44,6 +47,8 @@ sys.path.insert(0, os.path.join(here, "..", "tools"))
 import grpc  # noqa: E402
 from tandem.v1 import generation_pb2 as g  # noqa: E402
 from tandem.v1 import generation_pb2_grpc as gg  # noqa: E402
+import ebnf_corpus  # noqa: E402
+import ebnf_to_lark  # noqa: E402
 import regex_reference  # noqa: E402
 import schema_corpus  # noqa: E402
 
@@ -78,38 +83,15 @@ for name, schema, ws in schemas:
 for pattern in regex_reference.PATTERNS:
     jobs.append(("regex", pattern, g.Constraint(regex=pattern), pattern))
 
-# EBNF grammars and the same language as a Python regex (written independently).
-EBNF = [
-    ('root ::= "yes" | "no"', r"yes|no"),
-    ('root ::= greeting " " name\ngreeting ::= "hi" | "hello"\nname ::= [A-Z] [a-z]*', r"(hi|hello) [A-Z][a-z]*"),
-    ('root ::= digit+ ("." digit digit)?\ndigit ::= [0-9]', r"[0-9]+(\.[0-9][0-9])?"),
-    ('root ::= item ("," item)*\nitem ::= [a-c]{1,3}', r"[a-c]{1,3}(,[a-c]{1,3})*"),
-    ('root ::= "(" inner ")"\ninner ::= [^()]*', r"\([^()]*\)"),
-    ('root ::= date "T" time\ndate ::= [0-9]{4} "-" [0-9]{2} "-" [0-9]{2}\ntime ::= [0-9]{2} ":" [0-9]{2}',
-     r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}"),
-    ('root ::= ("ab" | "c")? "d"+', r"(ab|c)?d+"),
-    ('root ::= key "=" val (";" key "=" val)*\nkey ::= [a-z]+\nval ::= [0-9]+ | "\\"" [a-z]* "\\""',
-     r'[a-z]+=([0-9]+|"[a-z]*")(;[a-z]+=([0-9]+|"[a-z]*"))*'),
-    ('root ::= [\\x41-\\x5a]{2} [0-9]?', r"[A-Z]{2}[0-9]?"),
-    ('root ::= "[" (num ("," num)*)? "]"\nnum ::= "-"? [1-9] [0-9]{0,2}', r"\[(-?[1-9][0-9]{0,2}(,-?[1-9][0-9]{0,2})*)?\]"),
-]
-for grammar, pattern in EBNF:
-    jobs.append(("ebnf", grammar, g.Constraint(ebnf=g.EbnfGrammar(grammar=grammar)), pattern))
-BALANCED = 'root ::= pair+\npair ::= "(" pair* ")" | "[" pair* "]"'
-jobs.append(("ebnf", BALANCED, g.Constraint(ebnf=g.EbnfGrammar(grammar=BALANCED)), None))
-
-
-def balanced(s):
-    stack = []
-    for c in s:
-        if c in "([":
-            stack.append(c)
-        elif c in ")]":
-            if not stack or stack.pop() != {")": "(", "]": "["}[c]:
-                return False
-        else:
-            return False
-    return not stack and len(s) > 0
+ebnf_self_check = ebnf_corpus.check_examples(ebnf_to_lark.compile_ebnf, ebnf_to_lark.accepts,
+                                             ebnf_to_lark.viable_prefix)
+if ebnf_self_check:
+    print(json.dumps({"ebnf_self_check": ebnf_self_check}))
+    sys.exit(1)
+ebnf_examples = sum(len(e["valid"]) + len(e["invalid"]) for e in ebnf_corpus.GRAMMARS)
+for entry in ebnf_corpus.GRAMMARS:
+    checker = (ebnf_to_lark.compile_ebnf(entry["grammar"]), entry["regex"])
+    jobs.append(("ebnf", entry["grammar"], g.Constraint(ebnf=g.EbnfGrammar(grammar=entry["grammar"])), checker))
 
 
 runs = [(j, sampled) for j in jobs for sampled in (False, True)]
@@ -117,6 +99,8 @@ with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
     results = list(pool.map(lambda ij: generate(ij[0], ij[1][0][2], ij[1][1]), enumerate(runs)))
 
 summary = {k: {"requests": 0, "stop": 0, "length": 0, "refused": 0, "invalid": 0} for k in ("json", "regex", "ebnf")}
+summary["ebnf"]["length_prefix_checked"] = 0
+ebnf_finishes = {}  # grammar -> finish reasons of its two runs
 problems = []
 refusals = {}
 entries = {}
@@ -129,8 +113,17 @@ for ((kind, name, _, check), sampled), r in zip(runs, results):
         if r["code"] != "INVALID_ARGUMENT" or "constraint." not in r["message"]:
             problems.append({"kind": kind, "name": name, "refusal": r})
         continue
+    if kind == "ebnf":
+        ebnf_finishes.setdefault(name, []).append(r["finish"])
     if r["finish"] == "FINISH_REASON_LENGTH":
         s["length"] += 1
+        # Cut short, an EBNF output must still be the start of a sentence.
+        if kind == "ebnf":
+            s["length_prefix_checked"] += 1
+            if not ebnf_to_lark.viable_prefix(check[0], r["text"]):
+                s["invalid"] += 1
+                problems.append({"kind": kind, "name": name, "sampled": sampled, "text": r["text"],
+                                 "why": "not a prefix of any sentence"})
         continue
     s["stop"] += 1
     text = r["text"]
@@ -138,7 +131,14 @@ for ((kind, name, _, check), sampled), r in zip(runs, results):
         e = entries.setdefault(name, {"name": name, "schema": check, "documents": []})
         e["documents"].append(text)
         continue
-    ok = balanced(text) if check is None else re.fullmatch(check, text, re.ASCII) is not None
+    if kind == "ebnf":
+        parser, pattern = check
+        ok = ebnf_to_lark.accepts(parser, text)
+        if pattern is not None and (re.fullmatch(pattern, text, re.ASCII) is not None) != ok:
+            problems.append({"kind": kind, "name": name, "sampled": sampled, "text": text,
+                             "disagreement": "Lark %s, regex does not" % ("accepts" if ok else "refuses")})
+    else:
+        ok = re.fullmatch(check, text, re.ASCII) is not None
     if not ok:
         s["invalid"] += 1
         problems.append({"kind": kind, "name": name, "sampled": sampled, "text": text})
@@ -146,5 +146,7 @@ for ((kind, name, _, check), sampled), r in zip(runs, results):
 with open(args.out, "w") as f:
     json.dump({"entries": list(entries.values())}, f)
 print(json.dumps({"summary": summary, "schemas": len(schemas), "json_entries_with_documents": len(entries),
+                  "ebnf_grammars": len(ebnf_corpus.GRAMMARS), "ebnf_examples": ebnf_examples,
+                  "ebnf_finishes": ebnf_finishes,
                   "refusals": refusals, "problems": problems[:20], "num_problems": len(problems)}))
 sys.exit(1 if problems else 0)

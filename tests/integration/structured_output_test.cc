@@ -1,8 +1,9 @@
 // Structured output through the served, disaggregated system (router, one prefill and one
 // decode replica on the tiny random-weight model), checked by references nobody here
 // wrote: a python3-grpcio client sends every schema, regex and EBNF grammar of the
-// corpora as GenerateRequest.constraint, greedy and sampled, and checks regexes and
-// grammars with Python's re.fullmatch (tests/integration/structured_output_client.py);
+// corpora as GenerateRequest.constraint, greedy and sampled, and checks regexes with
+// Python's re.fullmatch and EBNF outputs with a parser Lark generates from each grammar
+// (tests/integration/structured_output_client.py, tests/tools/ebnf_to_lark.py);
 // the JSON documents are validated by Ajv2020 + ajv-formats
 // (tests/tools/json_schema_reference.js). Also: what the workers do with a constraint
 // they cannot compile, and a constraint surviving the prefill-to-decode handover exactly.
@@ -92,6 +93,13 @@ TEST_F(StructuredOutputTest, EveryOutputIsValidByAnIndependentChecker) {
   EXPECT_EQ(s["ebnf"]["refused"].get<int>(), 0) << s;
   EXPECT_EQ(s["regex"]["invalid"].get<int>(), 0) << s;
   EXPECT_EQ(s["ebnf"]["invalid"].get<int>(), 0) << s;
+  // tests/tools/ebnf_corpus.py's grammars, each sent twice; the client has already checked
+  // that each one's parser tells its known sentences from its known non-sentences.
+  EXPECT_GE(report["ebnf_grammars"].get<int>(), 17);
+  EXPECT_EQ(s["ebnf"]["requests"].get<int>(), 2 * report["ebnf_grammars"].get<int>()) << s;
+  EXPECT_GT(s["ebnf"]["stop"].get<int>(), 0) << s;
+  // Outputs cut short are checked too, as prefixes of a sentence.
+  EXPECT_EQ(s["ebnf"]["length_prefix_checked"].get<int>(), s["ebnf"]["length"].get<int>()) << s;
   // A random model ends most documents well within max_tokens (the rest, in unbounded
   // repetitions, are LENGTH and incomplete by definition). Half is far below what it does.
   EXPECT_GT(s["json"]["stop"].get<int>(), s["json"]["requests"].get<int>() / 2) << s;
