@@ -164,7 +164,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                "Compute each request's logits bitwise independently of what it is batched with and of how its "
                "prompt is chunked, so a seeded request gives the same tokens under any load, across prefill/decode "
                "replicas, migration and the kvstore (every worker of a cluster needs it). The CPU backend always "
-               "computes this way; the CUDA backend refuses it for now (docs/batch-invariance.md)");
+               "computes this way at no cost; on the GPU it takes one slower kernel path for every step "
+               "(docs/batch-invariance.md)");
   app.add_option("--kvstore", f.kvstores,
                  "Prefill: kvstore instances to use, NAME=HOST:PORT or HOST:PORT, comma-separated (default: the "
                  "instances registered with the router)")
