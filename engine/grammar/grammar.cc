@@ -29,13 +29,15 @@ Expr Expr::Empty(SourcePos pos) {
   return e;
 }
 
-Expr Expr::Literal(std::string_view bytes, SourcePos pos) {
+Expr Expr::WithText(Kind kind, std::string_view text, SourcePos pos) {
   Expr e;
-  e.kind = Kind::kLiteral;
-  e.text = std::string(bytes);
+  e.kind = kind;
+  e.text = std::string(text);
   e.pos = std::move(pos);
   return e;
 }
+
+Expr Expr::Literal(std::string_view bytes, SourcePos pos) { return WithText(Kind::kLiteral, bytes, std::move(pos)); }
 
 Expr Expr::Class(std::vector<CodepointRange> ranges, bool negated, SourcePos pos) {
   Expr e;
@@ -50,21 +52,9 @@ Expr Expr::Char(uint32_t cp, SourcePos pos) { return Class({{cp, cp}}, false, st
 
 Expr Expr::AnyChar(SourcePos pos) { return Class({}, true, std::move(pos)); }
 
-Expr Expr::Ref(std::string_view rule, SourcePos pos) {
-  Expr e;
-  e.kind = Kind::kRule;
-  e.text = std::string(rule);
-  e.pos = std::move(pos);
-  return e;
-}
+Expr Expr::Ref(std::string_view rule, SourcePos pos) { return WithText(Kind::kRule, rule, std::move(pos)); }
 
-Expr Expr::Token(std::string_view name, SourcePos pos) {
-  Expr e;
-  e.kind = Kind::kToken;
-  e.text = std::string(name);
-  e.pos = std::move(pos);
-  return e;
-}
+Expr Expr::Token(std::string_view name, SourcePos pos) { return WithText(Kind::kToken, name, std::move(pos)); }
 
 std::string TokenMarker(std::string_view name) {
   std::string m;

@@ -106,6 +106,9 @@ struct Expr {
   static Expr Optional(Expr child, SourcePos pos = {}) { return Repeat(std::move(child), 0, 1, std::move(pos)); }
   static Expr Star(Expr child, SourcePos pos = {}) { return Repeat(std::move(child), 0, -1, std::move(pos)); }
   static Expr Plus(Expr child, SourcePos pos = {}) { return Repeat(std::move(child), 1, -1, std::move(pos)); }
+
+ private:
+  static Expr WithText(Kind kind, std::string_view text, SourcePos pos);  // literal, rule, token
 };
 
 // A token terminal's bytes in a grammar and in the vocabulary's trie.

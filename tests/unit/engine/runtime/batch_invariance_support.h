@@ -104,6 +104,22 @@ inline InvariantResult RunAmong(Engine& e, EngineRequest target, int companions,
   return results[target_index];
 }
 
+// A batch-invariant engine on `device` ("cpu", "cuda") over the shared tiny model, room
+// for the largest case's 256 sequences.
+inline std::unique_ptr<Engine> MakeInvariantEngine(const std::string& device, int32_t max_batch_tokens) {
+  EngineOptions o;
+  o.device = device;
+  o.num_threads = 2;
+  o.gpu_memory_utilization = 0.3;
+  o.batch_invariant = true;
+  o.max_batch_tokens = max_batch_tokens;
+  o.max_running = 256;
+  o.num_kv_blocks = 2048;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(SmallTinyModelDir(), o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
 struct InvarianceCase {
   int32_t max_batch_tokens;
   int companions;
@@ -115,18 +131,17 @@ inline std::vector<InvarianceCase> InvarianceCases() {
   return {{2048, 1}, {2048, 7}, {64, 15}, {300, 31}, {16, 3}, {512, 63}, {128, 100}, {2048, 255}, {97, 255}};
 }
 
-// The target alone, then in every case of InvarianceCases on a fresh engine from
-// `make(max_batch_tokens)`: tokens and bits equal to the lone run's.
-template <typename MakeEngine>
-void ExpectBatchInvariant(const MakeEngine& make, bool seeded, bool logprobs = true) {
-  std::unique_ptr<Engine> alone_engine = make(2048);
+// The target alone, then in every case of InvarianceCases on a fresh engine on `device`:
+// tokens and bits equal to the lone run's.
+inline void ExpectBatchInvariant(const std::string& device, bool seeded, bool logprobs = true) {
+  std::unique_ptr<Engine> alone_engine = MakeInvariantEngine(device, 2048);
   ASSERT_NE(alone_engine, nullptr);
   const InvariantResult alone = RunAmong(*alone_engine, InvarianceTarget(seeded, logprobs), 0, 1);
   ASSERT_EQ(alone.tokens.size(), 20u);
   if (logprobs) ASSERT_EQ(alone.logprobs.size(), 20u);
   const std::vector<uint32_t> reference = InvariantBits(alone);
   for (const InvarianceCase& c : InvarianceCases()) {
-    std::unique_ptr<Engine> e = make(c.max_batch_tokens);
+    std::unique_ptr<Engine> e = MakeInvariantEngine(device, c.max_batch_tokens);
     ASSERT_NE(e, nullptr);
     const InvariantResult batched =
         RunAmong(*e, InvarianceTarget(seeded, logprobs), c.companions, 100 + c.companions + c.max_batch_tokens);
