@@ -85,15 +85,25 @@ std::chrono::milliseconds RouterRegistration::heartbeat_interval() const {
 }
 
 void RouterRegistration::Loop() {
+  std::chrono::steady_clock::time_point next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    next = std::chrono::steady_clock::now() + interval_;
+  }
   for (;;) {
     std::chrono::milliseconds interval;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_until(lock, next, [this] { return stop_; })) return;
       interval = interval_;
-      if (cv_.wait_for(lock, interval, [this] { return stop_; })) return;
     }
+    // Beats keep a fixed cadence from when each was sent: the time an answer took is not
+    // added to the gap the router sees. An answer may take two intervals (a loaded host),
+    // since a beat that arrives late still proves the replica alive.
+    const auto sent = std::chrono::steady_clock::now();
+    next = sent + interval;
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + interval);
+    ctx.set_deadline(std::chrono::system_clock::now() + 2 * interval);
     v1::HeartbeatRequest req;
     req.set_replica_id(replica_id());
     *req.mutable_load() = load_();

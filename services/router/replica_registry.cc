@@ -8,7 +8,9 @@
 
 namespace tandem {
 
-ReplicaRegistry::ReplicaRegistry(Options options) : options_(std::move(options)) {}
+ReplicaRegistry::ReplicaRegistry(Options options) : options_(std::move(options)) {
+  if (!options_.clock) options_.clock = [] { return std::chrono::steady_clock::now(); };
+}
 
 absl::StatusOr<std::string> ReplicaRegistry::Register(const v1::RegisterRequest& r) {
   if (r.grpc_address().empty()) return absl::InvalidArgumentError("grpc_address: empty");
@@ -32,7 +34,7 @@ absl::StatusOr<std::string> ReplicaRegistry::Register(const v1::RegisterRequest&
   replica->decode = v1::Decode::NewStub(replica->channel);
   replica->generation = v1::Generation::NewStub(replica->channel);
   replica->load = r.load();
-  replica->last_heartbeat = std::chrono::steady_clock::now();
+  replica->last_heartbeat = options_.clock();
   {
     std::unique_lock<std::shared_mutex> cache(replica->cache_mu);  // (not shared yet)
     ApplyKvEvents(r.kv_events(), &replica->cached_blocks);
@@ -64,7 +66,7 @@ bool ReplicaRegistry::Heartbeat(const v1::HeartbeatRequest& r) {
     replica = it->second;
     replica->load = r.load();
     replica->draining = r.draining();
-    replica->last_heartbeat = std::chrono::steady_clock::now();
+    replica->last_heartbeat = options_.clock();
   }
   // The events outside the registry's mutex: a long list (a full resend) holds up only
   // picks that score this replica. A replica's heartbeats come one at a time (its
@@ -83,10 +85,15 @@ void ReplicaRegistry::Deregister(const std::string& id) {
 }
 
 std::vector<std::string> ReplicaRegistry::DropSilent() {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = options_.clock();
   const auto limit = options_.heartbeat_interval * options_.missed_heartbeats_to_drop;
   std::vector<std::string> dropped;
   std::lock_guard<std::mutex> lock(mu_);
+  if (last_drop_check_ && now - *last_drop_check_ > 2 * options_.heartbeat_interval) {
+    no_drops_until_ = now + limit;
+  }
+  last_drop_check_ = now;
+  if (now < no_drops_until_) return dropped;
   for (auto it = replicas_.begin(); it != replicas_.end();) {
     if (now - it->second->last_heartbeat > limit) {
       dropped.push_back(it->first);
@@ -122,7 +129,7 @@ ReplicaPtr ReplicaRegistry::PickRoundRobin(v1::Role role, const std::vector<std:
 }
 
 void ReplicaRegistry::List(v1::ListReplicasResponse* out) const {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = options_.clock();
   std::lock_guard<std::mutex> lock(mu_);
   out->set_model(options_.model);
   for (const auto& [id, r] : replicas_) {

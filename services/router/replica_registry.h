@@ -113,6 +113,8 @@ class ReplicaRegistry {
   struct Options {
     std::chrono::milliseconds heartbeat_interval{1000};
     int missed_heartbeats_to_drop = 3;
+    // The registry's time (tests inject one); empty: std::chrono::steady_clock::now.
+    std::function<std::chrono::steady_clock::time_point()> clock;
     uint64_t layout_fingerprint = 0;  // replicas must match (0: accept any)
     std::string model;
     // How channels to replicas are opened (the internal credentials: services/security);
@@ -127,7 +129,11 @@ class ReplicaRegistry {
   // False if the replica is unknown (it should register again).
   bool Heartbeat(const v1::HeartbeatRequest& r);
   void Deregister(const std::string& id);
-  // Drops replicas silent for too long; returns their ids.
+  // Drops replicas silent for more than missed_heartbeats_to_drop intervals; returns their
+  // ids. Called once per heartbeat interval. A call that comes more than two intervals after
+  // the previous one means this process was starved of CPU: the replicas' heartbeats may be
+  // waiting unread in its queues, so nobody is dropped until a whole drop window has passed
+  // since (a live replica on a loaded host is not mistaken for a dead one).
   std::vector<std::string> DropSilent();
 
   // Ready replicas able to serve `role` (both-replicas serve every role), in id order.
@@ -156,6 +162,8 @@ class ReplicaRegistry {
   uint64_t next_id_ = 1;
   std::map<v1::Role, uint64_t> rr_;
   std::mt19937_64 rng_{0x7a6e};
+  std::optional<std::chrono::steady_clock::time_point> last_drop_check_;
+  std::chrono::steady_clock::time_point no_drops_until_{};
 };
 
 // Applies a replica's prefix-cache events to the router's view of it.

@@ -23,7 +23,10 @@ std::unique_ptr<LocalCluster> StartCluster(int prefill, int decode, int both, st
   o.num_both = both;
   worker_args.push_back("--threads=1");
   o.worker_args = worker_args;
+  // Fast beats so load reports are fresh; five may be missed (1 s) so that a replica
+  // starved by the tests running beside it on a small CI machine is not dropped.
   router_args.push_back("--heartbeat-ms=200");
+  router_args.push_back("--missed-heartbeats=5");
   o.router_args = router_args;
   return StartCluster(std::move(o));
 }

@@ -2,7 +2,8 @@
 // exclusions, draining replicas, load, cached prefixes, free KV), the prefix scoring
 // running outside the registry's mutex (a pick held up scoring one replica leaves
 // heartbeats, registrations and listings free), and picks racing heartbeats that change
-// the cached blocks (the tsan build runs this test too).
+// the cached blocks (the tsan build runs this test too), and who is dropped for silence
+// on an injected clock (a starved router drops nobody).
 #include "services/router/replica_registry.h"
 
 #include <gtest/gtest.h>
@@ -191,6 +192,71 @@ TEST_F(ReplicaRegistryTest, PicksRaceHeartbeatsAndMembershipChanges) {
   heartbeats.join();
   churn.join();
   EXPECT_EQ(picked, 6000);
+}
+
+// Drops by silence, on an injected clock: 1 s beats, 3 may be missed.
+class ReplicaDropTest : public ::testing::Test {
+ protected:
+  using Clock = std::chrono::steady_clock;
+  std::string Add(const std::string& address) {
+    v1::RegisterRequest r;
+    r.set_role(v1::ROLE_DECODE);
+    r.set_grpc_address(address);
+    absl::StatusOr<std::string> id = registry_.Register(r);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return *id;
+  }
+  void Beat(const std::string& id) {
+    v1::HeartbeatRequest hb;
+    hb.set_replica_id(id);
+    EXPECT_TRUE(registry_.Heartbeat(hb));
+  }
+  // Advances the clock by `ms`, running the reaper once per second of it as the router's
+  // reaper thread does, beating `alive` before each run. Returns every id dropped.
+  std::vector<std::string> Run(int ms, const std::vector<std::string>& alive) {
+    std::vector<std::string> dropped;
+    for (int t = 0; t < ms; t += 1000) {
+      now_ += std::chrono::milliseconds(1000);
+      for (const std::string& id : alive) Beat(id);
+      for (std::string& id : registry_.DropSilent()) dropped.push_back(std::move(id));
+    }
+    return dropped;
+  }
+
+  Clock::time_point now_ = Clock::time_point{} + std::chrono::hours(1);
+  ReplicaRegistry registry_{{.heartbeat_interval = std::chrono::milliseconds(1000),
+                             .missed_heartbeats_to_drop = 3,
+                             .clock = [this] { return now_; }}};
+};
+
+TEST_F(ReplicaDropTest, ASilentReplicaIsDroppedAfterItsMissedBeatsAndALiveOneIsKept) {
+  const std::string live = Add("127.0.0.1:1");
+  const std::string silent = Add("127.0.0.1:2");
+  registry_.DropSilent();
+  EXPECT_TRUE(Run(3000, {live}).empty());  // silent for exactly the limit: kept
+  EXPECT_EQ(Run(1000, {live}), std::vector<std::string>{silent});
+  EXPECT_TRUE(Run(10000, {live}).empty());
+  EXPECT_EQ(registry_.Candidates(v1::ROLE_DECODE).size(), 1u);
+}
+
+TEST_F(ReplicaDropTest, AStarvedReaperDropsNobodyUntilAWholeWindowHasPassed) {
+  const std::string a = Add("127.0.0.1:1");
+  const std::string b = Add("127.0.0.1:2");
+  registry_.DropSilent();
+  // The router gets no CPU for 5 s: its reaper's next run sees both replicas silent for
+  // longer than the limit, but their beats may be queued unread.
+  now_ += std::chrono::milliseconds(5000);
+  EXPECT_TRUE(registry_.DropSilent().empty());
+  // The queued beats are read; both stay.
+  Beat(a);
+  Beat(b);
+  EXPECT_TRUE(Run(3000, {a, b}).empty());
+  // A replica that really is gone is still dropped, once the grace has passed.
+  now_ += std::chrono::milliseconds(5000);
+  EXPECT_TRUE(registry_.DropSilent().empty());
+  Beat(a);
+  EXPECT_TRUE(Run(2000, {a}).empty());  // within the grace (3 s) after the stall
+  EXPECT_EQ(Run(2000, {a}), std::vector<std::string>{b});
 }
 
 }  // namespace
