@@ -4,7 +4,8 @@
 # build/) of the `tsan`-labelled tests: the router's request core (its serial executors,
 # timers and sinks on real threads, with fake replicas), the engine's KV waiter queue, the
 # replica registry, the kvstore's block store, the transfer layer in one
-# process, the router's metrics history. Every process writes its reports under
+# process, the router's metrics history, the decode replica's prober of quarantined
+# leases' writers (its timers and answers on other threads). Every process writes its reports under
 # build-tsan/tsan-reports; any report fails the run (0 reports is the bar).
 #   scripts/tsan.sh            (scripts/test.sh runs it after ctest)
 # Not the real binaries: Debian's gRPC is not instrumented, and the synchronization that
@@ -19,7 +20,8 @@ cmake -S "$root" -B "$build" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF
 targets=(services_router_replica_registry_test services_router_metrics_history_test
          services_kvstore_core_test
          services_transfer_test
-         services_api_request_core_test engine_runtime_kv_wait_test)
+         services_api_request_core_test engine_runtime_kv_wait_test
+         services_decode_kv_writer_prober_test)
 echo "tsan.sh: building ${#targets[@]} targets with ThreadSanitizer in $build"
 start=$(date +%s)
 cmake --build "$build" --target "${targets[@]}"
