@@ -16,7 +16,7 @@ if [ "${1:-}" = pack ]; then
   rm -rf "$root/.carry/e2e" "$root/.carry/device" && mkdir -p "$root/.carry/e2e"
   "$build/bin/tandem" make-model --preset tiny --generated-tokenizer --vocab-size 4096 --seed 3 --out "$root/.carry/e2e/model"
   "$root/scripts/device/pack.sh" "$build/bin/tandem" "$build/bin/tandem-router" "$build/bin/tandem-prefill" \
-    "$build/bin/tandem-decode" "$build/tests/integration_gpu_serving_test" "$build/tests/kernels_cuda_kv_block_copy_test" \
+    "$build/bin/tandem-decode" "$build/bin/tandem-kvstore" "$build/tests/integration_gpu_serving_test" "$build/tests/kernels_cuda_kv_block_copy_test" \
     "$build/tests/engine_model_cuda_ipc_test" "$build/bin/kv_peer_copy_bench" \
     "$build/tests/engine_runtime_engine_cuda_test" || exit 1
   # Compressed: with the working tree it must fit the device tool's 64 MiB.
