@@ -14,11 +14,19 @@
 #include "gtest/gtest.h"
 #include "services/api/proto_convert.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/integration/cluster_probes.h"
 
 namespace tandem {
 namespace {
 
+using testing::ExpectAllKvFree;
 using testing::Generate;
+using testing::Metric;
+using testing::ProcessNamed;
+using testing::QuarantineWritersAt;
+using testing::Stat;
+using testing::SteadyLoad;
+using testing::WaitUntilBusy;
 using testing::GenerationStub;
 using testing::StartCluster;
 using testing::StreamResult;
@@ -39,24 +47,6 @@ v1::ListReplicasResponse Replicas(const LocalCluster& cluster) {
   v1::ListReplicasResponse r;
   EXPECT_TRUE(stub->ListReplicas(&ctx, v1::ListReplicasRequest(), &r).ok());
   return r;
-}
-
-int64_t KvBlocksInUse(const ProcessInfo& p) {
-  const std::string body = testing::HttpGet(p.ready.value("admin", ""), "/stats");
-  nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-  return j.is_object() ? j.value("kv_blocks_in_use", -1) : -1;
-}
-
-void ExpectAllKvFree(LocalCluster& cluster) {
-  for (const ProcessInfo& p : cluster.processes()) {
-    if (p.role == "router" || p.pid <= 0) continue;
-    int64_t in_use = -1;
-    for (int i = 0; i < 300 && in_use != 0; ++i) {
-      in_use = KvBlocksInUse(p);
-      if (in_use != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    EXPECT_EQ(in_use, 0) << p.name;
-  }
 }
 
 class FaultToleranceTest : public ::testing::Test {
@@ -107,16 +97,6 @@ Reference ReferenceWithLogprobs(Engine& engine, const v1::GenerateRequest& r, co
     for (const auto& lp : o.logprobs) ref.logprobs.push_back(lp.logprob);
   }
   return ref;
-}
-
-// A number from process `name`'s /stats (-1 when it does not answer).
-int64_t Stat(LocalCluster& cluster, const std::string& name, const std::string& key) {
-  for (const ProcessInfo& p : cluster.processes()) {
-    if (p.name != name) continue;
-    nlohmann::json j = nlohmann::json::parse(testing::HttpGet(p.ready.value("admin", ""), "/stats"), nullptr, false);
-    return j.is_object() ? j.value(key, int64_t{-1}) : -1;
-  }
-  return -1;
 }
 
 // Lines of `path` containing `needle`.
@@ -217,92 +197,6 @@ TEST_F(FaultToleranceTest, KillingAPrefillAndADecodeReplicaMidStream) {
   }
   // KV back to zero on the survivors and on the restarted replicas.
   ExpectAllKvFree(*cluster);
-}
-
-std::optional<ProcessInfo> ProcessNamed(const LocalCluster& cluster, const std::string& name) {
-  for (ProcessInfo& p : cluster.processes()) {
-    if (p.name == name) return std::move(p);
-  }
-  return std::nullopt;
-}
-
-// The value of one sample of the Prometheus text at `name`'s /metrics: the line of metric
-// `metric` containing `label` ("" for any); -1 when absent.
-double Metric(const LocalCluster& cluster, const std::string& name, const std::string& metric,
-              const std::string& label = "") {
-  const std::optional<ProcessInfo> p = ProcessNamed(cluster, name);
-  if (!p) return -1;
-  std::istringstream in(testing::HttpGet(p->ready.value("admin", ""), "/metrics"));
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(metric, 0) != 0 || (line.size() > metric.size() && line[metric.size()] != '{' &&
-                                       line[metric.size()] != ' ')) {
-      continue;
-    }
-    if (!label.empty() && line.find(label) == std::string::npos) continue;
-    return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
-}
-
-// Quarantined leases' writers at `writer_address` the decode replica `name` has not yet
-// seen stop (its /stats kv_quarantine_writers); -1 when it does not answer.
-int64_t QuarantineWritersAt(const LocalCluster& cluster, const std::string& name, const std::string& writer_address) {
-  const std::optional<ProcessInfo> p = ProcessNamed(cluster, name);
-  if (!p) return -1;
-  nlohmann::json j = nlohmann::json::parse(testing::HttpGet(p->ready.value("admin", ""), "/stats"), nullptr, false);
-  if (!j.is_object() || !j.contains("kv_quarantine_writers")) return -1;
-  return j["kv_quarantine_writers"].value(writer_address, int64_t{0});
-}
-
-// Clients sending requests from a fixed set, one at a time each, until stopped; each
-// result is kept with its prompt and whether it started after `marked` was set.
-class SteadyLoad {
- public:
-  struct Done {
-    int prompt;
-    bool after_mark;
-    StreamResult result;
-  };
-  SteadyLoad(v1::Generation::Stub* stub, const std::vector<v1::GenerateRequest>* reqs, int clients) {
-    for (int c = 0; c < clients; ++c) {
-      threads_.emplace_back([this, stub, reqs, c, clients] {
-        for (int i = c; !stop_; i += clients) {
-          const int prompt = i % static_cast<int>(reqs->size());
-          const bool after = marked_;
-          StreamResult r = Generate(*stub, (*reqs)[prompt], 60);
-          std::lock_guard<std::mutex> lock(mu_);
-          done_.push_back({prompt, after, std::move(r)});
-        }
-      });
-    }
-  }
-  void Mark() { marked_ = true; }
-  std::vector<Done> Stop() {
-    stop_ = true;
-    for (auto& t : threads_) t.join();
-    threads_.clear();
-    return std::move(done_);
-  }
-  ~SteadyLoad() {
-    if (!threads_.empty()) Stop();
-  }
-
- private:
-  std::atomic<bool> stop_{false}, marked_{false};
-  std::mutex mu_;
-  std::vector<Done> done_;
-  std::vector<std::thread> threads_;
-};
-
-// Waits (bounded: a stuck cluster fails the test, not hangs it) until `name` has a prompt
-// in its engine.
-bool WaitUntilBusy(LocalCluster& cluster, const std::string& name) {
-  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < limit) {
-    if (Stat(cluster, name, "running") >= 1) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return false;
 }
 
 TEST_F(FaultToleranceTest, AStoppedPrefillReplicasLeasesStayQuarantinedUntilItResumes) {

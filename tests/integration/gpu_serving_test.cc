@@ -3,7 +3,9 @@
 // sharing it) and, when the machine has two, with prefill and decode on different GPUs:
 // the output equals an aggregated worker's on the GPU, and the replicas' metrics show the
 // KV went GPU to GPU with nothing staged through the host pools or sent over UCX. The
-// host path (--kv-transfer transfer) on the GPU gives the same output.
+// host path (--kv-transfer transfer) on the GPU gives the same output. A prefill replica
+// stopped while it may be writing through the IPC mapping keeps its leases quarantined
+// until it resumes (the lease-expiry guarantee on the device-to-device path).
 //
 // "Equals": the greedy requests' tokens exactly. The sampled requests' tokens too, except
 // that they may part where the two runs' next-token distributions agree (their top
@@ -34,6 +36,7 @@
 #include "engine/model/model_backend.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/integration/cluster_probes.h"
 #include "tests/integration/sampled_output_match.h"
 
 namespace tandem {
@@ -278,6 +281,82 @@ TEST_F(GpuServingTest, DecodeKilledDuringDeviceTransfersLeavesPrefillServing) {
   EXPECT_EQ(MetricSum(after, "tandem_kv_transfer_requests_total", "path=\"cuda_ipc\"") -
                 MetricSum(before, "tandem_kv_transfer_requests_total", "path=\"cuda_ipc\""),
             want.size());
+}
+
+// The lease-expiry guarantee on the device-to-device path (fault_tolerance_test has it over
+// UCX): a prefill replica stopped (SIGSTOP) while its copies into the decode replica's GPU
+// pool may be in flight, for longer than its lease, is dropped by the router and its
+// requests retried on the other prefill replica, but the decode replica keeps every lease
+// it was recorded writing into quarantined for the whole stop. Resumed while the load goes
+// on (the freed blocks are reserved again at once), whatever it still had in hand lands
+// nowhere: every request completes with the undisturbed output, KV back to zero, its
+// quarantines ended by its own word.
+TEST_F(GpuServingTest, AStoppedPrefillsCudaIpcLeasesStayQuarantinedUntilItResumes) {
+  constexpr int kLeaseMs = 2000;
+  const Outputs want = Aggregated("cuda:0");
+  ASSERT_EQ(want.size(), Requests().size());
+  std::unique_ptr<LocalCluster> pd = Start(2, 1, 0, {"cuda:0", "cuda:0"}, {"cuda:0"},
+                                           {"--kv-transfer=cuda-ipc", "--kv-lease-ms=" + std::to_string(kLeaseMs)});
+  ASSERT_NE(pd, nullptr);
+  const std::string writer = testing::ProcessNamed(*pd, "prefill-0")->ready.value("grpc", "");
+  ASSERT_FALSE(writer.empty());
+  auto stub = GenerationStub(pd->router_address());
+  // The greedy requests: batched with each other under load, the sampled ones' draws may
+  // fall differently where the GPU's sums depend on the batch (the header).
+  std::vector<v1::GenerateRequest> reqs = Requests();
+  reqs.resize(kSampledWithLogprobs);
+  testing::SteadyLoad load(stub.get(), &reqs, 8, 180);
+  // A GPU prefill takes milliseconds, so a stop may find prefill-0 between writes: stop it
+  // until it is caught holding a lease (quarantined once the lease expired).
+  int64_t held = 0;
+  int attempts = 0;
+  while (held <= 0 && attempts < 20) {
+    ++attempts;
+    ASSERT_TRUE(pd->Kill("prefill-0", SIGSTOP).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(kLeaseMs + 1000));
+    held = testing::QuarantineWritersAt(*pd, "decode-0", writer);
+    if (held <= 0) {
+      ASSERT_TRUE(pd->Kill("prefill-0", SIGCONT).ok());
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // it rejoins the router
+    }
+  }
+  ASSERT_GT(held, 0) << "prefill-0 held no lease on the decode replica in " << attempts << " stops";
+  // Three more seconds stopped: its quarantines never shrink, blocks stay quarantined.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  int samples = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    EXPECT_GE(testing::QuarantineWritersAt(*pd, "decode-0", writer), held)
+        << "a quarantine of the stopped writer ended while it was stopped";
+    EXPECT_GT(testing::Metric(*pd, "decode-0", "tandem_kv_quarantined_blocks"), 0);
+    ++samples;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GT(samples, 10);
+  const double ended_before = testing::Metric(*pd, "decode-0", "tandem_kv_quarantine_ends_total", "writer_ended");
+  load.Mark();
+  ASSERT_TRUE(pd->Kill("prefill-0", SIGCONT).ok());
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const std::vector<testing::SteadyLoad::Done> done = load.Stop();
+  int after_resume = 0;
+  for (const testing::SteadyLoad::Done& d : done) {
+    const char* when = d.after_mark ? " (after the resume)" : "";
+    EXPECT_TRUE(d.result.status.ok()) << "request " << d.prompt << when << ": " << d.result.status.error_message();
+    if (!d.result.status.ok()) continue;
+    const OutputMatch m = SameOutput(static_cast<size_t>(d.prompt), d.result, want);
+    EXPECT_TRUE(m.same) << "request " << d.prompt << when << " " << m.why;
+    after_resume += d.after_mark;
+  }
+  std::printf("stopped writer on the CUDA IPC path: %zu requests, %d after it resumed, %lld quarantined writes "
+              "held (caught on stop %d)\n",
+              done.size(), after_resume, static_cast<long long>(held), attempts);
+  EXPECT_GT(after_resume, 8);
+  testing::ExpectAllKvFree(*pd);
+  EXPECT_EQ(testing::QuarantineWritersAt(*pd, "decode-0", writer), 0);
+  EXPECT_GT(testing::Metric(*pd, "decode-0", "tandem_kv_quarantine_ends_total", "writer_ended"), ended_before);
+  // The KV went device to device.
+  const std::string prefill = MetricsOf(*pd, "prefill-0");
+  EXPECT_GT(MetricSum(prefill, "tandem_kv_transfer_requests_total", "path=\"cuda_ipc\""), 0);
+  EXPECT_EQ(MetricSum(prefill, "tandem_kv_transfer_requests_total", "path=\"transfer\""), 0);
 }
 
 }  // namespace

@@ -1,0 +1,103 @@
+#include "tests/integration/cluster_probes.h"
+
+#include <chrono>
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::testing {
+namespace {
+
+nlohmann::json StatsOf(const ProcessInfo& p) {
+  nlohmann::json j = nlohmann::json::parse(HttpGet(p.ready.value("admin", ""), "/stats"), nullptr, false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+}  // namespace
+
+std::optional<ProcessInfo> ProcessNamed(const LocalCluster& cluster, const std::string& name) {
+  for (ProcessInfo& p : cluster.processes()) {
+    if (p.name == name) return std::move(p);
+  }
+  return std::nullopt;
+}
+
+int64_t Stat(const LocalCluster& cluster, const std::string& name, const std::string& key) {
+  const std::optional<ProcessInfo> p = ProcessNamed(cluster, name);
+  return p ? StatsOf(*p).value(key, int64_t{-1}) : -1;
+}
+
+double Metric(const LocalCluster& cluster, const std::string& name, const std::string& metric,
+              const std::string& label) {
+  const std::optional<ProcessInfo> p = ProcessNamed(cluster, name);
+  if (!p) return -1;
+  std::istringstream in(HttpGet(p->ready.value("admin", ""), "/metrics"));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(metric, 0) != 0 || (line.size() > metric.size() && line[metric.size()] != '{' &&
+                                       line[metric.size()] != ' ')) {
+      continue;
+    }
+    if (!label.empty() && line.find(label) == std::string::npos) continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+int64_t QuarantineWritersAt(const LocalCluster& cluster, const std::string& name, const std::string& writer_address) {
+  const std::optional<ProcessInfo> p = ProcessNamed(cluster, name);
+  if (!p) return -1;
+  const nlohmann::json j = StatsOf(*p);
+  if (!j.contains("kv_quarantine_writers")) return -1;
+  return j["kv_quarantine_writers"].value(writer_address, int64_t{0});
+}
+
+void ExpectAllKvFree(const LocalCluster& cluster) {
+  for (const ProcessInfo& p : cluster.processes()) {
+    if (p.role == "router" || p.pid <= 0) continue;
+    int64_t in_use = -1;
+    for (int i = 0; i < 300 && in_use != 0; ++i) {
+      in_use = StatsOf(p).value("kv_blocks_in_use", int64_t{-1});
+      if (in_use != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(in_use, 0) << p.name;
+  }
+}
+
+bool WaitUntilBusy(const LocalCluster& cluster, const std::string& name) {
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < limit) {
+    if (Stat(cluster, name, "running") >= 1) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;
+}
+
+SteadyLoad::SteadyLoad(v1::Generation::Stub* stub, const std::vector<v1::GenerateRequest>* reqs, int clients,
+                       double timeout_s) {
+  for (int c = 0; c < clients; ++c) {
+    threads_.emplace_back([this, stub, reqs, c, clients, timeout_s] {
+      for (int i = c; !stop_; i += clients) {
+        const int prompt = i % static_cast<int>(reqs->size());
+        const bool after = marked_;
+        StreamResult r = Generate(*stub, (*reqs)[prompt], timeout_s);
+        std::lock_guard<std::mutex> lock(mu_);
+        done_.push_back({prompt, after, std::move(r)});
+      }
+    });
+  }
+}
+
+std::vector<SteadyLoad::Done> SteadyLoad::Stop() {
+  stop_ = true;
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::move(done_);
+}
+
+SteadyLoad::~SteadyLoad() {
+  if (!threads_.empty()) Stop();
+}
+
+}  // namespace tandem::testing
