@@ -8,6 +8,7 @@
 #include "nlohmann/json.hpp"
 #include "services/api/proto_convert.h"
 #include "engine/output_parsing/chat_output_parser.h"
+#include "engine/output_parsing/think_reasoning_parser.h"
 #include "kernels/common/check.h"
 #include "services/api/request_core.h"
 
@@ -119,21 +120,21 @@ void Call::RespondError(const ApiError& e) {
 std::optional<ApiError> ToolChoiceConstraint(const CompletionContext& ctx, const ParsedRequest& request,
                                              v1::Constraint* out) {
   const RequiredToolCalls& calls = *request.chat.required_calls;
+  ReasoningFirst reasoning;
   if (ctx.parsers != nullptr && !ctx.reasoning_parser.empty()) {
-    // The constraint holds from the first token; output the reasoning parser takes for
-    // reasoning would hide the calls from the tool-call parser.
+    // Whether the output starts inside reasoning, as the reasoning parser reads it: then
+    // the calls are constrained to come after the reasoning ends.
     output_parsing::ChatOutputOptions probe;
     probe.reasoning_parser = ctx.reasoning_parser;
     probe.reasoning.thinking = request.chat.thinking;
     absl::StatusOr<output_parsing::ParsedChatOutput> parsed = output_parsing::ParseChatOutput(*ctx.parsers, probe, "x");
-    if (parsed.ok() && !parsed->reasoning.empty()) {
-      return InvalidRequest("tool_choice", "tool_choice: \"required\" and a named function are not supported while "
-                                           "the model reasons first (thinking, or the reasoning parser '" +
-                                               ctx.reasoning_parser + "'): the calls would be constrained before "
-                                               "the reasoning ends; use \"auto\"");
-    }
+    reasoning.on = parsed.ok() && !parsed->reasoning.empty();
   }
-  return ToolCallConstraint(calls, ctx.tool_call_parser, out);
+  if (reasoning.on && ctx.tokenizer != nullptr) {
+    const std::optional<int32_t> tag = ctx.tokenizer->TokenToId(output_parsing::kThinkClose);
+    reasoning.end_is_a_token = tag && (ctx.tokenizer->IsAdded(*tag) || ctx.tokenizer->IsSpecial(*tag));
+  }
+  return ToolCallConstraint(calls, ctx.tool_call_parser, out, reasoning);
 }
 
 void Call::Start() {

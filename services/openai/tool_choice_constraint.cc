@@ -65,14 +65,34 @@ std::string DeepSeekCall(const RequiredToolCalls& calls, op::DeepSeekToolFormat 
   return absl::StrCat(Token(op::kDeepSeekToolCallBegin), " (", alts, ") ", Token(op::kDeepSeekToolCallEnd));
 }
 
-std::string DeepSeekGrammar(const RequiredToolCalls& calls, op::DeepSeekToolFormat format) {
+// Text that does not contain "</think>" (where the reasoning parser ends reasoning), as
+// rules: a state machine over how much of "</think>" the text ends with. `lt` is a run of
+// '<' with what follows it up to the character that breaks the match (never '<', which
+// starts the next run); `tail` is text that ends partway through the marker.
+constexpr std::string_view kNoThinkCloseRules =
+    "reasoning ::= ([^<] | lt)* tail?\n"
+    "lt ::= \"<\"+ (brk | part lt)\n"
+    "tail ::= \"<\"+ (part tail?)?\n"
+    "part ::= \"/\" | \"/t\" | \"/th\" | \"/thi\" | \"/thin\" | \"/think\"\n"
+    "brk ::= [^</] | \"/\" [^<t] | \"/t\" [^<h] | \"/th\" [^<i] | \"/thi\" [^<n] | \"/thin\" [^<k] | "
+    "\"/think\" [^<>]\n";
+
+std::string DeepSeekGrammar(const RequiredToolCalls& calls, op::DeepSeekToolFormat format,
+                            const ReasoningFirst& reasoning) {
   // Calls as the model's chat template writes them: V3 puts a newline between calls,
   // V3.1 nothing.
   const std::string more = calls.single ? ""
                            : format == op::DeepSeekToolFormat::kV3 ? " (\"\\n\" call)*"
                                                                     : " call*";
-  return absl::StrCat("root ::= ", Token(op::kDeepSeekToolCallsBegin), " call", more, " ",
-                      Token(op::kDeepSeekToolCallsEnd), "\ncall ::= ", DeepSeekCall(calls, format), "\n");
+  const std::string calls_rule = absl::StrCat(Token(op::kDeepSeekToolCallsBegin), " call", more, " ",
+                                              Token(op::kDeepSeekToolCallsEnd));
+  const std::string call_rule = absl::StrCat("call ::= ", DeepSeekCall(calls, format), "\n");
+  if (!reasoning.on) return absl::StrCat("root ::= ", calls_rule, "\n", call_rule);
+  // Free reasoning up to its end, written as the tag's token (where the vocabulary has
+  // one) or its text, then whitespace and the calls.
+  const char* end = reasoning.end_is_a_token ? "(</think> | \"</think>\")" : "\"</think>\"";
+  return absl::StrCat("root ::= reasoning ", end, " [ \\t\\n]* ", calls_rule, "\n", call_rule,
+                      A(kNoThinkCloseRules));
 }
 
 // `parameters` as a schema of objects; nullopt when it allows no object.
@@ -131,7 +151,7 @@ std::optional<ApiError> ReadCallableTools(const Json& tools, std::string_view na
 }
 
 std::optional<ApiError> ToolCallConstraint(const RequiredToolCalls& calls, std::string_view tool_call_parser,
-                                           v1::Constraint* out) {
+                                           v1::Constraint* out, const ReasoningFirst& reasoning) {
   std::optional<op::DeepSeekToolFormat> format;
   if (tool_call_parser == "deepseek_v3") format = op::DeepSeekToolFormat::kV3;
   if (tool_call_parser == "deepseek_v31") format = op::DeepSeekToolFormat::kV31;
@@ -146,7 +166,7 @@ std::optional<ApiError> ToolCallConstraint(const RequiredToolCalls& calls, std::
   }
   out->Clear();
   v1::EbnfGrammar* g = out->mutable_ebnf();
-  g->set_grammar(DeepSeekGrammar(calls, *format));
+  g->set_grammar(DeepSeekGrammar(calls, *format, reasoning));
   for (const CallableTool& t : calls.tools) {
     v1::JsonSchemaRule* r = g->add_json_rules();
     r->set_name(RuleOf(t));

@@ -14,7 +14,8 @@
 //
 // and for V3.1 ("deepseek_v31") the same without the type, fence and newlines, the name
 // before <｜tool▁sep｜>. A call's arguments are never empty text: a tool without
-// parameters takes any JSON object. The model writes no text besides the calls.
+// parameters takes any JSON object. The model writes no text besides the calls, and
+// the reasoning before them for a model that reasons first.
 #pragma once
 
 #include <optional>
@@ -49,10 +50,19 @@ struct RequiredToolCalls {
 // control characters or '<', which end a name there).
 std::optional<ApiError> ReadCallableTools(const Json& tools, std::string_view named, RequiredToolCalls* out);
 
+// A model whose output starts inside reasoning (R1, V3.1 thinking).
+struct ReasoningFirst {
+  bool on = false;
+  bool end_is_a_token = false;  // the vocabulary has "</think>" as an added or special token
+};
+
 // The constraint for `calls` in the format of `tool_call_parser` (a registered name, or
-// empty when the router parses no tool calls). Errors: 400 when that parser has no
-// format to constrain to (or none is configured).
+// empty when the router parses no tool calls). With `reasoning.on` the calls come after
+// free reasoning text and its end, "</think>" (its token or its text; the reasoning text
+// never contains it, so that the reasoning parser ends reasoning exactly there) and
+// optional whitespace. Errors: 400 when that parser has no format to constrain to (or
+// none is configured).
 std::optional<ApiError> ToolCallConstraint(const RequiredToolCalls& calls, std::string_view tool_call_parser,
-                                           v1::Constraint* out);
+                                           v1::Constraint* out, const ReasoningFirst& reasoning = {});
 
 }  // namespace tandem::openai

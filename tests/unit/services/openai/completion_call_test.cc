@@ -260,14 +260,20 @@ TEST_F(CompletionCallTest, RequiredToolCallsTravelAsTheFormatsGrammar) {
   StartCompletion(ctx_, r, "a", refused);
   EXPECT_EQ(refused->status, 400);
   EXPECT_TRUE(absl::StrContains(refused->body, "--tool-call-parser")) << refused->body;
-  // Nor while the model reasons first: the calls would be held before reasoning ended.
+  EXPECT_TRUE(worker_->streams.empty());
+  // A model that reasons first: the calls come after the reasoning's end.
   ctx_.tool_call_parser = "deepseek_v3";
   ctx_.reasoning_parser = "deepseek_r1";
   auto reasoning = std::make_shared<FakeExchange>();
   StartCompletion(ctx_, r, "b", reasoning);
-  EXPECT_EQ(reasoning->status, 400);
-  EXPECT_TRUE(absl::StrContains(reasoning->body, "reasons first")) << reasoning->body;
-  EXPECT_TRUE(worker_->streams.empty());
+  ASSERT_EQ(worker_->streams.size(), 1u);
+  const v1::Constraint& after_reasoning = worker_->streams[0]->generate_req.constraint();
+  ASSERT_TRUE(after_reasoning.has_ebnf());
+  // (This tokenizer has no "</think>" token: the tag is text.)
+  EXPECT_TRUE(absl::StrContains(after_reasoning.ebnf().grammar(),
+                                "root ::= reasoning \"</think>\" [ \\t\\n]* <｜tool▁calls▁begin｜> call"))
+      << after_reasoning.ebnf().grammar();
+  worker_->streams.clear();
 
   ctx_.reasoning_parser = "deepseek_v3";  // reasons only when asked to
   auto exchange = std::make_shared<FakeExchange>();

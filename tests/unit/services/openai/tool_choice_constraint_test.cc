@@ -43,7 +43,7 @@ std::unique_ptr<Tokenizer> MarkerTokenizer() {
   nlohmann::json j = nlohmann::json::parse(files.tokenizer_json);
   int id = kBase;
   for (std::string_view m : {op::kDeepSeekToolCallsBegin, op::kDeepSeekToolCallsEnd, op::kDeepSeekToolCallBegin,
-                             op::kDeepSeekToolCallEnd, op::kDeepSeekToolSep}) {
+                             op::kDeepSeekToolCallEnd, op::kDeepSeekToolSep, std::string_view("</think>")}) {
     j["added_tokens"].push_back({{"id", id++}, {"content", std::string(m)}, {"single_word", false},
                                  {"lstrip", false}, {"rstrip", false}, {"normalized", true}, {"special", false}});
   }
@@ -59,7 +59,7 @@ class ToolChoiceConstraintTest : public ::testing::Test {
 
   // The request's constraint for `parser`, or the 400.
   static std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> Build(
-      const std::string& extra_fields, std::string_view parser = "deepseek_v3") {
+      const std::string& extra_fields, std::string_view parser = "deepseek_v3", bool reasoning_first = false) {
     const Json body = Json::parse(std::string(R"({"messages": [{"role": "user", "content": "hi"}], "tools": )") +
                                   kTools + ", " + extra_fields + "}");
     std::variant<ParsedRequest, ApiError> r = ParseRequest(Endpoint::kChat, body, {});
@@ -69,7 +69,8 @@ class ToolChoiceConstraintTest : public ::testing::Test {
     EXPECT_TRUE(req.chat.required_calls.has_value());
     if (!req.chat.required_calls) return ApiError{};
     v1::Constraint c;
-    if (auto e = ToolCallConstraint(*req.chat.required_calls, parser, &c)) return *e;
+    const ReasoningFirst reasoning{.on = reasoning_first, .end_is_a_token = true};
+    if (auto e = ToolCallConstraint(*req.chat.required_calls, parser, &c, reasoning)) return *e;
     absl::StatusOr<OutputConstraint> o = FromProto(c);
     EXPECT_TRUE(o.ok()) << o.status();
     auto g = compiler_->CompileEbnf(o->text, o->root, o->json_rules, o->json, absl::InfiniteFuture());
@@ -78,8 +79,9 @@ class ToolChoiceConstraintTest : public ::testing::Test {
     return *g;
   }
   static std::shared_ptr<const grammar::CompiledGrammar> Grammar(const std::string& extra,
-                                                                 std::string_view parser = "deepseek_v3") {
-    auto g = Build(extra, parser);
+                                                                 std::string_view parser = "deepseek_v3",
+                                                                 bool reasoning_first = false) {
+    auto g = Build(extra, parser, reasoning_first);
     if (auto* e = std::get_if<ApiError>(&g)) ADD_FAILURE() << e->message;
     return std::holds_alternative<ApiError>(g) ? nullptr : std::get<0>(g);
   }
@@ -88,6 +90,22 @@ class ToolChoiceConstraintTest : public ::testing::Test {
   static bool Accepts(const std::shared_ptr<const grammar::CompiledGrammar>& g, std::string_view text) {
     grammar::GrammarMatcher m(g);
     for (int32_t id : tokenizer_->Encode(text, false)) {
+      if (!m.AcceptToken(id)) return false;
+    }
+    return m.CanEnd();
+  }
+
+  // Whether `reasoning` spelled byte by byte (as a model may write any text, even a
+  // tag's, with ordinary tokens), then `rest` tokenized, is a whole sentence.
+  static bool AcceptsSpelled(const std::shared_ptr<const grammar::CompiledGrammar>& g, std::string_view reasoning,
+                             std::string_view rest) {
+    grammar::GrammarMatcher m(g);
+    for (char c : reasoning) {
+      for (int32_t id : tokenizer_->Encode(std::string_view(&c, 1), false)) {
+        if (!m.AcceptToken(id)) return false;
+      }
+    }
+    for (int32_t id : tokenizer_->Encode(rest, false)) {
       if (!m.AcceptToken(id)) return false;
     }
     return m.CanEnd();
@@ -223,6 +241,49 @@ TEST_F(ToolChoiceConstraintTest, RandomSentencesParseIntoValidCalls) {
       }
     }
   }
+}
+
+// A model that reasons first: any reasoning that does not contain "</think>", then the
+// tag (its token), whitespace and the calls. Checked exactly over 4,000 random reasoning
+// texts drawn from the tag's own characters, written as tokenized (a tag inside becomes
+// its token) and spelled byte by byte (accepted iff the text does not contain the tag:
+// the tag overlaps itself nowhere, so its first occurrence is the closing one), and
+// the reasoning parser splits every accepted output there, the calls parsed whole.
+TEST_F(ToolChoiceConstraintTest, ReasoningFirstTakesAnyReasoningWithoutTheTagThenTheCalls) {
+  const auto g = Grammar(R"("tool_choice": {"type": "function", "function": {"name": "get_weather"}})",
+                         "deepseek_v3", /*reasoning_first=*/true);
+  ASSERT_NE(g, nullptr);
+  const std::string call = V3({V3Call("get_weather", R"({"city": "Oslo"})")});
+  EXPECT_TRUE(Accepts(g, "The user wants Oslo. </thin <</think>\n\n" + call));
+  EXPECT_TRUE(Accepts(g, "</think>" + call));  // no reasoning at all
+  EXPECT_TRUE(Accepts(g, "ünïcode < / > </thinK> </think>\n" + call));
+  EXPECT_FALSE(Accepts(g, "first</think>second</think>" + call));  // the tag ended reasoning
+  EXPECT_FALSE(Accepts(g, "reasoning without an end " + call));
+  EXPECT_FALSE(Accepts(g, "done</think>\nSome content " + call));  // only whitespace between
+  const op::OutputParserRegistry registry = op::OutputParserRegistry::WithBuiltins();
+  std::mt19937 rng(11);
+  const std::string alphabet = "</think>x";
+  int accepted = 0;
+  for (int i = 0; i < 4000; ++i) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 24);
+    for (int k = 0; k < n; ++k) {
+      text += rng() % 5 == 0 ? std::string("</think") : std::string(1, alphabet[rng() % alphabet.size()]);
+    }
+    const bool has_tag = text.find("</think>") != std::string::npos;
+    const std::string output = text + "</think>\n" + call;
+    ASSERT_EQ(Accepts(g, output), !has_tag) << text;  // a tag inside is its token
+    ASSERT_EQ(AcceptsSpelled(g, text, "</think>\n" + call), !has_tag) << text;  // or its text
+    if (has_tag) continue;
+    ++accepted;
+    absl::StatusOr<op::ParsedChatOutput> out = op::ParseChatOutput(
+        registry, {.reasoning_parser = "deepseek_r1", .tool_call_parser = "deepseek_v3"}, output);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->reasoning, text);
+    ASSERT_EQ(out->CompleteToolCalls().size(), 1u) << text;
+    EXPECT_EQ(out->CompleteToolCalls()[0].name, "get_weather");
+  }
+  EXPECT_GT(accepted, 1000);
 }
 
 TEST_F(ToolChoiceConstraintTest, RefusalsAre400sNamingTheProblem) {
