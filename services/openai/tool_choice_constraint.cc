@@ -89,9 +89,10 @@ std::string DeepSeekGrammar(const RequiredToolCalls& calls, op::DeepSeekToolForm
   const std::string call_rule = absl::StrCat("call ::= ", DeepSeekCall(calls, format), "\n");
   if (!reasoning.on) return absl::StrCat("root ::= ", calls_rule, "\n", call_rule);
   // Free reasoning up to its end, written as the tag's token (where the vocabulary has
-  // one) or its text, then whitespace and the calls.
+  // one) or its text, then at most the two newlines R1 writes there (they reach the
+  // content), and the calls.
   const char* end = reasoning.end_is_a_token ? "(</think> | \"</think>\")" : "\"</think>\"";
-  return absl::StrCat("root ::= reasoning ", end, " [ \\t\\n]* ", calls_rule, "\n", call_rule,
+  return absl::StrCat("root ::= reasoning ", end, " \"\\n\"? \"\\n\"? ", calls_rule, "\n", call_rule,
                       A(kNoThinkCloseRules));
 }
 

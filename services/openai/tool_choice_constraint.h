@@ -59,8 +59,8 @@ struct ReasoningFirst {
 // The constraint for `calls` in the format of `tool_call_parser` (a registered name, or
 // empty when the router parses no tool calls). With `reasoning.on` the calls come after
 // free reasoning text and its end, "</think>" (its token or its text; the reasoning text
-// never contains it, so that the reasoning parser ends reasoning exactly there) and
-// optional whitespace. Errors: 400 when that parser has no format to constrain to (or
+// never contains it, so that the reasoning parser ends reasoning exactly there) and up
+// to two newlines. Errors: 400 when that parser has no format to constrain to (or
 // none is configured).
 std::optional<ApiError> ToolCallConstraint(const RequiredToolCalls& calls, std::string_view tool_call_parser,
                                            v1::Constraint* out, const ReasoningFirst& reasoning = {});

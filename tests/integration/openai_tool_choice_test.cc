@@ -41,5 +41,23 @@ TEST(OpenAiToolChoiceTest, RequiredAndNamedComeBackAsValidCalls) {
   EXPECT_EQ(seen["named"].size(), 3u);
 }
 
+// A model that reasons first (--reasoning-parser deepseek_r1): the named call comes after
+// the reasoning, each part in its own field (sdk_tool_choice_reasoning.mjs says how).
+TEST(OpenAiToolChoiceTest, AfterTheReasoningOfAModelThatReasonsFirst) {
+  const char* src = std::getenv("TANDEM_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  auto cluster = testing::StartCluster(
+      0, 0, 1, {}, {"--http-listen=127.0.0.1:0", "--tool-call-parser=deepseek_v3", "--reasoning-parser=deepseek_r1"});
+  ASSERT_NE(cluster, nullptr);
+  const std::string http = cluster->router_http_address();
+  ASSERT_FALSE(http.empty());
+  const testing::ProcessResult r = testing::RunProcess(
+      {"/usr/bin/env", "node", absl::StrCat(src, "/tests/integration/openai/sdk_tool_choice_reasoning.mjs"),
+       absl::StrCat("http://", http, "/v1"), "tiny"},
+      {}, 600);
+  std::fprintf(stderr, "%s%s", r.err.c_str(), r.out.c_str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+}
+
 }  // namespace
 }  // namespace tandem

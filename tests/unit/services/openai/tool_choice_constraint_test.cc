@@ -244,7 +244,7 @@ TEST_F(ToolChoiceConstraintTest, RandomSentencesParseIntoValidCalls) {
 }
 
 // A model that reasons first: any reasoning that does not contain "</think>", then the
-// tag (its token), whitespace and the calls. Checked exactly over 4,000 random reasoning
+// tag (its token), up to two newlines and the calls. Checked exactly over 4,000 random reasoning
 // texts drawn from the tag's own characters, written as tokenized (a tag inside becomes
 // its token) and spelled byte by byte (accepted iff the text does not contain the tag:
 // the tag overlaps itself nowhere, so its first occurrence is the closing one), and
@@ -257,6 +257,8 @@ TEST_F(ToolChoiceConstraintTest, ReasoningFirstTakesAnyReasoningWithoutTheTagThe
   EXPECT_TRUE(Accepts(g, "The user wants Oslo. </thin <</think>\n\n" + call));
   EXPECT_TRUE(Accepts(g, "</think>" + call));  // no reasoning at all
   EXPECT_TRUE(Accepts(g, "ünïcode < / > </thinK> </think>\n" + call));
+  EXPECT_FALSE(Accepts(g, "a</think>\n\n\n" + call));  // at most the two newlines R1 writes
+  EXPECT_FALSE(Accepts(g, "a</think> " + call));
   EXPECT_FALSE(Accepts(g, "first</think>second</think>" + call));  // the tag ended reasoning
   EXPECT_FALSE(Accepts(g, "reasoning without an end " + call));
   EXPECT_FALSE(Accepts(g, "done</think>\nSome content " + call));  // only whitespace between
