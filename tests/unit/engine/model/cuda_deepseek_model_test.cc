@@ -27,7 +27,9 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <string>
 
+#include "absl/strings/str_format.h"
 #include "engine/model/deepseek_model.h"
 #include "engine/model/model_resolver.h"
 #include "gtest/gtest.h"
@@ -481,6 +483,56 @@ TEST_P(CudaModelTest, SmallBatchDecodeMatchesCpu) {
     EXPECT_GE(within_plain, rows * 97 / 100);
     EXPECT_GE(within_grouped, rows * 97 / 100);
     EXPECT_GE(same_top1, rows * 97 / 100);
+  }
+}
+
+// Prefills longer than the split-activation bound (64 tokens) in one forward pass: the
+// GEMM inputs are rounded to bf16 and the attention is expanded over bf16 keys and values,
+// roundings the reference lacks. Every value of every layer's KV entries then lies within
+// one bf16 step (the spacing of bf16 values at the entry's largest magnitude) of the
+// bf16-KV CPU's: a rounding that lands on a neighbouring value. A position, block or rope
+// mistake of the full-step path moves entries by whole units.
+TEST_P(CudaModelTest, FullStepPrefillKvIsWithinOneBf16StepOfTheCpu) {
+  absl::StatusOr<std::string> dir = ResolveModelDir(GetParam());
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  absl::StatusOr<std::unique_ptr<DeepseekModel>> cpu = DeepseekModel::Load(*dir, {.bf16_kv_cache = true});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const int64_t layers = (*cpu)->config().num_hidden_layers, dim = (*cpu)->config().kv_entry_dim();
+  for (const int n : {77, 150, 256, 257, 300, 336}) {
+    const std::vector<int32_t> tokens = Tokens(n, vocab_, 2);
+    const std::vector<int32_t> table = Table(8, 6);
+    LatentKvCache cache = (*cpu)->MakeKvCache(16);
+    ForwardSequence prefill{.tokens = {tokens.data(), static_cast<size_t>(n)}, .start_position = 0, .block_table = table};
+    ASSERT_TRUE((*cpu)->Forward({&prefill, 1}, cache).ok());
+    ASSERT_TRUE(gpu_->Forward({&prefill, 1}).ok());
+    for (int64_t l = 0; l < layers; ++l) {
+      std::vector<float> g(static_cast<size_t>(n * dim));
+      ASSERT_TRUE(gpu_->ReadKvEntries(l, table, 0, n, g.data()).ok());
+      double worst_steps = 0;
+      std::string worst;
+      int64_t over = 0;
+      for (int p = 0; p < n; ++p) {
+        const float* c = cache.Entry(l, table, p);
+        // A GEMM's rounding error scales with its inputs, not with each output: the step is
+        // taken at the entry's largest magnitude (bf16 keeps 8 significant bits: values in
+        // [2^k, 2^(k+1)) are 2^(k-7) apart).
+        double mag = 1e-30;
+        for (int64_t i = 0; i < dim; ++i) mag = std::max(mag, std::abs(static_cast<double>(c[i])));
+        const double step = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(mag))) - 7);
+        for (int64_t i = 0; i < dim; ++i) {
+          const double steps = std::abs(static_cast<double>(g[p * dim + i]) - c[i]) / step;
+          if (steps > worst_steps) {
+            worst = absl::StrFormat(" (position %d, value %lld: CPU %.6f, GPU %.6f)", p, static_cast<long long>(i), c[i],
+                                    g[p * dim + i]);
+          }
+          worst_steps = std::max(worst_steps, steps);
+          over += steps > 1.0;
+        }
+      }
+      std::printf("%d tokens in one pass, layer %lld: largest KV difference %.2f bf16 steps%s\n", n,
+                  static_cast<long long>(l), worst_steps, worst.c_str());
+      EXPECT_EQ(over, 0) << n << " tokens, layer " << l << ": entries more than one bf16 step from the CPU's";
+    }
   }
 }
 

@@ -115,10 +115,7 @@ std::vector<size_t> Agreement(const std::vector<std::vector<int32_t>>& want,
 // step budget on both sides. At 64 tokens a step, every GEMM of the GPU takes split
 // (near-float32) activations and the decode attention split queries and probabilities
 // (cuda_deepseek_model.h), so the bf16 KV cache is the only rounding the reference lacks,
-// and the reference has it: all 10 prompts identical for all 40 tokens (H200, 2026-12-01).
-// At the default 8192 tokens a step the batch's prefill runs in one step whose GEMM inputs
-// are rounded to bf16, a rounding the reference lacks: printed, with a bound at what that
-// gives.
+// and the reference has it: all 10 prompts identical for all 40 tokens.
 TEST_F(EngineCudaTest, GreedyBatchMatchesTheCpuEngineAtTheGpusKvPrecision) {
   constexpr int kTokens = 40;
   std::vector<std::vector<int32_t>> prompts;
@@ -136,17 +133,114 @@ TEST_F(EngineCudaTest, GreedyBatchMatchesTheCpuEngineAtTheGpusKvPrecision) {
     EXPECT_EQ(same[i], static_cast<size_t>(kTokens)) << "prompt " << i << " parts from the bf16-KV CPU engine";
   }
   EXPECT_GT(gpu->Stats().device_sampled_tokens, 0);
+}
 
-  auto cpu_default = MakeCpuBf16Kv({.max_batch_tokens = 8192});
-  auto gpu_default = Make("cuda");
-  ASSERT_TRUE(cpu_default && gpu_default);
-  const std::vector<size_t> same_default =
-      Agreement(RunBatch(*cpu_default, prompts, kTokens), RunBatch(*gpu_default, prompts, kTokens), "8192-token steps");
-  const int matching = static_cast<int>(std::count_if(same_default.begin(), same_default.end(),
-                                                      [](size_t n) { return n >= 32; }));
-  std::printf("8192-token steps: %d of 10 prompts 32+ tokens identical\n", matching);
-  // H200, 2026-12-01: 8 of 10 (the other two part after 23 and 30 tokens).
-  EXPECT_GE(matching, 7);
+// Greedy tokens with their 20 most likely alternatives' logprobs, all prompts at once.
+std::vector<std::vector<TokenLogprobs>> RunBatchWithLogprobs(Engine& e, const std::vector<std::vector<int32_t>>& prompts,
+                                                             int max_tokens) {
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EngineRequest r = Greedy("l" + std::to_string(i), prompts[i], max_tokens);
+    r.sampling.logprobs = 20;
+    auto s = e.Submit(std::move(r));
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) streams.push_back(*s);
+  }
+  std::vector<std::vector<TokenLogprobs>> out;
+  for (auto& s : streams) {
+    std::vector<TokenLogprobs> lp;
+    RequestOutput o;
+    while (s->Next(&o)) lp.insert(lp.end(), o.logprobs.begin(), o.logprobs.end());
+    out.push_back(std::move(lp));
+  }
+  return out;
+}
+
+// The logprob of `token` among a position's top list; NaN when not listed.
+float ListedLogprob(const TokenLogprobs& t, int32_t token) {
+  for (const auto& [id, lp] : t.top) {
+    if (id == token) return lp;
+  }
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
+// At the default 8192 tokens a step the batch's prefill runs in one step, its GEMMs on
+// cuBLAS with inputs rounded to bf16 and its attention in the expanded form over bf16
+// keys and values: roundings the float32 reference does not make. Its KV entries then
+// differ from the reference's by at most one bf16 step (cuda_deepseek_model_test,
+// FullStepPrefillKvIsWithinOneBf16StepOfTheCpu), but this random-weight model is
+// sensitive: such one-step differences move some later logprobs by up to ~0.5 (H200,
+// 2026-12-02: prompt 2 at its token 22; elsewhere <= 0.06), so greedy outputs may part
+// where the two engines' candidates are that close. For each prompt, until the outputs
+// part, the logprobs of every token both engines list give the roundings' effect in this
+// run: e = the largest |CPU - GPU| difference. At a parting position (the same context on
+// both sides) the CPU prefers its token a over the GPU's b by gap_cpu and the GPU b over
+// a by gap_gpu; each engine's logprobs are within e of the other's, so a parting that
+// rounding explains has gap_cpu + gap_gpu <= 2e, with both tokens among each other's top
+// 20. A parting with a larger sum is a disagreement no rounding explains: the test fails.
+// (H200, 2026-12-02: it does, at prompt 9's token 23, where the GPU's token is not among
+// the CPU's top 20 and the GPU preferred it by 0.41; prompt 1 parts at a tie, 0.005 +
+// 0.002. Not explained yet; see FullStepPrefillKvIsWithinOneBf16StepOfTheCpu.)
+TEST_F(EngineCudaTest, GreedyBatchAtFullStepsPartsFromTheCpuEngineOnlyAtRoundingTies) {
+  constexpr int kTokens = 40;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 10; ++i) prompts.push_back(Tokens(3 + i * 37, i));
+  auto cpu = MakeCpuBf16Kv({.max_batch_tokens = 8192});
+  auto gpu = Make("cuda");
+  ASSERT_TRUE(cpu && gpu);
+  const auto want = RunBatchWithLogprobs(*cpu, prompts, kTokens);
+  const auto got = RunBatchWithLogprobs(*gpu, prompts, kTokens);
+  ASSERT_EQ(want.size(), prompts.size());
+  ASSERT_EQ(got.size(), prompts.size());
+  // The roundings' size: over every prompt's agreeing positions.
+  float e = 0.0f;
+  int compared = 0;
+  std::vector<size_t> agree(prompts.size(), 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(want[i].size(), static_cast<size_t>(kTokens));
+    ASSERT_EQ(got[i].size(), static_cast<size_t>(kTokens));
+    size_t& n = agree[i];
+    while (n < want[i].size() && want[i][n].token == got[i][n].token) ++n;
+    float prompt_e = 0.0f;
+    size_t worst_at = 0;
+    for (size_t p = 0; p < n; ++p) {
+      for (const auto& [id, lp] : want[i][p].top) {
+        const float other = ListedLogprob(got[i][p], id);
+        if (std::isnan(other)) continue;
+        if (std::abs(lp - other) > prompt_e) {
+          prompt_e = std::abs(lp - other);
+          worst_at = p;
+        }
+        ++compared;
+      }
+    }
+    std::printf("prompt %zu (%zu tokens): %zu tokens agree, largest |CPU - GPU| %.5f at token %zu\n", i,
+                prompts[i].size(), n, prompt_e, worst_at);
+    e = std::max(e, prompt_e);
+  }
+  std::printf("8192-token steps: %d listed logprobs compared, largest |CPU - GPU| = %.5f\n", compared, e);
+  EXPECT_GT(compared, 1000);
+  // A wrong layer, position or KV block moves logprobs by whole units (0.49 is this run's
+  // sensitivity to one-step KV differences, above).
+  EXPECT_LT(e, 1.0f);
+  int identical = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const size_t n = agree[i];
+    if (n == static_cast<size_t>(kTokens)) {
+      ++identical;
+      continue;
+    }
+    const int32_t a = want[i][n].token, b = got[i][n].token;
+    const float gap_cpu = want[i][n].logprob - ListedLogprob(want[i][n], b);
+    const float gap_gpu = got[i][n].logprob - ListedLogprob(got[i][n], a);
+    std::printf("prompt %zu parts at token %zu: CPU %d over %d by %.5f, GPU %d over %d by %.5f (2e = %.5f)\n", i,
+                n, a, b, gap_cpu, b, a, gap_gpu, 2 * e);
+    ASSERT_FALSE(std::isnan(gap_cpu)) << "prompt " << i << ": the GPU's token " << b << " is not in the CPU's top 20";
+    ASSERT_FALSE(std::isnan(gap_gpu)) << "prompt " << i << ": the CPU's token " << a << " is not in the GPU's top 20";
+    EXPECT_LE(gap_cpu + gap_gpu, 2 * e) << "prompt " << i << " parts at token " << n
+                                         << " where no rounding of the GPU's explains it";
+  }
+  std::printf("8192-token steps: %d of 10 prompts identical for all %d tokens\n", identical, kTokens);
 }
 
 // No path emits more than max_tokens, nor counts more: greedy and seeded requests decoding
