@@ -491,7 +491,11 @@ TEST_P(CudaModelTest, SmallBatchDecodeMatchesCpu) {
 // roundings the reference lacks. Every value of every layer's KV entries then lies within
 // one bf16 step (the spacing of bf16 values at the entry's largest magnitude) of the
 // bf16-KV CPU's: a rounding that lands on a neighbouring value. A position, block or rope
-// mistake of the full-step path moves entries by whole units.
+// mistake of the full-step path moves entries by whole units. (H200, 2026-12-02: tiny
+// within one step everywhere; tiny-v2 too at 77-300 tokens, but at 336 tokens position 332
+// of layer 2 is wrong (CPU 0.109 / 1.234 / 0.633, GPU -0.005 / 1.047 / 0.336 in three of
+// its values: layer 1's output for that one token): a bug of the full-step path, not yet
+// found, so this fails there.)
 TEST_P(CudaModelTest, FullStepPrefillKvIsWithinOneBf16StepOfTheCpu) {
   absl::StatusOr<std::string> dir = ResolveModelDir(GetParam());
   ASSERT_TRUE(dir.ok()) << dir.status();
