@@ -145,7 +145,9 @@ TEST(KvDestinationFuzzTest, TruncatedOrGarbageDescriptorsAreCleanErrors) {
     for (int f = 0; f < flips; ++f) bad[rng() % bad.size()] ^= static_cast<char>(1 + rng() % 255);
     if (rng() % 4 == 0) bad += std::string(rng() % 16 + 1, static_cast<char>(rng()));
     absl::StatusOr<transfer::RemoteMemoryDescriptor> d = transfer::RemoteMemoryDescriptor::Parse(bad);
-    if (bad != wire) EXPECT_FALSE(d.ok()) << "a corrupted descriptor parsed";
+    if (bad != wire) {
+      EXPECT_FALSE(d.ok()) << "a corrupted descriptor parsed";
+    }
   }
   for (int i = 0; i < 20000; ++i) {
     std::string garbage(rng() % 200, '\0');
