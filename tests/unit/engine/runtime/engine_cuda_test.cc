@@ -166,23 +166,23 @@ float ListedLogprob(const TokenLogprobs& t, int32_t token) {
 
 // At the default 8192 tokens a step the batch's prefill runs in one step, its GEMMs on
 // cuBLAS with inputs rounded to bf16 and its attention in the expanded form over bf16
-// keys and values: roundings the float32 reference does not make. Its KV entries then
-// differ from the reference's by at most one bf16 step (cuda_deepseek_model_test,
-// FullStepPrefillKvIsWithinOneBf16StepOfTheCpu), but this random-weight model is
-// sensitive: such one-step differences move some later logprobs by up to ~0.5 (H200,
-// 2026-12-02: prompt 2 at its token 22; elsewhere <= 0.06), so greedy outputs may part
-// where the two engines' candidates are that close. For each prompt, until the outputs
-// part, the logprobs of every token both engines list give the roundings' effect in this
-// run: e = the largest |CPU - GPU| difference. At a parting position (the same context on
-// both sides) the CPU prefers its token a over the GPU's b by gap_cpu and the GPU b over
-// a by gap_gpu; each engine's logprobs are within e of the other's, so a parting that
-// rounding explains has gap_cpu + gap_gpu <= 2e, with both tokens among each other's top
-// 20. A parting with a larger sum is a disagreement no rounding explains: the test fails.
-// (H200, 2026-12-02: it does, at prompt 9's token 23, where the GPU's token is not among
-// the CPU's top 20 and the GPU preferred it by 0.41; prompt 1 parts at a tie, 0.005 +
-// 0.002. Prompt 9 is 336 tokens long: cuda_deepseek_model_test's
-// FullStepPrefillKvIsWithinOneBf16StepOfTheCpu finds one position of a 336-token one-pass
-// prefill wrong on tiny-v2, a bug of the full-step path not yet found.)
+// keys and values: roundings the float32 reference does not make, so greedy outputs may
+// part where the two engines' candidates are within those roundings of each other. For
+// each prompt, until the outputs part, the logprobs of every token both engines list
+// give the roundings' effect in this run: e = the largest |CPU - GPU| difference. At a
+// parting position (the same context on both sides) the CPU prefers its token a over the
+// GPU's b by gap_cpu and the GPU b over a by gap_gpu; each engine's logprobs are within e
+// of the other's, so a parting that rounding explains has gap_cpu + gap_gpu <= 2e, with
+// both tokens among each other's top 20. A parting with a larger sum is a disagreement no
+// rounding explains: the test fails. e is this run's own measure, so a model wrong
+// everywhere would widen it: the absolute guard is cuda_deepseek_model_test's
+// FullStepPrefillKvIsWithinOneBf16StepOfTheCpu (every KV value of a one-pass prefill
+// within one bf16 step of the CPU's).
+// (H200, 2026-12-02: this fails at prompt 9's token 23, where the GPU's token is not
+// among the CPU's top 20 and the GPU preferred it by 0.41; prompt 1 parts at a tie,
+// 0.005 + 0.002; e = 0.49, at prompt 2's token 22. Prompt 9 is 336 tokens long, and the
+// model test finds one position of a 336-token one-pass prefill wrong on tiny-v2: a bug
+// of the full-step path, not yet found.)
 TEST_F(EngineCudaTest, GreedyBatchAtFullStepsPartsFromTheCpuEngineOnlyAtRoundingTies) {
   constexpr int kTokens = 40;
   std::vector<std::vector<int32_t>> prompts;
@@ -222,9 +222,6 @@ TEST_F(EngineCudaTest, GreedyBatchAtFullStepsPartsFromTheCpuEngineOnlyAtRounding
   }
   std::printf("8192-token steps: %d listed logprobs compared, largest |CPU - GPU| = %.5f\n", compared, e);
   EXPECT_GT(compared, 1000);
-  // A wrong layer, position or KV block moves logprobs by whole units (0.49 is this run's
-  // sensitivity to one-step KV differences, above).
-  EXPECT_LT(e, 1.0f);
   int identical = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const size_t n = agree[i];
