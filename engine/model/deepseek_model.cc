@@ -110,7 +110,7 @@ absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const Forwar
     cpu::RmsNorm(x.data(), rows, hidden, hidden, layer.post_attention_norm, static_cast<float>(c.rms_norm_eps),
                  h.data(), hidden);
     if (layer.moe) {
-      Moe(*layer.moe, h.data(), rows, delta.data());
+      Moe(*layer.moe, l, h.data(), rows, delta.data(), options);
     } else {
       DenseMlp(*layer.mlp, h.data(), rows, delta.data(), /*accumulate=*/false);
     }
@@ -205,7 +205,8 @@ void DeepseekModel::DenseMlp(const MlpWeights& w, const float* h, int64_t rows, 
   Linear(gate.data(), rows, inter, w.down, out, *pool_, accumulate);
 }
 
-void DeepseekModel::Moe(const MoeWeights& w, const float* h, int64_t rows, float* out) {
+void DeepseekModel::Moe(const MoeWeights& w, int64_t layer, const float* h, int64_t rows, float* out,
+                       const DeepseekForwardOptions& options) {
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
   const int64_t experts = c.n_routed_experts;
@@ -215,12 +216,15 @@ void DeepseekModel::Moe(const MoeWeights& w, const float* h, int64_t rows, float
   Linear(h, rows, hidden, w.router, logits.data(), *pool_);
   std::vector<int32_t> ids(static_cast<size_t>(rows * top_k));
   std::vector<float> weights(static_cast<size_t>(rows * top_k));
-  cpu::RouteMoe({.logits = logits.data(), .num_tokens = rows, .num_experts = experts, .num_groups = c.n_group,
-                 .topk_groups = c.topk_group, .top_k = top_k, .scoring = Scoring(c.scoring_func),
-                 .method = Method(c.topk_method), .correction_bias = w.correction_bias,
-                 .normalize = c.norm_topk_prob, .scale_normalized = c.model_type != "deepseek_v2",
-                 .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
-                 .expert_ids = ids.data(), .weights = weights.data()});
+  const cpu::MoeRoutingParams routing{
+      .logits = logits.data(), .num_tokens = rows, .num_experts = experts, .num_groups = c.n_group,
+      .topk_groups = c.topk_group, .top_k = top_k, .scoring = Scoring(c.scoring_func),
+      .method = Method(c.topk_method), .correction_bias = w.correction_bias, .normalize = c.norm_topk_prob,
+      .scale_normalized = c.model_type != "deepseek_v2",
+      .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor), .expert_ids = ids.data(),
+      .weights = weights.data()};
+  cpu::RouteMoe(routing);
+  if (options.after_routing) options.after_routing(layer, routing);
 
   // Group tokens by expert; run each chosen expert once over its tokens.
   std::vector<std::vector<std::pair<int64_t, float>>> assigned(static_cast<size_t>(experts));

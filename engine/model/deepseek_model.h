@@ -15,6 +15,7 @@
 #include "engine/model/latent_kv_cache.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
+#include "kernels/cpu/moe_routing.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace tandem {
@@ -38,6 +39,11 @@ struct DeepseekForwardOptions {
   std::function<void(int64_t layer)> after_layer_kv;  // as ForwardOptions'
   bool after_layer_kv_enqueues_only = false;          // as ForwardOptions'
   std::function<void()> before_sampling;              // as ForwardOptions'
+  // The CPU model only: called after each MoE layer's routing with its float32 router
+  // logits, chosen experts and weights ([rows][...], rows in batch order); it may rewrite
+  // the experts and weights, which the layer then uses. For tests that must tell a routing
+  // near-tie (which a GPU's roundings can resolve the other way) from an error.
+  std::function<void(int64_t layer, const cpu::MoeRoutingParams& routing)> after_routing;
 };
 inline DeepseekForwardOptions ForDeepseek(const ForwardOptions& o) {
   return {.after_layer_kv = o.after_layer_kv,
@@ -83,7 +89,8 @@ class DeepseekModel {
                  const std::vector<int64_t>& positions, const float* h, float* out, LatentKvCache& cache,
                  AttentionForm form);
   void DenseMlp(const MlpWeights& w, const float* h, int64_t rows, float* out, bool accumulate);
-  void Moe(const MoeWeights& w, const float* h, int64_t rows, float* out);
+  void Moe(const MoeWeights& w, int64_t layer, const float* h, int64_t rows, float* out,
+           const DeepseekForwardOptions& options);
 
   ModelConfig config_;
   std::unique_ptr<LoadedWeights> loaded_;

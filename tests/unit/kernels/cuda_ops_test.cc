@@ -245,7 +245,8 @@ TEST_F(CudaOpsTest, MoeRoutingMatchesCpu) {
 TEST_F(CudaOpsTest, MoePermuteGatherCombine) {
   // Up to an 8K-token prefill chunk of V2-Lite's routing, and kMoeMaxGroups groups.
   for (auto [tokens, top_k, experts, shared] : {std::tuple{1, 6, 64, 2}, {37, 2, 8, 1}, {300, 8, 256, 0},
-                                                 {2000, 6, 64, 2}, {8192, 6, 64, 2}, {50, 4, 1020, 4}}) {
+                                                 {2000, 6, 64, 2}, {8192, 6, 64, 2}, {50, 4, 1020, 4},
+                                                 {336, 2, 8, 2}}) {  // tiny-v2: two rounds of 1024 pairs
     std::mt19937 rng(tokens * 7 + experts);
     std::vector<int32_t> ids(tokens * top_k);
     std::vector<float> weights(tokens * top_k);
