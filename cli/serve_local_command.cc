@@ -143,7 +143,8 @@ int Run(const ServeLocalArgs& a) {
   std::printf("public   %s (%s%s)\n", (*cluster)->router_address().c_str(), a.public_tls ? "TLS" : "plaintext",
               a.api_keys_file.empty() ? ", no API keys" : ", API keys");
   if (const std::string http = (*cluster)->router_http_address(); !http.empty()) {
-    std::printf("http     http://%s/v1 (OpenAI-compatible; plaintext%s)\n", http.c_str(),
+    std::printf("http     %s://%s/v1 (OpenAI-compatible; %s%s)\n", a.public_tls ? "https" : "http", http.c_str(),
+                a.public_tls ? "HTTPS, clients trust the CA below" : "plaintext",
                 a.api_keys_file.empty() ? ", no API keys" : ", API keys");
   }
   std::printf("internal %s (%s)%s%s\n", (*cluster)->router_internal_address().c_str(),
@@ -221,7 +222,8 @@ void RegisterServeLocal(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"mtls", "token", "none"}))
       ->capture_default_str();
   cmd->add_flag("--public-tls", a->public_tls,
-                "Serve the public port over TLS too, with a certificate of the throwaway CA (clients: --tls-ca CA)");
+                "Serve the public ports over TLS too (gRPC, and the HTTP API as HTTPS), with a certificate of the "
+                "throwaway CA (clients: --tls-ca CA; Node: NODE_EXTRA_CA_CERTS=CA)");
   cmd->add_option("--api-keys-file", a->api_keys_file,
                   "Require API keys on the public API (the router's --api-keys-file; see tandem-router --help)");
   cmd->add_option("--ready-file", a->ready_file,

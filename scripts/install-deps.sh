@@ -23,7 +23,7 @@ packages=(
   libabsl-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
-  libucx-dev ucx-utils prometheus-cpp-dev prometheus
+  libucx-dev ucx-utils prometheus-cpp-dev prometheus libssl-dev openssl
   libspdlog-dev libfmt-dev libyaml-cpp-dev libre2-dev
   python3-grpcio python3-jinja2 python3-lark
   chromium

@@ -37,6 +37,7 @@
 #include "services/openai/openai_server.h"
 #include "services/security/listen_policy.h"
 #include "services/security/public_credentials.h"
+#include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {
@@ -135,8 +136,9 @@ int RunRouter(int argc, char** argv) {
   int http_max_connections = 4096;
   app.add_option("--http-listen", http_listen,
                  "HOST:PORT of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
-                 "/tokenize, /detokenize, /health; port 0 picks a free one). Off unless given. Plain HTTP: put a TLS "
-                 "proxy in front of it on untrusted networks. Uses --api-keys-file's keys as gRPC does");
+                 "/tokenize, /detokenize, /health; port 0 picks a free one). Off unless given. HTTPS with "
+                 "--public-tls-cert/--public-tls-key (the same certificate as the gRPC port), else plain HTTP. Uses "
+                 "--api-keys-file's keys as gRPC does");
   app.add_option("--max-n", max_n, "Most choices (n) one HTTP completion request may ask for")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -314,6 +316,9 @@ int RunRouter(int argc, char** argv) {
     http_options.http.max_connections = http_max_connections;
     http_options.http.max_body_bytes = static_cast<size_t>(std::max<int64_t>(max_prompt_bytes, 1 << 20)) * 2 + (64 << 10);
     http_options.limits.max_n = max_n;
+    // The public certificate serves both public ports: HTTPS here, TLS on --listen.
+    http_options.http.tls_cert_file = public_security.tls_cert;
+    http_options.http.tls_key_file = public_security.tls_key;
     openai::CompletionContext completion{
         .core = &generation.core().context(),
         .on_core_started =
@@ -349,7 +354,11 @@ int RunRouter(int argc, char** argv) {
                           {"api_keys", api_keys != nullptr},
                           {"admin", admin.bound_address()},
                           {"model", *model_dir}};
-  if (http_api) ready["http"] = http_api->bound_address();
+  const char* http_scheme = public_security.tls_cert.empty() ? "http" : "https";
+  if (http_api) {
+    ready["http"] = http_api->bound_address();
+    ready["http_url"] = absl::StrCat(http_scheme, "://", http_api->bound_address(), "/v1");
+  }
   if (!common.ready_file.empty()) {
     if (absl::Status s = service::WriteReadyFile(common.ready_file, ready); !s.ok()) return Fail("ready file", s);
   }
@@ -357,7 +366,7 @@ int RunRouter(int argc, char** argv) {
                grpc_address, public_security.tls_cert.empty() ? "plaintext" : "TLS",
                api_keys ? ", API keys" : ", no API keys", internal_address, internal_creds->Describe(),
                admin.bound_address(), *model_dir, config->Summary(), prefill_policy, decode_policy);
-  if (http_api) spdlog::info("OpenAI-compatible HTTP API on http://{}/v1", http_api->bound_address());
+  if (http_api) spdlog::info("OpenAI-compatible HTTP API on {}://{}/v1", http_scheme, http_api->bound_address());
   const int sig = service::WaitForShutdownSignal();
   spdlog::info("shutting down ({})", sig == 0 ? "requested" : strsignal(sig));
   stop = true;

@@ -10,11 +10,14 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <type_traits>
 
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
@@ -54,6 +57,12 @@ namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = boost::asio::ip::tcp;
 using boost::system::error_code;
+// HTTPS: TLS over the same TCP stream (its timeouts apply to the TLS records).
+using TlsStream = asio::ssl::stream<beast::tcp_stream>;
+template <class Stream>
+constexpr bool kIsTls = std::is_same_v<Stream, TlsStream>;
+beast::tcp_stream& Tcp(beast::tcp_stream& s) { return s; }
+beast::tcp_stream& Tcp(TlsStream& s) { return s.next_layer(); }
 
 const char* Reason(int status) {
   switch (status) {
@@ -89,16 +98,24 @@ struct Gate {
 
 class BeastServer;
 
-class Session : public std::enable_shared_from_this<Session> {
+// What the server needs of a connection of either kind.
+class SessionBase {
  public:
-  Session(BeastServer* server, tcp::socket socket);
-  ~Session();
-  void Start() {
-    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
-  }
-  void CloseFromStop() {
+  virtual ~SessionBase() = default;
+  virtual void CloseFromStop() = 0;
+};
+
+// One connection: plain HTTP (Stream = beast::tcp_stream) or HTTPS (TlsStream, whose
+// handshake comes first and whose end sends TLS close_notify).
+template <class Stream>
+class Session : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
+ public:
+  Session(BeastServer* server, Stream stream);
+  ~Session() override;
+  void Start();
+  void CloseFromStop() override {
     error_code ec;
-    stream_.socket().close(ec);
+    Tcp(stream_).socket().close(ec);
   }
 
   // Exchange operations, on the strand; `seq` names the request they answer.
@@ -128,12 +145,13 @@ class Session : public std::enable_shared_from_this<Session> {
   void Gone();
   void Close();
   void Drain();
+  void Shutdown();  // TLS: close_notify, then close
   void ErrorAnswer(int status, const char* text);
   std::string Head(int status, const std::string& content_type, const Headers& headers, bool chunked,
                    size_t length) const;
 
   BeastServer* const server_;
-  beast::tcp_stream stream_;
+  Stream stream_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   Phase phase_ = Phase::kReading;
@@ -153,6 +171,7 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t drained_ = 0;
 };
 
+template <class Session>
 class ExchangeImpl : public Exchange {
  public:
   ExchangeImpl(std::weak_ptr<Session> session, std::shared_ptr<Gate> gate, uint64_t seq, size_t high_water)
@@ -209,6 +228,36 @@ class BeastServer : public Server {
  public:
   BeastServer(const ServerOptions& options, Handler handler, ErrorSink on_error)
       : options_(options), handler_(std::move(handler)), on_error_(std::move(on_error)) {}
+
+  // HTTPS with the PEM certificate chain and key files of options_; INVALID_ARGUMENT
+  // naming the file that cannot be used.
+  absl::Status LoadTls() {
+    if (options_.tls_cert_file.empty() && options_.tls_key_file.empty()) return absl::OkStatus();
+    if (options_.tls_cert_file.empty() || options_.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("HTTPS needs both a certificate and a key file");
+    }
+    tls_.emplace(asio::ssl::context::tls_server);
+    error_code ec;
+    tls_->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                          asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                          asio::ssl::context::no_tlsv1_1 | asio::ssl::context::single_dh_use,
+                      ec);
+    if (!ec) tls_->use_certificate_chain_file(options_.tls_cert_file, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot use the TLS certificate ", options_.tls_cert_file, ": ", ec.message()));
+    }
+    tls_->use_private_key_file(options_.tls_key_file, asio::ssl::context::pem, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot use the TLS key ", options_.tls_key_file, ": ", ec.message()));
+    }
+    if (SSL_CTX_check_private_key(tls_->native_handle()) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("the TLS key ", options_.tls_key_file,
+                                                     " does not belong to the certificate ", options_.tls_cert_file));
+    }
+    return absl::OkStatus();
+  }
   ~BeastServer() override { Stop(); }
 
   absl::Status Listen(const std::string& host_port) {
@@ -242,10 +291,11 @@ class BeastServer : public Server {
     error_code ec;
     if (acceptor_) acceptor_->close(ec);
     std::lock_guard<std::mutex> sessions_lock(sessions_mu_);
-    for (Session* session : sessions_) session->CloseFromStop();
+    for (SessionBase* session : sessions_) session->CloseFromStop();
   }
 
  private:
+  template <class Stream>
   friend class Session;
 
   void Run() {
@@ -284,7 +334,11 @@ class BeastServer : public Server {
       socket.shutdown(tcp::socket::shutdown_both, ignored);
       socket.close(ignored);
     } else {
-      std::make_shared<Session>(this, std::move(socket))->Start();
+      if (tls_) {
+        std::make_shared<Session<TlsStream>>(this, TlsStream(beast::tcp_stream(std::move(socket)), *tls_))->Start();
+      } else {
+        std::make_shared<Session<beast::tcp_stream>>(this, beast::tcp_stream(std::move(socket)))->Start();
+      }
     }
     Accept();
   }
@@ -295,7 +349,7 @@ class BeastServer : public Server {
   std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
   std::atomic<int> connections_{0};
   std::mutex sessions_mu_;
-  std::set<Session*> sessions_;
+  std::set<SessionBase*> sessions_;
   std::mutex stop_mu_;
   bool stopped_ = false;
   std::string bound_address_;
@@ -304,19 +358,38 @@ class BeastServer : public Server {
   asio::io_context ioc_;
   std::optional<tcp::acceptor> acceptor_;
   asio::steady_timer accept_backoff_{ioc_};
+  std::optional<asio::ssl::context> tls_;
 };
 
-Session::Session(BeastServer* server, tcp::socket socket) : server_(server), stream_(std::move(socket)) {
+template <class Stream>
+Session<Stream>::Session(BeastServer* server, Stream stream) : server_(server), stream_(std::move(stream)) {
   // Streamed answers are many small writes: with Nagle's algorithm each one after the
   // first waits for the client's (delayed, up to 40 ms) ACK of the one before.
   error_code ignored;
-  stream_.socket().set_option(tcp::no_delay(true), ignored);
+  Tcp(stream_).socket().set_option(tcp::no_delay(true), ignored);
   server_->connections_.fetch_add(1);
   std::lock_guard<std::mutex> lock(server_->sessions_mu_);
   server_->sessions_.insert(this);
 }
 
-Session::~Session() {
+template <class Stream>
+void Session<Stream>::Start() {
+  asio::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+    if constexpr (kIsTls<Stream>) {
+      // The handshake counts against the first request's read timeout.
+      Tcp(self->stream_).expires_after(self->server_->options_.read_timeout);
+      self->stream_.async_handshake(asio::ssl::stream_base::server, [self](error_code ec) {
+        if (ec) return self->Close();  // not TLS, or a client that does not trust us
+        self->Read();
+      });
+    } else {
+      self->Read();
+    }
+  });
+}
+
+template <class Stream>
+Session<Stream>::~Session() {
   if (on_gone_ && !gone_told_ && phase_ != Phase::kReading) on_gone_();
   {
     std::lock_guard<std::mutex> lock(server_->sessions_mu_);
@@ -325,7 +398,8 @@ Session::~Session() {
   server_->connections_.fetch_sub(1);
 }
 
-void Session::Read() {
+template <class Stream>
+void Session<Stream>::Read() {
   phase_ = Phase::kReading;
   answered_ = end_queued_ = false;
   on_gone_ = nullptr;
@@ -335,12 +409,13 @@ void Session::Read() {
   parser_.emplace();
   parser_->header_limit(static_cast<uint32_t>(server_->options_.max_header_bytes));
   parser_->body_limit(server_->options_.max_body_bytes);
-  stream_.expires_after(seq_ == 0 ? server_->options_.read_timeout
+  Tcp(stream_).expires_after(seq_ == 0 ? server_->options_.read_timeout
                                   : server_->options_.idle_timeout + server_->options_.read_timeout);
-  bhttp::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](error_code ec, size_t) { self->OnRead(ec); });
+  bhttp::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](error_code ec, size_t) { self->OnRead(ec); });
 }
 
-void Session::OnRead(error_code ec) {
+template <class Stream>
+void Session<Stream>::OnRead(error_code ec) {
   if (phase_ == Phase::kClosed) return;
   if (ec) {
     if (ec == bhttp::error::body_limit) return ErrorAnswer(413, "request body too large");
@@ -357,7 +432,7 @@ void Session::OnRead(error_code ec) {
     }
     return Close();
   }
-  stream_.expires_never();
+  Tcp(stream_).expires_never();
   bhttp::request<bhttp::string_body> raw = parser_->release();
   ++seq_;
   keep_alive_ = raw.keep_alive();
@@ -369,23 +444,28 @@ void Session::OnRead(error_code ec) {
   for (const auto& field : raw) request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
   request.body = std::move(raw.body());
   error_code ignored;
-  const tcp::endpoint peer = stream_.socket().remote_endpoint(ignored);
+  const tcp::endpoint peer = Tcp(stream_).socket().remote_endpoint(ignored);
   request.peer = service::FormatHostPort(peer.address().to_string(), peer.port());
   Watch();
-  auto exchange = std::make_shared<ExchangeImpl>(weak_from_this(), server_->gate_, seq_, server_->options_.high_water_bytes);
+  auto exchange = std::make_shared<ExchangeImpl<Session>>(this->weak_from_this(), server_->gate_, seq_, server_->options_.high_water_bytes);
   server_->handler_(std::move(request), std::move(exchange));
 }
 
 // While an answer is being computed, a read on the socket learns that the client went
 // away (end of stream or reset). Bytes of a pipelined next request are kept for it.
-void Session::Watch() {
+template <class Stream>
+void Session<Stream>::Watch() {
   watching_ = true;
-  stream_.socket().async_read_some(asio::buffer(watch_buf_), [self = shared_from_this()](error_code ec, size_t n) {
-    self->OnWatch(ec, n);
-  });
+  auto on_read = [self = this->shared_from_this()](error_code ec, size_t n) { self->OnWatch(ec, n); };
+  if constexpr (kIsTls<Stream>) {
+    stream_.async_read_some(asio::buffer(watch_buf_), std::move(on_read));  // through TLS: whole records
+  } else {
+    Tcp(stream_).socket().async_read_some(asio::buffer(watch_buf_), std::move(on_read));
+  }
 }
 
-void Session::OnWatch(error_code ec, size_t n) {
+template <class Stream>
+void Session<Stream>::OnWatch(error_code ec, size_t n) {
   watching_ = false;
   if (phase_ == Phase::kClosed) return;
   if (read_after_watch_) {
@@ -400,8 +480,9 @@ void Session::OnWatch(error_code ec, size_t n) {
   }
   if (phase_ == Phase::kFinishing && end_queued_ && !writing_ && out_.empty()) {
     // The answer is out and the connection closes: this read was the drain.
+    if constexpr (kIsTls<Stream>) return Shutdown();
     if (ec) return Close();
-    stream_.expires_after(std::chrono::seconds(1));
+    Tcp(stream_).expires_after(std::chrono::seconds(1));
     return Drain();
   }
   if (ec) {
@@ -415,7 +496,8 @@ void Session::OnWatch(error_code ec, size_t n) {
   Watch();
 }
 
-std::string Session::Head(int status, const std::string& content_type, const Headers& headers, bool chunked,
+template <class Stream>
+std::string Session<Stream>::Head(int status, const std::string& content_type, const Headers& headers, bool chunked,
                           size_t length) const {
   std::string head = absl::StrCat("HTTP/1.1 ", status, " ", Reason(status), "\r\nServer: ",
                                   server_->options_.server_name, "\r\n");
@@ -432,7 +514,8 @@ std::string Session::Head(int status, const std::string& content_type, const Hea
   return head;
 }
 
-void Session::DoRespond(uint64_t seq, int status, std::string content_type, std::string body, Headers headers) {
+template <class Stream>
+void Session<Stream>::DoRespond(uint64_t seq, int status, std::string content_type, std::string body, Headers headers) {
   if (seq != seq_ || answered_ || phase_ != Phase::kHandling) return;
   answered_ = true;
   end_queued_ = true;
@@ -443,14 +526,16 @@ void Session::DoRespond(uint64_t seq, int status, std::string content_type, std:
   Queue(std::move(bytes));
 }
 
-void Session::DoStartStream(uint64_t seq, int status, std::string content_type, Headers headers) {
+template <class Stream>
+void Session<Stream>::DoStartStream(uint64_t seq, int status, std::string content_type, Headers headers) {
   if (seq != seq_ || answered_ || phase_ != Phase::kHandling) return;
   answered_ = true;
   phase_ = Phase::kStreaming;
   Queue(Head(status, content_type, headers, /*chunked=*/true, 0));
 }
 
-void Session::DoSend(uint64_t seq, std::string data) {
+template <class Stream>
+void Session<Stream>::DoSend(uint64_t seq, std::string data) {
   const size_t size = data.size();
   if (seq != seq_ || phase_ != Phase::kStreaming || data.empty()) {
     if (seq == seq_) backlog.fetch_sub(std::min(size, backlog.load()));
@@ -461,14 +546,16 @@ void Session::DoSend(uint64_t seq, std::string data) {
   WriteNext();
 }
 
-void Session::DoEndStream(uint64_t seq) {
+template <class Stream>
+void Session<Stream>::DoEndStream(uint64_t seq) {
   if (seq != seq_ || phase_ != Phase::kStreaming) return;
   phase_ = Phase::kFinishing;
   end_queued_ = true;
   Queue("0\r\n\r\n");
 }
 
-void Session::DoSetHandlers(uint64_t seq, std::function<void()> on_gone, std::function<void()> on_writable) {
+template <class Stream>
+void Session<Stream>::DoSetHandlers(uint64_t seq, std::function<void()> on_gone, std::function<void()> on_writable) {
   if (seq != seq_) return;
   on_gone_ = std::move(on_gone);
   on_writable_ = std::move(on_writable);
@@ -478,7 +565,8 @@ void Session::DoSetHandlers(uint64_t seq, std::function<void()> on_gone, std::fu
   }
 }
 
-void Session::DoAbandoned(uint64_t seq) {
+template <class Stream>
+void Session<Stream>::DoAbandoned(uint64_t seq) {
   if (seq != seq_) return;
   if (phase_ == Phase::kHandling && !answered_) {
     DoRespond(seq, 500, "application/json",
@@ -492,15 +580,17 @@ void Session::DoAbandoned(uint64_t seq) {
   }
 }
 
-void Session::Queue(std::string bytes) {
+template <class Stream>
+void Session<Stream>::Queue(std::string bytes) {
   out_.push_back(std::move(bytes));
   WriteNext();
 }
 
-void Session::WriteNext() {
+template <class Stream>
+void Session<Stream>::WriteNext() {
   if (writing_ || out_.empty() || phase_ == Phase::kClosed) return;
   writing_ = true;
-  stream_.expires_after(server_->options_.write_timeout);
+  Tcp(stream_).expires_after(server_->options_.write_timeout);
   // Gather what is queued into one write (SSE events are small).
   while (out_.size() > 1 && out_.front().size() < (64 << 10)) {
     std::string next = std::move(out_[1]);
@@ -508,15 +598,16 @@ void Session::WriteNext() {
     out_.front() += next;
   }
   asio::async_write(stream_, asio::buffer(out_.front()),
-                    [self = shared_from_this()](error_code ec, size_t n) { self->OnWritten(ec, n); });
+                    [self = this->shared_from_this()](error_code ec, size_t n) { self->OnWritten(ec, n); });
 }
 
-void Session::OnWritten(error_code ec, size_t n) {
+template <class Stream>
+void Session<Stream>::OnWritten(error_code ec, size_t n) {
   writing_ = false;
   if (phase_ == Phase::kClosed) return;
   if (ec) return Gone();
   out_.pop_front();
-  stream_.expires_never();
+  Tcp(stream_).expires_never();
   // The backlog counts payload bytes (approximately: framing included here).
   const size_t before = backlog.load();
   backlog.store(before > n ? before - n : 0);
@@ -528,17 +619,27 @@ void Session::OnWritten(error_code ec, size_t n) {
   if (end_queued_) Done();
 }
 
-void Session::Done() {
+template <class Stream>
+void Session<Stream>::Done() {
   on_gone_ = nullptr;
   on_writable_ = nullptr;
+  if (!keep_alive_ && kIsTls<Stream>) {
+    // TLS ends with close_notify (clients treat a bare TCP close as truncation); a watch
+    // read in flight is stopped first, and its handler shuts down.
+    phase_ = Phase::kFinishing;
+    if (!watching_) return Shutdown();
+    error_code ignored;
+    Tcp(stream_).socket().cancel(ignored);
+    return;
+  }
   if (!keep_alive_) {
     // Half-close, then read what the client still sends for a moment: closing with
     // unread input resets the connection and can destroy the answer before it is read.
     error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    Tcp(stream_).socket().shutdown(tcp::socket::shutdown_send, ignored);
     phase_ = Phase::kFinishing;
     if (watching_) return;  // the watch read drains (OnWatch sees end_queued_)
-    stream_.expires_after(std::chrono::seconds(1));
+    Tcp(stream_).expires_after(std::chrono::seconds(1));
     return Drain();
   }
   if (watching_) {
@@ -546,21 +647,33 @@ void Session::Done() {
     read_after_watch_ = true;
     phase_ = Phase::kReading;
     error_code ignored;
-    stream_.socket().cancel(ignored);
+    Tcp(stream_).socket().cancel(ignored);
     return;
   }
   Read();
 }
 
-void Session::Drain() {
-  stream_.async_read_some(asio::buffer(watch_buf_), [self = shared_from_this()](error_code ec, size_t n) {
+template <class Stream>
+void Session<Stream>::Drain() {
+  stream_.async_read_some(asio::buffer(watch_buf_), [self = this->shared_from_this()](error_code ec, size_t n) {
     self->drained_ += n;
     if (ec || self->drained_ >= (1 << 20)) return self->Close();
     self->Drain();
   });
 }
 
-void Session::Gone() {
+template <class Stream>
+void Session<Stream>::Shutdown() {
+  if constexpr (kIsTls<Stream>) {
+    Tcp(stream_).expires_after(std::chrono::seconds(1));
+    stream_.async_shutdown([self = this->shared_from_this()](error_code) { self->Close(); });
+  } else {
+    Close();
+  }
+}
+
+template <class Stream>
+void Session<Stream>::Gone() {
   if (!gone_told_) {
     gone_told_ = true;
     if (on_gone_) {
@@ -571,12 +684,12 @@ void Session::Gone() {
   Close();
 }
 
-void Session::Close() {
+template <class Stream>
+void Session<Stream>::Close() {
   if (phase_ == Phase::kClosed) return;
   const bool answering = phase_ == Phase::kHandling || phase_ == Phase::kStreaming;
   phase_ = Phase::kClosed;
-  error_code ignored;
-  stream_.close();
+  Tcp(stream_).close();
   if (answering && !gone_told_) {
     gone_told_ = true;
     if (on_gone_) {
@@ -586,7 +699,8 @@ void Session::Close() {
   }
 }
 
-void Session::ErrorAnswer(int status, const char* text) {
+template <class Stream>
+void Session<Stream>::ErrorAnswer(int status, const char* text) {
   keep_alive_ = false;
   phase_ = Phase::kFinishing;
   end_queued_ = true;
@@ -600,6 +714,7 @@ void Session::ErrorAnswer(int status, const char* text) {
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const std::string& host_port, const ServerOptions& options,
                                                       Handler handler, ErrorSink on_error) {
   auto server = std::make_unique<BeastServer>(options, std::move(handler), std::move(on_error));
+  if (absl::Status s = server->LoadTls(); !s.ok()) return s;
   if (absl::Status s = server->Listen(host_port); !s.ok()) return s;
   return std::unique_ptr<Server>(std::move(server));
 }

@@ -80,6 +80,10 @@ struct ServerOptions {
   size_t high_water_bytes = 1 << 20;
   size_t low_water_bytes = 256 << 10;
   std::string server_name = "tandem";
+  // HTTPS: a PEM certificate chain and its PEM private key (both or neither). TLS 1.2 and
+  // later; a client that does not complete the handshake within read_timeout is closed.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 class Server {
@@ -88,7 +92,8 @@ class Server {
   using ErrorSink = std::function<void(const std::string&)>;
 
   // Binds `host_port` (port 0: any free port) and serves on options.threads threads.
-  // INVALID_ARGUMENT for a bad address, UNAVAILABLE when it cannot be bound.
+  // INVALID_ARGUMENT for a bad address or unusable TLS files (naming the file),
+  // UNAVAILABLE when it cannot be bound.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const std::string& host_port, const ServerOptions& options,
                                                        Handler handler, ErrorSink on_error);
   virtual ~Server() = default;  // implementations Stop()

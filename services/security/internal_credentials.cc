@@ -46,6 +46,9 @@ absl::StatusOr<InternalCredentials> InternalCredentials::Load(const InternalAuth
     if (!cert.ok()) return cert.status();
     absl::StatusOr<std::string> key = ReadPemFile(f.tls_key, "--tls-key");
     if (!key.ok()) return key.status();
+    if (absl::Status s = CheckKeyPair(*cert, "--tls-cert " + f.tls_cert, *key, "--tls-key " + f.tls_key); !s.ok()) {
+      return s;
+    }
     absl::StatusOr<std::string> ca = ReadPemFile(f.tls_ca, "--tls-ca");
     if (!ca.ok()) return ca.status();
     c.cert_ = std::move(*cert);

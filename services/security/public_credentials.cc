@@ -7,8 +7,8 @@ namespace tandem::security {
 
 void AddPublicSecurityFlags(CLI::App& app, PublicSecurityFlags* flags) {
   app.add_option("--public-tls-cert", flags->tls_cert,
-                 "Serve the public port over TLS with this certificate (PEM; with --public-tls-key). Default: "
-                 "plaintext")
+                 "Serve the public ports over TLS with this certificate (PEM; with --public-tls-key): gRPC on "
+                 "--listen, HTTPS on --http-listen. Default: plaintext")
       ->type_name("PEM");
   app.add_option("--public-tls-key", flags->tls_key, "The private key of --public-tls-cert (PEM)")->type_name("PEM");
   app.add_option("--api-keys-file", flags->api_keys_file,
@@ -30,6 +30,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> PublicServerCredentials
   if (!cert.ok()) return cert.status();
   absl::StatusOr<std::string> key = ReadPemFile(f.tls_key, "--public-tls-key");
   if (!key.ok()) return key.status();
+  if (absl::Status s = CheckKeyPair(*cert, "--public-tls-cert " + f.tls_cert, *key, "--public-tls-key " + f.tls_key);
+      !s.ok()) {
+    return s;
+  }
   grpc::SslServerCredentialsOptions o(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   o.pem_key_cert_pairs.push_back({*key, *cert});
   return grpc::SslServerCredentials(o);

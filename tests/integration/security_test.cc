@@ -12,6 +12,7 @@
 
 #include "engine/runtime/kv_layout.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "services/launcher/throwaway_pki.h"
 #include "services/security/public_credentials.h"
 #include "tests/integration/cluster_fixture.h"
@@ -105,7 +106,7 @@ class SecurityTest : public ::testing::Test {
     o.num_prefill = 1;
     o.num_decode = 1;
     o.worker_args = {"--threads=1"};
-    o.router_args = {"--heartbeat-ms=200", "--api-keys-file=" + *keys_dir_ + "/keys"};
+    o.router_args = {"--heartbeat-ms=200", "--api-keys-file=" + *keys_dir_ + "/keys", "--http-listen=127.0.0.1:0"};
     o.internal_auth = LocalClusterOptions::InternalAuth::kMutualTls;
     o.public_tls = true;
     cluster_ = testing::StartCluster(std::move(o)).release();
@@ -254,6 +255,35 @@ TEST_F(SecurityTest, PythonGrpcClientGeneratesOverTlsWithAnApiKey) {
   EXPECT_NE(refused.err.find("UNAUTHENTICATED"), std::string::npos) << refused.err;
 }
 
+// With --public-tls-cert the HTTP API is HTTPS with the same certificate: the official
+// OpenAI Node SDK (trusting the throwaway CA) lists models, completes and streams, a
+// wrong key is 401; without the CA its TLS stack refuses the server; plain HTTP to that
+// port gets no HTTP answer, and the port still serves HTTPS after it.
+TEST_F(SecurityTest, TheHttpApiIsHttpsWithThePublicCertificate) {
+  const char* src = std::getenv("TANDEM_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  const std::string http = cluster_->router_http_address();
+  ASSERT_FALSE(http.empty());
+  const std::string script = std::string(src) + "/tests/integration/openai/https_client.mjs";
+  const std::string url = "https://" + http + "/v1";
+
+  std::string body;
+  EXPECT_EQ(testing::HttpGetStatus(http, "/health", "", &body), 0) << "plain HTTP was answered: " << body;
+
+  auto trusted = testing::RunProcess({"/usr/bin/env", "node", script, url, "tiny", kGoodKey, "trusted"},
+                                     {"NODE_EXTRA_CA_CERTS=" + cluster_->pki()->ca_cert()}, 300);
+  std::fprintf(stderr, "%s", trusted.err.c_str());
+  ASSERT_EQ(trusted.exit_code, 0) << trusted.out << trusted.err;
+  const nlohmann::json got = nlohmann::json::parse(trusted.out, nullptr, false);
+  ASSERT_TRUE(got.is_object()) << trusted.out;
+  EXPECT_GE(got.value("chat_completion_tokens", 0), 1);
+  EXPECT_GE(got.value("stream_chunks", 0), 2);
+  EXPECT_EQ(got.value("wrong_key_status", 0), 401);
+
+  auto untrusted = testing::RunProcess({"/usr/bin/env", "node", script, url, "tiny", kGoodKey, "untrusted"}, {}, 120);
+  EXPECT_EQ(untrusted.exit_code, 0) << untrusted.out << untrusted.err;
+}
+
 // The cluster token instead of mutual TLS (tcp-only setups).
 TEST(SecurityTokenTest, WrongOrMissingTokensAreUnauthenticatedAndTheClusterServes) {
   LocalClusterOptions o;
@@ -302,6 +332,32 @@ TEST(SecurityStartupTest, UnauthenticatedNonLoopbackInternalPortsAreAStartupErro
       EXPECT_NE((r.out + r.err).find(flag), std::string::npos) << argv[0] << ": " << r.out << r.err;
     }
   }
+}
+
+// A TLS key that is not the certificate's is a startup error naming both files (before
+// this, gRPC said only that it could not listen), for the public ports and the internal one.
+TEST(SecurityStartupTest, ATlsKeyOfAnotherCertificateIsAStartupError) {
+  absl::StatusOr<std::unique_ptr<ThrowawayPki>> pki = ThrowawayPki::Create();
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  auto r = testing::RunProcess({testing::BinaryPath("tandem-router"), "--listen", "127.0.0.1:0", "--internal-listen",
+                                "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+                                "--model", testing::TinyModelDir(), "--public-tls-cert", (*pki)->node_cert(),
+                                "--public-tls-key", (*pki)->client_key()},
+                               {}, 60);
+  EXPECT_NE(r.exit_code, 0);
+  const std::string said = r.out + r.err;
+  EXPECT_NE(said.find((*pki)->client_key()), std::string::npos) << said;
+  EXPECT_NE(said.find((*pki)->node_cert()), std::string::npos) << said;
+  EXPECT_NE(said.find("does not belong"), std::string::npos) << said;
+  // The internal port's mutual TLS: the CA's certificate with the node's key.
+  auto internal = testing::RunProcess({testing::BinaryPath("tandem-router"), "--listen", "127.0.0.1:0",
+                                       "--internal-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--model",
+                                       testing::TinyModelDir(), "--tls-cert", (*pki)->ca_cert(), "--tls-key",
+                                       (*pki)->node_key(), "--tls-ca", (*pki)->ca_cert()},
+                                      {}, 60);
+  EXPECT_NE(internal.exit_code, 0);
+  EXPECT_NE((internal.out + internal.err).find("--tls-key " + (*pki)->node_key()), std::string::npos)
+      << internal.out << internal.err;
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <span>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -35,6 +36,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/device_info.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/engine/model/routing_near_ties.h"
 #include "tests/unit/engine/model/test_models.h"
 
 namespace tandem {
@@ -486,56 +488,100 @@ TEST_P(CudaModelTest, SmallBatchDecodeMatchesCpu) {
   }
 }
 
+// Where a KV entry is more than one bf16 step (the spacing of bf16 values at the entry's
+// largest magnitude) from the CPU's: the first such (layer, position), layers first.
+struct KvMismatch {
+  int64_t layer = -1;
+  int position = -1;
+  double steps = 0;
+};
+
+double KvSteps(const float* cpu, const float* gpu, int64_t dim) {
+  // A GEMM's rounding error scales with its inputs, not with each output: the step is
+  // taken at the entry's largest magnitude (bf16 keeps 8 significant bits: values in
+  // [2^k, 2^(k+1)) are 2^(k-7) apart).
+  double mag = 1e-30;
+  for (int64_t i = 0; i < dim; ++i) mag = std::max(mag, std::abs(static_cast<double>(cpu[i])));
+  const double step = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(mag))) - 7);
+  double worst = 0;
+  for (int64_t i = 0; i < dim; ++i) worst = std::max(worst, std::abs(static_cast<double>(gpu[i]) - cpu[i]) / step);
+  return worst;
+}
+
+KvMismatch FirstKvMismatch(LatentKvCache& cpu, const std::vector<std::vector<float>>& gpu,
+                           std::span<const int32_t> table, int n, int64_t dim, double* worst) {
+  for (int64_t l = 0; l < static_cast<int64_t>(gpu.size()); ++l) {
+    for (int p = 0; p < n; ++p) {
+      const double steps = KvSteps(cpu.Entry(l, table, p), &gpu[l][p * dim], dim);
+      if (steps > 1.0) return {.layer = l, .position = p, .steps = steps};
+      *worst = std::max(*worst, steps);
+    }
+  }
+  return {};
+}
+
 // Prefills longer than the split-activation bound (64 tokens) in one forward pass: the
-// GEMM inputs are rounded to bf16 and the attention is expanded over bf16 keys and values,
-// roundings the reference lacks. Every value of every layer's KV entries then lies within
-// one bf16 step (the spacing of bf16 values at the entry's largest magnitude) of the
-// bf16-KV CPU's: a rounding that lands on a neighbouring value. A position, block or rope
-// mistake of the full-step path moves entries by whole units. (H200, 2026-12-02: tiny
-// within one step everywhere; tiny-v2 too at 77-300 tokens, but at 336 tokens position 332
-// of layer 2 is wrong (CPU 0.109 / 1.234 / 0.633, GPU -0.005 / 1.047 / 0.336 in three of
-// its values: layer 1's output for that one token): a bug of the full-step path, not yet
-// found, so this fails there.)
+// attention is expanded over bf16 queries, keys, values and probabilities, roundings the
+// reference lacks. Every value of every layer's KV entries then lies within one bf16 step
+// of the bf16-KV CPU's (a rounding that lands on a neighbouring value), up to routing
+// near-ties: a token whose experts score within one bf16 step of the logits' scale of
+// each other may be routed the other way by those roundings (tiny-v2, 336 tokens:
+// position 332's experts 2 and 3 at layer 1 are 0.0015 apart in logits, and the GPU's
+// expanded attention moves them by 0.004), after which its hidden state differs by whole
+// units. Such a tie is resolved the GPU's way only where the CPU, run again with that one
+// token's routing changed to a near-tied alternative, then agrees within one step at
+// that position; every other position is still held to one step, and a mismatch no
+// near-tie explains (a position, block or rope mistake of the full-step path) fails.
 TEST_P(CudaModelTest, FullStepPrefillKvIsWithinOneBf16StepOfTheCpu) {
   absl::StatusOr<std::string> dir = ResolveModelDir(GetParam());
   ASSERT_TRUE(dir.ok()) << dir.status();
   absl::StatusOr<std::unique_ptr<DeepseekModel>> cpu = DeepseekModel::Load(*dir, {.bf16_kv_cache = true});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   const int64_t layers = (*cpu)->config().num_hidden_layers, dim = (*cpu)->config().kv_entry_dim();
-  for (const int n : {77, 150, 256, 257, 300, 336}) {
+  for (const int n : {77, 150, 256, 257, 300, 336, 512}) {
     const std::vector<int32_t> tokens = Tokens(n, vocab_, 2);
-    const std::vector<int32_t> table = Table(8, 6);
-    LatentKvCache cache = (*cpu)->MakeKvCache(16);
+    const std::vector<int32_t> table = Table(8, 8);
     ForwardSequence prefill{.tokens = {tokens.data(), static_cast<size_t>(n)}, .start_position = 0, .block_table = table};
-    ASSERT_TRUE((*cpu)->Forward({&prefill, 1}, cache).ok());
     ASSERT_TRUE(gpu_->Forward({&prefill, 1}).ok());
-    for (int64_t l = 0; l < layers; ++l) {
-      std::vector<float> g(static_cast<size_t>(n * dim));
-      ASSERT_TRUE(gpu_->ReadKvEntries(l, table, 0, n, g.data()).ok());
-      double worst_steps = 0;
-      std::string worst;
-      int64_t over = 0;
-      for (int p = 0; p < n; ++p) {
-        const float* c = cache.Entry(l, table, p);
-        // A GEMM's rounding error scales with its inputs, not with each output: the step is
-        // taken at the entry's largest magnitude (bf16 keeps 8 significant bits: values in
-        // [2^k, 2^(k+1)) are 2^(k-7) apart).
-        double mag = 1e-30;
-        for (int64_t i = 0; i < dim; ++i) mag = std::max(mag, std::abs(static_cast<double>(c[i])));
-        const double step = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(mag))) - 7);
-        for (int64_t i = 0; i < dim; ++i) {
-          const double steps = std::abs(static_cast<double>(g[p * dim + i]) - c[i]) / step;
-          if (steps > worst_steps) {
-            worst = absl::StrFormat(" (position %d, value %lld: CPU %.6f, GPU %.6f)", p, static_cast<long long>(i), c[i],
-                                    g[p * dim + i]);
-          }
-          worst_steps = std::max(worst_steps, steps);
-          over += steps > 1.0;
+    std::vector<std::vector<float>> gpu_kv(static_cast<size_t>(layers), std::vector<float>(n * dim));
+    for (int64_t l = 0; l < layers; ++l) ASSERT_TRUE(gpu_->ReadKvEntries(l, table, 0, n, gpu_kv[l].data()).ok());
+    testing::RoutingOverrides resolved;  // near-ties the GPU resolved the other way
+    std::string resolved_text;
+    for (;;) {
+      LatentKvCache cache = (*cpu)->MakeKvCache(16);
+      testing::RecordedRoutings routing;
+      ASSERT_TRUE((*cpu)->Forward({&prefill, 1}, cache, testing::RoutingHooks(&resolved, &routing)).ok());
+      double worst = 0;
+      const KvMismatch bad = FirstKvMismatch(cache, gpu_kv, table, n, dim, &worst);
+      if (bad.layer < 0) {
+        std::printf("%d tokens in one pass: every KV entry within %.2f bf16 steps of the CPU's, %zu routing "
+                    "near-ties resolved the GPU's way%s\n",
+                    n, worst, resolved.size(), resolved_text.c_str());
+        break;
+      }
+      // Only the routing of the layer below can move this entry and none before it.
+      const int64_t route_layer = bad.layer - 1;
+      const auto recorded = routing.find(route_layer);
+      ASSERT_TRUE(route_layer >= 0 && recorded != routing.end() && resolved.size() < 8)
+          << n << " tokens: layer " << bad.layer << " position " << bad.position << " is " << bad.steps
+          << " bf16 steps from the CPU's, and no routing near-tie can explain it";
+      bool explained = false;
+      for (const testing::RoutingChoice& alt : testing::NearTieAlternatives(recorded->second, bad.position)) {
+        testing::RoutingOverrides trial = resolved;
+        trial[{route_layer, bad.position}] = alt;
+        LatentKvCache again = (*cpu)->MakeKvCache(16);
+        ASSERT_TRUE((*cpu)->Forward({&prefill, 1}, again, testing::RoutingHooks(&trial, nullptr)).ok());
+        if (KvSteps(again.Entry(bad.layer, table, bad.position), &gpu_kv[bad.layer][bad.position * dim], dim) <= 1.0) {
+          resolved = std::move(trial);
+          resolved_text += absl::StrFormat(" (layer %lld, position %d: %.1f steps before)",
+                                           static_cast<long long>(route_layer), bad.position, bad.steps);
+          explained = true;
+          break;
         }
       }
-      std::printf("%d tokens in one pass, layer %lld: largest KV difference %.2f bf16 steps%s\n", n,
-                  static_cast<long long>(l), worst_steps, worst.c_str());
-      EXPECT_EQ(over, 0) << n << " tokens, layer " << l << ": entries more than one bf16 step from the CPU's";
+      ASSERT_TRUE(explained) << n << " tokens: layer " << bad.layer << " position " << bad.position << " is "
+                             << bad.steps << " bf16 steps from the CPU's, and no near-tie of its routing at layer "
+                             << route_layer << " explains it";
     }
   }
 }
