@@ -215,7 +215,7 @@ std::string ExplainByRoutingNearTie(DeepseekModel& m, const std::vector<int32_t>
         const int32_t best = static_cast<int32_t>(std::max_element(lp.begin(), lp.end()) - lp.begin());
         const float d = LargestListedDifference(gpu, lp);
         if (best == gpu.token && d <= e) {
-          return absl::StrFormat("layer %lld token %lld routed the other way (one of %d near-ties): the CPU then "
+          return absl::StrFormat("layer %lld token %lld routed the other way (near-tie %d tried): the CPU then "
                                  "picks the GPU's token and its listed logprobs are within %.5f of the GPU's "
                                  "(%.5f before)",
                                  static_cast<long long>(layer), static_cast<long long>(row), candidates, d,
