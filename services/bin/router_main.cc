@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_resolver.h"
 #include "engine/runtime/kv_layout.h"
@@ -37,7 +38,6 @@
 #include "services/openai/openai_server.h"
 #include "services/security/listen_policy.h"
 #include "services/security/public_credentials.h"
-#include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {

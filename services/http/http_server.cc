@@ -410,8 +410,9 @@ void Session<Stream>::Read() {
   parser_->header_limit(static_cast<uint32_t>(server_->options_.max_header_bytes));
   parser_->body_limit(server_->options_.max_body_bytes);
   Tcp(stream_).expires_after(seq_ == 0 ? server_->options_.read_timeout
-                                  : server_->options_.idle_timeout + server_->options_.read_timeout);
-  bhttp::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](error_code ec, size_t) { self->OnRead(ec); });
+                                       : server_->options_.idle_timeout + server_->options_.read_timeout);
+  bhttp::async_read(stream_, buffer_, *parser_,
+                    [self = this->shared_from_this()](error_code ec, size_t) { self->OnRead(ec); });
 }
 
 template <class Stream>
@@ -447,7 +448,8 @@ void Session<Stream>::OnRead(error_code ec) {
   const tcp::endpoint peer = Tcp(stream_).socket().remote_endpoint(ignored);
   request.peer = service::FormatHostPort(peer.address().to_string(), peer.port());
   Watch();
-  auto exchange = std::make_shared<ExchangeImpl<Session>>(this->weak_from_this(), server_->gate_, seq_, server_->options_.high_water_bytes);
+  auto exchange = std::make_shared<ExchangeImpl<Session>>(this->weak_from_this(), server_->gate_, seq_,
+                                                          server_->options_.high_water_bytes);
   server_->handler_(std::move(request), std::move(exchange));
 }
 

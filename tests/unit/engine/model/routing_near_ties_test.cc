@@ -129,7 +129,8 @@ TEST_F(RoutingHooksTest, RecordsEveryMoeLayerAndOverridesOnlyTheirRow) {
   int32_t unused = 0;
   while (std::find(other.begin(), other.end(), unused) != other.end()) ++unused;
   other[0] = unused;
-  RoutingOverrides changed{{{layer, row}, {.ids = other, .weights = RoutingWeights(r.params, &r.logits[row * e], other)}}};
+  RoutingOverrides changed{
+      {{layer, row}, {.ids = other, .weights = RoutingWeights(r.params, &r.logits[row * e], other)}}};
   const std::vector<float> moved = Run(RoutingHooks(&changed, nullptr));
   ASSERT_EQ(moved.size(), plain.size());
   const int64_t vocab = c.vocab_size;
