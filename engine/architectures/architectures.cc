@@ -2,31 +2,46 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/deepseek_v4/v4_config.h"
+#include "engine/model/deepseek_v4/v4_kv_streams.h"
+#include "engine/model/model_config.h"
 #include "engine/util/mapped_file.h"
 #include "engine/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
+namespace {
 
-const std::vector<Architecture>& Architectures() {
-  static const std::vector<Architecture>* all = new std::vector<Architecture>{
-      {.model_type = "deepseek_v2", .load = LoadDeepseekBackend},
-      {.model_type = "deepseek_v3", .load = LoadDeepseekBackend},
-      // Computed exactly on the CPU (engine/model/deepseek_v4, checked against
-      // transformers), not yet servable: the engine's KV pool holds one latent stream
-      // (docs/model-neutral-engine.md).
-      {.model_type = "deepseek_v4",
-       .load = [](const std::string&, const BackendOptions&) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
-         return absl::UnimplementedError(
-             "config.json: model_type 'deepseek_v4' is not servable yet: the engine's KV pool cannot hold its "
-             "streams (docs/model-neutral-engine.md)");
-       }},
-  };
-  return *all;
+// DeepSeek-V2/V3: one latent entry (kv_lora_rank + qk_rope_head_dim floats) per token on
+// every layer.
+absl::StatusOr<ModelKvStreams> DeepseekLatentStreams(std::string_view config_json) {
+  ASSIGN_OR_RETURN(const ModelConfig c, ParseModelConfig(config_json));
+  ModelKvStreams out{.num_layers = static_cast<int32_t>(c.num_hidden_layers)};
+  KvStream latent{.name = "latent", .dtype = "f32", .granularity = KvGranularity::kPerToken, .tokens = 1,
+                  .width = static_cast<int32_t>(c.kv_entry_dim())};
+  for (int32_t l = 0; l < out.num_layers; ++l) latent.layers.push_back(l);
+  out.streams.push_back(std::move(latent));
+  return out;
 }
 
-absl::StatusOr<std::string> ReadModelType(const std::string& dir) {
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(dir + "/config.json"));
+absl::StatusOr<ModelKvStreams> DeepseekV4Streams(std::string_view config_json) {
+  ASSIGN_OR_RETURN(const v4::DeepseekV4Config c, v4::ParseDeepseekV4Config(config_json));
+  return ModelKvStreams{.num_layers = static_cast<int32_t>(c.num_hidden_layers), .streams = v4::KvStreamsFor(c)};
+}
+
+absl::StatusOr<const Architecture*> FindArchitecture(const std::string& model_type) {
+  std::vector<std::string> known;
+  for (const Architecture& a : Architectures()) {
+    if (a.model_type == model_type) return &a;
+    known.push_back(a.model_type);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("config.json: field 'model_type' is '", model_type,
+                                                 "'; supported: ", absl::StrJoin(known, ", ")));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ModelTypeOfConfig(std::string_view text) {
   const nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!config.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
   auto it = config.find("model_type");
@@ -35,15 +50,42 @@ absl::StatusOr<std::string> ReadModelType(const std::string& dir) {
   return it->get<std::string>();
 }
 
+const std::vector<Architecture>& Architectures() {
+  static const std::vector<Architecture>* all = new std::vector<Architecture>{
+      {.model_type = "deepseek_v2", .load = LoadDeepseekBackend, .kv_streams = DeepseekLatentStreams},
+      {.model_type = "deepseek_v3", .load = LoadDeepseekBackend, .kv_streams = DeepseekLatentStreams},
+      // Computed exactly on the CPU (engine/model/deepseek_v4, checked against
+      // transformers), not yet servable: the engine's KV pool holds one latent stream
+      // (docs/model-neutral-engine.md).
+      {.model_type = "deepseek_v4",
+       .load = [](const std::string&, const BackendOptions&) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
+         return absl::UnimplementedError(
+             "config.json: model_type 'deepseek_v4' is not servable yet: the engine's KV pool cannot hold its "
+             "streams (docs/model-neutral-engine.md)");
+       },
+       .kv_streams = DeepseekV4Streams},
+  };
+  return *all;
+}
+
+absl::StatusOr<std::string> ReadModelType(const std::string& dir) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(dir + "/config.json"));
+  return ModelTypeOfConfig(text);
+}
+
+absl::StatusOr<ModelKvStreams> KvStreamsForConfig(std::string_view config_json, int32_t block_size) {
+  ASSIGN_OR_RETURN(const std::string model_type, ModelTypeOfConfig(config_json));
+  ASSIGN_OR_RETURN(const Architecture* a, FindArchitecture(model_type));
+  if (!a->kv_streams) return absl::UnimplementedError(absl::StrCat("model_type '", model_type, "' declares no KV"));
+  ASSIGN_OR_RETURN(ModelKvStreams streams, a->kv_streams(config_json));
+  RETURN_IF_ERROR(ValidateKvStreams(streams.streams, streams.num_layers, block_size));
+  return streams;
+}
+
 absl::StatusOr<std::unique_ptr<ModelBackend>> LoadModelBackend(const std::string& dir, const BackendOptions& options) {
   ASSIGN_OR_RETURN(const std::string model_type, ReadModelType(dir));
-  std::vector<std::string> known;
-  for (const Architecture& a : Architectures()) {
-    if (a.model_type == model_type) return a.load(dir, options);
-    known.push_back(a.model_type);
-  }
-  return absl::InvalidArgumentError(absl::StrCat("config.json: field 'model_type' is '", model_type,
-                                                 "'; supported: ", absl::StrJoin(known, ", ")));
+  ASSIGN_OR_RETURN(const Architecture* a, FindArchitecture(model_type));
+  return a->load(dir, options);
 }
 
 }  // namespace tandem

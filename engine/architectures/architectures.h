@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/kv_streams.h"
 #include "engine/model/model_backend.h"
 
 namespace tandem {
@@ -22,6 +23,9 @@ struct Architecture {
   // servable yet (its message says why).
   std::function<absl::StatusOr<std::unique_ptr<ModelBackend>>(const std::string& dir, const BackendOptions& options)>
       load;
+  // The KV streams a config.json of this architecture gives each sequence (validated by
+  // the caller); errors name the config field.
+  std::function<absl::StatusOr<ModelKvStreams>(std::string_view config_json)> kv_streams;
 };
 
 // Every architecture this build knows, in registration order.
@@ -30,6 +34,13 @@ const std::vector<Architecture>& Architectures();
 // config.json's model_type in `dir`. Errors: NOT_FOUND without config.json,
 // INVALID_ARGUMENT "config.json: ..." for malformed JSON or a missing or non-string field.
 absl::StatusOr<std::string> ReadModelType(const std::string& dir);
+// The same from config.json's text.
+absl::StatusOr<std::string> ModelTypeOfConfig(std::string_view config_json);
+
+// The KV streams of `config_json` by its model_type, validated for blocks of
+// `block_size` tokens. Errors: as ReadModelType and LoadModelBackend for the model_type,
+// the architecture's for its fields.
+absl::StatusOr<ModelKvStreams> KvStreamsForConfig(std::string_view config_json, int32_t block_size);
 
 // The backend for the checkpoint in `dir`, by its model_type. Errors: INVALID_ARGUMENT
 // "config.json: field 'model_type' is 'X'; supported: ..." for an architecture this

@@ -61,11 +61,19 @@ uint64_t LayoutFingerprint(const KvLayout& layout) {
   XXH3_INITSTATE(&state);
   XXH3_64bits_reset(&state);
   UpdateString(&state, layout.model_id);
-  UpdateString(&state, layout.dtype);
   UpdateLe32(&state, layout.block_size);
-  UpdateLe32(&state, layout.entry_dim);
   UpdateLe32(&state, layout.num_layers);
   UpdateLe32(&state, layout.layout_version);
+  UpdateLe32(&state, static_cast<int32_t>(layout.streams.size()));
+  for (const KvStream& s : layout.streams) {
+    UpdateString(&state, s.name);
+    UpdateString(&state, s.dtype);
+    UpdateLe32(&state, static_cast<int32_t>(s.granularity));
+    UpdateLe32(&state, s.tokens);
+    UpdateLe32(&state, s.width);
+    UpdateLe32(&state, static_cast<int32_t>(s.layers.size()));
+    for (int32_t l : s.layers) UpdateLe32(&state, l);
+  }
   return XXH3_64bits_digest(&state);
 }
 

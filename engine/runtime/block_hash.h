@@ -11,23 +11,29 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/kv_streams.h"
+
 namespace tandem {
 
 // Everything that decides whether the KV bytes of a block computed by one process can be
 // reused by another. Two layouts with equal fields have equal fingerprints.
 struct KvLayout {
-  std::string model_id;    // e.g. model_type + a hash of config.json
-  std::string dtype;       // storage type of the cache entries, e.g. "bf16"
+  std::string model_id;    // e.g. model_type + a hash of config.json + a digest of the weights
   int32_t block_size = 0;  // tokens per block (64 by default)
-  int32_t entry_dim = 0;   // values per token per layer (576 for MLA: latent 512 + rope 64)
   int32_t num_layers = 0;
   int32_t layout_version = 0;
+  // What every layer keeps (engine/model/kv_streams.h): for DeepSeek-V2/V3 one per-token
+  // stream `latent` of 576 values (latent 512 + rope 64) on every layer.
+  std::vector<KvStream> streams;
 };
 
 // XXH3-64 (seed 0) of the encoding
-//   u32 len(model_id) | model_id bytes | u32 len(dtype) | dtype bytes |
-//   i32 block_size | i32 entry_dim | i32 num_layers | i32 layout_version
-// with every integer little-endian.
+//   u32 len(model_id) | model_id bytes | i32 block_size | i32 num_layers | i32 layout_version |
+//   u32 number of streams | per stream, in order:
+//     u32 len(name) | name bytes | u32 len(dtype) | dtype bytes | i32 granularity |
+//     i32 tokens | i32 width | u32 number of layers | i32 layer ...
+// with every integer little-endian (layout version 2; version 1 had a single dtype and
+// entry width in place of the streams).
 uint64_t LayoutFingerprint(const KvLayout& layout);
 
 // The parent hash of a sequence's first block ("tandemKV" read as a big-endian u64).

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/runtime/block_hash.h"
 #include "engine/architectures/architectures.h"
+#include "engine/model/kv_pool.h"
 #include "engine/model/weights_digest.h"
 #include "engine/runtime/kv_layout.h"
 #include "engine/util/mapped_file.h"
@@ -75,8 +76,26 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromDir(model_dir));
   const ModelConfig& c = e->backend_->config();
 
+  ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(model_dir + "/config.json"));
+  // The weights' digest reads every weight file once (weights_digest.h). A fake backend from
+  // options.backend_factory may run on a directory without weights (benchmarks): its
+  // fingerprint then covers config.json alone.
+  absl::StatusOr<uint64_t> weights = WeightsDigest(model_dir);
+  if (!weights.ok() && !(weights.status().code() == absl::StatusCode::kNotFound && options.backend_factory)) {
+    return weights.status();
+  }
+  ASSIGN_OR_RETURN(const KvLayout layout, KvLayoutFor(config_text, weights.ok() ? *weights : 0));
+  // The pool below holds one per-token float32 stream on every layer (LatentKvCache); the
+  // layout the architecture declares must be exactly that until the pool holds any.
+  if (layout.streams.size() != 1 || layout.streams[0].granularity != KvGranularity::kPerToken ||
+      layout.streams[0].dtype != "f32" || layout.streams[0].width != c.kv_entry_dim() ||
+      static_cast<int64_t>(layout.streams[0].layers.size()) != c.num_hidden_layers) {
+    return absl::UnimplementedError(absl::StrCat("the engine's KV pool holds one per-token f32 stream of ",
+                                                 c.kv_entry_dim(), " values on every layer; this model's KV is ",
+                                                 DescribeKvStreams(layout.streams)));
+  }
   int64_t blocks = options.num_kv_blocks;
-  const int64_t block_bytes = c.num_hidden_layers * kKvBlockSize * c.kv_entry_dim() * static_cast<int64_t>(sizeof(float));
+  const int64_t block_bytes = BlockBytes(layout);
   if (options.kv_memory != nullptr) {
     const int64_t fit = static_cast<int64_t>(options.kv_memory_bytes) / block_bytes;
     if (blocks <= 0 || blocks > fit) blocks = fit;
@@ -90,30 +109,33 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   if (device && e->backend_->device_kv_blocks() > 0) blocks = std::min(blocks, e->backend_->device_kv_blocks());
   if (blocks < 1) return absl::ResourceExhaustedError("no room for a single KV cache block");
   if (blocks > (1 << 30)) return absl::InvalidArgumentError("KV cache too large");
+  const KvPool::Geometry geometry{.num_layers = layout.num_layers, .block_size = layout.block_size,
+                                  .num_blocks = blocks};
+  ASSIGN_OR_RETURN(const size_t pool_bytes, KvPool::BytesFor(layout.streams, geometry));
+  std::span<std::byte> memory;
   if (options.kv_memory != nullptr) {
-    e->cache_ = std::make_unique<LatentKvCache>(options.kv_memory, c.num_hidden_layers, blocks, c.kv_entry_dim());
+    memory = {reinterpret_cast<std::byte*>(options.kv_memory), options.kv_memory_bytes};
   } else if (device) {
     // Only the blocks that KV export/import touch ever get pages: an untouched anonymous
     // mapping costs no memory.
-    const size_t bytes = LatentKvCache::BytesFor(c.num_hidden_layers, blocks, c.kv_entry_dim());
-    void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* m = ::mmap(nullptr, pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) return absl::ResourceExhaustedError("cannot map the host KV pool");
-    e->host_pool_memory_ = std::shared_ptr<void>(m, [bytes](void* p) { ::munmap(p, bytes); });
-    e->cache_ = std::make_unique<LatentKvCache>(static_cast<float*>(m), c.num_hidden_layers, blocks, c.kv_entry_dim());
+    e->host_pool_memory_ = std::shared_ptr<void>(m, [pool_bytes](void* p) { ::munmap(p, pool_bytes); });
+    memory = {static_cast<std::byte*>(m), pool_bytes};
+  }
+  if (memory.empty()) {
+    ASSIGN_OR_RETURN(e->pool_, KvPool::Create(layout.streams, geometry));
   } else {
-    e->cache_ = std::make_unique<LatentKvCache>(c.num_hidden_layers, blocks, c.kv_entry_dim());
+    ASSIGN_OR_RETURN(e->pool_, KvPool::CreateOver(memory, layout.streams, geometry));
   }
+  // The backends compute in the one latent stream through LatentKvCache, a view of the
+  // pool with the same geometry (kv_pool.h).
+  e->cache_ = std::make_unique<LatentKvCache>(
+      reinterpret_cast<float*>(e->pool_->memory().data() + e->pool_->StreamOffset(0)), c.num_hidden_layers, blocks,
+      c.kv_entry_dim());
 
-  ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(model_dir + "/config.json"));
-  // The weights' digest reads every weight file once (weights_digest.h). A fake backend from
-  // options.backend_factory may run on a directory without weights (benchmarks): its
-  // fingerprint then covers config.json alone.
-  absl::StatusOr<uint64_t> weights = WeightsDigest(model_dir);
-  if (!weights.ok() && !(weights.status().code() == absl::StatusCode::kNotFound && options.backend_factory)) {
-    return weights.status();
-  }
-  const KvLayout layout = KvLayoutFor(c, config_text, weights.ok() ? *weights : 0);
   e->layout_fingerprint_ = LayoutFingerprint(layout);
+  e->layout_ = layout;
 
   for (int64_t id : c.eos_token_ids) e->eos_ids_.push_back(static_cast<int32_t>(id));
   if (auto eos = e->tokenizer_->eos_id(); eos && std::find(e->eos_ids_.begin(), e->eos_ids_.end(), *eos) == e->eos_ids_.end()) {

@@ -26,7 +26,9 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/deepseek_model.h"
+#include "engine/model/kv_pool.h"
 #include "engine/model/model_backend.h"
+#include "engine/runtime/block_hash.h"
 #include "engine/runtime/constraint_compiler.h"
 #include "engine/runtime/kv_leases.h"
 #include "engine/runtime/kv_sink.h"
@@ -292,6 +294,8 @@ class Engine {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   int64_t kv_entry_dim() const { return backend_->config().kv_entry_dim(); }
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
+  // The KV layout the fingerprint is of: the streams the architecture declares.
+  const KvLayout& kv_layout() const { return layout_; }
 
  private:
   Engine() = default;
@@ -382,11 +386,13 @@ class Engine {
   std::unique_ptr<ModelBackend> backend_;
   std::shared_ptr<void> host_pool_memory_;  // the host KV pool of a device backend (mmap)
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<LatentKvCache> cache_;
+  std::unique_ptr<KvPool> pool_;          // every stream of the layout, in one region
+  std::unique_ptr<LatentKvCache> cache_;  // the latent stream of pool_, as the backends take it
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only
   Sampler sampler_;                       // engine thread only
   std::vector<int32_t> eos_ids_;
   uint64_t layout_fingerprint_ = 0;
+  KvLayout layout_;
   std::unique_ptr<KvLeases> leases_;                 // engine thread only
   std::unique_ptr<ConstraintCompiler> constraints_;
   std::map<std::string, std::function<void(Compiled)>> compiling_;  // engine thread only

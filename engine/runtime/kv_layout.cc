@@ -3,6 +3,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/architectures/architectures.h"
 #include "engine/model/latent_kv_cache.h"
 #include "engine/model/weights_digest.h"
 #include "engine/util/mapped_file.h"
@@ -11,16 +12,19 @@
 
 namespace tandem {
 
-KvLayout KvLayoutFor(const ModelConfig& c, const std::string& config_json_text, uint64_t weights_digest) {
-  return KvLayout{.model_id = absl::StrFormat("%s:%016x:weights-%016x", c.model_type,
+absl::StatusOr<KvLayout> KvLayoutFor(const std::string& config_json_text, uint64_t weights_digest) {
+  ASSIGN_OR_RETURN(ModelKvStreams kv, KvStreamsForConfig(config_json_text, static_cast<int32_t>(kKvBlockSize)));
+  ASSIGN_OR_RETURN(const std::string model_type, ModelTypeOfConfig(config_json_text));
+  return KvLayout{.model_id = absl::StrFormat("%s:%016x:weights-%016x", model_type,
                                               XXH64(config_json_text.data(), config_json_text.size(), 0),
                                               weights_digest),
-                  .dtype = "f32",
                   .block_size = static_cast<int32_t>(kKvBlockSize),
-                  .entry_dim = static_cast<int32_t>(c.kv_entry_dim()),
-                  .num_layers = static_cast<int32_t>(c.num_hidden_layers),
-                  .layout_version = kKvLayoutVersion};
+                  .num_layers = kv.num_layers,
+                  .layout_version = kKvLayoutVersion,
+                  .streams = std::move(kv.streams)};
 }
+
+int64_t BlockBytes(const KvLayout& layout) { return PagedBytesPerBlock(layout.streams, layout.block_size); }
 
 absl::StatusOr<uint64_t> AdmittedLayoutFingerprint(const std::string& model_dir, const std::string& given,
                                                    const std::string& flag) {
@@ -45,9 +49,8 @@ std::string FingerprintHex(uint64_t fingerprint) { return absl::StrFormat("%016x
 
 absl::StatusOr<KvLayout> KvLayoutForModel(const std::string& model_dir) {
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(model_dir + "/config.json"));
-  ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(text));
   ASSIGN_OR_RETURN(uint64_t weights, WeightsDigest(model_dir));
-  return KvLayoutFor(config, text, weights);
+  return KvLayoutFor(text, weights);
 }
 
 }  // namespace tandem

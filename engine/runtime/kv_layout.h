@@ -9,19 +9,25 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/model/model_config.h"
 #include "engine/runtime/block_hash.h"
 
 namespace tandem {
 
 // Bump when the meaning of KV bytes changes (entry layout, RoPE placement, dtype rules).
-inline constexpr int32_t kKvLayoutVersion = 1;
+// Version 2: the layout is a set of named streams (engine/model/kv_streams.h).
+inline constexpr int32_t kKvLayoutVersion = 2;
 
-// The layout of `model_dir`'s KV as this build stores it (float32 entries of
-// kv_lora_rank + qk_rope_head_dim, blocks of 64 tokens). Reads every weight file once
+// The layout of `model_dir`'s KV as this build stores it: the streams its architecture
+// declares (engine/architectures), in blocks of 64 tokens. Reads every weight file once
 // (WeightsDigest: NOT_FOUND when the directory has none).
 absl::StatusOr<KvLayout> KvLayoutForModel(const std::string& model_dir);
-KvLayout KvLayoutFor(const ModelConfig& config, const std::string& config_json_text, uint64_t weights_digest);
+// The same from config.json's text and the weights' digest (0 where only the geometry
+// matters). Errors: the architecture's, for an unknown model_type or a bad field.
+absl::StatusOr<KvLayout> KvLayoutFor(const std::string& config_json_text, uint64_t weights_digest);
+
+// Bytes of one token block over every paged stream of `layout` (the kvstore's block, the
+// prefill -> decode transfer's per-block bytes).
+int64_t BlockBytes(const KvLayout& layout);
 
 // For processes that hold KV without running the model (router, kvstore): the fingerprint
 // they admit. `given` (16 hex digits, what the replicas show as layout_fingerprint in their

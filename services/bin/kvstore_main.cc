@@ -12,8 +12,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "engine/model/model_config.h"
 #include "engine/model/model_resolver.h"
+#include "engine/util/mapped_file.h"
 #include "engine/runtime/kv_layout.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
@@ -94,15 +94,16 @@ int RunKvStore(int argc, char** argv) {
   // The KV layout this instance serves: its fingerprint and the size of one block.
   absl::StatusOr<std::string> model_dir = ResolveModelDir(common.model);
   if (!model_dir.ok()) return Fail("model", model_dir.status());
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(*model_dir);
-  if (!config.ok()) return Fail("model config", config.status());
-  const KvLayout geometry = KvLayoutFor(*config, "", 0);  // block sizes; the identity is the fingerprint
-  const KvLayout* layout = &geometry;
+  absl::StatusOr<std::string> config_text = ReadFileToString(*model_dir + "/config.json");
+  if (!config_text.ok()) return Fail("model config", config_text.status());
+  // Block sizes only; the identity is the fingerprint.
+  absl::StatusOr<KvLayout> geometry = KvLayoutFor(*config_text, 0);
+  if (!geometry.ok()) return Fail("model config", geometry.status());
+  const KvLayout* layout = &*geometry;
   absl::StatusOr<uint64_t> admitted = AdmittedLayoutFingerprint(*model_dir, layout_fingerprint, "--layout-fingerprint");
   if (!admitted.ok()) return Fail("KV layout", admitted.status());
   const uint64_t fingerprint = *admitted;
-  const int64_t block_bytes = static_cast<int64_t>(layout->num_layers) * layout->block_size * layout->entry_dim *
-                              static_cast<int64_t>(sizeof(float));
+  const int64_t block_bytes = BlockBytes(*layout);
   const int64_t slots = *dram_bytes / block_bytes;
   if (slots < 1) {
     return Fail("flags", absl::InvalidArgumentError(absl::StrCat("--capacity: ", *dram_bytes,

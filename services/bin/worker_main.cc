@@ -251,9 +251,9 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.kv_memory_bytes = pool.bytes;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);
   if (!engine.ok()) return Fail("engine", engine.status());
-  spdlog::info("{} worker: model {} ({}), KV layout fingerprint {}{}", RoleName(role), *model_dir,
+  spdlog::info("{} worker: model {} ({}), KV layout fingerprint {} ({}){}", RoleName(role), *model_dir,
                (*engine)->config().Summary(), FingerprintHex((*engine)->layout_fingerprint()),
-               f.batch_invariant ? ", batch-invariant" : "");
+               DescribeKvStreams((*engine)->kv_layout().streams), f.batch_invariant ? ", batch-invariant" : "");
   // Prefill replicas use the kvstore tier (services/kvstore): cached prefixes are fetched,
   // new blocks offloaded. Instances come from --kvstore or from the router.
   std::unique_ptr<kvstore::KvStoreClient> kvstore_client;

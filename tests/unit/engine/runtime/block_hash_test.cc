@@ -13,8 +13,14 @@ namespace tandem {
 namespace {
 
 KvLayout TestLayout() {
-  return {.model_id = "deepseek_v3:0123456789abcdef", .dtype = "bf16", .block_size = 64,
-          .entry_dim = 576, .num_layers = 61, .layout_version = 1};
+  KvLayout l{.model_id = "deepseek_v3:0123456789abcdef", .block_size = 64, .num_layers = 61, .layout_version = 2};
+  KvStream latent{.name = "latent", .dtype = "bf16", .granularity = KvGranularity::kPerToken, .tokens = 1,
+                  .width = 576};
+  for (int32_t i = 0; i < 61; ++i) latent.layers.push_back(i);
+  l.streams.push_back(latent);
+  l.streams.push_back({.name = "hca_entries", .dtype = "f32", .granularity = KvGranularity::kPerWindow,
+                       .tokens = 128, .width = 512, .layers = {1, 3}});
+  return l;
 }
 
 std::vector<int32_t> Iota(int32_t n, int32_t start = 0) {
@@ -27,16 +33,28 @@ void AppendLe(std::vector<unsigned char>* out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(static_cast<unsigned char>((v >> (8 * i)) & 0xff));
 }
 
+void AppendString(std::vector<unsigned char>* out, const std::string& s) {
+  AppendLe(out, s.size(), 4);
+  out->insert(out->end(), s.begin(), s.end());
+}
+
 // The documented encodings, built byte by byte.
 TEST(BlockHashTest, MatchesDocumentedEncodings) {
   const KvLayout layout = TestLayout();
   std::vector<unsigned char> bytes;
-  AppendLe(&bytes, layout.model_id.size(), 4);
-  bytes.insert(bytes.end(), layout.model_id.begin(), layout.model_id.end());
-  AppendLe(&bytes, layout.dtype.size(), 4);
-  bytes.insert(bytes.end(), layout.dtype.begin(), layout.dtype.end());
-  for (int32_t v : {layout.block_size, layout.entry_dim, layout.num_layers, layout.layout_version}) {
+  AppendString(&bytes, layout.model_id);
+  for (int32_t v : {layout.block_size, layout.num_layers, layout.layout_version}) {
     AppendLe(&bytes, static_cast<uint32_t>(v), 4);
+  }
+  AppendLe(&bytes, layout.streams.size(), 4);
+  for (const KvStream& s : layout.streams) {
+    AppendString(&bytes, s.name);
+    AppendString(&bytes, s.dtype);
+    for (int32_t v : {static_cast<int32_t>(s.granularity), s.tokens, s.width}) {
+      AppendLe(&bytes, static_cast<uint32_t>(v), 4);
+    }
+    AppendLe(&bytes, s.layers.size(), 4);
+    for (int32_t v : s.layers) AppendLe(&bytes, static_cast<uint32_t>(v), 4);
   }
   const uint64_t fp = LayoutFingerprint(layout);
   EXPECT_EQ(fp, XXH3_64bits(bytes.data(), bytes.size()));
@@ -53,11 +71,11 @@ TEST(BlockHashTest, MatchesDocumentedEncodings) {
 // must never change silently. If this fails, the wire meaning of every hash changed.
 TEST(BlockHashTest, KnownValues) {
   const uint64_t fp = LayoutFingerprint(TestLayout());
-  EXPECT_EQ(fp, 0xc62f1889b50773dbull);
+  EXPECT_EQ(fp, 0x7856f89939183243ull);
   const std::vector<uint64_t> hashes = HashFullBlocks(Iota(130), 64, fp);
   ASSERT_EQ(hashes.size(), 2u);
-  EXPECT_EQ(hashes[0], 0x9cb9014122543173ull);
-  EXPECT_EQ(hashes[1], 0x0330f30787951085ull);
+  EXPECT_EQ(hashes[0], 0xfb0054adfdd3cd25ull);
+  EXPECT_EQ(hashes[1], 0x4bea10df516f09c2ull);
   EXPECT_EQ(kRootBlockParentHash, 0x74616e64656d4b56ull);
   EXPECT_EQ(hashes[0], HashBlock(kRootBlockParentHash, Iota(64), fp));
   EXPECT_EQ(hashes[1], HashBlock(hashes[0], Iota(64, 64), fp));
@@ -68,14 +86,21 @@ TEST(BlockHashTest, FingerprintCoversEveryField) {
   std::set<uint64_t> seen = {LayoutFingerprint(base)};
   auto expect_new = [&](const KvLayout& l) { EXPECT_TRUE(seen.insert(LayoutFingerprint(l)).second); };
   KvLayout l = base; l.model_id = "deepseek_v3:0123456789abcdee"; expect_new(l);
-  l = base; l.dtype = "fp8"; expect_new(l);
   l = base; l.block_size = 32; expect_new(l);
-  l = base; l.entry_dim = 512; expect_new(l);
   l = base; l.num_layers = 60; expect_new(l);
-  l = base; l.layout_version = 2; expect_new(l);
+  l = base; l.layout_version = 3; expect_new(l);
+  l = base; l.streams[0].name = "latent2"; expect_new(l);
+  l = base; l.streams[0].dtype = "fp8_e4m3"; expect_new(l);
+  l = base; l.streams[1].granularity = KvGranularity::kRing; expect_new(l);
+  l = base; l.streams[1].tokens = 64; expect_new(l);
+  l = base; l.streams[0].width = 512; expect_new(l);
+  l = base; l.streams[1].layers = {1, 2}; expect_new(l);
+  l = base; l.streams[1].layers = {1}; expect_new(l);
+  l = base; l.streams.pop_back(); expect_new(l);
+  l = base; std::swap(l.streams[0], l.streams[1]); expect_new(l);
   // Strings are length-prefixed: moving bytes between fields changes the fingerprint.
-  l = base; l.model_id = "ab"; l.dtype = "c"; expect_new(l);
-  l = base; l.model_id = "a"; l.dtype = "bc"; expect_new(l);
+  l = base; l.streams[0].name = "ab"; l.streams[0].dtype = "c"; expect_new(l);
+  l = base; l.streams[0].name = "a"; l.streams[0].dtype = "bc"; expect_new(l);
   // Equal layouts, equal fingerprints.
   EXPECT_EQ(LayoutFingerprint(base), LayoutFingerprint(TestLayout()));
 }
@@ -103,7 +128,7 @@ TEST(BlockHashTest, SharedPrefixSharesExactlyThoseHashes) {
 
 TEST(BlockHashTest, FingerprintChangesEveryHash) {
   KvLayout other = TestLayout();
-  other.dtype = "f32";
+  other.streams[0].dtype = "f32";
   const auto tokens = Iota(4 * 64);
   const auto a = HashFullBlocks(tokens, 64, LayoutFingerprint(TestLayout()));
   const auto b = HashFullBlocks(tokens, 64, LayoutFingerprint(other));

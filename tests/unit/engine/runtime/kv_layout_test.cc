@@ -6,9 +6,12 @@
 
 #include <filesystem>
 
+#include "engine/model/deepseek_v4/v4_kv_streams.h"
+#include "engine/model/model_config.h"
 #include "engine/model/weights_digest.h"
 #include "engine/util/mapped_file.h"
 #include "gtest/gtest.h"
+#include "tests/unit/engine/model/deepseek_v4/v4_test_models.h"
 #include "tests/unit/engine/model/test_models.h"
 
 namespace tandem {
@@ -93,6 +96,55 @@ TEST(KvLayoutTest, WithoutWeightsTheFingerprintMustBeGiven) {
               absl::StatusCode::kInvalidArgument)
         << bad;
   }
+}
+
+// V2/V3's layout is one instance of the stream layout: one per-token latent stream on
+// every layer, with the block bytes the engine's pool has always had.
+TEST(KvLayoutTest, DeepseekV2IsOneLatentStream) {
+  TempDir tmp;
+  const std::string a = MakeModel(tmp, "a", PresetJson("tiny"), 1);
+  absl::StatusOr<KvLayout> layout = KvLayoutForModel(a);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const ModelConfig c = *LoadModelConfig(a);
+  EXPECT_EQ(layout->layout_version, kKvLayoutVersion);
+  EXPECT_EQ(layout->num_layers, c.num_hidden_layers);
+  ASSERT_EQ(layout->streams.size(), 1u);
+  const KvStream& latent = layout->streams[0];
+  EXPECT_EQ(latent.name, "latent");
+  EXPECT_EQ(latent.granularity, KvGranularity::kPerToken);
+  EXPECT_EQ(latent.width, c.kv_lora_rank + c.qk_rope_head_dim);
+  EXPECT_EQ(static_cast<int64_t>(latent.layers.size()), c.num_hidden_layers);
+  EXPECT_EQ(BlockBytes(*layout), c.num_hidden_layers * 64 * c.kv_entry_dim() * 4);
+}
+
+// A V4 checkpoint's layout is the streams its architecture declares; its fingerprint can
+// never admit a V2/V3 replica's KV (or the reverse), and routers and kvstores can compute it.
+TEST(KvLayoutTest, DeepseekV4HasItsStreamsAndItsOwnFingerprint) {
+  TempDir tmp;
+  const std::string v4 = v4::testing::MakeV4Model(tmp, "v4", v4::testing::TinyV4Json().dump());
+  absl::StatusOr<KvLayout> layout = KvLayoutForModel(v4);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const v4::DeepseekV4Config c = *v4::LoadDeepseekV4Config(v4);
+  const std::vector<KvStream> expected = v4::KvStreamsFor(c);
+  ASSERT_EQ(layout->streams.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(layout->streams[i].name, expected[i].name);
+    EXPECT_EQ(layout->streams[i].layers, expected[i].layers);
+  }
+  EXPECT_EQ(layout->model_id.rfind("deepseek_v4:", 0), 0u) << layout->model_id;
+  EXPECT_GT(BlockBytes(*layout), 0);
+  const std::string v2 = MakeModel(tmp, "v2", PresetJson("tiny"), 1);
+  EXPECT_NE(Fingerprint(v4), Fingerprint(v2));
+  absl::StatusOr<uint64_t> admitted = AdmittedLayoutFingerprint(v4, "", "--layout-fingerprint");
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_EQ(*admitted, Fingerprint(v4));
+}
+
+TEST(KvLayoutTest, AnUnknownModelTypeIsNamed) {
+  absl::StatusOr<KvLayout> layout = KvLayoutFor(R"({"model_type": "llama"})", 0);
+  EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(layout.status().message().find("'llama'"), std::string::npos) << layout.status();
+  EXPECT_NE(layout.status().message().find("deepseek_v4"), std::string::npos) << layout.status();
 }
 
 }  // namespace

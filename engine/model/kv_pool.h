@@ -1,0 +1,86 @@
+// The KV memory of a layout's streams (kv_streams.h) in one region, so that a transfer
+// layer can register it once and peers can write into it:
+//   - paged streams (per token, per window) in token blocks shared through block tables:
+//     stream s, layer index i (the i-th of s.layers), block b, entry e starts at
+//       base(s) + ((i * num_blocks + b) * EntriesPerBlock(s) + e) * width * dtype bytes,
+//     layer-major as the transfer moves it; one per-token stream at base 0 is exactly
+//     LatentKvCache's [layer][block][slot][entry] geometry;
+//   - per-sequence streams (rings, states) in sequence slots the caller hands out:
+//       base(s) + ((slot * layers + i) * tokens + row) * width * dtype bytes.
+// Streams follow one another in layout order, paged first, each base aligned to 256 bytes.
+// Which blocks and slots a sequence owns is the caller's business.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/kv_streams.h"
+
+namespace tandem {
+
+class KvPool {
+ public:
+  struct Geometry {
+    int32_t num_layers = 0;
+    int32_t block_size = 0;
+    int64_t num_blocks = 0;
+    int64_t num_sequence_slots = 0;  // sequences that may hold ring/state streams at once
+  };
+
+  // Bytes the pool of `streams` takes (for a caller that provides the memory). Errors:
+  // ValidateKvStreams's, or a geometry that is not positive or overflows.
+  static absl::StatusOr<size_t> BytesFor(const std::vector<KvStream>& streams, const Geometry& g);
+  // Over memory the pool owns (zeroed).
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(std::vector<KvStream> streams, const Geometry& g);
+  // Over caller-owned memory of at least BytesFor bytes, which must outlive the pool.
+  static absl::StatusOr<std::unique_ptr<KvPool>> CreateOver(std::span<std::byte> memory, std::vector<KvStream> streams,
+                                                            const Geometry& g);
+
+  const std::vector<KvStream>& streams() const { return streams_; }
+  const Geometry& geometry() const { return geometry_; }
+  std::span<std::byte> memory() { return memory_; }
+  // The stream's index by name, or -1.
+  int StreamIndex(std::string_view name) const;
+
+  // Where stream `s` lives: its first byte's offset in memory() and its bytes.
+  size_t StreamOffset(int s) const { return layout_[Check(s)].offset; }
+  size_t StreamBytes(int s) const { return layout_[Check(s)].bytes; }
+
+  // Paged streams. `layer` is a model layer the stream is on (checked). One block's
+  // entries of one layer, contiguous; and the entry `position` of a sequence whose blocks
+  // are `block_table` (a per-window stream: the entry of window position / tokens, in the
+  // block of the window's last token).
+  std::span<std::byte> Page(int s, int32_t layer, int32_t block);
+  std::byte* Entry(int s, int32_t layer, std::span<const int32_t> block_table, int64_t position);
+
+  // Per-sequence streams: slot `slot`'s rows of one layer, contiguous.
+  std::span<std::byte> SequenceRows(int s, int32_t layer, int64_t slot);
+
+ private:
+  struct StreamPlace {
+    size_t offset = 0, bytes = 0;
+    size_t entry_bytes = 0;      // width x dtype bytes
+    int64_t entries_per_block = 0;  // paged
+    std::vector<int32_t> layer_index;  // model layer -> index in the stream's layers, or -1
+  };
+  KvPool(std::vector<KvStream> streams, const Geometry& g, std::vector<StreamPlace> layout, std::span<std::byte> memory,
+         std::unique_ptr<std::byte[]> owned)
+      : streams_(std::move(streams)), geometry_(g), layout_(std::move(layout)), memory_(memory),
+        owned_(std::move(owned)) {}
+  static absl::StatusOr<std::vector<StreamPlace>> Plan(const std::vector<KvStream>& streams, const Geometry& g,
+                                                       size_t* total);
+  int Check(int s) const;
+  int64_t LayerIndex(int s, int32_t layer) const;
+
+  std::vector<KvStream> streams_;
+  Geometry geometry_;
+  std::vector<StreamPlace> layout_;
+  std::span<std::byte> memory_;
+  std::unique_ptr<std::byte[]> owned_;  // null when the memory is the caller's
+};
+
+}  // namespace tandem
