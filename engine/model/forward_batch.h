@@ -16,6 +16,9 @@ struct ForwardSequence {
   std::span<const int32_t> block_table;  // cache blocks covering start_position + tokens.size()
   bool all_logits = false;               // logits for every new token, not only the last
   bool no_logits = false;                // no logits at all (a prefill chunk short of the end)
+  // The sequence's slot in the KV pool's per-sequence streams (rings, states;
+  // engine/model/kv_pool.h), for architectures that have them; -1: none.
+  int64_t state_slot = -1;
 };
 
 struct ForwardOptions {
