@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/read_bandwidth.h"
 #include "engine/model/deepseek_model.h"
 #include "kernels/cpu/thread_pool.h"
 #include "nlohmann/json.hpp"
@@ -29,47 +30,11 @@
 namespace tandem {
 namespace {
 
+using bench::CopyBandwidth;
+using bench::ReadBandwidth;
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-// Best of `reps` parallel streaming reads of `bytes`: bytes / second.
-double ReadBandwidth(cpu::ThreadPool& pool, size_t bytes, int reps) {
-  std::vector<float> buf(bytes / sizeof(float));
-  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i & 1023);
-  double best = 0;
-  std::vector<double> sums(static_cast<size_t>(pool.num_threads()) * 16);
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    pool.ParallelFor(static_cast<int64_t>(buf.size()), 1 << 16, [&](int64_t b, int64_t e) {
-      float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-      int64_t i = b;
-      for (; i + 8 <= e; i += 8) {
-        s0 += buf[i]; s1 += buf[i + 1]; s2 += buf[i + 2]; s3 += buf[i + 3];
-        s4 += buf[i + 4]; s5 += buf[i + 5]; s6 += buf[i + 6]; s7 += buf[i + 7];
-      }
-      for (; i < e; ++i) s0 += buf[i];
-      sums[(b / (1 << 16)) % sums.size()] += s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
-    });
-    best = std::max(best, bytes / Seconds(t0, Clock::now()));
-  }
-  if (std::accumulate(sums.begin(), sums.end(), 0.0) == 42.0) std::fprintf(stderr, " ");  // keep the reads
-  return best;
-}
-
-// Best of `reps` parallel memcpy of `bytes`: bytes copied / second.
-double CopyBandwidth(cpu::ThreadPool& pool, size_t bytes, int reps) {
-  std::vector<char> src(bytes, 1), dst(bytes, 0);
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    pool.ParallelFor(static_cast<int64_t>(bytes), 1 << 20, [&](int64_t b, int64_t e) {
-      std::memcpy(dst.data() + b, src.data() + b, static_cast<size_t>(e - b));
-    });
-    best = std::max(best, bytes / Seconds(t0, Clock::now()));
-  }
-  return best;
-}
 
 uint64_t MatrixBytes(const WeightMatrix& w) {
   if (!w.valid()) return 0;

@@ -39,6 +39,7 @@ class DeepseekV4Model {
 
   const DeepseekV4Config& config() const { return config_; }
   const ModelWeights& weights() const { return loaded_->weights(); }
+  cpu::ThreadPool& thread_pool() { return *pool_; }
 
   // An empty state for one new sequence.
   SequenceState NewSequence() const;

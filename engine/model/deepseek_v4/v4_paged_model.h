@@ -27,6 +27,7 @@ class PagedV4Model {
                                                             const DeepseekV4Model::LoadOptions& options);
 
   const DeepseekV4Config& config() const { return model_->config(); }
+  DeepseekV4Model& model() { return *model_; }
   // The streams a pool for this model must hold.
   std::vector<KvStream> kv_streams() const;
 
