@@ -164,7 +164,7 @@ int Main(int argc, char** argv) {
       return 1;
     }
     const char* name = invariant ? "batch_invariant" : "default";
-    std::fprintf(stderr, "%s: loaded %s in %.1f s\n", name, (*e)->config().Summary().c_str(),
+    std::fprintf(stderr, "%s: loaded %s in %.1f s\n", name, (*e)->config().summary.c_str(),
                  std::chrono::duration<double>(Clock::now() - t0).count());
     (void)RunAmong(**e, 8, 1);  // warm-up (graphs, allocations)
     const std::vector<uint32_t> alone = RunAmong(**e, 0, 2);
@@ -177,7 +177,7 @@ int Main(int argc, char** argv) {
     (void)Throughput(**e, streams, prompt, output, std::min(3.0, seconds / 4), &generated);  // warm-up
     tps[invariant] = Throughput(**e, streams, prompt, output, seconds, &generated);
     out[name] = {{"device", (*e)->device_name()},
-                 {"model", (*e)->config().Summary()},
+                 {"model", (*e)->config().summary},
                  {"target_runs_among_companions", runs},
                  {"target_runs_bitwise_equal_to_alone", equal},
                  {"generated_tokens", generated},

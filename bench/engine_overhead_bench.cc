@@ -36,14 +36,14 @@ class FreeBackend : public ModelBackend {
   std::string device_name() const override { return "free"; }
   bool kv_in_host_pool() const override { return false; }
   int64_t device_kv_blocks() const override { return 1 << 14; }
-  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache&,
+  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, KvPool&,
                                              const ForwardOptions&) override {
     int64_t rows = 0;
     for (const ForwardSequence& s : batch) rows += s.no_logits ? 0 : 1;
     return std::vector<float>(static_cast<size_t>(rows * config_.vocab_size), 0.0f);
   }
   bool samples_on_device() const override { return true; }
-  absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence>, LatentKvCache&,
+  absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence>, KvPool&,
                                                      std::span<const SampleRow> rows,
                                                      const ForwardOptions&) override {
     std::vector<int32_t> out;

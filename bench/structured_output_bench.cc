@@ -183,7 +183,7 @@ int Run(int argc, char** argv) {
   nlohmann::json out = {
       {"bench", "structured_output"},
       {"device", (*e)->device_name()},
-      {"model", (*e)->config().Summary()},
+      {"model", (*e)->config().summary},
       {"streams", streams},
       {"prompt_tokens", prompt},
       {"max_output_tokens", output},

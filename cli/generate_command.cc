@@ -120,7 +120,7 @@ int RunLocal(const GenerateArgs& a) {
   options.batch_invariant = a.batch_invariant;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*dir, options);
   if (!engine.ok()) return Fail(engine.status());
-  std::fprintf(stderr, "model %s (%s), loaded in %.2f s\n", dir->c_str(), (*engine)->config().Summary().c_str(),
+  std::fprintf(stderr, "model %s (%s), loaded in %.2f s\n", dir->c_str(), (*engine)->config().summary.c_str(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
 
   EngineRequest request;

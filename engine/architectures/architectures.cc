@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/deepseek_v4/v4_backend.h"
 #include "engine/model/deepseek_v4/v4_config.h"
 #include "engine/model/deepseek_v4/v4_kv_streams.h"
 #include "engine/model/model_config.h"
@@ -54,15 +55,9 @@ const std::vector<Architecture>& Architectures() {
   static const std::vector<Architecture>* all = new std::vector<Architecture>{
       {.model_type = "deepseek_v2", .load = LoadDeepseekBackend, .kv_streams = DeepseekLatentStreams},
       {.model_type = "deepseek_v3", .load = LoadDeepseekBackend, .kv_streams = DeepseekLatentStreams},
-      // Computed exactly on the CPU (engine/model/deepseek_v4, checked against
-      // transformers), not yet servable: the engine's KV pool holds one latent stream
-      // (docs/model-neutral-engine.md).
+      // On the CPU over the engine's paged pool (engine/model/deepseek_v4/v4_backend.h).
       {.model_type = "deepseek_v4",
-       .load = [](const std::string&, const BackendOptions&) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
-         return absl::UnimplementedError(
-             "config.json: model_type 'deepseek_v4' is not servable yet: the engine's KV pool cannot hold its "
-             "streams (docs/model-neutral-engine.md)");
-       },
+       .load = v4::LoadV4Backend,
        .kv_streams = DeepseekV4Streams},
   };
   return *all;

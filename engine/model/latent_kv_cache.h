@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/model/kv_pool.h"
 #include "kernels/common/check.h"
 #include "kernels/cpu/mla_attention.h"
 
@@ -33,6 +34,19 @@ class LatentKvCache {
         owned_(std::move(o.owned_)), data_(owned_.empty() ? o.data_ : owned_.data()) {}
   LatentKvCache(const LatentKvCache&) = delete;
   LatentKvCache& operator=(const LatentKvCache&) = delete;
+
+  // A view of `pool`'s one stream: per token, float32, on every layer (checked), whose
+  // geometry is this class's (kv_pool.h).
+  static LatentKvCache Of(KvPool& pool) {
+    TANDEM_CHECK_EQ(pool.streams().size(), 1u) << DescribeKvStreams(pool.streams());
+    const KvStream& s = pool.streams()[0];
+    TANDEM_CHECK(s.granularity == KvGranularity::kPerToken && s.dtype == "f32" &&
+                 static_cast<int64_t>(s.layers.size()) == pool.geometry().num_layers)
+        << DescribeKvStreams(pool.streams());
+    return LatentKvCache(reinterpret_cast<float*>(pool.memory().data() + pool.StreamOffset(0)),
+                         pool.geometry().num_layers, pool.geometry().num_blocks, s.width,
+                         pool.geometry().block_size);
+  }
 
   static size_t BytesFor(int64_t num_layers, int64_t num_blocks, int64_t entry_dim, int64_t block_size = kKvBlockSize) {
     return static_cast<size_t>(num_layers * num_blocks * block_size * entry_dim) * sizeof(float);

@@ -21,8 +21,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model/deepseek_model.h"
+#include "engine/model/kv_pool.h"
 #include "engine/model/latent_kv_cache.h"
 #include "engine/model/model_config.h"
+#include "engine/model/model_info.h"
 
 namespace tandem {
 
@@ -59,7 +61,9 @@ class ModelBackend {
  public:
   virtual ~ModelBackend() = default;
 
-  virtual const ModelConfig& config() const = 0;
+  // What the engine needs of the model; a backend returns its architecture's config
+  // (covariant: DeepSeek-V2/V3's ModelConfig).
+  virtual const ModelInfo& config() const = 0;
   // "cpu", "cuda:0", ...
   virtual std::string device_name() const = 0;
   // True when Forward computes in the host pool itself (no KvToHost/KvFromHost needed).
@@ -67,8 +71,9 @@ class ModelBackend {
   // Blocks the backend's own pool holds (device backends); 0: no limit of its own.
   virtual int64_t device_kv_blocks() const { return 0; }
 
-  // DeepseekModel::Forward's contract; `host` is the engine's pool.
-  virtual absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& host,
+  // DeepseekModel::Forward's contract; `host` is the engine's pool, holding the streams of
+  // the model's KV layout (DeepSeek-V2/V3 view its one latent stream: LatentKvCache::Of).
+  virtual absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, KvPool& host,
                                                      const ForwardOptions& options) = 0;
 
   // Whether ForwardSample works: the tokens are chosen on the device and only they cross to
@@ -77,7 +82,7 @@ class ModelBackend {
   // Forward, then one token per logits row (rows[i] for logits row i), with the CPU
   // Sampler's choice from the same logits.
   virtual absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> /*batch*/,
-                                                             LatentKvCache& /*host*/,
+                                                             KvPool& /*host*/,
                                                              std::span<const SampleRow> /*rows*/,
                                                              const ForwardOptions& /*options*/) {
     return absl::UnimplementedError("this backend samples on the host");
@@ -90,7 +95,7 @@ class ModelBackend {
   // calls in between (KvToHost, Forward, ...) are ordered after the launched step. A
   // launch error is returned by LaunchSample or by CollectSample. This default computes
   // in LaunchSample.
-  virtual absl::Status LaunchSample(std::span<const ForwardSequence> batch, LatentKvCache& host,
+  virtual absl::Status LaunchSample(std::span<const ForwardSequence> batch, KvPool& host,
                                     std::span<const SampleRow> rows, const ForwardOptions& options) {
     launched_ = ForwardSample(batch, host, rows, options);
     return absl::OkStatus();
@@ -104,11 +109,11 @@ class ModelBackend {
   // Device backends: copy positions [begin, end) of a sequence (its block table) between
   // the device pool and the host pool: one layer to the host, every layer from it.
   virtual absl::Status KvToHost(int64_t /*layer*/, std::span<const int32_t> /*block_table*/, int64_t /*begin*/,
-                                int64_t /*end*/, LatentKvCache& /*host*/) {
+                                int64_t /*end*/, KvPool& /*host*/) {
     return absl::OkStatus();
   }
   virtual absl::Status KvFromHost(std::span<const int32_t> /*block_table*/, int64_t /*begin*/, int64_t /*end*/,
-                                  LatentKvCache& /*host*/) {
+                                  KvPool& /*host*/) {
     return absl::OkStatus();
   }
 
@@ -140,9 +145,10 @@ class CpuBackend : public ModelBackend {
   const ModelConfig& config() const override { return model_->config(); }
   std::string device_name() const override { return "cpu"; }
   bool kv_in_host_pool() const override { return true; }
-  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& host,
+  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, KvPool& host,
                                              const ForwardOptions& options) override {
-    return model_->Forward(batch, host, ForDeepseek(options));
+    LatentKvCache cache = LatentKvCache::Of(host);
+    return model_->Forward(batch, cache, ForDeepseek(options));
   }
   DeepseekModel& model() { return *model_; }
 

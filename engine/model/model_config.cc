@@ -223,6 +223,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json) {
   ASSIGN_OR_RETURN(c.bos_token_id, f.Int("bos_token_id"));
   ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> eos, f.IntList("eos_token_id"));
   if (eos) c.eos_token_ids = std::move(*eos);
+  c.summary = c.Summary();
   return c;
 }
 

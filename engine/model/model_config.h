@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/model_info.h"
 
 namespace tandem {
 
@@ -30,17 +31,13 @@ struct RopeConfig {
   bool truncate = true;
 };
 
-struct ModelConfig {
-  std::string model_type;  // "deepseek_v2" or "deepseek_v3"
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;
+// DeepSeek-V2/V3 (model_type "deepseek_v2" or "deepseek_v3"): what every model has
+// (ModelInfo) and MLA's and DeepSeekMoE's fields.
+struct ModelConfig : ModelInfo {
   int64_t intermediate_size = 0;
   int64_t moe_intermediate_size = 0;
-  int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
-  int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
-  bool tie_word_embeddings = false;
 
   // Multi-head latent attention.
   std::optional<int64_t> q_lora_rank;  // absent: q_proj straight from the hidden state
@@ -66,9 +63,6 @@ struct ModelConfig {
 
   int64_t num_nextn_predict_layers = 0;  // MTP modules stored after the decoder layers
   bool fp8_block_quantized = false;      // quantization_config: fp8 with 128x128 blocks
-
-  std::optional<int64_t> bos_token_id;
-  std::vector<int64_t> eos_token_ids;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Values per token per layer in the latent KV cache: latent + rotary key.

@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
                                                           .batch_invariant = options.batch_invariant}));
   }
   ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromDir(model_dir));
-  const ModelConfig& c = e->backend_->config();
+  const ModelInfo& c = e->backend_->config();
 
   ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(model_dir + "/config.json"));
   // The weights' digest reads every weight file once (weights_digest.h). A fake backend from
@@ -85,14 +85,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
     return weights.status();
   }
   ASSIGN_OR_RETURN(const KvLayout layout, KvLayoutFor(config_text, weights.ok() ? *weights : 0));
-  // The pool below holds one per-token float32 stream on every layer (LatentKvCache); the
-  // layout the architecture declares must be exactly that until the pool holds any.
-  if (layout.streams.size() != 1 || layout.streams[0].granularity != KvGranularity::kPerToken ||
-      layout.streams[0].dtype != "f32" || layout.streams[0].width != c.kv_entry_dim() ||
-      static_cast<int64_t>(layout.streams[0].layers.size()) != c.num_hidden_layers) {
-    return absl::UnimplementedError(absl::StrCat("the engine's KV pool holds one per-token f32 stream of ",
-                                                 c.kv_entry_dim(), " values on every layer; this model's KV is ",
-                                                 DescribeKvStreams(layout.streams)));
+  // KV export and import, the prefix cache and the transfers move one per-token float32
+  // stream on every layer (LatentKvCache, DeepSeek-V2/V3); a model whose KV has other
+  // streams (DeepSeek-V4) runs with none of them yet (docs/model-neutral-engine.md).
+  e->latent_layout_ = layout.streams.size() == 1 && layout.streams[0].granularity == KvGranularity::kPerToken &&
+                      layout.streams[0].dtype == "f32" && layout.streams[0].layers.size() == size_t(layout.num_layers);
+  if (!e->latent_layout_ && !e->backend_->kv_in_host_pool()) {
+    return absl::UnimplementedError(absl::StrCat("a device backend over KV streams other than one latent stream (",
+                                                 DescribeKvStreams(layout.streams), ")"));
+  }
+  if (!e->latent_layout_) {
+    e->options_.enable_prefix_cache = false;
+    options.enable_prefix_cache = false;
   }
   int64_t blocks = options.num_kv_blocks;
   const int64_t block_bytes = BlockBytes(layout);
@@ -109,8 +113,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   if (device && e->backend_->device_kv_blocks() > 0) blocks = std::min(blocks, e->backend_->device_kv_blocks());
   if (blocks < 1) return absl::ResourceExhaustedError("no room for a single KV cache block");
   if (blocks > (1 << 30)) return absl::InvalidArgumentError("KV cache too large");
+  // Rings and states (per-sequence streams) have a slot per running sequence.
+  const int64_t slots = SequenceStateBytes(layout.streams) > 0 ? options.max_running : 0;
   const KvPool::Geometry geometry{.num_layers = layout.num_layers, .block_size = layout.block_size,
-                                  .num_blocks = blocks};
+                                  .num_blocks = blocks, .num_sequence_slots = slots};
   ASSIGN_OR_RETURN(const size_t pool_bytes, KvPool::BytesFor(layout.streams, geometry));
   std::span<std::byte> memory;
   if (options.kv_memory != nullptr) {
@@ -128,11 +134,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   } else {
     ASSIGN_OR_RETURN(e->pool_, KvPool::CreateOver(memory, layout.streams, geometry));
   }
-  // The backends compute in the one latent stream through LatentKvCache, a view of the
-  // pool with the same geometry (kv_pool.h).
-  e->cache_ = std::make_unique<LatentKvCache>(
-      reinterpret_cast<float*>(e->pool_->memory().data() + e->pool_->StreamOffset(0)), c.num_hidden_layers, blocks,
-      c.kv_entry_dim());
+  // KV export and import read and write the one latent stream through LatentKvCache, a
+  // view of the pool with the same geometry (kv_pool.h).
+  if (e->latent_layout_) e->cache_ = std::make_unique<LatentKvCache>(LatentKvCache::Of(*e->pool_));
 
   e->layout_fingerprint_ = LayoutFingerprint(layout);
   e->layout_ = layout;
@@ -143,7 +147,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   }
   SchedulerOptions so{.block_size = static_cast<int32_t>(kKvBlockSize), .max_batch_tokens = options.max_batch_tokens,
                       .max_running = options.max_running, .enable_prefix_cache = options.enable_prefix_cache,
-                      .layout_fingerprint = e->layout_fingerprint_};
+                      .layout_fingerprint = e->layout_fingerprint_,
+                      .num_state_slots = static_cast<int32_t>(slots)};
   if (so.max_batch_tokens <= 0 || so.max_running <= 0 || options.max_waiting <= 0) {
     return absl::InvalidArgumentError("max_batch_tokens, max_running and max_waiting must be positive");
   }
@@ -175,7 +180,7 @@ Engine::~Engine() {
 
 absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
   RETURN_IF_ERROR(Validate(r.constraint));
-  const ModelConfig& c = backend_->config();
+  const ModelInfo& c = backend_->config();
   if (r.prompt.empty()) return absl::InvalidArgumentError("prompt: empty (a request needs at least one token)");
   for (int32_t t : r.prompt) {
     if (t < 0 || t >= c.vocab_size) {
@@ -196,11 +201,16 @@ absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
   RETURN_IF_ERROR(Validate(r.sampling, c.vocab_size));
   RETURN_IF_ERROR(Validate(r.stop, c.vocab_size));
   const int32_t need = scheduler_->BlocksFor(static_cast<int64_t>(r.prompt.size()) + 1);
-  if (need > cache_->num_blocks()) {
+  if (need > pool_->geometry().num_blocks) {
     return absl::ResourceExhaustedError(absl::StrCat("prompt: ", r.prompt.size(), " tokens need ", need,
-                                                     " KV cache blocks; the cache has ", cache_->num_blocks()));
+                                                     " KV cache blocks; the cache has ",
+                                                     pool_->geometry().num_blocks));
   }
   if (r.id.empty()) return absl::InvalidArgumentError("request id: empty");
+  if (!latent_layout_ && (r.prefix_kv || r.kv_sink != nullptr)) {
+    return absl::UnimplementedError(absl::StrCat("KV export and import for a ", c.model_type,
+                                                 " model (its KV streams: ", DescribeKvStreams(layout_.streams), ")"));
+  }
   if (r.prefix_kv) {
     const PrefixKv& p = *r.prefix_kv;
     const int64_t usable = (static_cast<int64_t>(r.prompt.size()) - 1) / kKvBlockSize;
@@ -435,6 +445,7 @@ void Engine::PublishStats() {
 }
 
 Engine::KvMemory Engine::kv_memory() const {
+  if (cache_ == nullptr) return {};
   std::span<float> d = cache_->data();
   return {.base = d.data(), .bytes = d.size() * sizeof(float), .num_layers = cache_->num_layers(),
           .num_blocks = cache_->num_blocks(), .block_size = cache_->block_size(), .entry_dim = cache_->entry_dim()};
@@ -527,10 +538,10 @@ void Engine::Step() {
   if (!batch.device_error.ok()) {
     logits = batch.device_error;
   } else if (device_sampling) {
-    device_tokens = backend_->ForwardSample(batch.sequences, *cache_, sample_rows, WithMaskFill(std::move(fo)));
+    device_tokens = backend_->ForwardSample(batch.sequences, *pool_, sample_rows, WithMaskFill(std::move(fo)));
     if (!device_tokens.ok()) logits = device_tokens.status();
   } else {
-    logits = backend_->Forward(batch.sequences, *cache_, fo);
+    logits = backend_->Forward(batch.sequences, *pool_, fo);
   }
   if (logits.ok() && !batch.device_error.ok()) logits = batch.device_error;
   counters_.steps++;
@@ -600,7 +611,7 @@ void Engine::EndRejected(StepPlan& plan) {
     RequestOutput out;
     out.text = seq->stop->Flush();
     out.status = absl::ResourceExhaustedError(absl::StrCat(
-        "request '", seq->id, "' needs more KV cache blocks than the engine has (", cache_->num_blocks(), ")"));
+        "request '", seq->id, "' needs more KV cache blocks than the engine has (", pool_->geometry().num_blocks, ")"));
     Finish(std::move(seq), std::move(out));
   }
   plan.rejected.clear();
@@ -623,12 +634,12 @@ Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {
       const int64_t tokens = CopyImportedPrefix(s, *cache_);
       counters_.prompt_tokens_imported += tokens;
       if (!backend_->kv_in_host_pool()) {
-        b.device_error.Update(backend_->KvFromHost(s.blocks, first, first + tokens, *cache_));
+        b.device_error.Update(backend_->KvFromHost(s.blocks, first, first + tokens, *pool_));
         counters_.kv_host_staged_bytes += tokens * cache_->num_layers() * kv_entry_dim() * sizeof(float);
       }
     }
     if (s.host_kv_upload_end > 0) {
-      b.device_error.Update(backend_->KvFromHost(s.blocks, 0, s.host_kv_upload_end, *cache_));
+      b.device_error.Update(backend_->KvFromHost(s.blocks, 0, s.host_kv_upload_end, *pool_));
       counters_.kv_host_staged_bytes += int64_t{s.host_kv_upload_end} * cache_->num_layers() * kv_entry_dim() *
                                         static_cast<int64_t>(sizeof(float));
       s.host_kv_upload_end = 0;
@@ -638,7 +649,8 @@ Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {
     b.sequences.push_back({.tokens = std::span<const int32_t>(s.tokens.data() + c.start, c.num_tokens),
                            .start_position = c.start,
                            .block_table = s.blocks,
-                           .no_logits = !c.reaches_end()});
+                           .no_logits = !c.reaches_end(),
+                           .state_slot = s.state_slot});
     const int32_t prompt_part = std::max(0, std::min(c.start + c.num_tokens, s.prompt_len) - c.start);
     s.metrics.computed_prompt_tokens += prompt_part;
     counters_.prompt_tokens_computed += prompt_part;
@@ -659,7 +671,7 @@ ForwardOptions Engine::ForwardOptionsFor(const StepPlan& plan, StepBatch& batch)
       }
       if (!s.kv_sink->wants_host_kv()) continue;
       if (!backend_->kv_in_host_pool()) {
-        absl::Status st = backend_->KvToHost(layer, s.blocks, s.exported_upto, c.start + c.num_tokens, *cache_);
+        absl::Status st = backend_->KvToHost(layer, s.blocks, s.exported_upto, c.start + c.num_tokens, *pool_);
         counters_.kv_host_staged_bytes +=
             (c.start + c.num_tokens - s.exported_upto) * kv_entry_dim() * static_cast<int64_t>(sizeof(float));
         device_error->Update(st);
@@ -713,7 +725,7 @@ bool Engine::Pipelinable(const StepPlan& plan) const {
 }
 
 void Engine::Launch(StepPlan plan, StepBatch batch, std::vector<SampleRow> rows) {
-  const absl::Status st = backend_->LaunchSample(batch.sequences, *cache_, rows, WithMaskFill(ForwardOptions{}));
+  const absl::Status st = backend_->LaunchSample(batch.sequences, *pool_, rows, WithMaskFill(ForwardOptions{}));
   counters_.steps++;
   if (!st.ok()) {
     FailStep(plan, st, nullptr);

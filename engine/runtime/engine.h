@@ -289,10 +289,12 @@ class Engine {
   // the engine's last step: a hint for what to fetch from elsewhere (the blocks may be
   // evicted before a request uses them). Thread-safe.
   int32_t CachedPrefixLength(std::span<const uint64_t> hashes) const;
-  const ModelConfig& config() const { return backend_->config(); }
+  const ModelInfo& config() const { return backend_->config(); }
   std::string device_name() const { return backend_->device_name(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
-  int64_t kv_entry_dim() const { return backend_->config().kv_entry_dim(); }
+  // Values per token per layer of the one latent stream that KV export and import move; 0
+  // for a model whose KV has other streams (they cannot be exported yet).
+  int64_t kv_entry_dim() const { return latent_layout_ ? layout_.streams[0].width : 0; }
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
   // The KV layout the fingerprint is of: the streams the architecture declares.
   const KvLayout& kv_layout() const { return layout_; }
@@ -393,6 +395,7 @@ class Engine {
   std::vector<int32_t> eos_ids_;
   uint64_t layout_fingerprint_ = 0;
   KvLayout layout_;
+  bool latent_layout_ = false;  // layout_ is one per-token f32 stream on every layer (cache_ views it)
   std::unique_ptr<KvLeases> leases_;                 // engine thread only
   std::unique_ptr<ConstraintCompiler> constraints_;
   std::map<std::string, std::function<void(Compiled)>> compiling_;  // engine thread only

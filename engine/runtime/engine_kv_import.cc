@@ -49,6 +49,10 @@ absl::StatusOr<std::vector<int32_t>> Engine::ReserveKv(const std::string& id, in
 
 void Engine::ReserveKvAsync(const std::string& id, int32_t num_tokens, double wait_s, ReserveDone done) {
   if (num_tokens <= 0) return done(absl::InvalidArgumentError("ReserveKv: num_tokens must be positive"));
+  if (!latent_layout_) {
+    return done(absl::UnimplementedError(absl::StrCat("ReserveKv: KV import for a ", backend_->config().model_type,
+                                                      " model")));
+  }
   if (num_tokens >= backend_->config().max_position_embeddings) {
     return done(absl::InvalidArgumentError(absl::StrCat("ReserveKv: ", num_tokens, " tokens exceed the model's context")));
   }
@@ -133,6 +137,7 @@ void Engine::AdmitKvWaiters() {
 absl::Status Engine::WriteKv(std::span<const int32_t> block_table, int64_t layer, int64_t first_position,
                              std::span<const float> entries) {
   const int64_t dim = kv_entry_dim();
+  if (cache_ == nullptr) return absl::UnimplementedError("WriteKv: this model's KV has no latent stream");
   if (layer < 0 || layer >= cache_->num_layers()) return absl::InvalidArgumentError(absl::StrCat("WriteKv: layer ", layer, " out of range"));
   if (entries.size() % dim != 0) return absl::InvalidArgumentError("WriteKv: entries are not whole positions");
   const int64_t n = static_cast<int64_t>(entries.size()) / dim;
@@ -169,6 +174,9 @@ void Engine::SubmitImportedAsync(EngineRequest request, int32_t first_token, boo
     done(std::move(st));
   };
   if (absl::Status st = ValidateRequest(request); !st.ok()) return refuse(st);
+  if (!latent_layout_) {
+    return refuse(absl::UnimplementedError(absl::StrCat("KV import for a ", backend_->config().model_type, " model")));
+  }
   if (first_token < 0 || first_token >= backend_->config().vocab_size) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary")));
   }

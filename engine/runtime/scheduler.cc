@@ -10,6 +10,15 @@ namespace tandem {
 Scheduler::Scheduler(const SchedulerOptions& options, int32_t num_blocks)
     : options_(options), blocks_(num_blocks) {
   TANDEM_CHECK(options_.block_size > 0 && options_.max_batch_tokens > 0 && options_.max_running > 0);
+  TANDEM_CHECK(options_.num_state_slots == 0 || options_.num_state_slots >= options_.max_running);
+  for (int32_t i = options_.num_state_slots; i-- > 0;) free_state_slots_.push_back(i);
+}
+
+void Scheduler::TakeStateSlot(Sequence& seq) {
+  if (options_.num_state_slots == 0 || seq.state_slot >= 0) return;
+  TANDEM_CHECK(!free_state_slots_.empty()) << "more running sequences than state slots";
+  seq.state_slot = free_state_slots_.back();
+  free_state_slots_.pop_back();
 }
 
 void Scheduler::Add(std::unique_ptr<Sequence> seq) {
@@ -21,6 +30,7 @@ void Scheduler::Add(std::unique_ptr<Sequence> seq) {
 
 void Scheduler::AddRunning(std::unique_ptr<Sequence> seq) {
   seq->state = SequenceState::kRunning;
+  TakeStateSlot(*seq);
   seq->arrival = next_arrival_++;
   seq->prefix_looked_up = true;
   ExtendBlockHashes(seq->tokens, options_.block_size, options_.layout_fingerprint, &seq->block_hashes);
@@ -75,6 +85,10 @@ void Scheduler::ReleaseBlocks(Sequence& seq) {
   seq.num_published = 0;
   seq.num_computed = 0;
   seq.import_begin = seq.import_end = 0;
+  if (seq.state_slot >= 0) {
+    free_state_slots_.push_back(seq.state_slot);
+    seq.state_slot = -1;
+  }
 }
 
 bool Scheduler::EnsureBlocks(Sequence& seq, int64_t positions) {
@@ -199,6 +213,7 @@ StepPlan Scheduler::Schedule() {
     std::unique_ptr<Sequence> s = std::move(waiting_.front());
     waiting_.pop_front();
     s->state = SequenceState::kRunning;
+    TakeStateSlot(*s);
     plan.chunks.push_back({s.get(), s->num_computed, n});
     budget -= n;
     running_.push_back(std::move(s));

@@ -27,6 +27,10 @@ struct SchedulerOptions {
   int32_t max_running = 64;         // sequences in the running batch
   bool enable_prefix_cache = true;
   uint64_t layout_fingerprint = 0;  // for the block hash chain
+  // Slots of the KV pool's per-sequence streams (rings, states; kv_pool.h): 0 when the
+  // model has none, else max_running. A running sequence holds one (Sequence::state_slot)
+  // and gives it back when it stops running (finished, preempted, removed).
+  int32_t num_state_slots = 0;
 };
 
 struct ScheduledChunk {
@@ -94,8 +98,10 @@ class Scheduler {
   // (sets import_begin/import_end; the engine copies the KV in).
   void ImportPrefix(Sequence& seq, int32_t usable);
   void ReleaseBlocks(Sequence& seq);
+  void TakeStateSlot(Sequence& seq);
 
   SchedulerOptions options_;
+  std::vector<int32_t> free_state_slots_;
   BlockManager blocks_;
   std::list<std::unique_ptr<Sequence>> running_;  // oldest first
   std::deque<std::unique_ptr<Sequence>> waiting_;

@@ -32,6 +32,7 @@ struct Sequence {
   // Tokens whose KV is in the cache, from position 0. Drops to 0 on preemption.
   int32_t num_computed = 0;
   std::vector<int32_t> blocks;        // block table: KV blocks of positions [0, 64 * size)
+  int32_t state_slot = -1;            // the KV pool's per-sequence slot while running (or -1)
   std::vector<uint64_t> block_hashes;  // hash chain of the full blocks of `tokens`
   int32_t num_published = 0;          // leading blocks offered to the prefix cache
   bool prefix_looked_up = false;      // the prefix cache was consulted since (re)admission

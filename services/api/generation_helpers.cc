@@ -49,7 +49,7 @@ absl::Status DetokenizeInto(const v1::DetokenizeRequest& r, const Tokenizer& tok
   return absl::OkStatus();
 }
 
-void ListModelsInto(const ModelConfig& config, const std::string& model_name, v1::ListModelsResponse* out) {
+void ListModelsInto(const ModelInfo& config, const std::string& model_name, v1::ListModelsResponse* out) {
   v1::ModelInfo* m = out->add_models();
   m->set_id(model_name);
   m->set_model_type(config.model_type);

@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "engine/chat_template/model_chat_templates.h"
-#include "engine/model/model_config.h"
+#include "engine/model/model_info.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tandem/v1/generation.pb.h"
 
@@ -24,6 +24,6 @@ absl::Status TokenizeInto(const v1::TokenizeRequest& r, const Tokenizer& tokeniz
                           int64_t max_prompt_bytes, v1::TokenizeResponse* out);
 absl::Status DetokenizeInto(const v1::DetokenizeRequest& r, const Tokenizer& tokenizer, int64_t vocab_size,
                             const std::string& model_name, v1::DetokenizeResponse* out);
-void ListModelsInto(const ModelConfig& config, const std::string& model_name, v1::ListModelsResponse* out);
+void ListModelsInto(const ModelInfo& config, const std::string& model_name, v1::ListModelsResponse* out);
 
 }  // namespace tandem

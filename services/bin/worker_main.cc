@@ -13,6 +13,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "engine/model/model_resolver.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/kv_layout.h"
@@ -251,8 +252,14 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.kv_memory_bytes = pool.bytes;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);
   if (!engine.ok()) return Fail("engine", engine.status());
+  if (role != v1::ROLE_BOTH && (*engine)->kv_entry_dim() == 0) {
+    return Fail("engine", absl::UnimplementedError(absl::StrCat(
+                              "a ", (*engine)->config().model_type, " model serves only as --role both for now: the "
+                              "prefill -> decode transfer does not move its KV streams yet (",
+                              DescribeKvStreams((*engine)->kv_layout().streams), ")")));
+  }
   spdlog::info("{} worker: model {} ({}), KV layout fingerprint {} ({}){}", RoleName(role), *model_dir,
-               (*engine)->config().Summary(), FingerprintHex((*engine)->layout_fingerprint()),
+               (*engine)->config().summary, FingerprintHex((*engine)->layout_fingerprint()),
                DescribeKvStreams((*engine)->kv_layout().streams), f.batch_invariant ? ", batch-invariant" : "");
   // Prefill replicas use the kvstore tier (services/kvstore): cached prefixes are fetched,
   // new blocks offloaded. Instances come from --kvstore or from the router.

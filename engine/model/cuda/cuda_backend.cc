@@ -38,7 +38,7 @@ class CudaBackend : public ModelBackend {
   bool kv_in_host_pool() const override { return false; }
   int64_t device_kv_blocks() const override { return model_->num_blocks(); }
 
-  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& /*host*/,
+  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, KvPool& /*host*/,
                                              const ForwardOptions& options) override {
     TraceEnter();
     absl::StatusOr<std::vector<float>> r = model_->Forward(batch, ForDeepseek(options));
@@ -47,7 +47,7 @@ class CudaBackend : public ModelBackend {
   }
 
   bool samples_on_device() const override { return true; }
-  absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch, LatentKvCache& /*host*/,
+  absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch, KvPool& /*host*/,
                                                      std::span<const SampleRow> rows,
                                                      const ForwardOptions& options) override {
     TraceEnter();
@@ -56,7 +56,7 @@ class CudaBackend : public ModelBackend {
     return r;
   }
 
-  absl::Status LaunchSample(std::span<const ForwardSequence> batch, LatentKvCache& /*host*/,
+  absl::Status LaunchSample(std::span<const ForwardSequence> batch, KvPool& /*host*/,
                             std::span<const SampleRow> rows, const ForwardOptions& options) override {
     TraceEnter();
     return model_->LaunchSample(batch, rows, ForDeepseek(options));
@@ -71,8 +71,9 @@ class CudaBackend : public ModelBackend {
   // gathered from) the host pool's blocks: a synchronization per 4096 positions rather
   // than one per block.
   absl::Status KvToHost(int64_t layer, std::span<const int32_t> table, int64_t begin, int64_t end,
-                        LatentKvCache& host) override {
+                        KvPool& pool) override {
     if (end <= begin) return absl::OkStatus();
+    LatentKvCache host = LatentKvCache::Of(pool);
     const int64_t dim = host.entry_dim();
     staging_.resize(static_cast<size_t>((end - begin) * dim));
     RETURN_IF_ERROR(model_->ReadKvEntries(layer, table, begin, end - begin, staging_.data()));
@@ -82,8 +83,9 @@ class CudaBackend : public ModelBackend {
     });
   }
 
-  absl::Status KvFromHost(std::span<const int32_t> table, int64_t begin, int64_t end, LatentKvCache& host) override {
+  absl::Status KvFromHost(std::span<const int32_t> table, int64_t begin, int64_t end, KvPool& pool) override {
     if (end <= begin) return absl::OkStatus();
+    LatentKvCache host = LatentKvCache::Of(pool);
     const int64_t dim = host.entry_dim();
     staging_.resize(static_cast<size_t>((end - begin) * dim));
     for (int64_t layer = 0; layer < host.num_layers(); ++layer) {

@@ -28,14 +28,16 @@ class DeviceSamplingCpuBackend : public ModelBackend {
   const ModelConfig& config() const override { return model_->config(); }
   std::string device_name() const override { return "cpu (device sampling)"; }
   bool kv_in_host_pool() const override { return true; }
-  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& host,
+  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, KvPool& pool,
                                              const ForwardOptions& options) override {
+    LatentKvCache host = LatentKvCache::Of(pool);
     return model_->Forward(batch, host, ForDeepseek(options));
   }
   bool samples_on_device() const override { return true; }
-  absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch, LatentKvCache& host,
+  absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch, KvPool& pool,
                                                      std::span<const SampleRow> rows,
                                                      const ForwardOptions& options) override {
+    LatentKvCache host = LatentKvCache::Of(pool);
     absl::StatusOr<std::vector<float>> logits = model_->Forward(batch, host, ForDeepseek(options));
     if (!logits.ok()) return logits.status();
     if (options.before_sampling) options.before_sampling();
@@ -68,7 +70,7 @@ class DeviceSamplingCpuBackend : public ModelBackend {
     fail_at_collect_ = at_collect;
   }
 
-  absl::Status LaunchSample(std::span<const ForwardSequence> batch, LatentKvCache& host,
+  absl::Status LaunchSample(std::span<const ForwardSequence> batch, KvPool& host,
                             std::span<const SampleRow> rows, const ForwardOptions& options) override {
     if (++launches_ == fail_launch_) {
       if (!fail_at_collect_) return absl::InternalError("injected launch failure");
@@ -122,7 +124,7 @@ class DeviceSamplingCpuBackend : public ModelBackend {
 
  private:
   struct Launched {
-    LatentKvCache* host = nullptr;
+    KvPool* host = nullptr;
     std::vector<std::vector<int32_t>> tokens, tables, histories;
     std::vector<std::vector<uint32_t>> masks;
     std::vector<ForwardSequence> sequences;
