@@ -6,6 +6,7 @@
 
 #include <fstream>
 
+#include "tests/unit/engine/model/deepseek_v4/v4_test_models.h"
 #include "tests/unit/engine/model/test_models.h"
 
 namespace tandem {
@@ -16,11 +17,13 @@ void WriteConfig(const std::string& dir, const std::string& text) {
   std::ofstream(dir + "/config.json") << text;
 }
 
-TEST(ArchitecturesTest, BothDeepseekGenerationsLoadThroughTheRegistry) {
+TEST(ArchitecturesTest, EveryDeepseekGenerationLoadsThroughTheRegistry) {
   testing::TempDir dir;
-  for (const char* preset : {"tiny", "tiny-v2"}) {
+  for (const char* preset : {"tiny", "tiny-v2", "tiny-v4"}) {
     SCOPED_TRACE(preset);
-    const std::string model = testing::MakeModel(dir, preset, testing::PresetJson(preset));
+    const std::string model = std::string(preset) == "tiny-v4"
+                                  ? v4::testing::MakeV4Model(dir, preset, v4::testing::TinyV4Json().dump())
+                                  : testing::MakeModel(dir, preset, testing::PresetJson(preset));
     absl::StatusOr<std::unique_ptr<ModelBackend>> b = LoadModelBackend(model, {.device = "cpu", .num_threads = 1});
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_EQ((*b)->device_name(), "cpu");
@@ -37,11 +40,16 @@ TEST(ArchitecturesTest, WhatThisBuildDoesNotServeIsAClearError) {
   EXPECT_EQ(b.status().message(),
             "config.json: field 'model_type' is 'llama'; supported: deepseek_v2, deepseek_v3, deepseek_v4");
 
+  // A known architecture's own errors: a V4 config without weights, V4 on a GPU.
   WriteConfig(dir.Sub("v4"), R"({"model_type": "deepseek_v4"})");
   b = LoadModelBackend(dir.Sub("v4"), {});
   ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(b.status().message().find("not servable yet"), absl::string_view::npos) << b.status();
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kNotFound) << b.status();
+  EXPECT_NE(b.status().message().find("model.safetensors"), absl::string_view::npos) << b.status();
+  const std::string v4 = v4::testing::MakeV4Model(dir, "tiny-v4", v4::testing::TinyV4Json().dump());
+  b = LoadModelBackend(v4, {.device = "cuda"});
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
+  EXPECT_NE(b.status().message().find("DeepSeek-V4 runs on the CPU only"), absl::string_view::npos) << b.status();
 
   WriteConfig(dir.Sub("none"), R"({"vocab_size": 10})");
   EXPECT_EQ(ReadModelType(dir.Sub("none")).status().message(), "config.json: field 'model_type' is required");
