@@ -31,17 +31,13 @@ namespace tandem {
 namespace {
 
 using bench::CopyBandwidth;
+using bench::MatrixBytes;
+using bench::Percentile;
 using bench::ReadBandwidth;
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-uint64_t MatrixBytes(const WeightMatrix& w) {
-  if (!w.valid()) return 0;
-  uint64_t b = static_cast<uint64_t>(w.rows) * w.cols * DTypeSize(w.dtype);
-  if (w.block_scales != nullptr) b += static_cast<uint64_t>((w.rows + 127) / 128) * w.scale_cols() * 4;
-  return b;
-}
 
 uint64_t MlpBytes(const MlpWeights& m) { return MatrixBytes(m.gate) + MatrixBytes(m.up) + MatrixBytes(m.down); }
 
@@ -63,10 +59,6 @@ uint64_t WeightBytesPerToken(const DeepseekModel& model) {
   return bytes + MatrixBytes(w.lm_head);
 }
 
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(p * (v.size() - 1))];
-}
 
 int Main(int argc, char** argv) {
   std::string model_dir, json_path;

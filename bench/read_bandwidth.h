@@ -1,7 +1,8 @@
-// The memory references the CPU decode benchmarks are measured against, in the same run
-// and with the same threads: a streaming read (the sum of a buffer larger than the
-// caches: what decode does) and memcpy's rate in bytes copied per second (context only:
-// a copy moves each byte twice, so its rate flatters a read-bound loop).
+// What the CPU decode benchmarks share: the memory references they are measured against,
+// in the same run and with the same threads (a streaming read, the sum of a buffer larger
+// than the caches: what decode does; and memcpy's rate in bytes copied per second, context
+// only: a copy moves each byte twice, so its rate flatters a read-bound loop), the bytes a
+// weight matrix holds, and percentiles of step times.
 #pragma once
 
 #include <algorithm>
@@ -11,7 +12,9 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/common/dtype.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/weight_matrix.h"
 
 namespace tandem::bench {
 
@@ -55,6 +58,19 @@ inline double CopyBandwidth(cpu::ThreadPool& pool, size_t bytes, int reps) {
     best = std::max(best, bytes / SecondsBetween(t0, std::chrono::steady_clock::now()));
   }
   return best;
+}
+
+// Bytes a decode step reads of `w` (its values and, for FP8, its block scales).
+inline uint64_t MatrixBytes(const cpu::WeightMatrix& w) {
+  if (!w.valid()) return 0;
+  uint64_t b = static_cast<uint64_t>(w.rows) * w.cols * DTypeSize(w.dtype);
+  if (w.block_scales != nullptr) b += static_cast<uint64_t>((w.rows + 127) / 128) * w.scale_cols() * 4;
+  return b;
+}
+
+inline double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(p * (v.size() - 1))];
 }
 
 }  // namespace tandem::bench

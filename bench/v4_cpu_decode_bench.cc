@@ -28,14 +28,10 @@ namespace tandem::v4 {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::MatrixBytes;
+using bench::Percentile;
 using bench::SecondsBetween;
 
-uint64_t MatrixBytes(const cpu::WeightMatrix& w) {
-  if (!w.valid()) return 0;
-  uint64_t b = static_cast<uint64_t>(w.rows) * w.cols * DTypeSize(w.dtype);
-  if (w.block_scales != nullptr) b += static_cast<uint64_t>((w.rows + 127) / 128) * w.scale_cols() * 4;
-  return b;
-}
 
 uint64_t ExpertBytes(const ExpertWeights& e) { return MatrixBytes(e.gate) + MatrixBytes(e.up) + MatrixBytes(e.down); }
 
@@ -76,10 +72,6 @@ double KvBytesPerToken(const DeepseekV4Config& c, int64_t n) {
   return bytes;
 }
 
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(p * (v.size() - 1))];
-}
 
 int Main(int argc, char** argv) {
   std::string model_dir, json_path;
