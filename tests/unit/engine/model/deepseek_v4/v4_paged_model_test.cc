@@ -19,12 +19,7 @@ using testing::TinyV4Json;
 
 constexpr int64_t kVocab = 512;
 
-std::vector<int32_t> Tokens(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng() % kVocab);
-  return t;
-}
+std::vector<int32_t> Tokens(int64_t n, uint32_t seed) { return testing::RandomTokens(n, seed, kVocab); }
 
 class PagedV4ModelTest : public ::testing::Test {
  protected:

@@ -32,12 +32,7 @@ class V4PoolStateTest : public ::testing::Test {
     delete tmp_;
   }
 
-  static std::vector<int32_t> Tokens(int64_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    for (auto& x : t) x = static_cast<int32_t>(rng() % 512);
-    return t;
-  }
+  static std::vector<int32_t> Tokens(int64_t n, uint32_t seed) { return testing::RandomTokens(n, seed); }
   static std::unique_ptr<KvPool> Pool() {
     const DeepseekV4Config& c = model_->config();
     absl::StatusOr<std::unique_ptr<KvPool>> p =

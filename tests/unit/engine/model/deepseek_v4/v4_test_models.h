@@ -2,7 +2,9 @@
 // a generated tokenizer into a temporary directory.
 #pragma once
 
+#include <random>
 #include <string>
+#include <vector>
 
 #include "engine/model/deepseek_v4/v4_generator.h"
 #include "gtest/gtest.h"
@@ -19,6 +21,14 @@ inline nlohmann::json TinyV4Json(int64_t vocab_size = 512) {
   nlohmann::json j = nlohmann::json::parse(text.value_or("{}"));
   j["vocab_size"] = vocab_size;
   return j;
+}
+
+// n token ids in [0, vocab), from a fixed seed.
+inline std::vector<int32_t> RandomTokens(int64_t n, uint32_t seed, int64_t vocab = 512) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return t;
 }
 
 inline std::string MakeV4Model(const TempDir& tmp, const std::string& name, const std::string& config_json,
