@@ -22,6 +22,13 @@
 
 namespace tandem {
 
+// One contiguous byte range of a sequence's KV in a pool (KvPool::SequenceExtents).
+struct KvExtent {
+  int32_t layer = 0;  // the model layer the bytes belong to
+  size_t offset = 0;  // from the pool's first byte
+  size_t bytes = 0;
+};
+
 class KvPool {
  public:
   struct Geometry {
@@ -59,6 +66,23 @@ class KvPool {
 
   // Per-sequence streams: slot `slot`'s rows of one layer, contiguous.
   std::span<std::byte> SequenceRows(int s, int32_t layer, int64_t slot);
+
+  // What a sequence's KV for positions [0, num_tokens) occupies in a pool of `streams` and
+  // `g` whose blocks are `block_table` and whose per-sequence streams are in `slot`: model
+  // layers in order; within a layer, its streams in layout order; a per-token stream's
+  // entries and a per-window stream's closed windows' entries, one extent per block; a
+  // per-sequence stream's whole rows. Two pools of one layout list extents of the same
+  // lengths in the same order, whatever their blocks and slots: a transfer pairs them up
+  // and both ends checksum the same bytes. INVALID_ARGUMENT (naming what) for blocks or a
+  // slot outside the pool, or too few blocks; never overflows, whatever the claim (a peer's
+  // forged destination is checked with it).
+  static absl::StatusOr<std::vector<KvExtent>> SequenceExtents(const std::vector<KvStream>& streams,
+                                                               const Geometry& g, std::span<const int32_t> block_table,
+                                                               int64_t slot, int64_t num_tokens);
+  absl::StatusOr<std::vector<KvExtent>> SequenceExtents(std::span<const int32_t> block_table, int64_t slot,
+                                                        int64_t num_tokens) const {
+    return SequenceExtents(streams_, geometry_, block_table, slot, num_tokens);
+  }
 
  private:
   struct StreamPlace {

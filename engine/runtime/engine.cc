@@ -85,9 +85,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
     return weights.status();
   }
   ASSIGN_OR_RETURN(const KvLayout layout, KvLayoutFor(config_text, weights.ok() ? *weights : 0));
-  // KV export and import, the prefix cache and the transfers move one per-token float32
-  // stream on every layer (LatentKvCache, DeepSeek-V2/V3); a model whose KV has other
-  // streams (DeepSeek-V4) runs with none of them yet (docs/model-neutral-engine.md).
+  // Layer-by-layer KV export, prefix KV import and the prefix cache move one per-token
+  // float32 stream on every layer (LatentKvCache, DeepSeek-V2/V3). A model whose KV has
+  // other streams (DeepSeek-V4) exports and imports whole sequences (KvSink::OnSequenceKv)
+  // and has no prefix cache yet (docs/model-neutral-engine.md).
   e->latent_layout_ = layout.streams.size() == 1 && layout.streams[0].granularity == KvGranularity::kPerToken &&
                       layout.streams[0].dtype == "f32" && layout.streams[0].layers.size() == size_t(layout.num_layers);
   if (!e->latent_layout_ && !e->backend_->kv_in_host_pool()) {
@@ -100,8 +101,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   }
   int64_t blocks = options.num_kv_blocks;
   const int64_t block_bytes = BlockBytes(layout);
+  // Rings and states (per-sequence streams) have a slot per running sequence, and as many
+  // again for KV reservations that prefill replicas write into (state_slots.h).
+  const int64_t slots = SequenceStateBytes(layout.streams) > 0 ? 2 * int64_t{options.max_running} : 0;
+  const int64_t slot_bytes = slots * SequenceStateBytes(layout.streams);
   if (options.kv_memory != nullptr) {
-    const int64_t fit = static_cast<int64_t>(options.kv_memory_bytes) / block_bytes;
+    // (What the slots take, and each stream's alignment, come off the blocks' share.)
+    const int64_t spare = static_cast<int64_t>(options.kv_memory_bytes) - slot_bytes -
+                          256 * static_cast<int64_t>(layout.streams.size() + 1);
+    const int64_t fit = std::max<int64_t>(0, spare) / block_bytes;
     if (blocks <= 0 || blocks > fit) blocks = fit;
     if (blocks < 1) return absl::InvalidArgumentError("the KV memory given is smaller than one block");
   }
@@ -113,8 +121,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   if (device && e->backend_->device_kv_blocks() > 0) blocks = std::min(blocks, e->backend_->device_kv_blocks());
   if (blocks < 1) return absl::ResourceExhaustedError("no room for a single KV cache block");
   if (blocks > (1 << 30)) return absl::InvalidArgumentError("KV cache too large");
-  // Rings and states (per-sequence streams) have a slot per running sequence.
-  const int64_t slots = SequenceStateBytes(layout.streams) > 0 ? options.max_running : 0;
   const KvPool::Geometry geometry{.num_layers = layout.num_layers, .block_size = layout.block_size,
                                   .num_blocks = blocks, .num_sequence_slots = slots};
   ASSIGN_OR_RETURN(const size_t pool_bytes, KvPool::BytesFor(layout.streams, geometry));
@@ -156,7 +162,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   std::random_device random;
   const uint64_t first_token = (uint64_t{random()} << 32) | random();
   e->leases_ = std::make_unique<KvLeases>(&e->scheduler_->blocks(), options.kv_lease_seconds,
-                                          options.kv_quarantine_stuck_seconds, first_token);
+                                          options.kv_quarantine_stuck_seconds, first_token,
+                                          slots > 0 ? &e->scheduler_->state_slots() : nullptr);
   e->seed_counter_ = random();
   e->constraints_ = std::make_unique<ConstraintCompiler>(
       e->tokenizer_.get(), e->eos_ids_,
@@ -207,9 +214,10 @@ absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
                                                      pool_->geometry().num_blocks));
   }
   if (r.id.empty()) return absl::InvalidArgumentError("request id: empty");
-  if (!latent_layout_ && (r.prefix_kv || r.kv_sink != nullptr)) {
-    return absl::UnimplementedError(absl::StrCat("KV export and import for a ", c.model_type,
-                                                 " model (its KV streams: ", DescribeKvStreams(layout_.streams), ")"));
+  if (!latent_layout_ && (r.prefix_kv || (r.kv_sink != nullptr && !r.kv_sink->takes_sequence_kv()))) {
+    return absl::UnimplementedError(absl::StrCat(r.prefix_kv ? "prefix KV import" : "KV export by layer", " for a ",
+                                                 c.model_type, " model (its KV streams: ",
+                                                 DescribeKvStreams(layout_.streams), ")"));
   }
   if (r.prefix_kv) {
     const PrefixKv& p = *r.prefix_kv;
@@ -445,7 +453,13 @@ void Engine::PublishStats() {
 }
 
 Engine::KvMemory Engine::kv_memory() const {
-  if (cache_ == nullptr) return {};
+  if (cache_ == nullptr) {
+    const KvPool::Geometry& g = pool_->geometry();
+    std::span<std::byte> m = pool_->memory();
+    return {.base = reinterpret_cast<float*>(m.data()), .bytes = m.size(), .num_layers = g.num_layers,
+            .num_blocks = g.num_blocks, .block_size = g.block_size, .entry_dim = 0,
+            .num_state_slots = g.num_sequence_slots};
+  }
   std::span<float> d = cache_->data();
   return {.base = d.data(), .bytes = d.size() * sizeof(float), .num_layers = cache_->num_layers(),
           .num_blocks = cache_->num_blocks(), .block_size = cache_->block_size(), .entry_dim = cache_->entry_dim()};
@@ -555,7 +569,14 @@ void Engine::Step() {
   }
   scheduler_->OnStepComputed(plan);
   for (const ScheduledChunk& c : plan.chunks) {
-    if (c.seq->kv_sink != nullptr) c.seq->exported_upto = c.start + c.num_tokens;
+    Sequence& s = *c.seq;
+    if (s.kv_sink == nullptr) continue;
+    s.exported_upto = c.start + c.num_tokens;
+    // Other layouts hand over the whole sequence once: its rings and states are final now.
+    if (!latent_layout_ && c.reaches_end()) {
+      s.kv_sink->OnSequenceKv({.request_id = &s.id, .pool = pool_.get(), .block_table = s.blocks,
+                               .state_slot = s.state_slot, .num_tokens = s.exported_upto});
+    }
   }
   EmitTokens(ended, device_sampling ? &*device_tokens : nullptr, device_sampling ? nullptr : &*logits,
              /*in_place=*/false, nullptr);
@@ -660,7 +681,7 @@ Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {
 
 ForwardOptions Engine::ForwardOptionsFor(const StepPlan& plan, StepBatch& batch) {
   ForwardOptions fo;
-  if (!batch.has_sink) return fo;
+  if (!batch.has_sink || !latent_layout_) return fo;  // (other layouts: OnSequenceKv after the step)
   absl::Status* device_error = &batch.device_error;
   fo.after_layer_kv = [this, &plan, device_error](int64_t layer) {
     for (const ScheduledChunk& c : plan.chunks) {

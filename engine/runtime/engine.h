@@ -269,7 +269,8 @@ class Engine {
     int64_t num_layers = 0;
     int64_t num_blocks = 0;
     int64_t block_size = 0;
-    int64_t entry_dim = 0;
+    int64_t entry_dim = 0;  // 0: the layout is not one latent stream (kv_layout() has its streams)
+    int64_t num_state_slots = 0;
   };
   KvMemory kv_memory() const;
 
@@ -292,8 +293,9 @@ class Engine {
   const ModelInfo& config() const { return backend_->config(); }
   std::string device_name() const { return backend_->device_name(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
-  // Values per token per layer of the one latent stream that KV export and import move; 0
-  // for a model whose KV has other streams (they cannot be exported yet).
+  // Values per token per layer of the one latent stream that KV export and import move
+  // layer by layer; 0 for a model whose KV has other streams (they move a whole sequence at
+  // once: KvSink::OnSequenceKv, KvPool::SequenceExtents).
   int64_t kv_entry_dim() const { return latent_layout_ ? layout_.streams[0].width : 0; }
   uint64_t layout_fingerprint() const { return layout_fingerprint_; }
   // The KV layout the fingerprint is of: the streams the architecture declares.

@@ -49,10 +49,6 @@ absl::StatusOr<std::vector<int32_t>> Engine::ReserveKv(const std::string& id, in
 
 void Engine::ReserveKvAsync(const std::string& id, int32_t num_tokens, double wait_s, ReserveDone done) {
   if (num_tokens <= 0) return done(absl::InvalidArgumentError("ReserveKv: num_tokens must be positive"));
-  if (!latent_layout_) {
-    return done(absl::UnimplementedError(absl::StrCat("ReserveKv: KV import for a ", backend_->config().model_type,
-                                                      " model")));
-  }
   if (num_tokens >= backend_->config().max_position_embeddings) {
     return done(absl::InvalidArgumentError(absl::StrCat("ReserveKv: ", num_tokens, " tokens exceed the model's context")));
   }
@@ -174,9 +170,6 @@ void Engine::SubmitImportedAsync(EngineRequest request, int32_t first_token, boo
     done(std::move(st));
   };
   if (absl::Status st = ValidateRequest(request); !st.ok()) return refuse(st);
-  if (!latent_layout_) {
-    return refuse(absl::UnimplementedError(absl::StrCat("KV import for a ", backend_->config().model_type, " model")));
-  }
   if (first_token < 0 || first_token >= backend_->config().vocab_size) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary")));
   }
@@ -249,6 +242,7 @@ void Engine::AdmitImported(std::unique_ptr<Sequence> seq_ptr, int32_t first_toke
       return;
     }
     s.blocks = std::move(taken->blocks);
+    s.state_slot = taken->state_slot;  // its rings and states were written there
     s.num_computed = have;
     s.host_kv_upload_end = backend_->kv_in_host_pool() || where == ImportedKv::kDevicePool ? 0 : have;
     s.prefix_looked_up = true;
@@ -270,6 +264,8 @@ void Engine::AdmitImported(std::unique_ptr<Sequence> seq_ptr, int32_t first_toke
       o.matched_stop = r.matched_stop;
       scheduler_->blocks().Release(s.blocks);
       s.blocks.clear();
+      if (s.state_slot >= 0) scheduler_->state_slots().Release(s.state_slot);
+      s.state_slot = -1;
       Finish(std::move(seq_ptr), std::move(o));
       return;
     }

@@ -16,11 +16,23 @@ absl::StatusOr<KvLeases::Reservation> KvLeases::Reserve(const std::string& id, i
         absl::StrCat("ReserveKv: ", num_blocks, " KV blocks needed, ", blocks_->num_free(), " free",
                      quarantined_blocks_ > 0 ? absl::StrCat(" (", quarantined_blocks_, " quarantined)") : ""));
   }
+  int32_t slot = -1;
+  if (slots_ != nullptr && (slot = slots_->Take()) < 0) {
+    blocks_->Release(*got);
+    return absl::ResourceExhaustedError(absl::StrCat("ReserveKv: no sequence slot free (", slots_->size(),
+                                                     " slots for rings and states, all held)"));
+  }
   if (next_token_ == 0) ++next_token_;
   const uint64_t token = next_token_++;
   Held& h = live_[id];
-  h = {.r = {.blocks = *got, .num_tokens = num_tokens, .token = token}, .until = now + lease_seconds_};
+  h = {.r = {.blocks = *got, .num_tokens = num_tokens, .token = token, .state_slot = slot},
+       .until = now + lease_seconds_};
   return h.r;
+}
+
+void KvLeases::Free(const Reservation& r) {
+  blocks_->Release(r.blocks);
+  if (r.state_slot >= 0) slots_->Release(r.state_slot);
 }
 
 const KvLeases::Reservation* KvLeases::Find(const std::string& id) const {
@@ -123,7 +135,7 @@ bool KvLeases::Release(const std::string& id, double now) {
 
 void KvLeases::EndLive(Leases::iterator it, double now) {
   if (!AnyOpen(it->second)) {
-    blocks_->Release(it->second.r.blocks);
+    Free(it->second.r);
     live_.erase(it);
     return;
   }
@@ -143,7 +155,7 @@ void KvLeases::EndLive(Leases::iterator it, double now) {
 
 void KvLeases::MaybeEndQuarantine(Leases::iterator it, KvWriterProof proof) {
   if (it == quarantined_.end() || AnyOpen(it->second)) return;
-  blocks_->Release(it->second.r.blocks);
+  Free(it->second.r);
   quarantined_blocks_ -= static_cast<int64_t>(it->second.r.blocks.size());
   switch (proof) {
     case KvWriterProof::kEnded: counts_.ends_writer_ended++; break;
@@ -184,8 +196,8 @@ double KvLeases::NextDeadline() const {
 
 void KvLeases::ReleaseAll() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [id, h] : live_) blocks_->Release(h.r.blocks);
-  for (auto& [id, h] : quarantined_) blocks_->Release(h.r.blocks);
+  for (auto& [id, h] : live_) Free(h.r);
+  for (auto& [id, h] : quarantined_) Free(h.r);
   live_.clear();
   quarantined_.clear();
   quarantined_blocks_ = 0;

@@ -35,6 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/runtime/block_manager.h"
+#include "engine/runtime/state_slots.h"
 
 namespace tandem {
 
@@ -79,8 +80,11 @@ class KvLeases {
  public:
   // `blocks` must outlive this object. Tokens count up from `first_token` (a random number
   // in the engine, so that two processes' tokens do not meet).
-  KvLeases(BlockManager* blocks, double lease_seconds, double stuck_seconds, uint64_t first_token = 1)
-      : blocks_(blocks), lease_seconds_(lease_seconds), stuck_seconds_(stuck_seconds), next_token_(first_token) {}
+  // `slots` (null: the layout has no per-sequence streams) too.
+  KvLeases(BlockManager* blocks, double lease_seconds, double stuck_seconds, uint64_t first_token = 1,
+           StateSlots* slots = nullptr)
+      : blocks_(blocks), slots_(slots), lease_seconds_(lease_seconds), stuck_seconds_(stuck_seconds),
+        next_token_(first_token) {}
 
   // Null: nobody is told. Called with this object's lock held (it must not call back), so
   // once this returns the previous listener is called no more. Any thread.
@@ -93,6 +97,7 @@ class KvLeases {
     std::vector<int32_t> blocks;
     int32_t num_tokens = 0;
     uint64_t token = 0;  // never 0
+    int32_t state_slot = -1;  // the sequence slot its rings and states are written into (or -1)
   };
 
   // Whether `id` holds a reservation, live or quarantined (an id in use).
@@ -100,8 +105,9 @@ class KvLeases {
     std::lock_guard<std::mutex> lock(mu_);
     return ContainsLocked(id);
   }
-  // Reserves `num_blocks` blocks for `num_tokens` tokens under `id` until now + the lease.
-  // RESOURCE_EXHAUSTED when the block manager has too few; INVALID_ARGUMENT for an id in use.
+  // Reserves `num_blocks` blocks for `num_tokens` tokens under `id` until now + the lease,
+  // and a sequence slot when the leases have slots. RESOURCE_EXHAUSTED when the block
+  // manager has too few blocks or no slot is free; INVALID_ARGUMENT for an id in use.
   absl::StatusOr<Reservation> Reserve(const std::string& id, int32_t num_blocks, int32_t num_tokens, double now);
   // The live reservation of `id` (null: none, or no longer live). Valid until the next call
   // on the owner thread.
@@ -163,7 +169,11 @@ class KvLeases {
   // The lease `id` of `token` (0: any), live or quarantined, and which map holds it.
   Held* Lookup(const std::string& id, uint64_t token, bool* quarantined);
 
+  // Gives back a reservation's blocks and slot.
+  void Free(const Reservation& r);
+
   BlockManager* blocks_;
+  StateSlots* slots_;
   const double lease_seconds_;
   const double stuck_seconds_;
   // Guards everything below; held only for map work (and the listener's calls, which

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "engine/model/kv_pool.h"
 #include "engine/model/latent_kv_cache.h"
 #include "engine/model/model_backend.h"
 
@@ -26,6 +27,17 @@ struct KvSlice {
   const float* Entry(int64_t position) const { return cache->Entry(layer, block_table, position); }
 };
 
+// A whole sequence's KV in a pool of any layout (kv_streams.h): what a prefill-only request
+// of a model whose KV is not one latent stream hands over once its prompt is computed
+// (its rings and states are final only then). KvPool::SequenceExtents lists the bytes.
+struct KvSequenceKv {
+  const std::string* request_id = nullptr;
+  KvPool* pool = nullptr;
+  std::span<const int32_t> block_table;
+  int32_t state_slot = -1;
+  int64_t num_tokens = 0;  // positions [0, num_tokens)
+};
+
 class KvSink {
  public:
   virtual ~KvSink() = default;
@@ -38,6 +50,11 @@ class KvSink {
   // Whether OnLayerKv wants the entries on the host (a device backend copies each layer
   // into the host pool first, synchronously).
   virtual bool wants_host_kv() const { return true; }
+  // Layouts other than one latent stream: the engine calls OnSequenceKv once, on its
+  // thread, after the step that computed the prompt's last token, instead of OnLayerKv. A
+  // sink that cannot take it says so, and such a request is refused (UNIMPLEMENTED).
+  virtual bool takes_sequence_kv() const { return false; }
+  virtual void OnSequenceKv(const KvSequenceKv&) {}
 };
 
 }  // namespace tandem

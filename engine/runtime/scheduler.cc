@@ -8,17 +8,15 @@
 namespace tandem {
 
 Scheduler::Scheduler(const SchedulerOptions& options, int32_t num_blocks)
-    : options_(options), blocks_(num_blocks) {
+    : options_(options), state_slots_(options.num_state_slots), blocks_(num_blocks) {
   TANDEM_CHECK(options_.block_size > 0 && options_.max_batch_tokens > 0 && options_.max_running > 0);
   TANDEM_CHECK(options_.num_state_slots == 0 || options_.num_state_slots >= options_.max_running);
-  for (int32_t i = options_.num_state_slots; i-- > 0;) free_state_slots_.push_back(i);
 }
 
 void Scheduler::TakeStateSlot(Sequence& seq) {
   if (options_.num_state_slots == 0 || seq.state_slot >= 0) return;
-  TANDEM_CHECK(!free_state_slots_.empty()) << "more running sequences than state slots";
-  seq.state_slot = free_state_slots_.back();
-  free_state_slots_.pop_back();
+  seq.state_slot = state_slots_.Take();
+  TANDEM_CHECK_GE(seq.state_slot, 0) << "more running sequences than state slots";
 }
 
 void Scheduler::Add(std::unique_ptr<Sequence> seq) {
@@ -86,7 +84,7 @@ void Scheduler::ReleaseBlocks(Sequence& seq) {
   seq.num_computed = 0;
   seq.import_begin = seq.import_end = 0;
   if (seq.state_slot >= 0) {
-    free_state_slots_.push_back(seq.state_slot);
+    state_slots_.Release(seq.state_slot);
     seq.state_slot = -1;
   }
 }
@@ -190,7 +188,9 @@ StepPlan Scheduler::Schedule() {
   }
 
   // Waiting sequences, in order, while budget, batch room and blocks allow.
-  while (budget > 0 && !waiting_.empty() && static_cast<int32_t>(running_.size()) < options_.max_running) {
+  // (Reservations hold sequence slots too: one must be free.)
+  while (budget > 0 && !waiting_.empty() && static_cast<int32_t>(running_.size()) < options_.max_running &&
+         (options_.num_state_slots == 0 || state_slots_.num_free() > 0)) {
     Sequence& seq = *waiting_.front();
     // A sequence preempted while its last token is still being chosen: its prompt for the
     // recomputation is not known yet (and its hashes are not extended): admitted later.

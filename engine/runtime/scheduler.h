@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/runtime/block_manager.h"
+#include "engine/runtime/state_slots.h"
 #include "engine/runtime/sequence.h"
 
 namespace tandem {
@@ -28,8 +29,10 @@ struct SchedulerOptions {
   bool enable_prefix_cache = true;
   uint64_t layout_fingerprint = 0;  // for the block hash chain
   // Slots of the KV pool's per-sequence streams (rings, states; kv_pool.h): 0 when the
-  // model has none, else max_running. A running sequence holds one (Sequence::state_slot)
-  // and gives it back when it stops running (finished, preempted, removed).
+  // model has none, else at least max_running. A running sequence holds one
+  // (Sequence::state_slot) and gives it back when it stops running (finished, preempted,
+  // removed); KV reservations take theirs from the same slots (state_slots()), and a
+  // waiting sequence is admitted only while one is free.
   int32_t num_state_slots = 0;
 };
 
@@ -82,6 +85,7 @@ class Scheduler {
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
   BlockManager& blocks() { return blocks_; }
+  StateSlots& state_slots() { return state_slots_; }
   const BlockManager& blocks() const { return blocks_; }
   const SchedulerOptions& options() const { return options_; }
 
@@ -101,7 +105,7 @@ class Scheduler {
   void TakeStateSlot(Sequence& seq);
 
   SchedulerOptions options_;
-  std::vector<int32_t> free_state_slots_;
+  StateSlots state_slots_;
   BlockManager blocks_;
   std::list<std::unique_ptr<Sequence>> running_;  // oldest first
   std::deque<std::unique_ptr<Sequence>> waiting_;

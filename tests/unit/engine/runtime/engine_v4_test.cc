@@ -1,8 +1,12 @@
 // DeepSeek-V4 through the engine on the CPU: requests batched together, their prompts
 // prefilled in chunks that cut across windows and blocks, preempted and recomputed when
 // the KV pool runs short, each give exactly the greedy continuation of the model run
-// alone; what the engine cannot do for V4 yet (KV export and import) is refused clearly.
+// alone; a prompt's KV exported by one engine and imported by another continues exactly;
+// what the engine cannot do for V4 yet (layer-by-layer export, prefix KV) is refused clearly.
+#include <cstring>
+#include <future>
 #include <map>
+#include <set>
 
 #include "engine/model/deepseek_v4/v4_model.h"
 #include "engine/runtime/engine.h"
@@ -102,14 +106,123 @@ TEST_F(EngineV4Test, PreemptedRequestsRecomputeExactly) {
   EXPECT_GT(stats_.preemptions, 0);
 }
 
-TEST_F(EngineV4Test, KvExportAndImportAreRefusedNamingTheModel) {
+// What a transfer does, in one process: the prefill engine's whole-sequence KV (every
+// stream's extents) staged, then copied into the extents of the decode engine's reservation.
+class StagingSink : public KvSink {
+ public:
+  void OnLayerKv(const KvSlice&) override { ADD_FAILURE() << "a V4 sequence's KV is handed over whole"; }
+  bool takes_sequence_kv() const override { return true; }
+  void OnSequenceKv(const KvSequenceKv& kv) override {
+    ++calls;
+    num_tokens = kv.num_tokens;
+    absl::StatusOr<std::vector<KvExtent>> ex = kv.pool->SequenceExtents(kv.block_table, kv.state_slot, kv.num_tokens);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    for (const KvExtent& e : *ex) {
+      const std::byte* b = kv.pool->memory().data() + e.offset;
+      staged.emplace_back(b, b + e.bytes);
+    }
+  }
+  // Into `d`'s reservation (blocks, slot) for the staged tokens.
+  void WriteInto(Engine& d, const KvLeases::Reservation& r) const {
+    const Engine::KvMemory m = d.kv_memory();
+    const KvPool::Geometry g{.num_layers = static_cast<int32_t>(m.num_layers),
+                             .block_size = static_cast<int32_t>(m.block_size), .num_blocks = m.num_blocks,
+                             .num_sequence_slots = m.num_state_slots};
+    absl::StatusOr<std::vector<KvExtent>> ex =
+        KvPool::SequenceExtents(d.kv_layout().streams, g, r.blocks, r.state_slot, num_tokens);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    ASSERT_EQ(ex->size(), staged.size());
+    for (size_t i = 0; i < staged.size(); ++i) {
+      ASSERT_EQ((*ex)[i].bytes, staged[i].size()) << "extent " << i;
+      std::memcpy(reinterpret_cast<std::byte*>(m.base) + (*ex)[i].offset, staged[i].data(), staged[i].size());
+    }
+  }
+  int calls = 0;
+  int64_t num_tokens = 0;
+  std::vector<std::vector<std::byte>> staged;
+};
+
+KvLeases::Reservation Reserve(Engine& e, const std::string& id, int32_t num_tokens) {
+  std::promise<absl::StatusOr<KvLeases::Reservation>> p;
+  e.ReserveKvAsync(id, num_tokens, 0, [&p](absl::StatusOr<KvLeases::Reservation> r) { p.set_value(std::move(r)); });
+  absl::StatusOr<KvLeases::Reservation> r = p.get_future().get();
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : KvLeases::Reservation{};
+}
+
+TEST_F(EngineV4Test, PrefillExportAndDecodeImportContinueTheGreedyRunExactly) {
+  // A prefill engine that chunks prompts across windows and blocks; a decode engine whose
+  // reservations land in other blocks and slots than the prefill's (a prior reservation
+  // shifts them). Prompt, reserved, and the decode engine going on from the first token.
+  absl::StatusOr<std::unique_ptr<Engine>> p = Engine::Create(V4Dir(), {.num_threads = 2, .max_batch_tokens = 40});
+  absl::StatusOr<std::unique_ptr<Engine>> d = Engine::Create(V4Dir(), {.num_threads = 2});
+  ASSERT_TRUE(p.ok() && d.ok());
+  EXPECT_EQ((*d)->kv_entry_dim(), 0);
+  EXPECT_GT((*d)->kv_memory().num_state_slots, 0);
+  const KvLeases::Reservation shift = Reserve(**d, "shift", 70);
+  EXPECT_GE(shift.state_slot, 0);
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 11), Prompt(37, 12), Prompt(130, 13), Prompt(201, 14)};
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "prompt of " << prompts[i].size() << " tokens");
+    const std::vector<int32_t> expected = Greedy(*model_, prompts[i], 20);
+    const std::string id = "q" + std::to_string(i);
+    StagingSink sink;
+    EngineRequest pre = Req(id, prompts[i], 1);
+    pre.kv_sink = &sink;
+    absl::StatusOr<std::shared_ptr<OutputStream>> ps = (*p)->Submit(std::move(pre));
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    const Result first = Drain(**ps);
+    ASSERT_TRUE(first.final.status.ok()) << first.final.status;
+    ASSERT_EQ(first.tokens.size(), 1u);
+    EXPECT_EQ(first.tokens[0], expected[0]);
+    EXPECT_EQ(sink.calls, 1);
+    EXPECT_EQ(sink.num_tokens, static_cast<int64_t>(prompts[i].size()));
+
+    const KvLeases::Reservation r = Reserve(**d, id, static_cast<int32_t>(prompts[i].size()));
+    ASSERT_GE(r.state_slot, 0);
+    sink.WriteInto(**d, r);
+    absl::StatusOr<std::shared_ptr<OutputStream>> ds = (*d)->SubmitImported(Req(id, prompts[i], 20), first.tokens[0]);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    const Result decoded = Drain(**ds);
+    ASSERT_TRUE(decoded.final.status.ok()) << decoded.final.status;
+    EXPECT_EQ(decoded.tokens, expected);
+  }
+  (*d)->Cancel("shift");
+}
+
+TEST_F(EngineV4Test, ReservationsHoldSequenceSlotsAndGiveThemBack) {
+  // max_running 2: four slots; four reservations take them all, a fifth waits for one.
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(V4Dir(), {.num_threads = 2, .max_running = 2});
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*e)->kv_memory().num_state_slots, 4);
+  std::set<int32_t> slots;
+  for (int i = 0; i < 4; ++i) slots.insert(Reserve(**e, "r" + std::to_string(i), 10).state_slot);
+  EXPECT_EQ(slots, (std::set<int32_t>{0, 1, 2, 3}));
+  absl::StatusOr<std::vector<int32_t>> more = (*e)->ReserveKv("r4", 10);
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted) << more.status();
+  EXPECT_NE(more.status().message().find("sequence slot"), std::string::npos) << more.status();
+  (*e)->Cancel("r1");
+  // (Cancel is posted to the engine thread; the reservation after it sees the slot free.)
+  EXPECT_EQ(Reserve(**e, "r5", 10).state_slot, 1);
+  // A request still runs beside them once they end (a waiting one needs a free slot).
+  for (const char* id : {"r0", "r2", "r3", "r5"}) (*e)->Cancel(id);
+  absl::StatusOr<std::shared_ptr<OutputStream>> s = (*e)->Submit(Req("after", Prompt(20, 9), 4));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Drain(**s).tokens, Greedy(*model_, Prompt(20, 9), 4));
+}
+
+TEST_F(EngineV4Test, LayerByLayerExportAndPrefixImportAreRefusedNamingTheModel) {
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(V4Dir(), {.num_threads = 2});
   ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_EQ((*e)->kv_entry_dim(), 0);
-  EXPECT_EQ((*e)->kv_memory().base, nullptr);
-  absl::StatusOr<std::vector<int32_t>> reserved = (*e)->ReserveKv("x", 10);
-  EXPECT_EQ(reserved.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(reserved.status().message().find("deepseek_v4"), std::string::npos) << reserved.status();
+  class LayerSink : public KvSink {
+   public:
+    void OnLayerKv(const KvSlice&) override {}
+  } sink;
+  EngineRequest r = Req("x", Prompt(10, 1), 1);
+  r.kv_sink = &sink;
+  absl::StatusOr<std::shared_ptr<OutputStream>> s = (*e)->Submit(std::move(r));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.status().message().find("deepseek_v4"), std::string::npos) << s.status();
   EXPECT_EQ((*e)->config().model_type, "deepseek_v4");
   EXPECT_NE((*e)->config().summary.find("deepseek_v4"), std::string::npos) << (*e)->config().summary;
   EXPECT_EQ((*e)->kv_layout().streams.size(), 7u);
