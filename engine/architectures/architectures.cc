@@ -30,6 +30,16 @@ absl::StatusOr<ModelKvStreams> DeepseekV4Streams(std::string_view config_json) {
   return ModelKvStreams{.num_layers = static_cast<int32_t>(c.num_hidden_layers), .streams = v4::KvStreamsFor(c)};
 }
 
+absl::StatusOr<ModelInfo> DeepseekInfo(std::string_view config_json) {
+  ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(config_json));
+  return static_cast<ModelInfo>(std::move(c));
+}
+
+absl::StatusOr<ModelInfo> DeepseekV4Info(std::string_view config_json) {
+  ASSIGN_OR_RETURN(const v4::DeepseekV4Config c, v4::ParseDeepseekV4Config(config_json));
+  return v4::V4ModelInfo(c);
+}
+
 absl::StatusOr<const Architecture*> FindArchitecture(const std::string& model_type) {
   std::vector<std::string> known;
   for (const Architecture& a : Architectures()) {
@@ -53,12 +63,15 @@ absl::StatusOr<std::string> ModelTypeOfConfig(std::string_view text) {
 
 const std::vector<Architecture>& Architectures() {
   static const std::vector<Architecture>* all = new std::vector<Architecture>{
-      {.model_type = "deepseek_v2", .load = LoadDeepseekBackend, .kv_streams = DeepseekLatentStreams},
-      {.model_type = "deepseek_v3", .load = LoadDeepseekBackend, .kv_streams = DeepseekLatentStreams},
+      {.model_type = "deepseek_v2", .load = LoadDeepseekBackend, .kv_streams = DeepseekLatentStreams,
+       .info = DeepseekInfo},
+      {.model_type = "deepseek_v3", .load = LoadDeepseekBackend, .kv_streams = DeepseekLatentStreams,
+       .info = DeepseekInfo},
       // On the CPU over the engine's paged pool (engine/model/deepseek_v4/v4_backend.h).
       {.model_type = "deepseek_v4",
        .load = v4::LoadV4Backend,
-       .kv_streams = DeepseekV4Streams},
+       .kv_streams = DeepseekV4Streams,
+       .info = DeepseekV4Info},
   };
   return *all;
 }
@@ -75,6 +88,14 @@ absl::StatusOr<ModelKvStreams> KvStreamsForConfig(std::string_view config_json, 
   ASSIGN_OR_RETURN(ModelKvStreams streams, a->kv_streams(config_json));
   RETURN_IF_ERROR(ValidateKvStreams(streams.streams, streams.num_layers, block_size));
   return streams;
+}
+
+absl::StatusOr<ModelInfo> LoadModelInfo(const std::string& dir) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(dir + "/config.json"));
+  ASSIGN_OR_RETURN(const std::string model_type, ModelTypeOfConfig(text));
+  ASSIGN_OR_RETURN(const Architecture* a, FindArchitecture(model_type));
+  if (!a->info) return absl::UnimplementedError(absl::StrCat("model_type '", model_type, "' describes no ModelInfo"));
+  return a->info(text);
 }
 
 absl::StatusOr<std::unique_ptr<ModelBackend>> LoadModelBackend(const std::string& dir, const BackendOptions& options) {

@@ -26,6 +26,9 @@ struct Architecture {
   // The KV streams a config.json of this architecture gives each sequence (validated by
   // the caller); errors name the config field.
   std::function<absl::StatusOr<ModelKvStreams>(std::string_view config_json)> kv_streams;
+  // What every model has (vocabulary, context, special tokens) from a config.json of
+  // this architecture, without weights: what a router needs.
+  std::function<absl::StatusOr<ModelInfo>(std::string_view config_json)> info;
 };
 
 // Every architecture this build knows, in registration order.
@@ -41,6 +44,11 @@ absl::StatusOr<std::string> ModelTypeOfConfig(std::string_view config_json);
 // `block_size` tokens. Errors: as ReadModelType and LoadModelBackend for the model_type,
 // the architecture's for its fields.
 absl::StatusOr<ModelKvStreams> KvStreamsForConfig(std::string_view config_json, int32_t block_size);
+
+// ModelInfo of the checkpoint in `dir` from its config.json alone, by its model_type.
+// Errors: as ReadModelType and LoadModelBackend for the model_type, the architecture's
+// for its fields.
+absl::StatusOr<ModelInfo> LoadModelInfo(const std::string& dir);
 
 // The backend for the checkpoint in `dir`, by its model_type. Errors: INVALID_ARGUMENT
 // "config.json: field 'model_type' is 'X'; supported: ..." for an architecture this

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/model/model_config.h"
+#include "engine/model/model_info.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "services/api/downstream.h"
 #include "services/api/proto_convert.h"
@@ -58,7 +58,7 @@ struct RequestCoreContext {
   // The model's chat templates; null for a model without one (chat prompts then get the
   // DeepSeek-V3 format, proto_convert.h).
   const ModelChatTemplates* chat_templates = nullptr;
-  const ModelConfig* config = nullptr;
+  const ModelInfo* config = nullptr;
   std::string model_name;
   uint64_t layout_fingerprint = 0;
   // How long a request may wait for KV room when the client set no deadline.

@@ -12,7 +12,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "engine/model/model_config.h"
+#include "engine/architectures/architectures.h"
 #include "engine/model/model_resolver.h"
 #include "engine/runtime/kv_layout.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -186,7 +186,7 @@ int RunRouter(int argc, char** argv) {
   // tokenizer, and the weight files or --layout-fingerprint (kv_layout.h).
   absl::StatusOr<std::string> model_dir = ResolveModelDir(common.model);
   if (!model_dir.ok()) return Fail("model", model_dir.status());
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(*model_dir);
+  absl::StatusOr<ModelInfo> config = LoadModelInfo(*model_dir);
   if (!config.ok()) return Fail("model config", config.status());
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDir(*model_dir);
   if (!tokenizer.ok()) return Fail("tokenizer", tokenizer.status());
@@ -365,7 +365,7 @@ int RunRouter(int argc, char** argv) {
   spdlog::info("ready: gRPC {} ({}{}) internal {} ({}) admin {} model {} ({}); prefill policy {}, decode policy {}",
                grpc_address, public_security.tls_cert.empty() ? "plaintext" : "TLS",
                api_keys ? ", API keys" : ", no API keys", internal_address, internal_creds->Describe(),
-               admin.bound_address(), *model_dir, config->Summary(), prefill_policy, decode_policy);
+               admin.bound_address(), *model_dir, config->summary, prefill_policy, decode_policy);
   if (http_api) spdlog::info("OpenAI-compatible HTTP API on {}://{}/v1", http_scheme, http_api->bound_address());
   const int sig = service::WaitForShutdownSignal();
   spdlog::info("shutting down ({})", sig == 0 ? "requested" : strsignal(sig));

@@ -252,19 +252,20 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.kv_memory_bytes = pool.bytes;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);
   if (!engine.ok()) return Fail("engine", engine.status());
-  if (role != v1::ROLE_BOTH && (*engine)->kv_entry_dim() == 0) {
-    return Fail("engine", absl::UnimplementedError(absl::StrCat(
-                              "a ", (*engine)->config().model_type, " model serves only as --role both for now: the "
-                              "prefill -> decode transfer does not move its KV streams yet (",
-                              DescribeKvStreams((*engine)->kv_layout().streams), ")")));
-  }
+  // A layout other than one latent stream (DeepSeek-V4) moves whole sequences over the
+  // transfer layer; no kvstore tier and no CUDA IPC for it yet.
+  const bool stream_layout = (*engine)->kv_entry_dim() == 0;
   spdlog::info("{} worker: model {} ({}), KV layout fingerprint {} ({}){}", RoleName(role), *model_dir,
                (*engine)->config().summary, FingerprintHex((*engine)->layout_fingerprint()),
                DescribeKvStreams((*engine)->kv_layout().streams), f.batch_invariant ? ", batch-invariant" : "");
   // Prefill replicas use the kvstore tier (services/kvstore): cached prefixes are fetched,
   // new blocks offloaded. Instances come from --kvstore or from the router.
   std::unique_ptr<kvstore::KvStoreClient> kvstore_client;
-  if (role == v1::ROLE_PREFILL && !f.no_kvstore) {
+  if (role == v1::ROLE_PREFILL && !f.no_kvstore && stream_layout) {
+    spdlog::warn("the kvstore tier does not store {} KV streams yet: this prefill replica computes every prompt",
+                 (*engine)->config().model_type);
+  }
+  if (role == v1::ROLE_PREFILL && !f.no_kvstore && !stream_layout) {
     const Engine::KvMemory m = (*engine)->kv_memory();
     kvstore::KvStoreClientOptions ko{
         .layout_fingerprint = (*engine)->layout_fingerprint(),

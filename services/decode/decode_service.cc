@@ -83,7 +83,15 @@ void DecodeServiceImpl::Remember(const std::string& id, const KvLeases::Reservat
     if (now - it->second.made > std::chrono::milliseconds(4 * lease_ms_)) it = reservations_.erase(it);
     else ++it;
   }
-  reservations_[id] = {r.blocks, r.num_tokens, now};
+  reservations_[id] = {r.blocks, r.num_tokens, now, r.state_slot};
+}
+
+absl::StatusOr<std::vector<KvExtent>> DecodeServiceImpl::ExtentsOf(const Reservation& r) const {
+  const Engine::KvMemory m = engine_->kv_memory();
+  const KvPool::Geometry g{.num_layers = static_cast<int32_t>(m.num_layers),
+                           .block_size = static_cast<int32_t>(m.block_size), .num_blocks = m.num_blocks,
+                           .num_sequence_slots = m.num_state_slots};
+  return KvPool::SequenceExtents(engine_->kv_layout().streams, g, r.blocks, r.state_slot, r.num_tokens);
 }
 
 void DecodeServiceImpl::FillDestination(const std::string& id, const KvLeases::Reservation& r,
@@ -96,6 +104,8 @@ void DecodeServiceImpl::FillDestination(const std::string& id, const KvLeases::R
   d->set_entry_dim(static_cast<int32_t>(m.entry_dim));
   d->set_num_layers(static_cast<int32_t>(m.num_layers));
   d->set_bytes_per_value(sizeof(float));
+  d->set_num_state_slots(m.num_state_slots);
+  d->set_state_slot(r.state_slot);
   for (int32_t b : r.blocks) d->add_block_ids(b);
   d->set_lease_id(id);
   d->set_lease_ms(lease_ms_);
@@ -198,7 +208,13 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
   }
   const Engine::KvMemory m = engine_->kv_memory();
   const int64_t bytes_per_value = device ? device_pool_->bytes_per_value() : 4;
-  const int64_t expected_bytes = static_cast<int64_t>(res->num_tokens) * m.num_layers * m.entry_dim * bytes_per_value;
+  int64_t expected_bytes = static_cast<int64_t>(res->num_tokens) * m.num_layers * m.entry_dim * bytes_per_value;
+  if (m.entry_dim == 0) {
+    absl::StatusOr<std::vector<KvExtent>> extents = ExtentsOf(*res);
+    if (!extents.ok()) return fail(extents.status());
+    expected_bytes = 0;
+    for (const KvExtent& e : *extents) expected_bytes += static_cast<int64_t>(e.bytes);
+  }
   if (r->kv_bytes() != expected_bytes) {
     return fail(absl::AbortedError(absl::StrCat("KV transfer incomplete: ", r->kv_bytes(), " bytes reported, ",
                                                 expected_bytes, " expected")));
@@ -228,6 +244,10 @@ void DecodeServiceImpl::CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> 
     absl::StatusOr<uint64_t> s = engine_->backend().DeviceKvChecksum(res.blocks, res.num_tokens);
     if (!s.ok()) return fail(s.status());
     sum = *s;
+  } else if (m.entry_dim == 0) {
+    absl::StatusOr<std::vector<KvExtent>> extents = ExtentsOf(res);
+    if (!extents.ok()) return fail(extents.status());
+    sum = ExtentsChecksum(reinterpret_cast<const std::byte*>(m.base), m.num_layers, *extents);
   } else {
     sum = PoolChecksum(m.base, m.num_layers, m.num_blocks, m.block_size, m.entry_dim, res.blocks, res.num_tokens);
   }

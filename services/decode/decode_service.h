@@ -78,7 +78,11 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
     std::vector<int32_t> blocks;
     int32_t num_tokens = 0;
     std::chrono::steady_clock::time_point made;
+    int32_t state_slot = -1;
   };
+  // Layouts that are not one latent stream: what the prefill replica wrote into `r`
+  // (KvPool::SequenceExtents over this replica's pool).
+  absl::StatusOr<std::vector<KvExtent>> ExtentsOf(const Reservation& r) const;
   // Takes the reservation of `id` out of the map (it is either used or released).
   std::optional<Reservation> Take(const std::string& id);
   // Records a reservation the engine made (and forgets long-expired ones).

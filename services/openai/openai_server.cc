@@ -51,7 +51,7 @@ std::string RequestId(const http::Request& request) {
 
 absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(const std::string& host_port,
                                                                    const OpenAiServerOptions& options,
-                                                                   CompletionContext context, const ModelConfig* config,
+                                                                   CompletionContext context, const ModelInfo* config,
                                                                    security::ApiKeyAuthenticator* keys) {
   std::unique_ptr<OpenAiServer> server(new OpenAiServer(options, std::move(context), config, keys));
   OpenAiServer* raw = server.get();

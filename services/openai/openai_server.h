@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/model/model_config.h"
+#include "engine/model/model_info.h"
 #include "services/http/http_server.h"
 #include "services/openai/completion_call.h"
 #include "services/security/api_key_authenticator.h"
@@ -26,21 +26,21 @@ class OpenAiServer {
   // `context` must outlive the server.
   static absl::StatusOr<std::unique_ptr<OpenAiServer>> Start(const std::string& host_port,
                                                              const OpenAiServerOptions& options,
-                                                             CompletionContext context, const ModelConfig* config,
+                                                             CompletionContext context, const ModelInfo* config,
                                                              security::ApiKeyAuthenticator* keys);
   ~OpenAiServer();
   std::string bound_address() const { return server_->bound_address(); }
   void Stop();
 
  private:
-  OpenAiServer(const OpenAiServerOptions& options, CompletionContext context, const ModelConfig* config,
+  OpenAiServer(const OpenAiServerOptions& options, CompletionContext context, const ModelInfo* config,
                security::ApiKeyAuthenticator* keys)
       : options_(options), context_(std::move(context)), config_(config), keys_(keys) {}
   void Handle(http::Request&& request, std::shared_ptr<http::Exchange> exchange);
 
   const OpenAiServerOptions options_;
   const CompletionContext context_;
-  const ModelConfig* const config_;
+  const ModelInfo* const config_;
   security::ApiKeyAuthenticator* const keys_;
   std::unique_ptr<http::Server> server_;
 };

@@ -56,4 +56,27 @@ absl::Status CheckKvDestination(const KvDestinationClaim& d, const KvPoolGeometr
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<KvExtent>> CheckKvStreamDestination(const KvStreamDestinationClaim& d,
+                                                               const std::vector<KvStream>& streams,
+                                                               const KvPool::Geometry& local, int64_t num_tokens) {
+  if (d.pool.num_layers != local.num_layers || d.pool.block_size != local.block_size) {
+    return absl::FailedPreconditionError(absl::StrCat("destination: KV geometry (", d.pool.num_layers,
+                                                      " layers, blocks of ", d.pool.block_size,
+                                                      ") differs from this replica's (", local.num_layers, ", ",
+                                                      local.block_size, ")"));
+  }
+  absl::StatusOr<size_t> bytes = KvPool::BytesFor(streams, d.pool);
+  if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("destination.num_blocks: ", bytes.status().message()));
+  if (*bytes > d.region_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("destination.num_blocks: a pool of ", d.pool.num_blocks,
+                                                   " blocks and ", d.pool.num_sequence_slots, " slots (", *bytes,
+                                                   " bytes) does not fit the ", d.region_bytes,
+                                                   " bytes its memory descriptor describes"));
+  }
+  absl::StatusOr<std::vector<KvExtent>> extents =
+      KvPool::SequenceExtents(streams, d.pool, d.block_ids, d.state_slot, num_tokens);
+  if (!extents.ok()) return absl::InvalidArgumentError(absl::StrCat("destination: ", extents.status().message()));
+  return extents;
+}
+
 }  // namespace tandem

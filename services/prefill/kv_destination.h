@@ -1,5 +1,5 @@
 // The checks a prefill replica makes of a KvDestination before any byte moves, and the
-// byte offsets of its writes, over plain data (no proto, no engine, no transport) so that
+// byte offsets of its writes, over plain data (no proto, no engine runtime, no transport) so that
 // they can be fuzzed with forged messages under AddressSanitizer
 // (tests/unit/services/prefill/kv_destination_fuzz_test.cc).
 //
@@ -15,6 +15,8 @@
 #include <span>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model/kv_pool.h"
 
 namespace tandem {
 
@@ -38,6 +40,23 @@ struct KvDestinationClaim {
 // INVALID_ARGUMENT (naming the field) for block ids outside the pool, too few blocks, or a
 // pool larger than the described memory. Never overflows, whatever the claim.
 absl::Status CheckKvDestination(const KvDestinationClaim& d, const KvPoolGeometry& local, int64_t num_tokens);
+
+// Layouts that are not one latent stream: what a destination claims of its KvPool.
+struct KvStreamDestinationClaim {
+  KvPool::Geometry pool;
+  std::span<const int32_t> block_ids;  // in position order
+  int64_t state_slot = -1;
+  uint64_t region_bytes = 0;  // the memory descriptor's length
+};
+
+// The extents to write (KvPool::SequenceExtents) when `d` can take `num_tokens` positions
+// of `streams` (this replica's layout, whose layers and block size `local` has):
+// FAILED_PRECONDITION for other layers or blocks, INVALID_ARGUMENT (naming the field) for
+// blocks or a slot outside the pool, too few blocks, or a pool larger than the described
+// memory. Never overflows, whatever the claim.
+absl::StatusOr<std::vector<KvExtent>> CheckKvStreamDestination(const KvStreamDestinationClaim& d,
+                                                               const std::vector<KvStream>& streams,
+                                                               const KvPool::Geometry& local, int64_t num_tokens);
 
 // Byte offset of (layer, block, slot)'s entry in a pool of `pool`'s layout:
 // ((layer * num_blocks + block) * block_size + slot) * entry_dim * bytes_per_value. Only for

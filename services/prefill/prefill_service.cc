@@ -25,6 +25,11 @@ KvPoolGeometry KvGeometryOf(const v1::KvDestination& d) {
           .entry_dim = d.entry_dim(), .bytes_per_value = d.bytes_per_value()};
 }
 
+KvPool::Geometry StreamGeometryOf(const v1::KvDestination& d) {
+  return {.num_layers = d.num_layers(), .block_size = d.block_size(), .num_blocks = d.num_blocks(),
+          .num_sequence_slots = d.num_state_slots()};
+}
+
 absl::Status CheckDestination(const v1::KvDestination& d, const Engine& engine, int64_t num_tokens) {
   if (d.layout_fingerprint() != engine.layout_fingerprint()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -38,6 +43,16 @@ absl::Status CheckDestination(const v1::KvDestination& d, const Engine& engine, 
     return absl::InvalidArgumentError(absl::StrCat("destination.memory_descriptor: ", region.status().message()));
   }
   const Engine::KvMemory m = engine.kv_memory();
+  if (m.entry_dim == 0) {
+    const KvPool::Geometry local{.num_layers = static_cast<int32_t>(m.num_layers),
+                                 .block_size = static_cast<int32_t>(m.block_size)};
+    return CheckKvStreamDestination(
+               {.pool = StreamGeometryOf(d),
+                .block_ids = std::span<const int32_t>(d.block_ids().data(), d.block_ids().size()),
+                .state_slot = d.state_slot(), .region_bytes = region->length},
+               engine.kv_layout().streams, local, num_tokens)
+        .status();
+  }
   return CheckKvDestination({.pool = KvGeometryOf(d), .block_ids = std::span<const int32_t>(d.block_ids().data(), d.block_ids().size()), .region_bytes = region->length},
                             {.num_layers = m.num_layers, .block_size = m.block_size, .entry_dim = m.entry_dim,
                              .bytes_per_value = static_cast<int64_t>(sizeof(float))},

@@ -80,5 +80,7 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
 // (fingerprint or geometry mismatch), INVALID_ARGUMENT (naming the field).
 absl::Status CheckDestination(const v1::KvDestination& d, const Engine& engine, int64_t num_tokens);
 KvPoolGeometry KvGeometryOf(const v1::KvDestination& d);
+// Layouts that are not one latent stream: the destination's KvPool geometry.
+KvPool::Geometry StreamGeometryOf(const v1::KvDestination& d);
 
 }  // namespace tandem

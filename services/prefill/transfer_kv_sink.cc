@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/prefill/kv_destination.h"
 #include "services/prefill/kv_write_deadline.h"
+#include "kernels/common/check.h"
 
 namespace tandem {
 
@@ -18,6 +19,9 @@ TransferKvSink::TransferKvSink(std::unique_ptr<KvWriteSession> session, const v1
       num_blocks_(d.num_blocks()),
       block_size_(d.block_size()),
       entry_dim_(d.entry_dim()),
+      stream_pool_{.num_layers = d.num_layers(), .block_size = d.block_size(), .num_blocks = d.num_blocks(),
+                   .num_sequence_slots = d.num_state_slots()},
+      state_slot_(d.state_slot()),
       write_deadline_(write_deadline),
       gate_(std::move(gate)),
       checksum_(d.num_layers()) {}
@@ -29,15 +33,8 @@ void TransferKvSink::OnLayerKv(const KvSlice& s) {
                                                         ") does not fit the destination's reservation"));
     return;
   }
-  if (std::chrono::steady_clock::now() >= write_deadline_) {
-    error_ = KvWriteDeadlinePassed();  // the lease may end before these puts land
-    return;
-  }
-  const std::optional<absl::Status> gate = gate_->state();
-  if (gate && !gate->ok()) {
-    error_ = *gate;  // the decode replica did not record this writer: nothing may be written
-    return;
-  }
+  bool gate_open = false;
+  if (!MayWrite(&gate_open)) return;
   // Stage the slice contiguously, then one write per run of positions within a block.
   std::vector<float>& stage = staging_.emplace_back(static_cast<size_t>((s.end - s.begin) * entry_dim_));
   for (int64_t p = s.begin; p < s.end; ++p) {
@@ -54,7 +51,51 @@ void TransferKvSink::OnLayerKv(const KvSlice& s) {
     bytes_ += static_cast<int64_t>(length);
     p += n;
   }
-  if (gate) PutHeld();  // open: this layer moves while the next one computes
+  if (gate_open) PutHeld();  // open: this layer moves while the next one computes
+}
+
+bool TransferKvSink::MayWrite(bool* gate_open) {
+  if (!error_.ok()) return false;
+  if (std::chrono::steady_clock::now() >= write_deadline_) {
+    error_ = KvWriteDeadlinePassed();  // the lease may end before these puts land
+    return false;
+  }
+  const std::optional<absl::Status> gate = gate_->state();
+  if (gate && !gate->ok()) {
+    error_ = *gate;  // the decode replica did not record this writer: nothing may be written
+    return false;
+  }
+  *gate_open = gate.has_value();  // (read once: what is staged now goes out now only if open)
+  return true;
+}
+
+void TransferKvSink::OnSequenceKv(const KvSequenceKv& kv) {
+  bool gate_open = false;
+  if (!MayWrite(&gate_open)) return;
+  absl::StatusOr<std::vector<KvExtent>> src = kv.pool->SequenceExtents(kv.block_table, kv.state_slot, kv.num_tokens);
+  absl::StatusOr<std::vector<KvExtent>> dst =
+      KvPool::SequenceExtents(kv.pool->streams(), stream_pool_, block_ids_, state_slot_, kv.num_tokens);
+  if (!src.ok() || !dst.ok() || src->size() != dst->size()) {
+    error_ = absl::FailedPreconditionError(absl::StrCat(
+        "the sequence's KV (", kv.num_tokens, " tokens) does not fit the destination's reservation: ",
+        src.ok() ? dst.status().ToString() : src.status().ToString()));
+    return;
+  }
+  size_t total = 0;
+  for (const KvExtent& e : *src) total += e.bytes;
+  std::vector<std::byte>& stage = byte_staging_.emplace_back(total);
+  const std::byte* base = kv.pool->memory().data();
+  size_t at = 0;
+  for (size_t i = 0; i < src->size(); ++i) {
+    const KvExtent& s = (*src)[i];
+    TANDEM_CHECK_EQ(s.bytes, (*dst)[i].bytes);  // one layout on both ends (the fingerprint)
+    std::memcpy(stage.data() + at, base + s.offset, s.bytes);
+    checksum_.Update(s.layer, stage.data() + at, s.bytes);
+    held_.push_back({stage.data() + at, s.bytes, (*dst)[i].offset});
+    bytes_ += static_cast<int64_t>(s.bytes);
+    at += s.bytes;
+  }
+  if (gate_open) PutHeld();
 }
 
 void TransferKvSink::PutHeld() {

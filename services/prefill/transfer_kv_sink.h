@@ -34,6 +34,10 @@ class TransferKvSink : public OutgoingKvSink {
                  std::chrono::steady_clock::time_point write_deadline, std::shared_ptr<WriteGate> gate);
 
   void OnLayerKv(const KvSlice& slice) override;
+  // Layouts that are not one latent stream: every extent of the sequence at once
+  // (KvPool::SequenceExtents), each to its counterpart in the destination's pool.
+  bool takes_sequence_kv() const override { return true; }
+  void OnSequenceKv(const KvSequenceKv& kv) override;
 
   // Waits for the gate when puts are held back for it; completes every put queued (also
   // after an error: nothing is left in flight when `done` runs).
@@ -48,6 +52,11 @@ class TransferKvSink : public OutgoingKvSink {
   std::vector<int32_t> block_ids_;
   KvPoolGeometry pool_;  // checked by CheckKvDestination (the caller)
   int64_t num_blocks_, block_size_, entry_dim_;
+  KvPool::Geometry stream_pool_;  // the destination's, for OnSequenceKv
+  int64_t state_slot_ = -1;
+  // Whether anything more may be staged: no error, the deadline not passed, the gate not
+  // closed (else error_ says why); *gate_open: whether the gate is open (not just pending).
+  bool MayWrite(bool* gate_open);
   // Queues the held-back puts (the gate is open).
   void PutHeld();
 
@@ -61,6 +70,7 @@ class TransferKvSink : public OutgoingKvSink {
   std::vector<HeldPut> held_;  // staged, not queued yet
   bool queued_any_ = false;
   std::deque<std::vector<float>> staging_;  // stable addresses until Flush completes
+  std::deque<std::vector<std::byte>> byte_staging_;  // (OnSequenceKv's)
   KvChecksum checksum_;
   absl::Status error_;
   int64_t bytes_ = 0;

@@ -26,7 +26,7 @@ struct RouterContext {
   ReplicaRegistry* registry = nullptr;
   const Tokenizer* tokenizer = nullptr;
   const ModelChatTemplates* chat_templates = nullptr;  // null: the model has none
-  const ModelConfig* config = nullptr;
+  const ModelInfo* config = nullptr;
   std::string model_name;
   uint64_t layout_fingerprint = 0;
   // How long a request may wait for KV room on a decode replica when the client set no

@@ -28,6 +28,12 @@ uint64_t KvChecksum::Digest() const {
   return XXH3_64bits(digests.data(), digests.size() * sizeof(uint64_t));
 }
 
+uint64_t ExtentsChecksum(const std::byte* pool, int64_t num_layers, std::span<const KvExtent> extents) {
+  KvChecksum sum(num_layers);
+  for (const KvExtent& e : extents) sum.Update(e.layer, pool + e.offset, e.bytes);
+  return sum.Digest();
+}
+
 uint64_t PoolChecksum(const float* pool, int64_t num_layers, int64_t num_blocks, int64_t block_size,
                       int64_t entry_dim, std::span<const int32_t> block_table, int64_t num_positions) {
   KvChecksum sum(num_layers);

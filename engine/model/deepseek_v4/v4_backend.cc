@@ -3,9 +3,8 @@
 #include "absl/strings/str_cat.h"
 
 namespace tandem::v4 {
-namespace {
 
-ModelInfo InfoOf(const DeepseekV4Config& c) {
+ModelInfo V4ModelInfo(const DeepseekV4Config& c) {
   return {.model_type = "deepseek_v4",
           .vocab_size = c.vocab_size,
           .hidden_size = c.hidden_size,
@@ -17,10 +16,12 @@ ModelInfo InfoOf(const DeepseekV4Config& c) {
           .summary = c.Summary()};
 }
 
+namespace {
+
 class V4CpuBackend : public ModelBackend {
  public:
   explicit V4CpuBackend(std::unique_ptr<PagedV4Model> model)
-      : model_(std::move(model)), info_(InfoOf(model_->config())) {}
+      : model_(std::move(model)), info_(V4ModelInfo(model_->config())) {}
   const ModelInfo& config() const override { return info_; }
   std::string device_name() const override { return "cpu"; }
   bool kv_in_host_pool() const override { return true; }

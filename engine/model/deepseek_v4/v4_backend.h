@@ -15,6 +15,9 @@ namespace tandem::v4 {
 
 // Loads a deepseek_v4 checkpoint for options.device. Errors: FAILED_PRECONDITION for a
 // CUDA device (no V4 kernels yet); the loader's (config, weights) otherwise.
+// What the engine and the router need of a V4 checkpoint (model_info.h).
+ModelInfo V4ModelInfo(const DeepseekV4Config& c);
+
 absl::StatusOr<std::unique_ptr<ModelBackend>> LoadV4Backend(const std::string& dir, const BackendOptions& options);
 
 }  // namespace tandem::v4

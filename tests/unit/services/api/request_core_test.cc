@@ -75,7 +75,7 @@ class RequestCoreTest : public ::testing::Test {
   // The ended writer a lease's release named (0: none, a release without proof).
   uint64_t ReleaseProof(const std::string& lease) { return cluster_.ledger.release_proofs[lease]; }
 
-  ModelConfig config_;
+  ModelInfo config_;
   FakeCluster cluster_;
   FakeClock clock_;
   FakeSink sink_;

@@ -124,7 +124,7 @@ class CompletionCallTest : public ::testing::Test {
   }
 
   const output_parsing::OutputParserRegistry parsers_ = output_parsing::OutputParserRegistry::WithBuiltins();
-  ModelConfig config_;
+  ModelInfo config_;
   FakeCluster cluster_;
   FakeClock clock_;
   RequestCoreContext core_;

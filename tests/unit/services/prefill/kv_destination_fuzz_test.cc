@@ -2,7 +2,7 @@
 // truncated and garbage descriptor bytes) against the checks a prefill replica makes before
 // writing (services/prefill/kv_destination.h), the descriptor parser and the transfer
 // layer's own bounds: each is a clear error or a write inside the real pool, never a write
-// outside it, never a crash. Deterministic (fixed seeds). scripts/sanitize.sh runs it under
+// outside it, never a crash; the same for destinations of a layout of several streams. Deterministic (fixed seeds). scripts/sanitize.sh runs it under
 // AddressSanitizer, where the pool is a heap block of exactly its size, so any byte written
 // past it is reported; canaries around it catch the same without ASan.
 #include <sys/mman.h>
@@ -125,6 +125,67 @@ TEST(KvDestinationFuzzTest, ForgedDestinationsNeverWriteOutsideThePool) {
   EXPECT_GT(accepted, 100);
   EXPECT_GT(refused_by_check, 5000);
   EXPECT_GT(refused_by_transport, 100) << "no forged descriptor length or base reached the transport";
+}
+
+TEST(KvDestinationFuzzTest, ForgedStreamDestinationsNeverWriteOutsideThePool) {
+  // A V4-like layout (a ring, per-window entries shorter and longer than a block, states):
+  // whatever blocks, slots, slot counts, token counts and region length a destination
+  // claims, an accepted one's extents all lie in the region it describes.
+  const std::vector<KvStream> streams = {
+      {.name = "window", .dtype = "f32", .granularity = KvGranularity::kRing, .tokens = 4, .width = 3,
+       .layers = {0, 1, 2}},
+      {.name = "csa", .dtype = "bf16", .granularity = KvGranularity::kPerWindow, .tokens = 2, .width = 4,
+       .layers = {1}},
+      {.name = "hca", .dtype = "f32", .granularity = KvGranularity::kPerWindow, .tokens = 8, .width = 2,
+       .layers = {2}},
+      {.name = "state", .dtype = "f32", .granularity = KvGranularity::kSequenceState, .tokens = 3, .width = 2,
+       .layers = {1, 2}},
+  };
+  const KvPool::Geometry real{.num_layers = 3, .block_size = 4, .num_blocks = 6, .num_sequence_slots = 3};
+  const size_t pool_bytes = *KvPool::BytesFor(streams, real);
+  std::vector<uint8_t> arena(kCanary + pool_bytes + kCanary, 0xA5);
+  std::mt19937_64 rng(20261203);
+  int accepted = 0, refused = 0;
+  for (int iter = 0; iter < 20000; ++iter) {
+    KvPool::Geometry g = real;
+    g.num_blocks = ForgedCount(rng, real.num_blocks);
+    g.num_sequence_slots = ForgedCount(rng, real.num_sequence_slots);
+    if (rng() % 6 == 0) g.block_size = static_cast<int32_t>(ForgedCount(rng, real.block_size));
+    if (rng() % 8 == 0) g.num_layers = static_cast<int32_t>(ForgedCount(rng, real.num_layers));
+    std::vector<int32_t> blocks(rng() % 10);
+    for (int32_t& b : blocks) {
+      b = rng() % 5 == 0 ? Pick<int32_t>(rng, {-1, std::numeric_limits<int32_t>::max(), 6, 7})
+                         : static_cast<int32_t>(rng() % real.num_blocks);
+    }
+    const int64_t slot = rng() % 5 == 0 ? Pick<int64_t>(rng, {-1, 3, 1 << 30}) : static_cast<int64_t>(rng() % 3);
+    const uint64_t region = rng() % 4 == 0 ? Pick<uint64_t>(rng, {0, pool_bytes - 1, pool_bytes + 64, 1ull << 62})
+                                           : pool_bytes;
+    const int64_t tokens = static_cast<int64_t>(rng() % 40) - 2;
+    absl::StatusOr<std::vector<KvExtent>> extents = CheckKvStreamDestination(
+        {.pool = g, .block_ids = blocks, .state_slot = slot, .region_bytes = region}, streams,
+        {.num_layers = real.num_layers, .block_size = real.block_size}, tokens);
+    if (!extents.ok()) {
+      EXPECT_TRUE(extents.status().code() == absl::StatusCode::kInvalidArgument ||
+                  extents.status().code() == absl::StatusCode::kFailedPrecondition)
+          << extents.status();
+      ++refused;
+      continue;
+    }
+    for (const KvExtent& e : *extents) {
+      ASSERT_LE(e.offset + e.bytes, region) << "an accepted destination's extent past its region";
+      // The region is the real pool when it is no larger (a larger claim is the transport's
+      // to refuse, as for the latent layout).
+      if (region <= pool_bytes) std::memset(arena.data() + kCanary + e.offset, 0x5A, e.bytes);
+    }
+    ++accepted;
+    for (size_t i = 0; i < kCanary; ++i) {
+      ASSERT_EQ(arena[i], 0xA5) << "written before the pool (iteration " << iter << ")";
+      ASSERT_EQ(arena[kCanary + pool_bytes + i], 0xA5) << "written past the pool (iteration " << iter << ")";
+    }
+  }
+  std::printf("forged stream destinations: %d in bounds, %d refused\n", accepted, refused);
+  EXPECT_GT(accepted, 100);
+  EXPECT_GT(refused, 5000);
 }
 
 TEST(KvDestinationFuzzTest, TruncatedOrGarbageDescriptorsAreCleanErrors) {
