@@ -104,12 +104,22 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   // Rings and states (per-sequence streams) have a slot per running sequence, and as many
   // again for KV reservations that prefill replicas write into (state_slots.h).
   const int64_t slots = SequenceStateBytes(layout.streams) > 0 ? 2 * int64_t{options.max_running} : 0;
-  const int64_t slot_bytes = slots * SequenceStateBytes(layout.streams);
   if (options.kv_memory != nullptr) {
-    // (What the slots take, and each stream's alignment, come off the blocks' share.)
-    const int64_t spare = static_cast<int64_t>(options.kv_memory_bytes) - slot_bytes -
-                          256 * static_cast<int64_t>(layout.streams.size() + 1);
-    const int64_t fit = std::max<int64_t>(0, spare) / block_bytes;
+    // What does not grow with the blocks (the slots) comes off the memory first: the pool
+    // of one block less that block's bytes. The streams' alignment padding may grow with
+    // the blocks, so the estimate is checked down to a pool that fits.
+    auto pool_bytes = [&](int64_t n) {
+      return KvPool::BytesFor(layout.streams, {.num_layers = layout.num_layers, .block_size = layout.block_size,
+                                               .num_blocks = n, .num_sequence_slots = slots});
+    };
+    ASSIGN_OR_RETURN(const size_t one_block, pool_bytes(1));
+    const int64_t fixed = static_cast<int64_t>(one_block) - block_bytes;
+    int64_t fit = std::max<int64_t>(0, static_cast<int64_t>(options.kv_memory_bytes) - fixed) / block_bytes;
+    while (fit > 0) {
+      ASSIGN_OR_RETURN(const size_t need, pool_bytes(fit));
+      if (need <= options.kv_memory_bytes) break;
+      --fit;
+    }
     if (blocks <= 0 || blocks > fit) blocks = fit;
     if (blocks < 1) return absl::InvalidArgumentError("the KV memory given is smaller than one block");
   }

@@ -209,11 +209,13 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
   const Engine::KvMemory m = engine_->kv_memory();
   const int64_t bytes_per_value = device ? device_pool_->bytes_per_value() : 4;
   int64_t expected_bytes = static_cast<int64_t>(res->num_tokens) * m.num_layers * m.entry_dim * bytes_per_value;
+  std::vector<KvExtent> extents;  // layouts that are not one latent stream: what was written
   if (m.entry_dim == 0) {
-    absl::StatusOr<std::vector<KvExtent>> extents = ExtentsOf(*res);
-    if (!extents.ok()) return fail(extents.status());
+    absl::StatusOr<std::vector<KvExtent>> e = ExtentsOf(*res);
+    if (!e.ok()) return fail(e.status());
+    extents = *std::move(e);
     expected_bytes = 0;
-    for (const KvExtent& e : *extents) expected_bytes += static_cast<int64_t>(e.bytes);
+    for (const KvExtent& x : extents) expected_bytes += static_cast<int64_t>(x.bytes);
   }
   if (r->kv_bytes() != expected_bytes) {
     return fail(absl::AbortedError(absl::StrCat("KV transfer incomplete: ", r->kv_bytes(), " bytes reported, ",
@@ -224,13 +226,15 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
   EngineStreamReactor::Handle handle;
   EngineStreamReactor* reactor = EngineStreamReactor::Pending(engine_, r->request_id(), &handle);
   auto request = std::make_shared<const v1::DecodeRequest>(*r);
-  checksum_worker_.Post([this, request, res = std::move(*res), device, handle]() mutable {
-    CheckAndSubmit(std::move(request), std::move(res), device, std::move(handle));
-  });
+  checksum_worker_.Post(
+      [this, request, res = std::move(*res), extents = std::move(extents), device, handle]() mutable {
+        CheckAndSubmit(std::move(request), std::move(res), extents, device, std::move(handle));
+      });
   return reactor;
 }
 
-void DecodeServiceImpl::CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> r, Reservation res, bool device,
+void DecodeServiceImpl::CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> r, Reservation res,
+                                       std::span<const KvExtent> extents, bool device,
                                        EngineStreamReactor::Handle handle) {
   const std::string& id = r->request_id();
   auto fail = [&](const absl::Status& s) {
@@ -245,9 +249,7 @@ void DecodeServiceImpl::CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> 
     if (!s.ok()) return fail(s.status());
     sum = *s;
   } else if (m.entry_dim == 0) {
-    absl::StatusOr<std::vector<KvExtent>> extents = ExtentsOf(res);
-    if (!extents.ok()) return fail(extents.status());
-    sum = ExtentsChecksum(reinterpret_cast<const std::byte*>(m.base), m.num_layers, *extents);
+    sum = ExtentsChecksum(reinterpret_cast<const std::byte*>(m.base), m.num_layers, extents);
   } else {
     sum = PoolChecksum(m.base, m.num_layers, m.num_blocks, m.block_size, m.entry_dim, res.blocks, res.num_tokens);
   }

@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -91,8 +92,9 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
   void FillDestination(const std::string& id, const KvLeases::Reservation& r, v1::KvDestination* d);
   // On the checksum worker: checks the KV that arrived, then hands the request to the
   // engine; the stream behind `handle` attaches (or fails) when the engine answers.
-  void CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> r, Reservation res, bool device,
-                      EngineStreamReactor::Handle handle);
+  // `extents`: ExtentsOf(res) for a layout that is not one latent stream (else empty).
+  void CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> r, Reservation res, std::span<const KvExtent> extents,
+                      bool device, EngineStreamReactor::Handle handle);
 
   Engine* engine_;
   std::string pool_descriptor_;

@@ -1,5 +1,5 @@
-// The architectures' registry: a checkpoint's backend found by its model_type, and a
-// clear error, naming what is supported, for what this build does not serve.
+// The architectures' registry: a checkpoint's backend and its ModelInfo found by its
+// model_type, and a clear error, naming what is supported, for what this build does not serve.
 #include "engine/architectures/architectures.h"
 
 #include <gtest/gtest.h>
@@ -28,6 +28,16 @@ TEST(ArchitecturesTest, EveryDeepseekGenerationLoadsThroughTheRegistry) {
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_EQ((*b)->device_name(), "cpu");
     EXPECT_EQ((*b)->config().model_type, *ReadModelType(model));
+    // What a router reads without the weights is what the loaded backend answers.
+    absl::StatusOr<ModelInfo> info = LoadModelInfo(model);
+    ASSERT_TRUE(info.ok()) << info.status();
+    const ModelInfo& loaded = (*b)->config();
+    EXPECT_EQ(info->model_type, loaded.model_type);
+    EXPECT_EQ(info->vocab_size, loaded.vocab_size);
+    EXPECT_EQ(info->max_position_embeddings, loaded.max_position_embeddings);
+    EXPECT_EQ(info->bos_token_id, loaded.bos_token_id);
+    EXPECT_EQ(info->eos_token_ids, loaded.eos_token_ids);
+    EXPECT_EQ(info->summary, loaded.summary);
   }
 }
 
@@ -35,6 +45,7 @@ TEST(ArchitecturesTest, WhatThisBuildDoesNotServeIsAClearError) {
   testing::TempDir dir;
   WriteConfig(dir.Sub("llama"), R"({"model_type": "llama"})");
   absl::StatusOr<std::unique_ptr<ModelBackend>> b = LoadModelBackend(dir.Sub("llama"), {});
+  EXPECT_EQ(LoadModelInfo(dir.Sub("llama")).status().message(), b.status().message());
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b.status().message(),

@@ -37,19 +37,10 @@ namespace {
 using testing::MakeModel;
 using testing::PresetJson;
 using testing::TempDir;
+using testing::GreedyRequest;
 using testing::Tokens;
 
 const std::string& ModelDir() { return testing::SmallTinyModelDir(); }
-
-EngineRequest Greedy(const std::string& id, std::vector<int32_t> prompt, int max_tokens) {
-  EngineRequest r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.stop.max_tokens = max_tokens;
-  r.stop.ignore_eos = true;
-  return r;
-}
 
 std::vector<int32_t> Drain(OutputStream& s, RequestOutput* final = nullptr) {
   std::vector<int32_t> tokens;
@@ -77,7 +68,7 @@ class EngineCudaTest : public testing::GpuTest {
                                                     int max_tokens) {
     std::vector<std::shared_ptr<OutputStream>> streams;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      auto s = e.Submit(Greedy("p" + std::to_string(i), prompts[i], max_tokens));
+      auto s = e.Submit(GreedyRequest("p" + std::to_string(i), prompts[i], max_tokens));
       EXPECT_TRUE(s.ok()) << s.status();
       if (s.ok()) streams.push_back(*s);
     }
@@ -144,7 +135,7 @@ std::vector<std::vector<TokenLogprobs>> RunBatchWithLogprobs(Engine& e, const st
                                                              int max_tokens) {
   std::vector<std::shared_ptr<OutputStream>> streams;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    EngineRequest r = Greedy("l" + std::to_string(i), prompts[i], max_tokens);
+    EngineRequest r = GreedyRequest("l" + std::to_string(i), prompts[i], max_tokens);
     r.sampling.logprobs = 20;
     auto s = e.Submit(std::move(r));
     EXPECT_TRUE(s.ok()) << s.status();
@@ -321,8 +312,8 @@ TEST_F(EngineCudaTest, PipelinedStepsEmitAndCountExactlyMaxTokens) {
   for (const int max_tokens : {1, 3, 5, 17, 33}) {
     std::vector<std::shared_ptr<OutputStream>> streams;
     for (int i = 0; i < 7; ++i) {
-      EngineRequest r = Greedy("t" + std::to_string(max_tokens) + "-" + std::to_string(i), Tokens(4 + 29 * i, 50 + i),
-                               max_tokens);
+      const std::string id = "t" + std::to_string(max_tokens) + "-" + std::to_string(i);
+      EngineRequest r = GreedyRequest(id, Tokens(4 + 29 * i, 50 + i), max_tokens);
       if (i % 2 == 1) {
         r.sampling.temperature = 0.8f;
         r.sampling.top_p = 0.9f;
@@ -375,7 +366,7 @@ TEST_F(EngineCudaTest, DeviceSamplingGivesTheHostSamplersTokens) {
   auto run = [](Engine& e) {
     std::vector<std::vector<int32_t>> out;
     for (int i = 0; i < 8; ++i) {
-      EngineRequest r = Greedy("s" + std::to_string(i), Tokens(20 + 13 * i, i), 24);
+      EngineRequest r = GreedyRequest("s" + std::to_string(i), Tokens(20 + 13 * i, i), 24);
       if (i % 2 == 1) {
         r.sampling.temperature = 0.7f + 0.1f * i;
         r.sampling.top_p = 0.9f;
@@ -402,7 +393,7 @@ TEST_F(EngineCudaTest, DeviceSamplingGivesTheHostSamplersTokens) {
   EXPECT_EQ(host->Stats().device_sampled_tokens, 0);
 
   // Logprobs need the logits: those steps sample on the host, with the same tokens.
-  EngineRequest lp = Greedy("lp", Tokens(40, 9), 8);
+  EngineRequest lp = GreedyRequest("lp", Tokens(40, 9), 8);
   lp.sampling.logprobs = 2;
   auto a = device->Submit(lp);
   lp.id = "lp2";
@@ -428,7 +419,7 @@ TEST_F(EngineCudaTest, ConstrainedRowsOnTheDeviceGiveTheHostTokens) {
     std::vector<std::shared_ptr<OutputStream>> streams;
     std::vector<testing::Result> out;
     for (int i = 0; i < 12; ++i) {
-      EngineRequest r = Greedy("c" + std::to_string(i), Tokens(10 + 7 * i, 50 + i), 48);
+      EngineRequest r = GreedyRequest("c" + std::to_string(i), Tokens(10 + 7 * i, 50 + i), 48);
       r.stop.ignore_eos = false;
       if (i % 2 == 1) {
         r.sampling.temperature = 1.0f;
@@ -476,21 +467,21 @@ TEST_F(EngineCudaTest, PrefillExportImportedIntoADecodeEngineContinuesExactly) {
   // steps of more than 64 tokens take bf16 GEMM inputs), so that the imported cache holds
   // the reference's own entries and the continuation must match token for token.
   auto warm = [&](Engine& e) {
-    auto w = e.Submit(Greedy("warmup", std::vector<int32_t>(prompt.begin(), prompt.begin() + 130), 1));
+    auto w = e.Submit(GreedyRequest("warmup", std::vector<int32_t>(prompt.begin(), prompt.begin() + 130), 1));
     ASSERT_TRUE(w.ok());
     Drain(**w);
   };
   auto single = Make("cuda", {.max_batch_tokens = 64});
   ASSERT_TRUE(single);
   warm(*single);
-  auto s0 = single->Submit(Greedy("x", prompt, 24));
+  auto s0 = single->Submit(GreedyRequest("x", prompt, 24));
   ASSERT_TRUE(s0.ok());
   const std::vector<int32_t> reference = Drain(**s0);
 
   auto p = Make("cuda", {.max_batch_tokens = 64});
   warm(*p);
   CollectingSink sink;
-  EngineRequest pre = Greedy("x", prompt, 24);
+  EngineRequest pre = GreedyRequest("x", prompt, 24);
   pre.kv_sink = &sink;
   auto ps = p->Submit(pre);
   ASSERT_TRUE(ps.ok()) << ps.status();
@@ -510,7 +501,7 @@ TEST_F(EngineCudaTest, PrefillExportImportedIntoADecodeEngineContinuesExactly) {
     for (auto& [pos, e] : positions) flat.insert(flat.end(), e.begin(), e.end());
     ASSERT_TRUE(d->WriteKv(*blocks, layer, 0, flat).ok());
   }
-  auto ds = d->SubmitImported(Greedy("x", prompt, 24), first[0]);
+  auto ds = d->SubmitImported(GreedyRequest("x", prompt, 24), first[0]);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ(Drain(**ds), reference);
 }
@@ -522,16 +513,16 @@ TEST_F(EngineCudaTest, PrefixCacheReuseGivesTheColdOutput) {
   for (int32_t t : Tokens(37, 4)) p2.push_back(t);
   auto warm = Make("cuda");
   ASSERT_TRUE(warm);
-  auto a = warm->Submit(Greedy("a", p1, 8));
+  auto a = warm->Submit(GreedyRequest("a", p1, 8));
   ASSERT_TRUE(a.ok());
   Drain(**a);
   RequestOutput fin;
-  auto b = warm->Submit(Greedy("b", p2, 16));
+  auto b = warm->Submit(GreedyRequest("b", p2, 16));
   ASSERT_TRUE(b.ok());
   const std::vector<int32_t> reused = Drain(**b, &fin);
   EXPECT_EQ(fin.metrics.cached_prompt_tokens, 512);
   auto cold = Make("cuda", {.enable_prefix_cache = false});
-  auto c = cold->Submit(Greedy("b", p2, 16));
+  auto c = cold->Submit(GreedyRequest("b", p2, 16));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(Drain(**c), reused);
 }

@@ -54,6 +54,7 @@ class EngineTest : public ::testing::TestWithParam<Backend> {
 
 using testing::Drain;
 using testing::Result;
+using testing::ReserveWithToken;
 
 EngineRequest Req(const std::string& id, std::vector<int32_t> prompt, int max_tokens, std::optional<uint64_t> seed,
                   float temperature = 0.8f) {
@@ -250,15 +251,6 @@ TEST_P(EngineTest, PrefillExportThenImportedDecodeMatchesOneEngine) {
     ExpectNoBlocksInUse(*d);
     ExpectNoBlocksInUse(*p);
   }
-}
-
-// A reservation (blocks and token) made through ReserveKvAsync.
-KvLeases::Reservation ReserveWithToken(Engine& e, const std::string& id, int32_t num_tokens) {
-  std::promise<absl::StatusOr<KvLeases::Reservation>> p;
-  e.ReserveKvAsync(id, num_tokens, 0, [&p](absl::StatusOr<KvLeases::Reservation> r) { p.set_value(std::move(r)); });
-  absl::StatusOr<KvLeases::Reservation> r = p.get_future().get();
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? *r : KvLeases::Reservation{};
 }
 
 absl::Status BeginWrites(Engine& e, const std::string& id, uint64_t token, const KvWriter& w) {

@@ -18,6 +18,8 @@ namespace tandem {
 namespace {
 
 using testing::Drain;
+using testing::GreedyRequest;
+using testing::ReserveWithToken;
 using testing::Result;
 
 const std::string& V4Dir() {
@@ -46,16 +48,6 @@ std::vector<int32_t> Greedy(v4::DeepseekV4Model& m, const std::vector<int32_t>& 
   return out;
 }
 
-EngineRequest Req(const std::string& id, std::vector<int32_t> prompt, int max_tokens) {
-  EngineRequest r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.stop.max_tokens = max_tokens;
-  r.stop.ignore_eos = true;
-  return r;
-}
-
 class EngineV4Test : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -73,7 +65,7 @@ class EngineV4Test : public ::testing::Test {
     std::vector<std::shared_ptr<OutputStream>> streams;
     for (size_t i = 0; i < prompts.size(); ++i) {
       absl::StatusOr<std::shared_ptr<OutputStream>> s =
-          (*e)->Submit(Req("r" + std::to_string(i), prompts[i], max_tokens));
+          (*e)->Submit(GreedyRequest("r" + std::to_string(i), prompts[i], max_tokens));
       ASSERT_TRUE(s.ok()) << s.status();
       streams.push_back(*s);
     }
@@ -142,14 +134,6 @@ class StagingSink : public KvSink {
   std::vector<std::vector<std::byte>> staged;
 };
 
-KvLeases::Reservation Reserve(Engine& e, const std::string& id, int32_t num_tokens) {
-  std::promise<absl::StatusOr<KvLeases::Reservation>> p;
-  e.ReserveKvAsync(id, num_tokens, 0, [&p](absl::StatusOr<KvLeases::Reservation> r) { p.set_value(std::move(r)); });
-  absl::StatusOr<KvLeases::Reservation> r = p.get_future().get();
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? *r : KvLeases::Reservation{};
-}
-
 TEST_F(EngineV4Test, PrefillExportAndDecodeImportContinueTheGreedyRunExactly) {
   // A prefill engine that chunks prompts across windows and blocks; a decode engine whose
   // reservations land in other blocks and slots than the prefill's (a prior reservation
@@ -159,7 +143,7 @@ TEST_F(EngineV4Test, PrefillExportAndDecodeImportContinueTheGreedyRunExactly) {
   ASSERT_TRUE(p.ok() && d.ok());
   EXPECT_EQ((*d)->kv_entry_dim(), 0);
   EXPECT_GT((*d)->kv_memory().num_state_slots, 0);
-  const KvLeases::Reservation shift = Reserve(**d, "shift", 70);
+  const KvLeases::Reservation shift = ReserveWithToken(**d, "shift", 70);
   EXPECT_GE(shift.state_slot, 0);
   const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 11), Prompt(37, 12), Prompt(130, 13), Prompt(201, 14)};
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -167,7 +151,7 @@ TEST_F(EngineV4Test, PrefillExportAndDecodeImportContinueTheGreedyRunExactly) {
     const std::vector<int32_t> expected = Greedy(*model_, prompts[i], 20);
     const std::string id = "q" + std::to_string(i);
     StagingSink sink;
-    EngineRequest pre = Req(id, prompts[i], 1);
+    EngineRequest pre = GreedyRequest(id, prompts[i], 1);
     pre.kv_sink = &sink;
     absl::StatusOr<std::shared_ptr<OutputStream>> ps = (*p)->Submit(std::move(pre));
     ASSERT_TRUE(ps.ok()) << ps.status();
@@ -178,10 +162,11 @@ TEST_F(EngineV4Test, PrefillExportAndDecodeImportContinueTheGreedyRunExactly) {
     EXPECT_EQ(sink.calls, 1);
     EXPECT_EQ(sink.num_tokens, static_cast<int64_t>(prompts[i].size()));
 
-    const KvLeases::Reservation r = Reserve(**d, id, static_cast<int32_t>(prompts[i].size()));
+    const KvLeases::Reservation r = ReserveWithToken(**d, id, static_cast<int32_t>(prompts[i].size()));
     ASSERT_GE(r.state_slot, 0);
     sink.WriteInto(**d, r);
-    absl::StatusOr<std::shared_ptr<OutputStream>> ds = (*d)->SubmitImported(Req(id, prompts[i], 20), first.tokens[0]);
+    absl::StatusOr<std::shared_ptr<OutputStream>> ds =
+        (*d)->SubmitImported(GreedyRequest(id, prompts[i], 20), first.tokens[0]);
     ASSERT_TRUE(ds.ok()) << ds.status();
     const Result decoded = Drain(**ds);
     ASSERT_TRUE(decoded.final.status.ok()) << decoded.final.status;
@@ -196,19 +181,40 @@ TEST_F(EngineV4Test, ReservationsHoldSequenceSlotsAndGiveThemBack) {
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ((*e)->kv_memory().num_state_slots, 4);
   std::set<int32_t> slots;
-  for (int i = 0; i < 4; ++i) slots.insert(Reserve(**e, "r" + std::to_string(i), 10).state_slot);
+  for (int i = 0; i < 4; ++i) slots.insert(ReserveWithToken(**e, "r" + std::to_string(i), 10).state_slot);
   EXPECT_EQ(slots, (std::set<int32_t>{0, 1, 2, 3}));
   absl::StatusOr<std::vector<int32_t>> more = (*e)->ReserveKv("r4", 10);
   EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted) << more.status();
   EXPECT_NE(more.status().message().find("sequence slot"), std::string::npos) << more.status();
   (*e)->Cancel("r1");
   // (Cancel is posted to the engine thread; the reservation after it sees the slot free.)
-  EXPECT_EQ(Reserve(**e, "r5", 10).state_slot, 1);
+  EXPECT_EQ(ReserveWithToken(**e, "r5", 10).state_slot, 1);
   // A request still runs beside them once they end (a waiting one needs a free slot).
   for (const char* id : {"r0", "r2", "r3", "r5"}) (*e)->Cancel(id);
-  absl::StatusOr<std::shared_ptr<OutputStream>> s = (*e)->Submit(Req("after", Prompt(20, 9), 4));
+  absl::StatusOr<std::shared_ptr<OutputStream>> s = (*e)->Submit(GreedyRequest("after", Prompt(20, 9), 4));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(Drain(**s).tokens, Greedy(*model_, Prompt(20, 9), 4));
+}
+
+TEST_F(EngineV4Test, KvMemoryGivenHoldsTheSlotsAndAsManyBlocksAsFit) {
+  // A decode replica's pool lives in memory the transport allocated: exactly what seven
+  // blocks and the slots take gives seven blocks, a byte less six.
+  absl::StatusOr<std::unique_ptr<Engine>> probe = Engine::Create(V4Dir(), {.num_threads = 1, .max_running = 3});
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const KvLayout& layout = (*probe)->kv_layout();
+  absl::StatusOr<size_t> seven = KvPool::BytesFor(layout.streams, {.num_layers = layout.num_layers,
+                                                                   .block_size = layout.block_size, .num_blocks = 7,
+                                                                   .num_sequence_slots = 6});
+  ASSERT_TRUE(seven.ok()) << seven.status();
+  for (const size_t bytes : {*seven, *seven - 1}) {
+    std::vector<float> memory(bytes / sizeof(float) + 1);
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(
+        V4Dir(), {.num_threads = 1, .kv_memory = memory.data(), .kv_memory_bytes = bytes, .max_running = 3});
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_EQ((*e)->kv_memory().num_blocks, bytes == *seven ? 7 : 6) << bytes << " bytes";
+    EXPECT_EQ((*e)->kv_memory().num_state_slots, 6);
+    EXPECT_LE((*e)->kv_memory().bytes, bytes);
+  }
 }
 
 TEST_F(EngineV4Test, LayerByLayerExportAndPrefixImportAreRefusedNamingTheModel) {
@@ -218,7 +224,7 @@ TEST_F(EngineV4Test, LayerByLayerExportAndPrefixImportAreRefusedNamingTheModel) 
    public:
     void OnLayerKv(const KvSlice&) override {}
   } sink;
-  EngineRequest r = Req("x", Prompt(10, 1), 1);
+  EngineRequest r = GreedyRequest("x", Prompt(10, 1), 1);
   r.kv_sink = &sink;
   absl::StatusOr<std::shared_ptr<OutputStream>> s = (*e)->Submit(std::move(r));
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
