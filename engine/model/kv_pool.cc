@@ -145,4 +145,18 @@ std::span<std::byte> KvPool::SequenceRows(int s, int32_t layer, int64_t slot) {
   return memory_.subspan(p.offset + (static_cast<size_t>(slot) * st.layers.size() + i) * rows, rows);
 }
 
+void KvPool::CopySequenceSlot(int64_t from, int64_t to) {
+  TANDEM_CHECK(from >= 0 && from < geometry_.num_sequence_slots && to >= 0 && to < geometry_.num_sequence_slots)
+      << "sequence slots " << from << " -> " << to;
+  if (from == to) return;
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    if (IsPaged(streams_[s])) continue;
+    // A slot's rows of one stream are contiguous over its layers.
+    const StreamPlace& p = layout_[s];
+    const size_t bytes = streams_[s].layers.size() * static_cast<size_t>(streams_[s].tokens) * p.entry_bytes;
+    std::memcpy(memory_.data() + p.offset + static_cast<size_t>(to) * bytes,
+                memory_.data() + p.offset + static_cast<size_t>(from) * bytes, bytes);
+  }
+}
+
 }  // namespace tandem

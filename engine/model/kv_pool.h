@@ -66,6 +66,9 @@ class KvPool {
 
   // Per-sequence streams: slot `slot`'s rows of one layer, contiguous.
   std::span<std::byte> SequenceRows(int s, int32_t layer, int64_t slot);
+  // Copies every per-sequence stream's rows of slot `from` over those of slot `to` (a
+  // state snapshot taken or restored, prefix_states.h). Both slots are checked.
+  void CopySequenceSlot(int64_t from, int64_t to);
 
   // What a sequence's KV for positions [0, num_tokens) occupies in a pool of `streams` and
   // `g` whose blocks are `block_table` and whose per-sequence streams are in `slot`: model

@@ -1,5 +1,6 @@
 #include "engine/runtime/block_manager.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/status/status.h"
@@ -148,11 +149,11 @@ bool BlockManager::Publish(int32_t block, uint64_t hash) {
   return true;
 }
 
-std::vector<int32_t> BlockManager::AcquireCachedPrefix(std::span<const uint64_t> hashes) {
+std::vector<int32_t> BlockManager::AcquireCachedPrefix(std::span<const uint64_t> hashes, size_t at_most) {
   ++stats_.prefix_queries;
   stats_.queried_blocks += static_cast<int64_t>(hashes.size());
   std::vector<int32_t> blocks;
-  for (const uint64_t hash : hashes) {
+  for (const uint64_t hash : hashes.first(std::min(hashes.size(), at_most))) {
     const auto it = hash_to_block_.find(hash);
     if (it == hash_to_block_.end()) break;
     const int32_t block = it->second;

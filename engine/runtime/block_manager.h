@@ -25,6 +25,7 @@
 // abort through TANDEM_CHECK.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -98,7 +99,9 @@ class BlockManager {
   // Walks `hashes` in order while each is cached, takes a reference on each block found
   // (a cached unheld block leaves the LRU) and returns their ids: the longest cached
   // prefix, possibly empty. The caller owns one reference on each returned block.
-  std::vector<int32_t> AcquireCachedPrefix(std::span<const uint64_t> hashes);
+  // At most `at_most` blocks are taken (a caller that can use only a shorter prefix, e.g.
+  // the one whose state snapshot it has); the query still counts every hash.
+  std::vector<int32_t> AcquireCachedPrefix(std::span<const uint64_t> hashes, size_t at_most = SIZE_MAX);
 
   // How many leading `hashes` AcquireCachedPrefix would return now; changes nothing
   // (no counters either).

@@ -85,25 +85,32 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
     return weights.status();
   }
   ASSIGN_OR_RETURN(const KvLayout layout, KvLayoutFor(config_text, weights.ok() ? *weights : 0));
-  // Layer-by-layer KV export, prefix KV import and the prefix cache move one per-token
-  // float32 stream on every layer (LatentKvCache, DeepSeek-V2/V3). A model whose KV has
-  // other streams (DeepSeek-V4) exports and imports whole sequences (KvSink::OnSequenceKv)
-  // and has no prefix cache yet (docs/model-neutral-engine.md).
+  // Layer-by-layer KV export and prefix KV import move one per-token float32 stream on
+  // every layer (LatentKvCache, DeepSeek-V2/V3). A model whose KV has other streams
+  // (DeepSeek-V4) exports and imports whole sequences (KvSink::OnSequenceKv), and its
+  // prefix cache restores the per-sequence streams from snapshots (prefix_states.h).
   e->latent_layout_ = layout.streams.size() == 1 && layout.streams[0].granularity == KvGranularity::kPerToken &&
                       layout.streams[0].dtype == "f32" && layout.streams[0].layers.size() == size_t(layout.num_layers);
   if (!e->latent_layout_ && !e->backend_->kv_in_host_pool()) {
     return absl::UnimplementedError(absl::StrCat("a device backend over KV streams other than one latent stream (",
                                                  DescribeKvStreams(layout.streams), ")"));
   }
-  if (!e->latent_layout_) {
-    e->options_.enable_prefix_cache = false;
-    options.enable_prefix_cache = false;
-  }
   int64_t blocks = options.num_kv_blocks;
   const int64_t block_bytes = BlockBytes(layout);
   // Rings and states (per-sequence streams) have a slot per running sequence, and as many
-  // again for KV reservations that prefill replicas write into (state_slots.h).
-  const int64_t slots = SequenceStateBytes(layout.streams) > 0 ? 2 * int64_t{options.max_running} : 0;
+  // again for KV reservations that prefill replicas write into (state_slots.h); then the
+  // prefix cache's snapshots of them.
+  const int64_t state_bytes = SequenceStateBytes(layout.streams);
+  const int64_t running_slots = state_bytes > 0 ? 2 * int64_t{options.max_running} : 0;
+  int64_t snapshots = 0;
+  if (state_bytes > 0 && options.enable_prefix_cache) {
+    snapshots = options.prefix_state_snapshots < 0 ? options.max_running : options.prefix_state_snapshots;
+  }
+  if (state_bytes > 0 && snapshots == 0) {
+    e->options_.enable_prefix_cache = false;
+    options.enable_prefix_cache = false;
+  }
+  const int64_t slots = running_slots + snapshots;
   if (options.kv_memory != nullptr) {
     // What does not grow with the blocks (the slots) comes off the memory first: the pool
     // of one block less that block's bytes. The streams' alignment padding may grow with
@@ -126,7 +133,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   const bool device = !e->backend_->kv_in_host_pool();
   if (blocks <= 0) {
     // A device backend's pool is sized by the device's memory; the host pool mirrors it.
-    blocks = device ? e->backend_->device_kv_blocks() : std::max<int64_t>(1, options.kv_cache_bytes / block_bytes);
+    // The host pool's budget holds the sequence slots too.
+    blocks = device ? e->backend_->device_kv_blocks()
+                    : std::max<int64_t>(1, (options.kv_cache_bytes - slots * state_bytes) / block_bytes);
   }
   if (device && e->backend_->device_kv_blocks() > 0) blocks = std::min(blocks, e->backend_->device_kv_blocks());
   if (blocks < 1) return absl::ResourceExhaustedError("no room for a single KV cache block");
@@ -164,7 +173,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   SchedulerOptions so{.block_size = static_cast<int32_t>(kKvBlockSize), .max_batch_tokens = options.max_batch_tokens,
                       .max_running = options.max_running, .enable_prefix_cache = options.enable_prefix_cache,
                       .layout_fingerprint = e->layout_fingerprint_,
-                      .num_state_slots = static_cast<int32_t>(slots)};
+                      .num_state_slots = static_cast<int32_t>(running_slots),
+                      .num_prefix_states = static_cast<int32_t>(snapshots)};
   if (so.max_batch_tokens <= 0 || so.max_running <= 0 || options.max_waiting <= 0) {
     return absl::InvalidArgumentError("max_batch_tokens, max_running and max_waiting must be positive");
   }
@@ -173,7 +183,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   const uint64_t first_token = (uint64_t{random()} << 32) | random();
   e->leases_ = std::make_unique<KvLeases>(&e->scheduler_->blocks(), options.kv_lease_seconds,
                                           options.kv_quarantine_stuck_seconds, first_token,
-                                          slots > 0 ? &e->scheduler_->state_slots() : nullptr);
+                                          running_slots > 0 ? &e->scheduler_->state_slots() : nullptr);
   e->seed_counter_ = random();
   e->constraints_ = std::make_unique<ConstraintCompiler>(
       e->tokenizer_.get(), e->eos_ids_,
@@ -394,102 +404,6 @@ void Engine::Finish(std::unique_ptr<Sequence> seq, RequestOutput out) {
 
 void Engine::ExpireLeases() { leases_->Tick(Now()); }
 
-Engine::KvEvents Engine::TakeKvEvents(bool want_full) {
-  std::lock_guard<std::mutex> lock(mu_);
-  KvEvents out;
-  if (events_full_ || want_full) {
-    out.full = true;
-    out.stored.assign(cached_hashes_.begin(), cached_hashes_.end());
-    events_full_ = false;
-  } else {
-    out.stored.swap(pending_stored_);
-    out.removed.swap(pending_removed_);
-  }
-  pending_stored_.clear();
-  pending_removed_.clear();
-  return out;
-}
-
-void Engine::PublishStats() {
-  // Prefix-cache changes since the last call, into the thread-safe mirror.
-  KvCacheEvents ev = scheduler_->blocks().TakeEvents();
-  EngineStats s = counters_;
-  s.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
-  s.num_running = static_cast<int64_t>(scheduler_->num_running());
-  s.kv_blocks_total = scheduler_->blocks().num_blocks();
-  s.kv_blocks_in_use = scheduler_->blocks().num_in_use();
-  s.kv_usage = scheduler_->blocks().usage();
-  const KvLeaseStats ls = leases_->stats();
-  s.kv_leases_expired = ls.expired;
-  s.kv_writers_refused = ls.writers_refused;
-  s.kv_blocks_quarantined = ls.quarantined_blocks;
-  s.kv_leases_quarantined = ls.quarantined_leases;
-  s.kv_quarantine_stuck = ls.quarantine_stuck;
-  s.kv_quarantine_ends_writer_ended = ls.ends_writer_ended;
-  s.kv_quarantine_ends_writer_gone = ls.ends_writer_gone;
-  s.kv_quarantine_ends_decoded = ls.ends_decoded;
-  s.kv_quarantine_ends_no_writer = ls.ends_no_writer;
-  s.kv_reserve_waiting = static_cast<int64_t>(kv_waiters_.size());
-  const BlockManagerStats& bs = scheduler_->blocks().stats();
-  s.prefix_cache_queries = bs.prefix_queries;
-  s.prefix_cache_queried_blocks = bs.queried_blocks;
-  s.prefix_cache_hit_blocks = bs.hit_blocks;
-  s.prefix_cache_evictions = bs.evictions;
-  const ConstraintCompiler::Stats cs = constraints_->stats();
-  s.constraints_compiled = static_cast<int64_t>(cs.compiled);
-  s.constraints_failed = static_cast<int64_t>(cs.failed);
-  s.constraint_cache_hits = static_cast<int64_t>(cs.cache_hits);
-  s.constraint_compile_seconds = cs.compile_seconds;
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_ = s;
-  constexpr size_t kMaxPendingEvents = 1 << 16;
-  if (ev.dropped > 0) {
-    // The block manager lost events: rebuild the mirror from its current contents.
-    std::vector<uint64_t> all = scheduler_->blocks().CachedHashes();
-    cached_hashes_ = std::unordered_set<uint64_t>(all.begin(), all.end());
-    events_full_ = true;
-    return;
-  }
-  for (const KvCacheEvent& e : ev.events) {
-    if (e.kind == KvCacheEvent::Kind::kStored) {
-      cached_hashes_.insert(e.hash);
-      if (!events_full_) pending_stored_.push_back(e.hash);
-    } else {
-      cached_hashes_.erase(e.hash);
-      if (!events_full_) pending_removed_.push_back(e.hash);
-    }
-  }
-  if (pending_stored_.size() + pending_removed_.size() > kMaxPendingEvents) events_full_ = true;
-}
-
-Engine::KvMemory Engine::kv_memory() const {
-  if (cache_ == nullptr) {
-    const KvPool::Geometry& g = pool_->geometry();
-    std::span<std::byte> m = pool_->memory();
-    return {.base = reinterpret_cast<float*>(m.data()), .bytes = m.size(), .num_layers = g.num_layers,
-            .num_blocks = g.num_blocks, .block_size = g.block_size, .entry_dim = 0,
-            .num_state_slots = g.num_sequence_slots};
-  }
-  std::span<float> d = cache_->data();
-  return {.base = d.data(), .bytes = d.size() * sizeof(float), .num_layers = cache_->num_layers(),
-          .num_blocks = cache_->num_blocks(), .block_size = cache_->block_size(), .entry_dim = cache_->entry_dim()};
-}
-
-int32_t Engine::CachedPrefixLength(std::span<const uint64_t> hashes) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  int32_t n = 0;
-  for (uint64_t h : hashes) {
-    if (!cached_hashes_.contains(h)) break;
-    ++n;
-  }
-  return n;
-}
-
-EngineStats Engine::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
-}
-
 void Engine::Loop() {
   for (;;) {
     std::deque<Command> commands;
@@ -578,6 +492,7 @@ void Engine::Step() {
     if (c.reaches_end()) ended.push_back(c.seq);
   }
   scheduler_->OnStepComputed(plan);
+  CopyStateSnapshots();
   for (const ScheduledChunk& c : plan.chunks) {
     Sequence& s = *c.seq;
     if (s.kv_sink == nullptr) continue;
@@ -612,6 +527,7 @@ void Engine::Advance() {
   for (const ScheduledChunk& c : done.plan.chunks) {
     if (!done.dropped.contains(c.seq)) scheduler_->PublishComputed(*c.seq);
   }
+  CopyStateSnapshots();
   for (size_t i = 0; i < done.rows.size(); ++i) {
     Sequence* s = done.rows[i];
     if (done.dropped.contains(s)) continue;
@@ -634,6 +550,10 @@ void Engine::Advance() {
   // time, after these outputs.)
   EmitTokens(done.rows, &*tokens, nullptr, /*in_place=*/true, &done);
   emitting_ = nullptr;
+}
+
+void Engine::CopyStateSnapshots() {
+  for (const StateCopy& c : scheduler_->TakeStateSnapshots()) pool_->CopySequenceSlot(c.from, c.to);
 }
 
 void Engine::EndRejected(StepPlan& plan) {
@@ -668,6 +588,12 @@ Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {
         b.device_error.Update(backend_->KvFromHost(s.blocks, first, first + tokens, *pool_));
         counters_.kv_host_staged_bytes += tokens * cache_->num_layers() * kv_entry_dim() * sizeof(float);
       }
+    }
+    if (s.restore_state_from >= 0) {
+      // A prefix-cache hit: the rings and states where the cached prefix ends.
+      pool_->CopySequenceSlot(s.restore_state_from, s.state_slot);
+      scheduler_->prefix_states().Unpin(s.restore_state_from);
+      s.restore_state_from = -1;
     }
     if (s.host_kv_upload_end > 0) {
       b.device_error.Update(backend_->KvFromHost(s.blocks, 0, s.host_kv_upload_end, *pool_));

@@ -63,6 +63,11 @@ struct EngineOptions {
   int32_t max_running = 64;                // sequences decoding together
   int32_t max_waiting = 1024;              // admitted but not yet running; beyond: RESOURCE_EXHAUSTED
   bool enable_prefix_cache = true;
+  // A model whose KV has per-sequence streams (DeepSeek-V4's sliding window and compressor
+  // states) reuses a cached prefix only from a snapshot of those streams where it ends
+  // (prefix_states.h): this many are kept (-1: max_running), each of the layout's
+  // per-sequence bytes, out of the KV cache memory. 0 turns such a model's prefix cache off.
+  int32_t prefix_state_snapshots = -1;
   double kv_lease_seconds = 30.0;          // an unused ReserveKv expires after this
   // A reservation that ends unused while a writer recorded on it may still write is
   // quarantined until that writer is known to have stopped, however long that takes
@@ -160,6 +165,9 @@ struct EngineStats {
   int64_t prefix_cache_queried_blocks = 0;
   int64_t prefix_cache_hit_blocks = 0;
   int64_t prefix_cache_evictions = 0;
+  // Per-sequence stream snapshots (prefix_states.h): held now, and forgotten for room.
+  int64_t prefix_state_snapshots = 0;
+  int64_t prefix_state_evictions = 0;
   int64_t prompt_tokens_imported = 0;  // prompt tokens copied in from EngineRequest::prefix_kv
   // Device backends: KV bytes copied between the device pool and the host pool (export of
   // prefill-only requests' KV for the transfer layer, imported KV); the device-to-device
@@ -331,6 +339,8 @@ class Engine {
   void Advance();
   // Counts a fresh plan's preemptions and ends its rejected sequences (RESOURCE_EXHAUSTED).
   void EndRejected(StepPlan& plan);
+  // The state snapshots the scheduler asked for after a step (prefix_states.h).
+  void CopyStateSnapshots();
   StepBatch AssembleBatch(const StepPlan& plan);
   ForwardOptions ForwardOptionsFor(const StepPlan& plan, StepBatch& batch);
   // The device sampling rows of the plan's sampled chunks; false when some row needs the

@@ -8,9 +8,13 @@
 namespace tandem {
 
 Scheduler::Scheduler(const SchedulerOptions& options, int32_t num_blocks)
-    : options_(options), state_slots_(options.num_state_slots), blocks_(num_blocks) {
+    : options_(options),
+      state_slots_(options.num_state_slots),
+      prefix_states_(options.num_state_slots, options.num_state_slots > 0 ? options.num_prefix_states : 0),
+      blocks_(num_blocks) {
   TANDEM_CHECK(options_.block_size > 0 && options_.max_batch_tokens > 0 && options_.max_running > 0);
   TANDEM_CHECK(options_.num_state_slots == 0 || options_.num_state_slots >= options_.max_running);
+  TANDEM_CHECK_GE(options_.num_prefix_states, 0);
 }
 
 void Scheduler::TakeStateSlot(Sequence& seq) {
@@ -87,6 +91,10 @@ void Scheduler::ReleaseBlocks(Sequence& seq) {
     state_slots_.Release(seq.state_slot);
     seq.state_slot = -1;
   }
+  if (seq.restore_state_from >= 0) {
+    prefix_states_.Unpin(seq.restore_state_from);
+    seq.restore_state_from = -1;
+  }
 }
 
 bool Scheduler::EnsureBlocks(Sequence& seq, int64_t positions) {
@@ -120,8 +128,16 @@ void Scheduler::LookUpPrefix(Sequence& seq) {
   TANDEM_CHECK(seq.blocks.empty() && seq.num_computed == 0);
   // At least the last token is computed: its logits are what the step is for.
   const size_t usable = std::min(seq.block_hashes.size(), (seq.tokens.size() - 1) / options_.block_size);
-  if (options_.enable_prefix_cache) {
-    seq.blocks = blocks_.AcquireCachedPrefix(std::span<const uint64_t>(seq.block_hashes.data(), usable));
+  const std::span<const uint64_t> hashes(seq.block_hashes.data(), usable);
+  if (prefix_cache_usable() && options_.num_state_slots == 0) {
+    seq.blocks = blocks_.AcquireCachedPrefix(hashes);
+  } else if (prefix_cache_usable()) {
+    // The longest cached prefix whose last block has a state snapshot.
+    size_t k = static_cast<size_t>(blocks_.CachedPrefixLength(hashes));
+    while (k > 0 && !prefix_states_.Contains(hashes[k - 1])) --k;
+    seq.blocks = blocks_.AcquireCachedPrefix(hashes, k);
+    TANDEM_CHECK_EQ(seq.blocks.size(), k);
+    if (k > 0) seq.restore_state_from = prefix_states_.Acquire(hashes[k - 1]);
   }
   seq.num_published = static_cast<int32_t>(seq.blocks.size());
   ImportPrefix(seq, static_cast<int32_t>(usable));
@@ -148,6 +164,29 @@ void Scheduler::ImportPrefix(Sequence& seq, int32_t usable) {
   seq.import_end = end;
 }
 
+bool Scheduler::IsSnapshotBoundary(const Sequence& seq, int32_t position) const {
+  const int32_t bs = options_.block_size;
+  if (options_.num_state_slots == 0 || !prefix_cache_usable() || position <= 0 || position % bs != 0 ||
+      position > seq.prompt_len) {
+    return false;
+  }
+  const int32_t last_full = (seq.prompt_len - 1) / bs * bs;
+  if (position != last_full && position != seq.prompt_len) return false;
+  const size_t block = static_cast<size_t>(position / bs) - 1;
+  return block < seq.block_hashes.size() && !prefix_states_.Contains(seq.block_hashes[block]);
+}
+
+int32_t Scheduler::ChunkLength(const Sequence& seq, int32_t budget) const {
+  int32_t n = std::min<int32_t>(static_cast<int32_t>(seq.tokens.size()) - seq.num_computed, budget);
+  if (options_.num_state_slots == 0 || !prefix_cache_usable()) return n;
+  // The first due boundary (ascending) strictly inside the chunk.
+  const int32_t last_full = (seq.prompt_len - 1) / options_.block_size * options_.block_size;
+  for (const int32_t p : {last_full, seq.prompt_len}) {
+    if (p > seq.num_computed && p < seq.num_computed + n && IsSnapshotBoundary(seq, p)) return p - seq.num_computed;
+  }
+  return n;
+}
+
 StepPlan Scheduler::Schedule() {
   StepPlan plan;
   int32_t budget = options_.max_batch_tokens;
@@ -159,7 +198,7 @@ StepPlan Scheduler::Schedule() {
   for (size_t i = 0; i < order.size() && budget > 0; ++i) {
     if (gone[i]) continue;
     Sequence& seq = *order[i];
-    const int32_t n = std::min<int32_t>(static_cast<int32_t>(seq.tokens.size()) - seq.num_computed, budget);
+    const int32_t n = ChunkLength(seq, budget);
     TANDEM_CHECK_GE(n, 1);
     bool fits = EnsureBlocks(seq, seq.num_computed + n);
     for (size_t j = order.size(); !fits && j-- > i + 1;) {
@@ -196,7 +235,7 @@ StepPlan Scheduler::Schedule() {
     // recomputation is not known yet (and its hashes are not extended): admitted later.
     if (seq.pending_token) break;
     if (!seq.prefix_looked_up) LookUpPrefix(seq);
-    const int32_t n = std::min<int32_t>(static_cast<int32_t>(seq.tokens.size()) - seq.num_computed, budget);
+    const int32_t n = ChunkLength(seq, budget);
     if (!EnsureBlocks(seq, seq.num_computed + n)) {
       if (running_.empty() && BlocksFor(seq.num_computed + n) > blocks_.num_blocks()) {
         std::unique_ptr<Sequence> s = std::move(waiting_.front());
@@ -233,10 +272,15 @@ void Scheduler::OnStepLaunched(const StepPlan& plan) {
 void Scheduler::PublishComputed(Sequence& seq) {
   const int32_t full = seq.num_computed / options_.block_size;
   while (seq.num_published < full && seq.num_published < static_cast<int32_t>(seq.block_hashes.size())) {
-    if (options_.enable_prefix_cache) {
+    if (prefix_cache_usable()) {
       blocks_.Publish(seq.blocks[seq.num_published], seq.block_hashes[seq.num_published]);
     }
     ++seq.num_published;
+  }
+  // The state where this prefix ends, for a later hit on it (prefix_states.h).
+  if (seq.state_slot >= 0 && IsSnapshotBoundary(seq, seq.num_computed)) {
+    const int32_t slot = prefix_states_.Put(seq.block_hashes[seq.num_computed / options_.block_size - 1]);
+    if (slot >= 0) state_snapshots_.push_back({.from = seq.state_slot, .to = slot});
   }
 }
 

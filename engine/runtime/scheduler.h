@@ -14,9 +14,11 @@
 #include <deque>
 #include <list>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "engine/runtime/block_manager.h"
+#include "engine/runtime/prefix_states.h"
 #include "engine/runtime/state_slots.h"
 #include "engine/runtime/sequence.h"
 
@@ -34,6 +36,19 @@ struct SchedulerOptions {
   // removed); KV reservations take theirs from the same slots (state_slots()), and a
   // waiting sequence is admitted only while one is free.
   int32_t num_state_slots = 0;
+  // With state slots: pool slots [num_state_slots, num_state_slots + num_prefix_states)
+  // hold snapshots of those streams at block boundaries (prefix_states.h), without which
+  // such a layout cannot reuse a cached prefix. A prompt's snapshots are taken where its
+  // last full block ends and, when the prompt fills its blocks exactly, one block
+  // earlier (the prefix a resubmitted prompt can use: its last token is always computed);
+  // a prefill chunk that would cross the first of these is cut there.
+  int32_t num_prefix_states = 0;
+};
+
+// A copy of one sequence slot's rows over another (KvPool::CopySequenceSlot).
+struct StateCopy {
+  int32_t from = -1;
+  int32_t to = -1;
 };
 
 struct ScheduledChunk {
@@ -74,6 +89,9 @@ class Scheduler {
   // preempted meanwhile have nothing computed left to publish).
   void OnStepLaunched(const StepPlan& plan);
   void PublishComputed(Sequence& seq);
+  // The state snapshots the last OnStepComputed / PublishComputed asked for: the engine
+  // copies each before its slots change again (before the next forward pass).
+  std::vector<StateCopy> TakeStateSnapshots() { return std::exchange(state_snapshots_, {}); }
   // After a token was appended to `seq` (or a pending one got its value): extends its
   // block hashes.
   void OnTokenAppended(Sequence& seq);
@@ -86,6 +104,12 @@ class Scheduler {
   size_t num_running() const { return running_.size(); }
   BlockManager& blocks() { return blocks_; }
   StateSlots& state_slots() { return state_slots_; }
+  PrefixStates& prefix_states() { return prefix_states_; }
+  // A cached prefix can be shared: the layout has no per-sequence streams, or their
+  // snapshots are kept.
+  bool prefix_cache_usable() const {
+    return options_.enable_prefix_cache && (options_.num_state_slots == 0 || options_.num_prefix_states > 0);
+  }
   const BlockManager& blocks() const { return blocks_; }
   const SchedulerOptions& options() const { return options_; }
 
@@ -103,9 +127,16 @@ class Scheduler {
   void ImportPrefix(Sequence& seq, int32_t usable);
   void ReleaseBlocks(Sequence& seq);
   void TakeStateSlot(Sequence& seq);
+  // Positions [seq.num_computed, + n) for this step within `budget`, cut at the prompt's
+  // first state snapshot boundary still to take.
+  int32_t ChunkLength(const Sequence& seq, int32_t budget) const;
+  // Whether a snapshot of seq's state is due where `position` (a block boundary) is.
+  bool IsSnapshotBoundary(const Sequence& seq, int32_t position) const;
 
   SchedulerOptions options_;
   StateSlots state_slots_;
+  PrefixStates prefix_states_;
+  std::vector<StateCopy> state_snapshots_;
   BlockManager blocks_;
   std::list<std::unique_ptr<Sequence>> running_;  // oldest first
   std::deque<std::unique_ptr<Sequence>> waiting_;

@@ -33,6 +33,9 @@ struct Sequence {
   int32_t num_computed = 0;
   std::vector<int32_t> blocks;        // block table: KV blocks of positions [0, 64 * size)
   int32_t state_slot = -1;            // the KV pool's per-sequence slot while running (or -1)
+  // A prefix-cache hit on a layout with per-sequence streams: the snapshot slot
+  // (prefix_states.h, pinned) the engine copies into state_slot before the next forward.
+  int32_t restore_state_from = -1;
   std::vector<uint64_t> block_hashes;  // hash chain of the full blocks of `tokens`
   int32_t num_published = 0;          // leading blocks offered to the prefix cache
   bool prefix_looked_up = false;      // the prefix cache was consulted since (re)admission

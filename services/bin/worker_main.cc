@@ -59,6 +59,7 @@ struct WorkerFlags {
   int64_t grammar_compile_timeout_ms = 5000;
   std::string kv_transfer = "auto";
   bool no_prefix_cache = false;
+  int32_t prefix_state_snapshots = -1;  // -1: max_running
   bool no_device_sampling = false;
   bool no_pipeline_steps = false;
   bool batch_invariant = false;
@@ -154,6 +155,13 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       ->check(CLI::IsMember({"auto", "transfer", "ucx", "cuda-ipc"}))
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", f.no_prefix_cache, "Disable reuse of cached prompt prefixes");
+  app.add_option("--prefix-state-snapshots", f.prefix_state_snapshots,
+                 "Models with per-sequence KV state (DeepSeek-V4: the sliding window and compressor states): "
+                 "snapshots of it kept where cached prompt prefixes end, without which such a prefix cannot be "
+                 "reused; each takes the model's per-sequence state bytes out of --kv-cache-mb. -1: --max-running; "
+                 "0: no prefix cache for such models")
+      ->check(CLI::Range(-1, 1 << 20))
+      ->capture_default_str();
   app.add_flag("--no-device-sampling", f.no_device_sampling,
                "cuda: copy every step's logits to the host and sample on the CPU (default: tokens are chosen on "
                "the GPU, identically, unless a request asks for logprobs or min_tokens)");
@@ -241,6 +249,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.max_running = f.max_running;
   eo.max_waiting = f.max_waiting;
   eo.enable_prefix_cache = !f.no_prefix_cache;
+  eo.prefix_state_snapshots = f.prefix_state_snapshots;
   eo.sample_on_device = !f.no_device_sampling;
   eo.pipeline_steps = !f.no_pipeline_steps;
   eo.batch_invariant = f.batch_invariant;

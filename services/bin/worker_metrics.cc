@@ -63,6 +63,10 @@ class EngineStatsCollector : public prometheus::Collectable {
         s.prefix_cache_hit_blocks * 64.0);
     add("tandem_prefix_cache_evictions_total", "Cached KV blocks evicted", MetricType::Counter,
         s.prefix_cache_evictions);
+    add("tandem_prefix_state_snapshots", "Snapshots of per-sequence KV state (DeepSeek-V4) kept for prefix reuse",
+        MetricType::Gauge, s.prefix_state_snapshots);
+    add("tandem_prefix_state_evictions_total", "Per-sequence KV state snapshots dropped for room",
+        MetricType::Counter, s.prefix_state_evictions);
     add("tandem_preemptions_total", "Sequences preempted for KV cache room (recomputed later)", MetricType::Counter,
         s.preemptions);
     add("tandem_engine_steps_total", "Engine steps (batches run)", MetricType::Counter, s.steps);

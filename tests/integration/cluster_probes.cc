@@ -53,14 +53,17 @@ int64_t QuarantineWritersAt(const LocalCluster& cluster, const std::string& name
 }
 
 void ExpectAllKvFree(const LocalCluster& cluster) {
-  for (const ProcessInfo& p : cluster.processes()) {
-    if (p.role == "router" || p.pid <= 0) continue;
+  for (const ProcessInfo& first : cluster.processes()) {
+    if (first.role == "router" || first.pid <= 0) continue;
     int64_t in_use = -1;
     for (int i = 0; i < 300 && in_use != 0; ++i) {
-      in_use = StatsOf(p).value("kv_blocks_in_use", int64_t{-1});
+      // Looked up again each time: a replica restarted after a kill gets new addresses
+      // once it is ready, which may be after this started.
+      const std::optional<ProcessInfo> p = ProcessNamed(cluster, first.name);
+      in_use = p ? StatsOf(*p).value("kv_blocks_in_use", int64_t{-1}) : -1;
       if (in_use != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    EXPECT_EQ(in_use, 0) << p.name;
+    EXPECT_EQ(in_use, 0) << first.name;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -290,6 +291,86 @@ TEST_F(V4ServingTest, KillingADecodeReplicaMidStreamMigratesEveryStreamExactly) 
   EXPECT_GT(migrated, 0) << "no stream migrated; see " << router_log;
   // KV back to zero on the survivors and on the restarted replica.
   ExpectAllKvFree(*cluster);
+}
+
+TEST_F(V4ServingTest, CacheAwareRoutingReusesV4PrefixesExactly) {
+  // Prompts in groups sharing 320 tokens (five blocks) with their own 20-token ends. Cache-
+  // aware routing sends each group to the prefill replica that holds its blocks; there the
+  // blocks and the state snapshot where they end (the window ring and compressor states)
+  // stand in for 320 tokens of prefill, and every output is still the engine's own.
+  auto cluster = Start(2, 1, {}, {"--prefill-policy=cache-aware"});
+  ASSERT_NE(cluster, nullptr);
+  auto stub = GenerationStub(cluster->router_address());
+  constexpr int kGroups = 4;
+  const int vocab = static_cast<int>(engine_->config().vocab_size);
+  std::vector<std::vector<int32_t>> prefixes(kGroups);
+  std::mt19937 rng(11);
+  for (auto& p : prefixes) {
+    for (int i = 0; i < 320; ++i) p.push_back(3 + static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab - 3)));
+  }
+  auto request = [&](int group, int i) {
+    v1::GenerateRequest r;
+    for (int32_t t : prefixes[group]) r.mutable_token_ids()->add_ids(t);
+    for (int k = 0; k < 20; ++k) r.mutable_token_ids()->add_ids(3 + (i * 31 + k * 7) % (vocab - 3));
+    r.mutable_stop()->set_max_tokens(6);
+    r.mutable_stop()->set_ignore_eos(true);
+    r.mutable_sampling()->set_temperature(0.0f);
+    return r;
+  };
+  for (int g = 0; g < kGroups; ++g) {
+    StreamResult first = Generate(*stub, request(g, 0));
+    ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the KV events reach the router
+  auto cached = [&] {
+    int64_t n = 0;
+    for (const char* name : {"prefill-0", "prefill-1"}) n += Stat(*cluster, name, "prompt_tokens_cached");
+    return n;
+  };
+  const int64_t before = cached();
+  constexpr int kRequests = 24;
+  std::vector<v1::GenerateRequest> reqs;
+  for (int i = 0; i < kRequests; ++i) reqs.push_back(request(i % kGroups, i + 1));
+  const std::vector<Output> want = References(reqs);
+  std::vector<StreamResult> got(reqs.size());
+  std::vector<std::thread> t;
+  std::atomic<int> next{0};
+  // Two at a time: a replica then has at most one request in flight when another comes,
+  // which costs less than the five blocks a hit saves (--cache-aware-load-weight 4), so
+  // every request goes to its group's replica.
+  for (int w = 0; w < 2; ++w) {
+    t.emplace_back([&] {
+      for (int i; (i = next++) < kRequests;) got[i] = Generate(*stub, reqs[i]);
+    });
+  }
+  for (auto& x : t) x.join();
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+  const double share = static_cast<double>(cached() - before) / (kRequests * 320.0);
+  std::printf("v4 cache-aware: %.1f%% of the prefix tokens reused\n", 100 * share);
+  // Each request routed to its group's replica reuses its five prefix blocks (the router
+  // saw every group's blocks published above). A little slack for a load report that
+  // arrives late and counts a finished request as still running.
+  EXPECT_GE(share, 0.95);
+  EXPECT_GT(Metric(*cluster, "prefill-0", "tandem_prefix_state_snapshots") +
+                Metric(*cluster, "prefill-1", "tandem_prefix_state_snapshots"),
+            0);
+  ExpectAllKvFree(*cluster);
+}
+
+TEST_F(V4ServingTest, AV3ReplicaIsRefusedNextToV4Ones) {
+  // The layout fingerprint covers the KV streams: a DeepSeek-V2/V3 replica (the tiny preset)
+  // cannot join a V4 cluster, whose KV it could neither read nor write.
+  auto cluster = Start(0, 1);
+  ASSERT_NE(cluster, nullptr);
+  const std::string ready = tmp_->Sub("v3-next-to-v4.ready.json");
+  std::vector<std::string> argv = {BinaryPath("tandem-decode"), "--role", "decode", "--router",
+                                   cluster->router_internal_address(), "--model", testing::TinyModelDir(),
+                                   "--threads=1", "--ready-file", ready};
+  for (const std::string& a : cluster->InternalAuthArgs()) argv.push_back(a);
+  testing::ProcessResult refused = RunProcess(argv, {}, 60);
+  EXPECT_NE(refused.exit_code, 0) << "a V3 replica joined a V4 cluster";
+  EXPECT_NE(refused.err.find("layout_fingerprint"), std::string::npos) << refused.err;
+  EXPECT_FALSE(std::filesystem::exists(ready));
 }
 
 }  // namespace

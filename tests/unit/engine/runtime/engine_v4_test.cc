@@ -2,7 +2,8 @@
 // prefilled in chunks that cut across windows and blocks, preempted and recomputed when
 // the KV pool runs short, each give exactly the greedy continuation of the model run
 // alone; a prompt's KV exported by one engine and imported by another continues exactly;
-// what the engine cannot do for V4 yet (layer-by-layer export, prefix KV) is refused clearly.
+// a prefix-cache hit gives the logits of a full prefill; what the engine cannot do for V4
+// yet (layer-by-layer export, prefix KV import) is refused clearly.
 #include <cstring>
 #include <future>
 #include <map>
@@ -11,6 +12,7 @@
 #include "engine/model/deepseek_v4/v4_model.h"
 #include "engine/runtime/engine.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/unit/engine/model/deepseek_v4/v4_test_models.h"
 #include "tests/unit/engine/runtime/engine_test_support.h"
 
@@ -175,11 +177,100 @@ TEST_F(EngineV4Test, PrefillExportAndDecodeImportContinueTheGreedyRunExactly) {
   (*d)->Cancel("shift");
 }
 
+// A request's tokens and every token's logprob and top 5, as its stream gave them.
+struct Scored {
+  std::vector<int32_t> tokens;
+  std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>> logprobs;
+  RequestMetrics metrics;
+};
+
+Scored RunScored(Engine& e, const std::string& id, const std::vector<int32_t>& prompt, int max_tokens) {
+  EngineRequest r = GreedyRequest(id, prompt, max_tokens);
+  r.sampling.logprobs = 5;
+  absl::StatusOr<std::shared_ptr<OutputStream>> s = e.Submit(std::move(r));
+  Scored out;
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return out;
+  RequestOutput o;
+  while ((*s)->Next(&o)) {
+    out.tokens.insert(out.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+    for (const TokenLogprobs& l : o.logprobs) out.logprobs.push_back({l.logprob, l.top});
+    if (o.finished) {
+      EXPECT_TRUE(o.status.ok()) << o.status;
+      out.metrics = o.metrics;
+    }
+  }
+  return out;
+}
+
+// A prefix-cache hit takes the cached blocks (the compressed entries and indexer keys)
+// and the snapshot of the window ring and compressor states where the prefix ends: every
+// logprob of what follows is bitwise that of a full prefill, for a prompt extending the
+// cached one and for the same prompt again. Also with HCA windows of 128, longer than a
+// 64-token block, so that the snapshot holds a half-pooled window.
+TEST_F(EngineV4Test, APrefixCacheHitGivesTheLogitsOfAFullPrefill) {
+  static testing::TempDir* tmp = new testing::TempDir();
+  nlohmann::json long_hca = v4::testing::TinyV4Json(512);
+  long_hca["compress_rates"]["heavily_compressed_attention"] = 128;
+  const std::string long_hca_dir = v4::testing::MakeV4Model(*tmp, "tiny-v4-hca128", long_hca.dump());
+  for (const std::string& dir : {V4Dir(), long_hca_dir}) {
+    SCOPED_TRACE(dir);
+    const std::vector<int32_t> first = Prompt(150, 9);
+    std::vector<int32_t> second = first;
+    for (int32_t t : Prompt(50, 10)) second.push_back(t);
+
+    EngineOptions cold;
+    cold.num_threads = 2;
+    cold.enable_prefix_cache = false;
+    absl::StatusOr<std::unique_ptr<Engine>> ref = Engine::Create(dir, cold);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    const Scored want_second = RunScored(**ref, "ref2", second, 12);
+    const Scored want_first = RunScored(**ref, "ref1", first, 12);
+    EXPECT_EQ(want_second.metrics.cached_prompt_tokens, 0);
+
+    EngineOptions warm;
+    warm.num_threads = 2;
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(dir, warm);
+    ASSERT_TRUE(e.ok()) << e.status();
+    const Scored a = RunScored(**e, "a", first, 12);
+    EXPECT_EQ(a.metrics.cached_prompt_tokens, 0);
+    const Scored b = RunScored(**e, "b", second, 12);  // its first two blocks are cached
+    const Scored c = RunScored(**e, "c", first, 12);   // the same prompt again
+    EXPECT_EQ(b.metrics.cached_prompt_tokens, 128);
+    EXPECT_EQ(c.metrics.cached_prompt_tokens, 128);
+    EXPECT_EQ(b.metrics.computed_prompt_tokens, 200 - 128);
+    EXPECT_EQ(a.tokens, want_first.tokens);
+    EXPECT_EQ(a.logprobs, want_first.logprobs);
+    EXPECT_EQ(b.tokens, want_second.tokens);
+    EXPECT_EQ(b.logprobs, want_second.logprobs);
+    EXPECT_EQ(c.tokens, want_first.tokens);
+    EXPECT_EQ(c.logprobs, want_first.logprobs);
+    ASSERT_EQ(b.logprobs.size(), 12u);
+    const EngineStats st = (*e)->Stats();
+    EXPECT_EQ(st.prefix_cache_hit_blocks, 4);
+    EXPECT_EQ(st.prefix_state_snapshots, 2);  // at 128 for `first`, at 192 for `second`
+  }
+}
+
+TEST_F(EngineV4Test, NoSnapshotsMeansNoPrefixCache) {
+  EngineOptions o;
+  o.num_threads = 2;
+  o.prefix_state_snapshots = 0;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(V4Dir(), o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*e)->kv_memory().num_state_slots, 2 * o.max_running);
+  RunScored(**e, "a", Prompt(150, 9), 2);
+  const Scored b = RunScored(**e, "b", Prompt(150, 9), 2);
+  EXPECT_EQ(b.metrics.cached_prompt_tokens, 0);
+  EXPECT_EQ((*e)->Stats().prefix_state_snapshots, 0);
+}
+
 TEST_F(EngineV4Test, ReservationsHoldSequenceSlotsAndGiveThemBack) {
   // max_running 2: four slots; four reservations take them all, a fifth waits for one.
+  // (The pool has two more, the prefix cache's state snapshots.)
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(V4Dir(), {.num_threads = 2, .max_running = 2});
   ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_EQ((*e)->kv_memory().num_state_slots, 4);
+  EXPECT_EQ((*e)->kv_memory().num_state_slots, 4 + 2);
   std::set<int32_t> slots;
   for (int i = 0; i < 4; ++i) slots.insert(ReserveWithToken(**e, "r" + std::to_string(i), 10).state_slot);
   EXPECT_EQ(slots, (std::set<int32_t>{0, 1, 2, 3}));
@@ -198,13 +289,13 @@ TEST_F(EngineV4Test, ReservationsHoldSequenceSlotsAndGiveThemBack) {
 
 TEST_F(EngineV4Test, KvMemoryGivenHoldsTheSlotsAndAsManyBlocksAsFit) {
   // A decode replica's pool lives in memory the transport allocated: exactly what seven
-  // blocks and the slots take gives seven blocks, a byte less six.
+  // blocks and the slots (2 x 3 running, 3 snapshots) take gives seven blocks, a byte less six.
   absl::StatusOr<std::unique_ptr<Engine>> probe = Engine::Create(V4Dir(), {.num_threads = 1, .max_running = 3});
   ASSERT_TRUE(probe.ok()) << probe.status();
   const KvLayout& layout = (*probe)->kv_layout();
   absl::StatusOr<size_t> seven = KvPool::BytesFor(layout.streams, {.num_layers = layout.num_layers,
                                                                    .block_size = layout.block_size, .num_blocks = 7,
-                                                                   .num_sequence_slots = 6});
+                                                                   .num_sequence_slots = 9});
   ASSERT_TRUE(seven.ok()) << seven.status();
   for (const size_t bytes : {*seven, *seven - 1}) {
     std::vector<float> memory(bytes / sizeof(float) + 1);
@@ -212,7 +303,7 @@ TEST_F(EngineV4Test, KvMemoryGivenHoldsTheSlotsAndAsManyBlocksAsFit) {
         V4Dir(), {.num_threads = 1, .kv_memory = memory.data(), .kv_memory_bytes = bytes, .max_running = 3});
     ASSERT_TRUE(e.ok()) << e.status();
     EXPECT_EQ((*e)->kv_memory().num_blocks, bytes == *seven ? 7 : 6) << bytes << " bytes";
-    EXPECT_EQ((*e)->kv_memory().num_state_slots, 6);
+    EXPECT_EQ((*e)->kv_memory().num_state_slots, 9);
     EXPECT_LE((*e)->kv_memory().bytes, bytes);
   }
 }
