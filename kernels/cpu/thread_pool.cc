@@ -1,8 +1,41 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace tandem::cpu {
+namespace {
+
+// How long a worker waits for the next job, and the caller for the workers, before sleeping.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+inline void Relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Spins until pred() or kSpin passed; whether pred() held.
+template <typename Pred>
+bool SpinFor(Pred pred) {
+  if (pred()) return true;
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 0;; ++i) {
+    for (int k = 0; k < 64; ++k) {
+      if (pred()) return true;
+      Relax();
+    }
+    if (std::chrono::steady_clock::now() >= until) return pred();
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -12,7 +45,7 @@ ThreadPool::ThreadPool(int num_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true, std::memory_order_release);
   }
   start_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -29,41 +62,45 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     return;
   }
   const int64_t chunk = (n + parts - 1) / parts;
+  job_ = &fn;
+  job_n_ = n;
+  job_chunk_ = chunk;
+  pending_workers_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_chunk_ = chunk;
-    pending_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();
   // The caller takes chunk 0.
   fn(0, std::min(chunk, n));
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return pending_workers_ == 0; });
+  auto done = [this] { return pending_workers_.load(std::memory_order_acquire) == 0; };
+  if (!SpinFor(done)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, done);
+  }
   job_ = nullptr;
 }
 
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* job;
-    int64_t n, chunk;
-    {
+    auto ready = [&] {
+      return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!SpinFor(ready)) {
       std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      chunk = job_chunk_;
+      start_cv_.wait(lock, ready);
     }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    const std::function<void(int64_t, int64_t)>* job = job_;
+    const int64_t n = job_n_, chunk = job_chunk_;
     const int64_t begin = index * chunk;
     if (begin < n) (*job)(begin, std::min(begin + chunk, n));
-    {
+    if (pending_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // The caller may be asleep: wake it under the lock it checks the count under.
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_workers_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
