@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -10,8 +11,19 @@
 namespace tandem::cpu {
 namespace {
 
-// How long a worker waits for the next job, and the caller for the workers, before sleeping.
-constexpr auto kSpin = std::chrono::microseconds(50);
+// How long a worker waits for the next job, and the caller for the workers, before
+// sleeping: 50 us, or TANDEM_CPU_SPIN_US (0: sleep at once, the pool's behaviour before
+// it spun; for benchmarks that compare the two in one run, as GOMP_SPINCOUNT does for OpenMP).
+std::chrono::microseconds SpinTime() {
+  static const std::chrono::microseconds spin = [] {
+    const char* v = std::getenv("TANDEM_CPU_SPIN_US");
+    if (v == nullptr || *v == '\0') return std::chrono::microseconds(50);
+    char* end = nullptr;
+    const long us = std::strtol(v, &end, 10);
+    return std::chrono::microseconds(*end == '\0' && us >= 0 && us <= 1000000 ? us : 50);
+  }();
+  return spin;
+}
 
 inline void Relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -21,12 +33,14 @@ inline void Relax() {
 #endif
 }
 
-// Spins until pred() or kSpin passed; whether pred() held.
+// Spins until pred() or SpinTime() passed; whether pred() held.
 template <typename Pred>
 bool SpinFor(Pred pred) {
   if (pred()) return true;
-  const auto until = std::chrono::steady_clock::now() + kSpin;
-  for (int i = 0;; ++i) {
+  const std::chrono::microseconds spin = SpinTime();
+  if (spin.count() == 0) return false;
+  const auto until = std::chrono::steady_clock::now() + spin;
+  for (;;) {
     for (int k = 0; k < 64; ++k) {
       if (pred()) return true;
       Relax();

@@ -6,7 +6,8 @@
 // A decode step is hundreds of short ParallelFor calls (one per matrix), a few tens of
 // microseconds each: waking a sleeping worker through the kernel for each would cost as
 // much as the work. So a worker that finished a chunk, and the caller waiting for the
-// workers, spin for a while (kSpin) before they sleep; between steps they sleep.
+// workers, spin for a while (50 us; TANDEM_CPU_SPIN_US) before they sleep; between steps
+// they sleep.
 #pragma once
 
 #include <atomic>
