@@ -132,9 +132,12 @@ void Scheduler::LookUpPrefix(Sequence& seq) {
   if (prefix_cache_usable() && options_.num_state_slots == 0) {
     seq.blocks = blocks_.AcquireCachedPrefix(hashes);
   } else if (prefix_cache_usable()) {
-    // The longest cached prefix whose last block has a state snapshot.
-    size_t k = static_cast<size_t>(blocks_.CachedPrefixLength(hashes));
+    // The longest cached prefix whose last block has a state snapshot. Where the cached
+    // blocks reach further, this sequence's state is snapshotted where they end.
+    const size_t cached = static_cast<size_t>(blocks_.CachedPrefixLength(hashes));
+    size_t k = cached;
     while (k > 0 && !prefix_states_.Contains(hashes[k - 1])) --k;
+    seq.shared_prefix_end = cached > k ? static_cast<int32_t>(cached) * options_.block_size : 0;
     seq.blocks = blocks_.AcquireCachedPrefix(hashes, k);
     TANDEM_CHECK_EQ(seq.blocks.size(), k);
     if (k > 0) seq.restore_state_from = prefix_states_.Acquire(hashes[k - 1]);
@@ -171,7 +174,7 @@ bool Scheduler::IsSnapshotBoundary(const Sequence& seq, int32_t position) const 
     return false;
   }
   const int32_t last_full = (seq.prompt_len - 1) / bs * bs;
-  if (position != last_full && position != seq.prompt_len) return false;
+  if (position != last_full && position != seq.prompt_len && position != seq.shared_prefix_end) return false;
   const size_t block = static_cast<size_t>(position / bs) - 1;
   return block < seq.block_hashes.size() && !prefix_states_.Contains(seq.block_hashes[block]);
 }
@@ -181,7 +184,7 @@ int32_t Scheduler::ChunkLength(const Sequence& seq, int32_t budget) const {
   if (options_.num_state_slots == 0 || !prefix_cache_usable()) return n;
   // The first due boundary (ascending) strictly inside the chunk.
   const int32_t last_full = (seq.prompt_len - 1) / options_.block_size * options_.block_size;
-  for (const int32_t p : {last_full, seq.prompt_len}) {
+  for (const int32_t p : {seq.shared_prefix_end, last_full, seq.prompt_len}) {
     if (p > seq.num_computed && p < seq.num_computed + n && IsSnapshotBoundary(seq, p)) return p - seq.num_computed;
   }
   return n;

@@ -40,8 +40,10 @@ struct SchedulerOptions {
   // hold snapshots of those streams at block boundaries (prefix_states.h), without which
   // such a layout cannot reuse a cached prefix. A prompt's snapshots are taken where its
   // last full block ends and, when the prompt fills its blocks exactly, one block
-  // earlier (the prefix a resubmitted prompt can use: its last token is always computed);
-  // a prefill chunk that would cross the first of these is cut there.
+  // earlier (the prefix a resubmitted prompt can use: its last token is always computed),
+  // and where the cached blocks it shares end when no snapshot reaches there (a shared
+  // system prompt: the second prompt leaves the snapshot the third one uses); a prefill
+  // chunk that would cross one of these is cut there.
   int32_t num_prefix_states = 0;
 };
 

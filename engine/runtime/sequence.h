@@ -36,6 +36,10 @@ struct Sequence {
   // A prefix-cache hit on a layout with per-sequence streams: the snapshot slot
   // (prefix_states.h, pinned) the engine copies into state_slot before the next forward.
   int32_t restore_state_from = -1;
+  // Where the cached blocks this sequence's prompt shares end, when no snapshot reached
+  // that far (e.g. a shared system prompt followed by other text): its state is
+  // snapshotted there too, for the next prompt sharing them (0: none).
+  int32_t shared_prefix_end = 0;
   std::vector<uint64_t> block_hashes;  // hash chain of the full blocks of `tokens`
   int32_t num_published = 0;          // leading blocks offered to the prefix cache
   bool prefix_looked_up = false;      // the prefix cache was consulted since (re)admission

@@ -271,7 +271,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   // new blocks offloaded. Instances come from --kvstore or from the router.
   std::unique_ptr<kvstore::KvStoreClient> kvstore_client;
   if (role == v1::ROLE_PREFILL && !f.no_kvstore && stream_layout) {
-    spdlog::warn("the kvstore tier does not store {} KV streams yet: this prefill replica computes every prompt",
+    spdlog::warn("the kvstore tier does not store {} KV streams yet: this prefill replica reuses only the "
+                 "prefixes its own cache holds",
                  (*engine)->config().model_type);
   }
   if (role == v1::ROLE_PREFILL && !f.no_kvstore && !stream_layout) {

@@ -252,6 +252,37 @@ TEST_F(EngineV4Test, APrefixCacheHitGivesTheLogitsOfAFullPrefill) {
   }
 }
 
+// A shared "system prompt" of 150 tokens (two full blocks) before each request's own 60:
+// the first request's snapshot ends inside its own text, the second one's where the shared
+// blocks end, and the third reuses those 128 tokens, logprobs bitwise as a full prefill's.
+TEST_F(EngineV4Test, ASharedSystemPromptIsReusedFromTheThirdRequestOn) {
+  const std::vector<int32_t> system = Prompt(150, 21);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int u = 0; u < 3; ++u) {
+    prompts.push_back(system);
+    for (int32_t t : Prompt(60, 30 + u)) prompts.back().push_back(t);
+  }
+  EngineOptions cold;
+  cold.num_threads = 2;
+  cold.enable_prefix_cache = false;
+  absl::StatusOr<std::unique_ptr<Engine>> ref = Engine::Create(V4Dir(), cold);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EngineOptions warm;
+  warm.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(V4Dir(), warm);
+  ASSERT_TRUE(e.ok()) << e.status();
+  std::vector<int32_t> cached;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string id = "u" + std::to_string(i);
+    const Scored want = RunScored(**ref, id, prompts[i], 8);
+    const Scored got = RunScored(**e, id, prompts[i], 8);
+    EXPECT_EQ(got.tokens, want.tokens) << id;
+    EXPECT_EQ(got.logprobs, want.logprobs) << id;
+    cached.push_back(got.metrics.cached_prompt_tokens);
+  }
+  EXPECT_EQ(cached, (std::vector<int32_t>{0, 0, 128}));
+}
+
 TEST_F(EngineV4Test, NoSnapshotsMeansNoPrefixCache) {
   EngineOptions o;
   o.num_threads = 2;

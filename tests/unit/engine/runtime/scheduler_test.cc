@@ -92,6 +92,37 @@ TEST(SchedulerStateSnapshotTest, APromptFillingItsBlocksIsSnapshottedOneBlockEar
   EXPECT_TRUE(s.TakeStateSnapshots().empty());  // both held already
 }
 
+TEST(SchedulerStateSnapshotTest, ASharedPrefixGetsItsSnapshotFromTheSecondPromptThatSharesIt) {
+  Scheduler s(StateOptions(4), 32);
+  // An 8-token "system prompt" (two blocks), then 6 tokens of each request's own.
+  auto prompt = [](const std::string& id, int32_t own) {
+    std::unique_ptr<Sequence> q = Seq(id, 14);
+    for (int i = 8; i < 14; ++i) q->tokens[i] = own + i;
+    return q;
+  };
+  s.Add(prompt("a", 100));
+  EXPECT_EQ(Step(s), (std::vector<std::pair<int32_t, int32_t>>{{0, 12}}));  // its own last full block
+  EXPECT_EQ(s.TakeStateSnapshots().size(), 1u);
+  Step(s);
+  s.Remove("a");
+  // b shares a's first two blocks, which no snapshot ends: it computes them, and is cut
+  // where they end so that its state there is kept.
+  s.Add(prompt("b", 200));
+  EXPECT_EQ(Step(s), (std::vector<std::pair<int32_t, int32_t>>{{0, 8}}));
+  EXPECT_EQ(s.TakeStateSnapshots().size(), 1u);
+  EXPECT_EQ(Step(s), (std::vector<std::pair<int32_t, int32_t>>{{8, 4}}));
+  EXPECT_EQ(s.TakeStateSnapshots().size(), 1u);
+  Step(s);
+  s.Remove("b");
+  // c takes the shared blocks and b's snapshot.
+  s.Add(prompt("c", 300));
+  StepPlan plan = s.Schedule();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].start, 8);
+  EXPECT_EQ(plan.chunks[0].seq->metrics.cached_prompt_tokens, 8);
+  EXPECT_GE(plan.chunks[0].seq->restore_state_from, 0);
+}
+
 TEST(SchedulerStateSnapshotTest, CachedBlocksWithoutASnapshotAreNotUsed) {
   Scheduler s(StateOptions(1), 32);
   PrefillAndRemove(s, "a");
