@@ -121,14 +121,17 @@ class V4ServingTest : public ::testing::Test {
 
   // The fixture's StartCluster(prefill, decode, ...) serves only "tiny"; these are its flags.
   static std::unique_ptr<LocalCluster> Start(int prefill, int decode, std::vector<std::string> worker_args = {},
-                                             std::vector<std::string> router_args = {}) {
+                                             std::vector<std::string> router_args = {}, int kvstores = 0) {
     LocalClusterOptions o;
     o.model = *model_dir_;
     o.num_prefill = prefill;
     o.num_decode = decode;
-    // No kvstore (num_kvstore stays 0, and --no-kvstore): V4's tier is not built yet, so
-    // every prompt's KV is computed by a prefill replica and crosses only prefill -> decode.
-    o.worker_args = {"--threads=1", "--no-kvstore"};
+    o.num_kvstore = kvstores;
+    // No kvstore by default (--no-kvstore): V4's tier is not built yet, so a prompt's KV is
+    // computed by a prefill replica (or found in its own prefix cache) and crosses only
+    // prefill -> decode.
+    o.worker_args = {"--threads=1"};
+    if (kvstores == 0) o.worker_args.push_back("--no-kvstore");
     o.worker_args.insert(o.worker_args.end(), worker_args.begin(), worker_args.end());
     // Fast beats so load reports are fresh; five may be missed on a loaded CI machine.
     o.router_args = {"--heartbeat-ms=200", "--missed-heartbeats=5"};
@@ -354,6 +357,28 @@ TEST_F(V4ServingTest, CacheAwareRoutingReusesV4PrefixesExactly) {
   EXPECT_GT(Metric(*cluster, "prefill-0", "tandem_prefix_state_snapshots") +
                 Metric(*cluster, "prefill-1", "tandem_prefix_state_snapshots"),
             0);
+  ExpectAllKvFree(*cluster);
+}
+
+TEST_F(V4ServingTest, WithAKvstoreBesideItTheClusterStillServesExactly) {
+  // serve-local's shape with a kvstore: the V4 prefill replica says it will not use the
+  // tier (it cannot store V4's streams yet) and serves from its own cache; the kvstore
+  // starts for the V4 layout and is asked for nothing.
+  auto cluster = Start(1, 1, {}, {}, /*kvstores=*/1);
+  ASSERT_NE(cluster, nullptr);
+  const std::vector<v1::GenerateRequest> reqs = Requests(kMaxTokens);
+  const std::vector<Output> want = References(reqs);
+  auto stub = GenerationStub(cluster->router_address());
+  for (size_t i = 0; i < reqs.size(); ++i) ExpectExact(Generate(*stub, reqs[i]), want[i], Label(reqs[i]));
+  EXPECT_EQ(Metric(*cluster, "kvstore-0", "tandem_kvstore_lookups_total"), 0);
+  std::string log;
+  const nlohmann::json ready = cluster->ReadyJson();
+  for (const nlohmann::json& p : ready["processes"]) {
+    if (p.value("name", "") == "prefill-0") log = p.value("log", "");
+  }
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("does not store deepseek_v4 KV streams yet"), std::string::npos) << log;
   ExpectAllKvFree(*cluster);
 }
 
