@@ -174,7 +174,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
                       .max_running = options.max_running, .enable_prefix_cache = options.enable_prefix_cache,
                       .layout_fingerprint = e->layout_fingerprint_,
                       .num_state_slots = static_cast<int32_t>(running_slots),
-                      .num_prefix_states = static_cast<int32_t>(snapshots)};
+                      .num_prefix_states = static_cast<int32_t>(snapshots),
+                      .decode_state_snapshots = options.decode_state_snapshots};
   if (so.max_batch_tokens <= 0 || so.max_running <= 0 || options.max_waiting <= 0) {
     return absl::InvalidArgumentError("max_batch_tokens, max_running and max_waiting must be positive");
   }

@@ -68,6 +68,10 @@ struct EngineOptions {
   // (prefix_states.h): this many are kept (-1: max_running), each of the layout's
   // per-sequence bytes, out of the KV cache memory. 0 turns such a model's prefix cache off.
   int32_t prefix_state_snapshots = -1;
+  // Such a model also snapshots a decoding sequence where its tokens fill a block (one per
+  // sequence, the last kept), so a conversation's next turn reuses the answer too. A
+  // decode-only replica, whose prompts all arrive computed, turns it off.
+  bool decode_state_snapshots = true;
   double kv_lease_seconds = 30.0;          // an unused ReserveKv expires after this
   // A reservation that ends unused while a writer recorded on it may still write is
   // quarantined until that writer is known to have stopped, however long that takes

@@ -53,4 +53,13 @@ int32_t PrefixStates::Put(uint64_t hash) {
   return -1;
 }
 
+void PrefixStates::Forget(uint64_t hash) {
+  const auto it = by_hash_.find(hash);
+  if (it == by_hash_.end() || entries_[it->second].pins > 0) return;
+  Entry& e = entries_[it->second];
+  e.held = false;
+  lru_.splice(lru_.begin(), lru_, e.lru);
+  by_hash_.erase(it);
+}
+
 }  // namespace tandem

@@ -40,6 +40,8 @@ class PrefixStates {
   // recently used unpinned one (its snapshot forgotten). -1 when `hash` has one already
   // or every slot is pinned.
   int32_t Put(uint64_t hash);
+  // Drops `hash`'s snapshot unless it is pinned (its slot is the next to be reused).
+  void Forget(uint64_t hash);
 
  private:
   struct Entry {

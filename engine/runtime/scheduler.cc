@@ -285,6 +285,19 @@ void Scheduler::PublishComputed(Sequence& seq) {
     const int32_t slot = prefix_states_.Put(seq.block_hashes[seq.num_computed / options_.block_size - 1]);
     if (slot >= 0) state_snapshots_.push_back({.from = seq.state_slot, .to = slot});
   }
+  // Decoding: where its computed tokens fill a block, replacing its previous one.
+  const size_t block = static_cast<size_t>(seq.num_computed / options_.block_size);
+  if (options_.decode_state_snapshots && options_.num_state_slots > 0 && prefix_cache_usable() &&
+      seq.state_slot >= 0 && seq.num_computed > seq.prompt_len && seq.num_computed % options_.block_size == 0 &&
+      block >= 1 && block <= seq.block_hashes.size()) {
+    const uint64_t h = seq.block_hashes[block - 1];
+    const int32_t slot = prefix_states_.Put(h);
+    if (slot >= 0) {
+      state_snapshots_.push_back({.from = seq.state_slot, .to = slot});
+      if (seq.decode_snapshot_hash != 0) prefix_states_.Forget(seq.decode_snapshot_hash);
+      seq.decode_snapshot_hash = h;
+    }
+  }
 }
 
 void Scheduler::OnTokenAppended(Sequence& seq) {

@@ -45,6 +45,11 @@ struct SchedulerOptions {
   // system prompt: the second prompt leaves the snapshot the third one uses); a prefill
   // chunk that would cross one of these is cut there.
   int32_t num_prefix_states = 0;
+  // Also where a decoding sequence's computed tokens fill a block, one per sequence (each
+  // replaces its last; the last stays): a conversation's next turn, its prompt this
+  // prompt and this answer, reuses both. Off where no later prompt comes (a decode-only
+  // replica of a disaggregated cluster).
+  bool decode_state_snapshots = true;
 };
 
 // A copy of one sequence slot's rows over another (KvPool::CopySequenceSlot).

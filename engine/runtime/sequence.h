@@ -40,6 +40,9 @@ struct Sequence {
   // that far (e.g. a shared system prompt followed by other text): its state is
   // snapshotted there too, for the next prompt sharing them (0: none).
   int32_t shared_prefix_end = 0;
+  // The snapshot this sequence last took while decoding (SchedulerOptions::
+  // decode_state_snapshots), replaced by the next one: 0 when none.
+  uint64_t decode_snapshot_hash = 0;
   std::vector<uint64_t> block_hashes;  // hash chain of the full blocks of `tokens`
   int32_t num_published = 0;          // leading blocks offered to the prefix cache
   bool prefix_looked_up = false;      // the prefix cache was consulted since (re)admission

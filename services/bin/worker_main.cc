@@ -250,6 +250,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.max_waiting = f.max_waiting;
   eo.enable_prefix_cache = !f.no_prefix_cache;
   eo.prefix_state_snapshots = f.prefix_state_snapshots;
+  // A decode replica's prompts arrive computed: no later prompt looks its answers up.
+  eo.decode_state_snapshots = role != v1::ROLE_DECODE;
   eo.sample_on_device = !f.no_device_sampling;
   eo.pipeline_steps = !f.no_pipeline_steps;
   eo.batch_invariant = f.batch_invariant;

@@ -283,6 +283,39 @@ TEST_F(EngineV4Test, ASharedSystemPromptIsReusedFromTheThirdRequestOn) {
   EXPECT_EQ(cached, (std::vector<int32_t>{0, 0, 128}));
 }
 
+// A conversation's next turn: the first turn's prompt (100 tokens) and its 80-token answer,
+// then new text. Its KV up to the answer's last full block (128) comes from the cache, the
+// state from the snapshot the first turn took while decoding; logprobs bitwise as cold.
+TEST_F(EngineV4Test, TheNextTurnReusesTheAnswerToo) {
+  EngineOptions warm;
+  warm.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(V4Dir(), warm);
+  ASSERT_TRUE(e.ok()) << e.status();
+  const std::vector<int32_t> turn1 = Prompt(100, 41);
+  const Scored answer = RunScored(**e, "t1", turn1, 80);
+  std::vector<int32_t> turn2 = turn1;
+  turn2.insert(turn2.end(), answer.tokens.begin(), answer.tokens.end());
+  for (int32_t t : Prompt(30, 42)) turn2.push_back(t);
+  const Scored got = RunScored(**e, "t2", turn2, 8);
+  EXPECT_EQ(got.metrics.cached_prompt_tokens, 128);  // (the prompt's own snapshot: 64)
+
+  EngineOptions cold;
+  cold.num_threads = 2;
+  cold.enable_prefix_cache = false;
+  absl::StatusOr<std::unique_ptr<Engine>> ref = Engine::Create(V4Dir(), cold);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const Scored want = RunScored(**ref, "t2", turn2, 8);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.logprobs, want.logprobs);
+
+  // Off: the prompt's snapshot only.
+  warm.decode_state_snapshots = false;
+  absl::StatusOr<std::unique_ptr<Engine>> off = Engine::Create(V4Dir(), warm);
+  ASSERT_TRUE(off.ok()) << off.status();
+  RunScored(**off, "t1", turn1, 80);
+  EXPECT_EQ(RunScored(**off, "t2", turn2, 8).metrics.cached_prompt_tokens, 64);
+}
+
 TEST_F(EngineV4Test, NoSnapshotsMeansNoPrefixCache) {
   EngineOptions o;
   o.num_threads = 2;

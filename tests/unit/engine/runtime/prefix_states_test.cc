@@ -49,6 +49,21 @@ TEST(PrefixStatesTest, APinnedSnapshotIsNeverOverwritten) {
   EXPECT_FALSE(p.Contains(7));
 }
 
+TEST(PrefixStatesTest, AForgottenSnapshotsSlotIsReusedFirst) {
+  PrefixStates p(0, 3);
+  const int32_t a = p.Put(1);
+  p.Put(2);
+  p.Forget(1);
+  EXPECT_FALSE(p.Contains(1));
+  EXPECT_EQ(p.num_held(), 1);
+  EXPECT_EQ(p.Put(3), a);  // before the empty third slot: it is at the front now
+  EXPECT_EQ(p.evictions(), 0);
+  ASSERT_EQ(p.Acquire(2), 1);
+  p.Forget(2);  // pinned: kept
+  EXPECT_TRUE(p.Contains(2));
+  p.Forget(99);  // unknown: nothing
+}
+
 TEST(PrefixStatesTest, NoSlotsHoldNothing) {
   PrefixStates p(3, 0);
   EXPECT_EQ(p.Put(1), -1);

@@ -123,6 +123,48 @@ TEST(SchedulerStateSnapshotTest, ASharedPrefixGetsItsSnapshotFromTheSecondPrompt
   EXPECT_GE(plan.chunks[0].seq->restore_state_from, 0);
 }
 
+TEST(SchedulerStateSnapshotTest, ADecodingSequenceKeepsOneSnapshotWhereItsTokensFillABlock) {
+  Scheduler s(StateOptions(4), 32);
+  s.Add(Seq("a", 6));
+  EXPECT_EQ(Step(s), (std::vector<std::pair<int32_t, int32_t>>{{0, 4}}));  // its last full block
+  ASSERT_EQ(s.TakeStateSnapshots().size(), 1u);
+  Step(s);  // [4, 6): the prompt done
+  Sequence* a = s.Find("a");
+  uint64_t first = 0;
+  // One token at a time: positions 6, 7 fill block 1 (snapshot), 8..11 fill block 2 (the
+  // next, replacing it).
+  for (int32_t t = 0; t < 6; ++t) {
+    a->tokens.push_back(500 + t);
+    s.OnTokenAppended(*a);
+    Step(s);
+    const std::vector<StateCopy> c = s.TakeStateSnapshots();
+    const bool fills = a->num_computed % kBlock == 0;
+    EXPECT_EQ(c.size(), fills ? 1u : 0u) << "computed " << a->num_computed;
+    if (a->num_computed == 8) first = a->block_hashes[1];
+  }
+  ASSERT_EQ(a->num_computed, 12);
+  EXPECT_FALSE(s.prefix_states().Contains(first));
+  EXPECT_TRUE(s.prefix_states().Contains(a->block_hashes[2]));
+  EXPECT_EQ(s.prefix_states().num_held(), 2);  // the prompt's, and the last decode one
+}
+
+TEST(SchedulerStateSnapshotTest, NoDecodeSnapshotsWhenTheyAreOff) {
+  SchedulerOptions o = StateOptions(4);
+  o.decode_state_snapshots = false;
+  Scheduler s(o, 32);
+  s.Add(Seq("a", 6));
+  Step(s);
+  Step(s);
+  s.TakeStateSnapshots();
+  Sequence* a = s.Find("a");
+  for (int32_t t = 0; t < 6; ++t) {
+    a->tokens.push_back(500 + t);
+    s.OnTokenAppended(*a);
+    Step(s);
+    EXPECT_TRUE(s.TakeStateSnapshots().empty());
+  }
+}
+
 TEST(SchedulerStateSnapshotTest, CachedBlocksWithoutASnapshotAreNotUsed) {
   Scheduler s(StateOptions(1), 32);
   PrefillAndRemove(s, "a");
