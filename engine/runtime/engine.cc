@@ -111,6 +111,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
     options.enable_prefix_cache = false;
   }
   const int64_t slots = running_slots + snapshots;
+  // (Slots mean a stream layout, which runs over the host pool: checked above.)
+  if (slots > 0 && options.kv_memory == nullptr && options.num_kv_blocks <= 0 &&
+      slots * state_bytes + block_bytes > options.kv_cache_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a KV cache of ", options.kv_cache_bytes >> 20, " MiB does not hold ", slots, " sequence slots of ",
+        state_bytes, " bytes (2 x max_running for running sequences and reservations, ", snapshots,
+        " prefix state snapshots) and one block of ", block_bytes, " bytes: raise --kv-cache-mb or lower "
+        "--max-running / --prefix-state-snapshots"));
+  }
   if (options.kv_memory != nullptr) {
     // What does not grow with the blocks (the slots) comes off the memory first: the pool
     // of one block less that block's bytes. The streams' alignment padding may grow with

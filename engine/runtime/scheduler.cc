@@ -169,12 +169,15 @@ void Scheduler::ImportPrefix(Sequence& seq, int32_t usable) {
 
 bool Scheduler::IsSnapshotBoundary(const Sequence& seq, int32_t position) const {
   const int32_t bs = options_.block_size;
-  if (options_.num_state_slots == 0 || !prefix_cache_usable() || position <= 0 || position % bs != 0 ||
-      position > seq.prompt_len) {
+  if (options_.num_state_slots == 0 || !prefix_cache_usable() || position <= 0 || position % bs != 0) return false;
+  // In the prompt: where its last full block ends, its end, where shared cached blocks end;
+  // past it (decoding, or recomputing generated tokens): every block boundary.
+  const int32_t last_full = (seq.prompt_len - 1) / bs * bs;
+  if (position > seq.prompt_len ? !options_.decode_state_snapshots
+                                : position != last_full && position != seq.prompt_len &&
+                                      position != seq.shared_prefix_end) {
     return false;
   }
-  const int32_t last_full = (seq.prompt_len - 1) / bs * bs;
-  if (position != last_full && position != seq.prompt_len && position != seq.shared_prefix_end) return false;
   const size_t block = static_cast<size_t>(position / bs) - 1;
   return block < seq.block_hashes.size() && !prefix_states_.Contains(seq.block_hashes[block]);
 }
@@ -281,22 +284,15 @@ void Scheduler::PublishComputed(Sequence& seq) {
     ++seq.num_published;
   }
   // The state where this prefix ends, for a later hit on it (prefix_states.h).
-  if (seq.state_slot >= 0 && IsSnapshotBoundary(seq, seq.num_computed)) {
-    const int32_t slot = prefix_states_.Put(seq.block_hashes[seq.num_computed / options_.block_size - 1]);
-    if (slot >= 0) state_snapshots_.push_back({.from = seq.state_slot, .to = slot});
-  }
-  // Decoding: where its computed tokens fill a block, replacing its previous one.
-  const size_t block = static_cast<size_t>(seq.num_computed / options_.block_size);
-  if (options_.decode_state_snapshots && options_.num_state_slots > 0 && prefix_cache_usable() &&
-      seq.state_slot >= 0 && seq.num_computed > seq.prompt_len && seq.num_computed % options_.block_size == 0 &&
-      block >= 1 && block <= seq.block_hashes.size()) {
-    const uint64_t h = seq.block_hashes[block - 1];
-    const int32_t slot = prefix_states_.Put(h);
-    if (slot >= 0) {
-      state_snapshots_.push_back({.from = seq.state_slot, .to = slot});
-      if (seq.decode_snapshot_hash != 0) prefix_states_.Forget(seq.decode_snapshot_hash);
-      seq.decode_snapshot_hash = h;
-    }
+  if (seq.state_slot < 0 || !IsSnapshotBoundary(seq, seq.num_computed)) return;
+  const uint64_t h = seq.block_hashes[seq.num_computed / options_.block_size - 1];
+  const int32_t slot = prefix_states_.Put(h);
+  if (slot < 0) return;
+  state_snapshots_.push_back({.from = seq.state_slot, .to = slot});
+  if (seq.num_computed > seq.prompt_len) {
+    // Past the prompt, a sequence keeps one: each replaces its last.
+    if (seq.decode_snapshot_hash != 0) prefix_states_.Forget(seq.decode_snapshot_hash);
+    seq.decode_snapshot_hash = h;
   }
 }
 

@@ -46,9 +46,9 @@ struct SchedulerOptions {
   // chunk that would cross one of these is cut there.
   int32_t num_prefix_states = 0;
   // Also where a decoding sequence's computed tokens fill a block, one per sequence (each
-  // replaces its last; the last stays): a conversation's next turn, its prompt this
-  // prompt and this answer, reuses both. Off where no later prompt comes (a decode-only
-  // replica of a disaggregated cluster).
+  // replaces its last; the last stays), so that a conversation's next turn, whose prompt
+  // is this prompt and this answer, reuses both. Off where no later prompt comes (a
+  // decode-only replica of a disaggregated cluster).
   bool decode_state_snapshots = true;
 };
 
@@ -135,7 +135,7 @@ class Scheduler {
   void ReleaseBlocks(Sequence& seq);
   void TakeStateSlot(Sequence& seq);
   // Positions [seq.num_computed, + n) for this step within `budget`, cut at the prompt's
-  // first state snapshot boundary still to take.
+  // first state snapshot boundary still to take (decode boundaries need no cut).
   int32_t ChunkLength(const Sequence& seq, int32_t budget) const;
   // Whether a snapshot of seq's state is due where `position` (a block boundary) is.
   bool IsSnapshotBoundary(const Sequence& seq, int32_t position) const;

@@ -316,6 +316,19 @@ TEST_F(EngineV4Test, TheNextTurnReusesTheAnswerToo) {
   EXPECT_EQ(RunScored(**off, "t2", turn2, 8).metrics.cached_prompt_tokens, 64);
 }
 
+TEST_F(EngineV4Test, AKvCacheBudgetTooSmallForTheSlotsIsAClearError) {
+  EngineOptions o;
+  o.num_threads = 1;
+  o.kv_cache_bytes = 64 << 10;  // below 3 x 64 slots of tiny-v4's ~39 KB state
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(V4Dir(), o);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << e.status();
+  EXPECT_NE(e.status().message().find("--kv-cache-mb"), std::string::npos) << e.status();
+  o.prefix_state_snapshots = 0;
+  o.max_running = 1;
+  o.kv_cache_bytes = 8 << 20;  // two slots and many blocks
+  EXPECT_TRUE(Engine::Create(V4Dir(), o).ok());
+}
+
 TEST_F(EngineV4Test, NoSnapshotsMeansNoPrefixCache) {
   EngineOptions o;
   o.num_threads = 2;
