@@ -1,5 +1,6 @@
 #include "engine/model/kv_pool.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -156,6 +157,56 @@ void KvPool::CopySequenceSlot(int64_t from, int64_t to) {
     const size_t bytes = streams_[s].layers.size() * static_cast<size_t>(streams_[s].tokens) * p.entry_bytes;
     std::memcpy(memory_.data() + p.offset + static_cast<size_t>(to) * bytes,
                 memory_.data() + p.offset + static_cast<size_t>(from) * bytes, bytes);
+  }
+}
+
+std::vector<std::span<std::byte>> KvPool::BlockImage(int32_t block) {
+  std::vector<std::span<std::byte>> out;
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    if (!IsPaged(streams_[s])) continue;
+    for (int32_t layer : streams_[s].layers) out.push_back(Page(static_cast<int>(s), layer, block));
+  }
+  return out;
+}
+
+std::vector<std::span<std::byte>> KvPool::StateImage(int64_t slot) {
+  TANDEM_CHECK(slot >= 0 && slot < geometry_.num_sequence_slots) << "sequence slot " << slot;
+  std::vector<std::span<std::byte>> out;
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    if (IsPaged(streams_[s])) continue;
+    // A slot's rows of one stream are contiguous over its layers.
+    const StreamPlace& p = layout_[s];
+    const size_t bytes = streams_[s].layers.size() * static_cast<size_t>(streams_[s].tokens) * p.entry_bytes;
+    out.push_back(memory_.subspan(p.offset + static_cast<size_t>(slot) * bytes, bytes));
+  }
+  return out;
+}
+
+int64_t KvPool::BlockImageBytes() const { return PagedBytesPerBlock(streams_, geometry_.block_size); }
+int64_t KvPool::StateImageBytes() const { return SequenceStateBytes(streams_); }
+
+std::vector<std::span<const std::byte>> ReadOnly(const std::vector<std::span<std::byte>>& ranges) {
+  return std::vector<std::span<const std::byte>>(ranges.begin(), ranges.end());
+}
+
+void CopyConcatenated(std::span<const std::span<const std::byte>> from, std::span<const std::span<std::byte>> to) {
+  size_t total_from = 0, total_to = 0;
+  for (const auto& f : from) total_from += f.size();
+  for (const auto& t : to) total_to += t.size();
+  TANDEM_CHECK_EQ(total_from, total_to) << "images of different lengths";
+  size_t fi = 0, fo = 0;  // piece of `from`, offset in it
+  for (const std::span<std::byte>& t : to) {
+    size_t done = 0;
+    while (done < t.size()) {
+      while (fo == from[fi].size()) {
+        ++fi;
+        fo = 0;
+      }
+      const size_t n = std::min(t.size() - done, from[fi].size() - fo);
+      std::memcpy(t.data() + done, from[fi].data() + fo, n);
+      done += n;
+      fo += n;
+    }
   }
 }
 

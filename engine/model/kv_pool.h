@@ -29,6 +29,13 @@ struct KvExtent {
   size_t bytes = 0;
 };
 
+// Copies the concatenation of `from` over the concatenation of `to`; their total lengths
+// must be equal (checked). For images split differently at both ends (KvPool::BlockImage,
+// a store's fixed-size chunks).
+void CopyConcatenated(std::span<const std::span<const std::byte>> from, std::span<const std::span<std::byte>> to);
+// The same ranges, read-only (for CopyConcatenated's `from`).
+std::vector<std::span<const std::byte>> ReadOnly(const std::vector<std::span<std::byte>>& ranges);
+
 class KvPool {
  public:
   struct Geometry {
@@ -69,6 +76,19 @@ class KvPool {
   // Copies every per-sequence stream's rows of slot `from` over those of slot `to` (a
   // state snapshot taken or restored, prefix_states.h). Both slots are checked.
   void CopySequenceSlot(int64_t from, int64_t to);
+
+  // Byte images, for the kvstore tier (a prefix computed by one replica, reused by
+  // another): the ranges of the pool whose concatenation is
+  //   - block `block`'s image: each paged stream's page of it, streams in layout order and
+  //     each stream's layers in order (BlockImageBytes in all; for one per-token stream,
+  //     exactly LatentKvCache's block bytes, [layer][slot][entry]);
+  //   - slot `slot`'s state image: each per-sequence stream's rows of it, streams in
+  //     layout order and layers in order (StateImageBytes in all).
+  // Both are checked to be inside the pool. Copy with CopyConcatenated.
+  std::vector<std::span<std::byte>> BlockImage(int32_t block);
+  std::vector<std::span<std::byte>> StateImage(int64_t slot);
+  int64_t BlockImageBytes() const;
+  int64_t StateImageBytes() const;
 
   // What a sequence's KV for positions [0, num_tokens) occupies in a pool of `streams` and
   // `g` whose blocks are `block_table` and whose per-sequence streams are in `slot`: model

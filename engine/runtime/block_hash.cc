@@ -110,4 +110,12 @@ std::vector<uint64_t> HashFullBlocks(std::span<const int32_t> tokens, int32_t bl
   return hashes;
 }
 
+uint64_t StateChunkHash(uint64_t block_hash, uint32_t chunk) {
+  unsigned char bytes[20];
+  StoreLe(block_hash, bytes);
+  StoreLe(uint64_t{0x74616e64656d5354ull}, bytes + 8);
+  for (int i = 0; i < 4; ++i) bytes[16 + i] = static_cast<unsigned char>(chunk >> (8 * i));
+  return XXH3_64bits(bytes, sizeof(bytes));
+}
+
 }  // namespace tandem

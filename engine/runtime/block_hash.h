@@ -57,4 +57,11 @@ std::vector<uint64_t> HashFullBlocks(std::span<const int32_t> tokens, int32_t bl
 void ExtendBlockHashes(std::span<const int32_t> tokens, int32_t block_size, uint64_t fingerprint,
                        std::vector<uint64_t>* hashes);
 
+// The name of chunk `chunk` of the state snapshot taken where block `block_hash` ends
+// (prefix_states.h), for a store of fixed-size blocks that keeps a state longer than a
+// block in several (the kvstore tier): XXH3-64 (seed 0) of
+//   u64 block_hash | u64 "tandemST" (big-endian) | u32 chunk
+// little-endian. It covers what the block's hash covers, so it names one state only.
+uint64_t StateChunkHash(uint64_t block_hash, uint32_t chunk);
+
 }  // namespace tandem

@@ -244,10 +244,12 @@ absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
                                                      pool_->geometry().num_blocks));
   }
   if (r.id.empty()) return absl::InvalidArgumentError("request id: empty");
-  if (!latent_layout_ && (r.prefix_kv || (r.kv_sink != nullptr && !r.kv_sink->takes_sequence_kv()))) {
-    return absl::UnimplementedError(absl::StrCat(r.prefix_kv ? "prefix KV import" : "KV export by layer", " for a ",
-                                                 c.model_type, " model (its KV streams: ",
+  if (!latent_layout_ && r.kv_sink != nullptr && !r.kv_sink->takes_sequence_kv()) {
+    return absl::UnimplementedError(absl::StrCat("KV export by layer for a ", c.model_type, " model (its KV streams: ",
                                                  DescribeKvStreams(layout_.streams), ")"));
+  }
+  if (r.prefix_kv && !latent_layout_ && !backend_->kv_in_host_pool()) {
+    return absl::UnimplementedError(absl::StrCat("prefix KV import into a device pool for a ", c.model_type, " model"));
   }
   if (r.prefix_kv) {
     const PrefixKv& p = *r.prefix_kv;
@@ -267,6 +269,7 @@ absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
                                                        " is not this prompt's (hash differs) or has no data"));
       }
     }
+    RETURN_IF_ERROR(ValidateImportedState(p, chain));
   }
   return absl::OkStatus();
 }
@@ -509,8 +512,14 @@ void Engine::Step() {
     s.exported_upto = c.start + c.num_tokens;
     // Other layouts hand over the whole sequence once: its rings and states are final now.
     if (!latent_layout_ && c.reaches_end()) {
-      s.kv_sink->OnSequenceKv({.request_id = &s.id, .pool = pool_.get(), .block_table = s.blocks,
-                               .state_slot = s.state_slot, .num_tokens = s.exported_upto});
+      KvSequenceKv kv{.request_id = &s.id, .pool = pool_.get(), .block_table = s.blocks, .state_slot = s.state_slot,
+                      .num_tokens = s.exported_upto};
+      const size_t usable = static_cast<size_t>(s.prompt_len - 1) / static_cast<size_t>(kKvBlockSize);
+      if (usable > 0 && usable <= s.block_hashes.size()) {
+        kv.snapshot_slot = scheduler_->prefix_states().Find(s.block_hashes[usable - 1]);
+        kv.snapshot_tokens = kv.snapshot_slot >= 0 ? static_cast<int64_t>(usable) * kKvBlockSize : 0;
+      }
+      s.kv_sink->OnSequenceKv(kv);
     }
   }
   EmitTokens(ended, device_sampling ? &*device_tokens : nullptr, device_sampling ? nullptr : &*logits,
@@ -564,6 +573,12 @@ void Engine::Advance() {
 
 void Engine::CopyStateSnapshots() {
   for (const StateCopy& c : scheduler_->TakeStateSnapshots()) pool_->CopySequenceSlot(c.from, c.to);
+  const PrefixStates& states = scheduler_->prefix_states();
+  if (states.version() == snapshot_version_) return;
+  snapshot_version_ = states.version();
+  std::vector<uint64_t> held = states.HeldHashes();
+  std::lock_guard<std::mutex> lock(mu_);
+  snapshot_hashes_ = std::unordered_set<uint64_t>(held.begin(), held.end());
 }
 
 void Engine::EndRejected(StepPlan& plan) {
@@ -590,7 +605,10 @@ Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {
       --queued_;
       s.queued = false;
     }
-    if (s.import_end > s.import_begin) {
+    if (s.import_state) {
+      const int64_t tokens = CopyImportedPrefixAndState(s);
+      counters_.prompt_tokens_imported += tokens;
+    } else if (s.import_end > s.import_begin) {
       const int64_t first = static_cast<int64_t>(s.import_begin) * cache_->block_size();
       const int64_t tokens = CopyImportedPrefix(s, *cache_);
       counters_.prompt_tokens_imported += tokens;

@@ -302,6 +302,10 @@ class Engine {
   // the engine's last step: a hint for what to fetch from elsewhere (the blocks may be
   // evicted before a request uses them). Thread-safe.
   int32_t CachedPrefixLength(std::span<const uint64_t> hashes) const;
+  // For a layout with per-sequence streams: how many leading `hashes` a prefix-cache hit
+  // could use here now (cached blocks up to the last one with a state snapshot,
+  // prefix_states.h); CachedPrefixLength for one latent stream. A hint, thread-safe.
+  int32_t CachedStatePrefixLength(std::span<const uint64_t> hashes) const;
   const ModelInfo& config() const { return backend_->config(); }
   std::string device_name() const { return backend_->device_name(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -345,6 +349,9 @@ class Engine {
   void EndRejected(StepPlan& plan);
   // The state snapshots the scheduler asked for after a step (prefix_states.h).
   void CopyStateSnapshots();
+  // A prefix import with its state (PrefixKv::state) into the pool; its tokens.
+  int64_t CopyImportedPrefixAndState(Sequence& s);
+  absl::Status ValidateImportedState(const PrefixKv& p, std::span<const uint64_t> chain) const;
   StepBatch AssembleBatch(const StepPlan& plan);
   ForwardOptions ForwardOptionsFor(const StepPlan& plan, StepBatch& batch);
   // The device sampling rows of the plan's sampled chunks; false when some row needs the
@@ -440,6 +447,8 @@ class Engine {
   EngineStats stats_;  // guarded by mu_
   // Mirror of the prefix cache's hashes and the changes not yet taken (guarded by mu_).
   std::unordered_set<uint64_t> cached_hashes_;
+  std::unordered_set<uint64_t> snapshot_hashes_;  // mirror of the scheduler's PrefixStates (guarded by mu_)
+  uint64_t snapshot_version_ = 0;                 // engine thread only: the PrefixStates version mirrored
   std::vector<uint64_t> pending_stored_, pending_removed_;
   bool events_full_ = true;
   EngineStats counters_;  // engine thread's running totals

@@ -102,6 +102,18 @@ int32_t Engine::CachedPrefixLength(std::span<const uint64_t> hashes) const {
   return n;
 }
 
+int32_t Engine::CachedStatePrefixLength(std::span<const uint64_t> hashes) const {
+  if (latent_layout_) return CachedPrefixLength(hashes);
+  std::lock_guard<std::mutex> lock(mu_);
+  int32_t n = 0, usable = 0;
+  for (uint64_t h : hashes) {
+    if (!cached_hashes_.contains(h)) break;
+    ++n;
+    if (snapshot_hashes_.contains(h)) usable = n;
+  }
+  return usable;
+}
+
 EngineStats Engine::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

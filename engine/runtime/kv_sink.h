@@ -36,6 +36,11 @@ struct KvSequenceKv {
   std::span<const int32_t> block_table;
   int32_t state_slot = -1;
   int64_t num_tokens = 0;  // positions [0, num_tokens)
+  // The state where the prompt's last full block before its last token ends (where a
+  // later prompt's prefix can end: the kvstore tier keeps it), in its snapshot slot
+  // (prefix_states.h); -1 when the engine keeps no snapshot there.
+  int32_t snapshot_slot = -1;
+  int64_t snapshot_tokens = 0;
 };
 
 class KvSink {

@@ -15,7 +15,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <vector>
 
 namespace tandem {
@@ -28,13 +30,24 @@ struct PrefixKv {
   // The imported blocks' hashes (block_hash.h), i.e. the prompt's chain values from
   // first_block on; Submit checks them against the prompt.
   std::vector<uint64_t> hashes;
-  // blocks[i]: the KV of block first_block + i, num_layers x block_size x entry_dim
-  // floats, layer-major ([layer][slot][entry]). Read on the engine thread when the
-  // request is admitted; `owner` keeps them valid. The engine drops its reference once
-  // it copied them (or when the request ends), on its thread: owner's destructor must be
-  // quick and thread-safe.
+  // blocks[i]: the KV of block first_block + i, its block image (KvPool::BlockImage):
+  // for one latent stream num_layers x block_size x entry_dim floats, layer-major
+  // ([layer][slot][entry]). Read on the engine thread when the request is admitted;
+  // `owner` keeps them (and `state`) valid. The engine drops its reference once it copied
+  // them (or when the request ends), on its thread: owner's destructor must be quick and
+  // thread-safe.
   std::vector<const float*> blocks;
   std::shared_ptr<const void> owner;
+
+  // A layout with per-sequence streams (rings, states: DeepSeek-V4) needs them where the
+  // import ends, which is where the prefix may end (the last of `hashes`, or first_block
+  // when only the state is imported): `state`'s pieces, concatenated, are that state's
+  // image (KvPool::StateImage); `state_hash` is the chain value of the block ending
+  // there (prefix_states.h). Empty for one latent stream.
+  std::vector<std::span<const std::byte>> state;
+  uint64_t state_hash = 0;
+
+  int32_t end_block() const { return first_block + static_cast<int32_t>(hashes.size()); }
 };
 
 }  // namespace tandem

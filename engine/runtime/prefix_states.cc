@@ -47,6 +47,7 @@ int32_t PrefixStates::Put(uint64_t hash) {
     e.held = true;
     e.hash = hash;
     by_hash_[hash] = i;
+    ++version_;
     Touch(i);
     return first_slot_ + i;
   }
@@ -60,6 +61,14 @@ void PrefixStates::Forget(uint64_t hash) {
   e.held = false;
   lru_.splice(lru_.begin(), lru_, e.lru);
   by_hash_.erase(it);
+  ++version_;
+}
+
+std::vector<uint64_t> PrefixStates::HeldHashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(by_hash_.size());
+  for (const auto& [hash, index] : by_hash_) out.push_back(hash);
+  return out;
 }
 
 }  // namespace tandem

@@ -30,8 +30,17 @@ class PrefixStates {
   int32_t size() const { return static_cast<int32_t>(entries_.size()); }
   int32_t num_held() const { return static_cast<int32_t>(by_hash_.size()); }
   int64_t evictions() const { return evictions_; }
+  // Changes whenever the set of held hashes does (for a mirror kept elsewhere).
+  uint64_t version() const { return version_; }
+  std::vector<uint64_t> HeldHashes() const;
 
   bool Contains(uint64_t hash) const { return by_hash_.contains(hash); }
+  // The slot of `hash`'s snapshot, -1 when there is none; for a read right now (nothing
+  // pinned, the LRU order unchanged).
+  int32_t Find(uint64_t hash) const {
+    const auto it = by_hash_.find(hash);
+    return it == by_hash_.end() ? -1 : first_slot_ + it->second;
+  }
   // The slot of `hash`'s snapshot, pinned (Unpin after the copy) and made the most
   // recently used; -1 when there is none.
   int32_t Acquire(uint64_t hash);
@@ -58,6 +67,7 @@ class PrefixStates {
   std::list<int32_t> lru_;  // entry indices, least recently used first; empty entries in front
   absl::flat_hash_map<uint64_t, int32_t> by_hash_;
   int64_t evictions_ = 0;
+  uint64_t version_ = 0;
 };
 
 }  // namespace tandem

@@ -87,6 +87,7 @@ void Scheduler::ReleaseBlocks(Sequence& seq) {
   seq.num_published = 0;
   seq.num_computed = 0;
   seq.import_begin = seq.import_end = 0;
+  seq.import_state = false;
   if (seq.state_slot >= 0) {
     state_slots_.Release(seq.state_slot);
     seq.state_slot = -1;
@@ -137,13 +138,18 @@ void Scheduler::LookUpPrefix(Sequence& seq) {
     const size_t cached = static_cast<size_t>(blocks_.CachedPrefixLength(hashes));
     size_t k = cached;
     while (k > 0 && !prefix_states_.Contains(hashes[k - 1])) --k;
-    seq.shared_prefix_end = cached > k ? static_cast<int32_t>(cached) * options_.block_size : 0;
-    seq.blocks = blocks_.AcquireCachedPrefix(hashes, k);
-    TANDEM_CHECK_EQ(seq.blocks.size(), k);
-    if (k > 0) seq.restore_state_from = prefix_states_.Acquire(hashes[k - 1]);
+    if (!ImportWithState(seq, hashes, cached, k)) {
+      seq.shared_prefix_end = cached > k ? static_cast<int32_t>(cached) * options_.block_size : 0;
+      seq.blocks = blocks_.AcquireCachedPrefix(hashes, k);
+      TANDEM_CHECK_EQ(seq.blocks.size(), k);
+      if (k > 0) seq.restore_state_from = prefix_states_.Acquire(hashes[k - 1]);
+      seq.num_published = static_cast<int32_t>(seq.blocks.size());
+    }
   }
-  seq.num_published = static_cast<int32_t>(seq.blocks.size());
-  ImportPrefix(seq, static_cast<int32_t>(usable));
+  if (options_.num_state_slots == 0) {
+    seq.num_published = static_cast<int32_t>(seq.blocks.size());
+    ImportPrefix(seq, static_cast<int32_t>(usable));
+  }
   seq.num_computed = static_cast<int32_t>(seq.blocks.size()) * options_.block_size;
   if (seq.first_scheduled_at < 0) {
     seq.metrics.cached_prompt_tokens = std::min(seq.num_computed, seq.prompt_len);
@@ -165,6 +171,37 @@ void Scheduler::ImportPrefix(Sequence& seq, int32_t usable) {
   seq.blocks.insert(seq.blocks.end(), got->begin(), got->end());
   seq.import_begin = have;
   seq.import_end = end;
+}
+
+bool Scheduler::ImportWithState(Sequence& seq, std::span<const uint64_t> hashes, size_t cached, size_t local) {
+  seq.import_begin = seq.import_end = 0;
+  seq.import_state = false;
+  if (!seq.prefix_kv || seq.prefix_kv->state.empty()) return false;
+  // Worth it when the import's state reaches past the local snapshot; usable when every
+  // block before it is cached here. Cached blocks the import also brings are shared, not
+  // copied; its state replaces a snapshot.
+  const PrefixKv& p = *seq.prefix_kv;
+  const size_t end = static_cast<size_t>(p.end_block());
+  if (end <= local || end > hashes.size() || cached < static_cast<size_t>(p.first_block)) return false;
+  const size_t shared = std::min(cached, end);
+  std::vector<int32_t> blocks = blocks_.AcquireCachedPrefix(hashes, shared);
+  TANDEM_CHECK_EQ(blocks.size(), shared);
+  const int32_t fresh = static_cast<int32_t>(end - shared);
+  if (!blocks_.CanAllocate(fresh)) {
+    blocks_.Release(blocks);
+    return false;
+  }
+  absl::StatusOr<std::vector<int32_t>> got = blocks_.Allocate(fresh);
+  TANDEM_CHECK(got.ok()) << got.status();
+  blocks.insert(blocks.end(), got->begin(), got->end());
+  seq.blocks = std::move(blocks);
+  seq.num_published = static_cast<int32_t>(shared);
+  seq.import_begin = static_cast<int32_t>(shared);
+  seq.import_end = static_cast<int32_t>(end);
+  seq.import_state = true;
+  // Cached blocks beyond the import: this sequence's state is snapshotted where they end.
+  seq.shared_prefix_end = cached > end ? static_cast<int32_t>(cached) * options_.block_size : 0;
+  return true;
 }
 
 bool Scheduler::IsSnapshotBoundary(const Sequence& seq, int32_t position) const {

@@ -132,6 +132,11 @@ class Scheduler {
   // Allocates blocks for the part of seq.prefix_kv that continues its cached prefix
   // (sets import_begin/import_end; the engine copies the KV in).
   void ImportPrefix(Sequence& seq, int32_t usable);
+  // Layouts with state slots: takes seq.prefix_kv, which brings the state where it ends,
+  // when it reaches past the `local` blocks (of `cached`) that have a snapshot here; the
+  // blocks are `cached` ones first, then fresh ones the engine copies the import into.
+  // False (nothing taken) when it does not help or no blocks are free.
+  bool ImportWithState(Sequence& seq, std::span<const uint64_t> hashes, size_t cached, size_t local);
   void ReleaseBlocks(Sequence& seq);
   void TakeStateSlot(Sequence& seq);
   // Positions [seq.num_computed, + n) for this step within `budget`, cut at the prompt's

@@ -71,6 +71,8 @@ struct Sequence {
   std::shared_ptr<const PrefixKv> prefix_kv;
   int32_t import_begin = 0;
   int32_t import_end = 0;
+  // The import's state (PrefixKv::state) goes into state_slot with those blocks.
+  bool import_state = false;
   // Device backends: positions [0, host_kv_upload_end) arrived in the host KV pool
   // (SubmitImported) and go to the device pool before the sequence's first step.
   int64_t host_kv_upload_end = 0;

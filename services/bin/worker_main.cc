@@ -264,7 +264,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);
   if (!engine.ok()) return Fail("engine", engine.status());
   // A layout other than one latent stream (DeepSeek-V4) moves whole sequences over the
-  // transfer layer; no kvstore tier and no CUDA IPC for it yet.
+  // transfer layer; no CUDA IPC for it yet.
   const bool stream_layout = (*engine)->kv_entry_dim() == 0;
   spdlog::info("{} worker: model {} ({}), KV layout fingerprint {} ({}){}", RoleName(role), *model_dir,
                (*engine)->config().summary, FingerprintHex((*engine)->layout_fingerprint()),
@@ -272,17 +272,23 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   // Prefill replicas use the kvstore tier (services/kvstore): cached prefixes are fetched,
   // new blocks offloaded. Instances come from --kvstore or from the router.
   std::unique_ptr<kvstore::KvStoreClient> kvstore_client;
-  if (role == v1::ROLE_PREFILL && !f.no_kvstore && stream_layout) {
-    spdlog::warn("the kvstore tier does not store {} KV streams yet: this prefill replica reuses only the "
-                 "prefixes its own cache holds",
+  // A layout with per-sequence state (DeepSeek-V4) stores, beside its blocks, the state
+  // where a prompt's blocks end (in block-sized chunks): without prefix-state snapshots
+  // the engine has none to offload or to take.
+  const bool no_snapshots = stream_layout && f.prefix_state_snapshots == 0;
+  if (role == v1::ROLE_PREFILL && !f.no_kvstore && no_snapshots) {
+    spdlog::warn("--prefix-state-snapshots 0: this {} prefill replica neither stores prefixes in the kvstore tier "
+                 "nor takes them from it",
                  (*engine)->config().model_type);
   }
-  if (role == v1::ROLE_PREFILL && !f.no_kvstore && !stream_layout) {
+  if (role == v1::ROLE_PREFILL && !f.no_kvstore && !no_snapshots) {
     const Engine::KvMemory m = (*engine)->kv_memory();
+    const std::vector<KvStream>& streams = (*engine)->kv_layout().streams;
     kvstore::KvStoreClientOptions ko{
         .layout_fingerprint = (*engine)->layout_fingerprint(),
-        .block_bytes = m.num_layers * m.block_size * m.entry_dim * static_cast<int64_t>(sizeof(float)),
+        .block_bytes = PagedBytesPerBlock(streams, static_cast<int32_t>(m.block_size)),
         .block_tokens = static_cast<int32_t>(m.block_size),
+        .state_bytes = SequenceStateBytes(streams),
         .staging_bytes = static_cast<size_t>(f.kvstore_staging_mb) << 20,
         .fetch_timeout = absl::Milliseconds(f.kvstore_timeout_ms),
         .channel_factory = creds->ChannelFactory()};

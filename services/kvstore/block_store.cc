@@ -112,6 +112,19 @@ int32_t BlockStore::Lookup(uint64_t fingerprint, std::span<const uint64_t> hashe
   return n;
 }
 
+std::vector<bool> BlockStore::Holds(uint64_t fingerprint, std::span<const uint64_t> hashes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<bool> held;
+  held.reserve(hashes.size());
+  for (uint64_t h : hashes) {
+    held.push_back(StoredLocked({fingerprint, h}));
+    stats_.lookup_hit_blocks += held.back() ? 1 : 0;
+  }
+  stats_.lookups++;
+  stats_.lookup_blocks += static_cast<int64_t>(hashes.size());
+  return held;
+}
+
 BlockStore::Reservation BlockStore::Reserve(uint64_t fingerprint, std::span<const uint64_t> hashes) {
   Reservation r;
   r.offsets.assign(hashes.size(), -1);

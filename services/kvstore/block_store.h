@@ -62,6 +62,9 @@ class BlockStore {
 
   // How many leading `hashes` are stored (ready in DRAM, or on disk).
   int32_t Lookup(uint64_t fingerprint, std::span<const uint64_t> hashes);
+  // Whether each of `hashes` is stored (DRAM or disk), each on its own; counted as one
+  // lookup, its hits being the hashes held.
+  std::vector<bool> Holds(uint64_t fingerprint, std::span<const uint64_t> hashes);
 
   struct Reservation {
     std::string id;                // empty when no slot was reserved

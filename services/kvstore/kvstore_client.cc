@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/check.h"
+#include "engine/runtime/block_hash.h"
 #include "services/common/transfer/remote_memory_descriptor.h"
 #include "xxhash.h"
 
@@ -116,8 +117,13 @@ struct KvStoreClient::FetchOp {
   bool failed = false;
   bool may_have_written = false;  // a failed get may still write into the staging slots
   int32_t stored = 0;  // lookup: the stored prefix
-  int32_t end = 0;     // get: blocks [first_block, end) delivered
-  std::vector<uint64_t> checksums;  // get: by block - first_block
+  int32_t state_end = 0;  // state lookup: the furthest block whose state is stored (0: none)
+  // get: what moves (blocks [first_block, ...) then the state's chunks), how many of them
+  // are blocks, how many leading ones were delivered, and their checksums
+  std::vector<uint64_t> get_hashes;
+  int32_t get_blocks = 0;
+  int32_t end = 0;
+  std::vector<uint64_t> checksums;
   std::shared_ptr<StagingLease> lease;
   FetchResult result;
 };
@@ -281,15 +287,88 @@ void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
   op->result.stored_prefix = op->stored;
   Count([n = op->stored](KvStoreClientStats& s) { s.lookup_hit_blocks += n; });
   const int32_t from = std::max(op->req.first_block, 0);
-  int32_t to = std::min(op->stored, op->req.end_block);
+  const int32_t to = std::min(op->stored, op->req.end_block);
+  if (options_.state_bytes > 0) {
+    LookUpStates(std::move(op), from, to);
+    return;
+  }
   if (to <= from || absl::Now() >= op->deadline) {
     FinishFetch(std::move(op));
     return;
   }
-  std::vector<int32_t> slots = staging_->Allocate(to - from);
-  if (static_cast<int32_t>(slots.size()) < to - from) {
+  op->get_hashes.assign(op->req.hashes.begin() + from, op->req.hashes.begin() + to);
+  op->get_blocks = to - from;
+  StartGet(std::move(op));
+}
+
+void KvStoreClient::LookUpStates(std::shared_ptr<FetchOp> op, int32_t from, int32_t to) {
+  // Candidate ends k in [max(from, 1), to]: the state after block k - 1. (k == from brings
+  // only the state, for blocks the replica holds without it.)
+  const int32_t first = std::max(from, 1);
+  if (to < first || absl::Now() >= op->deadline) {
+    FinishFetch(std::move(op));
+    return;
+  }
+  std::vector<uint64_t> firsts;
+  for (int32_t k = first; k <= to; ++k) firsts.push_back(StateChunkHash(op->req.hashes[static_cast<size_t>(k - 1)], 0));
+  std::vector<std::pair<int, std::vector<int32_t>>> groups =
+      op->snap->Group(firsts, 0, static_cast<int32_t>(firsts.size()), options_.max_hashes_per_call);
+  op->pending = static_cast<int>(groups.size());
+  using LookupCall = Call<v1::KvLookupRequest, v1::KvLookupResponse>;
+  std::vector<std::shared_ptr<LookupCall>> calls;
+  for (auto& [node, group] : groups) {
+    auto call = std::make_shared<LookupCall>();
+    call->ctx.set_deadline(absl::ToChronoTime(op->deadline));
+    TagRequest(call->ctx, op->req.request_id);
+    *call->req.mutable_format() = Format();
+    call->req.set_each(true);
+    for (int32_t i : group) call->req.add_block_hashes(firsts[static_cast<size_t>(i)]);
+    calls.push_back(std::move(call));
+  }
+  const std::shared_ptr<const Snapshot> snap = op->snap;
+  for (size_t c = 0; c < groups.size(); ++c) {
+    auto& [node, group] = groups[c];
+    std::shared_ptr<LookupCall> call = std::move(calls[c]);
+    snap->stubs[static_cast<size_t>(node)]->async()->Lookup(
+        &call->ctx, &call->req, &call->resp, [this, op, call, first, positions = std::move(group)](grpc::Status s) {
+          bool last;
+          {
+            std::lock_guard<std::mutex> lock(op->mu);
+            // A failed answer holds nothing: those ends are not candidates.
+            if (!s.ok()) Count([](KvStoreClientStats& st) { st.fetch_errors++; });
+            const int n = s.ok() ? std::min(call->resp.held_size(), static_cast<int>(positions.size())) : 0;
+            for (int i = 0; i < n; ++i) {
+              if (!call->resp.held(i)) continue;
+              op->state_end = std::max(op->state_end, first + positions[static_cast<size_t>(i)]);
+            }
+            last = --op->pending == 0;
+          }
+          if (!last) return;
+          op->result.stored_state_end = op->state_end;
+          if (op->state_end == 0 || op->state_end <= op->req.min_state_end) {
+            FinishFetch(op);
+            return;
+          }
+          const int32_t begin = std::max(op->req.first_block, 0);
+          op->get_hashes.assign(op->req.hashes.begin() + begin, op->req.hashes.begin() + op->state_end);
+          op->get_blocks = op->state_end - begin;
+          const uint64_t at = op->req.hashes[static_cast<size_t>(op->state_end - 1)];
+          for (int32_t i = 0; i < state_chunks(); ++i) {
+            op->get_hashes.push_back(StateChunkHash(at, static_cast<uint32_t>(i)));
+          }
+          StartGet(op);
+        });
+  }
+}
+
+void KvStoreClient::StartGet(std::shared_ptr<FetchOp> op) {
+  const int32_t total = static_cast<int32_t>(op->get_hashes.size());
+  std::vector<int32_t> slots = staging_->Allocate(total);
+  int32_t to = total;
+  if (static_cast<int32_t>(slots.size()) < total) {
     Count([](KvStoreClientStats& s) { s.staging_exhausted++; });
-    to = from + static_cast<int32_t>(slots.size());
+    // Fewer blocks are still a prefix; without its state a prefix is nothing.
+    to = options_.state_bytes > 0 ? 0 : static_cast<int32_t>(slots.size());
   }
   auto lease = std::make_shared<StagingLease>();
   lease->give_back = [pool = staging_, q = options_.quarantine](std::vector<int32_t> s, bool quarantine) {
@@ -298,14 +377,14 @@ void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
   };
   lease->slots = std::move(slots);
   op->lease = lease;
-  if (to <= from) {
+  if (to <= 0 || absl::Now() >= op->deadline) {
     FinishFetch(std::move(op));
     return;
   }
   op->end = to;
-  op->checksums.assign(static_cast<size_t>(to - from), 0);
+  op->checksums.assign(static_cast<size_t>(to), 0);
   std::vector<std::pair<int, std::vector<int32_t>>> groups =
-      op->snap->Group(op->req.hashes, from, to, options_.max_hashes_per_call);
+      op->snap->Group(op->get_hashes, 0, to, options_.max_hashes_per_call);
   op->pending = static_cast<int>(groups.size());
   // Every call is built before any is sent, and this frame's reference to the lease is
   // dropped first: the last get may finish on another thread before this returns, and the
@@ -319,8 +398,8 @@ void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
     *call->req.mutable_format() = Format();
     call->req.set_destination(staging_descriptor_);
     for (int32_t p : group) {
-      call->req.add_block_hashes(op->req.hashes[static_cast<size_t>(p)]);
-      call->req.add_offsets(static_cast<uint64_t>(staging_->offset(lease->slots[static_cast<size_t>(p - from)])));
+      call->req.add_block_hashes(op->get_hashes[static_cast<size_t>(p)]);
+      call->req.add_offsets(static_cast<uint64_t>(staging_->offset(lease->slots[static_cast<size_t>(p)])));
     }
     calls.push_back(std::move(call));
   }
@@ -330,7 +409,7 @@ void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
     auto& [node, group] = groups[i];
     std::shared_ptr<GetCall> call = std::move(calls[i]);
     snap->stubs[static_cast<size_t>(node)]->async()->Get(
-        &call->ctx, &call->req, &call->resp, [this, op, call, from, positions = std::move(group)](grpc::Status s) {
+        &call->ctx, &call->req, &call->resp, [this, op, call, positions = std::move(group)](grpc::Status s) {
           bool last;
           {
             std::lock_guard<std::mutex> lock(op->mu);
@@ -345,7 +424,7 @@ void KvStoreClient::AfterLookup(std::shared_ptr<FetchOp> op) {
               delivered = std::clamp(delivered, 0, static_cast<int32_t>(positions.size()));
             }
             for (int32_t i = 0; i < delivered; ++i) {
-              op->checksums[static_cast<size_t>(positions[static_cast<size_t>(i)] - from)] = call->resp.checksums(i);
+              op->checksums[static_cast<size_t>(positions[static_cast<size_t>(i)])] = call->resp.checksums(i);
             }
             if (delivered < static_cast<int32_t>(positions.size())) {
               op->end = std::min(op->end, positions[static_cast<size_t>(delivered)]);
@@ -362,30 +441,44 @@ void KvStoreClient::AfterGet(std::shared_ptr<FetchOp> op) {
     op->lease->quarantine = op->may_have_written;
     Count([](KvStoreClientStats& s) { s.fetch_errors++; });
   }
-  const int32_t from = op->req.first_block;
   int32_t end = op->end;
-  for (int32_t p = from; p < end; ++p) {
-    const int32_t slot = op->lease->slots[static_cast<size_t>(p - from)];
+  for (int32_t i = 0; i < end; ++i) {
+    const int32_t slot = op->lease->slots[static_cast<size_t>(i)];
     const uint64_t actual = XXH3_64bits(staging_->data(slot), static_cast<size_t>(options_.block_bytes));
-    if (actual != op->checksums[static_cast<size_t>(p - from)]) {
+    if (actual != op->checksums[static_cast<size_t>(i)]) {
       Count([](KvStoreClientStats& s) { s.checksum_mismatches++; });
-      end = p;
+      end = i;
       break;
     }
   }
-  if (end > from) {
+  const bool with_state = options_.state_bytes > 0;
+  // Blocks are a prefix as far as they arrived; a state arrives whole or not at all (and
+  // is of no use without every block before it).
+  if (with_state && end < static_cast<int32_t>(op->get_hashes.size())) end = 0;
+  const int32_t blocks = std::min(end, op->get_blocks);
+  if (end > 0) {
+    const int32_t from = std::max(op->req.first_block, 0);
     auto kv = std::make_shared<PrefixKv>();
     kv->first_block = from;
-    kv->hashes.assign(op->req.hashes.begin() + from, op->req.hashes.begin() + end);
-    for (int32_t p = from; p < end; ++p) {
-      kv->blocks.push_back(
-          reinterpret_cast<const float*>(staging_->data(op->lease->slots[static_cast<size_t>(p - from)])));
+    kv->hashes.assign(op->req.hashes.begin() + from, op->req.hashes.begin() + from + blocks);
+    for (int32_t i = 0; i < blocks; ++i) {
+      kv->blocks.push_back(reinterpret_cast<const float*>(staging_->data(op->lease->slots[static_cast<size_t>(i)])));
+    }
+    if (with_state) {
+      int64_t left = options_.state_bytes;
+      for (int32_t i = blocks; i < end; ++i) {
+        const int64_t n = std::min(left, options_.block_bytes);
+        const char* chunk = staging_->data(op->lease->slots[static_cast<size_t>(i)]);
+        kv->state.emplace_back(reinterpret_cast<const std::byte*>(chunk), static_cast<size_t>(n));
+        left -= n;
+      }
+      kv->state_hash = op->req.hashes[static_cast<size_t>(op->state_end - 1)];
     }
     kv->owner = op->lease;
     op->result.prefix = std::move(kv);
-    Count([n = end - from, bytes = options_.block_bytes](KvStoreClientStats& s) {
-      s.fetched_blocks += n;
-      s.fetched_bytes += n * bytes;
+    Count([end, bytes = options_.block_bytes](KvStoreClientStats& s) {
+      s.fetched_blocks += end;
+      s.fetched_bytes += end * bytes;
     });
   }
   FinishFetch(std::move(op));

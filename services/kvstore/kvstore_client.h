@@ -3,8 +3,11 @@
 // (hash_ring.h), asks them in parallel, and moves block bytes over the transfer layer.
 //
 // Fetch: Lookup on every instance owning a hash of the chain -> the longest prefix held
-// by all of them together (the first hash missing on any instance ends it); then Get of
-// the blocks [first_block, min(prefix, end_block)) from their owners, which put them into
+// by all of them together (the first hash missing on any instance ends it); with a
+// per-sequence state (options.state_bytes), a Lookup of each candidate end's first state
+// chunk picks the furthest end whose state is stored; then Get of the blocks
+// [first_block, min(prefix, end_block)) (and that state's chunks) from their owners,
+// which put them into
 // this client's staging region (transfer-layer memory, allocated once: UCX writes it
 // directly on one host); each block's XXH3 is checked against the store's before the
 // engine sees it. One deadline covers both steps; an instance that fails or is late cuts
@@ -52,6 +55,12 @@ struct KvStoreClientOptions {
   uint64_t layout_fingerprint = 0;
   int64_t block_bytes = 0;    // num_layers x block_size x entry_dim x 4
   int32_t block_tokens = 64;
+  // Bytes of the per-sequence state a prefix needs where it ends (KvPool::StateImage: a
+  // layout with rings and states, DeepSeek-V4); 0 for none (one latent stream). Such a
+  // state is stored as ceil(state_bytes / block_bytes) blocks named by StateChunkHash
+  // (block_hash.h): an offload lists them after the blocks; a fetch brings the blocks up
+  // to the furthest stored state it can use, and that state, or nothing.
+  int64_t state_bytes = 0;
   size_t staging_bytes = size_t{256} << 20;  // receive region for fetched blocks
   absl::Duration fetch_timeout = absl::Milliseconds(2000);  // lookup + get, per request
   absl::Duration offload_timeout = absl::Seconds(10);       // reserve + put + commit
@@ -114,7 +123,13 @@ class KvStoreClient final : public PrefixStore {
   std::shared_ptr<const Snapshot> snapshot() const;
   v1::KvBlockFormat Format() const;
   void AfterLookup(std::shared_ptr<FetchOp> op);
+  // With state_bytes: which candidate prefix ends have their state stored.
+  void LookUpStates(std::shared_ptr<FetchOp> op, int32_t from, int32_t to);
+  void StartGet(std::shared_ptr<FetchOp> op);
   void AfterGet(std::shared_ptr<FetchOp> op);
+  int32_t state_chunks() const {
+    return static_cast<int32_t>((options_.state_bytes + options_.block_bytes - 1) / options_.block_bytes);
+  }
   void FinishFetch(std::shared_ptr<FetchOp> op);  // calls done with op->result
   void OffloadShardDone(const std::shared_ptr<OffloadOp>& op);
   void OpStarted();

@@ -133,7 +133,15 @@ grpc::ServerUnaryReactor* KvStoreServiceImpl::Lookup(grpc::CallbackServerContext
   v1::KvLookupResponse* response = &call->response;
   absl::Status st = CheckFormat(r->format());
   if (st.ok()) st = CheckHashCount(r->block_hashes_size());
-  if (st.ok()) {
+  if (st.ok() && r->each()) {
+    int32_t held = 0;
+    for (const bool here : store_->Holds(r->format().layout_fingerprint(),
+                                         std::span<const uint64_t>(r->block_hashes().data(), r->block_hashes_size()))) {
+      response->add_held(here);
+      held += here ? 1 : 0;
+    }
+    response->set_num_cached(held);
+  } else if (st.ok()) {
     response->set_num_cached(store_->Lookup(r->format().layout_fingerprint(),
                                             std::span<const uint64_t>(r->block_hashes().data(), r->block_hashes_size())));
   }

@@ -25,6 +25,9 @@ class PrefixStore {
     std::vector<uint64_t> hashes;  // the prompt's full blocks' hash chain, in order
     int32_t first_block = 0;       // fetch from this block on (earlier ones are cached locally)
     int32_t end_block = 0;         // and before this one (the blocks the engine can import)
+    // With a per-sequence state: fetch only a state ending past this many blocks (the
+    // replica's own cache has one up to there).
+    int32_t min_state_end = 0;
     std::string request_id;        // for the tier's logs (may be empty)
   };
   struct FetchResult {
@@ -35,6 +38,9 @@ class PrefixStore {
     int32_t stored_prefix = 0;
     // The fetched blocks [first_block, first_block + n), verified; null when none.
     std::shared_ptr<const PrefixKv> prefix;
+    // With a per-sequence state: the furthest end in [max(first_block, 1), min(stored_prefix,
+    // end_block)] whose state the tier holds (0: none), fetched or not.
+    int32_t stored_state_end = 0;
   };
   // Calls `done` exactly once, on any thread (possibly inside the call), within the
   // implementation's time limit.
@@ -42,8 +48,8 @@ class PrefixStore {
 
   struct OffloadRequest {
     std::vector<uint64_t> hashes;  // the blocks' hashes
-    // Their KV, hashes.size() blocks back to back, each num_layers x block_size x
-    // entry_dim floats, layer-major (the layout of PrefixKv::blocks).
+    // Their KV, hashes.size() blocks back to back, each a block image (PrefixKv::blocks;
+    // a state's chunks are blocks too), held in floats (block bytes are a multiple of 4).
     std::vector<float> data;
     std::string request_id;  // for the tier's logs (may be empty)
   };

@@ -7,7 +7,9 @@
 //      fetch is done, with the fetched blocks as its EngineRequest::prefix_kv, and other
 //      requests keep computing meanwhile;
 //   2. while computing: the engine's KvSink for the request is wrapped so that the KV of
-//      the prompt's full blocks the tier lacks is also collected (OffloadKvSink);
+//      the prompt's full blocks the tier lacks is also collected (OffloadKvSink; for a
+//      layout with per-sequence state, OffloadSequenceKvSink, which also collects the
+//      state where the last of those blocks ends);
 //   3. after the response: those blocks go to the tier in the background (Offload).
 //
 // Nothing here can fail a request or change its output: a tier that is missing, slow,
@@ -55,6 +57,39 @@ class OffloadKvSink : public KvSink {
   int64_t expected_ = 0;
 };
 
+// The same for a layout with per-sequence streams (DeepSeek-V4), whose KV is handed over
+// once per request (KvSink::OnSequenceKv): the block images of prompt blocks
+// [first_block, end_block) and the image of the state snapshot where end_block ends, in
+// the store's layout (blocks back to back, then the state in block-sized chunks, the last
+// one zero-padded). Nothing is collected when the engine kept no snapshot there.
+class OffloadSequenceKvSink : public KvSink {
+ public:
+  OffloadSequenceKvSink(KvSink* inner, int32_t first_block, int32_t end_block, int64_t block_bytes,
+                        int64_t state_bytes);
+
+  void OnLayerKv(const KvSlice& slice) override {
+    if (inner_ != nullptr) inner_->OnLayerKv(slice);
+  }
+  PeerKvWriter* peer_writer() override { return inner_ != nullptr ? inner_->peer_writer() : nullptr; }
+  bool wants_host_kv() const override { return inner_ != nullptr && inner_->wants_host_kv(); }
+  bool takes_sequence_kv() const override { return true; }
+  void OnSequenceKv(const KvSequenceKv& kv) override;
+
+  bool complete() const { return complete_; }
+  int32_t first_block() const { return first_block_; }
+  int32_t end_block() const { return end_block_; }
+  int32_t state_chunks() const { return state_chunks_; }
+  std::vector<float> TakeData() { return std::move(data_); }
+
+ private:
+  KvSink* inner_;
+  int32_t first_block_, end_block_;
+  int64_t block_bytes_, state_bytes_;
+  int32_t state_chunks_;
+  std::vector<float> data_;
+  bool complete_ = false;
+};
+
 class PrefixTierSession {
  public:
   // `store` must outlive the session. `max_offload_bytes` caps what one request offloads
@@ -86,11 +121,14 @@ class PrefixTierSession {
   std::vector<uint64_t> hashes_;  // the prompt's full blocks
   int32_t usable_ = 0;            // blocks the engine may import (the last token is computed)
   int32_t local_ = 0;
+  int32_t local_state_ = 0;  // with a per-sequence state: blocks a local hit can use (<= local_)
   int64_t num_layers_, block_size_, entry_dim_;
+  int64_t block_bytes_, state_bytes_;  // state_bytes_ > 0: a layout with per-sequence streams
   int64_t max_offload_blocks_;
   PrefixStore::FetchResult result_;
   double fetch_seconds_ = 0;
   std::unique_ptr<OffloadKvSink> offload_;
+  std::unique_ptr<OffloadSequenceKvSink> offload_sequence_;
 };
 
 }  // namespace tandem

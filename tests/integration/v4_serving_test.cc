@@ -127,9 +127,8 @@ class V4ServingTest : public ::testing::Test {
     o.num_prefill = prefill;
     o.num_decode = decode;
     o.num_kvstore = kvstores;
-    // No kvstore by default (--no-kvstore): V4's tier is not built yet, so a prompt's KV is
-    // computed by a prefill replica (or found in its own prefix cache) and crosses only
-    // prefill -> decode.
+    // No kvstore by default (--no-kvstore): a prompt's KV is computed by a prefill replica
+    // (or found in its own prefix cache) and crosses only prefill -> decode.
     o.worker_args = {"--threads=1"};
     if (kvstores == 0) o.worker_args.push_back("--no-kvstore");
     o.worker_args.insert(o.worker_args.end(), worker_args.begin(), worker_args.end());
@@ -360,25 +359,41 @@ TEST_F(V4ServingTest, CacheAwareRoutingReusesV4PrefixesExactly) {
   ExpectAllKvFree(*cluster);
 }
 
-TEST_F(V4ServingTest, WithAKvstoreBesideItTheClusterStillServesExactly) {
-  // serve-local's shape with a kvstore: the V4 prefill replica says it will not use the
-  // tier (it cannot store V4's streams yet) and serves from its own cache; the kvstore
-  // starts for the V4 layout and is asked for nothing.
-  auto cluster = Start(1, 1, {}, {}, /*kvstores=*/1);
+TEST_F(V4ServingTest, TwoPrefillReplicasShareV4PrefixesThroughTheKvstore) {
+  // serve-local's shape with a kvstore, two replicas of each kind, prefill replicas taken in
+  // turn: a prompt computed on one goes to the tier (its blocks, and the state snapshot
+  // where they end, in block-sized chunks); the other, which never saw it, fetches both
+  // and computes only the rest. Every output is still the engine's own.
+  auto cluster = Start(2, 2, {}, {"--prefill-policy=round-robin"}, /*kvstores=*/1);
   ASSERT_NE(cluster, nullptr);
   const std::vector<v1::GenerateRequest> reqs = Requests(kMaxTokens);
   const std::vector<Output> want = References(reqs);
   auto stub = GenerationStub(cluster->router_address());
-  for (size_t i = 0; i < reqs.size(); ++i) ExpectExact(Generate(*stub, reqs[i]), want[i], Label(reqs[i]));
-  EXPECT_EQ(Metric(*cluster, "kvstore-0", "tandem_kvstore_lookups_total"), 0);
-  std::string log;
-  const nlohmann::json ready = cluster->ReadyJson();
-  for (const nlohmann::json& p : ready["processes"]) {
-    if (p.value("name", "") == "prefill-0") log = p.value("log", "");
+  int64_t imported = 0;
+  for (size_t i = 0; i < reqs.size(); i += 2) {  // a text's greedy request, then its seeded one
+    const int32_t importable = (PromptLength(*engine_, reqs[i].text()) - 1) / 64 * 64;
+    const int64_t committed = Stat(*cluster, "kvstore-0", "committed_blocks");
+    const StreamResult cold = Generate(*stub, reqs[i]);
+    ExpectExact(cold, want[i], Label(reqs[i]) + ", computed");
+    for (int k = 0; k < 500 && importable > 0 && Stat(*cluster, "kvstore-0", "committed_blocks") == committed; ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const StreamResult fetched = Generate(*stub, reqs[i]);  // on the other prefill replica
+    ExpectExact(fetched, want[i], Label(reqs[i]) + ", from the kvstore");
+    EXPECT_EQ(fetched.final.usage().cached_prompt_tokens(), importable) << Label(reqs[i]);
+    imported += importable;
+    for (int k = 0; k < 2; ++k) {  // the seeded request on both: each has the prefix now
+      const StreamResult seeded = Generate(*stub, reqs[i + 1]);
+      ExpectExact(seeded, want[i + 1], Label(reqs[i + 1]));
+      EXPECT_EQ(seeded.final.usage().cached_prompt_tokens(), importable) << Label(reqs[i + 1]);
+    }
   }
-  std::ifstream in(log);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("does not store deepseek_v4 KV streams yet"), std::string::npos) << log;
+  EXPECT_GT(imported, 0);
+  EXPECT_EQ(Stat(*cluster, "prefill-0", "prompt_tokens_imported") +
+                Stat(*cluster, "prefill-1", "prompt_tokens_imported"),
+            imported);
+  EXPECT_GT(Stat(*cluster, "kvstore-0", "hit_tokens"), 0);
+  EXPECT_EQ(Stat(*cluster, "kvstore-0", "rejected_blocks"), 0);
   ExpectAllKvFree(*cluster);
 }
 

@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "engine/runtime/block_hash.h"
 #include "gtest/gtest.h"
 #include "services/common/transfer/in_process_transfer_engine.h"
 #include "services/kvstore/block_store.h"
@@ -479,6 +480,89 @@ TEST(KvStoreServiceTest, GetsBeyondTheQueueAreRefusedAndTheFetchFallsBackWithIts
   EXPECT_EQ(client->stats().staging_exhausted, 0) << "a refused get wrote nothing: its slots came back at once";
   EXPECT_EQ(Sample(a.registry.Collect(), "tandem_kvstore_rpcs_total", {{"rpc", "Get"}, {"code", "RESOURCE_EXHAUSTED"}}),
             3);
+}
+
+// A layout with per-sequence state (DeepSeek-V4): the state where a prefix ends is stored
+// as block-sized chunks named by StateChunkHash; a fetch brings the blocks up to the
+// furthest end whose state is stored, and that state byte for byte, or, when a chunk is
+// missing, nothing (blocks without their state cannot be used).
+TEST(KvStoreClientTest, AStateIsStoredInChunksAndFetchedWholeWithTheBlocksBeforeIt) {
+  Instance a("kvstore-0", 64), b("kvstore-1", 64);
+  transfer::InProcessTransferEngine local;
+  constexpr int64_t kState = kBlock * 5 / 2;  // three chunks, the last one half used
+  auto c = KvStoreClient::Create(&local, {.layout_fingerprint = kFp, .block_bytes = kBlock, .state_bytes = kState,
+                                          .staging_bytes = 64 * kBlock});
+  ASSERT_TRUE(c.ok()) << c.status();
+  KvStoreClient& client = **c;
+  client.SetInstances({{a.name, a.address}, {b.name, b.address}});
+  const std::vector<uint64_t> chain = Hashes(6, 20);
+  const std::vector<float> blocks = Data(6, 20);
+  // The offload of blocks [first, end) and the state after block end - 1 (`salt`'s bytes).
+  auto offload = [&](int first, int end, int salt, int chunks) {
+    std::vector<float> state = Data(3, salt);
+    state.resize(static_cast<size_t>(kState / 4));
+    PrefixStore::OffloadRequest r;
+    r.hashes.assign(chain.begin() + first, chain.begin() + end);
+    r.data.assign(blocks.begin() + first * kBlockFloats, blocks.begin() + end * kBlockFloats);
+    for (int i = 0; i < chunks; ++i) r.hashes.push_back(StateChunkHash(chain[static_cast<size_t>(end) - 1], i));
+    std::vector<float> padded = state;
+    padded.resize(static_cast<size_t>(3 * kBlockFloats), 0.0f);
+    r.data.insert(r.data.end(), padded.begin(), padded.begin() + chunks * kBlockFloats);
+    client.Offload(std::move(r));
+    return state;
+  };
+  auto expect_state = [](const PrefixKv& kv, const std::vector<float>& want) {
+    std::vector<std::byte> got;
+    for (const std::span<const std::byte>& piece : kv.state) got.insert(got.end(), piece.begin(), piece.end());
+    ASSERT_EQ(got.size(), static_cast<size_t>(kState));
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0);
+  };
+
+  const std::vector<float> at4 = offload(0, 4, 21, 3);
+  WaitOffloaded(client, 7);
+  const std::vector<float> at2 = offload(2, 2, 22, 3);  // only the state after block 1
+  WaitOffloaded(client, 10);
+
+  PrefixStore::FetchResult r = FetchSync(client, {.hashes = chain, .first_block = 0, .end_block = 6});
+  ASSERT_TRUE(r.available);
+  EXPECT_EQ(r.stored_prefix, 4);
+  ASSERT_NE(r.prefix, nullptr);
+  EXPECT_EQ(r.stored_state_end, 4);
+  EXPECT_EQ(r.prefix->first_block, 0);
+  EXPECT_EQ(r.prefix->end_block(), 4) << "the furthest stored state";
+  EXPECT_EQ(r.prefix->state_hash, chain[3]);
+  ExpectBlocks(*r.prefix, blocks);
+  expect_state(*r.prefix, at4);
+
+  r = FetchSync(client, {.hashes = chain, .first_block = 0, .end_block = 3});  // the engine can use 3 blocks
+  ASSERT_NE(r.prefix, nullptr);
+  EXPECT_EQ(r.prefix->end_block(), 2);
+  EXPECT_EQ(r.prefix->state_hash, chain[1]);
+  ExpectBlocks(*r.prefix, blocks);
+  expect_state(*r.prefix, at2);
+
+  // With a local snapshot after block 3 nothing is fetched, but the answer says the
+  // tier holds that state (the prefill then offloads nothing).
+  r = FetchSync(client, {.hashes = chain, .first_block = 4, .end_block = 4, .min_state_end = 4});
+  EXPECT_EQ(r.prefix, nullptr);
+  EXPECT_EQ(r.stored_state_end, 4);
+
+  // Four blocks cached locally without a state: only the state comes.
+  r = FetchSync(client, {.hashes = chain, .first_block = 4, .end_block = 5});
+  ASSERT_NE(r.prefix, nullptr);
+  EXPECT_EQ(r.prefix->first_block, 4);
+  EXPECT_TRUE(r.prefix->blocks.empty());
+  expect_state(*r.prefix, at4);
+
+  // A state missing its last chunk is not fetched, and nor are the blocks before it.
+  offload(1, 1, 23, 2);
+  WaitOffloaded(client, 12);
+  r = FetchSync(client, {.hashes = chain, .first_block = 0, .end_block = 1});
+  EXPECT_TRUE(r.available);
+  EXPECT_EQ(r.prefix, nullptr);
+  r.prefix.reset();
+  EXPECT_EQ(client.stats().checksum_mismatches, 0);
+  EXPECT_EQ(client.stats().offload_errors, 0);
 }
 
 }  // namespace
