@@ -11,66 +11,31 @@
 #include <set>
 #include <vector>
 
+#include "tests/unit/engine/runtime/sampler_test_support.h"
+
 namespace tandem {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-std::vector<float> RandomLogits(size_t vocab, float stddev, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> logits(vocab);
-  for (float& x : logits) x = dist(rng);
-  return logits;
-}
-
-SampledToken SampleCopy(Sampler& sampler, std::vector<float> logits, const SamplingParams& p,
-                        uint64_t seed, int64_t step, std::span<const int32_t> prompt = {},
-                        std::span<const int32_t> output = {}) {
-  return sampler.Sample(logits, p, seed, step, prompt, output);
-}
+using sampler_test::RandomLogits;
+using sampler_test::SampleCopy;
 
 int32_t Argmax(const std::vector<float>& logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-// The sampler's definition (sampler.h), written the obvious way: a full sort. Logits
-// already penalized.
+// The sampler's definition (sampler.h) on the reference kept set. Logits already
+// penalized.
 int32_t ReferenceSample(const std::vector<float>& logits, const SamplingParams& p, double u) {
-  const float max = *std::max_element(logits.begin(), logits.end());
   if (p.temperature < kGreedyTemperature) return Argmax(logits);
-  const float inv_t = 1.0f / p.temperature;
-  std::vector<int32_t> order;
-  std::vector<float> w(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    w[i] = SamplerExp((logits[i] - max) * inv_t);
-    if (w[i] > 0.0f) order.push_back(static_cast<int32_t>(i));
-  }
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-  });
-  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < order.size()) order.resize(p.top_k);
-  double total = 0.0;
-  for (const int32_t id : order) total += w[id];
-  if (p.top_p < 1.0f) {
-    double cum = 0.0;
-    for (size_t j = 0; j < order.size(); ++j) {
-      cum += w[order[j]];
-      if (cum >= static_cast<double>(p.top_p) * total) {
-        order.resize(j + 1);
-        break;
-      }
-    }
-  }
-  std::erase_if(order, [&](int32_t id) { return w[id] < p.min_p; });
-  double kept = 0.0;
-  for (const int32_t id : order) kept += w[id];
+  const sampler_test::ReferenceKeptSet kept = sampler_test::ReferenceKept(logits, p);
   double cum = 0.0;
-  for (const int32_t id : order) {
-    cum += w[id];
-    if (cum > u * kept) return id;
+  for (const int32_t id : kept.ids) {
+    cum += kept.weights[id];
+    if (cum > u * kept.mass) return id;
   }
-  return order.back();
+  return kept.ids.back();
 }
 
 // softmax(logits / t) restricted to `keep` (all when empty), renormalized.
@@ -337,25 +302,16 @@ TEST(SamplerTest, MatchesTheReferenceDefinitionExactly) {
       }
       logits[vocab / 2] = logits[vocab / 3];  // a tie
       logits[1] = kNegInf;                     // a masked token
-      for (const float t : {0.05f /* weights underflow */, 1.0f, 2.0f}) {
-        for (const int32_t k : {0, 1, 5, 200}) {
-          for (const float top_p : {1.0f, 0.5f, 0.95f}) {
-            for (const float min_p : {0.0f, 0.02f}) {
-              SamplingParams p;
-              p.temperature = t;
-              p.top_k = k;
-              p.top_p = top_p;
-              p.min_p = min_p;
-              for (int64_t step = 0; step < 8; ++step) {
-                const uint64_t seed = 1000 + step;
-                const int32_t got = SampleCopy(sampler, logits, p, seed, step).token;
-                const int32_t want = ReferenceSample(logits, p, UniformFromSeedStep(seed, step));
-                ASSERT_EQ(got, want) << "vocab " << vocab << " t " << t << " k " << k
-                                     << " top_p " << top_p << " min_p " << min_p;
-                ++checked;
-              }
-            }
-          }
+      // At temperature 0.05 most weights underflow.
+      for (const SamplingParams& p : sampler_test::TruncationGrid(
+               {0.05f, 1.0f, 2.0f}, {0, 1, 5, 200}, {1.0f, 0.5f, 0.95f}, {0.0f, 0.02f})) {
+        for (int64_t step = 0; step < 8; ++step) {
+          const uint64_t seed = 1000 + step;
+          const int32_t got = SampleCopy(sampler, logits, p, seed, step).token;
+          const int32_t want = ReferenceSample(logits, p, UniformFromSeedStep(seed, step));
+          ASSERT_EQ(got, want) << "vocab " << vocab << " t " << p.temperature << " k "
+                               << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p;
+          ++checked;
         }
       }
     }
