@@ -195,6 +195,36 @@ std::vector<uint64_t> TopKeys(const float* logits, size_t vocab, size_t count) {
   return heap;
 }
 
+// The max of a logits row, checking the contract of Sample, Verify and GreedyDraft.
+float CheckedMaxLogit(const float* l, size_t vocab, float* min_finite) {
+  TANDEM_CHECK(vocab > 0 && vocab < static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+      << vocab;
+  bool has_nan = false;
+  const float max = MinMaxLogit(l, vocab, min_finite, &has_nan);
+  TANDEM_CHECK(!has_nan) << "NaN logits";
+  TANDEM_CHECK(std::isfinite(max)) << "no finite logit, or +inf (max " << max << ")";
+  return max;
+}
+
+// `token` with its log-probability and the top `logprobs` under the penalized
+// log_softmax (step 2 in sampler.h).
+SampledToken WithLogprobs(const float* l, size_t vocab, int32_t token, double log_z,
+                          int32_t logprobs) {
+  SampledToken result;
+  result.token = token;
+  result.logprob = static_cast<float>(static_cast<double>(l[token]) - log_z);
+  if (logprobs > 0) {
+    const size_t count = std::min(static_cast<size_t>(logprobs), vocab);
+    result.top_logprobs.reserve(count);
+    for (const uint64_t key : TopKeys(l, vocab, count)) {
+      const int32_t id = KeyId(key);
+      result.top_logprobs.emplace_back(id,
+                                       static_cast<float>(static_cast<double>(l[id]) - log_z));
+    }
+  }
+  return result;
+}
+
 }  // namespace
 
 float SamplerExp(float x) {
@@ -227,6 +257,27 @@ double UniformFromSeedStep(uint64_t seed, int64_t step) {
   constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ULL;  // SplitMix64's increment
   const uint64_t h = Mix64(Mix64(seed + kGamma) ^ (static_cast<uint64_t>(step) + kGamma));
   return static_cast<double>(h >> 11) * 0x1.0p-53;
+}
+
+double UniformFromSeedStream(uint64_t seed, int64_t step, SeedStream stream) {
+  // The step is tagged with Mix64(stream): Mix64(0) == 0, so kSample is
+  // UniformFromSeedStep itself; the tags of the streams differ pairwise in their high 32
+  // bits, so for steps in [0, 2^32) the tagged steps of one seed are all distinct, and
+  // UniformFromSeedStep is a bijection of the step for a seed (before dropping 11 bits).
+  const uint64_t tag = Mix64(static_cast<uint64_t>(stream));
+  return UniformFromSeedStep(seed, static_cast<int64_t>(static_cast<uint64_t>(step) ^ tag));
+}
+
+DraftChoice GreedyDraft(std::span<const float> logits) {
+  const float* l = logits.data();
+  const size_t vocab = logits.size();
+  float min_finite = 0.0f;
+  const float max = CheckedMaxLogit(l, vocab, &min_finite);
+  DraftChoice choice;
+  choice.token = static_cast<int32_t>(FirstIndexOf(l, vocab, max));
+  // The argmax's own term is exp(0) = 1.
+  choice.confidence = static_cast<float>(1.0 / ExpWeights(l, vocab, max, 1.0f, nullptr));
+  return choice;
 }
 
 void SuppressTokens(std::span<float> logits, std::span<const int32_t> ids) {
@@ -451,25 +502,19 @@ size_t Sampler::SelectPrefix(size_t n, double target, bool strict, bool sorted, 
   return hi;
 }
 
-SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& p, uint64_t seed,
-                             int64_t step, std::span<const int32_t> prompt_tokens,
-                             std::span<const int32_t> output_tokens) {
+Sampler::Target Sampler::Prepare(std::span<float> logits, const SamplingParams& p,
+                                 std::span<const int32_t> prompt_tokens,
+                                 std::span<const int32_t> output_tokens) {
   const size_t vocab = logits.size();
-  TANDEM_CHECK(vocab > 0 && vocab < static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-      << vocab;
   ApplyPenalties(logits, p, prompt_tokens, output_tokens);
   const float* l = logits.data();
-
-  bool has_nan = false;
   float min_finite = 0.0f;
-  const float max = MinMaxLogit(l, vocab, &min_finite, &has_nan);
-  TANDEM_CHECK(!has_nan) << "NaN logits";
-  TANDEM_CHECK(std::isfinite(max)) << "no finite logit, or +inf (max " << max << ")";
+  const float max = CheckedMaxLogit(l, vocab, &min_finite);
 
-  SampledToken result;
+  Target target;
   double sum_exp = 0.0;  // sum exp(l - max), for the log-softmax
   if (p.temperature < kGreedyTemperature) {
-    result.token = static_cast<int32_t>(FirstIndexOf(l, vocab, max));
+    target.argmax = static_cast<int32_t>(FirstIndexOf(l, vocab, max));
     sum_exp = ExpWeights(l, vocab, max, 1.0f, nullptr);
   } else {
     const float inv_t = 1.0f / p.temperature;
@@ -496,23 +541,122 @@ SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& p, u
       n = s.length;
       kept = s.mass;
     }
+    target.kept = n;
+    target.kept_mass = kept;
+  }
+  target.log_z = static_cast<double>(max) + std::log(sum_exp);
+  return target;
+}
+
+SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& p, uint64_t seed,
+                             int64_t step, std::span<const int32_t> prompt_tokens,
+                             std::span<const int32_t> output_tokens) {
+  const Target target = Prepare(logits, p, prompt_tokens, output_tokens);
+  const float* l = logits.data();
+  int32_t token = target.argmax;
+  if (p.temperature >= kGreedyTemperature) {
     // Inverse CDF in canonical order.
     const double u = UniformFromSeedStep(seed, step);
-    result.token = SelectByMass(l, u * kept, /*strict=*/true, n).last;
+    token = SelectByMass(l, u * target.kept_mass, /*strict=*/true, target.kept).last;
   }
+  return WithLogprobs(l, logits.size(), token, target.log_z, p.logprobs);
+}
 
-  const double log_z = static_cast<double>(max) + std::log(sum_exp);
-  result.logprob = static_cast<float>(static_cast<double>(l[result.token]) - log_z);
-  if (p.logprobs > 0) {
-    const size_t count = std::min(static_cast<size_t>(p.logprobs), vocab);
-    result.top_logprobs.reserve(count);
-    for (const uint64_t key : TopKeys(l, vocab, count)) {
-      const int32_t id = KeyId(key);
-      result.top_logprobs.emplace_back(id,
-                                       static_cast<float>(static_cast<double>(l[id]) - log_z));
-    }
-  }
+VerifiedToken Sampler::Verify(std::span<float> logits, const SamplingParams& p, uint64_t seed,
+                              int64_t step, std::span<const int32_t> prompt_tokens,
+                              std::span<const int32_t> output_tokens, int32_t draft) {
+  TANDEM_CHECK(draft >= 0 && static_cast<size_t>(draft) < logits.size())
+      << "draft " << draft << " outside the vocabulary of " << logits.size();
+  const Target target = Prepare(logits, p, prompt_tokens, output_tokens);
+  const float* l = logits.data();
+  const int32_t token = p.temperature < kGreedyTemperature
+                            ? target.argmax
+                            : VerifySampled(l, target, seed, step, draft);
+  VerifiedToken result;
+  result.sampled = WithLogprobs(l, logits.size(), token, target.log_z, p.logprobs);
+  result.accepted = token == draft;
   return result;
+}
+
+int32_t Sampler::VerifySampled(const float* l, const Target& target, uint64_t seed,
+                               int64_t step, int32_t draft) {
+  const size_t vocab = weights_.size();
+  float* w = weights_.data();
+  // The kept set is a canonical prefix of the candidates: those of positive weight that
+  // rank at or before the last kept one (every candidate when nothing was truncated).
+  // Non-candidates weigh 0, so the weight alone keeps them out of every sum below.
+  float last_logit = kNegInf;
+  size_t last_id = vocab;
+  if (target.kept < num_candidates_) {
+    last_id = static_cast<size_t>(KeyId(NthKey(l, target.kept)));
+    last_logit = l[last_id];
+  }
+  // Branch-free (a product, not a select, which compilers turn into a branch): membership
+  // by id looks random, and branching on it mispredicts.
+  const auto kept_weight = [&](size_t i) {
+    const bool kept = (l[i] > last_logit) | ((l[i] == last_logit) & (i <= last_id));
+    return w[i] * static_cast<float>(kept);
+  };
+  // Accepted with probability p(draft) = w / kept_mass, compared as Sample compares u * mass.
+  const double draft_weight = kept_weight(static_cast<size_t>(draft));
+  if (UniformFromSeedStream(seed, step, SeedStream::kDraftAccept) * target.kept_mass <
+      draft_weight) {
+    return draft;
+  }
+  // Refused: p without the draft, whose weight (scratch, not read again in this call) is
+  // now 0. Its mass is summed rather than taken as kept_mass - w[draft] (which cancels
+  // when p(draft) is near 1), per block of ids (four accumulators, so the adds do not
+  // wait on each other), so that the draw can find its block from the block sums and scan
+  // just that one.
+  w[draft] = 0.0f;
+  constexpr size_t kBlock = 256;
+  const size_t blocks = (vocab + kBlock - 1) / kBlock;
+  block_mass_.resize(blocks);
+  double rest = 0.0;
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t end = std::min(vocab, (b + 1) * kBlock);
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    size_t i = b * kBlock;
+    for (; i + 4 <= end; i += 4) {
+      s0 += kept_weight(i);
+      s1 += kept_weight(i + 1);
+      s2 += kept_weight(i + 2);
+      s3 += kept_weight(i + 3);
+    }
+    for (; i < end; ++i) s0 += kept_weight(i);
+    block_mass_[b] = (s0 + s1) + (s2 + s3);
+    rest += block_mass_[b];
+  }
+  if (!(rest > 0.0)) return draft;  // rounding: nothing else to draw
+  // Inverse CDF in id order. The running sum over blocks repeats rest's additions, so it
+  // ends exactly at rest, above the threshold (u < 1): some block holds the draw.
+  const double threshold = UniformFromSeedStream(seed, step, SeedStream::kDraftRedraw) * rest;
+  double acc = 0.0;
+  for (size_t b = 0; b < blocks; ++b) {
+    if (!(acc + block_mass_[b] > threshold)) {
+      acc += block_mass_[b];
+      continue;
+    }
+    const size_t end = std::min(vocab, (b + 1) * kBlock);
+    int32_t last_positive = -1;  // exists: the block weighs more than threshold - acc >= 0
+    for (size_t i = b * kBlock; i < end; ++i) {
+      const float x = kept_weight(i);
+      if (!(x > 0.0f)) continue;
+      acc += x;
+      last_positive = static_cast<int32_t>(i);
+      if (acc > threshold) return last_positive;
+    }
+    return last_positive;  // rounding: the scan summed the block a little short
+  }
+  TANDEM_CHECK(false) << "redraw past the kept mass";
+  return draft;
+}
+
+uint64_t Sampler::NthKey(const float* l, size_t n) {
+  const Cut cut = Locate(n);
+  // keys_[0, in_bucket) are then the bucket's first in_bucket members, in some order.
+  CollectBucket(l, cut);
+  return *std::max_element(keys_.begin(), keys_.begin() + static_cast<ptrdiff_t>(cut.in_bucket));
 }
 
 }  // namespace tandem

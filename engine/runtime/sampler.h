@@ -33,6 +33,10 @@
 // prefixes are located on the bucket histogram, and only the bucket a boundary falls in
 // is examined token by token (nth_element bisection). About 0.5 ms for 129,280 logits
 // with top_p 0.9 (sampler_test's Speed prints the figures).
+//
+// Verify is Sample's counterpart for speculative decoding (docs/speculative-decoding.md):
+// it checks a greedy draft token against the same distribution and returns a token
+// distributed exactly as Sample's.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +65,35 @@ float SamplerExp(float x);
 // (SplitMix64 mixing; no state). Exposed so that other backends can reproduce Sample.
 double UniformFromSeedStep(uint64_t seed, int64_t step);
 
+// Independent uniform draws for one (seed, step): Sample's, and Verify's two.
+enum class SeedStream : uint64_t {
+  kSample = 0,       // Sample's inverse-CDF draw: UniformFromSeedStep, bit for bit
+  kDraftAccept = 1,  // Verify's acceptance test of the draft
+  kDraftRedraw = 2,  // Verify's draw of the corrected token after a refusal
+};
+
+// UniformFromSeedStep with the stream mixed into the step's hash input (the mix of
+// kSample is 0, so that stream is UniformFromSeedStep itself). Draws of different
+// (step, stream) pairs of one seed never share a hash input for steps below 2^32.
+double UniformFromSeedStream(uint64_t seed, int64_t step, SeedStream stream);
+
+// The result of Verify. accepted == (sampled.token == draft): a refused draft is never
+// the corrected token.
+struct VerifiedToken {
+  SampledToken sampled;
+  bool accepted = false;
+};
+
+// The drafting side's choice from a draft model's logits row: the argmax (ties to the
+// lowest id, as Sample's greedy) and its softmax probability at temperature 1, the
+// draft's confidence. No penalties or sampling parameters apply: drafts are greedy.
+struct DraftChoice {
+  int32_t token = -1;
+  float confidence = 0.0f;
+};
+// logits: as Sample's (no NaN or +inf, at least one finite; checked). O(vocab).
+DraftChoice GreedyDraft(std::span<const float> logits);
+
 class Sampler {
  public:
   // logits: one float per vocabulary id, modified in place (penalties). Entries may be
@@ -73,6 +106,31 @@ class Sampler {
   SampledToken Sample(std::span<float> logits, const SamplingParams& params, uint64_t seed,
                       int64_t step, std::span<const int32_t> prompt_tokens,
                       std::span<const int32_t> output_tokens);
+
+  // Speculative decoding's acceptance step (Leviathan et al., Chen et al., with a one-hot
+  // draft distribution): the token at output position `step` given that the drafter
+  // proposed `draft`, which must be in [0, vocab) (checked: the engine passes its own
+  // drafts). Arguments as Sample's; sampled.logprob and top_logprobs are exactly what
+  // Sample gives for the returned token (the same penalized log_softmax).
+  //   - Greedy params: the token is Sample's argmax; the draft is accepted iff it is
+  //     that token. The output is exactly the non-speculative one.
+  //   - Otherwise, with p the distribution Sample draws from (its kept set, weights
+  //     normalized over it; p(draft) = 0 outside it): accepted iff u_a < p(draft), u_a
+  //     from SeedStream::kDraftAccept; then the token is the draft. When refused, the
+  //     token is drawn from p without the draft, renormalized, by the inverse CDF in id
+  //     order (ascending ids of the kept set) at u_r * their mass, u_r from
+  //     SeedStream::kDraftRedraw. If rounding left no mass besides the draft's, it is
+  //     accepted. P(token = x) = p(x) for every x, as with Sample (not the same token as
+  //     Sample's for a seed: another draw).
+  // Cost: Sample's, plus a scan of the histogram's bucket array when truncation applies
+  // (the last kept token, which decides membership in the kept set) and, on a refusal,
+  // one pass over the weights (the mass without the draft, per block of 256 ids) and one
+  // block (the draw): O(vocab + history), no sort. About 1.4x Sample's time on a refusal
+  // for 129,280 logits (0.48 vs 0.34 ms on a 2-core x86-64-v3 build machine;
+  // sampler_verify_test's Speed prints the figures).
+  VerifiedToken Verify(std::span<float> logits, const SamplingParams& params, uint64_t seed,
+                       int64_t step, std::span<const int32_t> prompt_tokens,
+                       std::span<const int32_t> output_tokens, int32_t draft);
 
   // Step 1 on its own (what Sample applies first).
   void ApplyPenalties(std::span<float> logits, const SamplingParams& params,
@@ -91,6 +149,22 @@ class Sampler {
     double mass = 0.0;  // their weight
     int32_t last = -1;  // the last of them in canonical order
   };
+
+  // What Sample and Verify compute before choosing: steps 1-2, then the greedy token or
+  // step 4's kept set.
+  struct Target {
+    double log_z = 0.0;       // log sum exp(penalized logits): the log_softmax normalizer
+    int32_t argmax = -1;      // greedy params only
+    size_t kept = 0;          // otherwise: the kept set is the first `kept` candidates
+    double kept_mass = 0.0;   // ... and weighs this (weights_ relative to the max's 1)
+  };
+  Target Prepare(std::span<float> logits, const SamplingParams& params,
+                 std::span<const int32_t> prompt_tokens, std::span<const int32_t> output_tokens);
+  // Verify's choice for non-greedy params, after Prepare.
+  int32_t VerifySampled(const float* logits, const Target& target, uint64_t seed, int64_t step,
+                        int32_t draft);
+  // The canonical key of the n-th candidate in canonical order (1 <= n <= candidates).
+  uint64_t NthKey(const float* logits, size_t n);
 
   // Marks of tokens seen in the current call: seen_[id] == epoch_ (avoids clearing).
   uint32_t NextEpoch(size_t vocab);
@@ -125,6 +199,7 @@ class Sampler {
   double min_p_mass_ = 0.0;
   double total_mass_ = 0.0;
   std::vector<uint64_t> keys_;  // scratch: ~ordered(logit) << 32 | id
+  std::vector<double> block_mass_;  // scratch of Verify's redraw: mass per block of ids
 };
 
 // Sets the logits of `ids` to -inf: a helper for the engine to keep EOS and stop tokens
