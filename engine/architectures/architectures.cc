@@ -14,10 +14,14 @@ namespace tandem {
 namespace {
 
 // DeepSeek-V2/V3: one latent entry (kv_lora_rank + qk_rope_head_dim floats) per token on
-// every layer.
-absl::StatusOr<ModelKvStreams> DeepseekLatentStreams(std::string_view config_json) {
+// every layer, and on the MTP layer after them when it drafts.
+absl::StatusOr<ModelKvStreams> DeepseekLatentStreams(std::string_view config_json, const KvStreamOptions& options) {
   ASSIGN_OR_RETURN(const ModelConfig c, ParseModelConfig(config_json));
-  ModelKvStreams out{.num_layers = static_cast<int32_t>(c.num_hidden_layers)};
+  if (options.mtp && c.num_nextn_predict_layers < 1) {
+    return absl::FailedPreconditionError(
+        "speculative decoding needs the checkpoint's MTP layer: config.json's num_nextn_predict_layers is 0");
+  }
+  ModelKvStreams out{.num_layers = static_cast<int32_t>(c.num_hidden_layers + (options.mtp ? 1 : 0))};
   KvStream latent{.name = "latent", .dtype = "f32", .granularity = KvGranularity::kPerToken, .tokens = 1,
                   .width = static_cast<int32_t>(c.kv_entry_dim())};
   for (int32_t l = 0; l < out.num_layers; ++l) latent.layers.push_back(l);
@@ -25,8 +29,11 @@ absl::StatusOr<ModelKvStreams> DeepseekLatentStreams(std::string_view config_jso
   return out;
 }
 
-absl::StatusOr<ModelKvStreams> DeepseekV4Streams(std::string_view config_json) {
+absl::StatusOr<ModelKvStreams> DeepseekV4Streams(std::string_view config_json, const KvStreamOptions& options) {
   ASSIGN_OR_RETURN(const v4::DeepseekV4Config c, v4::ParseDeepseekV4Config(config_json));
+  if (options.mtp) {
+    return absl::UnimplementedError("speculative decoding for deepseek_v4 (its MTP layer over the V4 streams)");
+  }
   return ModelKvStreams{.num_layers = static_cast<int32_t>(c.num_hidden_layers), .streams = v4::KvStreamsFor(c)};
 }
 
@@ -81,11 +88,12 @@ absl::StatusOr<std::string> ReadModelType(const std::string& dir) {
   return ModelTypeOfConfig(text);
 }
 
-absl::StatusOr<ModelKvStreams> KvStreamsForConfig(std::string_view config_json, int32_t block_size) {
+absl::StatusOr<ModelKvStreams> KvStreamsForConfig(std::string_view config_json, int32_t block_size,
+                                                  const KvStreamOptions& options) {
   ASSIGN_OR_RETURN(const std::string model_type, ModelTypeOfConfig(config_json));
   ASSIGN_OR_RETURN(const Architecture* a, FindArchitecture(model_type));
   if (!a->kv_streams) return absl::UnimplementedError(absl::StrCat("model_type '", model_type, "' declares no KV"));
-  ASSIGN_OR_RETURN(ModelKvStreams streams, a->kv_streams(config_json));
+  ASSIGN_OR_RETURN(ModelKvStreams streams, a->kv_streams(config_json, options));
   RETURN_IF_ERROR(ValidateKvStreams(streams.streams, streams.num_layers, block_size));
   return streams;
 }

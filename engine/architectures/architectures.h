@@ -16,6 +16,13 @@
 
 namespace tandem {
 
+// What the KV of a model holds beyond its decoder layers'.
+struct KvStreamOptions {
+  // Speculative decoding with the checkpoint's MTP layer (docs/speculative-decoding.md):
+  // its KV as one more layer after the decoder layers.
+  bool mtp = false;
+};
+
 struct Architecture {
   std::string model_type;  // config.json's
   // Loads a checkpoint directory of this architecture on options.device; an empty
@@ -24,8 +31,10 @@ struct Architecture {
   std::function<absl::StatusOr<std::unique_ptr<ModelBackend>>(const std::string& dir, const BackendOptions& options)>
       load;
   // The KV streams a config.json of this architecture gives each sequence (validated by
-  // the caller); errors name the config field.
-  std::function<absl::StatusOr<ModelKvStreams>(std::string_view config_json)> kv_streams;
+  // the caller); errors name the config field, or say what the options ask that the
+  // architecture cannot give.
+  std::function<absl::StatusOr<ModelKvStreams>(std::string_view config_json, const KvStreamOptions& options)>
+      kv_streams;
   // What every model has (vocabulary, context, special tokens) from a config.json of
   // this architecture, without weights: what a router needs.
   std::function<absl::StatusOr<ModelInfo>(std::string_view config_json)> info;
@@ -43,7 +52,8 @@ absl::StatusOr<std::string> ModelTypeOfConfig(std::string_view config_json);
 // The KV streams of `config_json` by its model_type, validated for blocks of
 // `block_size` tokens. Errors: as ReadModelType and LoadModelBackend for the model_type,
 // the architecture's for its fields.
-absl::StatusOr<ModelKvStreams> KvStreamsForConfig(std::string_view config_json, int32_t block_size);
+absl::StatusOr<ModelKvStreams> KvStreamsForConfig(std::string_view config_json, int32_t block_size,
+                                                  const KvStreamOptions& options = {});
 
 // ModelInfo of the checkpoint in `dir` from its config.json alone, by its model_type.
 // Errors: as ReadModelType and LoadModelBackend for the model_type, the architecture's

@@ -49,6 +49,16 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Load(const std::st
   model->rope_attention_factor_ = static_cast<float>(model->config_.RopeAttentionFactor());
   model->softmax_scale_ = static_cast<float>(model->config_.SoftmaxScale());
   model->bf16_kv_cache_ = options.bf16_kv_cache;
+  if (options.mtp) {
+    const ModelWeights& w = model->weights();
+    if (w.mtp_layers.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "speculative decoding needs the checkpoint's MTP layer, and '", dir, "' has none (num_nextn_predict_layers ",
+          model->config_.num_nextn_predict_layers, ", no model.layers.", model->config_.num_hidden_layers,
+          ".eh_proj.weight)"));
+    }
+    model->mtp_ = &w.mtp_layers.front();
+  }
   return model;
 }
 
@@ -57,28 +67,43 @@ absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const Forwar
   const ModelConfig& c = config_;
   const ModelWeights& w = weights();
   const int64_t hidden = c.hidden_size;
+  if (mtp_ != nullptr && cache.num_layers() != c.num_hidden_layers + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("a model with its MTP layer needs a KV cache of ",
+                                                   c.num_hidden_layers + 1, " layers, not ", cache.num_layers()));
+  }
 
   // Validate and flatten the batch: row r of the activations is token r.
   std::vector<int32_t> tokens;
-  std::vector<int64_t> positions;
   std::vector<int64_t> logit_rows;
+  std::vector<AttentionRows> seqs;
+  seqs.reserve(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     const ForwardSequence& s = batch[i];
     if (s.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " has no new tokens"));
+    if ((s.mtp || s.keep_hidden) && mtp_ == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sequence ", i, " asks for the MTP layer, which this model was loaded without"));
+    }
     const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
-    if (s.start_position < 0 || end > c.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " reaches position ", end,
+    // The MTP pass writes slot `end` when it knows the token there.
+    const int64_t written = end + (s.mtp && s.mtp_next_token >= 0 ? 1 : 0);
+    if (s.start_position < 0 || written > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " reaches position ", written,
                                                      ", beyond max_position_embeddings ",
                                                      c.max_position_embeddings));
     }
-    if (static_cast<int64_t>(s.block_table.size()) * cache.block_size() < end) {
+    if (static_cast<int64_t>(s.block_table.size()) * cache.block_size() < written) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", s.block_table.size(),
-                                                     " cache blocks cannot hold ", end, " tokens"));
+                                                     " cache blocks cannot hold ", written, " tokens"));
     }
     for (int32_t b : s.block_table) {
       if (b < 0 || b >= cache.num_blocks()) {
         return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": block id ", b, " out of range"));
       }
+    }
+    if (s.mtp && s.mtp_next_token >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", s.mtp_next_token,
+                                                     " is outside the vocabulary (size ", c.vocab_size, ")"));
     }
     for (size_t j = 0; j < s.tokens.size(); ++j) {
       const int32_t t = s.tokens[j];
@@ -90,31 +115,29 @@ absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const Forwar
         logit_rows.push_back(static_cast<int64_t>(tokens.size()));
       }
       tokens.push_back(t);
-      positions.push_back(s.start_position + static_cast<int64_t>(j));
     }
+    seqs.push_back({.first_position = s.start_position,
+                    .num_tokens = static_cast<int64_t>(s.tokens.size()),
+                    .block_table = s.block_table,
+                    .skip_first_write = s.first_kv_cached});
   }
   const int64_t rows = static_cast<int64_t>(tokens.size());
 
   std::vector<float> x(static_cast<size_t>(rows * hidden));
   for (int64_t r = 0; r < rows; ++r) cpu::DequantizeRows(w.embed, tokens[r], 1, &x[r * hidden]);
-
-  std::vector<float> h(x.size()), delta(x.size());
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const DecoderLayerWeights& layer = w.layers[l];
-    cpu::RmsNorm(x.data(), rows, hidden, hidden, layer.input_norm, static_cast<float>(c.rms_norm_eps), h.data(),
-                 hidden);
-    Attention(layer.attention, l, batch, positions, h.data(), delta.data(), cache, options.attention);
-    if (options.after_layer_kv) options.after_layer_kv(l);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+    DecoderLayer(w.layers[l], l, l, /*slot_offset=*/0, seqs, x.data(), rows, cache, options);
+  }
 
-    cpu::RmsNorm(x.data(), rows, hidden, hidden, layer.post_attention_norm, static_cast<float>(c.rms_norm_eps),
-                 h.data(), hidden);
-    if (layer.moe) {
-      Moe(*layer.moe, l, h.data(), rows, delta.data(), options);
-    } else {
-      DenseMlp(*layer.mlp, h.data(), rows, delta.data(), /*accumulate=*/false);
+  if (mtp_ != nullptr) {
+    kept_hidden_.clear();
+    int64_t r = 0;
+    for (const ForwardSequence& s : batch) {
+      const int64_t n = static_cast<int64_t>(s.tokens.size());
+      if (s.keep_hidden) kept_hidden_.insert(kept_hidden_.end(), &x[r * hidden], &x[(r + n) * hidden]);
+      r += n;
     }
-    for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+    FillMtpSlots(batch, x.data(), cache, options);
   }
 
   const int64_t out_rows = static_cast<int64_t>(logit_rows.size());
@@ -129,11 +152,34 @@ absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const Forwar
   return logits;
 }
 
-void DeepseekModel::Attention(const AttentionWeights& w, int64_t layer, std::span<const ForwardSequence> batch,
-                              const std::vector<int64_t>& positions, const float* h, float* out,
+void DeepseekModel::DecoderLayer(const DecoderLayerWeights& layer, int64_t layer_index, int64_t cache_layer,
+                                 int64_t slot_offset, std::span<const AttentionRows> seqs, float* x, int64_t rows,
+                                 LatentKvCache& cache, const DeepseekForwardOptions& options) {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size;
+  const size_t n = static_cast<size_t>(rows * hidden);
+  std::vector<float> h(n), delta(n);
+  cpu::RmsNorm(x, rows, hidden, hidden, layer.input_norm, static_cast<float>(c.rms_norm_eps), h.data(), hidden);
+  Attention(layer.attention, cache_layer, slot_offset, seqs, h.data(), delta.data(), cache, options.attention);
+  if (options.after_layer_kv) options.after_layer_kv(cache_layer);
+  for (size_t i = 0; i < n; ++i) x[i] += delta[i];
+
+  cpu::RmsNorm(x, rows, hidden, hidden, layer.post_attention_norm, static_cast<float>(c.rms_norm_eps), h.data(),
+               hidden);
+  if (layer.moe) {
+    Moe(*layer.moe, layer_index, h.data(), rows, delta.data(), options);
+  } else {
+    DenseMlp(*layer.mlp, h.data(), rows, delta.data(), /*accumulate=*/false);
+  }
+  for (size_t i = 0; i < n; ++i) x[i] += delta[i];
+}
+
+void DeepseekModel::Attention(const AttentionWeights& w, int64_t cache_layer, int64_t slot_offset,
+                              std::span<const AttentionRows> seqs, const float* h, float* out,
                               LatentKvCache& cache, AttentionForm form) {
   const ModelConfig& c = config_;
-  const int64_t rows = static_cast<int64_t>(positions.size());
+  int64_t rows = 0;
+  for (const AttentionRows& s : seqs) rows += s.num_tokens;
   const int64_t heads = c.num_attention_heads;
   const int64_t qk = c.qk_head_dim();
   const int64_t lora = c.kv_lora_rank;
@@ -151,15 +197,17 @@ void DeepseekModel::Attention(const AttentionWeights& w, int64_t layer, std::spa
     Linear(h, rows, c.hidden_size, w.q_proj, q.data(), *pool_);
   }
 
-  // Latent KV of the new tokens: normalized latent + rotated rotary key, into the cache.
+  // Latent KV of the new tokens: normalized latent + rotated rotary key, into the cache
+  // (except a first row whose KV is cached already: it computes the same entry).
   const int64_t entry = c.kv_entry_dim();
   std::vector<float> kv(static_cast<size_t>(rows * entry));
   Linear(h, rows, c.hidden_size, w.kv_a_proj, kv.data(), *pool_);
   std::vector<float> cos(static_cast<size_t>(half_rope)), sin(static_cast<size_t>(half_rope));
   int64_t r = 0;
-  for (const ForwardSequence& s : batch) {
-    for (size_t j = 0; j < s.tokens.size(); ++j, ++r) {
-      cpu::RopeCosSin(positions[r], inv_freq_.data(), half_rope, rope_attention_factor_, cos.data(), sin.data());
+  for (const AttentionRows& s : seqs) {
+    for (int64_t j = 0; j < s.num_tokens; ++j, ++r) {
+      const int64_t position = s.first_position + j;
+      cpu::RopeCosSin(position, inv_freq_.data(), half_rope, rope_attention_factor_, cos.data(), sin.data());
       float* kv_row = &kv[r * entry];
       cpu::RmsNorm(kv_row, 1, lora, lora, w.kv_a_norm, kLatentNormEps, kv_row, lora);
       cpu::ApplyRope(kv_row + lora, cos.data(), sin.data(), half_rope, c.rope_interleave);
@@ -170,20 +218,22 @@ void DeepseekModel::Attention(const AttentionWeights& w, int64_t layer, std::spa
       if (bf16_kv_cache_) {
         for (int64_t i = 0; i < entry; ++i) kv_row[i] = Bf16ToF32(F32ToBf16(kv_row[i]));
       }
-      std::copy(kv_row, kv_row + entry, cache.Entry(layer, s.block_table, positions[r]));
+      if (j == 0 && s.skip_first_write) continue;
+      std::copy(kv_row, kv_row + entry, cache.Entry(cache_layer, s.block_table, position + slot_offset));
     }
   }
 
   // Attention per sequence, over its whole cached history.
   std::vector<float> attn(static_cast<size_t>(rows * heads * c.v_head_dim));
   r = 0;
-  for (const ForwardSequence& s : batch) {
-    const int64_t n = static_cast<int64_t>(s.tokens.size());
+  for (const AttentionRows& s : seqs) {
+    const int64_t n = s.num_tokens;
     cpu::MlaAttentionParams p{.num_heads = heads, .qk_nope_dim = c.qk_nope_head_dim,
                               .qk_rope_dim = c.qk_rope_head_dim, .v_dim = c.v_head_dim,
                               .kv_lora_rank = lora, .softmax_scale = softmax_scale_,
                               .q = &q[r * heads * qk], .q_stride = heads * qk, .num_tokens = n,
-                              .first_position = s.start_position, .cache = cache.View(layer, s.block_table),
+                              .first_position = s.first_position,
+                              .cache = cache.View(cache_layer, s.block_table, slot_offset),
                               .kv_b = &w.kv_b_proj, .out = &attn[r * heads * c.v_head_dim],
                               .out_stride = heads * c.v_head_dim};
     // kAuto is the absorbed form for every position, prefill chunks included: a position

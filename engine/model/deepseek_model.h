@@ -59,6 +59,10 @@ class DeepseekModel {
     // CUDA backend's) holds; storage stays float32. For comparing with a GPU at its cache
     // precision: on random-weight models that rounding alone flips near-tied routing.
     bool bf16_kv_cache = false;
+    // Speculative decoding: run the checkpoint's first MTP layer (Draft, ForwardSequence::
+    // mtp) over a cache with one layer more than the model (the MTP layer's KV).
+    // FAILED_PRECONDITION when the checkpoint has none.
+    bool mtp = false;
   };
   // Loads config.json and the safetensors weights of a checkpoint directory.
   static absl::StatusOr<std::unique_ptr<DeepseekModel>> Load(const std::string& dir,
@@ -80,14 +84,52 @@ class DeepseekModel {
   // [rows][vocab] with rows in batch order: every token of sequences with all_logits,
   // none of sequences with no_logits, the last token of the others. Errors: INVALID_ARGUMENT for token ids out of the
   // vocabulary, positions past max_position_embeddings, or block tables too short.
+  // With LoadOptions::mtp also the MTP layer's slots of sequences with `mtp`, and the
+  // hidden states of sequences with `keep_hidden` (kept_hidden()); without it those are
+  // FAILED_PRECONDITION. A sequence with first_kv_cached writes no KV for its first token.
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& cache,
                                              const DeepseekForwardOptions& options = {});
 
+  // Speculative decoding (docs/speculative-decoding.md): the MTP layer over each
+  // sequence's slots, then its chained drafts; per sequence its drafts in order (fewer than
+  // max_drafts when one falls below min_confidence). Errors: FAILED_PRECONDITION without
+  // LoadOptions::mtp; INVALID_ARGUMENT for tokens outside the vocabulary, hidden rows the
+  // last Forward did not keep, slots past the context or the block tables.
+  absl::StatusOr<std::vector<std::vector<DraftToken>>> Draft(std::span<const DraftSequence> batch,
+                                                             LatentKvCache& cache,
+                                                             const DeepseekForwardOptions& options = {});
+  bool has_mtp() const { return mtp_ != nullptr; }
+  // [rows][hidden_size]: the hidden states the last Forward kept (ForwardSequence::keep_hidden).
+  std::span<const float> kept_hidden() const { return kept_hidden_; }
+
  private:
+  // One sequence's consecutive rows in a layer's attention: RoPE positions first_position
+  // onwards, KV at those positions plus the layer's slot offset (the MTP layer's is 1).
+  struct AttentionRows {
+    int64_t first_position = 0;
+    int64_t num_tokens = 0;
+    std::span<const int32_t> block_table;
+    bool skip_first_write = false;  // the first row's KV is already in the cache
+  };
+
   DeepseekModel() = default;
-  void Attention(const AttentionWeights& w, int64_t layer, std::span<const ForwardSequence> batch,
-                 const std::vector<int64_t>& positions, const float* h, float* out, LatentKvCache& cache,
+  // A decoder layer over rows `x` ([rows][hidden], updated in place); its KV in cache layer
+  // `cache_layer` at position + slot_offset.
+  void DecoderLayer(const DecoderLayerWeights& layer, int64_t layer_index, int64_t cache_layer, int64_t slot_offset,
+                    std::span<const AttentionRows> seqs, float* x, int64_t rows, LatentKvCache& cache,
+                    const DeepseekForwardOptions& options);
+  void Attention(const AttentionWeights& w, int64_t cache_layer, int64_t slot_offset,
+                 std::span<const AttentionRows> seqs, const float* h, float* out, LatentKvCache& cache,
                  AttentionForm form);
+  // The MTP layer over `rows` rows: hidden[r] (the previous hidden state) and tokens[r];
+  // writes their KV and leaves its output (before the shared head's norm) in y.
+  void MtpLayer(std::span<const AttentionRows> seqs, const float* hidden, const int32_t* tokens, int64_t rows,
+                float* y, LatentKvCache& cache, const DeepseekForwardOptions& options);
+  // The main Forward's MTP pass over the sequences with `mtp`.
+  void FillMtpSlots(std::span<const ForwardSequence> batch, const float* x, LatentKvCache& cache,
+                    const DeepseekForwardOptions& options);
+  // The most likely next token under the MTP's shared head for each row of y.
+  std::vector<DraftToken> MtpDrafts(const float* y, int64_t rows);
   void DenseMlp(const MlpWeights& w, const float* h, int64_t rows, float* out, bool accumulate);
   void Moe(const MoeWeights& w, int64_t layer, const float* h, int64_t rows, float* out,
            const DeepseekForwardOptions& options);
@@ -99,6 +141,8 @@ class DeepseekModel {
   float rope_attention_factor_ = 1.0f;
   float softmax_scale_ = 1.0f;
   bool bf16_kv_cache_ = false;
+  const MtpLayerWeights* mtp_ = nullptr;  // LoadOptions::mtp: the first MTP layer
+  std::vector<float> kept_hidden_;
 };
 
 }  // namespace tandem

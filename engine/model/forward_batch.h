@@ -19,6 +19,46 @@ struct ForwardSequence {
   // The sequence's slot in the KV pool's per-sequence streams (rings, states;
   // engine/model/kv_pool.h), for architectures that have them; -1: none.
   int64_t state_slot = -1;
+  // Speculative decoding with the model's MTP layer (docs/speculative-decoding.md), on a
+  // backend loaded with it (BackendOptions::mtp) over a pool whose last layer is the MTP
+  // layer's. mtp: the MTP layer also fills its KV slots [start_position + 1,
+  // start_position + n) from this pass's hidden states and these tokens, and slot
+  // start_position + n when mtp_next_token >= 0 (the token after these, when known: a
+  // prompt chunk short of the prompt's end).
+  bool mtp = false;
+  int32_t mtp_next_token = -1;
+  // The final hidden states (after the last decoder layer, before the final norm) of this
+  // sequence's new tokens stay in the backend for the next Draft call (DraftSequence::
+  // hidden_row), in batch order, until the next Forward.
+  bool keep_hidden = false;
+  // The first new token's KV is already in the cache (a cached, maybe shared, prefix ends
+  // there): the pass computes that token only for its hidden state, and writes none of its KV.
+  bool first_kv_cached = false;
+};
+
+// One sequence of a draft pass (ModelBackend::Draft): the MTP layer over its slots
+// [first_slot, first_slot + tokens.size()), slot q from the main model's hidden state at
+// position q - 1 and the token at q (docs/speculative-decoding.md), then up to max_drafts
+// chained runs from the last slot, each taking the previous run's output and draft.
+struct DraftSequence {
+  int64_t first_slot = 1;
+  std::span<const int32_t> tokens;  // the token of each slot
+  // The hidden state at q - 1 for each slot: first the rows of `hidden` (hidden_size floats
+  // each: one a prefill replica handed over), then rows hidden_row, hidden_row + 1, ... of
+  // what the last Forward kept (ForwardSequence::keep_hidden).
+  std::span<const float> hidden;
+  int64_t hidden_row = 0;
+  // Covers slot first_slot + tokens.size() - 1 + max_drafts - 1 (the last chained run's).
+  std::span<const int32_t> block_table;
+  int32_t max_drafts = 0;
+  // Drafting stops before a draft whose probability under the MTP layer is below this.
+  float min_confidence = 0.0f;
+};
+
+// A draft: the MTP layer's most likely token and its probability (softmax at temperature 1).
+struct DraftToken {
+  int32_t token = -1;
+  float confidence = 0.0f;
 };
 
 struct ForwardOptions {

@@ -66,9 +66,9 @@ class LatentKvCache {
     return LayerBase(layer) + (block * block_size_ + position % block_size_) * entry_dim_;
   }
 
-  cpu::LatentCacheView View(int64_t layer, std::span<const int32_t> block_table) {
+  cpu::LatentCacheView View(int64_t layer, std::span<const int32_t> block_table, int64_t position_offset = 0) {
     return {.base = LayerBase(layer), .block_table = block_table.data(), .block_size = block_size_,
-            .entry_dim = entry_dim_};
+            .entry_dim = entry_dim_, .position_offset = position_offset};
   }
 
   // The whole pool: [layer][block][slot][entry_dim] floats.

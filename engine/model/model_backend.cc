@@ -37,6 +37,15 @@ int CudaDeviceCount() {
 #endif
 }
 
+absl::StatusOr<std::vector<float>> CpuBackend::KeptHidden(int64_t row) const {
+  const int64_t d = model_->config().hidden_size;
+  const std::span<const float> kept = model_->kept_hidden();
+  if (row < 0 || (row + 1) * d > static_cast<int64_t>(kept.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden row ", row, " was not kept"));
+  }
+  return std::vector<float>(kept.begin() + row * d, kept.begin() + (row + 1) * d);
+}
+
 absl::StatusOr<std::unique_ptr<ModelBackend>> LoadDeepseekBackend(const std::string& dir, const BackendOptions& options) {
   ASSIGN_OR_RETURN(DeviceSpec spec, ParseDevice(options.device));
   if (spec.kind == DeviceSpec::Kind::kCpu) {
@@ -47,6 +56,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> LoadDeepseekBackend(const std::str
     }
     DeepseekModel::LoadOptions load;
     load.num_threads = options.num_threads;
+    load.mtp = options.mtp;
     ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> model, DeepseekModel::Load(dir, load));
     return std::unique_ptr<ModelBackend>(new CpuBackend(std::move(model)));
   }

@@ -106,6 +106,20 @@ class ModelBackend {
     return r;
   }
 
+  // Speculative decoding (docs/speculative-decoding.md): whether the backend was loaded with
+  // its MTP layer (BackendOptions::mtp), whose KV is then the pool's last layer.
+  virtual bool has_mtp() const { return false; }
+  // The draft pass (DeepseekModel::Draft's contract): per sequence its drafts, in order.
+  virtual absl::StatusOr<std::vector<std::vector<DraftToken>>> Draft(std::span<const DraftSequence> /*batch*/,
+                                                                     KvPool& /*host*/) {
+    return absl::UnimplementedError("this backend has no MTP layer loaded");
+  }
+  // Row `row` of the hidden states the last Forward kept (ForwardSequence::keep_hidden):
+  // hidden_size floats, for a prefill replica to hand over with the first token.
+  virtual absl::StatusOr<std::vector<float>> KeptHidden(int64_t /*row*/) const {
+    return absl::UnimplementedError("this backend has no MTP layer loaded");
+  }
+
   // Device backends: copy positions [begin, end) of a sequence (its block table) between
   // the device pool and the host pool: one layer to the host, every layer from it.
   virtual absl::Status KvToHost(int64_t /*layer*/, std::span<const int32_t> /*block_table*/, int64_t /*begin*/,
@@ -150,6 +164,13 @@ class CpuBackend : public ModelBackend {
     LatentKvCache cache = LatentKvCache::Of(host);
     return model_->Forward(batch, cache, ForDeepseek(options));
   }
+  bool has_mtp() const override { return model_->has_mtp(); }
+  absl::StatusOr<std::vector<std::vector<DraftToken>>> Draft(std::span<const DraftSequence> batch,
+                                                             KvPool& host) override {
+    LatentKvCache cache = LatentKvCache::Of(host);
+    return model_->Draft(batch, cache);
+  }
+  absl::StatusOr<std::vector<float>> KeptHidden(int64_t row) const override;
   DeepseekModel& model() { return *model_; }
 
  private:
@@ -175,6 +196,9 @@ struct BackendOptions {
   // prompt is chunked (docs/batch-invariance.md). The CPU backend always is; a backend that
   // cannot be refuses to load (FAILED_PRECONDITION naming --batch-invariant).
   bool batch_invariant = false;
+  // Speculative decoding: load the checkpoint's MTP layer (ModelBackend::has_mtp); the
+  // engine's pool then has its KV as one more layer (KvStreamOptions::mtp).
+  bool mtp = false;
 };
 
 // CUDA devices this process sees (0 in a build without CUDA, or without a driver or GPU).

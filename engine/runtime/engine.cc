@@ -47,11 +47,6 @@ int64_t CopyImportedPrefix(Sequence& s, LatentKvCache& cache) {
   return tokens;
 }
 
-// Generated tokens of `s` whose value is known: without the placeholder of a launched
-// step (Sequence::pending_token). What the request has produced, its completion_tokens: with
-// pipelined steps a sequence that ends on a token already holds the next step's
-// placeholder when that token is emitted.
-int32_t ChosenTokens(const Sequence& s) { return s.num_generated() - (s.pending_token ? 1 : 0); }
 
 }  // namespace
 
@@ -61,6 +56,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   std::unique_ptr<Engine> e(new Engine());
   if (options.max_batch_tokens == 0) options.max_batch_tokens = DefaultMaxBatchTokens(options.device);
   if (!options.clock) options.clock = SteadySeconds;
+  if (options.speculative_tokens < 0 || options.speculative_tokens > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("--speculative-tokens: ", options.speculative_tokens,
+                                                   " is outside [0, ", kMaxSpeculativeTokens, "]"));
+  }
+  if (!(options.speculative_min_confidence >= 0.0f && options.speculative_min_confidence <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("--speculative-min-confidence: ",
+                                                   options.speculative_min_confidence, " is outside [0, 1]"));
+  }
+  const bool mtp = options.speculative_tokens > 0;
   e->options_ = options;
   if (options.backend_factory) {
     ASSIGN_OR_RETURN(e->backend_, options.backend_factory(model_dir));
@@ -71,7 +75,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
                                                           .max_batch_tokens = options.max_batch_tokens,
                                                           .max_running = options.max_running,
                                                           .kv_blocks = options.num_kv_blocks,
-                                                          .batch_invariant = options.batch_invariant}));
+                                                          .batch_invariant = options.batch_invariant,
+                                                          .mtp = mtp}));
+  }
+  if (mtp && !e->backend_->has_mtp()) {
+    return absl::FailedPreconditionError("--speculative-tokens: the model backend has no MTP layer loaded");
   }
   ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromDir(model_dir));
   const ModelInfo& c = e->backend_->config();
@@ -84,7 +92,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   if (!weights.ok() && !(weights.status().code() == absl::StatusCode::kNotFound && options.backend_factory)) {
     return weights.status();
   }
-  ASSIGN_OR_RETURN(const KvLayout layout, KvLayoutFor(config_text, weights.ok() ? *weights : 0));
+  ASSIGN_OR_RETURN(const KvLayout layout, KvLayoutFor(config_text, weights.ok() ? *weights : 0, {.mtp = mtp}));
   // Layer-by-layer KV export and prefix KV import move one per-token float32 stream on
   // every layer (LatentKvCache, DeepSeek-V2/V3). A model whose KV has other streams
   // (DeepSeek-V4) exports and imports whole sequences (KvSink::OnSequenceKv), and its
@@ -184,7 +192,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
                       .layout_fingerprint = e->layout_fingerprint_,
                       .num_state_slots = static_cast<int32_t>(running_slots),
                       .num_prefix_states = static_cast<int32_t>(snapshots),
-                      .decode_state_snapshots = options.decode_state_snapshots};
+                      .decode_state_snapshots = options.decode_state_snapshots,
+                      .mtp = mtp,
+                      .speculative_tokens = options.speculative_tokens};
+  e->counters_.spec_accepted_by_position.assign(static_cast<size_t>(options.speculative_tokens), 0);
+  e->counters_.spec_accepted_length.assign(static_cast<size_t>(options.speculative_tokens + (mtp ? 1 : 0)), 0);
   if (so.max_batch_tokens <= 0 || so.max_running <= 0 || options.max_waiting <= 0) {
     return absl::InvalidArgumentError("max_batch_tokens, max_running and max_waiting must be positive");
   }
@@ -292,6 +304,7 @@ std::unique_ptr<Sequence> Engine::MakeSequence(EngineRequest r, std::shared_ptr<
   stop.max_tokens = static_cast<int32_t>(std::min<int64_t>(stop.max_tokens, context - seq->prompt_len));
   stop.min_tokens = std::min(stop.min_tokens, stop.max_tokens);
   seq->min_tokens = stop.min_tokens;
+  seq->max_tokens = stop.max_tokens;
   seq->stop_token_ids = stop.stop_token_ids;
   seq->stop = std::make_unique<StopChecker>(*tokenizer_, std::move(stop), eos_ids_);
   // Replay what was generated before a migration: the stop checker's state (held-back
@@ -328,6 +341,7 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::Submit(EngineRequest reque
   const OutputConstraint constraint = std::move(request.constraint);
   auto seq = std::make_shared<std::unique_ptr<Sequence>>(MakeSequence(std::move(request), out));
   (*seq)->queued = true;
+  (*seq)->speculative = Drafts(constraint, (*seq)->kv_sink);
   if (!constraint.active()) {
     Post([this, seq] { scheduler_->Add(std::move(*seq)); });
     return out;
@@ -522,6 +536,10 @@ void Engine::Step() {
       s.kv_sink->OnSequenceKv(kv);
     }
   }
+  if (options_.speculative_tokens > 0) {
+    EmitSpeculative(plan, *logits);
+    return;
+  }
   EmitTokens(ended, device_sampling ? &*device_tokens : nullptr, device_sampling ? nullptr : &*logits,
              /*in_place=*/false, nullptr);
 }
@@ -631,12 +649,31 @@ Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {
     }
     b.has_sink |= s.kv_sink != nullptr;
     b.sink_wants_host |= s.kv_sink != nullptr && s.kv_sink->wants_host_kv();
-    b.sequences.push_back({.tokens = std::span<const int32_t>(s.tokens.data() + c.start, c.num_tokens),
-                           .start_position = c.start,
-                           .block_table = s.blocks,
-                           .no_logits = !c.reaches_end(),
-                           .state_slot = s.state_slot});
-    const int32_t prompt_part = std::max(0, std::min(c.start + c.num_tokens, s.prompt_len) - c.start);
+    ForwardSequence f{.tokens = std::span<const int32_t>(s.tokens.data() + c.start, c.num_tokens),
+                      .start_position = c.start,
+                      .block_table = s.blocks,
+                      .no_logits = !c.reaches_end(),
+                      .state_slot = s.state_slot,
+                      .first_kv_cached = c.first_kv_cached};
+    if (options_.speculative_tokens > 0) {
+      // The MTP layer's slots: with the chunk's own tokens for a prompt chunk; by the draft
+      // pass after sampling for a chunk reaching the end (its hidden states kept for it);
+      // never from drafts not yet verified.
+      f.mtp = c.num_drafts == 0;
+      const int32_t end = c.start + c.num_tokens;
+      if (f.mtp && end < static_cast<int32_t>(s.tokens.size())) f.mtp_next_token = s.tokens[end];
+      f.keep_hidden = c.reaches_end();
+      if (c.num_drafts > 0) {
+        s.verify_tokens.assign(1, s.tokens.back());
+        s.verify_tokens.insert(s.verify_tokens.end(), s.drafts.begin(), s.drafts.end());
+        TANDEM_CHECK_EQ(s.verify_tokens.size(), static_cast<size_t>(c.num_tokens)) << s.id;
+        f.tokens = s.verify_tokens;
+        f.all_logits = true;
+      }
+    }
+    b.sequences.push_back(f);
+    const int32_t computed_from = c.start + (c.first_kv_cached ? 1 : 0);
+    const int32_t prompt_part = std::max(0, std::min(c.start + c.num_tokens, s.prompt_len) - computed_from);
     s.metrics.computed_prompt_tokens += prompt_part;
     counters_.prompt_tokens_computed += prompt_part;
   }
@@ -675,6 +712,8 @@ bool Engine::DeviceSampleRows(const StepPlan& plan, std::vector<SampleRow>* rows
   rows->clear();
   pending_masks_.clear();
   if (!options_.sample_on_device || !backend_->samples_on_device()) return false;
+  // Speculative steps verify drafts on the host (engine_speculative.cc).
+  if (options_.speculative_tokens > 0) return false;
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.reaches_end()) continue;
     const Sequence& s = *c.seq;
@@ -777,27 +816,32 @@ void Engine::EmitTokens(std::span<Sequence* const> ended, const std::vector<int3
     if (s.first_token_at < 0) s.first_token_at = after;
 
     RequestOutput out;
-    out.token_ids.push_back(t.token);
-    out.text = r.text_delta;
-    if (s.sampling.logprobs > 0) out.logprobs.push_back({t.token, t.logprob, t.top_logprobs});
-    const bool context_full =
-        static_cast<int64_t>(s.prompt_len) + ChosenTokens(s) >= backend_->config().max_position_embeddings;
-    // An accepted end token ends the constraint: with ignore_eos the stop checker goes on,
-    // but nothing more is allowed.
-    const bool constraint_ended = s.matcher && s.matcher->IsTerminated();
-    if (r.finished || s.kv_sink != nullptr || context_full || constraint_ended) {
-      out.finish_reason = r.finished       ? r.reason
-                          : constraint_ended ? FinishReason::kStop
-                          : context_full     ? FinishReason::kLength
-                                             : FinishReason::kNone;
-      out.matched_stop = r.matched_stop;
-      if (!r.finished && (context_full || constraint_ended)) out.text += s.stop->Flush();
+    if (AppendToOutput(s, t, r, out)) {
       Finish(scheduler_->Remove(s.id), std::move(out));
       continue;
     }
     if (step == 0) out.metrics.ttft_s = s.first_token_at - s.submitted_at;
     s.output->Push(std::move(out));
   }
+}
+
+bool Engine::AppendToOutput(Sequence& s, const SampledToken& t, const StopResult& r, RequestOutput& out) {
+  out.token_ids.push_back(t.token);
+  out.text += r.text_delta;
+  if (s.sampling.logprobs > 0) out.logprobs.push_back({t.token, t.logprob, t.top_logprobs});
+  const bool context_full =
+      static_cast<int64_t>(s.prompt_len) + ChosenTokens(s) >= backend_->config().max_position_embeddings;
+  // An accepted end token ends the constraint: with ignore_eos the stop checker goes on,
+  // but nothing more is allowed.
+  const bool constraint_ended = s.matcher && s.matcher->IsTerminated();
+  if (!(r.finished || s.kv_sink != nullptr || context_full || constraint_ended)) return false;
+  out.finish_reason = r.finished         ? r.reason
+                      : constraint_ended ? FinishReason::kStop
+                      : context_full     ? FinishReason::kLength
+                                         : FinishReason::kNone;
+  out.matched_stop = r.matched_stop;
+  if (!r.finished && (context_full || constraint_ended)) out.text += s.stop->Flush();
+  return true;
 }
 
 void Engine::SettleInFlight() {

@@ -49,6 +49,9 @@ namespace tandem {
 // the decodes sharing its step for seconds.
 int32_t DefaultMaxBatchTokens(const std::string& device);
 
+// The most drafts a sequence verifies in one step (--speculative-tokens).
+inline constexpr int32_t kMaxSpeculativeTokens = 16;
+
 struct EngineOptions {
   std::string device = "cpu";              // cpu, cuda, cuda:N (model_backend.h)
   int num_threads = 0;                     // CPU threads for the model (0: all)
@@ -100,6 +103,14 @@ struct EngineOptions {
   // (constraint_compiler.h) within this many seconds (--grammar-compile-timeout-ms), or
   // the request fails with INVALID_ARGUMENT.
   double grammar_compile_timeout_s = 5.0;
+  // Speculative decoding with the checkpoint's MTP layer (docs/speculative-decoding.md):
+  // up to this many drafts per sequence and step (0: off), verified by the next step; a
+  // sequence stops drafting at a draft whose probability under the MTP layer is below
+  // speculative_min_confidence. The KV layout then holds the MTP layer's KV (a different
+  // fingerprint: every replica of a cluster must agree). Requests with a constraint do
+  // not draft. Steps run one at a time with logits on the host.
+  int32_t speculative_tokens = 0;
+  float speculative_min_confidence = 0.0f;
   // Seconds on a monotonic clock; injectable for tests.
   std::function<double()> clock;
   // Tests and benchmarks: the model backend for the checkpoint directory instead of
@@ -136,6 +147,9 @@ struct EngineRequest {
   // SubmitImported: the writer (its incarnation, kv_leases.h) whose prefill into the
   // reservation answered, so whose writes are complete; 0: none known.
   uint64_t kv_writer = 0;
+  // SubmitImported into an engine that drafts: the hidden state of the prompt's last
+  // position, from the prefill replica (RequestOutput::last_hidden); required there.
+  std::vector<float> mtp_hidden;
 };
 
 struct EngineStats {
@@ -189,6 +203,12 @@ struct EngineStats {
   // for device sampling) and feeding chosen tokens to the matchers.
   double constraint_mask_seconds = 0;
   double constraint_accept_seconds = 0;
+  // Speculative decoding: drafts verified, accepted drafts by position in the step (index
+  // 0: the first draft), and verify steps by how many drafts they accepted (index a: a
+  // accepted), each sized speculative_tokens (+ 1).
+  int64_t spec_draft_tokens = 0;
+  std::vector<int64_t> spec_accepted_by_position;
+  std::vector<int64_t> spec_accepted_length;
 };
 
 class Engine {
@@ -405,6 +425,25 @@ class Engine {
   // The matcher takes the chosen token; the mask allowed only what it accepts, so a
   // refusal is a bug (abort).
   void AcceptConstrained(Sequence& s, int32_t token);
+  // Speculative decoding (engine_speculative.cc): the step's tokens from host logits (each
+  // verify chunk's accepted drafts and its corrected or bonus token), then the draft pass
+  // (MTP slots of every sequence that reached its end, and the next drafts), then outputs.
+  void EmitSpeculative(const StepPlan& plan, std::vector<float>& logits);
+  // Adds `t` (which the stop checker saw as `r`, and which is in s.tokens) to `out`; true
+  // when the request ends with it, out's finish fields then set.
+  bool AppendToOutput(Sequence& s, const SampledToken& t, const StopResult& r, RequestOutput& out);
+  // An imported sequence's first draft pass (its blocks, first token and the prefill
+  // replica's hidden state in place): the prompt's last MTP slot, then its drafts. False
+  // when it failed: the request has ended.
+  bool DraftAfterImport(std::unique_ptr<Sequence>& seq);
+  // A draft pass over s's slots [first_slot, its length), within its blocks, with the
+  // drafts its request may still use (none when it does not draft); hidden rows unset.
+  DraftSequence DraftPassFor(const Sequence& s, int64_t first_slot) const;
+  // Whether a request drafts: the engine does, it has no constraint, and it is not a
+  // prefill-only request.
+  bool Drafts(const OutputConstraint& c, const KvSink* sink) const {
+    return options_.speculative_tokens > 0 && !c.active() && sink == nullptr;
+  }
   double Now() const { return options_.clock(); }
 
   EngineOptions options_;

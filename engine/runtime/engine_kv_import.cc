@@ -91,8 +91,10 @@ void Engine::ReserveKvAsync(const std::string& id, int32_t num_tokens, double wa
 }
 
 absl::StatusOr<KvLeases::Reservation> Engine::ReserveNow(const std::string& id, int32_t num_tokens) {
-  // One position more than the prompt: the first decode step writes there.
-  const int32_t need = scheduler_->BlocksFor(static_cast<int64_t>(num_tokens) + 1);
+  // One position more than the prompt: the first decode step writes there; with drafts,
+  // the slots of the draft pass made at admission and of the first verify step.
+  const int32_t need = scheduler_->BlocksFor(static_cast<int64_t>(num_tokens) + 1 +
+                                             2 * int64_t{options_.speculative_tokens});
   if (scheduler_->blocks().num_free() < need) {
     return absl::ResourceExhaustedError(
         absl::StrCat("ReserveKv: ", need, " KV blocks needed, ", scheduler_->blocks().num_free(), " free"));
@@ -176,6 +178,12 @@ void Engine::SubmitImportedAsync(EngineRequest request, int32_t first_token, boo
   if (where == ImportedKv::kDevicePool && backend_->kv_in_host_pool()) {
     return refuse(absl::InvalidArgumentError("KV in a device pool, but the model runs on the CPU"));
   }
+  if (options_.speculative_tokens > 0 &&
+      static_cast<int64_t>(request.mtp_hidden.size()) != backend_->config().hidden_size) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "mtp_hidden: ", request.mtp_hidden.size(), " values; this replica drafts with the MTP layer and needs the "
+        "prompt's last hidden state from the prefill replica (", backend_->config().hidden_size, " values)")));
+  }
   auto out = std::make_shared<OutputStream>();
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -190,7 +198,10 @@ void Engine::SubmitImportedAsync(EngineRequest request, int32_t first_token, boo
     live_ids_[request.id] = true;
   }
   const OutputConstraint constraint = std::move(request.constraint);
+  std::vector<float> mtp_hidden = std::move(request.mtp_hidden);
   auto seq = std::make_shared<std::unique_ptr<Sequence>>(MakeSequence(std::move(request), out));
+  (*seq)->speculative = Drafts(constraint, (*seq)->kv_sink);
+  if (options_.speculative_tokens > 0) (*seq)->imported_hidden = std::move(mtp_hidden);
   Post([this, seq, constraint, done = std::move(done), first_token, emit_first_token, where, kv_writer]() mutable {
     if (!constraint.active()) {
       AdmitImported(std::move(*seq), first_token, emit_first_token, where, kv_writer, std::move(done));
@@ -270,6 +281,9 @@ void Engine::AdmitImported(std::unique_ptr<Sequence> seq_ptr, int32_t first_toke
       return;
     }
     if (emit_first_token) s.output->Push(std::move(o));
+    // Drafts for the first step, as an aggregated engine makes them after a prompt's last
+    // chunk: the same drafts, so the same acceptance and the same seeded tokens.
+    if (options_.speculative_tokens > 0 && !DraftAfterImport(seq_ptr)) return;
     scheduler_->AddRunning(std::move(seq_ptr));
     }
 }

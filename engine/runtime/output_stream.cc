@@ -44,6 +44,7 @@ void OutputStream::Push(RequestOutput output) {
       p.matched_stop = std::move(output.matched_stop);
       p.status = output.status;
       p.metrics = output.metrics;
+      if (!output.last_hidden.empty()) p.last_hidden = std::move(output.last_hidden);
     }
     notify = listener_;
   }

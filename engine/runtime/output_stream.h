@@ -35,6 +35,9 @@ struct RequestMetrics {
   double prefill_s = 0;  // first scheduled -> first token
   double ttft_s = 0;     // submitted -> first token
   double e2e_s = 0;      // submitted -> finished
+  // Speculative decoding: drafts verified, and of those accepted.
+  int32_t draft_tokens = 0;
+  int32_t accepted_draft_tokens = 0;
 };
 
 struct RequestOutput {
@@ -48,6 +51,10 @@ struct RequestOutput {
   // for it), UNAVAILABLE (engine shut down), INTERNAL.
   absl::Status status;
   RequestMetrics metrics;  // complete in the final output; ttft once the first token exists
+  // Prefill-only requests of an engine that drafts (EngineOptions::speculative_tokens): the
+  // model's hidden state at the prompt's last position, in the final output, for the
+  // decode replica's first draft pass (EngineRequest::mtp_hidden).
+  std::vector<float> last_hidden;
 };
 
 class OutputStream {

@@ -88,6 +88,8 @@ void Scheduler::ReleaseBlocks(Sequence& seq) {
   seq.num_computed = 0;
   seq.import_begin = seq.import_end = 0;
   seq.import_state = false;
+  seq.drafts.clear();
+  seq.recompute_last_cached = false;
   if (seq.state_slot >= 0) {
     state_slots_.Release(seq.state_slot);
     seq.state_slot = -1;
@@ -151,6 +153,8 @@ void Scheduler::LookUpPrefix(Sequence& seq) {
     ImportPrefix(seq, static_cast<int32_t>(usable));
   }
   seq.num_computed = static_cast<int32_t>(seq.blocks.size()) * options_.block_size;
+  // The MTP slot after a cached prefix needs the hidden state of its last position.
+  seq.recompute_last_cached = options_.mtp && seq.num_computed > 0;
   if (seq.first_scheduled_at < 0) {
     seq.metrics.cached_prompt_tokens = std::min(seq.num_computed, seq.prompt_len);
     seq.metrics.imported_prompt_tokens = (seq.import_end - seq.import_begin) * options_.block_size;
@@ -219,7 +223,31 @@ bool Scheduler::IsSnapshotBoundary(const Sequence& seq, int32_t position) const 
   return block < seq.block_hashes.size() && !prefix_states_.Contains(seq.block_hashes[block]);
 }
 
+int32_t Scheduler::BlocksNeeded(const Sequence& seq, int32_t n) const {
+  const int32_t end = seq.num_computed + n;
+  if (!options_.mtp) return end;
+  // The MTP slot `end` (its token known), or the draft pass's slots past the end.
+  return end < static_cast<int32_t>(seq.tokens.size()) ? end + 1 : end + 2 * options_.speculative_tokens;
+}
+
+ScheduledChunk Scheduler::MakeChunk(Sequence& seq, int32_t n) const {
+  ScheduledChunk c{.seq = &seq, .start = seq.num_computed, .num_tokens = n};
+  if (seq.recompute_last_cached) {
+    c.start -= 1;
+    c.num_tokens += 1;
+    c.first_kv_cached = true;
+  }
+  // A decode step verifies the drafts it has room for.
+  if (c.reaches_end() && n == 1 && !seq.drafts.empty()) {
+    c.num_drafts = static_cast<int32_t>(seq.drafts.size());
+    c.num_tokens += c.num_drafts;
+  }
+  return c;
+}
+
 int32_t Scheduler::ChunkLength(const Sequence& seq, int32_t budget) const {
+  // (A chunk after a prefix hit also recomputes the last cached position.)
+  if (seq.recompute_last_cached) --budget;
   int32_t n = std::min<int32_t>(static_cast<int32_t>(seq.tokens.size()) - seq.num_computed, budget);
   if (options_.num_state_slots == 0 || !prefix_cache_usable()) return n;
   // The first due boundary (ascending) strictly inside the chunk.
@@ -241,19 +269,23 @@ StepPlan Scheduler::Schedule() {
   for (size_t i = 0; i < order.size() && budget > 0; ++i) {
     if (gone[i]) continue;
     Sequence& seq = *order[i];
+    // Drafts beyond the step's budget wait (they are dropped: the next draft pass makes more).
+    if (!seq.drafts.empty() && static_cast<int32_t>(seq.drafts.size()) + 1 > budget) {
+      seq.drafts.resize(static_cast<size_t>(std::max(0, budget - 1)));
+    }
     const int32_t n = ChunkLength(seq, budget);
     TANDEM_CHECK_GE(n, 1);
-    bool fits = EnsureBlocks(seq, seq.num_computed + n);
+    bool fits = EnsureBlocks(seq, BlocksNeeded(seq, n));
     for (size_t j = order.size(); !fits && j-- > i + 1;) {
       if (gone[j]) continue;
       Preempt(*order[j]);
       gone[j] = true;
       ++plan.num_preempted;
-      fits = EnsureBlocks(seq, seq.num_computed + n);
+      fits = EnsureBlocks(seq, BlocksNeeded(seq, n));
     }
     if (!fits) {
       const bool alone = running_.size() == 1;
-      const int32_t needed = BlocksFor(seq.num_computed + n);
+      const int32_t needed = BlocksFor(BlocksNeeded(seq, n));
       if (alone && needed > blocks_.num_blocks()) {
         // It can never fit, even with the cache to itself.
         std::unique_ptr<Sequence> s = Remove(seq.id);
@@ -265,8 +297,8 @@ StepPlan Scheduler::Schedule() {
       gone[i] = true;
       continue;
     }
-    plan.chunks.push_back({&seq, seq.num_computed, n});
-    budget -= n;
+    plan.chunks.push_back(MakeChunk(seq, n));
+    budget -= plan.chunks.back().num_tokens;
   }
 
   // Waiting sequences, in order, while budget, batch room and blocks allow.
@@ -279,8 +311,9 @@ StepPlan Scheduler::Schedule() {
     if (seq.pending_token) break;
     if (!seq.prefix_looked_up) LookUpPrefix(seq);
     const int32_t n = ChunkLength(seq, budget);
-    if (!EnsureBlocks(seq, seq.num_computed + n)) {
-      if (running_.empty() && BlocksFor(seq.num_computed + n) > blocks_.num_blocks()) {
+    if (n < 1) break;  // (a recomputed cached position took the last of the budget)
+    if (!EnsureBlocks(seq, BlocksNeeded(seq, n))) {
+      if (running_.empty() && BlocksFor(BlocksNeeded(seq, n)) > blocks_.num_blocks()) {
         std::unique_ptr<Sequence> s = std::move(waiting_.front());
         waiting_.pop_front();
         ReleaseBlocks(*s);
@@ -296,8 +329,8 @@ StepPlan Scheduler::Schedule() {
     waiting_.pop_front();
     s->state = SequenceState::kRunning;
     TakeStateSlot(*s);
-    plan.chunks.push_back({s.get(), s->num_computed, n});
-    budget -= n;
+    plan.chunks.push_back(MakeChunk(*s, n));
+    budget -= plan.chunks.back().num_tokens;
     running_.push_back(std::move(s));
   }
   return plan;
@@ -309,7 +342,18 @@ void Scheduler::OnStepComputed(const StepPlan& plan) {
 }
 
 void Scheduler::OnStepLaunched(const StepPlan& plan) {
-  for (const ScheduledChunk& c : plan.chunks) c.seq->num_computed = c.start + c.num_tokens;
+  for (const ScheduledChunk& c : plan.chunks) {
+    // Drafts count once accepted (OnDraftsAccepted).
+    c.seq->num_computed = c.start + c.num_tokens - c.num_drafts;
+    c.seq->recompute_last_cached = false;
+    if (c.num_drafts > 0) c.seq->drafts.clear();
+  }
+}
+
+void Scheduler::OnDraftsAccepted(Sequence& seq, int32_t accepted) {
+  TANDEM_CHECK_LE(seq.num_computed + accepted, static_cast<int32_t>(seq.tokens.size()) - 1) << seq.id;
+  seq.num_computed += accepted;
+  PublishComputed(seq);
 }
 
 void Scheduler::PublishComputed(Sequence& seq) {

@@ -50,6 +50,15 @@ struct SchedulerOptions {
   // is this prompt and this answer, reuses both. Off where no later prompt comes (a
   // decode-only replica of a disaggregated cluster).
   bool decode_state_snapshots = true;
+  // Speculative decoding (docs/speculative-decoding.md): the pool's last layer is the MTP
+  // layer's, whose slot e a chunk ending at e writes too, and a sequence drafts up to this
+  // many tokens (Sequence::drafts), verified in its next decode chunk. A chunk that reaches
+  // a sequence's end holds blocks for 2 x speculative_tokens positions past it (the step's
+  // verified drafts and the next drafts' slots). After a prefix-cache hit the first chunk
+  // starts one position early (ScheduledChunk::first_kv_cached), for the hidden state the
+  // MTP slot after the cached prefix needs.
+  bool mtp = false;
+  int32_t speculative_tokens = 0;
 };
 
 // A copy of one sequence slot's rows over another (KvPool::CopySequenceSlot).
@@ -61,8 +70,14 @@ struct StateCopy {
 struct ScheduledChunk {
   Sequence* seq = nullptr;
   int32_t start = 0;       // first position computed this step
-  int32_t num_tokens = 0;  // positions [start, start + num_tokens)
-  bool reaches_end() const { return start + num_tokens == static_cast<int32_t>(seq->tokens.size()); }
+  int32_t num_tokens = 0;  // positions [start, start + num_tokens), drafts included
+  // Speculative decoding: the last num_drafts of those are the sequence's drafts (not in
+  // seq->tokens), verified by this step.
+  int32_t num_drafts = 0;
+  // The first position's KV is cached already (after a prefix hit): computed only for its
+  // hidden state (ForwardSequence::first_kv_cached).
+  bool first_kv_cached = false;
+  bool reaches_end() const { return start + num_tokens - num_drafts == static_cast<int32_t>(seq->tokens.size()); }
 };
 
 struct StepPlan {
@@ -102,6 +117,9 @@ class Scheduler {
   // After a token was appended to `seq` (or a pending one got its value): extends its
   // block hashes.
   void OnTokenAppended(Sequence& seq);
+  // Speculative decoding: after a verify chunk's accepted drafts were appended (with
+  // OnTokenAppended), their positions count as computed, and are published.
+  void OnDraftsAccepted(Sequence& seq, int32_t accepted);
 
   Sequence* Find(const std::string& id);
   // Removes every sequence (engine shutdown), releasing their blocks.
@@ -142,6 +160,12 @@ class Scheduler {
   // Positions [seq.num_computed, + n) for this step within `budget`, cut at the prompt's
   // first state snapshot boundary still to take (decode boundaries need no cut).
   int32_t ChunkLength(const Sequence& seq, int32_t budget) const;
+  // Positions seq's blocks must cover for a chunk of n tokens (its own, the MTP layer's
+  // slots after it, the draft pass's).
+  int32_t BlocksNeeded(const Sequence& seq, int32_t n) const;
+  // The chunk of n of seq's tokens from num_computed, with a recomputed cached position
+  // before them and the drafts after them as they apply.
+  ScheduledChunk MakeChunk(Sequence& seq, int32_t n) const;
   // Whether a snapshot of seq's state is due where `position` (a block boundary) is.
   bool IsSnapshotBoundary(const Sequence& seq, int32_t position) const;
 

@@ -52,6 +52,7 @@ struct Sequence {
   SamplingParams sampling;
   uint64_t seed = 0;
   int32_t min_tokens = 0;               // EOS and stop tokens are not sampled before this
+  int32_t max_tokens = 0;               // generated tokens at most (the stop checker's limit)
   std::vector<int32_t> stop_token_ids;
   bool queued = false;                  // counted in the engine's waiting-queue bound
   std::unique_ptr<StopChecker> stop;
@@ -77,6 +78,18 @@ struct Sequence {
   // (SubmitImported) and go to the device pool before the sequence's first step.
   int64_t host_kv_upload_end = 0;
 
+  // Speculative decoding (docs/speculative-decoding.md): the MTP layer's guesses at the
+  // tokens after `tokens`, verified by the sequence's next decode step.
+  bool speculative = false;  // this request drafts
+  std::vector<int32_t> drafts;
+  // After a prefix hit with the MTP layer's KV: the next chunk starts at num_computed - 1
+  // (ScheduledChunk::first_kv_cached).
+  bool recompute_last_cached = false;
+  // Decode side of disaggregation: the hidden state of the prompt's last position, from
+  // the prefill replica, for the first draft pass.
+  std::vector<float> imported_hidden;
+  std::vector<int32_t> verify_tokens;  // engine scratch: a verify chunk's tokens
+
   RequestMetrics metrics;
   double submitted_at = 0;
   double first_scheduled_at = -1;
@@ -88,5 +101,11 @@ struct Sequence {
     return {tokens.data() + prompt_len, tokens.size() - static_cast<size_t>(prompt_len)};
   }
 };
+
+// Generated tokens of `s` whose value is known: without the placeholder of a launched
+// step (Sequence::pending_token). What the request has produced, its completion_tokens: with
+// pipelined steps a sequence that ends on a token already holds the next step's
+// placeholder when that token is emitted.
+inline int32_t ChosenTokens(const Sequence& s) { return s.num_generated() - (s.pending_token ? 1 : 0); }
 
 }  // namespace tandem

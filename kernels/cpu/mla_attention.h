@@ -18,16 +18,19 @@ namespace tandem::cpu {
 // Where the latent entries of one sequence live: position p is entry
 // (block_table[p / block_size] * block_size + p % block_size) of a layer's pool, each
 // entry `entry_dim` floats: kv_lora_rank normalized latent values, then the rotated
-// rotary key.
+// rotary key. With position_offset k, position p reads the entry stored at p + k (the MTP
+// layer's cache: the entry of slot q holds position q - 1, docs/speculative-decoding.md).
 struct LatentCacheView {
   const float* base = nullptr;
   const int32_t* block_table = nullptr;
   int64_t block_size = 0;
   int64_t entry_dim = 0;
+  int64_t position_offset = 0;
 
   const float* Entry(int64_t position) const {
-    const int64_t block = block_table[position / block_size];
-    return base + (block * block_size + position % block_size) * entry_dim;
+    const int64_t slot = position + position_offset;
+    const int64_t block = block_table[slot / block_size];
+    return base + (block * block_size + slot % block_size) * entry_dim;
   }
 };
 

@@ -181,6 +181,10 @@ int CudaDevicesVisible() {
 
 absl::StatusOr<std::unique_ptr<ModelBackend>> LoadCudaBackend(const std::string& dir, const BackendOptions& options,
                                                               int device_index) {
+  if (options.mtp) {
+    return absl::UnimplementedError(
+        "speculative decoding (--speculative-tokens) on the GPU: the CUDA backend does not run the MTP layer yet");
+  }
   CudaDeepseekModel::LoadOptions lo;
   lo.device = device_index;
   lo.batch_invariant = options.batch_invariant;

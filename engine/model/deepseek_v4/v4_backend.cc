@@ -45,6 +45,10 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> LoadV4Backend(const std::string& d
         "--device ", options.device,
         ": DeepSeek-V4 runs on the CPU only in this build (its GPU kernels are not written yet); use --device cpu"));
   }
+  if (options.mtp) {
+    return absl::UnimplementedError("speculative decoding (--speculative-tokens) for deepseek_v4: its MTP layer "
+                                    "over the V4 streams is not built yet");
+  }
   absl::StatusOr<std::unique_ptr<PagedV4Model>> model = PagedV4Model::Load(dir, {.num_threads = options.num_threads});
   if (!model.ok()) return model.status();
   return std::unique_ptr<ModelBackend>(new V4CpuBackend(std::move(*model)));

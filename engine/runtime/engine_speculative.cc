@@ -1,0 +1,145 @@
+// Speculative decoding's half of a step (docs/speculative-decoding.md): each verify chunk's
+// drafts checked against the target's logits, the draft pass of the MTP layer, outputs.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/engine.h"
+#include "kernels/common/check.h"
+
+namespace tandem {
+
+void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>& logits) {
+  const ModelInfo& info = backend_->config();
+  const int64_t vocab = info.vocab_size;
+  const double after = Now();
+  // Sequences that go on, with their outputs and draft passes (the spans point into the
+  // sequences' tokens and imported hidden states, untouched until the pass returns).
+  std::vector<Sequence*> going_on;
+  std::vector<RequestOutput> outputs;
+  std::vector<DraftSequence> passes;
+  int64_t row = 0;   // of the logits
+  int64_t kept = 0;  // of the hidden states the forward pass kept (every chunk reaching its end)
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.reaches_end()) continue;
+    Sequence& s = *c.seq;
+    const int64_t kept_base = kept;
+    kept += c.num_tokens;
+    RequestOutput out;
+    bool finished = false;
+    int32_t accepted = 0;
+    for (int32_t j = 0; j <= c.num_drafts; ++j) {
+      std::span<float> lg(logits.data() + (row + j) * vocab, static_cast<size_t>(vocab));
+      const int32_t step = ChosenTokens(s);
+      if (s.matcher) {
+        ConstrainLogits(s, lg, step);
+      } else if (step < s.min_tokens) {
+        SuppressTokens(lg, eos_ids_);
+        SuppressTokens(lg, s.stop_token_ids);
+      }
+      const bool verifying = j < c.num_drafts;
+      SampledToken t;
+      bool draft_accepted = false;
+      if (verifying) {
+        VerifiedToken v = sampler_.Verify(lg, s.sampling, s.seed, step, s.prompt(), s.generated(),
+                                          s.verify_tokens[static_cast<size_t>(j) + 1]);
+        t = std::move(v.sampled);
+        draft_accepted = v.accepted;
+      } else {
+        t = sampler_.Sample(lg, s.sampling, s.seed, step, s.prompt(), s.generated());
+      }
+      if (draft_accepted) ++accepted;
+      if (s.matcher) AcceptConstrained(s, t.token);
+      const StopResult r = s.stop->OnToken(t.token);
+      s.tokens.push_back(t.token);
+      scheduler_->OnTokenAppended(s);
+      counters_.generated_tokens++;
+      if (s.first_token_at < 0) s.first_token_at = after;
+      if (step == 0) out.metrics.ttft_s = s.first_token_at - s.submitted_at;
+      finished = AppendToOutput(s, t, r, out);
+      if (finished || !draft_accepted) break;
+    }
+    row += 1 + c.num_drafts;
+    if (c.num_drafts > 0) {
+      counters_.spec_draft_tokens += c.num_drafts;
+      for (int32_t p = 0; p < accepted; ++p) counters_.spec_accepted_by_position[static_cast<size_t>(p)]++;
+      counters_.spec_accepted_length[static_cast<size_t>(accepted)]++;
+      s.metrics.draft_tokens += c.num_drafts;
+      s.metrics.accepted_draft_tokens += accepted;
+    }
+    if (finished) {
+      if (s.kv_sink != nullptr) {
+        // The decode replica's first draft pass starts from the prompt's last hidden state.
+        absl::StatusOr<std::vector<float>> h = backend_->KeptHidden(kept_base + c.num_tokens - 1);
+        TANDEM_CHECK(h.ok()) << h.status();
+        out.last_hidden = std::move(*h);
+      }
+      Finish(scheduler_->Remove(s.id), std::move(out));
+      continue;
+    }
+    if (c.num_drafts > 0) scheduler_->OnDraftsAccepted(s, accepted);
+
+    // The MTP slots of the positions this step computed, then the next drafts: a plain
+    // step's only slot is the new token's; a verify step's are its accepted drafts' and the
+    // new token's.
+    DraftSequence d = DraftPassFor(s, c.num_drafts > 0 ? c.start + 1 : c.start + c.num_tokens);
+    d.hidden_row = kept_base + d.first_slot - 1 - c.start;
+    passes.push_back(d);
+    going_on.push_back(&s);
+    outputs.push_back(std::move(out));
+  }
+  TANDEM_CHECK_EQ(row * vocab, static_cast<int64_t>(logits.size()));
+
+  for (size_t i = 0; i < going_on.size(); ++i) going_on[i]->output->Push(std::move(outputs[i]));
+  if (passes.empty()) return;
+  absl::StatusOr<std::vector<std::vector<DraftToken>>> drafts = backend_->Draft(passes, *pool_);
+  for (size_t i = 0; i < going_on.size(); ++i) {
+    Sequence& s = *going_on[i];
+    if (drafts.ok()) {
+      s.drafts.clear();
+      for (const DraftToken& t : (*drafts)[i]) s.drafts.push_back(t.token);
+      continue;
+    }
+    // Inputs were checked: a failed draft pass is the engine's bug, but it ends the
+    // requests it hit rather than the process.
+    RequestOutput o;
+    o.status = absl::InternalError(absl::StrCat("draft pass failed: ", drafts.status().message()));
+    Finish(scheduler_->Remove(s.id), std::move(o));
+  }
+}
+
+DraftSequence Engine::DraftPassFor(const Sequence& s, int64_t first_slot) const {
+  const ModelInfo& info = backend_->config();
+  const int64_t len = static_cast<int64_t>(s.tokens.size());
+  DraftSequence d{.first_slot = first_slot,
+                  .tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(first_slot),
+                                                                       static_cast<size_t>(len - first_slot)),
+                  .block_table = s.blocks,
+                  .min_confidence = options_.speculative_min_confidence};
+  if (s.speculative) {
+    // A verify step emits at most drafts + 1 tokens, inside max_tokens and the context.
+    const int64_t room = std::min<int64_t>(s.max_tokens - ChosenTokens(s) - 1, info.max_position_embeddings - len);
+    d.max_drafts = static_cast<int32_t>(std::clamp<int64_t>(room, 0, options_.speculative_tokens));
+  }
+  return d;
+}
+
+bool Engine::DraftAfterImport(std::unique_ptr<Sequence>& seq) {
+  Sequence& s = *seq;
+  // Slot P (the prompt's length) from the prompt's last hidden state and the first token.
+  DraftSequence d = DraftPassFor(s, static_cast<int64_t>(s.tokens.size()) - 1);
+  d.hidden = s.imported_hidden;
+  absl::StatusOr<std::vector<std::vector<DraftToken>>> drafts = backend_->Draft({&d, 1}, *pool_);
+  s.imported_hidden.clear();
+  if (!drafts.ok()) {
+    RequestOutput o;
+    o.status = absl::InternalError(absl::StrCat("draft pass failed: ", drafts.status().message()));
+    scheduler_->blocks().Release(s.blocks);
+    s.blocks.clear();
+    Finish(std::move(seq), std::move(o));
+    return false;
+  }
+  for (const DraftToken& t : (*drafts)[0]) s.drafts.push_back(t.token);
+  return true;
+}
+
+}  // namespace tandem

@@ -1,0 +1,231 @@
+// Speculative decoding through the engine on the CPU (docs/speculative-decoding.md): greedy
+// outputs and every logprob bitwise the same with drafts on and off (batched, in chunks,
+// after prefix hits, under preemption, after a handover from a prefill engine), seeded
+// outputs reproducible under any batch, the acceptance counts, refusals.
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "engine/runtime/engine.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/unit/engine/runtime/engine_test_support.h"
+
+namespace tandem {
+namespace {
+
+using testing::Drain;
+using testing::Result;
+using testing::Tokens;
+
+std::unique_ptr<Engine> MakeEngine(int32_t drafts, EngineOptions o = {}) {
+  o.num_threads = 2;
+  o.speculative_tokens = drafts;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(testing::SmallTinyModelDir(), o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+EngineRequest Request(const std::string& id, std::vector<int32_t> prompt, int max_tokens,
+                      std::optional<uint64_t> seed = std::nullopt) {
+  EngineRequest r = testing::GreedyRequest(id, std::move(prompt), max_tokens);
+  r.sampling.logprobs = 3;
+  if (seed) {
+    r.sampling.seed = seed;
+    r.sampling.temperature = 1.0f;
+    r.sampling.top_p = 0.95f;
+  }
+  return r;
+}
+
+// Tokens, and every logprob's bits with its top 3.
+struct Scored {
+  std::vector<int32_t> tokens;
+  std::vector<uint32_t> bits;
+  RequestMetrics metrics;
+  bool operator==(const Scored& o) const { return tokens == o.tokens && bits == o.bits; }
+};
+
+Scored Score(OutputStream& s) {
+  Scored out;
+  RequestOutput o;
+  while (s.Next(&o)) {
+    EXPECT_TRUE(o.status.ok()) << o.status;
+    out.tokens.insert(out.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+    for (const TokenLogprobs& l : o.logprobs) {
+      uint32_t b;
+      std::memcpy(&b, &l.logprob, sizeof b);
+      out.bits.push_back(b);
+      for (const auto& [id, lp] : l.top) {
+        std::memcpy(&b, &lp, sizeof b);
+        out.bits.push_back(b ^ static_cast<uint32_t>(id));
+      }
+    }
+    if (o.finished) out.metrics = o.metrics;
+  }
+  return out;
+}
+
+// Runs the requests together on `e` and returns each one's output, in order.
+std::vector<Scored> RunAll(Engine& e, std::vector<EngineRequest> requests) {
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (EngineRequest& r : requests) {
+    absl::StatusOr<std::shared_ptr<OutputStream>> s = e.Submit(std::move(r));
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) streams.push_back(*s);
+  }
+  std::vector<Scored> out;
+  for (auto& s : streams) out.push_back(Score(*s));
+  return out;
+}
+
+std::vector<EngineRequest> Mixed(int n, int max_tokens, bool seeded) {
+  std::vector<EngineRequest> r;
+  for (int i = 0; i < n; ++i) {
+    r.push_back(Request(absl::StrCat("r", i), Tokens(3 + 37 * i % 190, i),
+                        max_tokens, seeded ? std::optional<uint64_t>(1000 + i) : std::nullopt));
+  }
+  return r;
+}
+
+TEST(EngineSpeculativeTest, GreedyOutputsAndLogprobsAreTheSameWithAndWithoutDrafts) {
+  auto plain = MakeEngine(0);
+  const std::vector<Scored> want = RunAll(*plain, Mixed(8, 40, false));
+  for (int32_t drafts : {1, 3}) {
+    auto spec = MakeEngine(drafts);
+    const std::vector<Scored> got = RunAll(*spec, Mixed(8, 40, false));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << ", " << drafts;
+    const EngineStats st = spec->Stats();
+    // Every step after a sequence's first drafts (the random model's MTP layer is always
+    // confident enough at threshold 0): 39 verify steps at most per request.
+    EXPECT_GT(st.spec_draft_tokens, 8 * 30);
+    ASSERT_EQ(st.spec_accepted_by_position.size(), static_cast<size_t>(drafts));
+    ASSERT_EQ(st.spec_accepted_length.size(), static_cast<size_t>(drafts + 1));
+    int64_t steps = 0, accepted = 0;
+    for (size_t a = 0; a < st.spec_accepted_length.size(); ++a) {
+      steps += st.spec_accepted_length[a];
+      accepted += static_cast<int64_t>(a) * st.spec_accepted_length[a];
+    }
+    int64_t by_position = 0;
+    for (size_t p = 0; p < st.spec_accepted_by_position.size(); ++p) {
+      by_position += st.spec_accepted_by_position[p];
+      if (p > 0) EXPECT_LE(st.spec_accepted_by_position[p], st.spec_accepted_by_position[p - 1]);
+    }
+    EXPECT_EQ(accepted, by_position);
+    // Each verify step checks at least one draft and at most `drafts`.
+    EXPECT_LE(steps, st.spec_draft_tokens);
+    EXPECT_GE(steps * drafts, st.spec_draft_tokens);
+    int64_t per_request = 0;
+    for (const Scored& s : got) per_request += s.metrics.accepted_draft_tokens;
+    EXPECT_EQ(per_request, accepted);
+  }
+}
+
+TEST(EngineSpeculativeTest, ChunksPrefixHitsAndPreemptionChangeNothing) {
+  // A small step budget (prompts in chunks, decodes sharing steps with them), a second
+  // round of the same prompts (prefix hits: the first chunk recomputes the last cached
+  // position for its MTP slot) and a cache too small for all at once (preemption).
+  auto plain = MakeEngine(0);
+  const std::vector<Scored> want = RunAll(*plain, Mixed(6, 30, false));
+  auto spec = MakeEngine(3, {.num_kv_blocks = 12, .max_batch_tokens = 48});
+  for (int round = 0; round < 2; ++round) {
+    const std::vector<Scored> got = RunAll(*spec, Mixed(6, 30, false));
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << ", round " << round;
+  }
+  const EngineStats st = spec->Stats();
+  EXPECT_GT(st.prompt_tokens_cached, 0);
+  EXPECT_GT(st.preemptions, 0);
+}
+
+TEST(EngineSpeculativeTest, SeededOutputsDoNotDependOnTheBatch) {
+  auto spec = MakeEngine(3);
+  std::vector<EngineRequest> lone;
+  lone.push_back(Request("lone", Tokens(77, 5), 40, 42));
+  const Scored alone = RunAll(*spec, std::move(lone))[0];
+  std::vector<EngineRequest> crowd = Mixed(7, 25, true);
+  crowd.push_back(Request("lone", Tokens(77, 5), 40, 42));
+  const std::vector<Scored> together = RunAll(*spec, std::move(crowd));
+  EXPECT_EQ(together.back(), alone);
+  EXPECT_EQ(alone.tokens.size(), 40u);
+}
+
+class SequenceSink : public KvSink {
+ public:
+  void OnLayerKv(const KvSlice& s) override {
+    for (int64_t p = s.begin; p < s.end; ++p) {
+      const float* e = s.Entry(p);
+      entries[s.layer][p].assign(e, e + s.entry_dim);
+    }
+  }
+  std::map<int64_t, std::map<int64_t, std::vector<float>>> entries;  // [layer][position]
+};
+
+TEST(EngineSpeculativeTest, ADecodeEngineDraftsFromTheHiddenStateItIsHandedAsTheAggregatedOneDoes) {
+  for (std::optional<uint64_t> seed : {std::optional<uint64_t>(), std::optional<uint64_t>(9)}) {
+    const std::vector<int32_t> prompt = Tokens(150, 3);
+    auto both = MakeEngine(3);
+    std::vector<EngineRequest> one;
+    one.push_back(Request("x", prompt, 30, seed));
+    const Scored reference = RunAll(*both, std::move(one))[0];
+
+    auto p = MakeEngine(3, {.max_batch_tokens = 64});
+    SequenceSink sink;
+    EngineRequest pre = Request("x", prompt, 30, seed);
+    pre.kv_sink = &sink;
+    absl::StatusOr<std::shared_ptr<OutputStream>> ps = p->Submit(pre);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    RequestOutput last;
+    std::vector<int32_t> first;
+    for (RequestOutput o; (*ps)->Next(&o);) {
+      first.insert(first.end(), o.token_ids.begin(), o.token_ids.end());
+      if (o.finished) last = o;
+    }
+    ASSERT_EQ(first.size(), 1u);
+    // The MTP layer's KV came as one layer more than the model's, and the last hidden state.
+    const int64_t layers = p->config().num_hidden_layers;
+    ASSERT_EQ(static_cast<int64_t>(sink.entries.size()), layers + 1);
+    ASSERT_EQ(static_cast<int64_t>(last.last_hidden.size()), p->config().hidden_size);
+
+    auto d = MakeEngine(3);
+    absl::StatusOr<std::vector<int32_t>> blocks = d->ReserveKv("x", static_cast<int32_t>(prompt.size()));
+    ASSERT_TRUE(blocks.ok()) << blocks.status();
+    for (auto& [layer, positions] : sink.entries) {
+      std::vector<float> flat;
+      for (auto& [pos, e] : positions) flat.insert(flat.end(), e.begin(), e.end());
+      ASSERT_TRUE(d->WriteKv(*blocks, layer, 0, flat).ok());
+    }
+    EngineRequest dec = Request("x", prompt, 30, seed);
+    // Without the hidden state a drafting decode engine refuses the request.
+    EXPECT_EQ(d->SubmitImported(dec, first[0]).status().code(), absl::StatusCode::kInvalidArgument);
+    dec.mtp_hidden = last.last_hidden;
+    absl::StatusOr<std::shared_ptr<OutputStream>> ds = d->SubmitImported(dec, first[0]);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    const Scored decoded = Score(**ds);  // (the first token too: emit_first_token)
+    EXPECT_EQ(decoded.tokens, reference.tokens) << (seed ? "seeded" : "greedy");
+    // The same drafts were made and accepted: the first one the aggregated engine's.
+    EXPECT_EQ(decoded.metrics.accepted_draft_tokens, reference.metrics.accepted_draft_tokens);
+    EXPECT_EQ(decoded.metrics.draft_tokens, reference.metrics.draft_tokens);
+  }
+}
+
+TEST(EngineSpeculativeTest, BadOptionsAreRefused) {
+  EXPECT_EQ(Engine::Create(testing::SmallTinyModelDir(), {.speculative_tokens = -1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Engine::Create(testing::SmallTinyModelDir(), {.speculative_tokens = kMaxSpeculativeTokens + 1})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Engine::Create(testing::SmallTinyModelDir(), {.speculative_tokens = 2, .speculative_min_confidence = 1.5f})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // The drafting engine's KV holds the MTP layer's: another layout, another fingerprint.
+  auto plain = MakeEngine(0);
+  auto spec = MakeEngine(2);
+  EXPECT_NE(plain->layout_fingerprint(), spec->layout_fingerprint());
+  EXPECT_EQ(spec->kv_layout().num_layers, plain->kv_layout().num_layers + 1);
+}
+
+}  // namespace
+}  // namespace tandem
