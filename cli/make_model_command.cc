@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_join.h"
 #include "engine/model/deepseek_v4/v4_generator.h"
@@ -25,6 +26,7 @@ struct MakeModelArgs {
   bool generated_tokenizer = false;
   int64_t vocab_size = 0;
   bool weights_on_gpu = false;
+  std::optional<double> mtp_acceptance;
 };
 
 int Run(const MakeModelArgs& a) {
@@ -57,6 +59,7 @@ int Run(const MakeModelArgs& a) {
   options.tokenizer_dir = a.generated_tokenizer ? "" : (a.tokenizer_dir.empty() ? DefaultTokenizerDir() : a.tokenizer_dir);
   if (a.vocab_size > 0) options.generated_vocab_size = a.vocab_size;
   options.write_weights = !a.weights_on_gpu;
+  options.mtp_acceptance = a.mtp_acceptance;
 
   std::fprintf(stderr, "tandem make-model: writing %s ...\n", a.out.c_str());
   // Progress for long writes: a live line on a terminal, every 10% otherwise.
@@ -84,6 +87,12 @@ int Run(const MakeModelArgs& a) {
   std::fprintf(stderr, "tandem make-model: %s: %.2fM parameters, %.1f MiB of weights (%s%s), tokenizer: %s\n",
                model->dir.c_str(), model->num_parameters / 1e6, model->weight_bytes / 1048576.0, a.dtype.c_str(),
                a.weights_on_gpu ? ", generated on the GPU at load" : "", model->tokenizer.c_str());
+  if (a.mtp_acceptance) {
+    std::fprintf(stderr,
+                 "tandem make-model: a speculative-decoding test construction (MTP drafts right for %.3g of "
+                 "tokens), not a language model\n",
+                 *a.mtp_acceptance);
+  }
   return 0;
 }
 
@@ -124,6 +133,14 @@ void RegisterMakeModel(CLI::App& app, int* exit_code) {
   cmd->add_flag("--weights-on-gpu", args->weights_on_gpu,
                 "Write no weight files: --device cuda workers generate the same bf16 weights on the GPU at load "
                 "(for serving benchmarks of large random-weight models; the CPU cannot run such a checkpoint)");
+  cmd->add_option("--mtp-acceptance", args->mtp_acceptance,
+                  "Write a TEST CONSTRUCTION, not a real model, for measuring speculative decoding at a known "
+                  "acceptance rate P in [0, 1]: the greedy next token is a fixed successor of the current one "
+                  "(a cycle over the non-special tokens), and the MTP layer drafts it right for a random "
+                  "fraction P of tokens, so about P of first drafts are accepted and P^j of chains of j. The "
+                  "decoder layers keep random weights scaled down. DeepSeek-V3 configs with an MTP layer "
+                  "(e.g. --preset tiny), bf16 or f32, not with --weights-on-gpu; config.json records it "
+                  "under \"tandem_mtp_test\" (engine/model/mtp_test_model.h)");
   cmd->callback([args, exit_code] { *exit_code = Run(*args); });
 }
 

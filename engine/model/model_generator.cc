@@ -5,12 +5,15 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/chat_template/builtin_templates.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/generator_random.h"
 #include "engine/model/model_config.h"
+#include "engine/model/mtp_test_model.h"
 #include "engine/model/safetensors.h"
 #include "engine/tokenizer/byte_level_tokenizer_builder.h"
 #include "engine/util/mapped_file.h"
@@ -106,26 +109,8 @@ const std::map<std::string, std::string>& Presets() {
   return *presets;
 }
 
-// Counter-based random numbers: value i of a tensor depends only on (seed, name, i).
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Approximately standard normal (Irwin-Hall of four 16-bit uniforms), from integer
-// arithmetic and exact float operations only, so every machine gets the same bits.
-float NormalSample(uint64_t key, uint64_t i) {
-  const uint64_t r = SplitMix64(key ^ SplitMix64(i));
-  float sum = 0.0f;
-  for (int j = 0; j < 4; ++j) sum += static_cast<float>((r >> (16 * j)) & 0xffff) * (1.0f / 65536.0f);
-  return (sum - 2.0f) * 1.7320508f;  // variance of the sum is 4/12
-}
-float UniformSample(uint64_t key, uint64_t i) {  // in [-1, 1)
-  const uint64_t r = SplitMix64(key ^ SplitMix64(i));
-  return static_cast<float>(r >> 40) * (2.0f / 16777216.0f) - 1.0f;
-}
+using generator::NormalSample;
+using generator::UniformSample;
 
 enum class Init { kLinear, kEmbedding, kNorm, kBias };
 
@@ -153,6 +138,11 @@ class CheckpointBuilder {
                           init, /*is_scale=*/true});
     }
   }
+
+  // Rewrites each tensor's drawn values before they are stored (a test construction's).
+  using ValueAdjuster =
+      std::function<void(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>& values)>;
+  void set_value_adjuster(ValueAdjuster adjust) { adjust_ = std::move(adjust); }
 
   int64_t num_parameters() const { return num_parameters_; }
   uint64_t total_bytes() const {
@@ -224,6 +214,7 @@ class CheckpointBuilder {
         case Init::kBias: values[i] = 0.1f * UniformSample(key, i); break;
       }
     }
+    if (adjust_) adjust_(name, shape, values);
     const DType dtype = p.spec.dtype;
     if (dtype == DType::kF8E4M3) {
       QuantizeFp8(shape, values, out, scales_out);
@@ -265,6 +256,7 @@ class CheckpointBuilder {
 
   uint64_t seed_;
   DType dtype_;
+  ValueAdjuster adjust_;
   std::vector<Planned> planned_;
   int64_t num_parameters_ = 0;
 };
@@ -309,7 +301,9 @@ void AddDecoderLayer(CheckpointBuilder& b, const ModelConfig& c, int64_t i) {
   }
 }
 
-void AddMtpLayer(CheckpointBuilder& b, const ModelConfig& c, int64_t i) {
+// own_embed_and_head: also the module's embed_tokens and shared_head.head, which
+// DeepSeek-V3's checkpoint carries (the loader shares the main ones when they are absent).
+void AddMtpLayer(CheckpointBuilder& b, const ModelConfig& c, int64_t i, bool own_embed_and_head) {
   const std::string p = absl::StrCat("model.layers.", i, ".");
   const int64_t hidden = c.hidden_size;
   b.Add(p + "enorm.weight", {hidden}, Init::kNorm);
@@ -317,6 +311,10 @@ void AddMtpLayer(CheckpointBuilder& b, const ModelConfig& c, int64_t i) {
   b.Add(p + "eh_proj.weight", {hidden, 2 * hidden}, Init::kLinear);
   AddDecoderLayer(b, c, i);
   b.Add(p + "shared_head.norm.weight", {hidden}, Init::kNorm);
+  if (own_embed_and_head) {
+    b.Add(p + "embed_tokens.weight", {c.vocab_size, hidden}, Init::kEmbedding, /*quantizable=*/false);
+    b.Add(p + "shared_head.head.weight", {c.vocab_size, hidden}, Init::kLinear, /*quantizable=*/false);
+  }
 }
 
 absl::Status WriteShards(const CheckpointBuilder& b, int num_shards, const fs::path& dir,
@@ -439,15 +437,32 @@ absl::StatusOr<GeneratedModel> GenerateModel(const ModelGeneratorOptions& option
                                      {"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
   }
   config["torch_dtype"] = options.weight_dtype == DType::kF32 ? "float32" : "bfloat16";
-  const std::string config_text = config.dump(2) + "\n";
+  std::string config_text = config.dump(2) + "\n";
   ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(config_text));
+  if (options.mtp_acceptance) {
+    RETURN_IF_ERROR(
+        CheckMtpTestModelOptions(c, *options.mtp_acceptance, options.weight_dtype, options.write_weights));
+  }
 
   ASSIGN_OR_RETURN(result.tokenizer, WriteGeneratorTokenizer(options, tokenizer, c.vocab_size, dir_str));
 
   CheckpointBuilder b(options.seed, options.weight_dtype);
+  std::shared_ptr<const MtpTestWeights> mtp_test;
+  if (options.mtp_acceptance) {
+    // The construction's tables come from the tokenizer just written (which ids are
+    // special); config.json records it so that a reader knows what the checkpoint is.
+    ASSIGN_OR_RETURN(MtpTestModelSpec spec, PlanMtpTestModel(c, dir_str, *options.mtp_acceptance, options.seed));
+    config[kMtpTestConfigKey] = MtpTestRecord(spec);
+    config_text = config.dump(2) + "\n";
+    mtp_test = std::make_shared<const MtpTestWeights>(spec, c);
+    b.set_value_adjuster([mtp_test](const std::string& name, const std::vector<int64_t>& shape,
+                                    std::vector<float>& values) { mtp_test->Adjust(name, shape, values); });
+  }
   b.Add("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, Init::kEmbedding, /*quantizable=*/false);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) AddDecoderLayer(b, c, i);
-  for (int64_t j = 0; j < c.num_nextn_predict_layers; ++j) AddMtpLayer(b, c, c.num_hidden_layers + j);
+  for (int64_t j = 0; j < c.num_nextn_predict_layers; ++j) {
+    AddMtpLayer(b, c, c.num_hidden_layers + j, /*own_embed_and_head=*/mtp_test != nullptr);
+  }
   b.Add("model.norm.weight", {c.hidden_size}, Init::kNorm);
   if (!c.tie_word_embeddings) {
     b.Add("lm_head.weight", {c.vocab_size, c.hidden_size}, Init::kLinear, /*quantizable=*/false);

@@ -31,6 +31,11 @@ struct ModelGeneratorOptions {
   // False: no weight files, only checkpoint.h's kGeneratedWeightsFile (bf16 only; the
   // CUDA backend generates the weights at load).
   bool write_weights = true;
+  // Set: write the test construction of mtp_test_model.h instead of random weights, whose
+  // MTP module drafts the main model's next token right for this fraction of tokens (for
+  // measuring speculative decoding at a known acceptance rate; not a language model).
+  // deepseek_v3 configs with an MTP layer, bf16 or f32, write_weights only.
+  std::optional<double> mtp_acceptance;
   // Called after each tensor is written with (bytes written, total bytes); may be empty.
   std::function<void(uint64_t, uint64_t)> progress;
 };
@@ -79,8 +84,9 @@ absl::StatusOr<std::string> WriteGeneratorTokenizer(const ModelGeneratorOptions&
                                                     const std::string& dir);
 
 // Writes the checkpoint into `dir` (created if needed; existing model files replaced).
-// Errors: INVALID_ARGUMENT for a config the engine cannot run (named field) or an
-// unsupported dtype; file system errors.
+// Errors: INVALID_ARGUMENT for a config the engine cannot run (named field), an
+// unsupported dtype, or options mtp_acceptance cannot be built for (naming
+// --mtp-acceptance; CheckMtpTestModelOptions); file system errors.
 absl::StatusOr<GeneratedModel> GenerateModel(const ModelGeneratorOptions& options, const std::string& dir);
 
 }  // namespace tandem

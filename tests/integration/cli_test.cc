@@ -20,7 +20,7 @@ TEST(CliTest, HelpDocumentsEveryCommandAndFlag) {
   EXPECT_NE(top.out.find("generate"), std::string::npos);
   auto mm = RunProcess({BinaryPath("tandem"), "make-model", "--help"});
   for (const char* flag : {"--preset", "--config", "--out", "--seed", "--dtype", "--shards", "--tokenizer-dir",
-                           "--generated-tokenizer", "--vocab-size", "--weights-on-gpu"}) {
+                           "--generated-tokenizer", "--vocab-size", "--weights-on-gpu", "--mtp-acceptance"}) {
     EXPECT_NE(mm.out.find(flag), std::string::npos) << flag;
   }
   auto gen = RunProcess({BinaryPath("tandem"), "generate", "--help"});

@@ -452,6 +452,9 @@ absl::StatusOr<GeneratedModel> GenerateDeepseekV4Model(const ModelGeneratorOptio
   if (!options.write_weights) {
     return absl::InvalidArgumentError("weights generated on the GPU are not available for DeepSeek-V4");
   }
+  if (options.mtp_acceptance) {
+    return absl::InvalidArgumentError("--mtp-acceptance: needs a deepseek_v3 config, not model_type deepseek_v4");
+  }
   ASSIGN_OR_RETURN(GeneratorStart start, StartGeneratedModel(options, dir_str));
   Json& config = start.config;
   const GeneratorTokenizerPlan& tokenizer = start.tokenizer;

@@ -35,8 +35,8 @@ bool IsDeepseekV4Config(std::string_view config_json);
 
 // Writes the checkpoint into `dir` (created if needed; existing model files replaced).
 // options.weight_dtype: kF32, kBF16 or kF8E4M3 (FP8 + FP4 experts). Errors:
-// INVALID_ARGUMENT for a config the engine cannot run (named field), an unsupported dtype
-// or write_weights = false; file system errors.
+// INVALID_ARGUMENT for a config the engine cannot run (named field), an unsupported dtype,
+// write_weights = false, or mtp_acceptance set (a V3-only construction); file system errors.
 absl::StatusOr<GeneratedModel> GenerateDeepseekV4Model(const ModelGeneratorOptions& options, const std::string& dir);
 
 }  // namespace tandem::v4
