@@ -139,7 +139,8 @@ void RegisterMakeModel(CLI::App& app, int* exit_code) {
                   "(a cycle over the non-special tokens), and the MTP layer drafts it right for a random "
                   "fraction P of tokens, so about P of first drafts are accepted and P^j of chains of j. The "
                   "decoder layers keep random weights scaled down. DeepSeek-V3 configs with an MTP layer "
-                  "(e.g. --preset tiny), bf16 or f32, not with --weights-on-gpu; config.json records it "
+                  "(e.g. --preset tiny), bf16 or f32 (with --weights-on-gpu bf16, built by the CUDA backend at "
+                  "load); config.json records it "
                   "under \"tandem_mtp_test\" (engine/model/mtp_test_model.h)");
   cmd->callback([args, exit_code] { *exit_code = Run(*args); });
 }

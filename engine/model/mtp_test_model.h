@@ -67,7 +67,7 @@ struct MtpTestModelSpec {
 // Why make-model cannot write the construction for these options, as INVALID_ARGUMENT
 // naming --mtp-acceptance: P outside [0, 1], a model_type other than deepseek_v3, no MTP
 // layer, tied embeddings (the embedding and the head differ here), a dtype other than
-// bf16 or f32, or weights generated on the GPU (not implemented for this construction).
+// bf16 or f32 (bf16 only for weights generated on the GPU).
 absl::Status CheckMtpTestModelOptions(const ModelConfig& config, double acceptance, DType dtype,
                                       bool write_weights);
 

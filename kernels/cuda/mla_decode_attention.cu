@@ -30,6 +30,7 @@ struct DecodeArgs {
   const int32_t* block_tables;
   const int32_t* cache_lens;
   int q_per_seq, heads, R, D, block_size, max_blocks;
+  int kv_offset;  // position p reads cache slot p + kv_offset (MlaDecodeParams::kv_offset)
   int rows;       // query rows per sequence: q_per_seq * heads (row = token * heads + head)
   int row_tiles;  // thread blocks per sequence and split, each a tile of rows
   int splits;
@@ -67,15 +68,17 @@ __device__ __forceinline__ int RowLimit(const DecodeArgs& a, int len, int row) {
 struct SeqCache {
   const __nv_bfloat16* kv;
   const int32_t* table;  // the sequence's row of the block tables
-  int block_size, D;
+  int block_size, D, kv_offset;
 
   __device__ __forceinline__ SeqCache(const DecodeArgs& a, int seq)
-      : kv(a.kv), table(a.block_tables + static_cast<int64_t>(seq) * a.max_blocks), block_size(a.block_size), D(a.D) {}
+      : kv(a.kv), table(a.block_tables + static_cast<int64_t>(seq) * a.max_blocks), block_size(a.block_size), D(a.D),
+        kv_offset(a.kv_offset) {}
 
   // The cache row of position `pos`.
   __device__ __forceinline__ const __nv_bfloat16* Row(int pos) const {
-    const int32_t block = table[pos / block_size];
-    return kv + (static_cast<int64_t>(block) * block_size + pos % block_size) * D;
+    const int slot = pos + kv_offset;
+    const int32_t block = table[slot / block_size];
+    return kv + (static_cast<int64_t>(block) * block_size + slot % block_size) * D;
   }
 };
 
@@ -1036,8 +1039,8 @@ cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream) {
   const int D = p.kv_lora_rank + p.rope_dim;
   if (p.num_seqs < 0 || p.q_per_seq < 1 || p.num_heads < 1 || !DimsSupported(p.kv_lora_rank, p.rope_dim) ||
       p.q == nullptr || p.kv_cache == nullptr || p.block_tables == nullptr || p.cache_lens == nullptr ||
-      p.out == nullptr || p.block_size < 1 || p.max_cache_len < p.q_per_seq ||
-      static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size < p.max_cache_len ||
+      p.out == nullptr || p.block_size < 1 || p.max_cache_len < p.q_per_seq || p.kv_offset < 0 ||
+      static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size < int64_t{p.max_cache_len} + p.kv_offset ||
       p.q_stride < static_cast<int64_t>(p.num_heads) * D || p.q_stride % 8 != 0 ||
       p.out_stride < static_cast<int64_t>(p.num_heads) * p.kv_lora_rank || p.out_stride % 2 != 0 ||
       reinterpret_cast<uintptr_t>(p.q) % 16 != 0 || reinterpret_cast<uintptr_t>(p.kv_cache) % 16 != 0 ||
@@ -1079,6 +1082,7 @@ cudaError_t MlaDecodeAttention(const MlaDecodeParams& p, cudaStream_t stream) {
   a.D = D;
   a.block_size = p.block_size;
   a.max_blocks = p.max_blocks_per_seq;
+  a.kv_offset = p.kv_offset;
   a.rows = p.q_per_seq * p.num_heads;
   a.row_tiles = plan.row_tiles;
   a.splits = splits;

@@ -48,6 +48,9 @@ struct MlaDecodeParams {
   const __nv_bfloat16* kv_cache = nullptr;
   const int32_t* block_tables = nullptr;  // [num_seqs][max_blocks_per_seq]
   const int32_t* cache_lens = nullptr;    // [num_seqs], each >= q_per_seq
+  // Position p of a sequence is the cache entry of slot p + kv_offset of its block table
+  // (the MTP layer's cache: slot q holds position q - 1, docs/speculative-decoding.md).
+  int kv_offset = 0;
   int num_seqs = 0;
   int q_per_seq = 1;
   int num_heads = 0;

@@ -37,6 +37,7 @@ __global__ void RandomInitKernel(RandomInitParams p) {
       case RandomInit::kNorm: v = __fadd_rn(1.0f, __fmul_rn(0.25f, UniformSample(p.key, i))); break;
       default: v = __fmul_rn(0.1f, UniformSample(p.key, i)); break;
     }
+    if (p.scale != 1.0f) v = __fmul_rn(v, p.scale);
     if (p.out_bf16 != nullptr) {
       p.out_bf16[i] = __float2bfloat16_rn(v);
     } else {

@@ -27,6 +27,9 @@ struct RandomInitParams {
   __nv_bfloat16* out_bf16 = nullptr;  // one of the two
   float* out_f32 = nullptr;
   bool round_to_bf16 = false;  // float output of a tensor stored in bf16
+  // Each value times this before it is stored (rounded in float, as the generator's test
+  // constructions scale drawn values: engine/model/mtp_test_model.h).
+  float scale = 1.0f;
 };
 
 cudaError_t RandomInitFill(const RandomInitParams& p, cudaStream_t stream);

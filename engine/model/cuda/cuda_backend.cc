@@ -98,6 +98,13 @@ class CudaBackend : public ModelBackend {
     return absl::OkStatus();
   }
 
+  bool has_mtp() const override { return model_->has_mtp(); }
+  absl::StatusOr<std::vector<std::vector<DraftToken>>> Draft(std::span<const DraftSequence> batch,
+                                                             KvPool& /*host*/) override {
+    return model_->Draft(batch);
+  }
+  absl::StatusOr<std::vector<float>> KeptHidden(int64_t row) const override { return model_->KeptHidden(row); }
+
   absl::StatusOr<DeviceKvPool> ShareKvPool() override { return peer_kv_->Share(); }
   absl::StatusOr<std::unique_ptr<PeerKvWriter>> OpenPeerKv(const DeviceKvPool& pool,
                                                            std::vector<int32_t> dst_blocks) override {
@@ -181,11 +188,8 @@ int CudaDevicesVisible() {
 
 absl::StatusOr<std::unique_ptr<ModelBackend>> LoadCudaBackend(const std::string& dir, const BackendOptions& options,
                                                               int device_index) {
-  if (options.mtp) {
-    return absl::UnimplementedError(
-        "speculative decoding (--speculative-tokens) on the GPU: the CUDA backend does not run the MTP layer yet");
-  }
   CudaDeepseekModel::LoadOptions lo;
+  lo.mtp = options.mtp;
   lo.device = device_index;
   lo.batch_invariant = options.batch_invariant;
   lo.max_batch_tokens = options.max_batch_tokens;

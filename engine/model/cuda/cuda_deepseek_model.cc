@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/cuda/cuda_model_impl.h"
+#include "engine/model/mtp_test_model.h"
 #include "engine/model/weights.h"
 #include "engine/util/status_macros.h"
 #include "kernels/cuda/device_info.h"
@@ -81,7 +82,7 @@ CudaDeepseekModel::Impl::~Impl() {
 }
 
 absl::Status CudaDeepseekModel::Impl::Init(const ModelConfig& c, const ModelWeights* host, uint64_t seed,
-                                           const LoadOptions& o) {
+                                           const LoadOptions& o, const MtpTestWeights* test) {
   config = c;
   options = o;
   if (o.batch_invariant) {
@@ -132,7 +133,8 @@ absl::Status CudaDeepseekModel::Impl::Init(const ModelConfig& c, const ModelWeig
       TANDEM_CUBLAS_RETURN(side_gemm_[i].Init(size_t{32} << 20), "creating a cuBLAS handle");
     }
   }
-  ASSIGN_OR_RETURN(weights, cuda_model::UploadWeights(c, host, seed, stream));
+  ASSIGN_OR_RETURN(weights, cuda_model::UploadWeights(c, host, seed, stream, o.mtp, test));
+  kv_layers = static_cast<int64_t>(weights->layers.size());
 
   const std::vector<float> inv_freq = c.RopeInverseFrequencies();
   RETURN_IF_ERROR(inv_freq_.Allocate(inv_freq.size() * sizeof(float), "rotary frequencies"));
@@ -209,7 +211,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
       a->router_logits = ar.Take<float>(t * c.n_routed_experts);
       a->expert_ids = ar.Take<int32_t>(t * c.num_experts_per_tok);
       a->expert_weights = ar.Take<float>(t * c.num_experts_per_tok);
-      a->group_offsets = ar.Take<int32_t>(c.num_hidden_layers * (groups_ + 1));
+      a->group_offsets = ar.Take<int32_t>(kv_layers * (groups_ + 1));
       a->active_groups = ar.Take<int32_t>(groups_);
       a->num_active = ar.Take<int32_t>(1);
       a->tile_group = ar.Take<int32_t>(cuda::MoeMaxTiles(p, groups_, 16));
@@ -248,7 +250,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     TANDEM_CUDA_RETURN(cudaMemset(act_.argmax_counter, 0, sizeof(uint32_t)), "clearing the arg-max counter");
   }
   if (groups_ > 0) {
-    TANDEM_CUDA_RETURN(cudaMemset(act_.group_offsets, 0, c.num_hidden_layers * (groups_ + 1) * sizeof(int32_t)),
+    TANDEM_CUDA_RETURN(cudaMemset(act_.group_offsets, 0, kv_layers * (groups_ + 1) * sizeof(int32_t)),
                        "clearing expert offsets");
     TANDEM_CUDA_RETURN(cudaMemset(act_.route_counter, 0, sizeof(uint32_t)), "clearing the routing counter");
     TANDEM_CUDA_RETURN(cudaMemset(act_.down_tile_counters, 0, (c.hidden_size / 16 + 1) * sizeof(uint32_t)),
@@ -261,7 +263,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
   RETURN_IF_ERROR(meta_host_.Allocate(meta_bytes, "step metadata"));
   RETURN_IF_ERROR(logits_host_.Allocate(max_logit_rows * c.vocab_size * sizeof(float), "logits"));
   RETURN_IF_ERROR(small_host_.Allocate(
-      std::max<size_t>(c.num_hidden_layers * (groups_ + 1), max_logit_rows) * sizeof(int32_t) + 256, "offsets"));
+      std::max<size_t>(kv_layers * (groups_ + 1), max_logit_rows) * sizeof(int32_t) + 256, "offsets"));
   RETURN_IF_ERROR(argmax_host_.Allocate(cuda::kSmallGemvMaxRows * sizeof(int32_t), "greedy tokens"));
   if (void* dev = nullptr; cudaHostGetDevicePointer(&dev, argmax_host_.get(), 0) == cudaSuccess) {
     argmax_host_dev_ = static_cast<int32_t*>(dev);
@@ -278,7 +280,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
 }
 
 absl::Status CudaDeepseekModel::Impl::AllocateKvCache() {
-  const uint64_t block_bytes = static_cast<uint64_t>(config.num_hidden_layers) * kBlock * config.kv_entry_dim() * 2;
+  const uint64_t block_bytes = static_cast<uint64_t>(kv_layers) * kBlock * config.kv_entry_dim() * 2;
   int64_t blocks = options.kv_blocks;
   if (blocks <= 0) {
     size_t free = 0, total = 0;
@@ -317,7 +319,16 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
     const ForwardSequence& s = batch[i];
     if (s.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " has no new tokens"));
     const int64_t n = static_cast<int64_t>(s.tokens.size());
-    const int64_t end = s.start_position + n;
+    if ((s.mtp || s.keep_hidden) && !weights->mtp) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sequence ", i, " asks for the MTP layer, which this model was loaded without"));
+    }
+    if (s.mtp && s.mtp_next_token >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", s.mtp_next_token,
+                                                     " is outside the vocabulary (size ", c.vocab_size, ")"));
+    }
+    // The MTP pass writes slot `end` when it knows the token there.
+    const int64_t end = s.start_position + n + (s.mtp && s.mtp_next_token >= 0 ? 1 : 0);
     if (s.start_position < 0 || end > c.max_position_embeddings) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " reaches position ", end,
                                                      ", beyond max_position_embeddings ", c.max_position_embeddings));
@@ -398,6 +409,8 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
       host.positions[r + j] = static_cast<int32_t>(pos);
       host.slots[r + j] = static_cast<int32_t>(s.block_table[pos / kBlock] * kBlock + pos % kBlock);
     }
+    // A recomputed cached position (first_kv_cached) writes no KV: slot -1.
+    if (s.first_kv_cached) host.slots[r] = -1;
     if (in_decode_group(s)) {
       put_table(table_row++, s, s.start_position + 1);
       max_decode_len = std::max(max_decode_len, s.start_position + 1);
@@ -438,6 +451,7 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
     if (j.absorbed) plan.rope_out_rows = std::max(plan.rope_out_rows, j.row_begin + j.num_seqs * j.q_per_seq);
   }
   plan.decode_only = num_decode == static_cast<int64_t>(batch.size()) && out_rows == num_decode;
+  plan.seq_rows = std::move(row_of);
   return plan;
 }
 
@@ -564,6 +578,9 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
                                           std::span<const CudaDeepseekModel::SampleRow> sample, bool launch) {
   TANDEM_CUDA_RETURN(cudaSetDevice(options.device), "selecting the GPU");
   ASSIGN_OR_RETURN(StepPlan plan, Plan(batch, fo.attention));
+  const bool mtp = std::any_of(batch.begin(), batch.end(),
+                               [](const ForwardSequence& s) { return s.mtp || s.keep_hidden; });
+  if (mtp && launch) return absl::InvalidArgumentError("a step with the MTP layer cannot be launched pipelined");
   if (!sample.empty() && static_cast<int64_t>(sample.size()) != plan.out_rows) {
     return absl::InvalidArgumentError(absl::StrCat(sample.size(), " sampling rows for ", plan.out_rows,
                                                    " logits rows"));
@@ -626,6 +643,8 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
   }
   if (plan.out_rows == 0) RETURN_IF_ERROR(RecordStepEnd(true));
   TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "running the forward pass");
+  // The logits are out: the MTP layer may take the activations over.
+  if (mtp) RETURN_IF_ERROR(MtpAfterForward(batch, plan, fo));
   return absl::OkStatus();
 }
 
@@ -851,8 +870,17 @@ absl::StatusOr<std::unique_ptr<CudaDeepseekModel>> CudaDeepseekModel::CreateGene
                                                                                       uint64_t seed,
                                                                                       const LoadOptions& options) {
   ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(config_json));
+  // A make-model --mtp-acceptance checkpoint (config.json records the construction): its
+  // weights as that construction sets them.
+  std::unique_ptr<MtpTestWeights> test;
+  absl::StatusOr<MtpTestModelSpec> spec = ReadMtpTestModelSpec(config_json);
+  if (spec.ok()) {
+    test = std::make_unique<MtpTestWeights>(*spec, config);
+  } else if (spec.status().code() != absl::StatusCode::kNotFound) {
+    return spec.status();
+  }
   auto impl = std::make_unique<Impl>();
-  RETURN_IF_ERROR(impl->Init(config, nullptr, seed, options));
+  RETURN_IF_ERROR(impl->Init(config, nullptr, seed, options, test.get()));
   return std::unique_ptr<CudaDeepseekModel>(new CudaDeepseekModel(std::move(impl)));
 }
 
@@ -911,7 +939,7 @@ absl::Status CudaDeepseekModel::LaunchSample(std::span<const ForwardSequence> ba
 absl::StatusOr<std::vector<int32_t>> CudaDeepseekModel::CollectSample() { return impl_->CollectLaunched(); }
 
 absl::Status CudaDeepseekModel::ReadKvBlocks(int64_t layer, std::span<const int32_t> block_ids, float* host) {
-  if (layer < 0 || layer >= impl_->config.num_hidden_layers) return absl::InvalidArgumentError("layer out of range");
+  if (layer < 0 || layer >= impl_->kv_layers) return absl::InvalidArgumentError("layer out of range");
   for (int32_t b : block_ids) {
     if (b < 0 || b >= impl_->num_blocks) return absl::InvalidArgumentError(absl::StrCat("block id ", b, " out of range"));
   }
@@ -927,7 +955,7 @@ absl::Status CudaDeepseekModel::ReadKvBlocks(int64_t layer, std::span<const int3
 
 absl::Status CudaDeepseekModel::ReadKvEntries(int64_t layer, std::span<const int32_t> block_table,
                                               int64_t first_position, int64_t n, float* host) {
-  if (layer < 0 || layer >= impl_->config.num_hidden_layers) return absl::InvalidArgumentError("layer out of range");
+  if (layer < 0 || layer >= impl_->kv_layers) return absl::InvalidArgumentError("layer out of range");
   if (first_position < 0 || n < 0 || first_position + n > impl_->max_context ||
       static_cast<int64_t>(block_table.size()) * kBlock < first_position + n) {
     return absl::InvalidArgumentError("positions not covered by the block table or beyond max_context");
@@ -941,7 +969,7 @@ absl::Status CudaDeepseekModel::ReadKvEntries(int64_t layer, std::span<const int
 
 absl::Status CudaDeepseekModel::WriteKvEntries(int64_t layer, std::span<const int32_t> block_table,
                                                int64_t first_position, const float* entries, int64_t n) {
-  if (layer < 0 || layer >= impl_->config.num_hidden_layers) return absl::InvalidArgumentError("layer out of range");
+  if (layer < 0 || layer >= impl_->kv_layers) return absl::InvalidArgumentError("layer out of range");
   if (first_position < 0 || n < 0 || static_cast<int64_t>(block_table.size()) * kBlock < first_position + n) {
     return absl::InvalidArgumentError("positions not covered by the block table");
   }
@@ -984,7 +1012,7 @@ absl::Status CudaDeepseekModel::Synchronize() {
 void* CudaDeepseekModel::stream() const { return impl_->stream; }
 CudaDeepseekModel::KvPool CudaDeepseekModel::kv_pool() const {
   const Impl& m = *impl_;
-  return {.base = m.kv_cache_base(), .bytes = m.kv_bytes, .num_layers = m.config.num_hidden_layers,
+  return {.base = m.kv_cache_base(), .bytes = m.kv_bytes, .num_layers = m.kv_layers,
           .num_blocks = m.num_blocks, .entry_bytes = m.config.kv_entry_dim() * 2,
           .max_blocks_per_seq = m.max_blocks_per_seq, .device = m.options.device};
 }

@@ -100,6 +100,9 @@ class CudaDeepseekModel {
     // kernel with one KV split and a fixed tile shape, the MoE combine without atomics, no
     // fused small-batch kernels.
     bool batch_invariant = false;
+    // Speculative decoding (docs/speculative-decoding.md): the checkpoint's first MTP layer
+    // loaded, its KV one layer after the decoder layers' (ForwardSequence::mtp, Draft).
+    bool mtp = false;
   };
 
   // How ForwardSample chooses each logits row's token (deepseek_model.h).
@@ -149,6 +152,13 @@ class CudaDeepseekModel {
                             const DeepseekForwardOptions& options = {});
   absl::StatusOr<std::vector<int32_t>> CollectSample();
 
+  // Speculative decoding with LoadOptions::mtp: DeepseekModel::Draft's contract on the
+  // GPU's cache, and the hidden states the last Forward kept (one row, for a prefill
+  // replica to hand over).
+  absl::StatusOr<std::vector<std::vector<DraftToken>>> Draft(std::span<const DraftSequence> batch);
+  absl::StatusOr<std::vector<float>> KeptHidden(int64_t row);
+  bool has_mtp() const;
+
   // KV export/import (float32 on the host, bf16 in the cache). ReadKvBlocks writes
   // block_ids.size() blocks of [64][kv_entry_dim] floats of one layer; ReadKvEntries the
   // entries of positions [first_position, first_position + n) of a sequence;
@@ -194,7 +204,7 @@ class CudaDeepseekModel {
   void* stream() const;
 
   // The paged KV pool, for device-to-device transfer (cuda_peer_kv.h): bf16 entries,
-  // [num_layers][num_blocks][64][entry_bytes].
+  // [num_layers][num_blocks][64][entry_bytes] (the MTP layer's last when loaded).
   struct KvPool {
     void* base = nullptr;
     uint64_t bytes = 0;

@@ -111,7 +111,7 @@ bool CudaDeepseekModel::Impl::SplitQueries() const {
 
 bool CudaDeepseekModel::Impl::Fused(const StepPlan& plan) const {
   const ModelConfig& c = config;
-  return plan.decode_only && plan.jobs.size() == 1 &&
+  return plan.decode_only && plan.jobs.size() == 1 && plan.kv_offset == 0 &&
          plan.rows <= std::min<int64_t>(options.fused_decode_max_tokens, cuda::kSmallGemvMaxRows) &&
          plan.rows <= options.moe_grouped_max_tokens && plan.rows <= options.split_activations_max_tokens &&
          c.hidden_size % 32 == 0;
@@ -288,7 +288,8 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
               {.q = act_.q_dec + r0 * heads * entry, .q_stride = heads * entry,
                .q_lo = split_q ? act_.q_dec_lo + r0 * heads * entry : nullptr, .kv_cache = kv_layer,
                .block_tables = plan.meta.block_tables + job.table_row * max_blocks_per_seq,
-               .cache_lens = plan.meta.cache_lens + job.table_row, .num_seqs = static_cast<int>(job.num_seqs),
+               .cache_lens = plan.meta.cache_lens + job.table_row, .kv_offset = static_cast<int>(plan.kv_offset),
+               .num_seqs = static_cast<int>(job.num_seqs),
                .q_per_seq = static_cast<int>(job.q_per_seq), .num_heads = static_cast<int>(heads),
                .kv_lora_rank = static_cast<int>(rank), .rope_dim = static_cast<int>(rope), .block_size = kBlock,
                .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
@@ -339,7 +340,8 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
       TANDEM_CUDA_RETURN(cuda::KvGather({.kv_cache = kv_layer,
                                          .block_table = plan.meta.block_tables + job.table_row * max_blocks_per_seq,
                                          .block_size = kBlock, .entry_dim = static_cast<int>(entry),
-                                         .first_position = 0, .num_positions = num_kv, .out_bf16 = act_.kv_gathered,
+                                         .first_position = plan.kv_offset, .num_positions = num_kv,
+                                         .out_bf16 = act_.kv_gathered,
                                          .out_stride = entry},
                                         stream),
                          "gathering latents");

@@ -55,12 +55,16 @@ struct StepMeta {
 };
 
 struct StepPlan {
+  // The MTP layer's pass (docs/speculative-decoding.md): position p reads and writes cache
+  // slot p + 1 (MlaDecodeParams::kv_offset; slots already hold it).
+  int64_t kv_offset = 0;
   int64_t rows = 0;
   int64_t out_rows = 0;
   int64_t table_rows = 0;
   int64_t rope_out_rows = 0;  // rows whose rotated query rope parts the absorbed form reads
   std::vector<AttentionJob> jobs;
   bool decode_only = false;  // every sequence one token, absorbed, logits for each
+  std::vector<int64_t> seq_rows;  // the first activation row of each sequence, in batch order
   size_t meta_bytes = 0;
   StepMeta meta;  // device pointers
 };
@@ -135,7 +139,9 @@ class CudaDeepseekModel::Impl {
  public:
   ~Impl();
 
-  absl::Status Init(const ModelConfig& config, const ModelWeights* host, uint64_t seed, const LoadOptions& options);
+  // test: generated weights (host null) as the make-model --mtp-acceptance construction sets them.
+  absl::Status Init(const ModelConfig& config, const ModelWeights* host, uint64_t seed, const LoadOptions& options,
+                    const MtpTestWeights* test = nullptr);
 
   // Forward; with ids, *ids gets the argmax of each logits row instead of the logits, or
   // with sample also set, the token sampled from it.
@@ -163,6 +169,14 @@ class CudaDeepseekModel::Impl {
     options.*field = value;
   }
 
+  // Speculative decoding (cuda_mtp.cc). After a forward pass (its plan): the final hidden
+  // states of the keep_hidden sequences into kept_hidden_, and the MTP layer over the
+  // slots of the sequences with `mtp` (then after_layer_kv of the MTP layer).
+  absl::Status MtpAfterForward(std::span<const ForwardSequence> batch, const cuda_model::StepPlan& plan,
+                               const DeepseekForwardOptions& fo);
+  absl::StatusOr<std::vector<std::vector<DraftToken>>> Draft(std::span<const DraftSequence> batch);
+  absl::StatusOr<std::vector<float>> KeptHidden(int64_t row);
+
   absl::Status ReadKv(int64_t layer, std::span<const int32_t> table, int64_t first, int64_t n, float* host);
   absl::Status WriteKv(int64_t layer, std::span<const int32_t> table, int64_t first, const float* entries, int64_t n);
   absl::StatusOr<uint64_t> LastForwardWeightBytes();
@@ -177,6 +191,7 @@ class CudaDeepseekModel::Impl {
   int64_t max_blocks_per_seq = 0;
   int64_t max_table_rows = 0;
   int64_t max_logit_rows = 0;
+  int64_t kv_layers = 0;  // layers of the KV cache: the decoder layers and, when loaded, the MTP layer
   uint64_t kv_bytes = 0;
   uint64_t activation_bytes = 0;
   std::unique_ptr<cuda_model::CudaModelWeights> weights;
@@ -232,6 +247,27 @@ class CudaDeepseekModel::Impl {
   // Uploads the sampling parameters of logits rows [begin, begin + count) and enqueues the
   // sampling kernel over act_.logits into act_.argmax.
   absl::Status EnqueueSample(std::span<const CudaDeepseekModel::SampleRow> rows, int64_t begin, int64_t count);
+
+  // One sequence's rows of an MTP pass: slots [first_slot, first_slot + count); their
+  // previous hidden states are the next `count` rows of mtp_in_ (sequences in order).
+  struct MtpRows {
+    int64_t first_slot = 0;
+    int64_t count = 0;
+    std::span<const int32_t> tokens;
+    std::span<const int32_t> block_table;
+  };
+  // The MTP layer over `seqs` (its input hidden states in mtp_in_): leaves its output
+  // (before the shared head's norm) in act_.x, rows in order.
+  absl::Status MtpPass(std::span<const MtpRows> seqs, const DeepseekForwardOptions& fo);
+  absl::Status AllocateMtpBuffers();  // once, at the first use
+  // The shared head's draft for act_.x rows `rows` (host indices): tokens and confidences.
+  absl::StatusOr<std::vector<DraftToken>> MtpDrafts(std::span<const int32_t> rows);
+  cuda_model::DeviceBuffer kept_hidden_;  // [max_batch_tokens][hidden] float32
+  int64_t kept_rows_ = 0;
+  cuda_model::DeviceBuffer mtp_in_;       // [max_batch_tokens][hidden] float32
+  cuda_model::DeviceBuffer mtp_both_;     // [max_batch_tokens][2 hidden] bf16, then its remainders
+  cuda_model::DeviceBuffer draft_dev_;    // [max_logit_rows] tokens, then confidences
+  cuda_model::PinnedBuffer draft_host_;
 
   __nv_bfloat16* KvLayer(int64_t layer) const {
     return kv_cache_.get<__nv_bfloat16>() + layer * num_blocks * 64 * config.kv_entry_dim();

@@ -3,6 +3,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/generator_random.h"
+#include "engine/model/mtp_test_model.h"
 #include "engine/util/status_macros.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/mla_decode_attention.h"
@@ -16,8 +18,10 @@ using cuda::RandomInit;
 
 class Builder {
  public:
-  Builder(const ModelConfig& c, const ModelWeights* host, uint64_t seed, cudaStream_t stream)
-      : c_(c), host_(host), seed_(seed), stream_(stream), out_(std::make_unique<CudaModelWeights>()) {}
+  Builder(const ModelConfig& c, const ModelWeights* host, uint64_t seed, cudaStream_t stream, bool mtp,
+          const MtpTestWeights* test)
+      : c_(c), host_(host), seed_(seed), stream_(stream), mtp_(mtp), test_(host == nullptr ? test : nullptr),
+        out_(std::make_unique<CudaModelWeights>()) {}
 
   absl::StatusOr<std::unique_ptr<CudaModelWeights>> Build() {
     const int64_t hidden = c_.hidden_size;
@@ -26,7 +30,7 @@ class Builder {
     RETURN_IF_ERROR(Fill("model.embed_tokens.weight", host_ ? &host_->embed : nullptr, c_.vocab_size, hidden,
                          RandomInit::kEmbedding, out_->embed.data));
     for (int64_t i = 0; i < c_.num_hidden_layers; ++i) {
-      ASSIGN_OR_RETURN(CudaLayerWeights layer, Layer(i));
+      ASSIGN_OR_RETURN(CudaLayerWeights layer, Layer(i, host_ ? &host_->layers[i] : nullptr));
       out_->layers.push_back(layer);
     }
     ASSIGN_OR_RETURN(out_->final_norm, Vector("model.norm.weight", host_ ? host_->final_norm : nullptr, hidden,
@@ -39,6 +43,7 @@ class Builder {
       RETURN_IF_ERROR(Fill("lm_head.weight", host_ ? &host_->lm_head : nullptr, c_.vocab_size, hidden,
                            RandomInit::kLinear, out_->lm_head.data));
     }
+    if (mtp_) RETURN_IF_ERROR(Mtp());
     TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "uploading weights");
     temp_[0].Reset();
     temp_[1].Reset();
@@ -48,9 +53,55 @@ class Builder {
   }
 
  private:
-  absl::StatusOr<CudaLayerWeights> Layer(int64_t i) {
+  // The first MTP layer (model.layers.{num_hidden_layers}.*, as make-model and DeepSeek-V3
+  // write it): its decoder block after the decoder layers, the rest in out_->mtp.
+  absl::Status Mtp() {
+    const int64_t hidden = c_.hidden_size, index = c_.num_hidden_layers;
+    const MtpLayerWeights* hm = nullptr;
+    if (host_ != nullptr) {
+      if (host_->mtp_layers.empty()) {
+        return absl::FailedPreconditionError("speculative decoding needs the checkpoint's MTP layer; it has none");
+      }
+      hm = &host_->mtp_layers.front();
+    } else if (c_.num_nextn_predict_layers < 1) {
+      return absl::FailedPreconditionError(
+          "speculative decoding needs the checkpoint's MTP layer: config.json's num_nextn_predict_layers is 0");
+    }
+    const std::string p = absl::StrCat("model.layers.", index, ".");
+    ASSIGN_OR_RETURN(CudaLayerWeights block, Layer(index, hm ? &hm->block : nullptr));
+    out_->layers.push_back(block);
+    CudaMtpWeights m;
+    ASSIGN_OR_RETURN(m.enorm, Vector(p + "enorm.weight", hm ? hm->enorm : nullptr, hidden, RandomInit::kNorm, true));
+    ASSIGN_OR_RETURN(m.hnorm, Vector(p + "hnorm.weight", hm ? hm->hnorm : nullptr, hidden, RandomInit::kNorm, true));
+    ASSIGN_OR_RETURN(m.eh_proj, NewMatrix(hidden, 2 * hidden, "eh_proj"));
+    RETURN_IF_ERROR(Fill(p + "eh_proj.weight", hm ? &hm->eh_proj : nullptr, hidden, 2 * hidden, RandomInit::kLinear,
+                         m.eh_proj.data));
+    ASSIGN_OR_RETURN(m.shared_head_norm, Vector(p + "shared_head.norm.weight", hm ? hm->shared_head_norm : nullptr,
+                                                hidden, RandomInit::kNorm, true));
+    // make-model writes neither (they share the main model's) unless it constructs a test
+    // model, which the GPU does not generate.
+    m.shared_head = out_->lm_head;
+    if (hm != nullptr && hm->shared_head.valid()) {
+      ASSIGN_OR_RETURN(m.shared_head, NewMatrix(c_.vocab_size, hidden, "MTP shared head"));
+      RETURN_IF_ERROR(Fill(p + "shared_head.head.weight", &hm->shared_head, c_.vocab_size, hidden,
+                           RandomInit::kLinear, m.shared_head.data));
+    }
+    m.embed = out_->embed;
+    if (test_ != nullptr) {  // the construction's own MTP embedding (good and bad tokens)
+      ASSIGN_OR_RETURN(m.embed, NewMatrix(c_.vocab_size, hidden, "MTP embedding"));
+      RETURN_IF_ERROR(Fill(p + "embed_tokens.weight", nullptr, c_.vocab_size, hidden, RandomInit::kEmbedding,
+                           m.embed.data));
+    } else if (hm != nullptr && hm->embed.valid()) {
+      ASSIGN_OR_RETURN(m.embed, NewMatrix(c_.vocab_size, hidden, "MTP embedding"));
+      RETURN_IF_ERROR(Fill(p + "embed_tokens.weight", &hm->embed, c_.vocab_size, hidden, RandomInit::kEmbedding,
+                           m.embed.data));
+    }
+    out_->mtp = m;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<CudaLayerWeights> Layer(int64_t i, const DecoderLayerWeights* hl) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    const DecoderLayerWeights* hl = host_ ? &host_->layers[i] : nullptr;
     const int64_t hidden = c_.hidden_size, heads = c_.num_attention_heads;
     const int64_t rank = c_.kv_lora_rank, rope = c_.qk_rope_head_dim, nope = c_.qk_nope_head_dim, v = c_.v_head_dim;
     CudaLayerWeights l;
@@ -202,12 +253,38 @@ class Builder {
 
   uint64_t Key(const std::string& name) const { return XXH64(name.data(), name.size(), seed_); }
 
+  // The construction's tensors that are more than scaled random values: the embeddings and
+  // heads (token vectors) and eh_proj ([I | 0] plus noise).
+  bool ConstructedOnHost(const std::string& name) const {
+    return name.ends_with("embed_tokens.weight") || name == "lm_head.weight" ||
+           name.ends_with("shared_head.head.weight") || name.ends_with("eh_proj.weight");
+  }
+  // Such a tensor as make-model writes it: drawn as the generator draws (kLinear: normal /
+  // sqrt(cols); only eh_proj keeps any of it), adjusted by the construction, in bf16.
+  absl::Status FillConstructed(const std::string& name, int64_t rows, int64_t cols, __nv_bfloat16* dst) {
+    std::vector<float> values(static_cast<size_t>(rows * cols), 0.0f);
+    if (name.ends_with("eh_proj.weight")) {
+      const uint64_t key = Key(name);
+      const float root = std::sqrt(static_cast<float>(cols));
+      for (size_t i = 0; i < values.size(); ++i) values[i] = generator::NormalSample(key, i) / root;
+    }
+    test_->Adjust(name, {rows, cols}, values);
+    std::vector<uint16_t> bf16(values.size());
+    for (size_t i = 0; i < values.size(); ++i) bf16[i] = F32ToBf16(values[i]);
+    TANDEM_CUDA_RETURN(cudaMemcpy(dst, bf16.data(), bf16.size() * 2, cudaMemcpyHostToDevice), "uploading");
+    return absl::OkStatus();
+  }
+
   // Tensor `name` as bf16 into dst [rows][cols].
   absl::Status Fill(const std::string& name, const WeightMatrix* host, int64_t rows, int64_t cols, RandomInit init,
                     __nv_bfloat16* dst) {
     const int64_t n = rows * cols;
+    if (host == nullptr && test_ != nullptr && ConstructedOnHost(name)) return FillConstructed(name, rows, cols, dst);
     if (host == nullptr) {
-      return CudaStatus(cuda::RandomInitFill({.key = Key(name), .n = n, .fan_in = cols, .init = init, .out_bf16 = dst},
+      // The construction scales what each block adds to the residual stream.
+      const bool scaled = test_ != nullptr && (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight"));
+      return CudaStatus(cuda::RandomInitFill({.key = Key(name), .n = n, .fan_in = cols, .init = init, .out_bf16 = dst,
+                                              .scale = scaled ? kMtpTestLayerOutputScale : 1.0f},
                                              stream_),
                         "generating weights");
     }
@@ -273,7 +350,12 @@ class Builder {
   absl::StatusOr<const float*> Vector(const std::string& name, const float* host, int64_t n, RandomInit init,
                                       bool stored_bf16) {
     ASSIGN_OR_RETURN(float* dst, Alloc<float>(n, "vector"));
-    if (host == nullptr) {
+    if (host == nullptr && test_ != nullptr && name.ends_with("norm.weight")) {
+      // The construction's norms are 1 (mtp_test_model.h).
+      ones_.assign(static_cast<size_t>(n), 1.0f);
+      TANDEM_CUDA_RETURN(cudaMemcpyAsync(dst, ones_.data(), n * 4, cudaMemcpyHostToDevice, stream_), "uploading");
+      TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "uploading");
+    } else if (host == nullptr) {
       TANDEM_CUDA_RETURN(cuda::RandomInitFill({.key = Key(name), .n = n, .fan_in = 1, .init = init, .out_f32 = dst,
                                                .round_to_bf16 = stored_bf16},
                                               stream_),
@@ -320,15 +402,19 @@ class Builder {
   const ModelWeights* host_;
   uint64_t seed_;
   cudaStream_t stream_;
+  bool mtp_;
+  const MtpTestWeights* test_;
   std::unique_ptr<CudaModelWeights> out_;
+  std::vector<float> ones_;
   DeviceBuffer temp_[2], raw_, scales_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaModelWeights>> UploadWeights(const ModelConfig& config, const ModelWeights* host,
-                                                                uint64_t seed, cudaStream_t stream) {
-  return Builder(config, host, seed, stream).Build();
+                                                                uint64_t seed, cudaStream_t stream, bool mtp,
+                                                                const MtpTestWeights* test) {
+  return Builder(config, host, seed, stream, mtp, test).Build();
 }
 
 }  // namespace tandem::cuda_model

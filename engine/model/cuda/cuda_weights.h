@@ -27,6 +27,10 @@
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
 
+namespace tandem {
+class MtpTestWeights;
+}  // namespace tandem
+
 namespace tandem::cuda_model {
 
 inline constexpr int kGateUpInterleave = 8;
@@ -78,18 +82,33 @@ struct CudaLayerWeights {
   std::optional<CudaMoeWeights> moe;
 };
 
+// The MTP layer's own weights (speculative decoding, docs/speculative-decoding.md); its
+// decoder block is CudaModelWeights::layers[num_hidden_layers].
+struct CudaMtpWeights {
+  const float* enorm = nullptr;
+  const float* hnorm = nullptr;
+  DeviceMatrix eh_proj;  // [hidden][2 * hidden]: [embedding half | hidden-state half]
+  const float* shared_head_norm = nullptr;
+  DeviceMatrix shared_head;  // [vocab][hidden]; the LM head when the checkpoint has none
+  DeviceMatrix embed;        // [vocab][hidden]; the embedding when the checkpoint has none
+};
+
 struct CudaModelWeights {
   DeviceMatrix embed;    // [vocab][hidden]
   DeviceMatrix lm_head;  // [vocab][hidden]; the embedding when tied
   const float* final_norm = nullptr;
-  std::vector<CudaLayerWeights> layers;
+  std::vector<CudaLayerWeights> layers;  // the decoder layers, then the MTP layer's block when loaded
+  std::optional<CudaMtpWeights> mtp;
   uint64_t bytes = 0;  // GPU bytes of all weights
   std::vector<DeviceBuffer> buffers;
 };
 
-// host == nullptr: generate the weights make-model would write with `seed` (bf16).
+// host == nullptr: generate the weights make-model would write with `seed` (bf16), with
+// `test` the make-model --mtp-acceptance construction's (engine/model/mtp_test_model.h).
+// mtp: also the first MTP layer (FAILED_PRECONDITION when the checkpoint has none).
 // Errors: RESOURCE_EXHAUSTED when the GPU lacks memory, INTERNAL for CUDA failures.
 absl::StatusOr<std::unique_ptr<CudaModelWeights>> UploadWeights(const ModelConfig& config, const ModelWeights* host,
-                                                                uint64_t seed, cudaStream_t stream);
+                                                                uint64_t seed, cudaStream_t stream, bool mtp = false,
+                                                                const MtpTestWeights* test = nullptr);
 
 }  // namespace tandem::cuda_model

@@ -134,6 +134,7 @@ struct DecodeShape {
   std::vector<int> lens;
   int block_size = 64;
   int64_t q_stride_pad = 0;  // extra elements between query tokens
+  int kv_offset = 0;         // MlaDecodeParams::kv_offset: position p at slot p + kv_offset
 };
 
 // One launch's inputs and the CPU reference output, reused by several kernel variants.
@@ -147,11 +148,12 @@ class DecodeCase {
     const int seqs = static_cast<int>(s.lens.size());
     for (int& len : s_.lens) len = std::max(len, s.q_per_seq);
     max_len_ = *std::max_element(s_.lens.begin(), s_.lens.end());
-    max_blocks_ = (max_len_ + s.block_size - 1) / s.block_size + 1;  // one spare column
+    const int off = s.kv_offset;  // slots [0, off) of a sequence stay NaN: reading them is an error
+    max_blocks_ = (max_len_ + off + s.block_size - 1) / s.block_size + 1;  // one spare column
     // Blocks shuffled over a pool twice as large; unused table entries are -1 and unused
     // cache slots (also past each sequence's end) hold NaN: reading either is an error.
     int used = 0;
-    for (int len : s_.lens) used += (len + s.block_size - 1) / s.block_size;
+    for (int len : s_.lens) used += (len + off + s.block_size - 1) / s.block_size;
     num_blocks_ = 2 * used + 3;
     std::vector<int32_t> ids(num_blocks_);
     std::iota(ids.begin(), ids.end(), 0);
@@ -159,7 +161,7 @@ class DecodeCase {
     block_tables_.assign(static_cast<size_t>(seqs) * max_blocks_, -1);
     int next = 0;
     for (int q = 0; q < seqs; ++q) {
-      for (int b = 0; b < (s_.lens[q] + s.block_size - 1) / s.block_size; ++b) {
+      for (int b = 0; b < (s_.lens[q] + off + s.block_size - 1) / s.block_size; ++b) {
         block_tables_[static_cast<size_t>(q) * max_blocks_ + b] = ids[next++];
       }
     }
@@ -169,10 +171,11 @@ class DecodeCase {
     std::normal_distribution<float> dist(0.0f, 1.0f);
     for (int q = 0; q < seqs; ++q) {
       for (int pos = 0; pos < s_.lens[q]; ++pos) {
+        const int at = pos + off;
         const int64_t slot =
-            static_cast<int64_t>(block_tables_[static_cast<size_t>(q) * max_blocks_ + pos / s.block_size]) *
+            static_cast<int64_t>(block_tables_[static_cast<size_t>(q) * max_blocks_ + at / s.block_size]) *
                 s.block_size +
-            pos % s.block_size;
+            at % s.block_size;
         for (int i = 0; i < entry; ++i) {
           const uint16_t b = F32ToBf16(dist(rng));
           cache_bits_[slot * entry + i] = b;
@@ -236,6 +239,7 @@ class DecodeCase {
     p.kv_cache = reinterpret_cast<const __nv_bfloat16*>(cache.as<uint16_t>());
     p.block_tables = bt.as<int32_t>();
     p.cache_lens = lens.as<int32_t>();
+    p.kv_offset = s_.kv_offset;
     p.num_seqs = seqs;
     p.q_per_seq = s_.q_per_seq;
     p.num_heads = s_.heads;
@@ -309,7 +313,7 @@ class DecodeCase {
               .q_stride = q_stride_, .num_tokens = s_.q_per_seq, .first_position = s_.lens[seq] - s_.q_per_seq,
               .cache = {.base = cache_values_.data(),
                         .block_table = block_tables_.data() + static_cast<size_t>(seq) * max_blocks_,
-                        .block_size = s_.block_size, .entry_dim = entry},
+                        .block_size = s_.block_size, .entry_dim = entry, .position_offset = s_.kv_offset},
               .kv_b = &kv_b, .out = ref_.data() + (static_cast<size_t>(tok0) * s_.heads + h) * s_.R,
               .out_stride = static_cast<int64_t>(s_.heads) * s_.R};
           cpu::MlaAttentionAbsorbed(p, pool);
@@ -362,6 +366,22 @@ TEST_F(CudaMlaTest, DecodeMatchesCpuAbsorbed) {
           }
           if (HasFatalFailure()) return;
         }
+      }
+    }
+  }
+}
+
+// The MTP layer's cache (docs/speculative-decoding.md): position p at slot p + 1, the slot
+// before a sequence's first position NaN, so reading it poisons the output.
+TEST_F(CudaMlaTest, DecodeWithAKvOffsetReadsTheShiftedSlots) {
+  for (const auto& [R, P] : std::vector<std::pair<int, int>>{{512, 64}, {64, 16}}) {
+    for (int q_per_seq : {1, 3}) {
+      DecodeShape s{.R = R, .P = P, .heads = 16, .q_per_seq = q_per_seq, .lens = {3, 63, 64, 65, 300},
+                    .kv_offset = 1};
+      DecodeCase c(s, 77u + q_per_seq);
+      for (int impl : {0, 1, 2}) {
+        if (impl == 2 && !(major_ == 9 && R == 512 && P == 64)) continue;
+        for (int splits : {0, 1}) c.RunAndCheck(splits, impl, false, "kv_offset 1, " + Describe(s, splits, impl));
       }
     }
   }

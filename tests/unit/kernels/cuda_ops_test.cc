@@ -27,6 +27,7 @@
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/cublas_gemm.h"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/draft_choice.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/kv_gather.h"
@@ -736,6 +737,45 @@ TEST_F(CudaOpsTest, EmbeddingArgmaxConvertDequantize) {
     } else {
       ASSERT_EQ(got[i], F32ToBf16(expected[i])) << i;
     }
+  }
+}
+
+// Speculative decoding's draft: the argmax (ties to the lowest index) and its softmax
+// probability, against the CPU model's computation (double sum of exp(l - max)).
+TEST_F(CudaOpsTest, DraftChoiceMatchesTheCpusDraft) {
+  for (const int vocab : {1000, 129280}) {
+    const int rows = 4;
+    std::vector<float> logits = Random(rows * vocab, 9);
+    for (float& v : logits) v *= 4.0f;
+    logits[17] = 30.0f;  // a confident row
+    logits[vocab + 5] = 9.0f;  // a tie: the lower index wins
+    logits[vocab + vocab - 1] = 9.0f;
+    for (int i = 0; i < vocab; ++i) logits[2 * vocab + i] = 0.5f;  // flat: the first index, 1 / vocab
+    logits[3 * vocab + 3] = NAN;  // skipped
+    Dev<float> dl(logits);
+    Dev<int32_t> dtok(rows);
+    Dev<float> dconf(rows);
+    ASSERT_EQ(cuda::DraftChoice({.logits = dl.get(), .stride = vocab, .rows = rows, .vocab = vocab,
+                                 .token = dtok.get(), .confidence = dconf.get()},
+                                nullptr),
+              cudaSuccess);
+    const std::vector<int32_t> tok = dtok.Download();
+    const std::vector<float> conf = dconf.Download();
+    for (int r = 0; r < rows; ++r) {
+      const float* l = &logits[static_cast<size_t>(r) * vocab];
+      int best = -1;
+      for (int i = 0; i < vocab; ++i) {
+        if (!std::isnan(l[i]) && (best < 0 || l[i] > l[best])) best = i;
+      }
+      double sum = 0.0;
+      for (int i = 0; i < vocab; ++i) {
+        if (!std::isnan(l[i])) sum += std::exp(static_cast<double>(l[i]) - l[best]);
+      }
+      EXPECT_EQ(tok[r], best) << "row " << r << ", vocab " << vocab;
+      EXPECT_NEAR(conf[r], 1.0 / sum, 1e-6 / sum) << "row " << r << ", vocab " << vocab;
+    }
+    EXPECT_EQ(tok[1], 5);
+    EXPECT_EQ(tok[2], 0);
   }
 }
 

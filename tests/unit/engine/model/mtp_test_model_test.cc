@@ -361,7 +361,7 @@ TEST(MtpTestModelOptionsTest, ConstructionsItCannotBuildAreRefusedNamingTheFlag)
   tied["tie_word_embeddings"] = true;
   expect_refused(MakeMtpModel(tied.dump(), tmp.Sub("tied")), "tie_word_embeddings");
   expect_refused(MakeMtpModel(tiny, tmp.Sub("fp8"), kAcceptance, DType::kF8E4M3), "bf16 or f32");
-  expect_refused(MakeMtpModel(tiny, tmp.Sub("gpu"), kAcceptance, DType::kBF16, /*write_weights=*/false),
+  expect_refused(MakeMtpModel(tiny, tmp.Sub("gpu"), kAcceptance, DType::kF32, /*write_weights=*/false),
                  "--weights-on-gpu");
   for (double p : {-0.1, 1.5, std::nan("")}) expect_refused(MakeMtpModel(tiny, tmp.Sub("p"), p), "[0, 1]");
   nlohmann::json small = nlohmann::json::parse(tiny);
