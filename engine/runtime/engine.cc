@@ -491,7 +491,8 @@ void Engine::Step() {
   if (plan.empty()) return;
   StepBatch batch = AssembleBatch(plan);
   std::vector<SampleRow> sample_rows;
-  const bool device_sampling = DeviceSampleRows(plan, &sample_rows);
+  const bool device_sampling = options_.speculative_tokens > 0 ? SpeculativeDeviceRows(plan, &sample_rows)
+                                                               : DeviceSampleRows(plan, &sample_rows);
   // (Nothing is in flight here, so KV this assembly copied in is in place before the launch.)
   if (device_sampling && batch.device_error.ok() && Pipelinable(plan)) {
     Launch(std::move(plan), std::move(batch), std::move(sample_rows));
@@ -537,7 +538,7 @@ void Engine::Step() {
     }
   }
   if (options_.speculative_tokens > 0) {
-    EmitSpeculative(plan, *logits);
+    EmitSpeculative(plan, device_sampling ? nullptr : &*logits, device_sampling ? &*device_tokens : nullptr);
     return;
   }
   EmitTokens(ended, device_sampling ? &*device_tokens : nullptr, device_sampling ? nullptr : &*logits,
@@ -741,6 +742,8 @@ bool Engine::DeviceSampleRows(const StepPlan& plan, std::vector<SampleRow>* rows
 
 bool Engine::Pipelinable(const StepPlan& plan) const {
   if (!options_.pipeline_steps || !options_.sample_on_device || !backend_->samples_on_device()) return false;
+  // A drafting step's next step depends on which drafts it accepts.
+  if (options_.speculative_tokens > 0) return false;
   for (const ScheduledChunk& c : plan.chunks) {
     const Sequence& s = *c.seq;
     if (s.kv_sink != nullptr || s.import_end > s.import_begin || s.host_kv_upload_end > 0) return false;

@@ -8,7 +8,8 @@
 
 namespace tandem {
 
-void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>& logits) {
+void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>* logits,
+                             const std::vector<int32_t>* device_tokens) {
   const ModelInfo& info = backend_->config();
   const int64_t vocab = info.vocab_size;
   const double after = Now();
@@ -28,24 +29,31 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>& logits) {
     bool finished = false;
     int32_t accepted = 0;
     for (int32_t j = 0; j <= c.num_drafts; ++j) {
-      std::span<float> lg(logits.data() + (row + j) * vocab, static_cast<size_t>(vocab));
       const int32_t step = ChosenTokens(s);
-      if (s.matcher) {
-        ConstrainLogits(s, lg, step);
-      } else if (step < s.min_tokens) {
-        SuppressTokens(lg, eos_ids_);
-        SuppressTokens(lg, s.stop_token_ids);
-      }
       const bool verifying = j < c.num_drafts;
+      const int32_t draft = verifying ? s.verify_tokens[static_cast<size_t>(j) + 1] : -1;
       SampledToken t;
       bool draft_accepted = false;
-      if (verifying) {
-        VerifiedToken v = sampler_.Verify(lg, s.sampling, s.seed, step, s.prompt(), s.generated(),
-                                          s.verify_tokens[static_cast<size_t>(j) + 1]);
-        t = std::move(v.sampled);
-        draft_accepted = v.accepted;
+      if (device_tokens != nullptr) {
+        // Greedy on the device: the draft stands when it is the argmax.
+        t.token = (*device_tokens)[static_cast<size_t>(row + j)];
+        draft_accepted = verifying && t.token == draft;
+        counters_.device_sampled_tokens++;
       } else {
-        t = sampler_.Sample(lg, s.sampling, s.seed, step, s.prompt(), s.generated());
+        std::span<float> lg(logits->data() + (row + j) * vocab, static_cast<size_t>(vocab));
+        if (s.matcher) {
+          ConstrainLogits(s, lg, step);
+        } else if (step < s.min_tokens) {
+          SuppressTokens(lg, eos_ids_);
+          SuppressTokens(lg, s.stop_token_ids);
+        }
+        if (verifying) {
+          VerifiedToken v = sampler_.Verify(lg, s.sampling, s.seed, step, s.prompt(), s.generated(), draft);
+          t = std::move(v.sampled);
+          draft_accepted = v.accepted;
+        } else {
+          t = sampler_.Sample(lg, s.sampling, s.seed, step, s.prompt(), s.generated());
+        }
       }
       if (draft_accepted) ++accepted;
       if (s.matcher) AcceptConstrained(s, t.token);
@@ -87,7 +95,8 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>& logits) {
     going_on.push_back(&s);
     outputs.push_back(std::move(out));
   }
-  TANDEM_CHECK_EQ(row * vocab, static_cast<int64_t>(logits.size()));
+  if (logits != nullptr) TANDEM_CHECK_EQ(row * vocab, static_cast<int64_t>(logits->size()));
+  if (device_tokens != nullptr) TANDEM_CHECK_EQ(row, static_cast<int64_t>(device_tokens->size()));
 
   for (size_t i = 0; i < going_on.size(); ++i) going_on[i]->output->Push(std::move(outputs[i]));
   if (passes.empty()) return;
@@ -105,6 +114,24 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>& logits) {
     o.status = absl::InternalError(absl::StrCat("draft pass failed: ", drafts.status().message()));
     Finish(scheduler_->Remove(s.id), std::move(o));
   }
+}
+
+bool Engine::SpeculativeDeviceRows(const StepPlan& plan, std::vector<SampleRow>* rows) const {
+  rows->clear();
+  if (!options_.sample_on_device || !backend_->samples_on_device()) return false;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.reaches_end()) continue;
+    const Sequence& s = *c.seq;
+    const SamplingParams& p = s.sampling;
+    const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    if (p.temperature >= kGreedyTemperature || penalties || p.logprobs > 0 || !p.logit_bias.empty() ||
+        s.num_generated() < s.min_tokens || s.matcher) {
+      rows->clear();
+      return false;
+    }
+    rows->insert(rows->end(), static_cast<size_t>(1 + c.num_drafts), SampleRow{.temperature = 0.0f});
+  }
+  return !rows->empty();
 }
 
 DraftSequence Engine::DraftPassFor(const Sequence& s, int64_t first_slot) const {

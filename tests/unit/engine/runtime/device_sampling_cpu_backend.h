@@ -34,6 +34,12 @@ class DeviceSamplingCpuBackend : public ModelBackend {
     return model_->Forward(batch, host, ForDeepseek(options));
   }
   bool samples_on_device() const override { return true; }
+  bool has_mtp() const override { return model_->has_mtp(); }
+  absl::StatusOr<std::vector<std::vector<DraftToken>>> Draft(std::span<const DraftSequence> batch,
+                                                             KvPool& pool) override {
+    LatentKvCache host = LatentKvCache::Of(pool);
+    return model_->Draft(batch, host);
+  }
   absl::StatusOr<std::vector<int32_t>> ForwardSample(std::span<const ForwardSequence> batch, KvPool& pool,
                                                      std::span<const SampleRow> rows,
                                                      const ForwardOptions& options) override {

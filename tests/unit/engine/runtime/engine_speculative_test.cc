@@ -9,6 +9,7 @@
 #include "engine/runtime/engine.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/engine/runtime/device_sampling_cpu_backend.h"
 #include "tests/unit/engine/runtime/engine_test_support.h"
 
 namespace tandem {
@@ -207,6 +208,28 @@ TEST(EngineSpeculativeTest, ADecodeEngineDraftsFromTheHiddenStateItIsHandedAsThe
     EXPECT_EQ(decoded.metrics.accepted_draft_tokens, reference.metrics.accepted_draft_tokens);
     EXPECT_EQ(decoded.metrics.draft_tokens, reference.metrics.draft_tokens);
   }
+}
+
+TEST(EngineSpeculativeTest, GreedyVerificationOnTheDeviceGivesTheHostTokens) {
+  // A backend that chooses tokens "on the device" (the CPU model behind ModelBackend::
+  // ForwardSample): greedy requests verify their drafts with only token ids crossing.
+  EngineOptions o;
+  o.backend_factory = [](const std::string& dir) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
+    absl::StatusOr<std::unique_ptr<DeepseekModel>> m = DeepseekModel::Load(dir, {.num_threads = 2, .mtp = true});
+    if (!m.ok()) return m.status();
+    return std::make_unique<testing::DeviceSamplingCpuBackend>(std::move(*m), /*defer=*/false);
+  };
+  auto device = MakeEngine(3, o);
+  auto plain = MakeEngine(0);
+  std::vector<EngineRequest> a = Mixed(8, 30, false), b = Mixed(8, 30, false);
+  for (EngineRequest& r : a) r.sampling.logprobs = 0;
+  for (EngineRequest& r : b) r.sampling.logprobs = 0;
+  const std::vector<Scored> want = RunAll(*plain, std::move(a));
+  const std::vector<Scored> got = RunAll(*device, std::move(b));
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+  const EngineStats st = device->Stats();
+  EXPECT_GT(st.spec_draft_tokens, 0);
+  EXPECT_GE(st.device_sampled_tokens, st.generated_tokens - 8);  // all but the prompts' first tokens at least
 }
 
 TEST(EngineSpeculativeTest, BadOptionsAreRefused) {
