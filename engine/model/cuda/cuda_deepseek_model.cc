@@ -50,6 +50,8 @@ namespace {
 
 constexpr int64_t kBlock = 64;       // KV block size (docs/design.md §4)
 constexpr int64_t kAbsorbedChunk = 64;  // query tokens per absorbed launch of a long sequence
+// A verify chunk's tokens at most (a decode token and kMaxSpeculativeTokens drafts).
+constexpr int64_t kMaxVerifyTokens = 17;
 
 // Measured intervals (profile events, timeline stamps) summed per kind of launch, the
 // kinds in the order they first ran.
@@ -368,14 +370,29 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
     return form == AttentionForm::kAbsorbed || options.batch_invariant ||
            (form == AttentionForm::kAuto && AutoAbsorbed(static_cast<int64_t>(s.tokens.size()), s.start_position));
   };
+  // Speculative decoding's verify chunks (a decode token and its drafts, every one's
+  // logits: a few tokens) of one length share an absorbed launch of that many queries per
+  // sequence, after the decode group: never the expanded form over the whole context.
+  auto verify_length = [&](const ForwardSequence& s) -> int64_t {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    return s.all_logits && n > 1 && n <= kMaxVerifyTokens && form != AttentionForm::kExpanded ? n : 0;
+  };
   std::vector<size_t> order;
   for (size_t i = 0; i < batch.size(); ++i) {
     if (in_decode_group(batch[i])) order.push_back(i);
   }
   const int64_t num_decode = static_cast<int64_t>(order.size());
   int64_t table_rows = num_decode;
+  for (int64_t n = 2; n <= kMaxVerifyTokens; ++n) {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (verify_length(batch[i]) != n) continue;
+      order.push_back(i);
+      ++table_rows;
+    }
+  }
+  const size_t decode_and_verify = order.size();
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (in_decode_group(batch[i])) continue;
+    if (in_decode_group(batch[i]) || verify_length(batch[i]) > 0) continue;
     order.push_back(i);
     const int64_t n = static_cast<int64_t>(batch[i].tokens.size());
     table_rows += absorbed(batch[i]) ? (n + kAbsorbedChunk - 1) / kAbsorbedChunk : 1;
@@ -399,7 +416,8 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
 
   std::vector<int64_t> row_of(batch.size());
   int64_t r = 0, table_row = 0, max_decode_len = 0;
-  for (size_t idx : order) {
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t idx = order[k];
     const ForwardSequence& s = batch[idx];
     const int64_t n = static_cast<int64_t>(s.tokens.size());
     row_of[idx] = r;
@@ -414,6 +432,20 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
     if (in_decode_group(s)) {
       put_table(table_row++, s, s.start_position + 1);
       max_decode_len = std::max(max_decode_len, s.start_position + 1);
+    } else if (k < decode_and_verify) {
+      // A verify group: one job for the run of sequences of this length.
+      const int64_t len = s.start_position + n;
+      put_table(table_row, s, len);
+      AttentionJob* job = plan.jobs.empty() ? nullptr : &plan.jobs.back();
+      if (job != nullptr && job->absorbed && job->q_per_seq == n && job->num_seqs > 0 &&
+          job->table_row + job->num_seqs == table_row && job->row_begin + job->num_seqs * n == r) {
+        ++job->num_seqs;
+        job->max_cache_len = std::max(job->max_cache_len, len);
+      } else {
+        plan.jobs.push_back({.absorbed = true, .row_begin = r, .num_seqs = 1, .q_per_seq = n, .table_row = table_row,
+                             .max_cache_len = len});
+      }
+      ++table_row;
     } else if (absorbed(s)) {
       for (int64_t c0 = 0; c0 < n; c0 += kAbsorbedChunk) {
         const int64_t m = std::min(kAbsorbedChunk, n - c0);

@@ -122,5 +122,57 @@ TEST(CudaMtpTest, SlotsAndDraftsMatchTheCpu) {
   EXPECT_LT(std::sqrt(diff / size), 0.02);
 }
 
+// make-model --mtp-acceptance --weights-on-gpu writes config.json (with the construction's
+// record) and the tokenizer only; the CUDA backend builds the same weights at load as the
+// checkpoint make-model writes without it: the same logits (up to the order of float32
+// atomic sums, 1e-3 of the largest) and the same drafts.
+TEST(CudaMtpTest, TheConstructionGeneratedOnTheGpuIsTheCheckpoints) {
+  std::vector<cuda::DeviceInfo> devices;
+  if (const std::string why = cuda::QueryDevices(&devices); !why.empty()) GTEST_SKIP() << "no usable GPU: " << why;
+  testing::TempDir tmp;
+  nlohmann::json config = nlohmann::json::parse(testing::PresetJson("tiny"));
+  config["vocab_size"] = 1024;
+  ModelGeneratorOptions options;
+  options.config_json = config.dump();
+  options.seed = 9;
+  options.mtp_acceptance = 0.6;
+  ASSERT_TRUE(GenerateModel(options, tmp.Sub("ckpt")).ok());
+  options.write_weights = false;
+  ASSERT_TRUE(GenerateModel(options, tmp.Sub("gen")).ok());
+  absl::StatusOr<std::string> text = ReadFileToString(tmp.Sub("gen") + "/config.json");
+  ASSERT_TRUE(text.ok());
+  CudaDeepseekModel::LoadOptions go;
+  go.max_batch_tokens = 256;
+  go.max_seqs = 4;
+  go.max_context = 512;
+  go.kv_blocks = 8;
+  go.mtp = true;
+  absl::StatusOr<std::unique_ptr<CudaDeepseekModel>> loaded = CudaDeepseekModel::Load(tmp.Sub("ckpt"), go);
+  absl::StatusOr<std::unique_ptr<CudaDeepseekModel>> generated = CudaDeepseekModel::CreateGenerated(*text, 9, go);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(5 + (i * 37) % 900);
+  const std::vector<int32_t> table = {0, 1};
+  ForwardSequence s{.tokens = prompt, .block_table = table, .all_logits = true, .mtp = true, .keep_hidden = true};
+  absl::StatusOr<std::vector<float>> a = (*loaded)->Forward({&s, 1});
+  absl::StatusOr<std::vector<float>> b = (*generated)->Forward({&s, 1});
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+  double worst = 0.0, largest = 0.0;
+  for (size_t i = 0; i < a->size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>((*a)[i]) - (*b)[i]));
+    largest = std::max(largest, std::fabs(static_cast<double>((*a)[i])));
+  }
+  EXPECT_LE(worst, 1e-3 * largest);
+  const int32_t next = 7;
+  DraftSequence d{.first_slot = 40, .tokens = std::span<const int32_t>(&next, 1), .hidden_row = 39,
+                  .block_table = table, .max_drafts = 3};
+  absl::StatusOr<std::vector<std::vector<DraftToken>>> da = (*loaded)->Draft({&d, 1});
+  absl::StatusOr<std::vector<std::vector<DraftToken>>> db = (*generated)->Draft({&d, 1});
+  ASSERT_TRUE(da.ok() && db.ok()) << da.status() << " " << db.status();
+  ASSERT_EQ((*da)[0].size(), (*db)[0].size());
+  for (size_t i = 0; i < (*da)[0].size(); ++i) EXPECT_EQ((*da)[0][i].token, (*db)[0][i].token) << i;
+}
+
 }  // namespace
 }  // namespace tandem
