@@ -139,6 +139,18 @@ TEST(EngineSpeculativeTest, ChunksPrefixHitsAndPreemptionChangeNothing) {
   EXPECT_GT(st.preemptions, 0);
 }
 
+TEST(EngineSpeculativeTest, SeededOutputsAreTheSameWithAndWithoutDrafts) {
+  // Each output position's own seeded draw decides whether its draft stands: the tokens and
+  // logprobs are the ones the request has without drafts.
+  auto plain = MakeEngine(0);
+  auto spec = MakeEngine(3);
+  const std::vector<Scored> want = RunAll(*plain, Mixed(8, 40, true));
+  const std::vector<Scored> got = RunAll(*spec, Mixed(8, 40, true));
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  const EngineStats st = spec->Stats();
+  EXPECT_GT(st.spec_draft_tokens, 0);
+}
+
 TEST(EngineSpeculativeTest, SeededOutputsDoNotDependOnTheBatch) {
   auto spec = MakeEngine(3);
   std::vector<EngineRequest> lone;
@@ -210,9 +222,9 @@ TEST(EngineSpeculativeTest, ADecodeEngineDraftsFromTheHiddenStateItIsHandedAsThe
   }
 }
 
-TEST(EngineSpeculativeTest, GreedyVerificationOnTheDeviceGivesTheHostTokens) {
+TEST(EngineSpeculativeTest, VerificationOnTheDeviceGivesTheHostTokens) {
   // A backend that chooses tokens "on the device" (the CPU model behind ModelBackend::
-  // ForwardSample): greedy requests verify their drafts with only token ids crossing.
+  // ForwardSample): requests verify their drafts with only token ids crossing.
   EngineOptions o;
   o.backend_factory = [](const std::string& dir) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
     absl::StatusOr<std::unique_ptr<DeepseekModel>> m = DeepseekModel::Load(dir, {.num_threads = 2, .mtp = true});
@@ -221,7 +233,14 @@ TEST(EngineSpeculativeTest, GreedyVerificationOnTheDeviceGivesTheHostTokens) {
   };
   auto device = MakeEngine(3, o);
   auto plain = MakeEngine(0);
-  std::vector<EngineRequest> a = Mixed(8, 30, false), b = Mixed(8, 30, false);
+  // Greedy and seeded requests, with a repetition penalty on some (the device rows carry
+  // each draft's history).
+  std::vector<EngineRequest> a = Mixed(8, 30, true), b = Mixed(8, 30, true);
+  for (size_t i = 0; i < a.size(); i += 2) a[i].sampling.repetition_penalty = b[i].sampling.repetition_penalty = 1.3f;
+  for (size_t i = 0; i < a.size(); i += 3) {
+    a[i].sampling.temperature = b[i].sampling.temperature = 0.0f;
+    a[i].sampling.seed = b[i].sampling.seed = std::nullopt;
+  }
   for (EngineRequest& r : a) r.sampling.logprobs = 0;
   for (EngineRequest& r : b) r.sampling.logprobs = 0;
   const std::vector<Scored> want = RunAll(*plain, std::move(a));
