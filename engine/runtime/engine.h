@@ -30,6 +30,7 @@
 #include "engine/model/model_backend.h"
 #include "engine/runtime/block_hash.h"
 #include "engine/runtime/constraint_compiler.h"
+#include "engine/runtime/draft_policy.h"
 #include "engine/runtime/kv_leases.h"
 #include "engine/runtime/kv_sink.h"
 #include "engine/runtime/output_constraint.h"
@@ -111,6 +112,10 @@ struct EngineOptions {
   // not draft. Steps run one at a time with logits on the host.
   int32_t speculative_tokens = 0;
   float speculative_min_confidence = 0.0f;
+  // Draft only where it measured faster (draft_policy.h: tokens per second of steps with
+  // and without drafts, per batch size); false: every step drafts. Either way a request's
+  // tokens are the same.
+  bool speculative_adaptive = true;
   // Seconds on a monotonic clock; injectable for tests.
   std::function<double()> clock;
   // Tests and benchmarks: the model backend for the checkpoint directory instead of
@@ -461,6 +466,7 @@ class Engine {
   std::unique_ptr<LatentKvCache> cache_;  // the latent stream of pool_, as the backends take it
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only
   Sampler sampler_;                       // engine thread only
+  DraftPolicy draft_policy_;              // engine thread only
   std::vector<int32_t> eos_ids_;
   uint64_t layout_fingerprint_ = 0;
   KvLayout layout_;

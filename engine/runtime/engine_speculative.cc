@@ -20,6 +20,11 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>* logits,
   std::vector<DraftSequence> passes;
   int64_t row = 0;   // of the logits
   int64_t kept = 0;  // of the hidden states the forward pass kept (every chunk reaching its end)
+  // Whether this step's sequences draft for the next (draft_policy.h): their MTP slots are
+  // filled either way.
+  int64_t decoding = 0;
+  for (const ScheduledChunk& c : plan.chunks) decoding += c.reaches_end() ? 1 : 0;
+  const bool draft = !options_.speculative_adaptive || draft_policy_.Drafts(decoding);
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.reaches_end()) continue;
     Sequence& s = *c.seq;
@@ -90,6 +95,7 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>* logits,
     // new token's.
     DraftSequence d = DraftPassFor(s, c.num_drafts > 0 ? c.start + 1 : c.start + c.num_tokens);
     d.hidden_row = kept_base + d.first_slot - 1 - c.start;
+    if (!draft) d.max_drafts = 0;
     passes.push_back(d);
     going_on.push_back(&s);
     outputs.push_back(std::move(out));

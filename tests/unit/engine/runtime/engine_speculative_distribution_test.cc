@@ -50,6 +50,7 @@ std::vector<std::vector<int64_t>> Counts(int32_t drafts, float temperature, Engi
   EngineOptions o;
   o.num_threads = 2;
   o.speculative_tokens = drafts;
+  o.speculative_adaptive = false;  // every step drafts: the test counts them
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(ModelDir(), o);
   EXPECT_TRUE(e.ok()) << e.status();
   std::vector<std::vector<int64_t>> counts(kTokens, std::vector<int64_t>(kVocab, 0));
