@@ -486,6 +486,8 @@ void Engine::Loop() {
 }
 
 void Engine::Step() {
+  const double started = Now();
+  const int64_t generated_before = counters_.generated_tokens;
   StepPlan plan = scheduler_->Schedule();
   EndRejected(plan);
   if (plan.empty()) return;
@@ -538,7 +540,18 @@ void Engine::Step() {
     }
   }
   if (options_.speculative_tokens > 0) {
+    // What the step's decodes did, before the plan's sequences may end.
+    int64_t decoding = 0;
+    bool drafted = false, decode_only = true;
+    for (const ScheduledChunk& c : plan.chunks) {
+      decode_only &= c.reaches_end() && c.num_tokens - c.num_drafts == 1;
+      drafted |= c.num_drafts > 0;
+      ++decoding;
+    }
     EmitSpeculative(plan, device_sampling ? nullptr : &*logits, device_sampling ? &*device_tokens : nullptr);
+    if (decode_only) {
+      draft_policy_.Record(decoding, drafted, counters_.generated_tokens - generated_before, Now() - started);
+    }
     return;
   }
   EmitTokens(ended, device_sampling ? &*device_tokens : nullptr, device_sampling ? nullptr : &*logits,

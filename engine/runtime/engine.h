@@ -30,6 +30,7 @@
 #include "engine/model/model_backend.h"
 #include "engine/runtime/block_hash.h"
 #include "engine/runtime/constraint_compiler.h"
+#include "engine/runtime/draft_policy.h"
 #include "engine/runtime/kv_leases.h"
 #include "engine/runtime/kv_sink.h"
 #include "engine/runtime/output_constraint.h"
@@ -111,6 +112,10 @@ struct EngineOptions {
   // not draft. Steps run one at a time with logits on the host.
   int32_t speculative_tokens = 0;
   float speculative_min_confidence = 0.0f;
+  // Draft only where it measured faster (draft_policy.h: tokens per second of steps with
+  // and without drafts, per batch size); false: every step drafts. Either way a request's
+  // tokens are the same.
+  bool speculative_adaptive = true;
   // Seconds on a monotonic clock; injectable for tests.
   std::function<double()> clock;
   // Tests and benchmarks: the model backend for the checkpoint directory instead of
@@ -428,14 +433,14 @@ class Engine {
   // Speculative decoding (engine_speculative.cc): the step's tokens from host logits (each
   // verify chunk's accepted drafts and its corrected or bonus token), then the draft pass
   // (MTP slots of every sequence that reached its end, and the next drafts), then outputs.
-  // With `device_tokens` (SpeculativeDeviceRows' rows: every request greedy) a verify
-  // row's token is the device's argmax, and a draft is accepted when it is that token.
+  // With `device_tokens` (SpeculativeDeviceRows' rows) a verify row's token is the one the
+  // device chose as Sample would, and a draft is accepted when it is that token.
   void EmitSpeculative(const StepPlan& plan, std::vector<float>* logits, const std::vector<int32_t>* device_tokens);
-  // A drafting engine's device sampling rows (greedy verification on the device, only
-  // token ids cross): one per logits row, when the backend samples on the device and every
-  // sequence reaching its end this step is greedy with no penalties, logprobs, logit bias,
-  // tokens still held back (min_tokens) or constraint. False: logits go to the host.
-  bool SpeculativeDeviceRows(const StepPlan& plan, std::vector<SampleRow>* rows) const;
+  // A drafting engine's device sampling rows (verification on the device, only token ids
+  // cross): one per logits row, when the backend samples on the device and no sequence
+  // reaching its end this step wants logprobs, a logit bias, tokens held back (min_tokens)
+  // or a constraint. False: logits go to the host.
+  bool SpeculativeDeviceRows(const StepPlan& plan, std::vector<SampleRow>* rows);
   // Adds `t` (which the stop checker saw as `r`, and which is in s.tokens) to `out`; true
   // when the request ends with it, out's finish fields then set.
   bool AppendToOutput(Sequence& s, const SampledToken& t, const StopResult& r, RequestOutput& out);
@@ -461,6 +466,7 @@ class Engine {
   std::unique_ptr<LatentKvCache> cache_;  // the latent stream of pool_, as the backends take it
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only
   Sampler sampler_;                       // engine thread only
+  DraftPolicy draft_policy_;              // engine thread only
   std::vector<int32_t> eos_ids_;
   uint64_t layout_fingerprint_ = 0;
   KvLayout layout_;

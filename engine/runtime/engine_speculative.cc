@@ -20,6 +20,11 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>* logits,
   std::vector<DraftSequence> passes;
   int64_t row = 0;   // of the logits
   int64_t kept = 0;  // of the hidden states the forward pass kept (every chunk reaching its end)
+  // Whether this step's sequences draft for the next (draft_policy.h): their MTP slots are
+  // filled either way.
+  int64_t decoding = 0;
+  for (const ScheduledChunk& c : plan.chunks) decoding += c.reaches_end() ? 1 : 0;
+  const bool draft = !options_.speculative_adaptive || draft_policy_.Drafts(decoding);
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.reaches_end()) continue;
     Sequence& s = *c.seq;
@@ -35,7 +40,7 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>* logits,
       SampledToken t;
       bool draft_accepted = false;
       if (device_tokens != nullptr) {
-        // Greedy on the device: the draft stands when it is the argmax.
+        // Chosen on the device as Sample would: the draft stands when it is that token.
         t.token = (*device_tokens)[static_cast<size_t>(row + j)];
         draft_accepted = verifying && t.token == draft;
         counters_.device_sampled_tokens++;
@@ -47,13 +52,12 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>* logits,
           SuppressTokens(lg, eos_ids_);
           SuppressTokens(lg, s.stop_token_ids);
         }
-        if (verifying) {
-          VerifiedToken v = sampler_.Verify(lg, s.sampling, s.seed, step, s.prompt(), s.generated(), draft);
-          t = std::move(v.sampled);
-          draft_accepted = v.accepted;
-        } else {
-          t = sampler_.Sample(lg, s.sampling, s.seed, step, s.prompt(), s.generated());
-        }
+        // The position's own seeded draw decides (docs/speculative-decoding.md): the draft
+        // stands when it is the token Sample chooses, which happens with probability p(d),
+        // the standard rule's for a one-hot draft, and the output is the token the request
+        // would have had without drafts.
+        t = sampler_.Sample(lg, s.sampling, s.seed, step, s.prompt(), s.generated());
+        draft_accepted = verifying && t.token == draft;
       }
       if (draft_accepted) ++accepted;
       if (s.matcher) AcceptConstrained(s, t.token);
@@ -91,6 +95,7 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>* logits,
     // new token's.
     DraftSequence d = DraftPassFor(s, c.num_drafts > 0 ? c.start + 1 : c.start + c.num_tokens);
     d.hidden_row = kept_base + d.first_slot - 1 - c.start;
+    if (!draft) d.max_drafts = 0;
     passes.push_back(d);
     going_on.push_back(&s);
     outputs.push_back(std::move(out));
@@ -116,20 +121,35 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>* logits,
   }
 }
 
-bool Engine::SpeculativeDeviceRows(const StepPlan& plan, std::vector<SampleRow>* rows) const {
+bool Engine::SpeculativeDeviceRows(const StepPlan& plan, std::vector<SampleRow>* rows) {
   rows->clear();
   if (!options_.sample_on_device || !backend_->samples_on_device()) return false;
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.reaches_end()) continue;
-    const Sequence& s = *c.seq;
-    const SamplingParams& p = s.sampling;
-    const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-    if (p.temperature >= kGreedyTemperature || penalties || p.logprobs > 0 || !p.logit_bias.empty() ||
-        s.num_generated() < s.min_tokens || s.matcher) {
+    Sequence& s = *c.seq;
+    // What the device sampler has not (DeviceSampleRows' conditions), or a constraint.
+    if (s.sampling.logprobs > 0 || s.num_generated() < s.min_tokens || !s.sampling.logit_bias.empty() || s.matcher) {
       rows->clear();
       return false;
     }
-    rows->insert(rows->end(), static_cast<size_t>(1 + c.num_drafts), SampleRow{.temperature = 0.0f});
+    // Row j samples output position ChosenTokens + j after the drafts before it (its
+    // result counts only when they are accepted): their history, for the penalties.
+    s.verify_history.assign(s.tokens.begin() + s.prompt_len, s.tokens.end());
+    if (c.num_drafts > 0) s.verify_history.insert(s.verify_history.end(), s.verify_tokens.begin() + 1, s.verify_tokens.end());
+    for (int32_t j = 0; j <= c.num_drafts; ++j) {
+      rows->push_back({.temperature = s.sampling.temperature,
+                       .top_p = s.sampling.top_p,
+                       .top_k = s.sampling.top_k,
+                       .min_p = s.sampling.min_p,
+                       .repetition_penalty = s.sampling.repetition_penalty,
+                       .presence_penalty = s.sampling.presence_penalty,
+                       .frequency_penalty = s.sampling.frequency_penalty,
+                       .seed = s.seed,
+                       .step = ChosenTokens(s) + j,
+                       .prompt_tokens = s.prompt(),
+                       .output_tokens = std::span<const int32_t>(s.verify_history).first(
+                           static_cast<size_t>(s.num_generated() + j))});
+    }
   }
   return !rows->empty();
 }

@@ -88,7 +88,8 @@ struct Sequence {
   // Decode side of disaggregation: the hidden state of the prompt's last position, from
   // the prefill replica, for the first draft pass.
   std::vector<float> imported_hidden;
-  std::vector<int32_t> verify_tokens;  // engine scratch: a verify chunk's tokens
+  std::vector<int32_t> verify_tokens;   // engine scratch: a verify chunk's tokens
+  std::vector<int32_t> verify_history;  // engine scratch: the output, then the drafts (device rows)
 
   RequestMetrics metrics;
   double submitted_at = 0;

@@ -1,10 +1,12 @@
-// Seeded sampled outputs keep their distribution with speculative decoding: on a small
-// vocabulary model whose MTP layer drafts well (make-model --mtp-acceptance), thousands of
-// seeds through the engine with 3 drafts and without, each output position's tokens
-// compared by Pearson's chi-square homogeneity test (p > 0.01). The same test sees a
-// small change of distribution (temperature 3.0 against 2.5) at p < 1e-4: it can fail.
-// (sampler_verify_test.cc shows the same statistic failing deliberately biased acceptance
-// rules at the sampler.)
+// Seeded sampled outputs with speculative decoding (docs/speculative-decoding.md): on a
+// small-vocabulary model whose MTP layer drafts well (make-model --mtp-acceptance 0.8) at
+// temperature 2.5, thousands of seeds through the engine with 3 drafts and without. Each
+// position's own seeded draw decides whether its draft stands, so every seed gives the same
+// tokens both ways; the drafts were accepted and refused often enough for both outcomes to
+// shape the samples, and Pearson's chi-square homogeneity test (p > 0.01 per position) says
+// the same of the counts. The statistic sees a small change of distribution (temperature
+// 3.0 against 2.5) at p < 1e-4, so it is not blind here. (sampler_verify_test.cc: the same
+// statistic catches deliberately biased acceptance rules of the standard rule.)
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -41,11 +43,14 @@ const std::string& ModelDir() {
   return dir;
 }
 
-// counts[position][token] over kSeeds seeded requests of one prompt.
-std::vector<std::vector<int64_t>> Counts(int32_t drafts, float temperature, EngineStats* stats) {
+// counts[position][token] over kSeeds seeded requests of one prompt; each seed's tokens in
+// `tokens` when given.
+std::vector<std::vector<int64_t>> Counts(int32_t drafts, float temperature, EngineStats* stats,
+                                         std::vector<std::vector<int32_t>>* tokens = nullptr) {
   EngineOptions o;
   o.num_threads = 2;
   o.speculative_tokens = drafts;
+  o.speculative_adaptive = false;  // every step drafts: the test counts them
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(ModelDir(), o);
   EXPECT_TRUE(e.ok()) << e.status();
   std::vector<std::vector<int64_t>> counts(kTokens, std::vector<int64_t>(kVocab, 0));
@@ -67,16 +72,20 @@ std::vector<std::vector<int64_t>> Counts(int32_t drafts, float temperature, Engi
       const testing::Result r = testing::Drain(*s);
       EXPECT_EQ(r.tokens.size(), static_cast<size_t>(kTokens));
       for (size_t i = 0; i < r.tokens.size() && i < kTokens; ++i) counts[i][r.tokens[i]]++;
+      if (tokens != nullptr) tokens->push_back(r.tokens);
     }
   }
   if (stats != nullptr) *stats = (*e)->Stats();
   return counts;
 }
 
-TEST(EngineSpeculativeDistributionTest, SampledTokensKeepTheirDistribution) {
+TEST(EngineSpeculativeDistributionTest, SeededTokensAreTheSameWithAndWithoutDrafts) {
   EngineStats spec_stats;
-  const auto with = Counts(3, 2.5f, &spec_stats);
-  const auto without = Counts(0, 2.5f, nullptr);
+  std::vector<std::vector<int32_t>> with_tokens, without_tokens;
+  const auto with = Counts(3, 2.5f, &spec_stats, &with_tokens);
+  const auto without = Counts(0, 2.5f, nullptr, &without_tokens);
+  ASSERT_EQ(with_tokens.size(), static_cast<size_t>(kSeeds));
+  EXPECT_EQ(with_tokens, without_tokens);
   // The drafts were checked often and accepted often, and refused often too: both of the
   // rule's branches shaped these samples.
   const double accepted = spec_stats.spec_accepted_by_position.empty() ? 0 : spec_stats.spec_accepted_by_position[0];
@@ -92,8 +101,6 @@ TEST(EngineSpeculativeDistributionTest, SampledTokensKeepTheirDistribution) {
     std::printf("position %d: chi-square %.1f, df %d, p %.3f\n", position, c.statistic, c.df, c.p_value);
     EXPECT_GT(c.p_value, 0.01) << "position " << position;
   }
-  // The first token comes from the prompt's step in both engines, from the same draw.
-  EXPECT_EQ(with[0], without[0]);
 }
 
 TEST(EngineSpeculativeDistributionTest, TheTestSeesASmallChangeOfDistribution) {

@@ -4,6 +4,7 @@
 // outputs reproducible under any batch, the acceptance counts, refusals.
 #include <algorithm>
 #include <cstring>
+#include <atomic>
 #include <map>
 
 #include "engine/runtime/engine.h"
@@ -19,9 +20,11 @@ using testing::Drain;
 using testing::Result;
 using testing::Tokens;
 
-std::unique_ptr<Engine> MakeEngine(int32_t drafts, EngineOptions o = {}) {
+// Every step drafts (the tests count drafts), unless a test asks for the adaptive policy.
+std::unique_ptr<Engine> MakeEngine(int32_t drafts, EngineOptions o = {}, bool adaptive = false) {
   o.num_threads = 2;
   o.speculative_tokens = drafts;
+  o.speculative_adaptive = adaptive;
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(testing::SmallTinyModelDir(), o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
@@ -139,6 +142,18 @@ TEST(EngineSpeculativeTest, ChunksPrefixHitsAndPreemptionChangeNothing) {
   EXPECT_GT(st.preemptions, 0);
 }
 
+TEST(EngineSpeculativeTest, SeededOutputsAreTheSameWithAndWithoutDrafts) {
+  // Each output position's own seeded draw decides whether its draft stands: the tokens and
+  // logprobs are the ones the request has without drafts.
+  auto plain = MakeEngine(0);
+  auto spec = MakeEngine(3);
+  const std::vector<Scored> want = RunAll(*plain, Mixed(8, 40, true));
+  const std::vector<Scored> got = RunAll(*spec, Mixed(8, 40, true));
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  const EngineStats st = spec->Stats();
+  EXPECT_GT(st.spec_draft_tokens, 0);
+}
+
 TEST(EngineSpeculativeTest, SeededOutputsDoNotDependOnTheBatch) {
   auto spec = MakeEngine(3);
   std::vector<EngineRequest> lone;
@@ -210,9 +225,9 @@ TEST(EngineSpeculativeTest, ADecodeEngineDraftsFromTheHiddenStateItIsHandedAsThe
   }
 }
 
-TEST(EngineSpeculativeTest, GreedyVerificationOnTheDeviceGivesTheHostTokens) {
+TEST(EngineSpeculativeTest, VerificationOnTheDeviceGivesTheHostTokens) {
   // A backend that chooses tokens "on the device" (the CPU model behind ModelBackend::
-  // ForwardSample): greedy requests verify their drafts with only token ids crossing.
+  // ForwardSample): requests verify their drafts with only token ids crossing.
   EngineOptions o;
   o.backend_factory = [](const std::string& dir) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
     absl::StatusOr<std::unique_ptr<DeepseekModel>> m = DeepseekModel::Load(dir, {.num_threads = 2, .mtp = true});
@@ -221,7 +236,14 @@ TEST(EngineSpeculativeTest, GreedyVerificationOnTheDeviceGivesTheHostTokens) {
   };
   auto device = MakeEngine(3, o);
   auto plain = MakeEngine(0);
-  std::vector<EngineRequest> a = Mixed(8, 30, false), b = Mixed(8, 30, false);
+  // Greedy and seeded requests, with a repetition penalty on some (the device rows carry
+  // each draft's history).
+  std::vector<EngineRequest> a = Mixed(8, 30, true), b = Mixed(8, 30, true);
+  for (size_t i = 0; i < a.size(); i += 2) a[i].sampling.repetition_penalty = b[i].sampling.repetition_penalty = 1.3f;
+  for (size_t i = 0; i < a.size(); i += 3) {
+    a[i].sampling.temperature = b[i].sampling.temperature = 0.0f;
+    a[i].sampling.seed = b[i].sampling.seed = std::nullopt;
+  }
   for (EngineRequest& r : a) r.sampling.logprobs = 0;
   for (EngineRequest& r : b) r.sampling.logprobs = 0;
   const std::vector<Scored> want = RunAll(*plain, std::move(a));
@@ -230,6 +252,58 @@ TEST(EngineSpeculativeTest, GreedyVerificationOnTheDeviceGivesTheHostTokens) {
   const EngineStats st = device->Stats();
   EXPECT_GT(st.spec_draft_tokens, 0);
   EXPECT_GE(st.device_sampled_tokens, st.generated_tokens - 8);  // all but the prompts' first tokens at least
+}
+
+// The CPU model behind a clock that a forward pass advances by a millisecond per token
+// it computes: a verify step of 1 + 3 tokens costs 4 plain steps, which the random tiny
+// model's drafts (almost never accepted) do not repay.
+class TimedBackend : public ModelBackend {
+ public:
+  TimedBackend(std::unique_ptr<DeepseekModel> model, std::shared_ptr<std::atomic<int64_t>> micros)
+      : cpu_(std::move(model)), micros_(std::move(micros)) {}
+  const ModelInfo& config() const override { return cpu_.config(); }
+  std::string device_name() const override { return "cpu (timed)"; }
+  bool kv_in_host_pool() const override { return true; }
+  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, KvPool& host,
+                                             const ForwardOptions& options) override {
+    for (const ForwardSequence& s : batch) *micros_ += 1000 * static_cast<int64_t>(s.tokens.size());
+    return cpu_.Forward(batch, host, options);
+  }
+  bool has_mtp() const override { return cpu_.has_mtp(); }
+  absl::StatusOr<std::vector<std::vector<DraftToken>>> Draft(std::span<const DraftSequence> batch,
+                                                             KvPool& host) override {
+    return cpu_.Draft(batch, host);
+  }
+  absl::StatusOr<std::vector<float>> KeptHidden(int64_t row) const override { return cpu_.KeptHidden(row); }
+
+ private:
+  CpuBackend cpu_;
+  std::shared_ptr<std::atomic<int64_t>> micros_;
+};
+
+TEST(EngineSpeculativeTest, TheAdaptivePolicyStopsDraftingWhereItDoesNotPay) {
+  auto micros = std::make_shared<std::atomic<int64_t>>(0);
+  EngineOptions o;
+  o.clock = [micros] { return static_cast<double>(micros->load()) * 1e-6; };
+  o.backend_factory = [micros](const std::string& dir) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
+    absl::StatusOr<std::unique_ptr<DeepseekModel>> m = DeepseekModel::Load(dir, {.num_threads = 2, .mtp = true});
+    if (!m.ok()) return m.status();
+    return std::make_unique<TimedBackend>(std::move(*m), micros);
+  };
+  auto adaptive = MakeEngine(3, o, /*adaptive=*/true);
+  auto plain = MakeEngine(0);
+  std::vector<EngineRequest> one;
+  one.push_back(Request("x", Tokens(20, 1), 400));
+  const Scored want = RunAll(*plain, one)[0];
+  const Scored got = RunAll(*adaptive, std::move(one))[0];
+  EXPECT_EQ(got, want);  // drafting or not, the same tokens
+  // 8 warm-up steps with drafts, then one exploration phase of 8 in 256 steps.
+  const EngineStats st = adaptive->Stats();
+  int64_t verify_steps = 0;
+  for (int64_t n : st.spec_accepted_length) verify_steps += n;
+  std::printf("adaptive: %lld verify steps in 400 tokens\n", static_cast<long long>(verify_steps));
+  EXPECT_LE(verify_steps, 8 + 2 * 8 + 2);
+  EXPECT_GE(verify_steps, 8);
 }
 
 TEST(EngineSpeculativeTest, BadOptionsAreRefused) {
