@@ -9,7 +9,8 @@
 //
 //   speculative_bench --config bench/configs/deepseek_v2_lite_mtp.json [--device cuda]
 //       [--acceptance 0.6,0.75,0.9] [--batches 1,16,64] [--drafts 3] [--prompt 64]
-//       [--output 256] [--min-confidence 0] [--seed 1] [--json FILE]
+//       [--output 256] [--min-confidence 0] [--seed 1] [--adaptive] [--json FILE]
+// (--adaptive: the engine's draft policy decides when drafting pays; default: every step drafts)
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -38,6 +39,7 @@ struct Args {
   int drafts = 3, prompt = 64, output = 256;
   float min_confidence = 0.0f;
   uint64_t seed = 1;
+  bool adaptive = false;  // --adaptive: the engine's policy decides when to draft (default: always)
 };
 
 std::vector<int32_t> Prompt(int n, int salt, int64_t vocab) {
@@ -79,6 +81,7 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const std::string& dir, const
   o.device = a.device;
   o.speculative_tokens = drafts;
   o.speculative_min_confidence = a.min_confidence;
+  o.speculative_adaptive = a.adaptive;
   int max_batch = 1;
   for (int b : a.batches) max_batch = std::max(max_batch, b);
   o.max_running = max_batch;
@@ -126,6 +129,7 @@ int Main(const Args& a) {
   out["prompt_tokens"] = a.prompt;
   out["output_tokens"] = a.output;
   out["min_confidence"] = a.min_confidence;
+  out["adaptive_policy"] = a.adaptive;
   std::vector<std::string> dirs;
   for (double p : a.acceptance) {
     ModelGeneratorOptions g;
@@ -229,7 +233,10 @@ int main(int argc, char** argv) {
     else if (k == "--output") ok = absl::SimpleAtoi(v, &a.output);
     else if (k == "--min-confidence") ok = absl::SimpleAtof(v, &a.min_confidence);
     else if (k == "--seed") ok = absl::SimpleAtoi(v, &a.seed);
-    else {
+    else if (k == "--adaptive") {
+      a.adaptive = true;
+      continue;
+    } else {
       std::fprintf(stderr, "usage: speculative_bench --config FILE [--device cuda] [--acceptance 0.6,0.75,0.9] "
                            "[--batches 1,16,64] [--drafts 3] [--prompt 64] [--output 256] [--min-confidence 0] "
                            "[--seed 1] [--json FILE]\n");

@@ -43,6 +43,7 @@ std::unique_ptr<Engine> Make(const std::string& dir, int32_t drafts, EngineOptio
   o.gpu_memory_utilization = 0.3;
   o.num_kv_blocks = 512;
   o.speculative_tokens = drafts;
+  o.speculative_adaptive = false;  // every step drafts: the tests count drafts
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(dir, o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
