@@ -128,8 +128,8 @@ class DeepseekModel {
   // The main Forward's MTP pass over the sequences with `mtp`.
   void FillMtpSlots(std::span<const ForwardSequence> batch, const float* x, LatentKvCache& cache,
                     const DeepseekForwardOptions& options);
-  // The most likely next token under the MTP's shared head for each row of y.
-  std::vector<DraftToken> MtpDrafts(const float* y, int64_t rows);
+  // The MTP's shared head over each row of y: [rows][vocab] logits.
+  std::vector<float> MtpLogits(const float* y, int64_t rows);
   void DenseMlp(const MlpWeights& w, const float* h, int64_t rows, float* out, bool accumulate);
   void Moe(const MoeWeights& w, int64_t layer, const float* h, int64_t rows, float* out,
            const DeepseekForwardOptions& options);

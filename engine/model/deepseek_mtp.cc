@@ -2,6 +2,7 @@
 // and the draft pass of speculative decoding (docs/speculative-decoding.md).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/deepseek_model.h"
@@ -59,7 +60,7 @@ void DeepseekModel::FillMtpSlots(std::span<const ForwardSequence> batch, const f
   MtpLayer(seqs, hidden.data(), tokens.data(), rows, y.data(), cache, options);
 }
 
-std::vector<DraftToken> DeepseekModel::MtpDrafts(const float* y, int64_t rows) {
+std::vector<float> DeepseekModel::MtpLogits(const float* y, int64_t rows) {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size;
   const int64_t vocab = c.vocab_size;
@@ -69,18 +70,29 @@ std::vector<DraftToken> DeepseekModel::MtpDrafts(const float* y, int64_t rows) {
   std::vector<float> logits(static_cast<size_t>(rows * vocab));
   cpu::Matmul({.x = normed.data(), .m = rows, .x_stride = d, .w = &head, .y = logits.data(), .y_stride = vocab},
               *pool_);
-  std::vector<DraftToken> drafts(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* l = &logits[r * vocab];
-    // The argmax, ties to the lowest id (the sampler's greedy choice), and its softmax
-    // probability at temperature 1.
-    const int64_t best = std::max_element(l, l + vocab) - l;
-    double sum = 0.0;
-    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(l[v]) - l[best]);
-    drafts[r] = {.token = static_cast<int32_t>(best), .confidence = static_cast<float>(1.0 / sum)};
-  }
-  return drafts;
+  return logits;
 }
+
+namespace {
+
+// The argmax, ties to the lowest id (the sampler's greedy choice), and its softmax
+// probability at temperature 1.
+DraftToken Choose(const float* l, int64_t vocab) {
+  const int64_t best = std::max_element(l, l + vocab) - l;
+  double sum = 0.0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(l[v]) - l[best]);
+  return {.token = static_cast<int32_t>(best), .confidence = static_cast<float>(1.0 / sum)};
+}
+
+// Tokens outside the bitmask (past its words too) to -inf.
+void Mask(float* l, int64_t vocab, std::span<const uint32_t> allowed) {
+  const int64_t words = static_cast<int64_t>(allowed.size());
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (v / 32 >= words || (allowed[v / 32] >> (v % 32) & 1u) == 0) l[v] = -std::numeric_limits<float>::infinity();
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<std::vector<DraftToken>>> DeepseekModel::Draft(std::span<const DraftSequence> batch,
                                                                           LatentKvCache& cache,
@@ -171,20 +183,29 @@ absl::StatusOr<std::vector<std::vector<DraftToken>>> DeepseekModel::Draft(std::s
     for (size_t k = 0; k < active.size(); ++k) {
       std::copy_n(&y[active[k].last_row * d], d, &last[k * d]);
     }
-    const std::vector<DraftToken> chosen = MtpDrafts(last.data(), static_cast<int64_t>(active.size()));
+    std::vector<float> logits = MtpLogits(last.data(), static_cast<int64_t>(active.size()));
+    const int64_t vocab = c.vocab_size;
     std::vector<Chain> next;
     std::vector<int32_t> next_tokens;
     std::vector<float> next_hidden;
     seqs.clear();
     for (size_t k = 0; k < active.size(); ++k) {
       const DraftSequence& s = batch[active[k].seq];
-      if (chosen[k].confidence < s.min_confidence) continue;
       std::vector<DraftToken>& out = drafts[active[k].seq];
-      out.push_back(chosen[k]);
+      float* l = &logits[k * static_cast<size_t>(vocab)];
+      if (s.allowed) {
+        const std::span<const uint32_t> allowed = s.allowed(out.empty() ? -1 : out.back().token);
+        if (allowed.empty()) continue;
+        Mask(l, vocab, allowed);
+        if (std::isinf(*std::max_element(l, l + vocab))) continue;  // nothing allowed
+      }
+      const DraftToken chosen = Choose(l, vocab);
+      if (chosen.confidence < s.min_confidence) continue;
+      out.push_back(chosen);
       if (static_cast<int32_t>(out.size()) == s.max_drafts) continue;
       const int64_t slot = active[k].slot + 1;
       next.push_back({active[k].seq, static_cast<int64_t>(next.size()), slot});
-      next_tokens.push_back(chosen[k].token);
+      next_tokens.push_back(chosen.token);
       next_hidden.insert(next_hidden.end(), &last[k * d], &last[(k + 1) * d]);
       seqs.push_back({.first_position = slot - 1, .num_tokens = 1, .block_table = s.block_table});
     }

@@ -53,6 +53,11 @@ struct DraftSequence {
   int32_t max_drafts = 0;
   // Drafting stops before a draft whose probability under the MTP layer is below this.
   float min_confidence = 0.0f;
+  // Structured output: before each draft, the tokens its grammar allows after the drafts
+  // before it (a bitmask as SampleRow::allowed), called with the previous draft (-1 before
+  // the first); an empty span stops the drafting. The draft and its confidence are the
+  // masked logits'. The span stays valid until the next call.
+  std::function<std::span<const uint32_t>(int32_t previous_draft)> allowed;
 };
 
 // A draft: the MTP layer's most likely token and its probability (softmax at temperature 1).

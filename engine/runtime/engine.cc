@@ -341,7 +341,7 @@ absl::StatusOr<std::shared_ptr<OutputStream>> Engine::Submit(EngineRequest reque
   const OutputConstraint constraint = std::move(request.constraint);
   auto seq = std::make_shared<std::unique_ptr<Sequence>>(MakeSequence(std::move(request), out));
   (*seq)->queued = true;
-  (*seq)->speculative = Drafts(constraint, (*seq)->kv_sink);
+  (*seq)->speculative = Drafts((*seq)->kv_sink);
   if (!constraint.active()) {
     Post([this, seq] { scheduler_->Add(std::move(*seq)); });
     return out;

@@ -108,8 +108,7 @@ struct EngineOptions {
   // up to this many drafts per sequence and step (0: off), verified by the next step; a
   // sequence stops drafting at a draft whose probability under the MTP layer is below
   // speculative_min_confidence. The KV layout then holds the MTP layer's KV (a different
-  // fingerprint: every replica of a cluster must agree). Requests with a constraint do
-  // not draft. Steps run one at a time with logits on the host.
+  // fingerprint: every replica of a cluster must agree). Drafting steps run one at a time.
   int32_t speculative_tokens = 0;
   float speculative_min_confidence = 0.0f;
   // Draft only where it measured faster (draft_policy.h: tokens per second of steps with
@@ -451,11 +450,10 @@ class Engine {
   // A draft pass over s's slots [first_slot, its length), within its blocks, with the
   // drafts its request may still use (none when it does not draft); hidden rows unset.
   DraftSequence DraftPassFor(const Sequence& s, int64_t first_slot) const;
-  // Whether a request drafts: the engine does, it has no constraint, and it is not a
-  // prefill-only request.
-  bool Drafts(const OutputConstraint& c, const KvSink* sink) const {
-    return options_.speculative_tokens > 0 && !c.active() && sink == nullptr;
-  }
+  // Whether a request drafts: the engine does and it is not a prefill-only request. (A
+  // constrained request drafts too: a draft its grammar refuses is never the token its
+  // masked row samples, so it is refused.)
+  bool Drafts(const KvSink* sink) const { return options_.speculative_tokens > 0 && sink == nullptr; }
   double Now() const { return options_.clock(); }
 
   EngineOptions options_;

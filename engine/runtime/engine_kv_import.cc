@@ -200,7 +200,7 @@ void Engine::SubmitImportedAsync(EngineRequest request, int32_t first_token, boo
   const OutputConstraint constraint = std::move(request.constraint);
   std::vector<float> mtp_hidden = std::move(request.mtp_hidden);
   auto seq = std::make_shared<std::unique_ptr<Sequence>>(MakeSequence(std::move(request), out));
-  (*seq)->speculative = Drafts(constraint, (*seq)->kv_sink);
+  (*seq)->speculative = Drafts((*seq)->kv_sink);
   if (options_.speculative_tokens > 0) (*seq)->imported_hidden = std::move(mtp_hidden);
   Post([this, seq, constraint, done = std::move(done), first_token, emit_first_token, where, kv_writer]() mutable {
     if (!constraint.active()) {

@@ -7,6 +7,26 @@
 #include "kernels/common/check.h"
 
 namespace tandem {
+namespace {
+
+// DraftSequence::allowed for a constrained sequence: its matcher takes each draft (counted
+// in *taken, for a rollback after the pass) and gives the mask of the next.
+std::function<std::span<const uint32_t>(int32_t)> DraftMask(Sequence& s, int64_t vocab, int* taken,
+                                                             std::vector<uint32_t>* mask) {
+  const size_t words = std::max((static_cast<size_t>(vocab) + 31) / 32, s.matcher->grammar().vocabulary().mask_words());
+  return [&s, words, taken, mask](int32_t previous) -> std::span<const uint32_t> {
+    if (previous >= 0) {
+      if (!s.matcher->AcceptToken(previous)) return {};
+      ++*taken;
+    }
+    if (s.matcher->IsTerminated()) return {};
+    mask->assign(words, 0u);
+    s.matcher->FillNextTokenBitmask(*mask);
+    return *mask;
+  };
+}
+
+}  // namespace
 
 void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>* logits,
                              const std::vector<int32_t>* device_tokens) {
@@ -105,7 +125,19 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>* logits,
 
   for (size_t i = 0; i < going_on.size(); ++i) going_on[i]->output->Push(std::move(outputs[i]));
   if (passes.empty()) return;
+  // A constrained sequence drafts within its grammar: its matcher takes each draft to mask
+  // the next, and gives them back after the pass.
+  std::vector<int> taken(passes.size(), 0);
+  std::vector<std::vector<uint32_t>> masks(passes.size());
+  for (size_t i = 0; i < passes.size(); ++i) {
+    Sequence* s = going_on[i];
+    if (!s->matcher || passes[i].max_drafts == 0) continue;
+    passes[i].allowed = DraftMask(*s, info.vocab_size, &taken[i], &masks[i]);
+  }
   absl::StatusOr<std::vector<std::vector<DraftToken>>> drafts = backend_->Draft(passes, *pool_);
+  for (size_t i = 0; i < passes.size(); ++i) {
+    if (taken[i] > 0) going_on[i]->matcher->Rollback(taken[i]);
+  }
   for (size_t i = 0; i < going_on.size(); ++i) {
     Sequence& s = *going_on[i];
     if (drafts.ok()) {
@@ -175,7 +207,11 @@ bool Engine::DraftAfterImport(std::unique_ptr<Sequence>& seq) {
   // Slot P (the prompt's length) from the prompt's last hidden state and the first token.
   DraftSequence d = DraftPassFor(s, static_cast<int64_t>(s.tokens.size()) - 1);
   d.hidden = s.imported_hidden;
+  int taken = 0;
+  std::vector<uint32_t> mask;
+  if (s.matcher && d.max_drafts > 0) d.allowed = DraftMask(s, backend_->config().vocab_size, &taken, &mask);
   absl::StatusOr<std::vector<std::vector<DraftToken>>> drafts = backend_->Draft({&d, 1}, *pool_);
+  if (taken > 0) s.matcher->Rollback(taken);
   s.imported_hidden.clear();
   if (!drafts.ok()) {
     RequestOutput o;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <atomic>
 #include <map>
+#include <regex>
 
 #include "engine/runtime/engine.h"
 #include "gtest/gtest.h"
@@ -47,6 +48,8 @@ struct Scored {
   std::vector<int32_t> tokens;
   std::vector<uint32_t> bits;
   RequestMetrics metrics;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
   bool operator==(const Scored& o) const { return tokens == o.tokens && bits == o.bits; }
 };
 
@@ -56,6 +59,8 @@ Scored Score(OutputStream& s) {
   while (s.Next(&o)) {
     EXPECT_TRUE(o.status.ok()) << o.status;
     out.tokens.insert(out.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+    out.text += o.text;
+    if (o.finished) out.finish = o.finish_reason;
     for (const TokenLogprobs& l : o.logprobs) {
       uint32_t b;
       std::memcpy(&b, &l.logprob, sizeof b);
@@ -304,6 +309,57 @@ TEST(EngineSpeculativeTest, TheAdaptivePolicyStopsDraftingWhereItDoesNotPay) {
   std::printf("adaptive: %lld verify steps in 400 tokens\n", static_cast<long long>(verify_steps));
   EXPECT_LE(verify_steps, 8 + 2 * 8 + 2);
   EXPECT_GE(verify_steps, 8);
+}
+
+TEST(EngineSpeculativeTest, ConstrainedRequestsDraftAndGiveTheirUndraftedOutputs) {
+  // A draft the grammar refuses is never the token the masked row samples: refused. The
+  // outputs, greedy and seeded, are the constrained requests' without drafts.
+  auto plain = MakeEngine(0);
+  auto spec = MakeEngine(3);
+  const std::string pattern = "[a-z]{3,8}( [a-z]{3,8}){2,5}\\.";
+  auto requests = [&] {
+    std::vector<EngineRequest> r = Mixed(6, 60, true);
+    for (size_t i = 0; i < r.size(); ++i) {
+      r[i].constraint = {.kind = OutputConstraint::Kind::kRegex, .text = pattern};
+      r[i].stop.ignore_eos = false;
+      if (i % 2 == 0) r[i].sampling.temperature = 0.0f;
+    }
+    return r;
+  };
+  const std::vector<Scored> want = RunAll(*plain, requests());
+  const std::vector<Scored> got = RunAll(*spec, requests());
+  const std::regex re(pattern);
+  int complete = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i], want[i]) << "request " << i;
+    if (got[i].finish == FinishReason::kLength) continue;  // cut short: a prefix
+    ++complete;
+    EXPECT_TRUE(std::regex_match(got[i].text, re)) << "request " << i << ": '" << got[i].text << "'";
+  }
+  EXPECT_GE(complete, 3);
+  EXPECT_GT(spec->Stats().spec_draft_tokens, 0);
+}
+
+TEST(EngineSpeculativeTest, DraftsOfConstrainedRequestsAreMaskedByTheirGrammar) {
+  // A grammar that leaves one way to write the output: the masked drafts are what the
+  // masked target samples, so nearly every draft stands (unmasked, the random model's MTP
+  // layer would almost never draft an allowed token).
+  auto spec = MakeEngine(3);
+  std::vector<EngineRequest> r = Mixed(4, 40, false);
+  for (EngineRequest& q : r) {
+    q.constraint = {.kind = OutputConstraint::Kind::kRegex, .text = "x{30}"};
+    q.stop.ignore_eos = false;
+    q.sampling.logprobs = 0;
+  }
+  const std::vector<Scored> got = RunAll(*spec, std::move(r));
+  for (const Scored& s : got) EXPECT_EQ(s.text, std::string(30, 'x'));
+  const EngineStats st = spec->Stats();
+  int64_t accepted = 0;
+  for (int64_t n : st.spec_accepted_by_position) accepted += n;
+  std::printf("forced grammar: %lld of %lld drafts accepted\n", static_cast<long long>(accepted),
+              static_cast<long long>(st.spec_draft_tokens));
+  EXPECT_GT(st.spec_draft_tokens, 0);
+  EXPECT_GE(accepted, st.spec_draft_tokens * 9 / 10);
 }
 
 TEST(EngineSpeculativeTest, BadOptionsAreRefused) {
