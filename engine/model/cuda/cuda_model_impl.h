@@ -260,8 +260,13 @@ class CudaDeepseekModel::Impl {
   // (before the shared head's norm) in act_.x, rows in order.
   absl::Status MtpPass(std::span<const MtpRows> seqs, const DeepseekForwardOptions& fo);
   absl::Status AllocateMtpBuffers();  // once, at the first use
-  // The shared head's draft for act_.x rows `rows` (host indices): tokens and confidences.
-  absl::StatusOr<std::vector<DraftToken>> MtpDrafts(std::span<const int32_t> rows);
+  // The shared head's draft for act_.x rows `rows` (host indices): tokens and confidences;
+  // a row's non-empty mask (a constrained sequence's, DraftSequence::allowed) first.
+  absl::StatusOr<std::vector<DraftToken>> MtpDrafts(std::span<const int32_t> rows,
+                                                     std::span<const std::span<const uint32_t>> masks);
+  absl::Status MaskDraftLogits(std::span<const std::span<const uint32_t>> masks);
+  cuda_model::PinnedBuffer draft_mask_host_;
+  cuda_model::DeviceBuffer draft_mask_dev_;
   cuda_model::DeviceBuffer kept_hidden_;  // [max_batch_tokens][hidden] float32
   int64_t kept_rows_ = 0;
   cuda_model::DeviceBuffer mtp_in_;       // [max_batch_tokens][hidden] float32

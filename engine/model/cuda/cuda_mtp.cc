@@ -14,6 +14,7 @@
 #include "kernels/cuda/draft_choice.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/rms_norm.h"
+#include "kernels/cuda/token_mask.h"
 
 namespace tandem {
 
@@ -186,7 +187,8 @@ absl::Status CudaDeepseekModel::Impl::MtpPass(std::span<const MtpRows> seqs, con
   return Mlp(layer, plan);
 }
 
-absl::StatusOr<std::vector<DraftToken>> CudaDeepseekModel::Impl::MtpDrafts(std::span<const int32_t> rows) {
+absl::StatusOr<std::vector<DraftToken>> CudaDeepseekModel::Impl::MtpDrafts(
+    std::span<const int32_t> rows, std::span<const std::span<const uint32_t>> masks) {
   const ModelConfig& c = config;
   const cuda_model::CudaMtpWeights& w = *weights->mtp;
   const int64_t count = static_cast<int64_t>(rows.size()), hidden = c.hidden_size;
@@ -207,6 +209,7 @@ absl::StatusOr<std::vector<DraftToken>> CudaDeepseekModel::Impl::MtpDrafts(std::
                      "MTP shared head norm");
   RETURN_IF_ERROR(Dense(w.shared_head, act_.final_bf16, split ? act_.final_lo : nullptr, hidden, count, act_.logits,
                         c.vocab_size, Out::kF32));
+  RETURN_IF_ERROR(MaskDraftLogits(masks));
   TANDEM_CUDA_RETURN(cuda::DraftChoice({.logits = act_.logits, .stride = c.vocab_size, .rows = count,
                                         .vocab = c.vocab_size, .token = token, .confidence = confidence},
                                        stream),
@@ -221,6 +224,38 @@ absl::StatusOr<std::vector<DraftToken>> CudaDeepseekModel::Impl::MtpDrafts(std::
   std::vector<DraftToken> out(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) out[i] = {.token = host_token[i], .confidence = host_confidence[i]};
   return out;
+}
+
+absl::Status CudaDeepseekModel::Impl::MaskDraftLogits(std::span<const std::span<const uint32_t>> masks) {
+  size_t words = 0;
+  for (std::span<const uint32_t> m : masks) words = std::max(words, m.size());
+  if (words == 0) return absl::OkStatus();
+  // Host: [rows] slots, then [rows][words] masks (a shorter mask's missing words allow
+  // nothing, as the grammar's do).
+  const size_t rows = masks.size();
+  const size_t bytes = rows * sizeof(int32_t) + rows * words * sizeof(uint32_t);
+  if (draft_mask_host_.bytes() < bytes) {
+    TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "drafting");
+    RETURN_IF_ERROR(draft_mask_host_.Allocate(bytes, "draft masks"));
+    RETURN_IF_ERROR(draft_mask_dev_.Allocate(bytes, "draft masks"));
+  }
+  int32_t* slot = draft_mask_host_.get<int32_t>();
+  uint32_t* bits = reinterpret_cast<uint32_t*>(slot + rows);
+  std::memset(bits, 0, rows * words * sizeof(uint32_t));
+  for (size_t r = 0; r < rows; ++r) {
+    slot[r] = masks[r].empty() ? -1 : static_cast<int32_t>(r);
+    std::copy(masks[r].begin(), masks[r].end(), bits + r * words);
+  }
+  TANDEM_CUDA_RETURN(cudaMemcpyAsync(draft_mask_dev_.get(), draft_mask_host_.get(), bytes, cudaMemcpyHostToDevice, stream),
+                     "uploading draft masks");
+  const int32_t* dev_slot = draft_mask_dev_.get<int32_t>();
+  return cuda_model::CudaStatus(
+      cuda::ApplyTokenMasks({.logits = act_.logits, .stride = config.vocab_size, .rows = static_cast<int>(rows),
+                             .vocab = static_cast<int>(config.vocab_size), .row_slot = dev_slot,
+                             .masks = reinterpret_cast<const uint32_t*>(dev_slot + rows),
+                             .words = static_cast<int>(words)},
+                            stream),
+      "masking drafts");
 }
 
 absl::StatusOr<std::vector<std::vector<DraftToken>>> CudaDeepseekModel::Impl::Draft(
@@ -315,16 +350,34 @@ absl::StatusOr<std::vector<std::vector<DraftToken>>> CudaDeepseekModel::Impl::Dr
   }
   std::vector<int32_t> next_tokens;
   while (!active.empty()) {
+    // Constrained sequences: the mask of this draft (DraftSequence::allowed); an empty one
+    // ends the sequence's drafting.
+    std::vector<Chain> drafting;
+    std::vector<std::span<const uint32_t>> masks;
+    for (const Chain& a : active) {
+      const DraftSequence& s = batch[a.seq];
+      std::span<const uint32_t> mask;
+      if (s.allowed) {
+        const std::vector<DraftToken>& out = drafts[a.seq];
+        mask = s.allowed(out.empty() ? -1 : out.back().token);
+        if (mask.empty()) continue;
+      }
+      drafting.push_back(a);
+      masks.push_back(mask);
+    }
+    active = std::move(drafting);
+    if (active.empty()) break;
     std::vector<int32_t> rows;
     for (const Chain& a : active) rows.push_back(a.last_row);
-    ASSIGN_OR_RETURN(std::vector<DraftToken> chosen, MtpDrafts(rows));
+    ASSIGN_OR_RETURN(std::vector<DraftToken> chosen, MtpDrafts(rows, masks));
     std::vector<Chain> next;
     std::vector<MtpRows> pass;
     next_tokens.clear();
     next_tokens.reserve(active.size());
     for (size_t k = 0; k < active.size(); ++k) {
       const DraftSequence& s = batch[active[k].seq];
-      if (chosen[k].confidence < s.min_confidence) continue;
+      // (A probability of 0: the mask allowed nothing.)
+      if (!(chosen[k].confidence > 0.0f) || chosen[k].confidence < s.min_confidence) continue;
       std::vector<DraftToken>& out = drafts[active[k].seq];
       out.push_back(chosen[k]);
       if (static_cast<int32_t>(out.size()) == s.max_drafts) continue;

@@ -137,6 +137,34 @@ TEST_F(EngineCudaSpeculativeTest, BatchInvariantLogprobsAreTheSameWithAndWithout
   EXPECT_GT(spec_engine->Stats().spec_draft_tokens, 0);
 }
 
+TEST_F(EngineCudaSpeculativeTest, DraftsOfConstrainedRequestsAreMaskedOnTheGpu) {
+  // A grammar with one way to write the output: the masked drafts are what the masked
+  // target samples.
+  auto spec_engine = Make(testing::SmallTinyModelDir(), 3);
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (int i = 0; i < 4; ++i) {
+    EngineRequest r = testing::GreedyRequest(absl::StrCat("c", i), testing::Tokens(9 + i, i), 40);
+    r.constraint = {.kind = OutputConstraint::Kind::kRegex, .text = "x{30}"};
+    r.stop.ignore_eos = false;
+    absl::StatusOr<std::shared_ptr<OutputStream>> s = spec_engine->Submit(std::move(r));
+    ASSERT_TRUE(s.ok()) << s.status();
+    streams.push_back(*s);
+  }
+  for (auto& s : streams) {
+    std::string text;
+    RequestOutput o;
+    while (s->Next(&o)) text += o.text;
+    EXPECT_EQ(text, std::string(30, 'x'));
+  }
+  const EngineStats st = spec_engine->Stats();
+  int64_t accepted = 0;
+  for (int64_t n : st.spec_accepted_by_position) accepted += n;
+  std::printf("GPU, forced grammar: %lld of %lld drafts accepted\n", static_cast<long long>(accepted),
+              static_cast<long long>(st.spec_draft_tokens));
+  EXPECT_GT(st.spec_draft_tokens, 0);
+  EXPECT_GE(accepted, st.spec_draft_tokens * 9 / 10);
+}
+
 class HostSink : public KvSink {
  public:
   void OnLayerKv(const KvSlice& s) override {
