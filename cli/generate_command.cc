@@ -45,6 +45,9 @@ struct GenerateArgs {
   bool compact_json = false;
   int grammar_compile_timeout_ms = 5000;
   bool batch_invariant = false;
+  int speculative_tokens = 0;
+  double speculative_min_confidence = 0.0;
+  bool no_speculative_adaptive = false;
   ClientSecurityArgs security;
   int threads = 0;
   std::string device = "cpu";
@@ -118,6 +121,9 @@ int RunLocal(const GenerateArgs& a) {
   options.gpu_memory_utilization = a.gpu_memory_utilization;
   options.grammar_compile_timeout_s = a.grammar_compile_timeout_ms / 1000.0;
   options.batch_invariant = a.batch_invariant;
+  options.speculative_tokens = a.speculative_tokens;
+  options.speculative_min_confidence = static_cast<float>(a.speculative_min_confidence);
+  options.speculative_adaptive = !a.no_speculative_adaptive;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*dir, options);
   if (!engine.ok()) return Fail(engine.status());
   std::fprintf(stderr, "model %s (%s), loaded in %.2f s\n", dir->c_str(), (*engine)->config().summary.c_str(),
@@ -156,9 +162,14 @@ int RunLocal(const GenerateArgs& a) {
   const double decode_s = m.e2e_s - m.ttft_s;
   std::fprintf(stderr,
                "finish: %s | prompt tokens: %d (cached %d) | generated tokens: %d | TTFT: %.1f ms | "
-               "decode: %.1f tokens/s\n",
+               "decode: %.1f tokens/s",
                FinishName(last), m.prompt_tokens, m.cached_prompt_tokens, m.completion_tokens, m.ttft_s * 1e3,
                m.completion_tokens > 1 && decode_s > 0 ? (m.completion_tokens - 1) / decode_s : 0.0);
+  if (m.draft_tokens > 0) {
+    std::fprintf(stderr, " | drafts accepted: %d of %d (%.1f%%)", m.accepted_draft_tokens, m.draft_tokens,
+                 100.0 * m.accepted_draft_tokens / m.draft_tokens);
+  }
+  std::fputc('\n', stderr);
   return 0;
 }
 
@@ -220,6 +231,19 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_flag("--batch-invariant", args->batch_invariant,
                 "--local: logits bitwise independent of batching and prefill chunking (docs/batch-invariance.md); "
                 "for a cluster, start its workers with --batch-invariant");
+  cmd->add_option("--speculative-tokens", args->speculative_tokens,
+                  "--local: speculative decoding with the model's MTP layer, up to N drafts per step (0 = off; "
+                  "docs/speculative-decoding.md); for a cluster, start its workers with --speculative-tokens")
+      ->check(CLI::Range(0, static_cast<int>(kMaxSpeculativeTokens)))
+      ->capture_default_str();
+  cmd->add_option("--speculative-min-confidence", args->speculative_min_confidence,
+                  "--local with --speculative-tokens: stop drafting at a draft the MTP layer gives a probability "
+                  "below this")
+      ->check(FiniteRange(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_flag("--no-speculative-adaptive", args->no_speculative_adaptive,
+                "--local with --speculative-tokens: draft at every step (default: only where drafting measured "
+                "faster; the text is the same either way)");
   cmd->add_option("--threads", args->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--device", args->device, "--local: where the model runs: cpu, cuda or cuda:N")
       ->capture_default_str();
@@ -240,6 +264,12 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
       *exit_code = Fail(absl::InvalidArgumentError(
           "--batch-invariant needs --local: a cluster computes batch-invariantly when its workers are started "
           "with --batch-invariant (tandem serve-local --batch-invariant)"));
+      return;
+    }
+    if (args->speculative_tokens > 0 || args->speculative_min_confidence > 0 || args->no_speculative_adaptive) {
+      *exit_code = Fail(absl::InvalidArgumentError(
+          "--speculative-tokens, --speculative-min-confidence and --no-speculative-adaptive need --local: a cluster "
+          "drafts when its workers are started with --speculative-tokens (tandem serve-local --speculative-tokens N)"));
       return;
     }
 #ifdef TANDEM_WITH_SERVICES

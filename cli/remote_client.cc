@@ -98,11 +98,16 @@ int RunRemoteGenerate(const RemoteGenerateArgs& a) {
   const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr,
                "request %s | finish: %s | prompt tokens: %d (cached %d) | generated tokens: %d | TTFT: %.1f ms "
-               "(server %.1f, KV transfer %.1f) | decode: %.1f tokens/s\n",
+               "(server %.1f, KV transfer %.1f) | decode: %.1f tokens/s",
                request_id.c_str(), FinishName(last.finish_reason()), last.usage().prompt_tokens(),
                last.usage().cached_prompt_tokens(), last.usage().completion_tokens(), first_ms,
                last.timing().ttft_ms(), last.timing().transfer_ms(),
                tokens > 1 && total_ms > first_ms ? (tokens - 1) / ((total_ms - first_ms) / 1000.0) : 0.0);
+  if (const v1::Usage& u = last.usage(); u.draft_tokens() > 0) {
+    std::fprintf(stderr, " | drafts accepted: %d of %d (%.1f%%)", u.accepted_draft_tokens(), u.draft_tokens(),
+                 100.0 * u.accepted_draft_tokens() / u.draft_tokens());
+  }
+  std::fputc('\n', stderr);
   return 0;
 }
 

@@ -10,6 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "cli/client_security.h"
 #include "cli/remote_client.h"
+#include "cli/validators.h"
+#include "engine/runtime/engine.h"
 #include "engine/model/model_backend.h"
 #include "services/common/ready_file.h"
 #include "services/common/service_flags.h"
@@ -42,6 +44,9 @@ struct ServeLocalArgs {
   int threads = 0;
   int64_t kv_cache_mb = 512;
   bool batch_invariant = false;
+  int speculative_tokens = 0;
+  double speculative_min_confidence = 0.0;
+  bool no_speculative_adaptive = false;
   std::vector<std::string> router_args;
   std::vector<std::string> worker_args;
 };
@@ -116,6 +121,16 @@ int Run(const ServeLocalArgs& a) {
   PlaceWorkers(a, &o);
   o.worker_args.push_back("--kv-cache-mb=" + std::to_string(a.kv_cache_mb));
   if (a.batch_invariant) o.worker_args.push_back("--batch-invariant");
+  if (a.speculative_tokens > 0) {
+    // Every worker drafts; the router and the kvstores admit and store the KV layout with
+    // the MTP layer's KV (another fingerprint).
+    const std::string n = "--speculative-tokens=" + std::to_string(a.speculative_tokens);
+    o.worker_args.push_back(n);
+    o.worker_args.push_back("--speculative-min-confidence=" + std::to_string(a.speculative_min_confidence));
+    if (a.no_speculative_adaptive) o.worker_args.push_back("--no-speculative-adaptive");
+    o.router_args.push_back(n);
+    o.kvstore_args.push_back(n);
+  }
   o.log = [](const std::string& line) { std::fprintf(stderr, "serve-local: %s\n", line.c_str()); };
   if (a.device != "cpu" || !a.prefill_devices.empty() || !a.decode_devices.empty()) {
     std::fprintf(stderr, "serve-local: prefill replicas on %s, %s on %s\n",
@@ -235,6 +250,20 @@ void RegisterServeLocal(CLI::App& app, int* exit_code) {
   cmd->add_flag("--batch-invariant", a->batch_invariant,
                 "Every worker computes batch-invariantly (worker --batch-invariant): a seeded request's tokens do "
                 "not depend on the load, the replica or the kvstore");
+  cmd->add_option("--speculative-tokens", a->speculative_tokens,
+                  "Speculative decoding with the model's MTP layer: every worker drafts up to N tokens per sequence "
+                  "and step (worker --speculative-tokens; the router and the kvstores are told, for the KV layout "
+                  "it implies). 0: off")
+      ->check(CLI::Range(0, static_cast<int>(kMaxSpeculativeTokens)))
+      ->capture_default_str();
+  cmd->add_option("--speculative-min-confidence", a->speculative_min_confidence,
+                  "With --speculative-tokens: a sequence stops drafting at a draft the MTP layer gives a probability "
+                  "below this (worker --speculative-min-confidence)")
+      ->check(FiniteRange(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_flag("--no-speculative-adaptive", a->no_speculative_adaptive,
+                "With --speculative-tokens: every worker drafts at every step (worker --no-speculative-adaptive; "
+                "default: only where drafting measured faster)");
   cmd->add_option("--router-arg", a->router_args, "Extra flag for the router (repeatable), e.g. --router-arg=--heartbeat-ms=500");
   cmd->add_option("--worker-arg", a->worker_args, "Extra flag for every worker (repeatable)");
   cmd->add_option("--kvstore-capacity", a->kvstore_capacity, "DRAM tier of each kvstore (bytes, or 512M, 4G)")

@@ -50,6 +50,8 @@ BenchReport Compute(const std::vector<RequestRecord>& records, double duration_s
     r.total_output_tokens += x.output_tokens;
     r.total_output_chunks += x.chunks;
     r.cached_input_tokens += x.cached_prompt_tokens;
+    r.draft_tokens += x.draft_tokens;
+    r.accepted_draft_tokens += x.accepted_draft_tokens;
     cached.push_back(x.cached_prompt_tokens);
     if (x.cached_prompt_tokens > 0) {
       ++r.requests_with_cached_tokens;
@@ -74,6 +76,7 @@ BenchReport Compute(const std::vector<RequestRecord>& records, double duration_s
     r.total_token_throughput = (r.total_input_tokens + r.total_output_tokens) / duration_s;
     r.goodput = good / duration_s;
   }
+  if (r.draft_tokens > 0) r.draft_acceptance_rate = static_cast<double>(r.accepted_draft_tokens) / r.draft_tokens;
   r.ttft_ms = Summarize(ttft);
   r.cached_tokens_per_request = Summarize(cached);
   r.ttft_uncached_ms = Summarize(ttft_uncached);
@@ -84,26 +87,32 @@ BenchReport Compute(const std::vector<RequestRecord>& records, double duration_s
 }
 
 nlohmann::json BenchReport::ToJson() const {
-  return {{"completed", completed},
-          {"failed", failed},
-          {"duration_s", duration_s},
-          {"total_input_tokens", total_input_tokens},
-          {"total_output_tokens", total_output_tokens},
-          {"cached_input_tokens", cached_input_tokens},
-          {"request_throughput", request_throughput},
-          {"output_throughput", output_throughput},
-          {"total_token_throughput", total_token_throughput},
-          {"goodput", goodput},
-          {"ttft_ms", ttft_ms.ToJson()},
-          {"requests_with_cached_tokens", requests_with_cached_tokens},
-          {"cached_tokens_per_request", cached_tokens_per_request.ToJson()},
-          {"ttft_uncached_ms", ttft_uncached_ms.ToJson()},
-          {"tpot_ms", tpot_ms.ToJson()},
-          {"itl_ms", itl_ms.ToJson()},
-          {"e2e_latency_ms", e2e_ms.ToJson()},
-          {"total_output_chunks", total_output_chunks},
-          {"errors_by_class", errors_by_class},
-          {"sample_errors", sample_errors}};
+  nlohmann::json j = {{"completed", completed},
+                      {"failed", failed},
+                      {"duration_s", duration_s},
+                      {"total_input_tokens", total_input_tokens},
+                      {"total_output_tokens", total_output_tokens},
+                      {"cached_input_tokens", cached_input_tokens},
+                      {"request_throughput", request_throughput},
+                      {"output_throughput", output_throughput},
+                      {"total_token_throughput", total_token_throughput},
+                      {"goodput", goodput},
+                      {"ttft_ms", ttft_ms.ToJson()},
+                      {"requests_with_cached_tokens", requests_with_cached_tokens},
+                      {"cached_tokens_per_request", cached_tokens_per_request.ToJson()},
+                      {"ttft_uncached_ms", ttft_uncached_ms.ToJson()},
+                      {"tpot_ms", tpot_ms.ToJson()},
+                      {"itl_ms", itl_ms.ToJson()},
+                      {"e2e_latency_ms", e2e_ms.ToJson()},
+                      {"total_output_chunks", total_output_chunks},
+                      {"errors_by_class", errors_by_class},
+                      {"sample_errors", sample_errors}};
+  if (draft_tokens > 0) {
+    j["draft_tokens"] = draft_tokens;
+    j["accepted_draft_tokens"] = accepted_draft_tokens;
+    j["draft_acceptance_rate"] = draft_acceptance_rate;
+  }
+  return j;
 }
 
 std::string BenchReport::ToText() const {
@@ -145,6 +154,12 @@ std::string BenchReport::ToText() const {
   row("Max cached prompt tokens per request:", num(cached_tokens_per_request.max, 0));
   row("Median TTFT, requests with none (ms):",
       requests_with_cached_tokens < completed ? num(ttft_uncached_ms.median) : "-");
+  if (draft_tokens > 0) {
+    out += "--------------Speculative Decoding----------------\n";
+    row("Draft tokens verified:", std::to_string(draft_tokens));
+    row("Draft tokens accepted:", std::to_string(accepted_draft_tokens));
+    row("Draft acceptance rate (%):", num(100 * draft_acceptance_rate));
+  }
   section("-----Time per Output Token (excl. 1st token)------", "TPOT", tpot_ms);
   section("---------------Inter-token Latency----------------", "ITL", itl_ms);
   section("----------------End-to-end Latency----------------", "E2EL", e2e_ms);

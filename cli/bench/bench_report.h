@@ -21,6 +21,9 @@ struct RequestRecord {
   int32_t prompt_tokens = 0;
   int32_t output_tokens = 0;
   int32_t cached_prompt_tokens = 0;
+  // Speculative decoding (the final usage's draft_tokens, accepted_draft_tokens; gRPC only).
+  int32_t draft_tokens = 0;
+  int32_t accepted_draft_tokens = 0;
   double start_s = 0;            // since the run started
   double ttft_s = 0;             // first token - start
   double e2e_s = 0;              // last message - start
@@ -64,6 +67,13 @@ struct BenchReport {
   // Streamed pieces carrying output over all completed requests: more than one per
   // request says the answers really were streamed.
   int64_t total_output_chunks = 0;
+  // Speculative decoding, when the servers draft (reported only then): draft tokens
+  // verified and accepted over all completed requests. The mean accepted drafts per verify
+  // step is the workers' tandem_spec_accepted_length (_sum / _count): a request's usage
+  // does not count its steps.
+  int64_t draft_tokens = 0;
+  int64_t accepted_draft_tokens = 0;
+  double draft_acceptance_rate = 0;  // accepted / drafted
 
   nlohmann::json ToJson() const;
   std::string ToText() const;  // the human-readable table

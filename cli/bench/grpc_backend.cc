@@ -41,7 +41,11 @@ class BenchCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
       ++record_->chunks;
       last_ = now;
     }
-    if (msg_.has_usage()) record_->cached_prompt_tokens = msg_.usage().cached_prompt_tokens();
+    if (msg_.has_usage()) {
+      record_->cached_prompt_tokens = msg_.usage().cached_prompt_tokens();
+      record_->draft_tokens = msg_.usage().draft_tokens();
+      record_->accepted_draft_tokens = msg_.usage().accepted_draft_tokens();
+    }
     StartRead(&msg_);
   }
 

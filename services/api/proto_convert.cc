@@ -387,6 +387,8 @@ void ToProto(const RequestOutput& o, v1::GenerateResponse* out) {
     u->set_prompt_tokens(o.metrics.prompt_tokens);
     u->set_completion_tokens(o.metrics.completion_tokens);
     u->set_cached_prompt_tokens(o.metrics.cached_prompt_tokens);
+    u->set_draft_tokens(o.metrics.draft_tokens);
+    u->set_accepted_draft_tokens(o.metrics.accepted_draft_tokens);
     v1::Timing* t = out->mutable_timing();
     t->set_queue_ms(o.metrics.queue_s * 1e3);
     t->set_prefill_ms(o.metrics.prefill_s * 1e3);

@@ -400,6 +400,9 @@ void RequestCore::StartDecode() {
   req.set_kv_checksum(prefill_resp_.kv_checksum());
   req.set_kv_path(prefill_resp_.kv_path());
   req.set_writer_incarnation(prefill_resp_.writer_incarnation());
+  // The prompt's (after a migration: prompt + resume tokens') last hidden state, which a
+  // drafting decode replica starts from.
+  *req.mutable_mtp_hidden() = prefill_resp_.mtp_hidden();
   for (int32_t t : resume_) req.add_resume_tokens(t);
   if (original_.has_constraint()) *req.mutable_constraint() = original_.constraint();
   lease_.reset();  // the Decode call consumes it (the replica frees it when the stream ends)
@@ -549,6 +552,9 @@ void RequestCore::FinishOk(v1::GenerateResponse msg, const v1::Usage* downstream
   u->set_cached_prompt_tokens(disaggregated_ ? prefill_resp_.cached_prompt_tokens()
                                              : (downstream_usage ? downstream_usage->cached_prompt_tokens() : 0));
   cached_tokens_ = u->cached_prompt_tokens();
+  // draft_tokens and accepted_draft_tokens stay as the replica that decoded counted them
+  // (after a migration, the last decode replica: the failed one never reported its own);
+  // none when the prefill replica's first token ended the request.
   v1::Timing* t = msg.mutable_timing();
   if (disaggregated_) {
     t->set_queue_ms(prefill_resp_.queue_ms());

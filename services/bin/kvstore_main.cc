@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/model_resolver.h"
 #include "engine/util/mapped_file.h"
+#include "engine/runtime/engine.h"
 #include "engine/runtime/kv_layout.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
@@ -50,6 +51,7 @@ int RunKvStore(int argc, char** argv) {
   service::CommonFlags common;
   std::string instance_name, advertise, capacity = "1G", disk_dir, disk_capacity = "16G";
   std::string layout_fingerprint;
+  int32_t speculative_tokens = 0;
   int64_t lease_ms = 30000;
   security::InternalAuthFlags internal_auth;
   CLI::App app{
@@ -70,6 +72,12 @@ int RunKvStore(int argc, char** argv) {
   app.add_option("--layout-fingerprint", layout_fingerprint,
                  "The KV layout fingerprint of the blocks this instance stores (16 hex digits, as the replicas show "
                  "in /stats). Default: computed from --model's config.json and a digest of its weight files");
+  app.add_option("--speculative-tokens", speculative_tokens,
+                 "The workers' --speculative-tokens: only whether it is above 0 matters here. Speculative decoding "
+                 "keeps the MTP layer's KV too: larger blocks of another layout and fingerprint (the fingerprint is "
+                 "--layout-fingerprint's when given)")
+      ->check(CLI::Range(0, static_cast<int>(kMaxSpeculativeTokens)))
+      ->capture_default_str();
   app.add_option("--disk-dir", disk_dir, "SSD tier directory (empty: no SSD tier)");
   app.add_option("--disk-capacity", disk_capacity, "SSD tier size (bytes, or with K/M/G/T)")->capture_default_str();
   app.add_option("--lease-ms", lease_ms, "How long a writer's reserved slots wait for their commit")
@@ -97,10 +105,12 @@ int RunKvStore(int argc, char** argv) {
   absl::StatusOr<std::string> config_text = ReadFileToString(*model_dir + "/config.json");
   if (!config_text.ok()) return Fail("model config", config_text.status());
   // Block sizes only; the identity is the fingerprint.
-  absl::StatusOr<KvLayout> geometry = KvLayoutFor(*config_text, 0);
+  const KvStreamOptions streams{.mtp = speculative_tokens > 0};
+  absl::StatusOr<KvLayout> geometry = KvLayoutFor(*config_text, 0, streams);
   if (!geometry.ok()) return Fail("model config", geometry.status());
   const KvLayout* layout = &*geometry;
-  absl::StatusOr<uint64_t> admitted = AdmittedLayoutFingerprint(*model_dir, layout_fingerprint, "--layout-fingerprint");
+  absl::StatusOr<uint64_t> admitted =
+      AdmittedLayoutFingerprint(*model_dir, layout_fingerprint, "--layout-fingerprint", streams);
   if (!admitted.ok()) return Fail("KV layout", admitted.status());
   const uint64_t fingerprint = *admitted;
   const int64_t block_bytes = BlockBytes(*layout);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/architectures/architectures.h"
 #include "engine/model/model_resolver.h"
+#include "engine/runtime/engine.h"
 #include "engine/runtime/kv_layout.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -65,6 +66,7 @@ int RunRouter(int argc, char** argv) {
   bool disable_metrics = false;
   std::string dashboard_dir;
   std::string layout_fingerprint;
+  int32_t speculative_tokens = 0;
   std::string internal_listen = "127.0.0.1:50061";
   security::InternalAuthFlags internal_auth;
   security::PublicSecurityFlags public_security;
@@ -131,6 +133,12 @@ int RunRouter(int argc, char** argv) {
                  "The KV layout fingerprint replicas must have to be admitted (16 hex digits, as the replicas show in "
                  "/stats). Default: computed from --model's config.json and a digest of its weight files, which the "
                  "router then reads once at startup");
+  app.add_option("--speculative-tokens", speculative_tokens,
+                 "The workers' --speculative-tokens: only whether it is above 0 matters here. Speculative decoding "
+                 "keeps the MTP layer's KV too, another KV layout and fingerprint, which the router must admit "
+                 "(ignored with --layout-fingerprint)")
+      ->check(CLI::Range(0, static_cast<int>(kMaxSpeculativeTokens)))
+      ->capture_default_str();
   std::string http_listen;
   int max_n = 64;
   int http_max_connections = 4096;
@@ -195,10 +203,13 @@ int RunRouter(int argc, char** argv) {
   if (*chat_templates == nullptr) {
     spdlog::info("the model has no chat template: chat prompts get the DeepSeek-V3 format");
   }
-  absl::StatusOr<uint64_t> admitted = AdmittedLayoutFingerprint(*model_dir, layout_fingerprint, "--layout-fingerprint");
+  absl::StatusOr<uint64_t> admitted = AdmittedLayoutFingerprint(*model_dir, layout_fingerprint, "--layout-fingerprint",
+                                                                {.mtp = speculative_tokens > 0});
   if (!admitted.ok()) return Fail("KV layout", admitted.status());
   const uint64_t fingerprint = *admitted;
-  spdlog::info("admitting replicas of KV layout fingerprint {}", FingerprintHex(fingerprint));
+  spdlog::info("admitting replicas of KV layout fingerprint {}{}", FingerprintHex(fingerprint),
+               layout_fingerprint.empty() && speculative_tokens > 0 ? " (with the MTP layer's KV: speculative decoding)"
+                                                                    : "");
 
   auto metrics = std::make_shared<prometheus::Registry>();
   std::unique_ptr<RouterMetrics> router_metrics;

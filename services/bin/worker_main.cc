@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 
@@ -63,6 +64,9 @@ struct WorkerFlags {
   bool no_device_sampling = false;
   bool no_pipeline_steps = false;
   bool batch_invariant = false;
+  int32_t speculative_tokens = 0;
+  float speculative_min_confidence = 0.0f;
+  bool no_speculative_adaptive = false;
   std::vector<std::string> kvstores;  // static kvstore instances (else: the router's list)
   bool no_kvstore = false;
   int64_t kvstore_timeout_ms = 1000;
@@ -175,6 +179,23 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                "replicas, migration and the kvstore (every worker of a cluster needs it). The CPU backend always "
                "computes this way at no cost; on the GPU it takes one slower kernel path for every step "
                "(docs/batch-invariance.md)");
+  app.add_option("--speculative-tokens", f.speculative_tokens,
+                 "Speculative decoding with the checkpoint's MTP layer (docs/speculative-decoding.md): up to N draft "
+                 "tokens per sequence and step, verified by the next step (greedy outputs unchanged, sampled ones "
+                 "distributed as without). 0: off. The KV then holds the MTP layer's too, which changes the KV "
+                 "layout fingerprint: every prefill and decode replica of a cluster, the router and the kvstores "
+                 "need the same setting (0 or not). CPU backend, DeepSeek-V2/V3 checkpoints with an MTP layer")
+      ->check(CLI::Range(0, static_cast<int>(kMaxSpeculativeTokens)))
+      ->capture_default_str();
+  app.add_option("--speculative-min-confidence", f.speculative_min_confidence,
+                 "With --speculative-tokens: a sequence stops drafting at a draft the MTP layer gives a probability "
+                 "below this (0: always draft N)")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  app.add_flag("--no-speculative-adaptive", f.no_speculative_adaptive,
+               "With --speculative-tokens: draft at every step (default: only at the batch sizes where steps with "
+               "drafts measured more tokens per second than steps without, trying the other way now and then; "
+               "either way a request's tokens are the same, only its draft counts differ)");
   app.add_option("--kvstore", f.kvstores,
                  "Prefill: kvstore instances to use, NAME=HOST:PORT or HOST:PORT, comma-separated (default: the "
                  "instances registered with the router)")
@@ -255,6 +276,9 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.sample_on_device = !f.no_device_sampling;
   eo.pipeline_steps = !f.no_pipeline_steps;
   eo.batch_invariant = f.batch_invariant;
+  eo.speculative_tokens = f.speculative_tokens;
+  eo.speculative_min_confidence = f.speculative_min_confidence;
+  eo.speculative_adaptive = !f.no_speculative_adaptive;
   eo.kv_lease_seconds = f.kv_lease_ms / 1000.0;
   const int64_t quarantine_warn_ms = f.kv_quarantine_warn_ms > 0 ? f.kv_quarantine_warn_ms : 2 * f.kv_lease_ms;
   eo.kv_quarantine_stuck_seconds = quarantine_warn_ms / 1000.0;
@@ -266,9 +290,13 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   // A layout other than one latent stream (DeepSeek-V4) moves whole sequences over the
   // transfer layer; no CUDA IPC for it yet.
   const bool stream_layout = (*engine)->kv_entry_dim() == 0;
-  spdlog::info("{} worker: model {} ({}), KV layout fingerprint {} ({}){}", RoleName(role), *model_dir,
+  spdlog::info("{} worker: model {} ({}), KV layout fingerprint {} ({}){}{}", RoleName(role), *model_dir,
                (*engine)->config().summary, FingerprintHex((*engine)->layout_fingerprint()),
-               DescribeKvStreams((*engine)->kv_layout().streams), f.batch_invariant ? ", batch-invariant" : "");
+               DescribeKvStreams((*engine)->kv_layout().streams), f.batch_invariant ? ", batch-invariant" : "",
+               f.speculative_tokens > 0
+                   ? absl::StrCat(", speculative decoding: up to ", f.speculative_tokens, " MTP drafts, min confidence ",
+                                  f.speculative_min_confidence, f.no_speculative_adaptive ? ", every step" : ", adaptive")
+                   : "");
   // Prefill replicas use the kvstore tier (services/kvstore): cached prefixes are fetched,
   // new blocks offloaded. Instances come from --kvstore or from the router.
   std::unique_ptr<kvstore::KvStoreClient> kvstore_client;
@@ -359,7 +387,8 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
           DecodeServiceImpl::Options{.lease_ms = f.kv_lease_ms,
                                      .device_pool = device_pool,
                                      .channel_factory = creds->ChannelFactory(),
-                                     .prober = {.stuck_after = std::chrono::milliseconds(quarantine_warn_ms)}});
+                                     .prober = {.stuck_after = std::chrono::milliseconds(quarantine_warn_ms)},
+                                     .needs_mtp_hidden = f.speculative_tokens > 0});
       builder.RegisterService(decode.get());
       break;
     default:
@@ -407,6 +436,9 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                         {"prompt_tokens_imported", s.prompt_tokens_imported},
                         {"kv_host_staged_bytes", s.kv_host_staged_bytes},
                         {"device_sampled_tokens", s.device_sampled_tokens},
+                        {"spec_draft_tokens", s.spec_draft_tokens},
+                        {"spec_accepted_tokens", std::accumulate(s.spec_accepted_by_position.begin(),
+                                                                 s.spec_accepted_by_position.end(), int64_t{0})},
                         {"layout_fingerprint", FingerprintHex(e->layout_fingerprint())}};
     if (dec != nullptr) {
       nlohmann::json writers = nlohmann::json::object();

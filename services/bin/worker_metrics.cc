@@ -1,5 +1,7 @@
 #include "services/bin/worker_metrics.h"
 
+#include <limits>
+
 #include "prometheus/metric_family.h"
 #include "services/api/metric_buckets.h"
 #include "services/common/transfer/transfer_engine.h"
@@ -98,6 +100,7 @@ class EngineStatsCollector : public prometheus::Collectable {
     add("tandem_kv_host_staging_bytes_total",
         "KV bytes copied between the GPU's KV pool and the host pool (export for the transfer layer, imports)",
         MetricType::Counter, static_cast<double>(s.kv_host_staged_bytes));
+    if (!s.spec_accepted_by_position.empty()) AddSpeculative(s, out);
     if (transfer_ != nullptr) {
       const transfer::TransferStats t = transfer_->stats();
       add("tandem_kv_transfer_bytes_total", "KV bytes written to peers", MetricType::Counter,
@@ -111,6 +114,48 @@ class EngineStatsCollector : public prometheus::Collectable {
   }
 
  private:
+  // Speculative decoding (--speculative-tokens > 0; its families are absent without it).
+  // The accepted length is a histogram, as Prometheus has distributions: one observation
+  // per verify step of a sequence, its value the drafts accepted there (0..N, a bucket
+  // each), so _count is the verify steps, _sum the accepted drafts (the same as the
+  // position counters' total), _sum / _count the mean accepted length and
+  // histogram_quantile() its quantiles. A counter with a `length` label would say the same
+  // with none of that built in.
+  void AddSpeculative(const EngineStats& s, std::vector<prometheus::MetricFamily>& out) const {
+    auto metric = [&] {
+      prometheus::ClientMetric m;
+      m.label = {{"model", model_}, {"role", role_}};
+      return m;
+    };
+    prometheus::ClientMetric drafts = metric();
+    drafts.counter.value = static_cast<double>(s.spec_draft_tokens);
+    out.push_back({"tandem_spec_draft_tokens_total", "Draft tokens the MTP layer proposed and the model verified",
+                   prometheus::MetricType::Counter, {drafts}});
+    prometheus::MetricFamily accepted{"tandem_spec_accepted_tokens_total",
+                                      "Draft tokens accepted, by position in their step's drafts (0: the first)",
+                                      prometheus::MetricType::Counter, {}};
+    for (size_t p = 0; p < s.spec_accepted_by_position.size(); ++p) {
+      prometheus::ClientMetric m = metric();
+      m.label.push_back({"position", std::to_string(p)});
+      m.counter.value = static_cast<double>(s.spec_accepted_by_position[p]);
+      accepted.metric.push_back(std::move(m));
+    }
+    out.push_back(std::move(accepted));
+    prometheus::ClientMetric length = metric();
+    uint64_t cumulative = 0;
+    double sum = 0;
+    for (size_t a = 0; a < s.spec_accepted_length.size(); ++a) {
+      cumulative += static_cast<uint64_t>(s.spec_accepted_length[a]);
+      sum += static_cast<double>(a) * static_cast<double>(s.spec_accepted_length[a]);
+      length.histogram.bucket.push_back({cumulative, static_cast<double>(a)});
+    }
+    length.histogram.bucket.push_back({cumulative, std::numeric_limits<double>::infinity()});
+    length.histogram.sample_count = cumulative;
+    length.histogram.sample_sum = sum;
+    out.push_back({"tandem_spec_accepted_length", "Draft tokens accepted per verify step of a sequence",
+                   prometheus::MetricType::Histogram, {length}});
+  }
+
   const Engine* engine_;
   const transfer::TransferEngine* transfer_;
   std::string model_, role_;

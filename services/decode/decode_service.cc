@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -42,12 +43,31 @@ grpc::ChannelArguments WriterChannelArgs() {
 
 constexpr size_t kMaxWriterChannels = 256;
 
+// DecodeRequest.mtp_hidden, checked before any KV is read: a drafting replica needs the
+// prefill replica's hidden state (`hidden_size` values, all finite); one that does not
+// draft ignores it, but never takes a non-finite one. INVALID_ARGUMENT naming the field.
+absl::Status CheckMtpHidden(const v1::DecodeRequest& r, bool needed, int64_t hidden_size) {
+  if (needed && r.mtp_hidden_size() != hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mtp_hidden: ", r.mtp_hidden_size(), " values, but this decode replica drafts (--speculative-tokens) and "
+        "needs the prompt's last hidden state from the prefill replica (", hidden_size,
+        " values): is the prefill replica running without --speculative-tokens?"));
+  }
+  for (int i = 0; i < r.mtp_hidden_size(); ++i) {
+    if (!std::isfinite(r.mtp_hidden(i))) {
+      return absl::InvalidArgumentError(absl::StrCat("mtp_hidden: value ", i, " is not finite (", r.mtp_hidden(i), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 DecodeServiceImpl::DecodeServiceImpl(Engine* engine, std::string pool_descriptor, Options o)
     : engine_(engine),
       pool_descriptor_(std::move(pool_descriptor)),
       lease_ms_(o.lease_ms),
+      needs_mtp_hidden_(o.needs_mtp_hidden),
       device_pool_(std::move(o.device_pool)),
       writer_channels_(o.channel_factory, kMaxWriterChannels, WriterChannelArgs()),
       writer_state_(&writer_channels_, o.writer_call_timeout, o.writer_connect_timeout),
@@ -193,6 +213,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
     return EngineStreamReactor::Failed(ToGrpcStatus(absl::FailedPreconditionError(
         absl::StrCat("no KV reservation for request '", r->request_id(), "' (expired or never made)"))));
   }
+  if (absl::Status st = CheckMtpHidden(*r, needs_mtp_hidden_, engine_->config().hidden_size); !st.ok()) {
+    return fail(st);
+  }
   if (r->prompt_size() + r->resume_tokens_size() != res->num_tokens) {
     return fail(absl::InvalidArgumentError(absl::StrCat("prompt + resume_tokens: ",
                                                         r->prompt_size() + r->resume_tokens_size(), " tokens but ",
@@ -268,6 +291,7 @@ void DecodeServiceImpl::CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> 
   req.resume_tokens.assign(r->resume_tokens().begin(), r->resume_tokens().end());
   req.kv_writer = r->writer_incarnation();
   req.constraint = std::move(*constraint);
+  req.mtp_hidden.assign(r->mtp_hidden().begin(), r->mtp_hidden().end());
   engine_->SubmitImportedAsync(
       std::move(req), r->first_token(), /*emit_first_token=*/false,
       device ? Engine::ImportedKv::kDevicePool : Engine::ImportedKv::kHostPool,

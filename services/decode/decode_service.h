@@ -50,6 +50,9 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
     KvWriterProberOptions prober;
     std::chrono::milliseconds writer_call_timeout{1000};
     std::chrono::milliseconds writer_connect_timeout{500};
+    // The engine drafts (EngineOptions::speculative_tokens > 0): a Decode call must carry
+    // the prompt's last hidden state (DecodeRequest.mtp_hidden), hidden_size finite values.
+    bool needs_mtp_hidden = false;
   };
   // `engine` must outlive the service; `pool_descriptor` is the registered KV pool's
   // descriptor (KvTransport::ExposePool). The service is the engine's quarantine listener
@@ -99,6 +102,7 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
   Engine* engine_;
   std::string pool_descriptor_;
   int64_t lease_ms_;
+  const bool needs_mtp_hidden_;
   std::optional<v1::DeviceKvPool> device_pool_;
   std::mutex mu_;
   std::string address_;  // guarded by mu_

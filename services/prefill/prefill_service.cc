@@ -269,6 +269,8 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     response_->set_cached_prompt_tokens(out->metrics.cached_prompt_tokens);
     response_->set_queue_ms(out->metrics.queue_s * 1e3);
     response_->set_prefill_ms(out->metrics.prefill_s * 1e3);
+    // The decode replica's first draft starts from it (an engine that drafts sets it).
+    response_->mutable_mtp_hidden()->Assign(out->last_hidden.begin(), out->last_hidden.end());
     sink_->Flush([this](absl::Status st) {
       const bool device = sink_->path() == v1::KV_PATH_CUDA_IPC;
       if (*on_transfer_) (*on_transfer_)(sink_->transfer_seconds(), sink_->bytes(), st.ok(), device ? "cuda_ipc" : "transfer");

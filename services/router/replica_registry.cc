@@ -17,7 +17,8 @@ absl::StatusOr<std::string> ReplicaRegistry::Register(const v1::RegisterRequest&
   if (r.role() == v1::ROLE_UNSPECIFIED) return absl::InvalidArgumentError("role: unspecified");
   if (options_.layout_fingerprint != 0 && r.layout_fingerprint() != options_.layout_fingerprint) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "layout_fingerprint: %016x differs from the router's %016x (another model or build); not admitted",
+        "layout_fingerprint: %016x differs from the router's %016x (another model or build, or speculative "
+        "decoding on one side only: --speculative-tokens); not admitted",
         r.layout_fingerprint(), options_.layout_fingerprint));
   }
   auto replica = std::make_shared<Replica>();

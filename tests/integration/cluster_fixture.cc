@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "engine/model/model_resolver.h"
 #include "gtest/gtest.h"
@@ -85,6 +86,17 @@ StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req
   return r;
 }
 
+std::vector<StreamResult> GenerateConcurrently(v1::Generation::Stub& stub, const std::vector<v1::GenerateRequest>& reqs,
+                                               size_t copies, double timeout_s) {
+  std::vector<StreamResult> got(copies * reqs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < got.size(); ++i) {
+    threads.emplace_back([&, i] { got[i] = Generate(stub, reqs[i % reqs.size()], timeout_s); });
+  }
+  for (std::thread& t : threads) t.join();
+  return got;
+}
+
 std::string HttpGet(const std::string& host_port, const std::string& path) {
   std::string body;
   return HttpGetStatus(host_port, path, "", &body) == 0 ? "" : body;
@@ -134,10 +146,11 @@ v1::GenerateRequest TextRequest(const std::string& text, int max_tokens, std::op
   return r;
 }
 
-std::vector<int32_t> ReferenceTokens(Engine& engine, const v1::GenerateRequest& r) {
+ReferenceOutput Reference(Engine& engine, const v1::GenerateRequest& r) {
   static std::atomic<int> counter{0};
   // The tiny model's chat template, as the router formats chat prompts with it.
   static const std::unique_ptr<ModelChatTemplates> templates = *LoadChatTemplates(TinyModelDir());
+  ReferenceOutput out;
   absl::StatusOr<std::vector<int32_t>> prompt =
       PromptTokens(r, engine.tokenizer(), engine.config().vocab_size, kDefaultMaxPromptBytes, templates.get());
   EXPECT_TRUE(prompt.ok()) << prompt.status();
@@ -145,14 +158,31 @@ std::vector<int32_t> ReferenceTokens(Engine& engine, const v1::GenerateRequest& 
   absl::StatusOr<StopParams> stop = FromProto(r.stop(), engine.config().vocab_size);
   absl::StatusOr<OutputConstraint> constraint = FromProto(r.constraint());
   EXPECT_TRUE(constraint.ok()) << constraint.status();
+  if (!prompt.ok() || !sampling.ok() || !stop.ok()) {
+    out.status = absl::InvalidArgumentError("the reference request is invalid");
+    return out;
+  }
   EngineRequest req{.id = "ref-" + std::to_string(counter++), .prompt = *prompt, .sampling = *sampling, .stop = *stop};
   if (constraint.ok()) req.constraint = *constraint;
   auto stream = engine.Submit(std::move(req));
   EXPECT_TRUE(stream.ok()) << stream.status();
-  std::vector<int32_t> tokens;
+  if (!stream.ok()) {
+    out.status = stream.status();
+    return out;
+  }
   RequestOutput o;
-  while ((*stream)->Next(&o)) tokens.insert(tokens.end(), o.token_ids.begin(), o.token_ids.end());
-  return tokens;
+  while ((*stream)->Next(&o)) {
+    out.tokens.insert(out.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+    out.text += o.text;
+    for (const TokenLogprobs& l : o.logprobs) out.logprobs.push_back(l.logprob);
+    if (o.finished) {
+      out.metrics = o.metrics;
+      out.status = o.status;
+    }
+  }
+  return out;
 }
+
+std::vector<int32_t> ReferenceTokens(Engine& engine, const v1::GenerateRequest& r) { return Reference(engine, r).tokens; }
 
 }  // namespace tandem::testing

@@ -39,6 +39,9 @@ struct StreamResult {
 };
 
 StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request, double timeout_s = 120);
+// Every request `copies` times, all at once (result i is request i % reqs.size()'s).
+std::vector<StreamResult> GenerateConcurrently(v1::Generation::Stub& stub, const std::vector<v1::GenerateRequest>& reqs,
+                                               size_t copies = 1, double timeout_s = 300);
 std::unique_ptr<v1::Generation::Stub> GenerationStub(const std::string& address);
 // A channel to an internal service of `cluster` (its router's internal address, a
 // worker's or a kvstore's gRPC address) with the cluster's client credentials.
@@ -56,7 +59,17 @@ int HttpGetStatus(const std::string& host_port, const std::string& path, const s
 // The model directory every process of a test cluster uses ("tiny", resolved).
 std::string TinyModelDir();
 
-// The tokens the engine alone produces for `request` (text prompts tokenized the same way).
+// What the engine alone produces for `request` (text prompts tokenized the same way, chat
+// prompts formatted with tiny's template): its tokens, text and final metrics.
+struct ReferenceOutput {
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::vector<float> logprobs;  // of each token, when the request asks for logprobs
+  RequestMetrics metrics;  // the final output's
+  absl::Status status;     // the final output's
+};
+ReferenceOutput Reference(Engine& engine, const v1::GenerateRequest& request);
+// Its tokens alone.
 std::vector<int32_t> ReferenceTokens(Engine& engine, const v1::GenerateRequest& request);
 
 v1::GenerateRequest TextRequest(const std::string& text, int max_tokens, std::optional<uint64_t> seed,

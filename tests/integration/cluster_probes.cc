@@ -1,6 +1,10 @@
 #include "tests/integration/cluster_probes.h"
 
+#include <signal.h>
+
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <sstream>
 
 #include "gtest/gtest.h"
@@ -31,8 +35,11 @@ int64_t Stat(const LocalCluster& cluster, const std::string& name, const std::st
 double Metric(const LocalCluster& cluster, const std::string& name, const std::string& metric,
               const std::string& label) {
   const std::optional<ProcessInfo> p = ProcessNamed(cluster, name);
-  if (!p) return -1;
-  std::istringstream in(HttpGet(p->ready.value("admin", ""), "/metrics"));
+  return p ? MetricIn(HttpGet(p->ready.value("admin", ""), "/metrics"), metric, label) : -1;
+}
+
+double MetricIn(const std::string& text, const std::string& metric, const std::string& label) {
+  std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     if (line.rfind(metric, 0) != 0 || (line.size() > metric.size() && line[metric.size()] != '{' &&
                                        line[metric.size()] != ' ')) {
@@ -74,6 +81,28 @@ bool WaitUntilBusy(const LocalCluster& cluster, const std::string& name) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return false;
+}
+
+bool KillWhenBusy(LocalCluster& cluster, const std::string& name, int64_t busy, int max_delay_ms, std::mt19937& rng) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() < t0 + std::chrono::seconds(60) && Stat(cluster, name, "running") < busy) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const int delay_ms = static_cast<int>(rng() % static_cast<uint32_t>(max_delay_ms + 1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("kill -9 %s after %.2f s (%lld running + %d ms)\n", name.c_str(), waited, static_cast<long long>(busy),
+              delay_ms);
+  return cluster.Kill(name, SIGKILL).ok();
+}
+
+int RouterMigrations(const LocalCluster& cluster, std::string* log) {
+  const std::string path = cluster.ReadyJson()["processes"][0].value("log", "");
+  if (log != nullptr) *log = path;
+  std::ifstream in(path);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find("migrating after") != std::string::npos;
+  return n;
 }
 
 SteadyLoad::SteadyLoad(v1::Generation::Stub* stub, const std::vector<v1::GenerateRequest>* reqs, int clients,

@@ -149,7 +149,8 @@ class FakeReplica final : public ReplicaHandle {
     r.set_writer_incarnation(kFakeWriterIncarnation);
     FinishPrefill(i, r);
   }
-  void Push(size_t stream, std::vector<int32_t> tokens, bool final = false) {
+  // `usage`: more of the final message's usage (the engine's other counts).
+  void Push(size_t stream, std::vector<int32_t> tokens, bool final = false, const v1::Usage& usage = {}) {
     Stream& s = *streams.at(stream);
     ASSERT_GT(s.reads.load(), 0) << "a message the core did not ask for";
     --s.reads;
@@ -158,6 +159,7 @@ class FakeReplica final : public ReplicaHandle {
     s.pushed += static_cast<int>(tokens.size());
     if (final) {
       m.set_finish_reason(v1::FINISH_REASON_LENGTH);
+      *m.mutable_usage() = usage;
       // As an engine counts (Sequence::num_generated): resumed tokens, the first token
       // (sampled by the prefill replica) and its own.
       const bool decode = s.decode_req.request_id().size() > 0;

@@ -494,6 +494,45 @@ TEST_F(RequestCoreTest, MigrationResumesFromTheTokensSentAndCountsThem) {
   for (size_t i = 1; i < sink_.messages.size(); ++i) EXPECT_TRUE(sink_.messages[i].request_id().empty());
 }
 
+// Speculative decoding: each Decode call carries the hidden state its own prefill answered
+// with (after a migration, the re-prefill's: prompt + resume tokens), and the client's usage
+// has the draft counts of the replica that decoded.
+TEST_F(RequestCoreTest, EachDecodeGetsItsPrefillsHiddenStateAndTheClientTheDraftCounts) {
+  Disaggregated(/*decode=*/2);
+  auto core = Start(/*prompt_tokens=*/5);
+  auto first_token = [](int32_t token, std::vector<float> hidden) {
+    v1::PrefillResponse r;
+    r.set_first_token(token);
+    r.set_kv_bytes(100);
+    r.set_writer_incarnation(testing::kFakeWriterIncarnation);
+    for (float h : hidden) r.add_mtp_hidden(h);
+    return r;
+  };
+  auto hidden = [](const FakeReplica& d) {
+    const auto& h = d.streams.at(0)->decode_req.mtp_hidden();
+    return std::vector<float>(h.begin(), h.end());
+  };
+  d_[0]->GrantReserve(0);
+  p_[0]->FinishPrefill(0, first_token(100, {0.5f, -1.0f, 2.0f}));
+  ASSERT_EQ(d_[0]->streams.size(), 1u);
+  EXPECT_EQ(hidden(*d_[0]), (std::vector<float>{0.5f, -1.0f, 2.0f}));
+  d_[0]->Push(0, {101, 102});
+  d_[0]->End(0, absl::UnavailableError("decode replica died"));
+  d_[1]->GrantReserve(0);
+  p_[0]->FinishPrefill(1, first_token(103, {3.0f, 4.0f, 5.0f}));
+  ASSERT_EQ(d_[1]->streams.size(), 1u);
+  EXPECT_EQ(hidden(*d_[1]), (std::vector<float>{3.0f, 4.0f, 5.0f}));
+  v1::Usage drafts;
+  drafts.set_draft_tokens(6);
+  drafts.set_accepted_draft_tokens(4);
+  d_[1]->Push(0, {104}, /*final=*/true, drafts);
+  d_[1]->End(0, absl::OkStatus());
+  ExpectDone(core);
+  EXPECT_EQ(sink_.Final().usage().draft_tokens(), 6);
+  EXPECT_EQ(sink_.Final().usage().accepted_draft_tokens(), 4);
+  EXPECT_EQ(sink_.Final().usage().completion_tokens(), 5);
+}
+
 // The old router reported usage.completion_tokens 1 here.
 TEST_F(RequestCoreTest, ReprefillWhoseFirstTokenEndsTheRequestCountsResumeTokens) {
   Disaggregated(/*decode=*/2);
