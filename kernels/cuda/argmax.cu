@@ -10,42 +10,11 @@ namespace {
 constexpr int kThreads = 512;
 
 __global__ void ArgmaxKernel(ArgmaxParams p) {
-  __shared__ float best_v[kThreads / 32];
-  __shared__ int best_i[kThreads / 32];
   internal::WaitAndTrigger();
-  const float* l = p.logits + static_cast<int64_t>(blockIdx.x) * p.stride;
-  float bv = 0.0f;
-  int bi = INT_MAX;
-  for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
-    const float v = l[i];
-    if (!isnan(v) && internal::Better(v, static_cast<int>(i), bv, bi)) {
-      bv = v;
-      bi = static_cast<int>(i);
-    }
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
-    if (oi != INT_MAX && internal::Better(ov, oi, bv, bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    best_v[warp] = bv;
-    best_i[warp] = bi;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) {
-      if (best_i[w] != INT_MAX && internal::Better(best_v[w], best_i[w], bv, bi)) {
-        bv = best_v[w];
-        bi = best_i[w];
-      }
-    }
-    p.out[blockIdx.x] = bi == INT_MAX ? 0 : bi;
-  }
+  float best = 0.0f;
+  int index = INT_MAX;
+  internal::BlockArgmax<kThreads>(p.logits + static_cast<int64_t>(blockIdx.x) * p.stride, p.vocab, &best, &index);
+  if (threadIdx.x == 0) p.out[blockIdx.x] = index == INT_MAX ? 0 : index;
 }
 
 }  // namespace

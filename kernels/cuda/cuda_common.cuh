@@ -91,6 +91,51 @@ __device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
   return bi == INT_MAX || Beats(v, i, bv, bi);
 }
 
+// The arg-max of row[0, n) over a block of kThreads threads (NaN skipped; ties to the lower
+// index), for every thread of the block; index INT_MAX when every value is NaN. Uses
+// kThreads / 32 floats and ints of shared memory; contains __syncthreads.
+template <int kThreads>
+__device__ __forceinline__ void BlockArgmax(const float* row, int64_t n, float* value, int* index) {
+  __shared__ float best_v[kThreads / 32];
+  __shared__ int best_i[kThreads / 32];
+  float bv = 0.0f;
+  int bi = INT_MAX;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    const float v = row[i];
+    if (!isnan(v) && Better(v, static_cast<int>(i), bv, bi)) {
+      bv = v;
+      bi = static_cast<int>(i);
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
+    if (oi != INT_MAX && Better(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    best_v[warp] = bv;
+    best_i[warp] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) {
+      if (best_i[w] != INT_MAX && Better(best_v[w], best_i[w], bv, bi)) {
+        bv = best_v[w];
+        bi = best_i[w];
+      }
+    }
+    best_v[0] = bv;
+    best_i[0] = bi;
+  }
+  __syncthreads();
+  *value = best_v[0];
+  *index = best_i[0];
+}
+
 __device__ __forceinline__ float WarpSum(float v) {
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;

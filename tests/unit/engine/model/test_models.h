@@ -7,8 +7,10 @@
 #include <string>
 
 #include "engine/model/model_generator.h"
+#include "engine/model/mtp_test_model.h"
 #include "engine/util/mapped_file.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem::testing {
 
@@ -52,6 +54,33 @@ inline std::string PresetJson(const std::string& preset) {
   absl::StatusOr<std::string> p = PresetConfig(preset);
   EXPECT_TRUE(p.ok()) << p.status();
   return p.value_or("");
+}
+
+// A make-model --mtp-acceptance checkpoint of the tiny preset's shapes (MTP drafts right for
+// `acceptance` of tokens, engine/model/mtp_test_model.h); without weights when
+// !write_weights (the CUDA backend generates them at load).
+inline std::string MakeMtpTestModel(const TempDir& dir, const std::string& name, int64_t vocab, uint64_t seed,
+                                    double acceptance, bool write_weights = true) {
+  nlohmann::json config = nlohmann::json::parse(PresetJson("tiny"));
+  config["vocab_size"] = vocab;
+  ModelGeneratorOptions options;
+  options.config_json = config.dump();
+  options.seed = seed;
+  options.mtp_acceptance = acceptance;
+  options.write_weights = write_weights;
+  const std::string out = dir.Sub(name);
+  absl::StatusOr<GeneratedModel> m = GenerateModel(options, out);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return out;
+}
+
+// The construction's tables of a checkpoint MakeMtpTestModel wrote.
+inline MtpTestTokens MtpTestTokensOf(const std::string& dir) {
+  absl::StatusOr<std::string> text = ReadFileToString(dir + "/config.json");
+  EXPECT_TRUE(text.ok()) << text.status();
+  absl::StatusOr<MtpTestModelSpec> spec = ReadMtpTestModelSpec(text.value_or("{}"));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return MtpTestTokens(spec.value_or(MtpTestModelSpec{}));
 }
 
 }  // namespace tandem::testing

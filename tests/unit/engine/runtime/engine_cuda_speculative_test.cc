@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/engine/runtime/engine_test_support.h"
+#include "tests/unit/engine/runtime/speculative_test_support.h"
 #include "tests/unit/kernels/cuda_test_support.h"
 
 namespace tandem {
@@ -24,16 +25,7 @@ namespace {
 
 const std::string& ConstructedDir() {
   static testing::TempDir* tmp = new testing::TempDir();
-  static const std::string dir = [] {
-    nlohmann::json config = nlohmann::json::parse(testing::PresetJson("tiny"));
-    config["vocab_size"] = 1024;
-    ModelGeneratorOptions options;
-    options.config_json = config.dump();
-    options.seed = 5;
-    options.mtp_acceptance = 0.75;
-    EXPECT_TRUE(GenerateModel(options, tmp->Sub("m")).ok());
-    return tmp->Sub("m");
-  }();
+  static const std::string dir = testing::MakeMtpTestModel(*tmp, "m", 1024, /*seed=*/5, 0.75);
   return dir;
 }
 
@@ -49,31 +41,8 @@ std::unique_ptr<Engine> Make(const std::string& dir, int32_t drafts, EngineOptio
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-struct Out {
-  std::vector<int32_t> tokens;
-  std::vector<uint32_t> bits;  // every logprob's, with its top 3
-  RequestOutput final;
-};
-
-Out Drain(OutputStream& s) {
-  Out out;
-  RequestOutput o;
-  while (s.Next(&o)) {
-    EXPECT_TRUE(o.status.ok()) << o.status;
-    out.tokens.insert(out.tokens.end(), o.token_ids.begin(), o.token_ids.end());
-    for (const TokenLogprobs& l : o.logprobs) {
-      uint32_t b;
-      std::memcpy(&b, &l.logprob, sizeof b);
-      out.bits.push_back(b);
-      for (const auto& [id, lp] : l.top) {
-        std::memcpy(&b, &lp, sizeof b);
-        out.bits.push_back(b ^ static_cast<uint32_t>(id));
-      }
-    }
-    if (o.finished) out.final = o;
-  }
-  return out;
-}
+using testing::Score;
+using Out = testing::Scored;
 
 std::vector<Out> RunAll(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_tokens, int logprobs) {
   std::vector<std::shared_ptr<OutputStream>> streams;
@@ -85,18 +54,14 @@ std::vector<Out> RunAll(Engine& e, const std::vector<std::vector<int32_t>>& prom
     if (s.ok()) streams.push_back(*s);
   }
   std::vector<Out> out;
-  for (auto& s : streams) out.push_back(Drain(*s));
+  for (auto& s : streams) out.push_back(Score(*s));
   return out;
 }
 
 class EngineCudaSpeculativeTest : public testing::GpuTest {};
 
 TEST_F(EngineCudaSpeculativeTest, ConstructedModelFollowsItsSuccessorAtItsAcceptance) {
-  absl::StatusOr<std::string> text = ReadFileToString(ConstructedDir() + "/config.json");
-  ASSERT_TRUE(text.ok());
-  absl::StatusOr<MtpTestModelSpec> spec = ReadMtpTestModelSpec(*text);
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  const MtpTestTokens tokens(*spec);
+  const MtpTestTokens tokens = testing::MtpTestTokensOf(ConstructedDir());
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 12; ++i) prompts.push_back(testing::Tokens(5 + 23 * i, i));
   auto plain = Make(ConstructedDir(), 0);
@@ -187,9 +152,14 @@ TEST_F(EngineCudaSpeculativeTest, ADecodeEngineDraftsFromTheHandedOverStateAsThe
   pre.kv_sink = &sink;
   absl::StatusOr<std::shared_ptr<OutputStream>> ps = p->Submit(pre);
   ASSERT_TRUE(ps.ok()) << ps.status();
-  const Out first = Drain(**ps);
-  ASSERT_EQ(first.tokens.size(), 1u);
-  ASSERT_EQ(static_cast<int64_t>(first.final.last_hidden.size()), p->config().hidden_size);
+  std::vector<int32_t> first;
+  std::vector<float> first_last_hidden;
+  for (RequestOutput o; (*ps)->Next(&o);) {
+    first.insert(first.end(), o.token_ids.begin(), o.token_ids.end());
+    if (o.finished) first_last_hidden = o.last_hidden;
+  }
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(static_cast<int64_t>(first_last_hidden.size()), p->config().hidden_size);
   ASSERT_EQ(static_cast<int64_t>(sink.entries.size()), p->config().num_hidden_layers + 1);
 
   auto d = Make(ConstructedDir(), 3);
@@ -201,13 +171,13 @@ TEST_F(EngineCudaSpeculativeTest, ADecodeEngineDraftsFromTheHandedOverStateAsThe
     ASSERT_TRUE(d->WriteKv(*blocks, layer, 0, flat).ok());
   }
   EngineRequest dec = testing::GreedyRequest("x", prompt, 40);
-  dec.mtp_hidden = first.final.last_hidden;
-  absl::StatusOr<std::shared_ptr<OutputStream>> ds = d->SubmitImported(dec, first.tokens[0]);
+  dec.mtp_hidden = first_last_hidden;
+  absl::StatusOr<std::shared_ptr<OutputStream>> ds = d->SubmitImported(dec, first[0]);
   ASSERT_TRUE(ds.ok()) << ds.status();
-  const Out decoded = Drain(**ds);
+  const Out decoded = Score(**ds);
   EXPECT_EQ(decoded.tokens, reference.tokens);
-  EXPECT_EQ(decoded.final.metrics.accepted_draft_tokens, reference.final.metrics.accepted_draft_tokens);
-  EXPECT_EQ(decoded.final.metrics.draft_tokens, reference.final.metrics.draft_tokens);
+  EXPECT_EQ(decoded.metrics.accepted_draft_tokens, reference.metrics.accepted_draft_tokens);
+  EXPECT_EQ(decoded.metrics.draft_tokens, reference.metrics.draft_tokens);
 }
 
 }  // namespace

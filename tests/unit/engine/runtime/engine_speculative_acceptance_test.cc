@@ -23,25 +23,14 @@ namespace {
 TEST(EngineSpeculativeAcceptanceTest, AcceptanceIsTheConstructionsRate) {
   for (double p : {0.25, 0.75}) {
     testing::TempDir tmp;
-    nlohmann::json config = nlohmann::json::parse(testing::PresetJson("tiny"));
-    config["vocab_size"] = 1024;
-    ModelGeneratorOptions options;
-    options.config_json = config.dump();
-    options.seed = 5;
-    options.mtp_acceptance = p;
-    absl::StatusOr<GeneratedModel> generated = GenerateModel(options, tmp.Sub("m"));
-    ASSERT_TRUE(generated.ok()) << generated.status();
-    absl::StatusOr<std::string> text = ReadFileToString(tmp.Sub("m") + "/config.json");
-    ASSERT_TRUE(text.ok());
-    absl::StatusOr<MtpTestModelSpec> spec = ReadMtpTestModelSpec(*text);
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    const MtpTestTokens tokens(*spec);
+    const std::string dir = testing::MakeMtpTestModel(tmp, "m", 1024, /*seed=*/5, p);
+    const MtpTestTokens tokens = testing::MtpTestTokensOf(dir);
 
     EngineOptions engine_options;
     engine_options.num_threads = 2;
     engine_options.speculative_tokens = 3;
     engine_options.speculative_adaptive = false;  // every step drafts: the test counts them
-    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(tmp.Sub("m"), engine_options);
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(dir, engine_options);
     ASSERT_TRUE(engine.ok()) << engine.status();
     std::vector<std::shared_ptr<OutputStream>> streams;
     std::vector<std::vector<int32_t>> prompts;

@@ -29,17 +29,7 @@ constexpr int kTokens = 3;  // the first from the prompt's step, the next two fr
 
 const std::string& ModelDir() {
   static testing::TempDir* tmp = new testing::TempDir();
-  static const std::string dir = [] {
-    nlohmann::json config = nlohmann::json::parse(testing::PresetJson("tiny"));
-    config["vocab_size"] = kVocab;
-    ModelGeneratorOptions options;
-    options.config_json = config.dump();
-    options.seed = 11;
-    options.mtp_acceptance = 0.8;
-    absl::StatusOr<GeneratedModel> m = GenerateModel(options, tmp->Sub("m"));
-    EXPECT_TRUE(m.ok()) << m.status();
-    return tmp->Sub("m");
-  }();
+  static const std::string dir = testing::MakeMtpTestModel(*tmp, "m", kVocab, /*seed=*/11, 0.8);
   return dir;
 }
 

@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/unit/engine/runtime/device_sampling_cpu_backend.h"
 #include "tests/unit/engine/runtime/engine_test_support.h"
+#include "tests/unit/engine/runtime/speculative_test_support.h"
 
 namespace tandem {
 namespace {
@@ -43,37 +44,8 @@ EngineRequest Request(const std::string& id, std::vector<int32_t> prompt, int ma
   return r;
 }
 
-// Tokens, and every logprob's bits with its top 3.
-struct Scored {
-  std::vector<int32_t> tokens;
-  std::vector<uint32_t> bits;
-  RequestMetrics metrics;
-  std::string text;
-  FinishReason finish = FinishReason::kNone;
-  bool operator==(const Scored& o) const { return tokens == o.tokens && bits == o.bits; }
-};
-
-Scored Score(OutputStream& s) {
-  Scored out;
-  RequestOutput o;
-  while (s.Next(&o)) {
-    EXPECT_TRUE(o.status.ok()) << o.status;
-    out.tokens.insert(out.tokens.end(), o.token_ids.begin(), o.token_ids.end());
-    out.text += o.text;
-    if (o.finished) out.finish = o.finish_reason;
-    for (const TokenLogprobs& l : o.logprobs) {
-      uint32_t b;
-      std::memcpy(&b, &l.logprob, sizeof b);
-      out.bits.push_back(b);
-      for (const auto& [id, lp] : l.top) {
-        std::memcpy(&b, &lp, sizeof b);
-        out.bits.push_back(b ^ static_cast<uint32_t>(id));
-      }
-    }
-    if (o.finished) out.metrics = o.metrics;
-  }
-  return out;
-}
+using testing::Score;
+using testing::Scored;
 
 // Runs the requests together on `e` and returns each one's output, in order.
 std::vector<Scored> RunAll(Engine& e, std::vector<EngineRequest> requests) {
