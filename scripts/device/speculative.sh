@@ -8,7 +8,8 @@
 #   Here:  scripts/device/pack.sh build/bin/speculative_bench build/tests/<the tests below> &&
 #          tar -czf .carry/device.tgz -C .carry device && rm -rf .carry/device
 #   There: scripts/device/speculative.sh   (run tool: carry .carry/device.tgz; JSON under $OUT)
-#   SKIP_TESTS=1 runs the benchmark only; BENCH=0 the tests only.
+#   SKIP_TESTS=1 runs the benchmark only; BENCH=0 the tests only; NEW_ONLY=1 skips the
+#   existing GPU model and engine tests.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 [ -d "$root/.carry/device" ] || tar -xzf "$root/.carry/device.tgz" -C "$root/.carry"
@@ -23,8 +24,10 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   check draft_choice "$bin/kernels_cuda_ops_test" --gtest_filter='*DraftChoice*:*EmbeddingArgmax*'
   SHOW='^\[ *(FAILED|PASSED) |Failure|Expected|MTP slots|draft [0-9]' check cuda_mtp "$bin/engine_model_cuda_mtp_test"
   SHOW='^\[ *(FAILED|PASSED) |Failure|Expected|GPU, ' check engine_spec "$bin/engine_runtime_engine_cuda_speculative_test"
-  check cuda_model "$bin/engine_model_cuda_deepseek_model_test"
-  check engine_cuda "$bin/engine_runtime_engine_cuda_test"
+  if [ "${NEW_ONLY:-0}" != 1 ]; then
+    check cuda_model "$bin/engine_model_cuda_deepseek_model_test"
+    check engine_cuda "$bin/engine_runtime_engine_cuda_test"
+  fi
 fi
 if [ "${BENCH:-1}" != 0 ]; then
   SHOW='tokens/s|speedup|acceptance' check bench "$bin/speculative_bench" \
