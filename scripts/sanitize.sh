@@ -12,13 +12,15 @@ cmake -S "$root" -B "$build" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_ENGINE_ONLY=ON 
   -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
-echo "sanitize.sh: building engine_runtime_engine_test and engine_runtime_engine_v4_test with ASan + UBSan in $build"
-cmake --build "$build" --target engine_runtime_engine_test engine_runtime_engine_v4_test
-echo "sanitize.sh: running them (the pipelined cases; DeepSeek-V4's paged pool, slots, export and import)"
+echo "sanitize.sh: building engine_runtime_engine_test, engine_runtime_engine_v4_test and engine_runtime_speculative_test with ASan + UBSan in $build"
+cmake --build "$build" --target engine_runtime_engine_test engine_runtime_engine_v4_test engine_runtime_speculative_test
+echo "sanitize.sh: running them (the pipelined cases; DeepSeek-V4's paged pool, slots, export and import; verify chunks, draft passes and the spans into sequences they keep)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   "$build/tests/engine_runtime_engine_test" --gtest_filter='EnginePipelineTest.*:*/Pipelined' --gtest_brief=1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   "$build/tests/engine_runtime_engine_v4_test" --gtest_brief=1
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  "$build/tests/engine_runtime_speculative_test" --gtest_brief=1
 
 # The prefill replica's checks of forged destination and descriptor messages, and the
 # transfer layer's bounds (tests/unit/services/prefill/kv_destination_fuzz_test.cc): a
