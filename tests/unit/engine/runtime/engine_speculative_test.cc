@@ -91,7 +91,9 @@ TEST(EngineSpeculativeTest, GreedyOutputsAndLogprobsAreTheSameWithAndWithoutDraf
     int64_t by_position = 0;
     for (size_t p = 0; p < st.spec_accepted_by_position.size(); ++p) {
       by_position += st.spec_accepted_by_position[p];
-      if (p > 0) EXPECT_LE(st.spec_accepted_by_position[p], st.spec_accepted_by_position[p - 1]);
+      if (p > 0) {
+        EXPECT_LE(st.spec_accepted_by_position[p], st.spec_accepted_by_position[p - 1]);
+      }
     }
     EXPECT_EQ(accepted, by_position);
     // Each verify step checks at least one draft and at most `drafts`.
