@@ -77,7 +77,9 @@ TEST(EngineSpeculativeAcceptanceTest, AcceptanceIsTheConstructionsRate) {
                 first, second, third);
     EXPECT_NEAR(first, p, 0.08);
     EXPECT_NEAR(second, p, 0.12);
-    if (p > 0.5) EXPECT_NEAR(third, p, 0.12);  // at P = 0.25 too few second drafts are accepted to tell
+    if (p > 0.5) {  // at P = 0.25 too few second drafts are accepted to tell
+      EXPECT_NEAR(third, p, 0.12);
+    }
   }
 }
 
