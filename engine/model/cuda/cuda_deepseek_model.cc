@@ -157,6 +157,8 @@ absl::Status CudaDeepseekModel::Impl::Init(const ModelConfig& c, const ModelWeig
   }
   graphs_on_ = o.cuda_graphs;
   RETURN_IF_ERROR(AllocateActivations());
+  // The MTP layer's buffers before the KV cache takes what is left.
+  if (weights->mtp) RETURN_IF_ERROR(AllocateMtpBuffers());
   RETURN_IF_ERROR(AllocateKvCache());
   TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "loading the model");
   return absl::OkStatus();

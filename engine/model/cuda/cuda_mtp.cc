@@ -84,6 +84,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateMtpBuffers() {
   const size_t draft_bytes = static_cast<size_t>(max_logit_rows) * (2 * sizeof(int32_t) + sizeof(float));
   RETURN_IF_ERROR(draft_dev_.Allocate(draft_bytes, "drafts"));
   RETURN_IF_ERROR(draft_host_.Allocate(draft_bytes, "drafts"));
+  activation_bytes += kept_hidden_.bytes() + mtp_in_.bytes() + mtp_both_.bytes() + draft_dev_.bytes();
   return absl::OkStatus();
 }
 
