@@ -484,7 +484,9 @@ absl::StatusOr<StepPlan> CudaDeepseekModel::Impl::Plan(std::span<const ForwardSe
   for (const AttentionJob& j : plan.jobs) {
     if (j.absorbed) plan.rope_out_rows = std::max(plan.rope_out_rows, j.row_begin + j.num_seqs * j.q_per_seq);
   }
-  plan.decode_only = num_decode == static_cast<int64_t>(batch.size()) && out_rows == num_decode;
+  // Decode tokens and verify chunks alone, every row's logits: the step a CUDA graph and
+  // the fused small-batch kernels take (with one attention job).
+  plan.decode_only = decode_and_verify == batch.size() && out_rows == rows;
   plan.seq_rows = std::move(row_of);
   return plan;
 }
@@ -630,7 +632,8 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
   RETURN_IF_ERROR(Mark("step begin (host)"));
   TANDEM_CUDA_RETURN(cudaMemcpyAsync(meta_dev_.get(), meta_host_.get(), plan.meta_bytes, cudaMemcpyHostToDevice, stream),
                      "uploading the step");
-  const bool graph = graphs_on_ && !profiling_ && !timeline_ && plan.decode_only && !fo.after_layer_kv &&
+  const bool graph = graphs_on_ && !profiling_ && !timeline_ && plan.decode_only && plan.jobs.size() == 1 &&
+                     !fo.after_layer_kv &&
                      (groups_ == 0 || plan.rows <= options.moe_grouped_max_tokens) &&
                      plan.out_rows <= max_logit_rows;
   if (graph) {
@@ -778,7 +781,8 @@ absl::Status CudaDeepseekModel::Impl::RunGraph(const StepPlan& plan, const Deeps
   while (bucket < job.max_cache_len) bucket *= 2;
   bucket = std::min(bucket, max_context);
   job.max_cache_len = bucket;
-  const std::pair<int64_t, int64_t> key{plan.rows, bucket};
+  // (A verify step's queries per sequence shape its launches too.)
+  const std::tuple<int64_t, int64_t, int64_t> key{plan.rows, bucket, job.q_per_seq};
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     // The first step of a shape runs eagerly (warms cuBLAS and kernel attributes); the

@@ -15,8 +15,9 @@
 // by expert, routed and shared experts in one grouped GEMM with SiLU fused; large
 // batches (prefill) run cuBLAS per expert instead.
 //
-// Decode steps (every sequence one token, logits for all) replay a CUDA graph captured
-// once per (batch size, context bucket) when cuda_graphs is on. Steps of at most
+// Decode steps (every sequence one token, logits for all; or, with speculative decoding,
+// every sequence a verify chunk of one length) replay a CUDA graph captured once per
+// (rows, context bucket, queries per sequence) when cuda_graphs is on. Steps of at most
 // fused_decode_max_tokens decode tokens take fused kernels (8 launches per MoE layer instead
 // of ~17: RMSNorm fused into float32-activation GEMVs, MLA prepare with the W_UK product,
 // the split combine with W_UV, one MoE front-end kernel for norm + router + routing +

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,7 +64,9 @@ struct StepPlan {
   int64_t table_rows = 0;
   int64_t rope_out_rows = 0;  // rows whose rotated query rope parts the absorbed form reads
   std::vector<AttentionJob> jobs;
-  bool decode_only = false;  // every sequence one token, absorbed, logits for each
+  // Every sequence a decode token or a verify chunk (speculative decoding), absorbed, logits
+  // for every row.
+  bool decode_only = false;
   std::vector<int64_t> seq_rows;  // the first activation row of each sequence, in batch order
   size_t meta_bytes = 0;
   StepMeta meta;  // device pointers
@@ -313,9 +316,10 @@ class CudaDeepseekModel::Impl {
   cuda_model::DeviceBuffer sample_dev_;
   int groups_ = 0;  // MoE groups (routed + shared), 0 without MoE layers
   int64_t moe_rows_ = 0;  // P: max_batch_tokens * (top_k + shared)
-  // Graphs of decode steps, by (batch size, context bucket); seen once before capture.
-  std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs_;
-  std::map<std::pair<int64_t, int64_t>, int> graph_seen_;
+  // Graphs of decode steps, by (rows, context bucket, queries per sequence: 1 for decode
+  // steps, 1 + drafts for speculative decoding's verify steps); seen once before capture.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, cudaGraphExec_t> graphs_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int> graph_seen_;
   bool graphs_on_ = true;
   // Benchmark instrumentation (set_step_events, set_profiling).
   absl::Status Mark(const char* what);
