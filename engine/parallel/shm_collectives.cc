@@ -200,12 +200,12 @@ absl::StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Open(const ShmGr
     if (!seg.ok() && !absl::IsNotFound(seg.status())) return seg.status();
     if (seg.ok() && (*seg)->size() >= sizeof(Layout)) {
       const Layout* layout = reinterpret_cast<const Layout*>((*seg)->data());
-      const ProcessIdentity creator{layout->ranks[0].pid.load(std::memory_order_acquire),
-                                    layout->ranks[0].start_time.load(std::memory_order_relaxed)};
       // Not ready: rank 0 is writing it (or died doing so). Rank 0 dead: a crashed run's
       // leftover, which the new rank 0 will replace.
-      if (layout->state.load(std::memory_order_acquire) == kReady && creator.pid > 0 &&
-          ProcessAlive(creator)) {
+      const bool ready = layout->state.load(std::memory_order_acquire) == kReady;
+      const ProcessIdentity creator{layout->ranks[0].pid.load(std::memory_order_relaxed),
+                                    layout->ranks[0].start_time.load(std::memory_order_relaxed)};
+      if (ready && creator.pid > 0 && ProcessAlive(creator)) {
         if (layout->world != static_cast<uint32_t>(o.world_size) || layout->slot_bytes != o.slot_bytes) {
           return absl::InvalidArgumentError(absl::StrCat(
               "rank ", o.rank, ": group '", o.name, "' was created with world size ", layout->world,
@@ -232,24 +232,26 @@ absl::Status ShmCollectives::Join(Clock::time_point deadline) {
     if (!me.claimed.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
       const ProcessIdentity holder{me.pid.load(std::memory_order_acquire),
                                    me.start_time.load(std::memory_order_relaxed)};
+      // Not this process's group to fail: the error is this process's alone.
       if (holder.pid > 0 && ProcessAlive(holder)) {
-        return Fail(absl::AlreadyExistsError(absl::StrCat(
-            "group '", name_, "': rank ", rank_, " is held by live pid ", holder.pid)));
+        return absl::AlreadyExistsError(absl::StrCat(
+            "group '", name_, "': rank ", rank_, " is held by live pid ", holder.pid));
       }
-      return Fail(absl::UnavailableError(absl::StrCat(
-          "group '", name_, "': rank ", rank_, " was taken by a process that is gone")));
+      return absl::UnavailableError(absl::StrCat(
+          "group '", name_, "': rank ", rank_, " was taken by a process that is gone"));
     }
     const ProcessIdentity self = SelfIdentity();
     me.start_time.store(self.start_time, std::memory_order_relaxed);
     me.pid.store(self.pid, std::memory_order_release);
   }
+  registered_ = true;
   round_ = 1;
   return Wait(Arrive(), deadline);
 }
 
 ShmCollectives::~ShmCollectives() {
   // Peers that still wait for this rank see it gone at their next check.
-  layout_->ranks[rank_].left.store(1, std::memory_order_release);
+  if (registered_) layout_->ranks[rank_].left.store(1, std::memory_order_release);
   if (rank_ == 0) segment_->UnlinkIfOurs();
 }
 
@@ -463,14 +465,33 @@ absl::Status ShmCollectives::AllReduceSum(std::span<float> data) {
 
 namespace {
 
-// out = x_0, then out += x_p for p = 1, 2, ...: the rank-order sum, element by element.
-void SumInRankOrder(float* __restrict out, const std::vector<const float*>& parts, size_t begin,
-                    size_t count) {
-  std::memcpy(out, parts[0] + begin, count * sizeof(float));
-  for (size_t p = 1; p < parts.size(); ++p) {
-    const float* __restrict in = parts[p] + begin;
-    for (size_t i = 0; i < count; ++i) out[i] += in[i];
+// out[i] = a[i] + b[i]; `out` may be `a`. Eight lanes at a time through GCC's vector
+// extension: -O2 leaves a plain loop of unknown length scalar, and a lane adds exactly as
+// the scalar code would (no reassociation, nothing to contract into an FMA), so the bits
+// do not change.
+void Add(float* out, const float* a, const float* b, size_t n) {
+  using Lanes = float __attribute__((vector_size(32)));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    Lanes x, y;
+    std::memcpy(&x, a + i, sizeof(x));
+    std::memcpy(&y, b + i, sizeof(y));
+    x += y;
+    std::memcpy(out + i, &x, sizeof(x));
   }
+  for (; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// out = (x_0 + x_1) + x_2 + ...: the rank-order sum, element by element, of
+// parts[p][begin, begin + count).
+void SumInRankOrder(float* out, const std::vector<const float*>& parts, size_t begin,
+                    size_t count) {
+  if (parts.size() == 1) {
+    std::memcpy(out, parts[0] + begin, count * sizeof(float));
+    return;
+  }
+  Add(out, parts[0] + begin, parts[1] + begin, count);
+  for (size_t p = 2; p < parts.size(); ++p) Add(out, out, parts[p] + begin, count);
 }
 
 }  // namespace

@@ -140,6 +140,7 @@ class ShmCollectives final : public Collectives {
   uint32_t round_ = 0;    // the current round; 1 is the join
   uint64_t op_seq_ = 0;   // operations begun, for the headers and messages
   const char* op_name_ = "join";
+  bool registered_ = false;  // holds its rank's record (not so after ALREADY_EXISTS)
   absl::Status status_;   // the first error; the group is unusable after one
 };
 

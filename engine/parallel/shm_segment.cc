@@ -79,49 +79,53 @@ absl::Status SharedSegment::Map(size_t size) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<SharedSegment>> SharedSegment::OpenNamed(const SegmentName& name,
+                                                                        int flags, size_t* size) {
+  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  const std::string path = SegmentPath(name);
+  const int fd = OpenName(name, flags);
+  if (fd < 0) return ErrnoStatus((flags & O_CREAT) != 0 ? "cannot create" : "cannot open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    // After a create, the file stays for the next Create to remove.
+    absl::Status s = ErrnoStatus("cannot stat", path);
+    ::close(fd);
+    return s;
+  }
+  *size = static_cast<size_t>(st.st_size);
+  return std::unique_ptr<SharedSegment>(new SharedSegment(name, path, fd, st.st_dev, st.st_ino));
+}
+
 absl::StatusOr<std::unique_ptr<SharedSegment>> SharedSegment::Create(const SegmentName& name,
                                                                      size_t size) {
   if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
-  const std::string path = SegmentPath(name);
   // A leftover of a crashed run: its processes are gone or hold their own mapping, which
   // unlinking does not disturb.
-  if (UnlinkName(name) != 0 && errno != ENOENT) return ErrnoStatus("cannot remove stale", path);
-  const int fd = OpenName(name, O_RDWR | O_CREAT | O_EXCL);
-  if (fd < 0) return ErrnoStatus("cannot create", path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    absl::Status s = ErrnoStatus("cannot stat", path);
-    ::close(fd);
-    UnlinkName(name);
-    return s;
+  if (UnlinkName(name) != 0 && errno != ENOENT) {
+    return ErrnoStatus("cannot remove stale", SegmentPath(name));
   }
-  std::unique_ptr<SharedSegment> seg(new SharedSegment(name, path, fd, st.st_dev, st.st_ino));
+  size_t ignored = 0;
+  absl::StatusOr<std::unique_ptr<SharedSegment>> seg =
+      OpenNamed(name, O_RDWR | O_CREAT | O_EXCL, &ignored);
+  if (!seg.ok()) return seg.status();
   absl::Status s;
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    s = ErrnoStatus("cannot size", path);
+  if (::ftruncate((*seg)->fd_, static_cast<off_t>(size)) != 0) {
+    s = ErrnoStatus("cannot size", (*seg)->path_);
   } else {
-    s = seg->Map(size);
+    s = (*seg)->Map(size);
   }
   if (!s.ok()) {
-    seg->UnlinkIfOurs();
+    (*seg)->UnlinkIfOurs();
     return s;
   }
   return seg;
 }
 
 absl::StatusOr<std::unique_ptr<SharedSegment>> SharedSegment::Open(const SegmentName& name) {
-  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
-  const std::string path = SegmentPath(name);
-  const int fd = OpenName(name, O_RDWR);
-  if (fd < 0) return ErrnoStatus("cannot open", path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    absl::Status s = ErrnoStatus("cannot stat", path);
-    ::close(fd);
-    return s;
-  }
-  std::unique_ptr<SharedSegment> seg(new SharedSegment(name, path, fd, st.st_dev, st.st_ino));
-  if (absl::Status s = seg->Map(static_cast<size_t>(st.st_size)); !s.ok()) return s;
+  size_t size = 0;
+  absl::StatusOr<std::unique_ptr<SharedSegment>> seg = OpenNamed(name, O_RDWR, &size);
+  if (!seg.ok()) return seg.status();
+  if (absl::Status s = (*seg)->Map(size); !s.ok()) return s;
   return seg;
 }
 

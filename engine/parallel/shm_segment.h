@@ -55,6 +55,9 @@ class SharedSegment {
 
  private:
   SharedSegment(const SegmentName& name, std::string path, int fd, dev_t dev, ino_t ino);
+  // Opens the name with `flags` (unmapped) and returns the file's current size in *size.
+  static absl::StatusOr<std::unique_ptr<SharedSegment>> OpenNamed(const SegmentName& name,
+                                                                  int flags, size_t* size);
   absl::Status Map(size_t size);
 
   SegmentName name_;

@@ -208,6 +208,32 @@ INSTANTIATE_TEST_SUITE_P(Worlds, ShmFailureTest, ::testing::Values(2, 4, 8),
                            return absl::StrCat(info.param, "ranks");
                          });
 
+// A second process for a rank already held, during the join: ALREADY_EXISTS for it, and
+// the group it tried to enter goes on unharmed.
+TEST(ShmJoinTest, ASecondProcessForAHeldRankIsRefusedAndTheGroupGoesOn) {
+  const std::string name = UniqueName("dup");
+  ExpectAllOk(RunRanks(4, [&](int process) {
+    // Processes 0, 1, 2 are ranks 0, 1, 2; process 3 claims rank 1 again while rank 2
+    // has not joined yet.
+    const int rank = process == 3 ? 1 : process;
+    if (process == 3) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (process == 2) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    absl::StatusOr<std::unique_ptr<ShmCollectives>> g = ShmCollectives::Open(TestOptions(name, 3, rank));
+    if (process == 3) {
+      RANK_EXPECT(process, absl::IsAlreadyExists(g.status()), g.status().ToString());
+      return 0;
+    }
+    RANK_EXPECT(process, g.ok(), g.status().ToString());
+    std::vector<float> data(100);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = Input(rank, i);
+    absl::Status s = (*g)->AllReduceSum(data);
+    RANK_EXPECT(process, s.ok(), s.ToString());
+    const std::vector<float> want = RankOrderSum(3, data.size());
+    RANK_EXPECT(process, std::memcmp(data.data(), want.data(), data.size() * 4) == 0);
+    return 0;
+  }).value());
+}
+
 TEST(ShmOptionsTest, BadOptionsAreInvalidArgument) {
   const auto open = [](auto adjust) {
     ShmGroupOptions o = TestOptions(UniqueName("bad"), 2, 0);
