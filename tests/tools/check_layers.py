@@ -13,7 +13,8 @@ import sys
 LAYERS = [
     ["kernels/common"],
     ["kernels/cpu", "kernels/cuda"],
-    ["engine/util"],
+    # Peers: the collectives (engine/parallel) know nothing of the engine's utilities.
+    ["engine/util", "engine/parallel"],
     ["engine/tokenizer"],
     ["engine/chat_template", "engine/output_parsing", "engine/grammar"],
     ["engine/model"],
