@@ -31,10 +31,17 @@ absl::StatusOr<ModelKvStreams> DeepseekLatentStreams(std::string_view config_jso
 
 absl::StatusOr<ModelKvStreams> DeepseekV4Streams(std::string_view config_json, const KvStreamOptions& options) {
   ASSIGN_OR_RETURN(const v4::DeepseekV4Config c, v4::ParseDeepseekV4Config(config_json));
-  if (options.mtp) {
-    return absl::UnimplementedError("speculative decoding for deepseek_v4 (its MTP layer over the V4 streams)");
+  if (options.mtp && c.num_nextn_predict_layers < 1) {
+    return absl::FailedPreconditionError(
+        "speculative decoding needs the checkpoint's MTP layer: config.json's num_nextn_predict_layers is 0");
   }
-  return ModelKvStreams{.num_layers = static_cast<int32_t>(c.num_hidden_layers), .streams = v4::KvStreamsFor(c)};
+  if (options.mtp && c.mtp_attention_type != v4::AttentionType::kSliding) {
+    return absl::UnimplementedError(absl::StrCat("speculative decoding with an MTP layer of ",
+                                                 v4::AttentionTypeName(c.mtp_attention_type),
+                                                 " attention (only a sliding-window MTP layer is built)"));
+  }
+  return ModelKvStreams{.num_layers = static_cast<int32_t>(c.num_hidden_layers + (options.mtp ? 1 : 0)),
+                        .streams = v4::KvStreamsFor(c, options.mtp)};
 }
 
 absl::StatusOr<ModelInfo> DeepseekInfo(std::string_view config_json) {

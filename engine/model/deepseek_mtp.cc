@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/deepseek_model.h"
+#include "engine/model/draft_choice.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm_rope_act.h"
 
@@ -73,26 +74,6 @@ std::vector<float> DeepseekModel::MtpLogits(const float* y, int64_t rows) {
   return logits;
 }
 
-namespace {
-
-// The argmax, ties to the lowest id (the sampler's greedy choice), and its softmax
-// probability at temperature 1.
-DraftToken Choose(const float* l, int64_t vocab) {
-  const int64_t best = std::max_element(l, l + vocab) - l;
-  double sum = 0.0;
-  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(l[v]) - l[best]);
-  return {.token = static_cast<int32_t>(best), .confidence = static_cast<float>(1.0 / sum)};
-}
-
-// Tokens outside the bitmask (past its words too) to -inf.
-void Mask(float* l, int64_t vocab, std::span<const uint32_t> allowed) {
-  const int64_t words = static_cast<int64_t>(allowed.size());
-  for (int64_t v = 0; v < vocab; ++v) {
-    if (v / 32 >= words || (allowed[v / 32] >> (v % 32) & 1u) == 0) l[v] = -std::numeric_limits<float>::infinity();
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<std::vector<std::vector<DraftToken>>> DeepseekModel::Draft(std::span<const DraftSequence> batch,
                                                                           LatentKvCache& cache,
@@ -196,10 +177,9 @@ absl::StatusOr<std::vector<std::vector<DraftToken>>> DeepseekModel::Draft(std::s
       if (s.allowed) {
         const std::span<const uint32_t> allowed = s.allowed(out.empty() ? -1 : out.back().token);
         if (allowed.empty()) continue;
-        Mask(l, vocab, allowed);
-        if (std::isinf(*std::max_element(l, l + vocab))) continue;  // nothing allowed
+        if (!MaskDisallowed(l, vocab, allowed)) continue;  // nothing allowed
       }
-      const DraftToken chosen = Choose(l, vocab);
+      const DraftToken chosen = ChooseDraft(l, vocab);
       if (chosen.confidence < s.min_confidence) continue;
       out.push_back(chosen);
       if (static_cast<int32_t>(out.size()) == s.max_drafts) continue;

@@ -34,6 +34,11 @@ struct ForwardSequence {
   // The first new token's KV is already in the cache (a cached, maybe shared, prefix ends
   // there): the pass computes that token only for its hidden state, and writes none of its KV.
   bool first_kv_cached = false;
+  // The last num_drafts tokens are drafts this pass verifies (all_logits). A backend whose
+  // per-sequence state a refused draft would leave wrong (rings, compressor windows:
+  // DeepSeek-V4) keeps the sequence's state as after the tokens before them and what it
+  // needs to move it past the accepted ones (ModelBackend::AcceptDrafts).
+  int32_t num_drafts = 0;
 };
 
 // One sequence of a draft pass (ModelBackend::Draft): the MTP layer over its slots
@@ -43,13 +48,16 @@ struct ForwardSequence {
 struct DraftSequence {
   int64_t first_slot = 1;
   std::span<const int32_t> tokens;  // the token of each slot
-  // The hidden state at q - 1 for each slot: first the rows of `hidden` (hidden_size floats
-  // each: one a prefill replica handed over), then rows hidden_row, hidden_row + 1, ... of
-  // what the last Forward kept (ForwardSequence::keep_hidden).
+  // The hidden state at q - 1 for each slot: first the rows of `hidden` (ModelInfo::
+  // mtp_hidden_size() floats each: one a prefill replica handed over), then rows
+  // hidden_row, hidden_row + 1, ... of what the last Forward kept (ForwardSequence::keep_hidden).
   std::span<const float> hidden;
   int64_t hidden_row = 0;
   // Covers slot first_slot + tokens.size() - 1 + max_drafts - 1 (the last chained run's).
   std::span<const int32_t> block_table;
+  // The sequence's slot in the KV pool's per-sequence streams (where the MTP layer keeps a
+  // ring: DeepSeek-V4); -1: none.
+  int64_t state_slot = -1;
   int32_t max_drafts = 0;
   // Drafting stops before a draft whose probability under the MTP layer is below this.
   float min_confidence = 0.0f;

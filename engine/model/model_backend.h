@@ -114,8 +114,13 @@ class ModelBackend {
                                                                      KvPool& /*host*/) {
     return absl::UnimplementedError("this backend has no MTP layer loaded");
   }
+  // After a Forward in which the sequence of `state_slot` verified num_drafts drafts
+  // (ForwardSequence::num_drafts): `accepted` of them stood, and its state moves past them.
+  // Before any other call that reads the slot. Backends whose KV is one entry per position
+  // need nothing (a refused draft's entry is overwritten later).
+  virtual absl::Status AcceptDrafts(int64_t /*state_slot*/, int32_t /*accepted*/) { return absl::OkStatus(); }
   // Row `row` of the hidden states the last Forward kept (ForwardSequence::keep_hidden):
-  // hidden_size floats, for a prefill replica to hand over with the first token.
+  // config().mtp_hidden_size() floats, for a prefill replica to hand over with the first token.
   virtual absl::StatusOr<std::vector<float>> KeptHidden(int64_t /*row*/) const {
     return absl::UnimplementedError("this backend has no MTP layer loaded");
   }

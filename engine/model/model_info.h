@@ -20,6 +20,12 @@ struct ModelInfo {
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
   std::string summary;  // one line for logs, written by the architecture's parser
+  // Residual streams per position (DeepSeek-V4's hc_mult; 1 for a plain residual).
+  int64_t hidden_streams = 1;
+
+  // Floats of one hidden state the MTP layer reads (speculative decoding): what a prefill
+  // replica hands a decode replica with the first token.
+  int64_t mtp_hidden_size() const { return hidden_streams * hidden_size; }
 };
 
 }  // namespace tandem

@@ -549,6 +549,9 @@ void Engine::Step() {
       ++decoding;
     }
     EmitSpeculative(plan, device_sampling ? nullptr : &*logits, device_sampling ? &*device_tokens : nullptr);
+    // States where accepted drafts reached a snapshot boundary, now that the backend
+    // moved them past the drafts (prefix_states.h).
+    CopyStateSnapshots();
     if (decode_only) {
       draft_policy_.Record(decoding, drafted, counters_.generated_tokens - generated_before, Now() - started);
     }
@@ -677,6 +680,7 @@ Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {
       const int32_t end = c.start + c.num_tokens;
       if (f.mtp && end < static_cast<int32_t>(s.tokens.size())) f.mtp_next_token = s.tokens[end];
       f.keep_hidden = c.reaches_end();
+      f.num_drafts = c.num_drafts;
       if (c.num_drafts > 0) {
         s.verify_tokens.assign(1, s.tokens.back());
         s.verify_tokens.insert(s.verify_tokens.end(), s.drafts.begin(), s.drafts.end());

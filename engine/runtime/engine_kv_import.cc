@@ -179,10 +179,10 @@ void Engine::SubmitImportedAsync(EngineRequest request, int32_t first_token, boo
     return refuse(absl::InvalidArgumentError("KV in a device pool, but the model runs on the CPU"));
   }
   if (options_.speculative_tokens > 0 &&
-      static_cast<int64_t>(request.mtp_hidden.size()) != backend_->config().hidden_size) {
+      static_cast<int64_t>(request.mtp_hidden.size()) != backend_->config().mtp_hidden_size()) {
     return refuse(absl::InvalidArgumentError(absl::StrCat(
         "mtp_hidden: ", request.mtp_hidden.size(), " values; this replica drafts with the MTP layer and needs the "
-        "prompt's last hidden state from the prefill replica (", backend_->config().hidden_size, " values)")));
+        "prompt's last hidden state from the prefill replica (", backend_->config().mtp_hidden_size(), " values)")));
   }
   auto out = std::make_shared<OutputStream>();
   {

@@ -92,6 +92,10 @@ void Engine::EmitSpeculative(const StepPlan& plan, std::vector<float>* logits,
     }
     row += 1 + c.num_drafts;
     if (c.num_drafts > 0) {
+      // The backend's per-sequence state (rings, compressor windows) moves past the
+      // accepted drafts; the pass's inputs were checked, so a refusal is the engine's bug.
+      const absl::Status moved = backend_->AcceptDrafts(s.state_slot, accepted);
+      TANDEM_CHECK(moved.ok()) << s.id << ": " << moved;
       counters_.spec_draft_tokens += c.num_drafts;
       for (int32_t p = 0; p < accepted; ++p) counters_.spec_accepted_by_position[static_cast<size_t>(p)]++;
       counters_.spec_accepted_length[static_cast<size_t>(accepted)]++;
@@ -193,6 +197,7 @@ DraftSequence Engine::DraftPassFor(const Sequence& s, int64_t first_slot) const 
                   .tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(first_slot),
                                                                        static_cast<size_t>(len - first_slot)),
                   .block_table = s.blocks,
+                  .state_slot = s.state_slot,
                   .min_confidence = options_.speculative_min_confidence};
   if (s.speculative) {
     // A verify step emits at most drafts + 1 tokens, inside max_tokens and the context.

@@ -213,7 +213,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
     return EngineStreamReactor::Failed(ToGrpcStatus(absl::FailedPreconditionError(
         absl::StrCat("no KV reservation for request '", r->request_id(), "' (expired or never made)"))));
   }
-  if (absl::Status st = CheckMtpHidden(*r, needs_mtp_hidden_, engine_->config().hidden_size); !st.ok()) {
+  if (absl::Status st = CheckMtpHidden(*r, needs_mtp_hidden_, engine_->config().mtp_hidden_size()); !st.ok()) {
     return fail(st);
   }
   if (r->prompt_size() + r->resume_tokens_size() != res->num_tokens) {

@@ -57,6 +57,9 @@ constexpr int kDrafts = 3;
 // probability, a few times 1/vocab): some steps draft 3 tokens, some fewer, some none (41
 // and 55 of 111 possible drafts on two 40-token requests).
 constexpr const char* kTinyMinConfidence = "0.00035";
+// The same for tiny-v4's MTP layer (FP8): 696 of 696 possible drafts at 0.0001, 531 at
+// 0.0003, 58 at 0.0005 over the V4 test's eight 32-token requests.
+constexpr const char* kTinyV4MinConfidence = "0.0004";
 
 // Prompts of a few words to a few hundred tokens (blocks are 64 tokens: the longer ones
 // span several, so their MTP entries cross blocks on the way to the decode replica).
@@ -416,6 +419,64 @@ TEST_F(SpeculativeServingTest, TwoPrefillTwoDecodeConcurrentStreamsAndTheKvstore
   for (const char* name : {"decode-0", "decode-1"}) {
     EXPECT_GT(Metric(*cluster, name, "tandem_spec_draft_tokens_total"), 0) << name;
   }
+  ExpectAllKvFree(*cluster);
+}
+
+TEST_F(SpeculativeServingTest, DeepSeekV4DraftsExactlyAsTheAggregatedWorkerAndFromTheKvstore) {
+  // DeepSeek-V4's MTP layer (a sliding-window layer; rejected drafts roll back its ring and
+  // the main layers' compressor state, docs/speculative-decoding.md "DeepSeek-V4"): the
+  // prefill replica hands over the last hidden state's residual streams and the MTP ring
+  // with the rest of the state, the kvstore keeps them with the prefix, and the decode
+  // replica drafts as an aggregated worker does. make-model writes mtp.0.* in the official
+  // naming (FP8, FP4 experts), as DeepSeek ships V4.
+  const std::string dir = tmp_->Sub("tiny-v4-fp8");
+  auto mm = RunProcess({BinaryPath("tandem"), "make-model", "--preset", "tiny-v4", "--dtype", "fp8", "--out", dir});
+  ASSERT_EQ(mm.exit_code, 0) << mm.err;
+  Checkpoint v4;
+  const absl::Status opened = v4.Open(dir, kTinyV4MinConfidence);
+  ASSERT_TRUE(opened.ok()) << opened;
+  auto cluster = Start(v4, 2, 1, 1, {"--prefill-policy=round-robin"}, /*kvstores=*/1);
+  ASSERT_NE(cluster, nullptr);
+  auto router = GenerationStub(cluster->router_address());
+  const std::optional<ProcessInfo> both_process = testing::ProcessNamed(*cluster, "both-0");
+  ASSERT_TRUE(both_process.has_value());
+  auto both = v1::Generation::NewStub(testing::InternalChannel(*cluster, both_process->ready.value("grpc", "")));
+
+  const std::vector<v1::GenerateRequest> reqs = Requests(32, /*salt=*/3);
+  const std::vector<Expected> want = References(v4, reqs);
+  std::vector<StreamResult> served;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    served.push_back(Generate(*router, reqs[i]));
+    ExpectExactWithSameDrafts(served.back(), want[i], Label(reqs[i]) + ", V4 disaggregated");
+    ExpectExactWithSameDrafts(Generate(*both, reqs[i]), want[i], Label(reqs[i]) + ", V4 aggregated");
+  }
+  const int64_t drafted = Total(served, [](const v1::Usage& u) { return u.draft_tokens(); });
+  const int64_t accepted = Total(served, [](const v1::Usage& u) { return u.accepted_draft_tokens(); });
+  std::printf("speculative (tiny-v4): %lld of %lld drafts accepted\n", static_cast<long long>(accepted),
+              static_cast<long long>(drafted));
+  EXPECT_GT(drafted, 0);
+  EXPECT_LT(drafted, 2 * 31 * static_cast<int64_t>(reqs.size())) << "the threshold cut few drafts";
+
+  // A prompt of several blocks computed on one prefill replica, then asked of the other:
+  // fetched from the kvstore (blocks, the state snapshot, the MTP ring), the same drafts.
+  const std::vector<v1::GenerateRequest> again = {TextRequest(Prompt(30, 9), 24, std::nullopt, 0.0f),
+                                                  TextRequest(Prompt(30, 9), 24, uint64_t{91}, 0.8f)};
+  const std::vector<Expected> again_want = References(v4, again);
+  ExpectExactWithSameDrafts(Generate(*router, again[0]), again_want[0], "V4, computed");
+  for (int k = 0; k < 500 && Stat(*cluster, "kvstore-0", "committed_blocks") <= 0; ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (size_t i = 0; i < again.size(); ++i) {
+    const StreamResult r = Generate(*router, again[i]);
+    ExpectExactWithSameDrafts(r, again_want[i], Label(again[i]) + ", V4 from a cached prefix");
+    EXPECT_GT(r.final.usage().cached_prompt_tokens(), 0) << Label(again[i]);
+  }
+  EXPECT_GT(Stat(*cluster, "kvstore-0", "hit_tokens"), 0);
+  EXPECT_EQ(Stat(*cluster, "kvstore-0", "rejected_blocks"), 0);
+
+  // `tandem generate --local` with the same flags and seed prints the served text.
+  EXPECT_EQ(GenerateLocal(v4.dir, reqs[3], v4.flags), served[3].text + "\n") << Label(reqs[3]);
+  ExpectDraftMetrics(*cluster, "decode-0", -1, -1);
   ExpectAllKvFree(*cluster);
 }
 

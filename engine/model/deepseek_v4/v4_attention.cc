@@ -133,8 +133,11 @@ struct Entries {
 };
 
 // Runs one compressor over the chunk's rows; returns its entries (all so far).
+// With `undo`, positions from undo_from on (the chunk starts at `start`) record what they
+// overwrite.
 Entries Compress(const Compressor& k, const float* x, int64_t rows, int64_t hidden, CompressorState* state,
-                 std::vector<float>& full_storage, cpu::ThreadPool& pool) {
+                 std::vector<float>& full_storage, cpu::ThreadPool& pool, int64_t start = 0,
+                 std::vector<AppendUndo>* undo = nullptr, int64_t undo_from = 0) {
   std::vector<float> kv(static_cast<size_t>(rows * k.proj_width)), gate(kv.size());
   Project(k.w->kv_proj, x, rows, hidden, kv.data(), pool);
   Project(k.w->gate_proj, x, rows, hidden, gate.data(), pool);
@@ -142,7 +145,12 @@ Entries Compress(const Compressor& k, const float* x, int64_t rows, int64_t hidd
     full_storage = k.PoolAll(kv.data(), gate.data(), rows);
     return {full_storage.data(), static_cast<int64_t>(full_storage.size()) / k.width};
   }
-  for (int64_t r = 0; r < rows; ++r) k.Append(*state, &kv[r * k.proj_width], &gate[r * k.proj_width]);
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool record = undo != nullptr && start + r >= undo_from;
+    if (record) undo->push_back(RecordAppend(*state));
+    k.Append(*state, &kv[r * k.proj_width], &gate[r * k.proj_width]);
+    if (record) NoteAppended(*state, &undo->back());
+  }
   return {state->entries.data(), state->num_entries};
 }
 
@@ -198,13 +206,15 @@ void RunAttention(const AttentionParams& p, cpu::ThreadPool& pool) {
   if (p.type != AttentionType::kSliding) {
     const Compressor main = MainCompressor(c, p.type, &*w.compressor, p.compress_rope);
     rate = main.rate;
-    entries = Compress(main, p.x, s, hidden, p.state ? &*p.state->compressor : nullptr, full_entries, pool);
+    entries = Compress(main, p.x, s, hidden, p.state ? &*p.state->compressor : nullptr, full_entries, pool, p0,
+                       p.undo ? &p.undo->compressor : nullptr, p.undo_from);
   }
   const int64_t ni = c.index_n_heads, ci = c.index_head_dim;
   if (p.type == AttentionType::kCompressedSparse) {
     const IndexerWeights& ix = *w.indexer;
     const Compressor indexer = IndexerCompressor(c, &ix.compressor, p.compress_rope);
-    index_keys = Compress(indexer, p.x, s, hidden, p.state ? &*p.state->indexer : nullptr, full_index_keys, pool);
+    index_keys = Compress(indexer, p.x, s, hidden, p.state ? &*p.state->indexer : nullptr, full_index_keys, pool, p0,
+                          p.undo ? &p.undo->indexer : nullptr, p.undo_from);
     index_q.resize(static_cast<size_t>(s * ni * ci));
     index_w.resize(static_cast<size_t>(s * ni));
     Project(ix.q_b_proj, cq.data(), s, c.q_lora_rank, index_q.data(), pool);
@@ -265,6 +275,13 @@ void RunAttention(const AttentionParams& p, cpu::ThreadPool& pool) {
   Project(w.o_b_proj, grouped.data(), s, groups * r, p.out, pool);
 
   if (p.state != nullptr) {  // the ring keeps the last win positions
+    if (p.undo != nullptr) {
+      TANDEM_CHECK_LE(s, win) << "a chunk that may be taken back fits the window";
+      for (int64_t t = std::max<int64_t>(0, p.undo_from - p0); t < s; ++t) {
+        const float* row = &p.state->window[((p0 + t) % win) * d];
+        p.undo->ring.insert(p.undo->ring.end(), row, row + d);
+      }
+    }
     for (int64_t t = std::max<int64_t>(0, s - win); t < s; ++t) {
       std::memcpy(&p.state->window[((p0 + t) % win) * d], &kv[t * d], d * sizeof(float));
     }

@@ -17,6 +17,7 @@
 #include "engine/model/deepseek_v4/v4_config.h"
 #include "engine/model/deepseek_v4/v4_math.h"
 #include "engine/model/deepseek_v4/v4_state.h"
+#include "engine/model/deepseek_v4/v4_state_undo.h"
 #include "engine/model/deepseek_v4/v4_weights.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -33,6 +34,10 @@ struct AttentionParams {
   int64_t start_position = 0;   // must be 0 in the full form
   LayerState* state = nullptr;  // null: the full form
   float* out = nullptr;         // [rows][hidden_size]
+  // Incremental form: what positions from undo_from on overwrite in the state is appended
+  // here (v4_state_undo.h); the chunk must then be at most sliding_window tokens.
+  LayerUndo* undo = nullptr;
+  int64_t undo_from = 0;
 };
 
 void RunAttention(const AttentionParams& p, cpu::ThreadPool& pool);

@@ -21,7 +21,15 @@ namespace tandem::v4 {
 //   csa_indexer        the same for the indexer at index_head_dim;
 //   hca_compressor     state rows of [head_dim]: the unfinished window's kv and gate rows,
 //                      2 x (rate - 1).
+// With `mtp` (speculative decoding with the checkpoint's MTP layer, whose attention is a
+// sliding window: docs/speculative-decoding.md) the window stream also has the MTP layer,
+// layer num_hidden_layers, its ring indexed by MTP position (the main model's position
+// of the hidden state it reads), and one more stream follows:
+//   mtp_hidden         state rows of [hidden_size], on the MTP layer: the hc_mult hidden
+//                      streams of the sequence's last position after the last decoder
+//                      layer, which the MTP layer reads with the next token (so a state
+//                      restored or moved continues drafting without recomputing it).
 // Values are float32, as the CPU reference keeps them.
-std::vector<KvStream> KvStreamsFor(const DeepseekV4Config& config);
+std::vector<KvStream> KvStreamsFor(const DeepseekV4Config& config, bool mtp = false);
 
 }  // namespace tandem::v4

@@ -116,6 +116,24 @@ void RouterScores(ScoringFunc f, float* logits, int64_t n) {
   }
 }
 
+void RouteToken(const DeepseekV4Config& c, float* scores, const float* correction_bias, const int32_t* hash_row,
+                float* scratch, std::vector<int32_t>* top, int32_t* idx, float* weight) {
+  const int64_t e = c.n_routed_experts, k = c.num_experts_per_tok;
+  RouterScores(c.scoring_func, scores, e);
+  if (hash_row != nullptr) {
+    std::copy(hash_row, hash_row + k, idx);
+  } else {
+    for (int64_t x = 0; x < e; ++x) scratch[x] = scores[x] + correction_bias[x];
+    TopK(scratch, e, k, top);
+    std::copy(top->begin(), top->end(), idx);
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < k; ++j) sum += scores[idx[j]];
+  for (int64_t j = 0; j < k; ++j) {
+    weight[j] = scores[idx[j]] / (sum + 1e-20f) * static_cast<float>(c.routed_scaling_factor);
+  }
+}
+
 void ClampedSwiGlu(const float* gate, const float* up, float limit, int64_t n, float* h) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = std::min(gate[i], limit);

@@ -47,6 +47,14 @@ void ExpandStreams(float* streams, const float* post, const float* comb, const f
 // The router score functions, elementwise in place (softmax over all n).
 void RouterScores(ScoringFunc f, float* logits, int64_t n);
 
+// One token's routed experts (k = num_experts_per_tok of n_routed_experts e): `scores`
+// holds the router logits and gets the scores (RouterScores); the experts are the row
+// `hash_row` [k] of a hash-routed layer, or else the top k of score + correction_bias
+// (which steers the choice only), ascending; weight[j] = score / (sum of the chosen, in
+// that order, + 1e-20) * routed_scaling_factor. scratch: e floats; top: reused.
+void RouteToken(const DeepseekV4Config& c, float* scores, const float* correction_bias, const int32_t* hash_row,
+                float* scratch, std::vector<int32_t>* top, int32_t* idx, float* weight);
+
 // h = silu(min(gate, limit)) * clamp(up, -limit, limit), elementwise (the clamped SwiGLU).
 void ClampedSwiGlu(const float* gate, const float* up, float limit, int64_t n, float* h);
 

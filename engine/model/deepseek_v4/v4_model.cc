@@ -48,15 +48,26 @@ absl::Status DeepseekV4Model::Check(std::span<const int32_t> tokens, int64_t sta
 
 absl::StatusOr<std::vector<float>> DeepseekV4Model::ForwardFull(std::span<const int32_t> tokens) {
   RETURN_IF_ERROR(Check(tokens, 0));
-  return Run(tokens, 0, nullptr, /*all_logits=*/true);
+  return Run(tokens, 0, nullptr, /*all_logits=*/true, {});
 }
 
 absl::StatusOr<std::vector<float>> DeepseekV4Model::Forward(std::span<const int32_t> tokens, SequenceState& state,
                                                             bool all_logits) {
+  return Forward(tokens, state, all_logits, {});
+}
+
+absl::StatusOr<std::vector<float>> DeepseekV4Model::Forward(std::span<const int32_t> tokens, SequenceState& state,
+                                                            bool all_logits, const ForwardExtras& extras) {
   RETURN_IF_ERROR(Check(tokens, state.num_tokens));
   if (state.layers.empty() && state.num_tokens == 0) state = NewSequence();
   TANDEM_CHECK_EQ(static_cast<int64_t>(state.layers.size()), config_.num_hidden_layers);
-  std::vector<float> logits = Run(tokens, state.num_tokens, &state, all_logits);
+  if (extras.undo != nullptr) {
+    TANDEM_CHECK_LE(static_cast<int64_t>(tokens.size()), config_.sliding_window);
+    *extras.undo = StateUndo{.from = std::max(extras.undo_from, state.num_tokens),
+                             .end = state.num_tokens + static_cast<int64_t>(tokens.size()),
+                             .layers = std::vector<LayerUndo>(static_cast<size_t>(config_.num_hidden_layers))};
+  }
+  std::vector<float> logits = Run(tokens, state.num_tokens, &state, all_logits, extras);
   state.num_tokens += static_cast<int64_t>(tokens.size());
   return logits;
 }
@@ -77,20 +88,11 @@ void DeepseekV4Model::HyperPre(const HyperConnectionWeights& w, const float* str
   }
 }
 
-std::vector<float> DeepseekV4Model::Run(std::span<const int32_t> tokens, int64_t start, SequenceState* state,
-                                        bool all_logits) {
-  const ModelWeights& w = loaded_->weights();
+void DeepseekV4Model::Block(const LayerWeights& lw, AttentionType type, MlpType mlp, std::span<const int32_t> tokens,
+                            int64_t start, LayerState* state, LayerUndo* undo, int64_t undo_from, float* streams) {
   const DeepseekV4Config& c = config_;
   const int64_t s = static_cast<int64_t>(tokens.size()), n = c.hc_mult, d = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-
-  // Every stream starts as the token's embedding.
-  std::vector<float> streams(static_cast<size_t>(s * n * d));
-  for (int64_t t = 0; t < s; ++t) {
-    cpu::DequantizeRows(w.embed, tokens[t], 1, &streams[t * n * d]);
-    for (int64_t k = 1; k < n; ++k) std::memcpy(&streams[(t * n + k) * d], &streams[t * n * d], d * sizeof(float));
-  }
-
   std::vector<float> post(static_cast<size_t>(s * n)), comb(static_cast<size_t>(s * n * n));
   std::vector<float> u(static_cast<size_t>(s * d)), sub(static_cast<size_t>(s * d)), scratch(static_cast<size_t>(n * d));
   auto expand = [&] {
@@ -98,41 +100,97 @@ std::vector<float> DeepseekV4Model::Run(std::span<const int32_t> tokens, int64_t
       ExpandStreams(&streams[t * n * d], &post[t * n], &comb[t * n * n], &sub[t * d], n, d, scratch.data());
     }
   };
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& lw = w.layers[l];
-    const AttentionType type = c.layer_types[l];
-    HyperPre(lw.attn_hc, streams.data(), s, post.data(), comb.data(), u.data());
-    cpu::RmsNorm(u.data(), s, d, d, lw.attn_norm, eps, u.data(), d);
-    RunAttention({.config = &c, .weights = &lw.attention, .type = type,
-                  .rope = type == AttentionType::kSliding ? &main_rope_ : &compress_rope_,
-                  .compress_rope = &compress_rope_, .x = u.data(), .rows = s, .start_position = start,
-                  .state = state != nullptr ? &state->layers[l] : nullptr, .out = sub.data()},
-                 *pool_);
-    expand();
-    HyperPre(lw.ffn_hc, streams.data(), s, post.data(), comb.data(), u.data());
-    cpu::RmsNorm(u.data(), s, d, d, lw.ffn_norm, eps, u.data(), d);
-    RunMoe({.config = &c, .weights = &lw.moe, .type = c.mlp_layer_types[l], .x = u.data(), .tokens = tokens.data(),
-            .rows = s, .out = sub.data()},
-           *pool_);
-    expand();
-  }
+  HyperPre(lw.attn_hc, streams, s, post.data(), comb.data(), u.data());
+  cpu::RmsNorm(u.data(), s, d, d, lw.attn_norm, eps, u.data(), d);
+  RunAttention({.config = &c, .weights = &lw.attention, .type = type,
+                .rope = type == AttentionType::kSliding ? &main_rope_ : &compress_rope_,
+                .compress_rope = &compress_rope_, .x = u.data(), .rows = s, .start_position = start,
+                .state = state, .out = sub.data(), .undo = undo, .undo_from = undo_from},
+               *pool_);
+  expand();
+  HyperPre(lw.ffn_hc, streams, s, post.data(), comb.data(), u.data());
+  cpu::RmsNorm(u.data(), s, d, d, lw.ffn_norm, eps, u.data(), d);
+  RunMoe({.config = &c, .weights = &lw.moe, .type = mlp, .x = u.data(), .tokens = tokens.data(), .rows = s,
+          .out = sub.data()},
+         *pool_);
+  expand();
+}
 
-  // The hyper head collapses the streams; then the final norm and the LM head.
-  const int64_t first = all_logits ? 0 : s - 1, rows = s - first;
-  std::vector<float> flat(streams.begin() + first * n * d, streams.end()), mix(static_cast<size_t>(rows * n));
+std::vector<float> DeepseekV4Model::Logits(const HyperHeadWeights& hc_head, const float* norm, const float* streams,
+                                           int64_t rows) {
+  const DeepseekV4Config& c = config_;
+  const int64_t n = c.hc_mult, d = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  std::vector<float> flat(streams, streams + rows * n * d), mix(static_cast<size_t>(rows * n));
   for (int64_t t = 0; t < rows; ++t) UnitRmsNorm(&flat[t * n * d], n * d, eps);
-  cpu::Matmul({.x = flat.data(), .m = rows, .x_stride = n * d, .w = &w.hc_head.fn, .y = mix.data(), .y_stride = n},
+  cpu::Matmul({.x = flat.data(), .m = rows, .x_stride = n * d, .w = &hc_head.fn, .y = mix.data(), .y_stride = n},
               *pool_);
   std::vector<float> pre(static_cast<size_t>(n)), h(static_cast<size_t>(rows * d));
   for (int64_t t = 0; t < rows; ++t) {
-    HyperHeadMix(&mix[t * n], w.hc_head.base, w.hc_head.scale[0], n, static_cast<float>(c.hc_eps), pre.data());
-    CollapseStreams(&streams[(first + t) * n * d], pre.data(), n, d, &h[t * d]);
+    HyperHeadMix(&mix[t * n], hc_head.base, hc_head.scale[0], n, static_cast<float>(c.hc_eps), pre.data());
+    CollapseStreams(&streams[t * n * d], pre.data(), n, d, &h[t * d]);
   }
-  cpu::RmsNorm(h.data(), rows, d, d, w.norm, eps, h.data(), d);
+  cpu::RmsNorm(h.data(), rows, d, d, norm, eps, h.data(), d);
   std::vector<float> logits(static_cast<size_t>(rows * c.vocab_size));
-  cpu::Matmul({.x = h.data(), .m = rows, .x_stride = d, .w = &w.head, .y = logits.data(), .y_stride = c.vocab_size},
+  cpu::Matmul({.x = h.data(), .m = rows, .x_stride = d, .w = &weights().head, .y = logits.data(),
+               .y_stride = c.vocab_size},
               *pool_);
   return logits;
+}
+
+std::vector<float> DeepseekV4Model::Run(std::span<const int32_t> tokens, int64_t start, SequenceState* state,
+                                        bool all_logits, const ForwardExtras& extras) {
+  const ModelWeights& w = loaded_->weights();
+  const DeepseekV4Config& c = config_;
+  const int64_t s = static_cast<int64_t>(tokens.size()), n = c.hc_mult, d = c.hidden_size;
+
+  // Every stream starts as the token's embedding.
+  std::vector<float> streams(static_cast<size_t>(s * n * d));
+  for (int64_t t = 0; t < s; ++t) {
+    cpu::DequantizeRows(w.embed, tokens[t], 1, &streams[t * n * d]);
+    for (int64_t k = 1; k < n; ++k) std::memcpy(&streams[(t * n + k) * d], &streams[t * n * d], d * sizeof(float));
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerUndo* undo = extras.undo != nullptr ? &extras.undo->layers[l] : nullptr;
+    Block(w.layers[l], c.layer_types[l], c.mlp_layer_types[l], tokens, start,
+          state != nullptr ? &state->layers[l] : nullptr, undo, extras.undo_from, streams.data());
+  }
+  if (extras.hidden != nullptr) *extras.hidden = streams;
+
+  // The hyper head collapses the streams; then the final norm and the LM head.
+  const int64_t first = all_logits ? 0 : s - 1;
+  return Logits(w.hc_head, w.norm, &streams[first * n * d], s - first);
+}
+
+LayerState DeepseekV4Model::NewMtpState() const { return NewLayerState(config_, config_.mtp_attention_type); }
+
+std::vector<float> DeepseekV4Model::RunMtp(const float* hidden, std::span<const int32_t> tokens, int64_t start,
+                                           LayerState& state, std::vector<float>* streams_out, bool logits) {
+  TANDEM_CHECK(has_mtp());
+  const MtpWeights& m = loaded_->weights().mtp.front();
+  const DeepseekV4Config& c = config_;
+  const int64_t rows = static_cast<int64_t>(tokens.size()), n = c.hc_mult, d = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // Stream k of row r: e_proj(enorm(embed(token))) + h_proj(hnorm(hidden stream k)).
+  std::vector<float> e(static_cast<size_t>(rows * d)), ep(e.size());
+  for (int64_t r = 0; r < rows; ++r) cpu::DequantizeRows(weights().embed, tokens[r], 1, &e[r * d]);
+  cpu::RmsNorm(e.data(), rows, d, d, m.enorm, eps, e.data(), d);
+  cpu::Matmul({.x = e.data(), .m = rows, .x_stride = d, .w = &m.e_proj, .y = ep.data(), .y_stride = d}, *pool_);
+  std::vector<float>& x = *streams_out;
+  x.resize(static_cast<size_t>(rows * n * d));
+  std::vector<float> normed(x.size());
+  cpu::RmsNorm(hidden, rows * n, d, d, m.hnorm, eps, normed.data(), d);
+  cpu::Matmul({.x = normed.data(), .m = rows * n, .x_stride = d, .w = &m.h_proj, .y = x.data(), .y_stride = d},
+              *pool_);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < n; ++k) {
+      float* xs = &x[(r * n + k) * d];
+      for (int64_t i = 0; i < d; ++i) xs[i] = ep[r * d + i] + xs[i];
+    }
+  }
+  Block(m.block, c.mtp_attention_type, MlpType::kMoe, tokens, start, &state, nullptr, 0, x.data());
+  if (!logits) return {};
+  return Logits(m.hc_head, m.norm, &x[(rows - 1) * n * d], 1);
 }
 
 }  // namespace tandem::v4

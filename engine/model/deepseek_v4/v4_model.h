@@ -9,7 +9,11 @@
 // Forward continues a SequenceState (v4_state.h) with any number of new tokens, so a
 // prompt may be prefilled in chunks and decoded one token at a time. A position's logits
 // come out bitwise the same in both forms, whatever the chunking and the thread count.
-// Not yet: batches of sequences, the paged KV layout (the state is what it will hold).
+// Batches of sequences and the paged KV layout are PagedV4Model's (v4_paged_model.h).
+//
+// Speculative decoding (docs/speculative-decoding.md): a Forward may also give the hidden
+// streams the MTP layer reads and record what its last positions overwrite so that they
+// can be taken back (v4_state_undo.h); RunMtp is the checkpoint's MTP layer.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +26,7 @@
 #include "engine/model/deepseek_v4/v4_config.h"
 #include "engine/model/deepseek_v4/v4_math.h"
 #include "engine/model/deepseek_v4/v4_state.h"
+#include "engine/model/deepseek_v4/v4_state_undo.h"
 #include "engine/model/deepseek_v4/v4_weights.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -56,10 +61,44 @@ class DeepseekV4Model {
   absl::StatusOr<std::vector<float>> Forward(std::span<const int32_t> tokens, SequenceState& state,
                                              bool all_logits = true);
 
+  // What a Forward may also give.
+  struct ForwardExtras {
+    // The hidden streams of every new token after the last decoder layer, before the
+    // hyper head ([tokens][hc_mult * hidden_size]): what the MTP layer reads.
+    std::vector<float>* hidden = nullptr;
+    // Positions from undo_from on may be taken back (refused drafts): what they overwrite
+    // in the state is recorded here (TakeBack). At most sliding_window new tokens then.
+    StateUndo* undo = nullptr;
+    int64_t undo_from = 0;
+  };
+  absl::StatusOr<std::vector<float>> Forward(std::span<const int32_t> tokens, SequenceState& state, bool all_logits,
+                                             const ForwardExtras& extras);
+
+  // The checkpoint's first MTP layer (shared/models/deepseek-v4.md §2.11), if it has one.
+  bool has_mtp() const { return !loaded_->weights().mtp.empty(); }
+  // A fresh state of the MTP layer's attention (its sliding window).
+  LayerState NewMtpState() const;
+  // The MTP layer over consecutive MTP positions start, start + 1, ... of one sequence:
+  // row r from the hidden streams `hidden` ([rows][hc_mult * hidden_size]) of the main
+  // model at position start + r, or of the previous MTP run for a chained draft, and
+  // tokens[r], the token at position start + r + 1. Advances `state` (the MTP layer's
+  // ring, holding positions before start); writes the block's output streams into
+  // `streams_out` ([rows][hc_mult * hidden_size]: a chained run's hidden) and returns the
+  // last row's logits [vocab_size] (none without `logits`). has_mtp() and valid tokens are
+  // the caller's to check.
+  std::vector<float> RunMtp(const float* hidden, std::span<const int32_t> tokens, int64_t start, LayerState& state,
+                            std::vector<float>* streams_out, bool logits = true);
+
  private:
   DeepseekV4Model() = default;
   absl::Status Check(std::span<const int32_t> tokens, int64_t start) const;
-  std::vector<float> Run(std::span<const int32_t> tokens, int64_t start, SequenceState* state, bool all_logits);
+  std::vector<float> Run(std::span<const int32_t> tokens, int64_t start, SequenceState* state, bool all_logits,
+                         const ForwardExtras& extras);
+  // One decoder block (mHC + attention + mHC + MoE) over rows of streams [rows][N][D].
+  void Block(const LayerWeights& lw, AttentionType type, MlpType mlp, std::span<const int32_t> tokens, int64_t start,
+             LayerState* state, LayerUndo* undo, int64_t undo_from, float* streams);
+  // The hyper head's collapse of rows of streams, a norm, the LM head: [rows][vocab].
+  std::vector<float> Logits(const HyperHeadWeights& hc_head, const float* norm, const float* streams, int64_t rows);
   // One mHC site over rows of streams [rows][N][D]: pre into `u`, post and comb kept.
   void HyperPre(const HyperConnectionWeights& w, const float* streams, int64_t rows, float* post, float* comb,
                 float* u);

@@ -40,23 +40,12 @@ void RunMoe(const MoeParams& p, cpu::ThreadPool& pool) {
   std::vector<float> biased(static_cast<size_t>(e));
   std::vector<int32_t> top;
   for (int64_t t = 0; t < s; ++t) {
-    float* scores = &logits[t * e];
-    RouterScores(c.scoring_func, scores, e);
-    int32_t* idx = &chosen[t * k];
+    const int32_t* hash_row = nullptr;
     if (p.type == MlpType::kHashMoe) {
       TANDEM_CHECK(p.tokens[t] >= 0 && p.tokens[t] < c.vocab_size) << p.tokens[t];
-      std::memcpy(idx, w.tid2eid + static_cast<int64_t>(p.tokens[t]) * k, k * sizeof(int32_t));
-    } else {
-      // The correction bias steers the choice only, not the weights.
-      for (int64_t x = 0; x < e; ++x) biased[x] = scores[x] + w.correction_bias[x];
-      TopK(biased.data(), e, k, &top);
-      std::copy(top.begin(), top.end(), idx);
+      hash_row = w.tid2eid + static_cast<int64_t>(p.tokens[t]) * k;
     }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) sum += scores[idx[j]];
-    for (int64_t j = 0; j < k; ++j) {
-      weight[t * k + j] = scores[idx[j]] / (sum + 1e-20f) * static_cast<float>(c.routed_scaling_factor);
-    }
+    RouteToken(c, &logits[t * e], w.correction_bias, hash_row, biased.data(), &top, &chosen[t * k], &weight[t * k]);
   }
 
   // Each expert over the rows routed to it (a repeated expert in a tid2eid row counts

@@ -120,4 +120,41 @@ void LoadState(const DeepseekV4Config& c, KvPool& pool, std::span<const int32_t>
   }
 }
 
+void StoreMtpRing(const DeepseekV4Config& c, const LayerState& ring, KvPool& pool, int64_t slot) {
+  std::span<std::byte> rows = pool.SequenceRows(Find(pool).window, static_cast<int32_t>(c.num_hidden_layers), slot);
+  TANDEM_CHECK_EQ(rows.size(), ring.window.size() * sizeof(float));
+  std::memcpy(rows.data(), ring.window.data(), rows.size());
+}
+
+void LoadMtpRing(const DeepseekV4Config& c, KvPool& pool, int64_t slot, LayerState* ring) {
+  std::span<std::byte> rows = pool.SequenceRows(Find(pool).window, static_cast<int32_t>(c.num_hidden_layers), slot);
+  TANDEM_CHECK_EQ(rows.size(), ring->window.size() * sizeof(float));
+  std::memcpy(ring->window.data(), rows.data(), rows.size());
+}
+
+namespace {
+
+std::span<std::byte> HiddenRows(const DeepseekV4Config& c, KvPool& pool, int64_t slot) {
+  const int s = pool.StreamIndex("mtp_hidden");
+  TANDEM_CHECK_GE(s, 0) << "the KV pool has no stream 'mtp_hidden'";
+  std::span<std::byte> rows = pool.SequenceRows(s, static_cast<int32_t>(c.num_hidden_layers), slot);
+  TANDEM_CHECK_EQ(rows.size(), static_cast<size_t>(c.hc_mult * c.hidden_size) * sizeof(float));
+  return rows;
+}
+
+}  // namespace
+
+void StoreLastHidden(const DeepseekV4Config& c, std::span<const float> hidden, KvPool& pool, int64_t slot) {
+  std::span<std::byte> rows = HiddenRows(c, pool, slot);
+  TANDEM_CHECK_EQ(hidden.size_bytes(), rows.size());
+  std::memcpy(rows.data(), hidden.data(), rows.size());
+}
+
+std::vector<float> LoadLastHidden(const DeepseekV4Config& c, KvPool& pool, int64_t slot) {
+  std::span<std::byte> rows = HiddenRows(c, pool, slot);
+  std::vector<float> hidden(rows.size() / sizeof(float));
+  std::memcpy(hidden.data(), rows.data(), rows.size());
+  return hidden;
+}
+
 }  // namespace tandem::v4

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "engine/model/deepseek_v4/v4_config.h"
 #include "engine/model/deepseek_v4/v4_state.h"
@@ -24,5 +25,13 @@ void StoreState(const DeepseekV4Config& config, const SequenceState& state, int6
 // positions' state from the pool: what StoreState wrote for them.
 void LoadState(const DeepseekV4Config& config, KvPool& pool, std::span<const int32_t> block_table, int64_t slot,
                int64_t num_tokens, SequenceState* state);
+
+// Speculative decoding (a pool of KvStreamsFor(config, /*mtp=*/true)): the MTP layer's
+// ring in slot `slot` (the window stream's layer num_hidden_layers), and the hidden
+// streams of the sequence's last position ([hc_mult * hidden_size], the mtp_hidden stream).
+void StoreMtpRing(const DeepseekV4Config& config, const LayerState& ring, KvPool& pool, int64_t slot);
+void LoadMtpRing(const DeepseekV4Config& config, KvPool& pool, int64_t slot, LayerState* ring);
+void StoreLastHidden(const DeepseekV4Config& config, std::span<const float> hidden, KvPool& pool, int64_t slot);
+std::vector<float> LoadLastHidden(const DeepseekV4Config& config, KvPool& pool, int64_t slot);
 
 }  // namespace tandem::v4

@@ -1,0 +1,140 @@
+#include "kernels/cuda/hyper_connections.h"
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+// Rounded as the CPU reference computes it (no contraction into an FMA); expf itself is
+// within 2 ulp of the host's exp.
+__device__ __forceinline__ float SigmoidOf(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+__device__ __forceinline__ float Affine(float x, float scale, float base) { return __fadd_rn(__fmul_rn(x, scale), base); }
+
+// One thread per token: the weights are n + n + n*n values (24 for V4), and Sinkhorn's
+// rounds are sequential. The order of every sum is the CPU reference's.
+__global__ void HyperMixKernel(HyperMixParams p) {
+  internal::WaitAndTrigger();
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= p.tokens) return;
+  const int n = p.n;
+  const float* mix = p.mix + t * p.mix_stride;
+  float* pre = p.pre + t * n;
+  if (p.head) {
+    for (int j = 0; j < n; ++j) pre[j] = __fadd_rn(SigmoidOf(Affine(mix[j], p.scale[0], p.base[j])), p.eps);
+    return;
+  }
+  float* post = p.post + t * n;
+  for (int j = 0; j < n; ++j) {
+    pre[j] = __fadd_rn(SigmoidOf(Affine(mix[j], p.scale[0], p.base[j])), p.eps);
+    post[j] = 2.0f * SigmoidOf(Affine(mix[n + j], p.scale[1], p.base[n + j]));
+  }
+  float c[kMaxHyperStreams * kMaxHyperStreams];
+  for (int j = 0; j < n; ++j) {
+    float* row = c + j * n;
+    float m = -INFINITY;
+    for (int k = 0; k < n; ++k) {
+      row[k] = Affine(mix[2 * n + j * n + k], p.scale[2], p.base[2 * n + j * n + k]);
+      m = fmaxf(m, row[k]);
+    }
+    float sum = 0.0f;
+    for (int k = 0; k < n; ++k) {
+      row[k] = expf(row[k] - m);
+      sum = __fadd_rn(sum, row[k]);
+    }
+    const float inv = 1.0f / sum;
+    for (int k = 0; k < n; ++k) row[k] = __fadd_rn(__fmul_rn(row[k], inv), p.eps);
+  }
+  for (int it = 0; it < p.sinkhorn_iters; ++it) {
+    if (it > 0) {
+      for (int j = 0; j < n; ++j) {
+        float sum = 0.0f;
+        for (int k = 0; k < n; ++k) sum = __fadd_rn(sum, c[j * n + k]);
+        const float denom = __fadd_rn(sum, p.eps);
+        for (int k = 0; k < n; ++k) c[j * n + k] /= denom;
+      }
+    }
+    for (int k = 0; k < n; ++k) {
+      float sum = 0.0f;
+      for (int j = 0; j < n; ++j) sum = __fadd_rn(sum, c[j * n + k]);
+      const float denom = __fadd_rn(sum, p.eps);
+      for (int j = 0; j < n; ++j) c[j * n + k] /= denom;
+    }
+  }
+  float* comb = p.comb + t * n * n;
+  for (int i = 0; i < n * n; ++i) comb[i] = c[i];
+}
+
+// Grid (channel blocks, tokens): each thread one channel of one token.
+__global__ void HyperCollapseKernel(HyperCollapseParams p) {
+  internal::WaitAndTrigger();
+  const int64_t t = blockIdx.y;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= p.dim) return;
+  const float* x = p.streams + t * p.n * p.dim + i;
+  const float* pre = p.pre + t * p.n;
+  float sum = 0.0f;
+  for (int j = 0; j < p.n; ++j) sum = __fadd_rn(sum, __fmul_rn(pre[j], x[j * p.dim]));
+  p.out[t * p.out_stride + i] = sum;
+}
+
+__global__ void HyperExpandKernel(HyperExpandParams p) {
+  internal::WaitAndTrigger();
+  const int64_t t = blockIdx.y;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= p.dim) return;
+  const int n = p.n;
+  float* s = p.streams + t * n * p.dim + i;
+  const float* comb = p.comb + t * n * n;
+  const float* post = p.post + t * n;
+  const float f = p.f[t * p.f_stride + i];
+  float x[kMaxHyperStreams];
+  for (int j = 0; j < n; ++j) x[j] = s[j * p.dim];
+  for (int k = 0; k < n; ++k) {
+    float mixed = 0.0f;
+    for (int j = 0; j < n; ++j) mixed = __fadd_rn(mixed, __fmul_rn(comb[j * n + k], x[j]));
+    s[k * p.dim] = __fadd_rn(__fmul_rn(post[k], f), mixed);
+  }
+}
+
+bool ChannelGridOk(int64_t tokens, int64_t dim) { return tokens <= 65535 && dim > 0 && dim <= (1LL << 30); }
+
+dim3 ChannelGrid(int64_t tokens, int64_t dim) {
+  return dim3(static_cast<unsigned>((dim + kThreads - 1) / kThreads), static_cast<unsigned>(tokens));
+}
+
+}  // namespace
+
+cudaError_t HyperMix(const HyperMixParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return cudaSuccess;
+  const int64_t width = p.head ? p.n : 2 * p.n + p.n * p.n;
+  if (p.mix == nullptr || p.base == nullptr || p.scale == nullptr || p.pre == nullptr || p.tokens < 0 ||
+      p.n < 1 || p.n > kMaxHyperStreams || p.mix_stride < width ||
+      (!p.head && (p.post == nullptr || p.comb == nullptr || p.sinkhorn_iters < 1))) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t blocks = (p.tokens + kThreads - 1) / kThreads;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  return internal::Launch(HyperMixKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, p);
+}
+
+cudaError_t HyperCollapse(const HyperCollapseParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return cudaSuccess;
+  if (p.streams == nullptr || p.pre == nullptr || p.out == nullptr || p.tokens < 0 || p.n < 1 ||
+      p.n > kMaxHyperStreams || p.out_stride < p.dim || !ChannelGridOk(p.tokens, p.dim)) {
+    return cudaErrorInvalidValue;
+  }
+  return internal::Launch(HyperCollapseKernel, ChannelGrid(p.tokens, p.dim), dim3(kThreads), 0, stream, p);
+}
+
+cudaError_t HyperExpand(const HyperExpandParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return cudaSuccess;
+  if (p.streams == nullptr || p.post == nullptr || p.comb == nullptr || p.f == nullptr || p.tokens < 0 ||
+      p.n < 1 || p.n > kMaxHyperStreams || p.f_stride < p.dim || !ChannelGridOk(p.tokens, p.dim)) {
+    return cudaErrorInvalidValue;
+  }
+  return internal::Launch(HyperExpandKernel, ChannelGrid(p.tokens, p.dim), dim3(kThreads), 0, stream, p);
+}
+
+}  // namespace tandem::cuda
