@@ -748,8 +748,8 @@ TEST_F(CudaOpsTest, DraftChoiceMatchesTheCpusDraft) {
     std::vector<float> logits = Random(rows * vocab, 9);
     for (float& v : logits) v *= 4.0f;
     logits[17] = 30.0f;  // a confident row
-    logits[vocab + 5] = 9.0f;  // a tie: the lower index wins
-    logits[vocab + vocab - 1] = 9.0f;
+    logits[vocab + 5] = 60.0f;  // a tie above every random logit: the lower index wins
+    logits[vocab + vocab - 1] = 60.0f;
     for (int i = 0; i < vocab; ++i) logits[2 * vocab + i] = 0.5f;  // flat: the first index, 1 / vocab
     logits[3 * vocab + 3] = NAN;  // skipped
     Dev<float> dl(logits);

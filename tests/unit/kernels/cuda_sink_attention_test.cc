@@ -1,0 +1,106 @@
+// DeepSeek-V4's sink attention on the GPU against the CPU engine's (v4::AttendWithSink),
+// over V4-Flash's shape (64 heads of 512, a 128-row window plus 512 chosen entries) and odd
+// ones: empty key lists, repeated rows, large and very negative sinks, bad rows refused.
+// The dot products sum in another order than the CPU's, so outputs agree to a relative
+// 1e-5 of the values' scale, not bitwise. Skips, saying why, where no GPU is usable.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "engine/model/deepseek_v4/v4_math.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/sink_attention.h"
+#include "tests/unit/kernels/cuda_test_support.h"
+
+namespace tandem {
+namespace {
+
+using testing::Dev;
+
+class CudaSinkAttentionTest : public testing::GpuTest {};
+
+struct Case {
+  int tokens, heads, head_dim, pool_rows, max_keys;
+  float sink_scale;
+};
+
+TEST_F(CudaSinkAttentionTest, MatchesTheCpuOverShapes) {
+  for (const Case c : {Case{3, 64, 512, 2000, 640, 1.0f}, Case{20, 4, 64, 50, 40, 3.0f}, Case{5, 2, 4, 7, 9, 30.0f},
+                       Case{2, 8, 128, 300, 3000, 1.0f}}) {
+    const std::string what = std::to_string(c.heads) + " heads of " + std::to_string(c.head_dim) + ", " +
+                             std::to_string(c.max_keys) + " keys";
+    std::mt19937 rng(c.heads * 1000 + c.head_dim);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    const int64_t stride = c.head_dim + 4;
+    std::vector<float> q(static_cast<size_t>(c.tokens * c.heads * c.head_dim)), kv(static_cast<size_t>(c.pool_rows * stride));
+    std::vector<float> sinks(static_cast<size_t>(c.heads));
+    for (float& x : q) x = d(rng);
+    for (float& x : kv) x = d(rng);
+    for (float& x : sinks) x = c.sink_scale * d(rng);
+    sinks[0] = -1e30f;  // a head whose sink never counts
+    std::vector<int32_t> rows(static_cast<size_t>(c.tokens * c.max_keys), -7), num(static_cast<size_t>(c.tokens));
+    for (int t = 0; t < c.tokens; ++t) {
+      num[t] = t == 1 ? 0 : static_cast<int32_t>(c.max_keys - (t * 13) % std::max(1, c.max_keys / 2));
+      for (int j = 0; j < num[t]; ++j) rows[static_cast<size_t>(t * c.max_keys + j)] = static_cast<int32_t>(rng() % c.pool_rows);
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    std::vector<float> want(q.size()), scratch(static_cast<size_t>(c.max_keys) + 1);
+    for (int t = 0; t < c.tokens; ++t) {
+      std::vector<const float*> keys;
+      for (int j = 0; j < num[t]; ++j) keys.push_back(&kv[static_cast<size_t>(rows[t * c.max_keys + j] * stride)]);
+      for (int h = 0; h < c.heads; ++h) {
+        const size_t at = static_cast<size_t>((t * c.heads + h) * c.head_dim);
+        v4::AttendWithSink(&q[at], keys.data(), num[t], c.head_dim, scale, sinks[h], scratch.data(), &want[at]);
+      }
+    }
+    Dev<float> dq(q), dkv(kv), dsinks(sinks), dout(q.size());
+    Dev<int32_t> drows(rows), dnum(num), dbad(std::vector<int32_t>{0});
+    const cuda::SinkAttentionParams p{.q = dq.get(), .kv = dkv.get(), .kv_stride = stride, .pool_rows = c.pool_rows,
+                                      .key_rows = drows.get(), .num_keys = dnum.get(), .max_keys = c.max_keys,
+                                      .sinks = dsinks.get(), .tokens = c.tokens, .heads = c.heads,
+                                      .head_dim = c.head_dim, .scale = scale, .out = dout.get(),
+                                      .bad_input = dbad.get()};
+    ASSERT_EQ(cuda::SinkAttention(p, nullptr), cudaSuccess) << what;
+    const std::vector<float> got = dout.Download();
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-5f * (1.0f + std::fabs(want[i]))) << what << " @" << i;
+    }
+    EXPECT_EQ(dbad.Download()[0], 0) << what;
+  }
+}
+
+TEST_F(CudaSinkAttentionTest, RowsOutsideThePoolAreRefusedPerToken) {
+  const int heads = 2, d = 8, rows_in_pool = 10, max_keys = 4;
+  std::vector<float> q(static_cast<size_t>(2 * heads * d), 0.5f), kv(static_cast<size_t>(rows_in_pool * d), 1.0f);
+  std::vector<int32_t> rows = {0, 1, 2, 3, 4, rows_in_pool, 5, 6}, num = {4, 4};
+  Dev<float> dq(q), dkv(kv), dsinks(std::vector<float>{0.0f, 0.0f}), dout(q.size());
+  Dev<int32_t> drows(rows), dnum(num), dbad(std::vector<int32_t>{0});
+  ASSERT_EQ(cuda::SinkAttention({.q = dq.get(), .kv = dkv.get(), .kv_stride = d, .pool_rows = rows_in_pool,
+                                 .key_rows = drows.get(), .num_keys = dnum.get(), .max_keys = max_keys,
+                                 .sinks = dsinks.get(), .tokens = 2, .heads = heads, .head_dim = d, .scale = 1.0f,
+                                 .out = dout.get(), .bad_input = dbad.get()},
+                                nullptr),
+            cudaSuccess);
+  const std::vector<float> got = dout.Download();
+  EXPECT_EQ(dbad.Download()[0], 1);
+  // Token 0 attends: every key is ones and scores q . k = 4, so each channel is
+  // 4 e^4 / (4 e^4 + e^0) (the sink 0); token 1 named row 10 of 10: zeros.
+  const float want = 4.0f * std::exp(4.0f) / (4.0f * std::exp(4.0f) + 1.0f);
+  for (int i = 0; i < heads * d; ++i) EXPECT_NEAR(got[static_cast<size_t>(i)], want, 1e-6f) << i;
+  for (int i = heads * d; i < 2 * heads * d; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], 0.0f) << i;
+}
+
+TEST_F(CudaSinkAttentionTest, BadParamsAreRefused) {
+  Dev<float> f(64);
+  Dev<int32_t> i(64);
+  cuda::SinkAttentionParams p{.q = f.get(), .kv = f.get(), .kv_stride = 8, .pool_rows = 8, .key_rows = i.get(),
+                              .num_keys = i.get(), .max_keys = 4, .sinks = f.get(), .tokens = 1, .heads = 1,
+                              .head_dim = 6, .out = f.get()};
+  EXPECT_EQ(cuda::SinkAttention(p, nullptr), cudaErrorInvalidValue) << "head_dim not a multiple of 4";
+  p.head_dim = 8;
+  p.max_keys = cuda::kMaxSinkAttentionKeys + 1;
+  EXPECT_EQ(cuda::SinkAttention(p, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace tandem
