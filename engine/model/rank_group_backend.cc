@@ -1,5 +1,7 @@
 #include "engine/model/rank_group_backend.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <optional>
@@ -164,6 +166,9 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> StartCpuRankGroup(const std::strin
 
 absl::Status RunFollowerRank(parallel::Collectives& group, DeepseekModel& model) {
   std::optional<LatentKvCache> cache;
+  // Over an anonymous mapping: its pages exist once written, where a zeroed vector of rank
+  // 0's pool size (512 MiB by default) would be written whole before the first step.
+  std::shared_ptr<void> memory;
   std::vector<std::byte> bytes;
   for (;;) {
     Header h;
@@ -176,7 +181,16 @@ absl::Status RunFollowerRank(parallel::Collectives& group, DeepseekModel& model)
     RETURN_IF_ERROR(group.Broadcast(bytes, /*root=*/0));
     ASSIGN_OR_RETURN(const StepPlan plan, DecodeStepPlan(bytes));
     // The same pool as rank 0's: the same block ids hold the same KV on every rank.
-    if (!cache || cache->num_blocks() != plan.kv_blocks) cache.emplace(model.MakeKvCache(plan.kv_blocks));
+    if (!cache || cache->num_blocks() != plan.kv_blocks) {
+      const ModelConfig& c = model.config();
+      cache.reset();
+      const size_t n = static_cast<size_t>(c.num_hidden_layers * plan.kv_blocks * kKvBlockSize * c.kv_entry_dim()) *
+                       sizeof(float);
+      void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (m == MAP_FAILED) return absl::ResourceExhaustedError("rank group: cannot map the KV cache");
+      memory = std::shared_ptr<void>(m, [n](void* p) { ::munmap(p, n); });
+      cache.emplace(static_cast<float*>(m), c.num_hidden_layers, plan.kv_blocks, c.kv_entry_dim());
+    }
     absl::StatusOr<std::vector<float>> logits = model.Forward(plan.batch, *cache);
     if (!logits.ok() && logits.status().code() != absl::StatusCode::kInvalidArgument) return logits.status();
   }

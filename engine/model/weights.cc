@@ -204,9 +204,9 @@ class WeightLoader {
   // for F16 and when forced. An empty matrix (rows 0, no data) for an empty range.
   absl::StatusOr<WeightMatrix> Matrix(const std::string& name, int64_t rows, int64_t cols, bool force_f32 = false,
                                       const RowSplit* split = nullptr) {
-    ASSIGN_OR_RETURN(const WeightMatrix whole, View(name, rows, cols));
     const int64_t begin = split != nullptr ? split->begin(SplitRank(*split)) : 0;
     const int64_t n = split != nullptr ? split->size(SplitRank(*split)) : rows;
+    ASSIGN_OR_RETURN(const WeightMatrix whole, View(name, rows, cols, /*with_scales=*/n > 0));
     if (n == 0) return WeightMatrix{.dtype = whole.dtype, .rows = 0, .cols = cols};
     if (whole.dtype == DType::kF8E4M3 && begin % cpu::kFp8BlockSize != 0) {
       return absl::InvalidArgumentError(absl::StrCat("FP8 tensor '", name, "' cannot be split at row ", begin));
@@ -225,8 +225,9 @@ class WeightLoader {
     return w;
   }
 
-  // The whole tensor in its stored type (FP8 with its scales as float32).
-  absl::StatusOr<WeightMatrix> View(const std::string& name, int64_t rows, int64_t cols) {
+  // The whole tensor in its stored type, FP8 with its scales as float32 (checked only,
+  // without `with_scales`).
+  absl::StatusOr<WeightMatrix> View(const std::string& name, int64_t rows, int64_t cols, bool with_scales) {
     ASSIGN_OR_RETURN(const TensorView* t, Find(name, {rows, cols}));
     WeightMatrix w;
     w.rows = rows;
@@ -245,6 +246,7 @@ class WeightLoader {
       if ((*scales)->dtype == DType::kF8E4M3) {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", scale_name, "' must be F32 or BF16"));
       }
+      if (!with_scales) return w;
       out_.weights_.weight_bytes += (*scales)->bytes.size();
       std::vector<float>& s = Own(static_cast<size_t>((*scales)->numel()));
       ToF32(**scales, s.data());
