@@ -43,7 +43,12 @@ class RankGroupBackend : public ModelBackend {
     // The other ranks exit once they have the end (or the group failed); any still
     // running after that is killed.
     for (const parallel::RankExit& e : followers_->Wait(absl::Seconds(10))) {
-      if (!e.ok()) std::fprintf(stderr, "rank group: rank %d: %s\n", e.rank + 1, e.ToString().c_str());
+      // (RankProcesses counts the forked ranks from 0: they are ranks 1..W-1 here.)
+      if (e.signal != 0) {
+        std::fprintf(stderr, "rank group: rank %d (pid %d) ended by signal %d\n", e.rank + 1, e.pid, e.signal);
+      } else if (!e.ok()) {
+        std::fprintf(stderr, "rank group: rank %d (pid %d) exited with %d\n", e.rank + 1, e.pid, e.exit_code);
+      }
     }
   }
 

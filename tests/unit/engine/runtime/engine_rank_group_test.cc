@@ -2,6 +2,11 @@
 // broadcasts each step and forked ranks run it with the model's experts and/or dense parts
 // split; concurrent requests with chunked prefills, a shared prefix and seeded sampling
 // give exactly the one-rank engine's tokens. And the flags' combinations that do not run.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -88,6 +93,44 @@ TEST_F(EngineRankGroupTest, ExpertParallelTwoRanks) { ExpectRanksMatch({.expert_
 TEST_F(EngineRankGroupTest, TensorParallelFourRanks) { ExpectRanksMatch({.tensor_parallel = 4}); }
 TEST_F(EngineRankGroupTest, BothOnFourRanks) { ExpectRanksMatch({.expert_parallel = 4, .tensor_parallel = 4}); }
 TEST_F(EngineRankGroupTest, ExpertParallelEightRanks) { ExpectRanksMatch({.expert_parallel = 8}); }
+
+// This process's children (the ranks a group forked), from /proc.
+std::vector<pid_t> Children() {
+  std::vector<pid_t> pids;
+  std::ifstream in("/proc/self/task/" + std::to_string(::getpid()) + "/children");
+  for (pid_t p; in >> p;) pids.push_back(p);
+  return pids;
+}
+
+// A rank that dies ends the requests of the step with an error, promptly, and the next
+// request too: never a hang.
+TEST(EngineRankGroupFailureTest, ADeadRankFailsRequestsWithoutHanging) {
+  const std::string name = "test-" + std::to_string(::getpid()) + "-engine-dead";
+  absl::StatusOr<std::unique_ptr<ModelBackend>> backend =
+      StartCpuRankGroup(testing::SmallTinyModelDir(), {.num_threads = 1}, {.expert_parallel = 2, .name = name});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::vector<pid_t> children = Children();
+  ASSERT_EQ(children.size(), 1u);
+  auto holder = std::make_shared<std::unique_ptr<ModelBackend>>(std::move(*backend));
+  EngineOptions o;
+  o.num_threads = 1;
+  o.backend_factory = [holder](const std::string&) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
+    return std::move(*holder);
+  };
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(testing::SmallTinyModelDir(), o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(::kill(children[0], SIGKILL), 0);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 2; ++i) {
+    EngineRequest r = Requests()[0];
+    absl::StatusOr<std::shared_ptr<OutputStream>> s = (*e)->Submit(r);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const Result got = Drain(**s);
+    EXPECT_FALSE(got.final.status.ok()) << i;
+    EXPECT_TRUE(got.tokens.empty()) << i;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+}
 
 TEST(RankGroupWorldTest, CombinationsThatDoNotRunSaySo) {
   const BackendOptions cpu;
