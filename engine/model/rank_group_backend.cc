@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/model/step_plan.h"
+#include "engine/model/rank_step.h"
 #include "engine/parallel/rank_processes.h"
 #include "engine/parallel/shm_collectives.h"
 #include "engine/util/status_macros.h"
@@ -61,7 +61,7 @@ class RankGroupBackend : public ModelBackend {
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, KvPool& host,
                                              const ForwardOptions& options) override {
     if (!group_ok_) return absl::FailedPreconditionError("the rank group failed at an earlier step");
-    std::vector<std::byte> plan = EncodeStepPlan(batch, host.geometry().num_blocks);
+    std::vector<std::byte> plan = EncodeRankStep(batch, host.geometry().num_blocks);
     Header h{.kind = kStep, .bytes = static_cast<int64_t>(plan.size())};
     absl::Status s = BroadcastHeader(*group_, h);
     if (s.ok()) s = group_->Broadcast(plan, /*root=*/0);
@@ -184,7 +184,7 @@ absl::Status RunFollowerRank(parallel::Collectives& group, DeepseekModel& model)
     }
     bytes.resize(static_cast<size_t>(h.bytes));
     RETURN_IF_ERROR(group.Broadcast(bytes, /*root=*/0));
-    ASSIGN_OR_RETURN(const StepPlan plan, DecodeStepPlan(bytes));
+    ASSIGN_OR_RETURN(const RankStep plan, DecodeRankStep(bytes));
     // The same pool as rank 0's: the same block ids hold the same KV on every rank.
     if (!cache || cache->num_blocks() != plan.kv_blocks) {
       const ModelConfig& c = model.config();

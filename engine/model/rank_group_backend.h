@@ -1,6 +1,6 @@
 // A replica whose ranks are processes of this machine running the CPU model together
 // (docs/parallel.md): rank 0, this process, is the engine's backend; each Forward
-// broadcasts the step's plan (step_plan.h) and then runs rank 0's part, while ranks 1..W-1
+// broadcasts the step's plan (rank_step.h) and then runs rank 0's part, while ranks 1..W-1
 // run the same pass from the plan (RunFollowerRank). Every rank runs the whole batch:
 // attention runs whole on every rank over its own copy of the KV (data-parallel attention,
 // each rank its own sequences, is the next step), the routed experts and/or the LM head and

@@ -1,6 +1,6 @@
 // The step plan rank 0 broadcasts to the other ranks: every field survives the trip, and
 // bytes that are not a whole plan are an error.
-#include "engine/model/step_plan.h"
+#include "engine/model/rank_step.h"
 
 #include <vector>
 
@@ -9,15 +9,15 @@
 namespace tandem {
 namespace {
 
-TEST(StepPlanTest, RoundTripsEveryField) {
+TEST(RankStepTest, RoundTripsEveryField) {
   const std::vector<int32_t> t0 = {5, 6, 7}, b0 = {3, 1}, t1 = {9}, b1 = {};
   std::vector<ForwardSequence> batch = {
       {.tokens = t0, .start_position = 12, .block_table = b0, .all_logits = true, .state_slot = 4,
        .mtp = true, .mtp_next_token = 77, .first_kv_cached = true},
       {.tokens = t1, .start_position = 0, .block_table = b1, .no_logits = true, .keep_hidden = true},
   };
-  const std::vector<std::byte> bytes = EncodeStepPlan(batch, 321);
-  absl::StatusOr<StepPlan> plan = DecodeStepPlan(bytes);
+  const std::vector<std::byte> bytes = EncodeRankStep(batch, 321);
+  absl::StatusOr<RankStep> plan = DecodeRankStep(bytes);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->kv_blocks, 321);
   ASSERT_EQ(plan->batch.size(), 2u);
@@ -38,19 +38,19 @@ TEST(StepPlanTest, RoundTripsEveryField) {
     EXPECT_EQ(a.first_kv_cached, b.first_kv_cached);
   }
   // The views stay valid when the plan moves.
-  StepPlan moved = std::move(*plan);
+  RankStep moved = std::move(*plan);
   EXPECT_EQ(moved.batch[0].tokens[2], 7);
 }
 
-TEST(StepPlanTest, TruncatedOrLongerBytesAreRefused) {
+TEST(RankStepTest, TruncatedOrLongerBytesAreRefused) {
   const std::vector<int32_t> t = {1, 2};
   const ForwardSequence s{.tokens = t};
-  std::vector<std::byte> bytes = EncodeStepPlan({&s, 1}, 8);
+  std::vector<std::byte> bytes = EncodeRankStep({&s, 1}, 8);
   for (size_t n = 0; n < bytes.size(); ++n) {
-    EXPECT_EQ(DecodeStepPlan(std::span(bytes).first(n)).status().code(), absl::StatusCode::kInvalidArgument) << n;
+    EXPECT_EQ(DecodeRankStep(std::span(bytes).first(n)).status().code(), absl::StatusCode::kInvalidArgument) << n;
   }
   bytes.push_back(std::byte{0});
-  EXPECT_EQ(DecodeStepPlan(bytes).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeRankStep(bytes).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

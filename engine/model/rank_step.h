@@ -16,20 +16,20 @@ namespace tandem {
 
 // A decoded step: `batch` views the token and block vectors, which it owns (moving a plan
 // keeps them valid; copying is not allowed).
-struct StepPlan {
+struct RankStep {
   int64_t kv_blocks = 0;
   std::vector<std::vector<int32_t>> tokens, block_tables;
   std::vector<ForwardSequence> batch;
 
-  StepPlan() = default;
-  StepPlan(StepPlan&&) = default;
-  StepPlan& operator=(StepPlan&&) = default;
-  StepPlan(const StepPlan&) = delete;
-  StepPlan& operator=(const StepPlan&) = delete;
+  RankStep() = default;
+  RankStep(RankStep&&) = default;
+  RankStep& operator=(RankStep&&) = default;
+  RankStep(const RankStep&) = delete;
+  RankStep& operator=(const RankStep&) = delete;
 };
 
-std::vector<std::byte> EncodeStepPlan(std::span<const ForwardSequence> batch, int64_t kv_blocks);
+std::vector<std::byte> EncodeRankStep(std::span<const ForwardSequence> batch, int64_t kv_blocks);
 // INVALID_ARGUMENT for bytes that are not a whole plan.
-absl::StatusOr<StepPlan> DecodeStepPlan(std::span<const std::byte> bytes);
+absl::StatusOr<RankStep> DecodeRankStep(std::span<const std::byte> bytes);
 
 }  // namespace tandem

@@ -1,4 +1,4 @@
-#include "engine/model/step_plan.h"
+#include "engine/model/rank_step.h"
 
 #include <cstring>
 
@@ -56,7 +56,7 @@ class Reader {
 
 }  // namespace
 
-std::vector<std::byte> EncodeStepPlan(std::span<const ForwardSequence> batch, int64_t kv_blocks) {
+std::vector<std::byte> EncodeRankStep(std::span<const ForwardSequence> batch, int64_t kv_blocks) {
   std::vector<std::byte> out;
   Put<int64_t>(out, kv_blocks);
   Put<int64_t>(out, static_cast<int64_t>(batch.size()));
@@ -73,8 +73,8 @@ std::vector<std::byte> EncodeStepPlan(std::span<const ForwardSequence> batch, in
   return out;
 }
 
-absl::StatusOr<StepPlan> DecodeStepPlan(std::span<const std::byte> bytes) {
-  StepPlan plan;
+absl::StatusOr<RankStep> DecodeRankStep(std::span<const std::byte> bytes) {
+  RankStep plan;
   Reader in(bytes);
   int64_t n = 0;
   const auto malformed = [] { return absl::InvalidArgumentError("a malformed step plan"); };
