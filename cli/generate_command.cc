@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/rank_group_backend.h"
 #include "engine/runtime/engine.h"
 #include "engine/model/model_resolver.h"
 #include "cli/client_security.h"
@@ -50,6 +54,7 @@ struct GenerateArgs {
   bool no_speculative_adaptive = false;
   ClientSecurityArgs security;
   int threads = 0;
+  int data_parallel = 1, expert_parallel = 1, tensor_parallel = 1;
   std::string device = "cpu";
   double gpu_memory_utilization = 0.9;
   double timeout_s = 0;
@@ -124,6 +129,23 @@ int RunLocal(const GenerateArgs& a) {
   options.speculative_tokens = a.speculative_tokens;
   options.speculative_min_confidence = static_cast<float>(a.speculative_min_confidence);
   options.speculative_adaptive = !a.no_speculative_adaptive;
+  // Ranks (docs/parallel.md) are forked first, before anything starts a thread; rank 0's
+  // backend, this process's, goes to the engine.
+  const RankGroupOptions ranks{.data_parallel = a.data_parallel, .expert_parallel = a.expert_parallel,
+                               .tensor_parallel = a.tensor_parallel,
+                               .name = absl::StrCat("generate-", ::getpid())};
+  const BackendOptions backend{.device = a.device, .num_threads = a.threads, .mtp = a.speculative_tokens > 0};
+  absl::StatusOr<int> world = RankGroupWorld(ranks, backend);
+  if (!world.ok()) return Fail(world.status());
+  if (*world > 1) {
+    absl::StatusOr<std::unique_ptr<ModelBackend>> group = StartCpuRankGroup(*dir, backend, ranks);
+    if (!group.ok()) return Fail(group.status());
+    auto holder = std::make_shared<std::unique_ptr<ModelBackend>>(*std::move(group));
+    options.backend_factory = [holder](const std::string&) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
+      if (*holder == nullptr) return absl::FailedPreconditionError("the rank group's backend was taken already");
+      return std::move(*holder);
+    };
+  }
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*dir, options);
   if (!engine.ok()) return Fail(engine.status());
   std::fprintf(stderr, "model %s (%s), loaded in %.2f s\n", dir->c_str(), (*engine)->config().summary.c_str(),
@@ -244,7 +266,24 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_flag("--no-speculative-adaptive", args->no_speculative_adaptive,
                 "--local with --speculative-tokens: draft at every step (default: only where drafting measured "
                 "faster; the text is the same either way)");
-  cmd->add_option("--threads", args->threads, "CPU threads (0 = all)")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "CPU threads (0 = all; with ranks, per rank: 0 = all / ranks)")
+      ->capture_default_str();
+  cmd->add_option("--expert-parallel", args->expert_parallel,
+                  "--local, cpu: run the model on N ranks (processes of this machine), each holding 1/N of every "
+                  "MoE layer's routed experts; tokens go to their experts' ranks and back (docs/parallel.md). "
+                  "Outputs are bitwise one rank's")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--tensor-parallel", args->tensor_parallel,
+                  "--local, cpu: run the model on N ranks, each holding 1/N of the LM head's vocabulary rows and "
+                  "of the dense MLPs' rows; with --expert-parallel the same N (one group of ranks)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--data-parallel", args->data_parallel,
+                  "--local: data-parallel attention (each rank its own sequences and KV): not implemented yet, "
+                  "only 1 is accepted; every rank runs the whole batch")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   cmd->add_option("--device", args->device, "--local: where the model runs: cpu, cuda or cuda:N")
       ->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
@@ -258,6 +297,12 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
     args->model_set = model_opt->count() > 0;
     if (args->local) {
       *exit_code = RunLocal(*args);
+      return;
+    }
+    if (args->data_parallel > 1 || args->expert_parallel > 1 || args->tensor_parallel > 1) {
+      *exit_code = Fail(absl::InvalidArgumentError(
+          "--data-parallel, --expert-parallel and --tensor-parallel need --local: the served workers do not start "
+          "rank groups yet (docs/parallel.md)"));
       return;
     }
     if (args->batch_invariant) {

@@ -3,11 +3,13 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/util/status_macros.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/moe_routing.h"
 #include "kernels/cpu/norm_rope_act.h"
+#include "kernels/common/check.h"
 
 namespace tandem {
 namespace {
@@ -17,8 +19,9 @@ namespace {
 constexpr float kLatentNormEps = 1e-6f;
 
 void Linear(const float* x, int64_t rows, int64_t x_stride, const WeightMatrix& w, float* y,
-            cpu::ThreadPool& pool, bool accumulate = false) {
-  cpu::Matmul({.x = x, .m = rows, .x_stride = x_stride, .w = &w, .y = y, .y_stride = w.rows,
+            cpu::ThreadPool& pool, bool accumulate = false, int64_t y_stride = 0) {
+  if (w.rows == 0) return;  // a rank's empty part of a split matrix
+  cpu::Matmul({.x = x, .m = rows, .x_stride = x_stride, .w = &w, .y = y, .y_stride = y_stride ? y_stride : w.rows,
                .accumulate = accumulate},
               pool);
 }
@@ -42,8 +45,20 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Load(const std::st
                                                                    const LoadOptions& options) {
   auto model = std::unique_ptr<DeepseekModel>(new DeepseekModel());
   ASSIGN_OR_RETURN(model->config_, LoadModelConfig(dir));
+  if (options.group != nullptr) {
+    if (options.mtp) {
+      return absl::FailedPreconditionError("speculative decoding (the MTP layer) does not run split over ranks yet");
+    }
+    model->group_ = options.group;
+    model->layout_ = {.rank = options.group->rank(), .world = options.group->world_size(),
+                      .expert_parallel = options.expert_parallel, .tensor_parallel = options.tensor_parallel};
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
-  ASSIGN_OR_RETURN(model->loaded_, LoadedWeights::Load(model->config_, std::move(ckpt)));
+  ASSIGN_OR_RETURN(model->loaded_, LoadedWeights::Load(model->config_, std::move(ckpt), model->layout_));
+  if (model->layout_.experts_split()) {
+    model->expert_parallel_ =
+        std::make_unique<ExpertParallelMoe>(*model->group_, model->layout_, model->config_.n_routed_experts);
+  }
   model->pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
   model->inv_freq_ = model->config_.RopeInverseFrequencies();
   model->rope_attention_factor_ = static_cast<float>(model->config_.RopeAttentionFactor());
@@ -125,9 +140,11 @@ absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const Forwar
 
   std::vector<float> x(static_cast<size_t>(rows * hidden));
   for (int64_t r = 0; r < rows; ++r) cpu::DequantizeRows(w.embed, tokens[r], 1, &x[r * hidden]);
+  parallel_status_ = absl::OkStatus();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     DecoderLayer(w.layers[l], l, l, /*slot_offset=*/0, seqs, x.data(), rows, cache, options);
   }
+  RETURN_IF_ERROR(parallel_status_);
 
   if (mtp_ != nullptr) {
     kept_hidden_.clear();
@@ -147,8 +164,25 @@ absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const Forwar
     cpu::RmsNorm(&x[logit_rows[i] * hidden], 1, hidden, hidden, w.final_norm, static_cast<float>(c.rms_norm_eps),
                  &last[i * hidden], hidden);
   }
-  std::vector<float> logits(static_cast<size_t>(out_rows * c.vocab_size));
-  Linear(last.data(), out_rows, hidden, w.lm_head, logits.data(), *pool_);
+  std::vector<float> logits = LmHead(last.data(), out_rows);
+  RETURN_IF_ERROR(parallel_status_);
+  return logits;
+}
+
+std::vector<float> DeepseekModel::LmHead(const float* last, int64_t rows) {
+  const ModelWeights& w = weights();
+  const int64_t vocab = config_.vocab_size;
+  std::vector<float> logits(static_cast<size_t>(rows * vocab));
+  const RowSplit& split = w.lm_head_split;
+  if (split.world == 1) {
+    Linear(last, rows, config_.hidden_size, w.lm_head, logits.data(), *pool_);
+    return logits;
+  }
+  std::vector<float> local(static_cast<size_t>(rows * split.chunk));
+  Linear(last, rows, config_.hidden_size, w.lm_head, local.data(), *pool_, false, split.chunk);
+  if (parallel_status_.ok()) {
+    parallel_status_ = GatherColumns(*group_, split, local.data(), rows, logits.data(), vocab, gather_scratch_);
+  }
   return logits;
 }
 
@@ -247,6 +281,11 @@ void DeepseekModel::Attention(const AttentionWeights& w, int64_t cache_layer, in
 }
 
 void DeepseekModel::DenseMlp(const MlpWeights& w, const float* h, int64_t rows, float* out, bool accumulate) {
+  if (w.inter_split.world > 1) {
+    TANDEM_CHECK(!accumulate) << "only dense layers' MLPs are split";
+    TensorParallelMlp(w, h, rows, out);
+    return;
+  }
   const int64_t inter = w.gate.rows;
   std::vector<float> gate(static_cast<size_t>(rows * inter)), up(static_cast<size_t>(rows * inter));
   Linear(h, rows, config_.hidden_size, w.gate, gate.data(), *pool_);
@@ -276,6 +315,12 @@ void DeepseekModel::Moe(const MoeWeights& w, int64_t layer, const float* h, int6
   cpu::RouteMoe(routing);
   if (options.after_routing) options.after_routing(layer, routing);
 
+  if (expert_parallel_ != nullptr) {
+    ExpertParallelRoutedExperts(w, h, rows, ids.data(), weights.data(), out);
+    if (w.shared) DenseMlp(*w.shared, h, rows, out, /*accumulate=*/true);
+    return;
+  }
+
   // Group tokens by expert; run each chosen expert once over its tokens.
   std::vector<std::vector<std::pair<int64_t, float>>> assigned(static_cast<size_t>(experts));
   for (int64_t r = 0; r < rows; ++r) {
@@ -292,13 +337,50 @@ void DeepseekModel::Moe(const MoeWeights& w, int64_t layer, const float* h, int6
     for (int64_t i = 0; i < n; ++i) std::copy(h + tok[i].first * hidden, h + (tok[i].first + 1) * hidden, &xs[i * hidden]);
     DenseMlp(w.experts[e], xs.data(), n, ys.data(), /*accumulate=*/false);
     for (int64_t i = 0; i < n; ++i) {
-      float* dst = out + tok[i].first * hidden;
-      const float* src = &ys[i * hidden];
-      const float scale = tok[i].second;
-      for (int64_t d = 0; d < hidden; ++d) dst[d] += src[d] * scale;
+      AddWeightedExpertOutput(out + tok[i].first * hidden, &ys[i * hidden], tok[i].second, hidden);
     }
   }
   if (w.shared) DenseMlp(*w.shared, h, rows, out, /*accumulate=*/true);
+}
+
+void DeepseekModel::ExpertParallelRoutedExperts(const MoeWeights& w, const float* h, int64_t rows, const int32_t* ids,
+                                                const float* weights, float* out) {
+  if (!parallel_status_.ok()) return;
+  const int64_t hidden = config_.hidden_size;
+  const int64_t top_k = config_.num_experts_per_tok;
+  // Every rank has the whole batch: each dispatches its block of rows (so every expert
+  // runs each row once, in batch order), and the blocks' outputs are gathered.
+  const int64_t begin = RowBlockBegin(rows, layout_.world, layout_.rank);
+  const int64_t mine = RowBlockBegin(rows, layout_.world, layout_.rank + 1) - begin;
+  std::vector<float> local(static_cast<size_t>(mine * hidden));
+  const RoutedRows in{.x = h + begin * hidden, .rows = mine, .hidden = hidden, .top_k = top_k,
+                      .expert_ids = ids + begin * top_k, .weights = weights + begin * top_k};
+  parallel_status_ = expert_parallel_->Run(
+      in, [&](int64_t e, const float* x, int64_t n, float* y) { DenseMlp(w.experts[e], x, n, y, false); },
+      local.data());
+  if (!parallel_status_.ok()) return;
+  parallel_status_ = GatherRowBlocks(*group_, local.data(), rows, hidden, out, gather_scratch_);
+}
+
+void DeepseekModel::TensorParallelMlp(const MlpWeights& w, const float* h, int64_t rows, float* out) {
+  if (!parallel_status_.ok()) return;
+  const int64_t hidden = config_.hidden_size;
+  const RowSplit& is = w.inter_split;
+  const RowSplit& hs = w.hidden_split;
+  // The rank's intermediate features (padded to the split's chunk), then all of them.
+  std::vector<float> gate(static_cast<size_t>(rows * is.chunk)), up(gate.size());
+  Linear(h, rows, hidden, w.gate, gate.data(), *pool_, false, is.chunk);
+  Linear(h, rows, hidden, w.up, up.data(), *pool_, false, is.chunk);
+  cpu::SiluMul(gate.data(), up.data(), gate.data(), rows * is.chunk);
+  std::vector<float> act(static_cast<size_t>(rows * is.rows));
+  parallel_status_ = GatherColumns(*group_, is, gate.data(), rows, act.data(), is.rows, gather_scratch_);
+  if (!parallel_status_.ok()) return;
+  // The rank's output features over every intermediate feature: each output a whole dot
+  // product, as on one rank (a split of the intermediate features with an all-reduce of
+  // partial sums would round differently).
+  std::vector<float> y(static_cast<size_t>(rows * hs.chunk));
+  Linear(act.data(), rows, is.rows, w.down, y.data(), *pool_, false, hs.chunk);
+  parallel_status_ = GatherColumns(*group_, hs, y.data(), rows, out, hidden, gather_scratch_);
 }
 
 }  // namespace tandem

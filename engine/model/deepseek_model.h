@@ -11,10 +11,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/expert_parallel.h"
 #include "engine/model/forward_batch.h"
 #include "engine/model/latent_kv_cache.h"
 #include "engine/model/model_config.h"
+#include "engine/model/parallel_layout.h"
 #include "engine/model/weights.h"
+#include "engine/parallel/collectives.h"
 #include "kernels/cpu/moe_routing.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -63,6 +66,16 @@ class DeepseekModel {
     // mtp) over a cache with one layer more than the model (the MTP layer's KV).
     // FAILED_PRECONDITION when the checkpoint has none.
     bool mtp = false;
+    // A rank of a replica that spans several ranks (docs/parallel.md): `group` (not owned,
+    // outliving the model) connects the ranks, and this rank holds only its routed
+    // experts (expert_parallel: ParallelLayout::LocalExperts) and its rows of the LM
+    // head and of the dense MLPs (tensor_parallel). Every rank then calls Forward with
+    // the same batch and cache contents, collectively; attention and the shared experts
+    // run whole on every rank. The logits are bitwise those of one rank.
+    // FAILED_PRECONDITION with mtp (not split yet).
+    parallel::Collectives* group = nullptr;
+    bool expert_parallel = false;
+    bool tensor_parallel = false;
   };
   // Loads config.json and the safetensors weights of a checkpoint directory.
   static absl::StatusOr<std::unique_ptr<DeepseekModel>> Load(const std::string& dir,
@@ -72,6 +85,7 @@ class DeepseekModel {
   }
 
   const ModelConfig& config() const { return config_; }
+  const ParallelLayout& layout() const { return layout_; }
   const ModelWeights& weights() const { return loaded_->weights(); }
   cpu::ThreadPool& thread_pool() { return *pool_; }
 
@@ -87,6 +101,7 @@ class DeepseekModel {
   // With LoadOptions::mtp also the MTP layer's slots of sequences with `mtp`, and the
   // hidden states of sequences with `keep_hidden` (kept_hidden()); without it those are
   // FAILED_PRECONDITION. A sequence with first_kv_cached writes no KV for its first token.
+  // In a parallel group also the group's errors (after which the group is unusable).
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& cache,
                                              const DeepseekForwardOptions& options = {});
 
@@ -131,6 +146,15 @@ class DeepseekModel {
   // The MTP's shared head over each row of y: [rows][vocab] logits.
   std::vector<float> MtpLogits(const float* y, int64_t rows);
   void DenseMlp(const MlpWeights& w, const float* h, int64_t rows, float* out, bool accumulate);
+  // A dense MLP split by rows (MlpWeights::inter_split, hidden_split): the rank's
+  // intermediate features, gathered, then its output features, gathered.
+  void TensorParallelMlp(const MlpWeights& w, const float* h, int64_t rows, float* out);
+  // The routed experts of a MoE layer under expert parallelism: the rank runs its block
+  // of the batch's rows through ExpertParallelMoe, then the blocks are gathered.
+  void ExpertParallelRoutedExperts(const MoeWeights& w, const float* h, int64_t rows, const int32_t* ids,
+                                   const float* weights, float* out);
+  // logits[rows][vocab] of the final-normed rows `last`, the LM head split or whole.
+  std::vector<float> LmHead(const float* last, int64_t rows);
   void Moe(const MoeWeights& w, int64_t layer, const float* h, int64_t rows, float* out,
            const DeepseekForwardOptions& options);
 
@@ -143,6 +167,14 @@ class DeepseekModel {
   bool bf16_kv_cache_ = false;
   const MtpLayerWeights* mtp_ = nullptr;  // LoadOptions::mtp: the first MTP layer
   std::vector<float> kept_hidden_;
+
+  ParallelLayout layout_;
+  parallel::Collectives* group_ = nullptr;
+  std::unique_ptr<ExpertParallelMoe> expert_parallel_;
+  // The first error of a collective in this Forward: the layers (void) skip the collectives
+  // after it, and Forward returns it.
+  absl::Status parallel_status_;
+  std::vector<float> gather_scratch_;
 };
 
 }  // namespace tandem

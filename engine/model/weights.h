@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/model_config.h"
+#include "engine/model/parallel_layout.h"
 #include "kernels/cpu/weight_matrix.h"
 
 namespace tandem {
@@ -20,6 +21,10 @@ using cpu::WeightMatrix;
 
 struct MlpWeights {
   WeightMatrix gate, up, down;
+  // Under tensor parallelism (dense MLPs only) the rank's rows: gate and up rows
+  // inter_split.begin(rank)..end(rank) (intermediate features), down rows of
+  // hidden_split (output features, every intermediate column). Whole otherwise.
+  RowSplit inter_split, hidden_split;
 };
 
 struct AttentionWeights {
@@ -36,6 +41,8 @@ struct AttentionWeights {
 struct MoeWeights {
   WeightMatrix router;                     // [experts, hidden], float32 (routing runs in fp32)
   const float* correction_bias = nullptr;  // e_score_correction_bias, or null
+  // Every routed expert's slot; under expert parallelism only this rank's are loaded
+  // (ParallelLayout::LocalExperts), the others stay empty.
   std::vector<MlpWeights> experts;
   std::optional<MlpWeights> shared;
 };
@@ -66,6 +73,7 @@ struct ModelWeights {
   std::vector<DecoderLayerWeights> layers;
   const float* final_norm = nullptr;
   WeightMatrix lm_head;  // [vocab, hidden]; the embedding when tied
+  RowSplit lm_head_split;  // under tensor parallelism the rank's vocabulary rows
   std::vector<MtpLayerWeights> mtp_layers;
 
   // Tensors of the checkpoint that no part of the model uses (reported, not fatal).
@@ -78,8 +86,12 @@ class LoadedWeights {
  public:
   // Errors: INVALID_ARGUMENT naming the tensor when one is missing, has the wrong shape or
   // an unusable type (e.g. FP8 without its weight_scale_inv), plus checkpoint errors.
+  // With a parallel `layout` only the rank's part of the split tensors is used: the
+  // others are checked (presence, shape) but neither converted nor read, so the mapped
+  // pages of other ranks' experts never become resident.
   static absl::StatusOr<std::unique_ptr<LoadedWeights>> Load(const ModelConfig& config,
-                                                             std::unique_ptr<Checkpoint> checkpoint);
+                                                             std::unique_ptr<Checkpoint> checkpoint,
+                                                             const ParallelLayout& layout = {});
   const ModelWeights& weights() const { return weights_; }
   const Checkpoint& checkpoint() const { return *checkpoint_; }
 

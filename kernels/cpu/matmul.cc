@@ -54,7 +54,7 @@ void DequantizeRows(const WeightMatrix& w, int64_t row_begin, int64_t num_rows, 
 
 namespace {
 
-constexpr int kRowsPerBlock = 4;
+constexpr int kRowsPerBlock = static_cast<int>(kMatmulRowBlock);
 
 // Dot products of one activation row with kRowsPerBlock consecutive weight rows.
 // Weight rows are float32 (contiguous, `wstride` floats apart).

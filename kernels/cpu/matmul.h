@@ -11,6 +11,11 @@
 
 namespace tandem::cpu {
 
+// Weight rows are taken in blocks of this many from row 0, the rest one at a time (the two
+// paths round differently): a matrix split by rows at multiples of it gives bitwise the
+// whole matrix's products (engine/model/parallel_layout.h).
+inline constexpr int64_t kMatmulRowBlock = 4;
+
 struct MatmulParams {
   const float* x = nullptr;
   int64_t m = 0;

@@ -25,7 +25,8 @@ TEST(CliTest, HelpDocumentsEveryCommandAndFlag) {
   }
   auto gen = RunProcess({BinaryPath("tandem"), "generate", "--help"});
   for (const char* flag : {"--local", "--addr", "--model", "--max-tokens", "--temperature", "--top-p", "--top-k",
-                           "--seed", "--stop", "--ignore-eos"}) {
+                           "--seed", "--stop", "--ignore-eos", "--expert-parallel", "--tensor-parallel",
+                           "--data-parallel"}) {
     EXPECT_NE(gen.out.find(flag), std::string::npos) << flag;
   }
   auto none = RunProcess({BinaryPath("tandem")});
@@ -98,6 +99,37 @@ TEST(CliTest, LocalGenerationStreamsTextAndIsReproducible) {
   cmd[cmd.size() - 1] = "A different prompt";
   auto other = RunProcess(cmd, env);
   EXPECT_NE(other.out, first.out);
+}
+
+// Ranks forked by `generate --local` (docs/parallel.md), with the experts and/or the dense
+// parts split: the text of one rank, sampled with a seed.
+TEST(CliTest, LocalGenerationOnRanksIsOneRanks) {
+  TempDir tmp;
+  const std::vector<std::string> env = {"TANDEM_CACHE_DIR=" + tmp.Sub("cache")};
+  const std::vector<std::string> cmd = {BinaryPath("tandem"), "generate", "--local", "--model", "tiny",
+                                        "--max-tokens", "12", "--seed", "5", "--ignore-eos", "--threads", "1",
+                                        "The quick brown fox"};
+  auto one = RunProcess(cmd, env);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  for (const std::vector<std::string>& flags : std::vector<std::vector<std::string>>{
+           {"--expert-parallel", "2"}, {"--expert-parallel", "4", "--tensor-parallel", "4"}}) {
+    std::vector<std::string> c = cmd;
+    c.insert(c.end() - 1, flags.begin(), flags.end());
+    auto ranks = RunProcess(c, env);
+    ASSERT_EQ(ranks.exit_code, 0) << ranks.err;
+    EXPECT_EQ(ranks.out, one.out) << flags[1];
+    EXPECT_NE(ranks.err.find("generated tokens: 12"), std::string::npos) << ranks.err;
+  }
+  auto dp = RunProcess({BinaryPath("tandem"), "generate", "--local", "--data-parallel", "2", "hi"}, env);
+  EXPECT_NE(dp.exit_code, 0);
+  EXPECT_NE(dp.err.find("not implemented yet"), std::string::npos) << dp.err;
+  auto mixed = RunProcess(
+      {BinaryPath("tandem"), "generate", "--local", "--expert-parallel", "2", "--tensor-parallel", "4", "hi"}, env);
+  EXPECT_NE(mixed.exit_code, 0);
+  EXPECT_NE(mixed.err.find("same count"), std::string::npos) << mixed.err;
+  auto remote = RunProcess({BinaryPath("tandem"), "generate", "--expert-parallel", "2", "hi"}, env);
+  EXPECT_NE(remote.exit_code, 0);
+  EXPECT_NE(remote.err.find("need --local"), std::string::npos) << remote.err;
 }
 
 TEST(CliTest, GenerationErrorsAreClear) {

@@ -1,0 +1,204 @@
+#include "engine/model/rank_group_backend.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/rank_step.h"
+#include "engine/parallel/rank_processes.h"
+#include "engine/parallel/shm_collectives.h"
+#include "engine/util/status_macros.h"
+
+namespace tandem {
+namespace {
+
+// What rank 0 broadcasts before each message: its kind and the payload's size (the
+// payload follows in a second broadcast: every rank must give Broadcast the same size).
+enum MessageKind : int64_t { kStep = 1, kEnd = 2 };
+struct Header {
+  int64_t kind = 0;
+  int64_t bytes = 0;
+};
+
+absl::Status BroadcastHeader(parallel::Collectives& group, Header& h) {
+  return group.Broadcast(std::as_writable_bytes(std::span<Header>(&h, 1)), /*root=*/0);
+}
+
+class RankGroupBackend : public ModelBackend {
+ public:
+  RankGroupBackend(std::unique_ptr<parallel::Collectives> group, std::unique_ptr<CpuBackend> local,
+                   std::unique_ptr<parallel::RankProcesses> followers)
+      : group_(std::move(group)), local_(std::move(local)), followers_(std::move(followers)) {}
+
+  ~RankGroupBackend() override {
+    if (group_ok_) {
+      Header end{.kind = kEnd};
+      (void)BroadcastHeader(*group_, end);
+    }
+    // The other ranks exit once they have the end (or the group failed); any still
+    // running after that is killed.
+    for (const parallel::RankExit& e : followers_->Wait(absl::Seconds(10))) {
+      // (RankProcesses counts the forked ranks from 0: they are ranks 1..W-1 here.)
+      if (e.signal != 0) {
+        std::fprintf(stderr, "rank group: rank %d (pid %d) ended by signal %d\n", e.rank + 1, e.pid, e.signal);
+      } else if (!e.ok()) {
+        std::fprintf(stderr, "rank group: rank %d (pid %d) exited with %d\n", e.rank + 1, e.pid, e.exit_code);
+      }
+    }
+  }
+
+  const ModelConfig& config() const override { return local_->config(); }
+  std::string device_name() const override {
+    return absl::StrCat("cpu (rank 0 of ", group_->world_size(), ")");
+  }
+  bool kv_in_host_pool() const override { return true; }
+
+  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, KvPool& host,
+                                             const ForwardOptions& options) override {
+    if (!group_ok_) return absl::FailedPreconditionError("the rank group failed at an earlier step");
+    std::vector<std::byte> plan = EncodeRankStep(batch, host.geometry().num_blocks);
+    Header h{.kind = kStep, .bytes = static_cast<int64_t>(plan.size())};
+    absl::Status s = BroadcastHeader(*group_, h);
+    if (s.ok()) s = group_->Broadcast(plan, /*root=*/0);
+    if (!s.ok()) {
+      group_ok_ = false;
+      return s;
+    }
+    absl::StatusOr<std::vector<float>> logits = local_->Forward(batch, host, options);
+    // A collective's error inside the pass leaves the group unusable.
+    if (!logits.ok() && logits.status().code() != absl::StatusCode::kInvalidArgument) group_ok_ = false;
+    return logits;
+  }
+
+ private:
+  std::unique_ptr<parallel::Collectives> group_;
+  std::unique_ptr<CpuBackend> local_;
+  std::unique_ptr<parallel::RankProcesses> followers_;
+  bool group_ok_ = true;
+};
+
+DeepseekModel::LoadOptions RankLoadOptions(const BackendOptions& backend, const RankGroupOptions& g, int world,
+                                           parallel::Collectives& group) {
+  DeepseekModel::LoadOptions o;
+  // The ranks share the machine's cores.
+  o.num_threads = backend.num_threads > 0
+                      ? backend.num_threads
+                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
+  o.group = &group;
+  o.expert_parallel = g.expert_parallel > 1;
+  o.tensor_parallel = g.tensor_parallel > 1;
+  return o;
+}
+
+parallel::ShmGroupOptions ShmOptions(const RankGroupOptions& g, int world, int rank) {
+  parallel::ShmGroupOptions o;
+  o.name = g.name;
+  o.world_size = world;
+  o.rank = rank;
+  o.timeout = g.timeout;
+  return o;
+}
+
+}  // namespace
+
+absl::StatusOr<int> RankGroupWorld(const RankGroupOptions& g, const BackendOptions& backend) {
+  const int d = g.data_parallel, e = g.expert_parallel, t = g.tensor_parallel;
+  if (d < 1 || e < 1 || t < 1) {
+    return absl::InvalidArgumentError("--data-parallel, --expert-parallel and --tensor-parallel must be at least 1");
+  }
+  const int world = std::max({d, e, t});
+  if (world == 1) return 1;
+  if (world > parallel::kShmMaxWorld) {
+    return absl::InvalidArgumentError(absl::StrCat("at most ", parallel::kShmMaxWorld, " ranks, not ", world));
+  }
+  if (d > 1) {
+    return absl::UnimplementedError(
+        "--data-parallel: data-parallel attention is not implemented yet (docs/parallel.md); --expert-parallel "
+        "and --tensor-parallel run every rank over the whole batch");
+  }
+  if (e > 1 && t > 1 && e != t) {
+    return absl::InvalidArgumentError(absl::StrCat("--expert-parallel ", e, " and --tensor-parallel ", t,
+                                                   " split over the same ranks: give them the same count, or one "
+                                                   "of them 1"));
+  }
+  if (backend.device != "cpu") {
+    return absl::UnimplementedError(absl::StrCat("--device ", backend.device,
+                                                 ": ranks run on the CPU backend only for now (the NCCL backend "
+                                                 "is docs/parallel.md step 4)"));
+  }
+  if (backend.mtp) {
+    return absl::UnimplementedError("speculative decoding (the MTP layer) does not run split over ranks yet");
+  }
+  return world;
+}
+
+absl::StatusOr<std::unique_ptr<ModelBackend>> StartCpuRankGroup(const std::string& dir,
+                                                                const BackendOptions& backend,
+                                                                const RankGroupOptions& g) {
+  ASSIGN_OR_RETURN(const int world, RankGroupWorld(g, backend));
+  ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(dir));
+  if (config.model_type != "deepseek_v2" && config.model_type != "deepseek_v3") {
+    return absl::FailedPreconditionError(absl::StrCat("ranks run DeepSeek-V2/V3 models only, not model_type '",
+                                                      config.model_type, "'"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<parallel::RankProcesses> followers,
+                   parallel::RankProcesses::Start(world - 1, [&](int i) {
+                     const int rank = i + 1;
+                     absl::StatusOr<std::unique_ptr<parallel::ShmCollectives>> group =
+                         parallel::ShmCollectives::Open(ShmOptions(g, world, rank));
+                     absl::Status s = group.status();
+                     if (s.ok()) {
+                       absl::StatusOr<std::unique_ptr<DeepseekModel>> model =
+                           DeepseekModel::Load(dir, RankLoadOptions(backend, g, world, **group));
+                       s = model.ok() ? RunFollowerRank(**group, **model) : model.status();
+                     }
+                     if (s.ok()) return 0;
+                     std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+                     return 1;
+                   }));
+  ASSIGN_OR_RETURN(std::unique_ptr<parallel::ShmCollectives> group,
+                   parallel::ShmCollectives::Open(ShmOptions(g, world, 0)));
+  ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> model,
+                   DeepseekModel::Load(dir, RankLoadOptions(backend, g, world, *group)));
+  return std::unique_ptr<ModelBackend>(new RankGroupBackend(
+      std::move(group), std::make_unique<CpuBackend>(std::move(model)), std::move(followers)));
+}
+
+absl::Status RunFollowerRank(parallel::Collectives& group, DeepseekModel& model) {
+  std::optional<LatentKvCache> cache;
+  // Over an anonymous mapping: its pages exist once written, where a zeroed vector of rank
+  // 0's pool size (512 MiB by default) would be written whole before the first step.
+  std::shared_ptr<void> memory;
+  std::vector<std::byte> bytes;
+  for (;;) {
+    Header h;
+    RETURN_IF_ERROR(BroadcastHeader(group, h));
+    if (h.kind == kEnd) return absl::OkStatus();
+    if (h.kind != kStep || h.bytes < 0) {
+      return absl::InternalError(absl::StrCat("rank group: unknown message ", h.kind, " from rank 0"));
+    }
+    bytes.resize(static_cast<size_t>(h.bytes));
+    RETURN_IF_ERROR(group.Broadcast(bytes, /*root=*/0));
+    ASSIGN_OR_RETURN(const RankStep plan, DecodeRankStep(bytes));
+    // The same pool as rank 0's: the same block ids hold the same KV on every rank.
+    if (!cache || cache->num_blocks() != plan.kv_blocks) {
+      const ModelConfig& c = model.config();
+      cache.reset();
+      const size_t n = static_cast<size_t>(c.num_hidden_layers * plan.kv_blocks * kKvBlockSize * c.kv_entry_dim()) *
+                       sizeof(float);
+      void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (m == MAP_FAILED) return absl::ResourceExhaustedError("rank group: cannot map the KV cache");
+      memory = std::shared_ptr<void>(m, [n](void* p) { ::munmap(p, n); });
+      cache.emplace(static_cast<float*>(m), c.num_hidden_layers, plan.kv_blocks, c.kv_entry_dim());
+    }
+    absl::StatusOr<std::vector<float>> logits = model.Forward(plan.batch, *cache);
+    if (!logits.ok() && logits.status().code() != absl::StatusCode::kInvalidArgument) return logits.status();
+  }
+}
+
+}  // namespace tandem

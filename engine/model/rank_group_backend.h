@@ -1,0 +1,60 @@
+// A replica whose ranks are processes of this machine running the CPU model together
+// (docs/parallel.md): rank 0, this process, is the engine's backend; each Forward
+// broadcasts the step's plan (rank_step.h) and then runs rank 0's part, while ranks 1..W-1
+// run the same pass from the plan (RunFollowerRank). Every rank runs the whole batch:
+// attention runs whole on every rank over its own copy of the KV (data-parallel attention,
+// each rank its own sequences, is the next step), the routed experts and/or the LM head and
+// dense MLPs are split (DeepseekModel::LoadOptions). The logits are bitwise one rank's.
+//
+// Only KV the engine computes reaches the other ranks' copies: KV imported into rank 0's
+// pool from outside (a prefill replica's transfer, the kvstore tier) would not, so the
+// served workers do not start rank groups yet.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/model/deepseek_model.h"
+#include "engine/model/model_backend.h"
+#include "engine/parallel/collectives.h"
+
+namespace tandem {
+
+struct RankGroupOptions {
+  int data_parallel = 1;  // --data-parallel
+  int expert_parallel = 1;  // --expert-parallel
+  int tensor_parallel = 1;  // --tensor-parallel
+  // The group's shared-memory segment: unique among the groups alive on the machine.
+  std::string name;
+  // How long a rank waits for the others in a collective. Infinite by default: ranks 1..W-1
+  // wait for rank 0's next step however long the engine idles, and a rank that dies is
+  // still noticed at once (UNAVAILABLE on every rank).
+  absl::Duration timeout = absl::InfiniteDuration();
+};
+
+// The ranks the flags ask for (max of the three; 1: no group). Errors: INVALID_ARGUMENT
+// for a count below 1, above the backend's limit, or --expert-parallel and
+// --tensor-parallel both above 1 and different (they split over the same ranks);
+// UNIMPLEMENTED, saying so, for --data-parallel above 1, a device other than the CPU, or
+// speculative decoding with ranks.
+absl::StatusOr<int> RankGroupWorld(const RankGroupOptions& group, const BackendOptions& backend);
+
+// Forks ranks 1..W-1, each loading its part of the DeepSeek-V2/V3 checkpoint in `dir` and
+// following rank 0's steps, then loads rank 0's part here and returns its backend, which
+// ends the group when destroyed (the other ranks exit). Call it before this process starts
+// any thread (fork copies only the calling thread). Errors: RankGroupWorld's;
+// FAILED_PRECONDITION for another architecture; rank 0's load errors; UNAVAILABLE when
+// another rank failed to start (its error is on stderr).
+absl::StatusOr<std::unique_ptr<ModelBackend>> StartCpuRankGroup(const std::string& dir,
+                                                                const BackendOptions& backend,
+                                                                const RankGroupOptions& group);
+
+// Ranks 1..W-1: runs every step rank 0 broadcasts over a KV cache of its own, until rank 0
+// ends the group (OK) or the group fails (its error). A step whose Forward fails before
+// any collective (an invalid batch) failed on rank 0 alike and is skipped.
+absl::Status RunFollowerRank(parallel::Collectives& group, DeepseekModel& model);
+
+}  // namespace tandem
