@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/weight_matrix.h"
 
@@ -21,6 +22,9 @@ struct MatmulParams {
   bool accumulate = false;  // y += instead of y =
 };
 
+// BF16 weights use the ActiveCpuIsa() variant (kernels/cpu/matmul_bf16.h: every variant
+// gives the same bits); the overload names one, for tests and A/B runs.
 void Matmul(const MatmulParams& p, ThreadPool& pool);
+void Matmul(const MatmulParams& p, ThreadPool& pool, CpuIsa isa);
 
 }  // namespace tandem::cpu
