@@ -131,6 +131,16 @@ class DeepseekModel {
   // The MTP's shared head over each row of y: [rows][vocab] logits.
   std::vector<float> MtpLogits(const float* y, int64_t rows);
   void DenseMlp(const MlpWeights& w, const float* h, int64_t rows, float* out, bool accumulate);
+  // One SwiGLU MLP over its rows: x [rows][hidden] in, y [rows][hidden] out (or added to).
+  struct MlpRun {
+    const MlpWeights* w;
+    const float* x;
+    int64_t rows;
+    float* y;
+    bool accumulate = false;
+    std::vector<float> gate, up;
+  };
+  void RunMlps(std::span<MlpRun> runs);
   void Moe(const MoeWeights& w, int64_t layer, const float* h, int64_t rows, float* out,
            const DeepseekForwardOptions& options);
 

@@ -144,22 +144,58 @@ Bf16RowsKernel Bf16RowsKernelFor(CpuIsa isa) {
 
 void Matmul(const MatmulParams& p, ThreadPool& pool) { Matmul(p, pool, ActiveCpuIsa()); }
 
-void Matmul(const MatmulParams& p, ThreadPool& pool, CpuIsa isa) {
+namespace {
+
+void CheckParams(const MatmulParams& p) {
   TANDEM_CHECK(p.w != nullptr && p.w->valid());
   TANDEM_CHECK_GE(p.x_stride, p.w->cols);
   TANDEM_CHECK_GE(p.y_stride, p.w->rows);
+}
+
+// Rows per unit of parallel work: whole multiples of the kernels' row blocks, so every
+// thread runs the fast path; which thread computes a row changes none of its bits.
+int64_t RowsPerBlock(const MatmulParams& p) { return p.w->dtype == DType::kBF16 ? kBf16RowsPerBlock : kRowsPerBlock; }
+
+int64_t Blocks(const MatmulParams& p) {
+  const int64_t block = RowsPerBlock(p);
+  return p.m == 0 ? 0 : (p.w->rows + block - 1) / block;
+}
+
+// Blocks [b0, b1) of one matmul.
+void RunBlocks(const MatmulParams& p, Bf16RowsKernel bf16, int64_t b0, int64_t b1) {
+  const int64_t block = RowsPerBlock(p);
+  const int64_t r0 = b0 * block, r1 = std::min(p.w->rows, b1 * block);
+  if (p.w->dtype == DType::kBF16) bf16(p, r0, r1);
+  else MatmulRows(p, r0, r1);
+}
+
+// About 32 rows of 1-4 KB: a few tens of KB per chunk at the least.
+constexpr int64_t kGrainRows = 32;
+
+}  // namespace
+
+void Matmul(const MatmulParams& p, ThreadPool& pool, CpuIsa isa) {
+  CheckParams(p);
   if (p.m == 0) return;
-  const int64_t rows = p.w->rows;
-  // Chunks are whole multiples of the kernels' row blocks so every thread runs the fast
-  // path; which thread computes a row changes none of its bits.
-  const bool bf16 = p.w->dtype == DType::kBF16;
-  const int64_t block = bf16 ? kBf16RowsPerBlock : kRowsPerBlock;
-  const Bf16RowsKernel kernel = bf16 ? Bf16RowsKernelFor(isa) : nullptr;
-  const int64_t blocks = (rows + block - 1) / block;
-  pool.ParallelFor(blocks, /*grain=*/32 / block, [&](int64_t b0, int64_t b1) {
-    const int64_t r0 = b0 * block, r1 = std::min(rows, b1 * block);
-    if (bf16) kernel(p, r0, r1);
-    else MatmulRows(p, r0, r1);
+  const Bf16RowsKernel kernel = Bf16RowsKernelFor(isa);
+  pool.ParallelFor(Blocks(p), kGrainRows / RowsPerBlock(p), [&](int64_t b0, int64_t b1) { RunBlocks(p, kernel, b0, b1); });
+}
+
+void MatmulBatch(std::span<const MatmulParams> jobs, ThreadPool& pool) {
+  const Bf16RowsKernel kernel = Bf16RowsKernelFor(ActiveCpuIsa());
+  // first[j]: the first block of job j in one index space over all of them.
+  std::vector<int64_t> first(jobs.size() + 1, 0);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    CheckParams(jobs[j]);
+    first[j + 1] = first[j] + Blocks(jobs[j]);
+  }
+  pool.ParallelFor(first.back(), kGrainRows / kBf16RowsPerBlock, [&](int64_t b0, int64_t b1) {
+    size_t j = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), b0) - first.begin()) - 1;
+    for (int64_t b = b0; b < b1; ++j) {
+      const int64_t end = std::min(b1, first[j + 1]);
+      if (end > b) RunBlocks(jobs[j], kernel, b - first[j], end - first[j]);
+      b = std::max(b, end);
+    }
   });
 }
 
