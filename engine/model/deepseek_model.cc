@@ -185,23 +185,31 @@ void DeepseekModel::Attention(const AttentionWeights& w, int64_t cache_layer, in
   const int64_t lora = c.kv_lora_rank;
   const int64_t half_rope = c.qk_rope_head_dim / 2;
 
-  // Queries: [rows][heads][nope | rope].
+  // Queries: [rows][heads][nope | rope]; the latent KV of the new tokens. The
+  // projections of h go in one fork-join (cpu::MatmulBatch: the same bits).
   std::vector<float> q(static_cast<size_t>(rows * heads * qk));
+  const int64_t entry = c.kv_entry_dim();
+  std::vector<float> kv(static_cast<size_t>(rows * entry));
+  const cpu::MatmulParams kv_job{.x = h, .m = rows, .x_stride = c.hidden_size, .w = &w.kv_a_proj, .y = kv.data(),
+                                 .y_stride = w.kv_a_proj.rows};
   if (c.q_lora_rank) {
     const int64_t qr = *c.q_lora_rank;
     std::vector<float> qa(static_cast<size_t>(rows * qr));
-    Linear(h, rows, c.hidden_size, w.q_a_proj, qa.data(), *pool_);
+    const cpu::MatmulParams jobs[] = {
+        {.x = h, .m = rows, .x_stride = c.hidden_size, .w = &w.q_a_proj, .y = qa.data(), .y_stride = w.q_a_proj.rows},
+        kv_job};
+    cpu::MatmulBatch(jobs, *pool_);
     cpu::RmsNorm(qa.data(), rows, qr, qr, w.q_a_norm, kLatentNormEps, qa.data(), qr);
     Linear(qa.data(), rows, qr, w.q_b_proj, q.data(), *pool_);
   } else {
-    Linear(h, rows, c.hidden_size, w.q_proj, q.data(), *pool_);
+    const cpu::MatmulParams jobs[] = {
+        {.x = h, .m = rows, .x_stride = c.hidden_size, .w = &w.q_proj, .y = q.data(), .y_stride = w.q_proj.rows},
+        kv_job};
+    cpu::MatmulBatch(jobs, *pool_);
   }
 
-  // Latent KV of the new tokens: normalized latent + rotated rotary key, into the cache
-  // (except a first row whose KV is cached already: it computes the same entry).
-  const int64_t entry = c.kv_entry_dim();
-  std::vector<float> kv(static_cast<size_t>(rows * entry));
-  Linear(h, rows, c.hidden_size, w.kv_a_proj, kv.data(), *pool_);
+  // The latent KV: normalized latent + rotated rotary key, into the cache (except a first
+  // row whose KV is cached already: it computes the same entry).
   std::vector<float> cos(static_cast<size_t>(half_rope)), sin(static_cast<size_t>(half_rope));
   int64_t r = 0;
   for (const AttentionRows& s : seqs) {
