@@ -219,23 +219,31 @@ void DeepseekModel::Attention(const AttentionWeights& w, int64_t cache_layer, in
   const int64_t lora = c.kv_lora_rank;
   const int64_t half_rope = c.qk_rope_head_dim / 2;
 
-  // Queries: [rows][heads][nope | rope].
+  // Queries: [rows][heads][nope | rope]; the latent KV of the new tokens. The
+  // projections of h go in one fork-join (cpu::MatmulBatch: the same bits).
   std::vector<float> q(static_cast<size_t>(rows * heads * qk));
+  const int64_t entry = c.kv_entry_dim();
+  std::vector<float> kv(static_cast<size_t>(rows * entry));
+  const cpu::MatmulParams kv_job{.x = h, .m = rows, .x_stride = c.hidden_size, .w = &w.kv_a_proj, .y = kv.data(),
+                                 .y_stride = w.kv_a_proj.rows};
   if (c.q_lora_rank) {
     const int64_t qr = *c.q_lora_rank;
     std::vector<float> qa(static_cast<size_t>(rows * qr));
-    Linear(h, rows, c.hidden_size, w.q_a_proj, qa.data(), *pool_);
+    const cpu::MatmulParams jobs[] = {
+        {.x = h, .m = rows, .x_stride = c.hidden_size, .w = &w.q_a_proj, .y = qa.data(), .y_stride = w.q_a_proj.rows},
+        kv_job};
+    cpu::MatmulBatch(jobs, *pool_);
     cpu::RmsNorm(qa.data(), rows, qr, qr, w.q_a_norm, kLatentNormEps, qa.data(), qr);
     Linear(qa.data(), rows, qr, w.q_b_proj, q.data(), *pool_);
   } else {
-    Linear(h, rows, c.hidden_size, w.q_proj, q.data(), *pool_);
+    const cpu::MatmulParams jobs[] = {
+        {.x = h, .m = rows, .x_stride = c.hidden_size, .w = &w.q_proj, .y = q.data(), .y_stride = w.q_proj.rows},
+        kv_job};
+    cpu::MatmulBatch(jobs, *pool_);
   }
 
-  // Latent KV of the new tokens: normalized latent + rotated rotary key, into the cache
-  // (except a first row whose KV is cached already: it computes the same entry).
-  const int64_t entry = c.kv_entry_dim();
-  std::vector<float> kv(static_cast<size_t>(rows * entry));
-  Linear(h, rows, c.hidden_size, w.kv_a_proj, kv.data(), *pool_);
+  // The latent KV: normalized latent + rotated rotary key, into the cache (except a first
+  // row whose KV is cached already: it computes the same entry).
   std::vector<float> cos(static_cast<size_t>(half_rope)), sin(static_cast<size_t>(half_rope));
   int64_t r = 0;
   for (const AttentionRows& s : seqs) {
@@ -286,12 +294,31 @@ void DeepseekModel::DenseMlp(const MlpWeights& w, const float* h, int64_t rows, 
     TensorParallelMlp(w, h, rows, out);
     return;
   }
-  const int64_t inter = w.gate.rows;
-  std::vector<float> gate(static_cast<size_t>(rows * inter)), up(static_cast<size_t>(rows * inter));
-  Linear(h, rows, config_.hidden_size, w.gate, gate.data(), *pool_);
-  Linear(h, rows, config_.hidden_size, w.up, up.data(), *pool_);
-  cpu::SiluMul(gate.data(), up.data(), gate.data(), rows * inter);
-  Linear(gate.data(), rows, inter, w.down, out, *pool_, accumulate);
+  MlpRun run{.w = &w, .x = h, .rows = rows, .y = out, .accumulate = accumulate};
+  RunMlps({&run, 1});
+}
+
+// Two fork-joins for any number of SwiGLU MLPs: every gate and up projection, then every
+// down projection (cpu::MatmulBatch: the bits of one matmul at a time).
+void DeepseekModel::RunMlps(std::span<MlpRun> runs) {
+  const int64_t hidden = config_.hidden_size;
+  std::vector<cpu::MatmulParams> jobs;
+  for (MlpRun& r : runs) {
+    const int64_t inter = r.w->gate.rows;
+    r.gate.resize(static_cast<size_t>(r.rows * inter));
+    r.up.resize(r.gate.size());
+    jobs.push_back({.x = r.x, .m = r.rows, .x_stride = hidden, .w = &r.w->gate, .y = r.gate.data(), .y_stride = inter});
+    jobs.push_back({.x = r.x, .m = r.rows, .x_stride = hidden, .w = &r.w->up, .y = r.up.data(), .y_stride = inter});
+  }
+  cpu::MatmulBatch(jobs, *pool_);
+  jobs.clear();
+  for (MlpRun& r : runs) {
+    const int64_t inter = r.w->gate.rows;
+    cpu::SiluMul(r.gate.data(), r.up.data(), r.gate.data(), r.rows * inter);
+    jobs.push_back({.x = r.gate.data(), .m = r.rows, .x_stride = inter, .w = &r.w->down, .y = r.y,
+                    .y_stride = r.w->down.rows, .accumulate = r.accumulate});
+  }
+  cpu::MatmulBatch(jobs, *pool_);
 }
 
 void DeepseekModel::Moe(const MoeWeights& w, int64_t layer, const float* h, int64_t rows, float* out,
@@ -326,21 +353,34 @@ void DeepseekModel::Moe(const MoeWeights& w, int64_t layer, const float* h, int6
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t k = 0; k < top_k; ++k) assigned[ids[r * top_k + k]].emplace_back(r, weights[r * top_k + k]);
   }
+  // Every chosen expert and the shared experts in one RunMlps. The shared experts' sum
+  // goes to its own buffer and is added after the routed ones, as the accumulating
+  // matmul added it before (the same single addition per element).
   std::fill(out, out + rows * hidden, 0.0f);
-  std::vector<float> xs, ys;
+  std::vector<std::vector<float>> xs(static_cast<size_t>(experts)), ys(static_cast<size_t>(experts));
+  std::vector<MlpRun> runs;
   for (int64_t e = 0; e < experts; ++e) {
     const auto& tok = assigned[e];
     if (tok.empty()) continue;
     const int64_t n = static_cast<int64_t>(tok.size());
-    xs.resize(static_cast<size_t>(n * hidden));
-    ys.resize(static_cast<size_t>(n * hidden));
-    for (int64_t i = 0; i < n; ++i) std::copy(h + tok[i].first * hidden, h + (tok[i].first + 1) * hidden, &xs[i * hidden]);
-    DenseMlp(w.experts[e], xs.data(), n, ys.data(), /*accumulate=*/false);
-    for (int64_t i = 0; i < n; ++i) {
-      AddWeightedExpertOutput(out + tok[i].first * hidden, &ys[i * hidden], tok[i].second, hidden);
+    xs[e].resize(static_cast<size_t>(n * hidden));
+    ys[e].resize(static_cast<size_t>(n * hidden));
+    for (int64_t i = 0; i < n; ++i) std::copy(h + tok[i].first * hidden, h + (tok[i].first + 1) * hidden, &xs[e][i * hidden]);
+    runs.push_back({.w = &w.experts[e], .x = xs[e].data(), .rows = n, .y = ys[e].data()});
+  }
+  std::vector<float> shared;
+  if (w.shared) {
+    shared.resize(static_cast<size_t>(rows * hidden));
+    runs.push_back({.w = &*w.shared, .x = h, .rows = rows, .y = shared.data()});
+  }
+  RunMlps(runs);
+  for (int64_t e = 0; e < experts; ++e) {
+    const auto& tok = assigned[e];
+    for (size_t i = 0; i < tok.size(); ++i) {
+      AddWeightedExpertOutput(out + tok[i].first * hidden, &ys[e][i * hidden], tok[i].second, hidden);
     }
   }
-  if (w.shared) DenseMlp(*w.shared, h, rows, out, /*accumulate=*/true);
+  for (size_t i = 0; i < shared.size(); ++i) out[i] += shared[i];
 }
 
 void DeepseekModel::ExpertParallelRoutedExperts(const MoeWeights& w, const float* h, int64_t rows, const int32_t* ids,

@@ -155,6 +155,16 @@ class DeepseekModel {
                                    const float* weights, float* out);
   // logits[rows][vocab] of the final-normed rows `last`, the LM head split or whole.
   std::vector<float> LmHead(const float* last, int64_t rows);
+  // One SwiGLU MLP over its rows: x [rows][hidden] in, y [rows][hidden] out (or added to).
+  struct MlpRun {
+    const MlpWeights* w;
+    const float* x;
+    int64_t rows;
+    float* y;
+    bool accumulate = false;
+    std::vector<float> gate, up;
+  };
+  void RunMlps(std::span<MlpRun> runs);
   void Moe(const MoeWeights& w, int64_t layer, const float* h, int64_t rows, float* out,
            const DeepseekForwardOptions& options);
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/common/check.h"
+#include "kernels/cpu/matmul_bf16.h"
 #include "kernels/cpu/vec.h"
 
 namespace tandem::cpu {
@@ -55,6 +56,8 @@ void DequantizeRows(const WeightMatrix& w, int64_t row_begin, int64_t num_rows, 
 namespace {
 
 constexpr int kRowsPerBlock = static_cast<int>(kMatmulRowBlock);
+// The bf16 kernels' register block (kernels/cpu/matmul_bf16_x86.cc).
+constexpr int kBf16RowsPerBlock = 8;
 
 // Dot products of one activation row with kRowsPerBlock consecutive weight rows.
 // Weight rows are float32 (contiguous, `wstride` floats apart).
@@ -88,113 +91,111 @@ inline void Dot4F32(const float* x, const float* w, int64_t wstride, int64_t k, 
   out[3] = s3;
 }
 
-// Same with bf16 weight rows read directly (`wstride` in elements).
-inline void Dot4Bf16(const float* x, const std::byte* w, int64_t wstride, int64_t k, float* out) {
-  int64_t i = 0;
-  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  const int64_t rb = wstride * 2;  // bytes between rows
-#if TANDEM_CPU_AVX2
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-         a3 = _mm256_setzero_ps();
-  for (; i + 8 <= k; i += 8) {
-    const __m256 xv = _mm256_loadu_ps(x + i);
-    const std::byte* p = w + 2 * i;
-    a0 = _mm256_fmadd_ps(LoadBf16x8(p), xv, a0);
-    a1 = _mm256_fmadd_ps(LoadBf16x8(p + rb), xv, a1);
-    a2 = _mm256_fmadd_ps(LoadBf16x8(p + 2 * rb), xv, a2);
-    a3 = _mm256_fmadd_ps(LoadBf16x8(p + 3 * rb), xv, a3);
-  }
-  s0 = HorizontalSum(a0);
-  s1 = HorizontalSum(a1);
-  s2 = HorizontalSum(a2);
-  s3 = HorizontalSum(a3);
-#endif
-  for (; i < k; ++i) {
-    uint16_t v[4];
-    for (int r = 0; r < 4; ++r) std::memcpy(&v[r], w + r * rb + 2 * i, 2);
-    s0 += x[i] * Bf16ToF32(v[0]);
-    s1 += x[i] * Bf16ToF32(v[1]);
-    s2 += x[i] * Bf16ToF32(v[2]);
-    s3 += x[i] * Bf16ToF32(v[3]);
-  }
-  out[0] = s0;
-  out[1] = s1;
-  out[2] = s2;
-  out[3] = s3;
-}
-
-inline float Dot1Bf16(const float* x, const std::byte* w, int64_t k) {
-  int64_t i = 0;
-  float s = 0;
-#if TANDEM_CPU_AVX2
-  __m256 a = _mm256_setzero_ps();
-  for (; i + 8 <= k; i += 8) a = _mm256_fmadd_ps(LoadBf16x8(w + 2 * i), _mm256_loadu_ps(x + i), a);
-  s = HorizontalSum(a);
-#endif
-  for (; i < k; ++i) {
-    uint16_t v;
-    std::memcpy(&v, w + 2 * i, 2);
-    s += x[i] * Bf16ToF32(v);
-  }
-  return s;
-}
-
 inline void Store(float* y, float v, bool accumulate) {
   if (accumulate) *y += v; else *y = v;
 }
 
+// F32 weights read directly; F16 and FP8 dequantized kRowsPerBlock rows at a time.
 void MatmulRows(const MatmulParams& p, int64_t row_begin, int64_t row_end) {
   const WeightMatrix& w = *p.w;
   const int64_t k = w.cols;
-  const bool direct = w.dtype == DType::kBF16 || w.dtype == DType::kF32;
+  const bool direct = w.dtype == DType::kF32;
   std::vector<float> scratch;
   if (!direct) scratch.resize(static_cast<size_t>(kRowsPerBlock * k));
   float out[kRowsPerBlock];
   int64_t r = row_begin;
   for (; r + kRowsPerBlock <= row_end; r += kRowsPerBlock) {
-    const float* wf = nullptr;
-    if (w.dtype == DType::kF32) {
-      wf = reinterpret_cast<const float*>(w.data) + r * k;
-    } else if (!direct) {
+    const float* wf = reinterpret_cast<const float*>(w.data) + r * k;
+    if (!direct) {
       DequantizeRows(w, r, kRowsPerBlock, scratch.data());
       wf = scratch.data();
     }
     for (int64_t t = 0; t < p.m; ++t) {
-      const float* x = p.x + t * p.x_stride;
-      if (wf != nullptr) Dot4F32(x, wf, k, k, out);
-      else Dot4Bf16(x, w.data + r * k * 2, k, k, out);
+      Dot4F32(p.x + t * p.x_stride, wf, k, k, out);
       float* y = p.y + t * p.y_stride + r;
       for (int j = 0; j < kRowsPerBlock; ++j) Store(y + j, out[j], p.accumulate);
     }
   }
   for (; r < row_end; ++r) {
-    const float* wf = nullptr;
-    if (w.dtype == DType::kF32) {
-      wf = reinterpret_cast<const float*>(w.data) + r * k;
-    } else if (!direct) {
+    const float* wf = reinterpret_cast<const float*>(w.data) + r * k;
+    if (!direct) {
       DequantizeRows(w, r, 1, scratch.data());
       wf = scratch.data();
     }
-    for (int64_t t = 0; t < p.m; ++t) {
-      const float* x = p.x + t * p.x_stride;
-      const float v = wf != nullptr ? Dot(x, wf, k) : Dot1Bf16(x, w.data + r * k * 2, k);
-      Store(p.y + t * p.y_stride + r, v, p.accumulate);
-    }
+    for (int64_t t = 0; t < p.m; ++t) Store(p.y + t * p.y_stride + r, Dot(p.x + t * p.x_stride, wf, k), p.accumulate);
   }
 }
 
 }  // namespace
 
-void Matmul(const MatmulParams& p, ThreadPool& pool) {
+Bf16RowsKernel Bf16RowsKernelFor(CpuIsa isa) {
+  TANDEM_CHECK(CpuIsaSupported(isa)) << CpuIsaName(isa) << " is not supported here";
+  switch (isa) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    case CpuIsa::kAvx512:
+      return Bf16RowsAvx512;
+    case CpuIsa::kAvx2:
+      return Bf16RowsAvx2;
+#endif
+    default:
+      return Bf16RowsGeneric;
+  }
+}
+
+void Matmul(const MatmulParams& p, ThreadPool& pool) { Matmul(p, pool, ActiveCpuIsa()); }
+
+namespace {
+
+void CheckParams(const MatmulParams& p) {
   TANDEM_CHECK(p.w != nullptr && p.w->valid());
   TANDEM_CHECK_GE(p.x_stride, p.w->cols);
   TANDEM_CHECK_GE(p.y_stride, p.w->rows);
+}
+
+// Rows per unit of parallel work: whole multiples of the kernels' row blocks, so every
+// thread runs the fast path; which thread computes a row changes none of its bits.
+int64_t RowsPerBlock(const MatmulParams& p) { return p.w->dtype == DType::kBF16 ? kBf16RowsPerBlock : kRowsPerBlock; }
+
+int64_t Blocks(const MatmulParams& p) {
+  const int64_t block = RowsPerBlock(p);
+  return p.m == 0 ? 0 : (p.w->rows + block - 1) / block;
+}
+
+// Blocks [b0, b1) of one matmul.
+void RunBlocks(const MatmulParams& p, Bf16RowsKernel bf16, int64_t b0, int64_t b1) {
+  const int64_t block = RowsPerBlock(p);
+  const int64_t r0 = b0 * block, r1 = std::min(p.w->rows, b1 * block);
+  if (p.w->dtype == DType::kBF16) bf16(p, r0, r1);
+  else MatmulRows(p, r0, r1);
+}
+
+// About 32 rows of 1-4 KB: a few tens of KB per chunk at the least.
+constexpr int64_t kGrainRows = 32;
+
+}  // namespace
+
+void Matmul(const MatmulParams& p, ThreadPool& pool, CpuIsa isa) {
+  CheckParams(p);
   if (p.m == 0) return;
-  const int64_t rows = p.w->rows;
-  // Chunks are whole multiples of the row block so every thread runs the fast path.
-  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  pool.ParallelFor(blocks, /*grain=*/8, [&](int64_t b0, int64_t b1) {
-    MatmulRows(p, b0 * kRowsPerBlock, std::min(rows, b1 * kRowsPerBlock));
+  const Bf16RowsKernel kernel = Bf16RowsKernelFor(isa);
+  pool.ParallelFor(Blocks(p), kGrainRows / RowsPerBlock(p), [&](int64_t b0, int64_t b1) { RunBlocks(p, kernel, b0, b1); });
+}
+
+void MatmulBatch(std::span<const MatmulParams> jobs, ThreadPool& pool) {
+  const Bf16RowsKernel kernel = Bf16RowsKernelFor(ActiveCpuIsa());
+  // first[j]: the first block of job j in one index space over all of them.
+  std::vector<int64_t> first(jobs.size() + 1, 0);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    CheckParams(jobs[j]);
+    first[j + 1] = first[j] + Blocks(jobs[j]);
+  }
+  pool.ParallelFor(first.back(), kGrainRows / kBf16RowsPerBlock, [&](int64_t b0, int64_t b1) {
+    size_t j = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), b0) - first.begin()) - 1;
+    for (int64_t b = b0; b < b1; ++j) {
+      const int64_t end = std::min(b1, first[j + 1]);
+      if (end > b) RunBlocks(jobs[j], kernel, b - first[j], end - first[j]);
+      b = std::max(b, end);
+    }
   });
 }
 

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/weight_matrix.h"
 
@@ -26,6 +28,15 @@ struct MatmulParams {
   bool accumulate = false;  // y += instead of y =
 };
 
+// BF16 weights use the ActiveCpuIsa() variant (kernels/cpu/matmul_bf16.h: every variant
+// gives the same bits); the overload names one, for tests and A/B runs.
 void Matmul(const MatmulParams& p, ThreadPool& pool);
+void Matmul(const MatmulParams& p, ThreadPool& pool, CpuIsa isa);
+
+// Independent matmuls (no job reads another's output) in one fork-join: the rows of all
+// of them are split across the pool at once. A decode step's matrices are small (a routed
+// expert's projection is tens of microseconds of reading), so one pass per matrix paid a
+// fork-join and a straggler's wait for each. Every output's bits are Matmul's.
+void MatmulBatch(std::span<const MatmulParams> jobs, ThreadPool& pool);
 
 }  // namespace tandem::cpu

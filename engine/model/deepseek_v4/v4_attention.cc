@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <span>
 #include <vector>
 
 #include "kernels/common/check.h"
@@ -13,8 +15,17 @@
 namespace tandem::v4 {
 namespace {
 
+cpu::MatmulParams Projection(const WeightMatrix& w, const float* x, int64_t rows, int64_t x_stride, float* y) {
+  return {.x = x, .m = rows, .x_stride = x_stride, .w = &w, .y = y, .y_stride = w.rows};
+}
+
 void Project(const WeightMatrix& w, const float* x, int64_t rows, int64_t x_stride, float* y, cpu::ThreadPool& pool) {
-  cpu::Matmul({.x = x, .m = rows, .x_stride = x_stride, .w = &w, .y = y, .y_stride = w.rows}, pool);
+  cpu::Matmul(Projection(w, x, rows, x_stride, y), pool);
+}
+
+// Independent projections in one fork-join (cpu::MatmulBatch: the same bits).
+void ProjectAll(std::initializer_list<cpu::MatmulParams> jobs, cpu::ThreadPool& pool) {
+  cpu::MatmulBatch(std::span<const cpu::MatmulParams>(jobs.begin(), jobs.size()), pool);
 }
 
 // The geometry of one compressor (a layer's main one, or a CSA layer's indexer).
@@ -139,8 +150,8 @@ Entries Compress(const Compressor& k, const float* x, int64_t rows, int64_t hidd
                  std::vector<float>& full_storage, cpu::ThreadPool& pool, int64_t start = 0,
                  std::vector<AppendUndo>* undo = nullptr, int64_t undo_from = 0) {
   std::vector<float> kv(static_cast<size_t>(rows * k.proj_width)), gate(kv.size());
-  Project(k.w->kv_proj, x, rows, hidden, kv.data(), pool);
-  Project(k.w->gate_proj, x, rows, hidden, gate.data(), pool);
+  ProjectAll({Projection(k.w->kv_proj, x, rows, hidden, kv.data()), Projection(k.w->gate_proj, x, rows, hidden, gate.data())},
+             pool);
   if (state == nullptr) {
     full_storage = k.PoolAll(kv.data(), gate.data(), rows);
     return {full_storage.data(), static_cast<int64_t>(full_storage.size()) / k.width};
@@ -175,10 +186,9 @@ void RunAttention(const AttentionParams& p, cpu::ThreadPool& pool) {
   // q: low-rank, weighted norm, per-head weightless norm, RoPE. K = V: one head.
   std::vector<float> cq(static_cast<size_t>(s * c.q_lora_rank)), q(static_cast<size_t>(s * hd));
   std::vector<float> kv(static_cast<size_t>(s * d));
-  Project(w.q_a_proj, p.x, s, hidden, cq.data(), pool);
+  ProjectAll({Projection(w.q_a_proj, p.x, s, hidden, cq.data()), Projection(w.kv_proj, p.x, s, hidden, kv.data())}, pool);
   cpu::RmsNorm(cq.data(), s, c.q_lora_rank, c.q_lora_rank, w.q_a_norm, eps, cq.data(), c.q_lora_rank);
   Project(w.q_b_proj, cq.data(), s, c.q_lora_rank, q.data(), pool);
-  Project(w.kv_proj, p.x, s, hidden, kv.data(), pool);
   cpu::RmsNorm(kv.data(), s, d, d, w.kv_norm, eps, kv.data(), d);
   for (int64_t t = 0; t < s; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
@@ -217,8 +227,9 @@ void RunAttention(const AttentionParams& p, cpu::ThreadPool& pool) {
                           p.undo ? &p.undo->indexer : nullptr, p.undo_from);
     index_q.resize(static_cast<size_t>(s * ni * ci));
     index_w.resize(static_cast<size_t>(s * ni));
-    Project(ix.q_b_proj, cq.data(), s, c.q_lora_rank, index_q.data(), pool);
-    Project(ix.weights_proj, p.x, s, hidden, index_w.data(), pool);
+    ProjectAll({Projection(ix.q_b_proj, cq.data(), s, c.q_lora_rank, index_q.data()),
+                Projection(ix.weights_proj, p.x, s, hidden, index_w.data())},
+               pool);
     for (int64_t t = 0; t < s; ++t) {
       for (int64_t h = 0; h < ni; ++h) p.compress_rope->Apply(&index_q[(t * ni + h) * ci], ci, p0 + t, false);
     }
@@ -267,11 +278,12 @@ void RunAttention(const AttentionParams& p, cpu::ThreadPool& pool) {
   // Grouped output projection: group g's heads through its own block of o_a, then o_b.
   const int64_t groups = c.o_groups, r = c.o_lora_rank, in = c.o_group_in();
   std::vector<float> grouped(static_cast<size_t>(s * groups * r));
+  std::vector<cpu::MatmulParams> group_jobs;
   for (int64_t g = 0; g < groups; ++g) {
-    cpu::Matmul({.x = o.data() + g * in, .m = s, .x_stride = hd, .w = &w.o_a_groups[g], .y = grouped.data() + g * r,
-                 .y_stride = groups * r},
-                pool);
+    group_jobs.push_back({.x = o.data() + g * in, .m = s, .x_stride = hd, .w = &w.o_a_groups[g],
+                          .y = grouped.data() + g * r, .y_stride = groups * r});
   }
+  cpu::MatmulBatch(group_jobs, pool);
   Project(w.o_b_proj, grouped.data(), s, groups * r, p.out, pool);
 
   if (p.state != nullptr) {  // the ring keeps the last win positions

@@ -13,15 +13,34 @@
 namespace tandem::v4 {
 namespace {
 
-// The clamped SwiGLU of one expert over rows x [rows][D] into y [rows][D].
-void Expert(const ExpertWeights& w, const float* x, int64_t rows, int64_t hidden, float limit, float* y,
-            cpu::ThreadPool& pool) {
-  const int64_t inter = w.gate.rows;
-  std::vector<float> gate(static_cast<size_t>(rows * inter)), up(gate.size());
-  cpu::Matmul({.x = x, .m = rows, .x_stride = hidden, .w = &w.gate, .y = gate.data(), .y_stride = inter}, pool);
-  cpu::Matmul({.x = x, .m = rows, .x_stride = hidden, .w = &w.up, .y = up.data(), .y_stride = inter}, pool);
-  ClampedSwiGlu(gate.data(), up.data(), limit, rows * inter, gate.data());
-  cpu::Matmul({.x = gate.data(), .m = rows, .x_stride = inter, .w = &w.down, .y = y, .y_stride = hidden}, pool);
+// One expert over its rows: x [rows][D] in, y [rows][D] out.
+struct ExpertRun {
+  const ExpertWeights* w;
+  const float* x;
+  int64_t rows;
+  float* y;
+  std::vector<float> gate, up;
+};
+
+// The clamped SwiGLU experts in two fork-joins, every gate and up projection and then
+// every down projection (cpu::MatmulBatch: the bits of one matmul at a time).
+void Experts(std::vector<ExpertRun>& runs, int64_t hidden, float limit, cpu::ThreadPool& pool) {
+  std::vector<cpu::MatmulParams> jobs;
+  for (ExpertRun& r : runs) {
+    const int64_t inter = r.w->gate.rows;
+    r.gate.resize(static_cast<size_t>(r.rows * inter));
+    r.up.resize(r.gate.size());
+    jobs.push_back({.x = r.x, .m = r.rows, .x_stride = hidden, .w = &r.w->gate, .y = r.gate.data(), .y_stride = inter});
+    jobs.push_back({.x = r.x, .m = r.rows, .x_stride = hidden, .w = &r.w->up, .y = r.up.data(), .y_stride = inter});
+  }
+  cpu::MatmulBatch(jobs, pool);
+  jobs.clear();
+  for (ExpertRun& r : runs) {
+    const int64_t inter = r.w->gate.rows;
+    ClampedSwiGlu(r.gate.data(), r.up.data(), limit, r.rows * inter, r.gate.data());
+    jobs.push_back({.x = r.gate.data(), .m = r.rows, .x_stride = inter, .w = &r.w->down, .y = r.y, .y_stride = hidden});
+  }
+  cpu::MatmulBatch(jobs, pool);
 }
 
 }  // namespace
@@ -51,23 +70,28 @@ void RunMoe(const MoeParams& p, cpu::ThreadPool& pool) {
   // Each expert over the rows routed to it (a repeated expert in a tid2eid row counts
   // twice, as in transformers).
   std::vector<float> routed(static_cast<size_t>(s * k * hidden));
-  std::vector<float> gathered, y;
-  std::vector<int64_t> slots;
+  std::vector<std::vector<int64_t>> slots(static_cast<size_t>(e));
+  for (int64_t i = 0; i < s * k; ++i) slots[chosen[i]].push_back(i);
+  std::vector<std::vector<float>> gathered(static_cast<size_t>(e)), ys(static_cast<size_t>(e));
+  std::vector<ExpertRun> runs;
   for (int64_t x = 0; x < e; ++x) {
-    slots.clear();
-    for (int64_t i = 0; i < s * k; ++i) {
-      if (chosen[i] == x) slots.push_back(i);
+    if (slots[x].empty()) continue;
+    const int64_t n = static_cast<int64_t>(slots[x].size());
+    gathered[x].resize(static_cast<size_t>(n * hidden));
+    ys[x].resize(gathered[x].size());
+    for (int64_t r = 0; r < n; ++r) {
+      std::memcpy(&gathered[x][r * hidden], p.x + (slots[x][r] / k) * hidden, hidden * sizeof(float));
     }
-    if (slots.empty()) continue;
-    const int64_t n = static_cast<int64_t>(slots.size());
-    gathered.resize(static_cast<size_t>(n * hidden));
-    y.resize(gathered.size());
-    for (int64_t r = 0; r < n; ++r) std::memcpy(&gathered[r * hidden], p.x + (slots[r] / k) * hidden, hidden * sizeof(float));
-    Expert(w.experts[x], gathered.data(), n, hidden, limit, y.data(), pool);
-    for (int64_t r = 0; r < n; ++r) std::memcpy(&routed[slots[r] * hidden], &y[r * hidden], hidden * sizeof(float));
+    runs.push_back({.w = &w.experts[x], .x = gathered[x].data(), .rows = n, .y = ys[x].data()});
+  }
+  runs.push_back({.w = &w.shared, .x = p.x, .rows = s, .y = p.out});
+  Experts(runs, hidden, limit, pool);
+  for (int64_t x = 0; x < e; ++x) {
+    for (size_t r = 0; r < slots[x].size(); ++r) {
+      std::memcpy(&routed[slots[x][r] * hidden], &ys[x][r * hidden], hidden * sizeof(float));
+    }
   }
 
-  Expert(w.shared, p.x, s, hidden, limit, p.out, pool);
   std::vector<int64_t> order(static_cast<size_t>(k));
   std::vector<float> acc(static_cast<size_t>(hidden));
   for (int64_t t = 0; t < s; ++t) {

@@ -1,5 +1,6 @@
 #include "kernels/cpu/matmul.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -114,6 +115,45 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{DType::kF32, 9, 130, 257, 4}, Case{DType::kF16, 2, 33, 70, 2},
                       Case{DType::kF8E4M3, 1, 300, 260, 2}, Case{DType::kF8E4M3, 5, 129, 513, 3},
                       Case{DType::kBF16, 1, 1, 1, 2}, Case{DType::kBF16, 4, 3, 7, 4}));
+
+// Matmuls batched into one fork-join give each the bits it has alone, whatever their
+// dtypes, shapes and m (0 included).
+TEST(MatmulBatchTest, SameBitsAsOneAtATime) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  struct Job {
+    DType dtype;
+    int64_t m, rows, cols;
+  };
+  const std::vector<Job> specs = {{DType::kBF16, 1, 512, 1024}, {DType::kBF16, 3, 67, 131}, {DType::kF32, 2, 9, 33},
+                                  {DType::kBF16, 0, 40, 64},     {DType::kF8E4M3, 1, 130, 260}, {DType::kBF16, 1, 5, 8}};
+  std::vector<Stored> weights;
+  std::vector<std::vector<float>> xs, batched, alone;
+  for (const Job& j : specs) {
+    weights.push_back(MakeWeights(j.dtype, j.rows, j.cols, rng));
+    xs.emplace_back(static_cast<size_t>(std::max<int64_t>(j.m, 1) * j.cols));
+    for (float& v : xs.back()) v = dist(rng);
+    batched.emplace_back(static_cast<size_t>(std::max<int64_t>(j.m, 1) * j.rows), 0.5f);
+  }
+  alone = batched;
+  std::vector<MatmulParams> jobs;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    jobs.push_back({.x = xs[i].data(), .m = specs[i].m, .x_stride = specs[i].cols, .w = &weights[i].w,
+                    .y = batched[i].data(), .y_stride = specs[i].rows, .accumulate = i % 2 == 1});
+  }
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<std::vector<float>> b = batched, a = alone;
+    for (size_t i = 0; i < jobs.size(); ++i) jobs[i].y = b[i].data();
+    MatmulBatch(jobs, pool);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      MatmulParams one = jobs[i];
+      one.y = a[i].data();
+      Matmul(one, pool);
+      EXPECT_EQ(b[i], a[i]) << "job " << i << " threads " << threads;
+    }
+  }
+}
 
 TEST(ThreadPoolTest, CoversEveryIndexOnce) {
   ThreadPool pool(4);
