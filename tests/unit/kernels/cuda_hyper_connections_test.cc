@@ -16,16 +16,9 @@ namespace tandem {
 namespace {
 
 using testing::Dev;
+using testing::NormalValues;
 
 class CudaHyperConnectionsTest : public testing::GpuTest {};
-
-std::vector<float> Random(size_t n, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 // |got - want| within `ulps` float32 ulps of max(|want|, floor).
 void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float ulps, float floor,
@@ -44,8 +37,8 @@ TEST_F(CudaHyperConnectionsTest, MixMatchesTheCpuOverShapes) {
         const int64_t width = 2 * n + n * n, stride = width + 3;
         const std::string what = "n " + std::to_string(n) + ", " + std::to_string(iters) + " rounds, " +
                                  std::to_string(tokens) + " tokens";
-        const std::vector<float> mix = Random(static_cast<size_t>(tokens * stride), 2.0f, n * 100 + iters);
-        const std::vector<float> base = Random(static_cast<size_t>(width), 1.0f, 7);
+        const std::vector<float> mix = NormalValues(static_cast<size_t>(tokens * stride), 2.0f, n * 100 + iters);
+        const std::vector<float> base = NormalValues(static_cast<size_t>(width), 1.0f, 7);
         const std::vector<float> scale = {0.7f, 1.3f, 0.9f};
         std::vector<float> pre(static_cast<size_t>(tokens * n)), post(pre.size()), comb(static_cast<size_t>(tokens * n * n));
         for (int64_t t = 0; t < tokens; ++t) {
@@ -70,7 +63,7 @@ TEST_F(CudaHyperConnectionsTest, MixMatchesTheCpuOverShapes) {
 TEST_F(CudaHyperConnectionsTest, HeadMixMatchesTheCpu) {
   const int n = 4;
   const int64_t tokens = 33;
-  const std::vector<float> mix = Random(static_cast<size_t>(tokens * n), 2.0f, 3), base = Random(n, 1.0f, 4);
+  const std::vector<float> mix = NormalValues(static_cast<size_t>(tokens * n), 2.0f, 3), base = NormalValues(n, 1.0f, 4);
   const float scale = 0.8f;
   std::vector<float> pre(static_cast<size_t>(tokens * n));
   for (int64_t t = 0; t < tokens; ++t) v4::HyperHeadMix(&mix[t * n], base.data(), scale, n, 1e-6f, &pre[t * n]);
@@ -87,11 +80,11 @@ TEST_F(CudaHyperConnectionsTest, CollapseAndExpandMatchTheCpu) {
     for (int64_t dim : {1, 7, 128, 4096}) {
       const int64_t tokens = dim >= 4096 ? 9 : 40, out_stride = dim + 5;
       const std::string what = "n " + std::to_string(n) + ", dim " + std::to_string(dim);
-      const std::vector<float> streams = Random(static_cast<size_t>(tokens * n * dim), 1.5f, n * 7 + 1);
-      const std::vector<float> pre = Random(static_cast<size_t>(tokens * n), 0.5f, 11);
-      const std::vector<float> post = Random(static_cast<size_t>(tokens * n), 0.5f, 12);
-      const std::vector<float> comb = Random(static_cast<size_t>(tokens * n * n), 0.3f, 13);
-      const std::vector<float> f = Random(static_cast<size_t>(tokens * out_stride), 1.0f, 14);
+      const std::vector<float> streams = NormalValues(static_cast<size_t>(tokens * n * dim), 1.5f, n * 7 + 1);
+      const std::vector<float> pre = NormalValues(static_cast<size_t>(tokens * n), 0.5f, 11);
+      const std::vector<float> post = NormalValues(static_cast<size_t>(tokens * n), 0.5f, 12);
+      const std::vector<float> comb = NormalValues(static_cast<size_t>(tokens * n * n), 0.3f, 13);
+      const std::vector<float> f = NormalValues(static_cast<size_t>(tokens * out_stride), 1.0f, 14);
       std::vector<float> collapsed(static_cast<size_t>(tokens * out_stride), 0.0f), expanded = streams;
       std::vector<float> scratch(static_cast<size_t>(n * dim));
       for (int64_t t = 0; t < tokens; ++t) {

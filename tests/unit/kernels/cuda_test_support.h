@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,15 @@ class Dev {
   T* p_ = nullptr;
   size_t n_;
 };
+
+// n values from a normal distribution of standard deviation `scale`, from `seed`.
+inline std::vector<float> NormalValues(size_t n, float scale, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
 
 // A CUDA event that destroys itself.
 class DevEvent {

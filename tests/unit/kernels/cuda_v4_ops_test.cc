@@ -16,22 +16,15 @@ namespace tandem {
 namespace {
 
 using testing::Dev;
+using testing::NormalValues;
 
 class CudaV4OpsTest : public testing::GpuTest {};
-
-std::vector<float> Random(size_t n, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 TEST_F(CudaV4OpsTest, ClampedSwiGluMatchesTheCpu) {
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 2048}, {37, 7}, {5, 1}, {300, 512}}) {
     const int64_t stride = 2 * cols + 3, out_stride = cols + 1;
     // Scale 8 with limit 10: some gates and ups beyond the clamp, both signs.
-    const std::vector<float> x = Random(static_cast<size_t>(rows * stride), 8.0f, static_cast<uint32_t>(rows + cols));
+    const std::vector<float> x = NormalValues(static_cast<size_t>(rows * stride), 8.0f, static_cast<uint32_t>(rows + cols));
     std::vector<float> want(static_cast<size_t>(rows * out_stride), 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
       v4::ClampedSwiGlu(&x[r * stride], &x[r * stride + cols], 10.0f, cols, &want[r * out_stride]);
@@ -64,7 +57,7 @@ TEST_F(CudaV4OpsTest, PoolWindowMatchesTheCpu) {
   for (const Shape s : {Shape{3, 8, 512}, Shape{2, 128, 512}, Shape{40, 4, 7}, Shape{1, 1, 130}}) {
     const int64_t stride = s.width + 2, out_stride = s.width + 5;
     const size_t n = static_cast<size_t>(s.windows * s.slots * stride);
-    const std::vector<float> kv = Random(n, 1.0f, 1), gate = Random(n, 4.0f, 2);
+    const std::vector<float> kv = NormalValues(n, 1.0f, 1), gate = NormalValues(n, 4.0f, 2);
     std::vector<float> want(static_cast<size_t>(s.windows * out_stride), 0.0f);
     for (int64_t w = 0; w < s.windows; ++w) {
       std::vector<const float*> k, g;

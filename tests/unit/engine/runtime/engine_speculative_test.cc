@@ -44,21 +44,9 @@ EngineRequest Request(const std::string& id, std::vector<int32_t> prompt, int ma
   return r;
 }
 
+using testing::RunAll;
 using testing::Score;
 using testing::Scored;
-
-// Runs the requests together on `e` and returns each one's output, in order.
-std::vector<Scored> RunAll(Engine& e, std::vector<EngineRequest> requests) {
-  std::vector<std::shared_ptr<OutputStream>> streams;
-  for (EngineRequest& r : requests) {
-    absl::StatusOr<std::shared_ptr<OutputStream>> s = e.Submit(std::move(r));
-    EXPECT_TRUE(s.ok()) << s.status();
-    if (s.ok()) streams.push_back(*s);
-  }
-  std::vector<Scored> out;
-  for (auto& s : streams) out.push_back(Score(*s));
-  return out;
-}
 
 std::vector<EngineRequest> Mixed(int n, int max_tokens, bool seeded) {
   std::vector<EngineRequest> r;

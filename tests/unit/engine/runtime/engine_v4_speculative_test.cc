@@ -19,6 +19,7 @@
 namespace tandem {
 namespace {
 
+using testing::RunAll;
 using testing::Score;
 using testing::Scored;
 
@@ -65,18 +66,6 @@ std::unique_ptr<Engine> MakeEngine(int32_t drafts, EngineOptions o = {}) {
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(FpDir(), o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
-}
-
-std::vector<Scored> RunAll(Engine& e, std::vector<EngineRequest> requests) {
-  std::vector<std::shared_ptr<OutputStream>> streams;
-  for (EngineRequest& r : requests) {
-    absl::StatusOr<std::shared_ptr<OutputStream>> s = e.Submit(std::move(r));
-    EXPECT_TRUE(s.ok()) << s.status();
-    if (s.ok()) streams.push_back(*s);
-  }
-  std::vector<Scored> out;
-  for (auto& s : streams) out.push_back(Score(*s));
-  return out;
 }
 
 TEST(EngineV4SpeculativeTest, GreedyAndSeededOutputsAreTheSameWithAndWithoutDrafts) {

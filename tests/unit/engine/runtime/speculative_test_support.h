@@ -1,11 +1,13 @@
 // Shared by the speculative-decoding engine tests (CPU and CUDA): a request's whole output
-// with every logprob's bits, for bitwise comparisons of runs with drafts and without.
+// with every logprob's bits, for bitwise comparisons of runs with drafts and without, and
+// running a set of requests together.
 #pragma once
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "engine/runtime/engine.h"
 #include "engine/runtime/output_stream.h"
 #include "gtest/gtest.h"
 
@@ -42,6 +44,19 @@ inline Scored Score(OutputStream& s) {
       out.metrics = o.metrics;
     }
   }
+  return out;
+}
+
+// Submits the requests together to `e` and returns each one's output, in order.
+inline std::vector<Scored> RunAll(Engine& e, std::vector<EngineRequest> requests) {
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (EngineRequest& r : requests) {
+    absl::StatusOr<std::shared_ptr<OutputStream>> s = e.Submit(std::move(r));
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) streams.push_back(*s);
+  }
+  std::vector<Scored> out;
+  for (auto& s : streams) out.push_back(Score(*s));
   return out;
 }
 
