@@ -99,10 +99,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   // prefix cache restores the per-sequence streams from snapshots (prefix_states.h).
   e->latent_layout_ = layout.streams.size() == 1 && layout.streams[0].granularity == KvGranularity::kPerToken &&
                       layout.streams[0].dtype == "f32" && layout.streams[0].layers.size() == size_t(layout.num_layers);
-  if (!e->latent_layout_ && !e->backend_->kv_in_host_pool()) {
-    return absl::UnimplementedError(absl::StrCat("a device backend over KV streams other than one latent stream (",
-                                                 DescribeKvStreams(layout.streams), ")"));
-  }
+  // A device backend over other streams (DeepSeek-V4 on the GPU) computes in its own pool
+  // and moves none of it to the host pool yet: no prefix cache (its state snapshots are
+  // host-pool copies), and no KV export or import (refused per request).
+  e->device_streams_only_ = !e->latent_layout_ && !e->backend_->kv_in_host_pool();
   int64_t blocks = options.num_kv_blocks;
   const int64_t block_bytes = BlockBytes(layout);
   // Rings and states (per-sequence streams) have a slot per running sequence, and as many
@@ -114,6 +114,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   if (state_bytes > 0 && options.enable_prefix_cache) {
     snapshots = options.prefix_state_snapshots < 0 ? options.max_running : options.prefix_state_snapshots;
   }
+  if (e->device_streams_only_) snapshots = 0;
   if (state_bytes > 0 && snapshots == 0) {
     e->options_.enable_prefix_cache = false;
     options.enable_prefix_cache = false;
@@ -259,6 +260,11 @@ absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
   if (!latent_layout_ && r.kv_sink != nullptr && !r.kv_sink->takes_sequence_kv()) {
     return absl::UnimplementedError(absl::StrCat("KV export by layer for a ", c.model_type, " model (its KV streams: ",
                                                  DescribeKvStreams(layout_.streams), ")"));
+  }
+  if (device_streams_only_ && r.kv_sink != nullptr) {
+    return absl::UnimplementedError(absl::StrCat("KV export from the ", backend_->device_name(), " pool of a ",
+                                                 c.model_type, " model (run this model's prefill on the CPU, or "
+                                                 "aggregated with --role both)"));
   }
   if (r.prefix_kv && !latent_layout_ && !backend_->kv_in_host_pool()) {
     return absl::UnimplementedError(absl::StrCat("prefix KV import into a device pool for a ", c.model_type, " model"));

@@ -469,6 +469,7 @@ class Engine {
   uint64_t layout_fingerprint_ = 0;
   KvLayout layout_;
   bool latent_layout_ = false;  // layout_ is one per-token f32 stream on every layer (cache_ views it)
+  bool device_streams_only_ = false;  // a device backend computing in its own pool of non-latent streams
   std::unique_ptr<KvLeases> leases_;                 // engine thread only
   std::unique_ptr<ConstraintCompiler> constraints_;
   std::map<std::string, std::function<void(Compiled)>> compiling_;  // engine thread only

@@ -15,6 +15,7 @@ __global__ void RopeKernel(RopeParams p) {
   const int64_t position = p.positions[row];
   for (int i = threadIdx.x; i < half; i += kThreads) {
     internal::RopeCosSin(position, p.inv_freq[i], p.attention_factor, &cos_s[i], &sin_s[i]);
+    if (p.inverse) sin_s[i] = -sin_s[i];
   }
   __syncthreads();
   float* base = p.x + row * p.row_stride;

@@ -24,6 +24,9 @@ struct RopeParams {
   const float* inv_freq = nullptr;     // [rope_dim / 2]
   float attention_factor = 1.0f;
   bool interleaved = true;
+  // Rotates back (by -position: cos and -sin), as DeepSeek-V4 undoes the rope on each
+  // attention output head.
+  bool inverse = false;
 };
 
 cudaError_t Rope(const RopeParams& p, cudaStream_t stream);

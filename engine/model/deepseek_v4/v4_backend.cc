@@ -2,20 +2,11 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace tandem::v4 {
+#if TANDEM_HAVE_CUDA
+#include "engine/model/deepseek_v4/cuda/cuda_v4_backend.h"
+#endif
 
-ModelInfo V4ModelInfo(const DeepseekV4Config& c) {
-  return {.model_type = "deepseek_v4",
-          .vocab_size = c.vocab_size,
-          .hidden_size = c.hidden_size,
-          .num_hidden_layers = c.num_hidden_layers,
-          .max_position_embeddings = c.max_position_embeddings,
-          .tie_word_embeddings = c.tie_word_embeddings,
-          .bos_token_id = c.bos_token_id,
-          .eos_token_ids = c.eos_token_ids,
-          .summary = c.Summary(),
-          .hidden_streams = c.hc_mult};
-}
+namespace tandem::v4 {
 
 namespace {
 
@@ -54,9 +45,12 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> LoadV4Backend(const std::string& d
   absl::StatusOr<DeviceSpec> device = ParseDevice(options.device);
   if (!device.ok()) return device.status();
   if (device->kind != DeviceSpec::Kind::kCpu) {
+#if TANDEM_HAVE_CUDA
+    return LoadV4CudaBackend(dir, options, device->index);
+#else
     return absl::FailedPreconditionError(absl::StrCat(
-        "--device ", options.device,
-        ": DeepSeek-V4 runs on the CPU only in this build (its GPU kernels are not written yet); use --device cpu"));
+        "--device ", options.device, ": this build of Tandem has no CUDA backend (built without nvcc)"));
+#endif
   }
   absl::StatusOr<std::unique_ptr<PagedV4Model>> model =
       PagedV4Model::Load(dir, {.num_threads = options.num_threads, .mtp = options.mtp});

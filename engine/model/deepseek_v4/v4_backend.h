@@ -8,16 +8,15 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/model/deepseek_v4/v4_model_info.h"
 #include "engine/model/deepseek_v4/v4_paged_model.h"
 #include "engine/model/model_backend.h"
 
 namespace tandem::v4 {
 
-// Loads a deepseek_v4 checkpoint for options.device. Errors: FAILED_PRECONDITION for a
-// CUDA device (no V4 kernels yet); the loader's (config, weights) otherwise.
-// What the engine and the router need of a V4 checkpoint (model_info.h).
-ModelInfo V4ModelInfo(const DeepseekV4Config& c);
-
+// Loads a deepseek_v4 checkpoint for options.device: the CPU engine, or on a GPU
+// (cuda/cuda_v4_backend.h; FAILED_PRECONDITION in a build without CUDA). Errors: the
+// loaders' (config, weights).
 absl::StatusOr<std::unique_ptr<ModelBackend>> LoadV4Backend(const std::string& dir, const BackendOptions& options);
 
 }  // namespace tandem::v4

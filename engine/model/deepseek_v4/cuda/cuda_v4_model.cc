@@ -1,0 +1,770 @@
+#include "engine/model/deepseek_v4/cuda/cuda_v4_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/deepseek_v4/v4_kv_streams.h"
+#include "engine/util/status_macros.h"
+#include "kernels/cuda/clamped_swiglu.h"
+#include "kernels/cuda/hyper_connections.h"
+#include "kernels/cuda/rms_norm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/sink_attention.h"
+#include "kernels/cuda/unit_rms_norm.h"
+#include "kernels/cuda/v4_compressor.h"
+#include "kernels/cuda/v4_key_select.h"
+#include "kernels/cuda/v4_moe_routing.h"
+#include "kernels/cuda/weighted_row_sum.h"
+
+namespace tandem::v4::cuda_v4 {
+
+using cuda_model::Arena;
+using cuda_model::DeviceBuffer;
+using cuda_model::PinnedBuffer;
+
+namespace {
+
+// Host arrays laid out in one pinned buffer and copied to the device in one transfer;
+// Add returns where an array will be on the device.
+class Staging {
+ public:
+  template <typename T>
+  const T* Add(const std::vector<T>& v) {
+    offset_ = (offset_ + 255) & ~size_t{255};
+    const size_t at = offset_;
+    offset_ += v.size() * sizeof(T);
+    pending_.push_back({at, v.data(), v.size() * sizeof(T)});
+    return reinterpret_cast<const T*>(at);  // an offset until Upload rebases it
+  }
+  // Copies everything added to the device (growing the buffers) and returns the base that
+  // the offsets Add returned are relative to.
+  absl::StatusOr<const std::byte*> Upload(cudaStream_t stream) {
+    const size_t need = std::max<size_t>(offset_, 256);
+    if (host_.bytes() < need) {
+      RETURN_IF_ERROR(host_.Allocate(need * 2, "a forward pass's plan"));
+      RETURN_IF_ERROR(device_.Allocate(need * 2, "a forward pass's plan"));
+    }
+    for (const Pending& p : pending_) std::memcpy(host_.get<std::byte>() + p.at, p.data, p.bytes);
+    TANDEM_CUDA_RETURN(cudaMemcpyAsync(device_.get(), host_.get(), offset_, cudaMemcpyHostToDevice, stream),
+                       "uploading a forward pass's plan");
+    pending_.clear();
+    offset_ = 0;
+    return device_.get<const std::byte>();
+  }
+
+ private:
+  struct Pending {
+    size_t at;
+    const void* data;
+    size_t bytes;
+  };
+  std::vector<Pending> pending_;
+  size_t offset_ = 0;
+  PinnedBuffer host_;
+  DeviceBuffer device_;
+};
+
+template <typename T>
+T Rebase(T offset, const std::byte* base) {
+  return reinterpret_cast<T>(const_cast<std::byte*>(base) + reinterpret_cast<uintptr_t>(offset));
+}
+
+absl::Status Kernel(cudaError_t err, const char* what) { return cuda_model::CudaStatus(err, what); }
+
+}  // namespace
+
+// A pass's device arrays: the plan's (rebased staging offsets) and the activations.
+struct CudaV4Model::Step {
+  const StepPlan* plan = nullptr;
+  int64_t rows = 0;
+  // Plan arrays on the device.
+  const int32_t *tokens = nullptr, *positions = nullptr, *token_seq = nullptr;
+  const int32_t *seq_start = nullptr, *seq_row0 = nullptr, *seq_entries_csa = nullptr, *seq_entries_hca = nullptr;
+  const int64_t *seq_entry_begin_csa = nullptr, *seq_entry_begin_hca = nullptr, *entry_rows_csa = nullptr,
+                *entry_rows_hca = nullptr;
+  struct Compressor {
+    const cuda::CompressorSlot* slots = nullptr;
+    const int32_t* num_slots = nullptr;
+    const int32_t* positions = nullptr;
+    float* const* out = nullptr;
+  };
+  struct Copies {
+    const float* const* src = nullptr;
+    const float* const* bias = nullptr;
+    float* const* dst = nullptr;
+    int64_t rows = 0;
+  };
+  struct Layer {
+    Compressor main, indexer;
+    Copies main_overlap, main_partial, indexer_overlap, indexer_partial, ring;
+    const float* const* seq_ring = nullptr;
+  };
+  std::vector<Layer> layers;
+  const float* const* embed_src = nullptr;
+  float* const* embed_dst = nullptr;
+  const float* const* logits_src = nullptr;
+  float* const* logits_dst = nullptr;
+  int64_t logits_rows = 0;
+  int max_keys = 0;
+  int64_t max_entries_csa = 0;
+
+  // Activations ([rows][...] unless said).
+  float *streams = nullptr, *flat = nullptr, *mix = nullptr, *pre = nullptr, *post = nullptr, *comb = nullptr;
+  float *u = nullptr, *sub = nullptr, *xp = nullptr, *cq = nullptr, *kv = nullptr, *q = nullptr, *o = nullptr;
+  float *grouped = nullptr, *index_q = nullptr, *index_w = nullptr, *scores = nullptr;
+  const float** keys = nullptr;
+  int32_t* num_keys = nullptr;
+  int32_t* bad = nullptr;  // [2]: key lists, attention
+  float *router = nullptr, *route_w = nullptr, *gathered = nullptr, *hidden = nullptr, *act = nullptr,
+        *expert_out = nullptr, *shared_hidden = nullptr, *shared_act = nullptr;
+  int32_t* route_ids = nullptr;
+  float* logits = nullptr;  // [logits rows][vocab]
+
+  DeviceBuffer activations;
+  size_t activation_bytes = 0;
+  Staging staging, moe_staging;
+  PinnedBuffer host_ids, host_bad;
+  std::vector<float> host_logits;
+  // The MoE layer's host lists (kept alive until uploaded).
+  std::vector<const float*> moe_src, moe_rows;
+  std::vector<float*> moe_dst;
+  std::vector<int32_t> order;
+};
+
+CudaV4Model::~CudaV4Model() {
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+std::vector<KvStream> CudaV4Model::kv_streams() const { return KvStreamsFor(config_, /*mtp=*/false); }
+
+absl::StatusOr<std::unique_ptr<CudaV4Model>> CudaV4Model::Load(const std::string& dir, const Options& options) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || options.device < 0 || options.device >= count) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", options.device, " does not exist (", count, " visible)"));
+  }
+  std::unique_ptr<CudaV4Model> m(new CudaV4Model());
+  m->device_ = options.device;
+  TANDEM_CUDA_RETURN(cudaSetDevice(options.device), "selecting the GPU");
+  ASSIGN_OR_RETURN(m->config_, LoadDeepseekV4Config(dir));
+  ASSIGN_OR_RETURN(m->host_weights_, LoadedWeights::Load(m->config_, dir));
+  ASSIGN_OR_RETURN(m->weights_, UploadV4Weights(m->config_, m->host_weights_->weights()));
+  m->host_weights_.reset();  // everything the GPU reads is on the GPU
+  TANDEM_CUDA_RETURN(cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking), "creating a CUDA stream");
+  TANDEM_CUBLAS_RETURN(m->gemm_.Init(), "creating the cuBLAS handle");
+  auto upload = [&](const std::vector<float>& v, const float** out) -> absl::Status {
+    DeviceBuffer b;
+    RETURN_IF_ERROR(b.Allocate(v.size() * sizeof(float), "rope frequencies"));
+    TANDEM_CUDA_RETURN(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice),
+                       "uploading rope frequencies");
+    *out = b.get<const float>();
+    m->constants_.push_back(std::move(b));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(upload(m->config_.main_rope.InverseFrequencies(), &m->main_inv_freq_));
+  RETURN_IF_ERROR(upload(m->config_.compress_rope.InverseFrequencies(), &m->compress_inv_freq_));
+  m->step_ = std::make_unique<Step>();
+  RETURN_IF_ERROR(m->step_->host_ids.Allocate(256, "routing results"));
+  RETURN_IF_ERROR(m->step_->host_bad.Allocate(2 * sizeof(int32_t), "error flags"));
+  return m;
+}
+
+absl::Status CudaV4Model::EnsurePool(const KvPool::Geometry& g) {
+  if (pool_ != nullptr) {
+    const KvPool::Geometry& h = pool_->geometry();
+    if (h.num_layers == g.num_layers && h.block_size == g.block_size && h.num_blocks == g.num_blocks &&
+        h.num_sequence_slots == g.num_sequence_slots) {
+      return absl::OkStatus();
+    }
+  }
+  pool_.reset();
+  ASSIGN_OR_RETURN(const size_t bytes, KvPool::BytesFor(kv_streams(), g));
+  RETURN_IF_ERROR(pool_memory_.Allocate(bytes, "the KV pool"));
+  TANDEM_CUDA_RETURN(cudaMemset(pool_memory_.get(), 0, bytes), "zeroing the KV pool");
+  ASSIGN_OR_RETURN(pool_, KvPool::CreateOver({pool_memory_.get<std::byte>(), bytes}, kv_streams(), g));
+  return absl::OkStatus();
+}
+
+absl::Status CudaV4Model::CopyPoolTo(KvPool& host) {
+  if (pool_ == nullptr) return absl::FailedPreconditionError("no GPU pool yet");
+  if (host.memory().size() != pool_->memory().size()) {
+    return absl::InvalidArgumentError("the host pool's layout differs from the GPU pool's");
+  }
+  TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "finishing the GPU's work");
+  TANDEM_CUDA_RETURN(cudaMemcpy(host.memory().data(), pool_->memory().data(), host.memory().size(),
+                                cudaMemcpyDeviceToHost),
+                     "copying the KV pool");
+  return absl::OkStatus();
+}
+
+absl::Status CudaV4Model::Check(std::span<const ForwardSequence> batch) const {
+  if (pool_ == nullptr) return absl::FailedPreconditionError("no GPU pool (EnsurePool)");
+  if (batch.empty()) return absl::InvalidArgumentError("no sequences to run");
+  const int64_t bs = pool_->geometry().block_size;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const ForwardSequence& s = batch[i];
+    const std::string who = absl::StrCat("sequence ", i, ": ");
+    if (s.mtp || s.keep_hidden || s.first_kv_cached || s.num_drafts > 0) {
+      return absl::UnimplementedError(who + "speculative decoding is not on the GPU for DeepSeek-V4 yet");
+    }
+    if (s.tokens.empty()) return absl::InvalidArgumentError(who + "no tokens to run");
+    for (size_t t = 0; t < s.tokens.size(); ++t) {
+      if (s.tokens[t] < 0 || s.tokens[t] >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(who, "token ", t, " is ", s.tokens[t],
+                                                       ", outside the vocabulary of ", config_.vocab_size));
+      }
+    }
+    const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
+    if (s.start_position < 0 || end > config_.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(who, "positions up to ", end, " exceed max_position_embeddings (",
+                                                     config_.max_position_embeddings, ")"));
+    }
+    if (static_cast<int64_t>(s.block_table.size()) * bs < end) {
+      return absl::InvalidArgumentError(absl::StrCat(who, "its ", s.block_table.size(), " blocks do not cover ", end,
+                                                     " positions"));
+    }
+    for (int32_t b : s.block_table) {
+      if (b < 0 || b >= pool_->geometry().num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat(who, "block ", b, " is outside the pool"));
+      }
+    }
+    if (s.state_slot < 0 || s.state_slot >= pool_->geometry().num_sequence_slots) {
+      return absl::InvalidArgumentError(absl::StrCat(who, "state slot ", s.state_slot, " is outside the pool"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaV4Model::Allocate(const PassShape& shape) {
+  const DeepseekV4Config& c = config_;
+  Step& st = *step_;
+  st.rows = shape.rows;
+  st.max_entries_csa = shape.max_entries_csa;
+  const int64_t rows = shape.rows, n = c.hc_mult, d = c.hidden_size, hd = c.num_attention_heads * c.head_dim;
+  int64_t x_width = 0;
+  for (const CudaV4Layer& l : weights_->layers) x_width = std::max(x_width, l.x_cols.width);
+  const int64_t max_csa = std::min<int64_t>(c.index_topk, shape.max_entries_csa);
+  st.max_keys = static_cast<int>(c.sliding_window + std::max(max_csa, shape.max_entries_hca));
+  if (st.max_keys > cuda::kMaxSinkAttentionKeys) {
+    return absl::UnimplementedError(absl::StrCat("a query would attend to ", st.max_keys, " keys; the kernel takes ",
+                                                 cuda::kMaxSinkAttentionKeys));
+  }
+  const int64_t k = c.num_experts_per_tok, inter = c.moe_intermediate_size, e = c.n_routed_experts;
+  const int64_t lrows = shape.logits_rows;
+  auto carve = [&](Arena& a) {
+    st.streams = a.Take<float>(rows * n * d);
+    st.flat = a.Take<float>(std::max(rows, lrows) * n * d);
+    st.mix = a.Take<float>(std::max(rows, lrows) * (2 + n) * n);
+    st.pre = a.Take<float>(std::max(rows, lrows) * n);
+    st.post = a.Take<float>(rows * n);
+    st.comb = a.Take<float>(rows * n * n);
+    st.u = a.Take<float>(std::max(rows, lrows) * d);
+    st.sub = a.Take<float>(rows * d);
+    st.xp = a.Take<float>(rows * x_width);
+    st.cq = a.Take<float>(rows * c.q_lora_rank);
+    st.kv = a.Take<float>(rows * c.head_dim);
+    st.q = a.Take<float>(rows * hd);
+    st.o = a.Take<float>(rows * hd);
+    st.grouped = a.Take<float>(rows * c.o_groups * c.o_lora_rank);
+    st.index_q = a.Take<float>(rows * c.index_n_heads * c.index_head_dim);
+    st.index_w = a.Take<float>(rows * c.index_n_heads);
+    st.scores = a.Take<float>(rows * std::max<int64_t>(1, shape.max_entries_csa));
+    st.keys = a.Take<const float*>(rows * st.max_keys);
+    st.num_keys = a.Take<int32_t>(rows);
+    st.bad = a.Take<int32_t>(2);
+    st.router = a.Take<float>(rows * e);
+    st.route_ids = a.Take<int32_t>(rows * k);
+    st.route_w = a.Take<float>(rows * k);
+    st.gathered = a.Take<float>(rows * k * d);
+    st.hidden = a.Take<float>(rows * k * 2 * inter);
+    st.act = a.Take<float>(rows * k * inter);
+    st.expert_out = a.Take<float>(rows * k * d);
+    st.shared_hidden = a.Take<float>(rows * 2 * inter);
+    st.shared_act = a.Take<float>(rows * inter);
+    st.logits = a.Take<float>(lrows * c.vocab_size);
+  };
+  Arena sizing;
+  carve(sizing);
+  if (sizing.used() > st.activation_bytes) {
+    st.activations.Reset();
+    RETURN_IF_ERROR(st.activations.Allocate(sizing.used() + sizing.used() / 2, "activations"));
+    st.activation_bytes = sizing.used() + sizing.used() / 2;
+  }
+  Arena real(st.activations.get<char>());
+  carve(real);
+  if (st.host_ids.bytes() < static_cast<size_t>(rows * k) * sizeof(int32_t)) {
+    RETURN_IF_ERROR(st.host_ids.Allocate(static_cast<size_t>(rows * k) * sizeof(int32_t) * 2, "routing results"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaV4Model::Stage(const StepPlan& plan) {
+  const int64_t rows = plan.rows, n = config_.hc_mult, d = config_.hidden_size;
+  Step& st = *step_;
+  st.plan = &plan;
+  const int64_t lrows = static_cast<int64_t>(plan.logits_rows.size());
+
+  // The plan's arrays, and the gathers of the embedding and the logits rows.
+  Staging& sg = st.staging;
+  st.tokens = sg.Add(plan.tokens);
+  st.positions = sg.Add(plan.positions);
+  st.token_seq = sg.Add(plan.token_seq);
+  st.seq_start = sg.Add(plan.seq_start);
+  st.seq_row0 = sg.Add(plan.seq_row0);
+  st.seq_entries_csa = sg.Add(plan.seq_entries_csa);
+  st.seq_entries_hca = sg.Add(plan.seq_entries_hca);
+  st.seq_entry_begin_csa = sg.Add(plan.seq_entry_begin_csa);
+  st.seq_entry_begin_hca = sg.Add(plan.seq_entry_begin_hca);
+  st.entry_rows_csa = sg.Add(plan.entry_rows_csa);
+  st.entry_rows_hca = sg.Add(plan.entry_rows_hca);
+  // Kept alive until the upload: the split forms of the copies.
+  std::vector<std::vector<const float*>> srcs, biases;
+  std::vector<std::vector<float*>> dsts;
+  srcs.reserve(8 * plan.layers.size() + 2);
+  biases.reserve(srcs.capacity());
+  dsts.reserve(srcs.capacity());
+  auto copies = [&](const std::vector<RowCopy>& v) {
+    srcs.emplace_back();
+    biases.emplace_back();
+    dsts.emplace_back();
+    for (const RowCopy& r : v) {
+      srcs.back().push_back(r.src);
+      biases.back().push_back(r.bias);
+      dsts.back().push_back(r.dst);
+    }
+    return Step::Copies{.src = sg.Add(srcs.back()), .bias = sg.Add(biases.back()), .dst = sg.Add(dsts.back()),
+                        .rows = static_cast<int64_t>(v.size())};
+  };
+  auto compressor = [&](const CompressorJob& j) {
+    return Step::Compressor{.slots = sg.Add(j.slots), .num_slots = sg.Add(j.num_slots),
+                            .positions = sg.Add(j.positions), .out = sg.Add(j.out)};
+  };
+  st.layers.assign(plan.layers.size(), {});
+  for (size_t l = 0; l < plan.layers.size(); ++l) {
+    const LayerPlan& lp = plan.layers[l];
+    Step::Layer& sl = st.layers[l];
+    sl.main = compressor(lp.main);
+    sl.indexer = compressor(lp.indexer);
+    sl.main_overlap = copies(lp.main.overlap_copies);
+    sl.main_partial = copies(lp.main.partial_copies);
+    sl.indexer_overlap = copies(lp.indexer.overlap_copies);
+    sl.indexer_partial = copies(lp.indexer.partial_copies);
+    sl.ring = copies(lp.ring_copies);
+    sl.seq_ring = sg.Add(lp.seq_ring);
+  }
+  {  // every stream starts as the token's embedding
+    std::vector<RowCopy> embed;
+    for (int64_t t = 0; t < rows; ++t) {
+      for (int64_t s = 0; s < n; ++s) {
+        embed.push_back({weights_->embed.data + static_cast<int64_t>(plan.tokens[t]) * d, nullptr,
+                         st.streams + (t * n + s) * d});
+      }
+    }
+    const Step::Copies e = copies(embed);
+    st.embed_src = e.src;
+    st.embed_dst = e.dst;
+    std::vector<RowCopy> gather;
+    for (size_t r = 0; r < plan.logits_rows.size(); ++r) {
+      gather.push_back({st.streams + plan.logits_rows[r] * n * d, nullptr, st.flat + static_cast<int64_t>(r) * n * d});
+    }
+    const Step::Copies g = copies(gather);
+    st.logits_src = g.src;
+    st.logits_dst = g.dst;
+    st.logits_rows = lrows;
+  }
+  ASSIGN_OR_RETURN(const std::byte* base, sg.Upload(stream_));
+  // Rebase every staged pointer.
+  st.tokens = Rebase(st.tokens, base);
+  st.positions = Rebase(st.positions, base);
+  st.token_seq = Rebase(st.token_seq, base);
+  st.seq_start = Rebase(st.seq_start, base);
+  st.seq_row0 = Rebase(st.seq_row0, base);
+  st.seq_entries_csa = Rebase(st.seq_entries_csa, base);
+  st.seq_entries_hca = Rebase(st.seq_entries_hca, base);
+  st.seq_entry_begin_csa = Rebase(st.seq_entry_begin_csa, base);
+  st.seq_entry_begin_hca = Rebase(st.seq_entry_begin_hca, base);
+  st.entry_rows_csa = Rebase(st.entry_rows_csa, base);
+  st.entry_rows_hca = Rebase(st.entry_rows_hca, base);
+  auto rebase_copies = [&](Step::Copies& cp) {
+    cp.src = Rebase(cp.src, base);
+    cp.bias = Rebase(cp.bias, base);
+    cp.dst = Rebase(cp.dst, base);
+  };
+  auto rebase_compressor = [&](Step::Compressor& cp) {
+    cp.slots = Rebase(cp.slots, base);
+    cp.num_slots = Rebase(cp.num_slots, base);
+    cp.positions = Rebase(cp.positions, base);
+    cp.out = Rebase(cp.out, base);
+  };
+  for (Step::Layer& sl : st.layers) {
+    rebase_compressor(sl.main);
+    rebase_compressor(sl.indexer);
+    for (Step::Copies* cp : {&sl.main_overlap, &sl.main_partial, &sl.indexer_overlap, &sl.indexer_partial, &sl.ring}) {
+      rebase_copies(*cp);
+    }
+    sl.seq_ring = Rebase(sl.seq_ring, base);
+  }
+  st.embed_src = Rebase(st.embed_src, base);
+  st.embed_dst = Rebase(st.embed_dst, base);
+  st.logits_src = Rebase(st.logits_src, base);
+  st.logits_dst = Rebase(st.logits_dst, base);
+  TANDEM_CUDA_RETURN(cudaMemsetAsync(st.bad, 0, 2 * sizeof(int32_t), stream_), "clearing error flags");
+  return absl::OkStatus();
+}
+
+absl::Status CudaV4Model::Linear(const float* x, int64_t ldx, const DeviceMatrix& w, float* y, int64_t ldy,
+                                 int64_t m) {
+  if (m == 0) return absl::OkStatus();
+  TANDEM_CUBLAS_RETURN(gemm_.LinearF32({.x = x, .ldx = ldx, .w = w.data, .ldw = w.cols, .y = y, .ldy = ldy, .m = m,
+                                        .n = w.rows, .k = w.cols},
+                                       stream_),
+                       "a projection");
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status RunCopies(const float* const* src, const float* const* bias,
+                       float* const* dst, int64_t rows, int64_t width, cudaStream_t stream, const char* what) {
+  if (rows == 0) return absl::OkStatus();
+  return Kernel(cuda::CopyRows({.src = src, .bias = bias, .dst = dst, .rows = rows, .width = width}, stream), what);
+}
+
+}  // namespace
+
+absl::Status CudaV4Model::HyperPre(const HyperSite& site, const float* norm) {
+  const DeepseekV4Config& c = config_;
+  Step& st = *step_;
+  const int64_t rows = st.rows, n = c.hc_mult, d = c.hidden_size, mw = (2 + n) * n;
+  RETURN_IF_ERROR(Kernel(cuda::UnitRmsNorm({.x = st.streams, .x_stride = n * d, .out = st.flat, .out_stride = n * d,
+                                            .rows = rows, .width = n * d, .eps = static_cast<float>(c.rms_norm_eps)},
+                                           stream_),
+                         "an mHC site's norm"));
+  RETURN_IF_ERROR(Linear(st.flat, n * d, site.fn, st.mix, mw, rows));
+  RETURN_IF_ERROR(Kernel(cuda::HyperMix({.mix = st.mix, .mix_stride = mw, .base = site.base, .scale = site.scale,
+                                         .tokens = rows, .n = static_cast<int>(n),
+                                         .sinkhorn_iters = static_cast<int>(c.hc_sinkhorn_iters),
+                                         .eps = static_cast<float>(c.hc_eps), .head = false, .pre = st.pre,
+                                         .post = st.post, .comb = st.comb},
+                                        stream_),
+                         "an mHC site's weights"));
+  RETURN_IF_ERROR(Kernel(cuda::HyperCollapse({.streams = st.streams, .pre = st.pre, .tokens = rows,
+                                              .n = static_cast<int>(n), .dim = d, .out = st.u, .out_stride = d},
+                                             stream_),
+                         "an mHC collapse"));
+  return Kernel(cuda::RmsNorm({.x = st.u, .weight = norm, .out = st.u, .rows = rows, .dim = d, .x_stride = d,
+                               .out_stride = d, .eps = static_cast<float>(c.rms_norm_eps)},
+                              stream_),
+                "a layer norm");
+}
+
+absl::Status CudaV4Model::Block(int64_t layer) {
+  const DeepseekV4Config& c = config_;
+  Step& st = *step_;
+  const CudaV4Layer& lw = weights_->layers[static_cast<size_t>(layer)];
+  const int64_t n = c.hc_mult, d = c.hidden_size;
+  auto expand = [&]() {
+    return Kernel(cuda::HyperExpand({.streams = st.streams, .post = st.post, .comb = st.comb, .f = st.sub,
+                                     .f_stride = d, .tokens = st.rows, .n = static_cast<int>(n), .dim = d},
+                                    stream_),
+                  "an mHC expand");
+  };
+  RETURN_IF_ERROR(HyperPre(lw.attn_hc, lw.attn_norm));
+  RETURN_IF_ERROR(Attention(layer));
+  RETURN_IF_ERROR(expand());
+  RETURN_IF_ERROR(HyperPre(lw.ffn_hc, lw.ffn_norm));
+  RETURN_IF_ERROR(Moe(layer));
+  return expand();
+}
+
+absl::Status CudaV4Model::Attention(int64_t layer) {
+  const DeepseekV4Config& c = config_;
+  Step& st = *step_;
+  const CudaV4Layer& lw = weights_->layers[static_cast<size_t>(layer)];
+  const Step::Layer& sl = st.layers[static_cast<size_t>(layer)];
+  const AttentionType type = c.layer_types[static_cast<size_t>(layer)];
+  const int64_t rows = st.rows, d = c.head_dim, heads = c.num_attention_heads, hd = heads * d, xw = lw.x_cols.width;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const RopeTable& rope = c.RopeFor(type);
+  const float* inv_freq = type == AttentionType::kSliding ? main_inv_freq_ : compress_inv_freq_;
+  const int rot = static_cast<int>(rope.rotary_dim), crot = static_cast<int>(c.compress_rope.rotary_dim);
+  const float af = static_cast<float>(rope.AttentionFactor()), caf = static_cast<float>(c.compress_rope.AttentionFactor());
+
+  RETURN_IF_ERROR(Linear(st.u, c.hidden_size, lw.x_proj, st.xp, xw, rows));
+  RETURN_IF_ERROR(Kernel(cuda::RmsNorm({.x = st.xp + lw.x_cols.q_a, .weight = lw.q_a_norm, .out = st.cq, .rows = rows,
+                                        .dim = c.q_lora_rank, .x_stride = xw, .out_stride = c.q_lora_rank, .eps = eps},
+                                       stream_),
+                         "q_a_norm"));
+  RETURN_IF_ERROR(Kernel(cuda::RmsNorm({.x = st.xp + lw.x_cols.kv, .weight = lw.kv_norm, .out = st.kv, .rows = rows,
+                                        .dim = d, .x_stride = xw, .out_stride = d, .eps = eps},
+                                       stream_),
+                         "kv_norm"));
+  RETURN_IF_ERROR(Linear(st.cq, c.q_lora_rank, lw.q_b, st.q, hd, rows));
+  RETURN_IF_ERROR(Kernel(cuda::UnitRmsNorm({.x = st.q, .x_stride = d, .out = st.q, .out_stride = d,
+                                            .rows = rows * heads, .width = d, .eps = eps},
+                                           stream_),
+                         "the query heads' norm"));
+  if (rot > 0) {
+    RETURN_IF_ERROR(Kernel(cuda::Rope({.x = st.q + d - rot, .rows = rows, .num_heads = static_cast<int>(heads),
+                                       .row_stride = hd, .head_stride = d, .rope_dim = rot, .positions = st.positions,
+                                       .inv_freq = inv_freq, .attention_factor = af, .interleaved = true},
+                                      stream_),
+                           "the queries' rope"));
+    RETURN_IF_ERROR(Kernel(cuda::Rope({.x = st.kv + d - rot, .rows = rows, .num_heads = 1, .row_stride = d,
+                                       .head_stride = d, .rope_dim = rot, .positions = st.positions,
+                                       .inv_freq = inv_freq, .attention_factor = af, .interleaved = true},
+                                      stream_),
+                           "the keys' rope"));
+  }
+
+  // The compressors: entries of the windows closing in this pass into the pool, then the
+  // state (overlap halves before the unfinished windows, whose rows they may read).
+  auto compress = [&](const CompressorJob& job, const Step::Compressor& dev, const Step::Copies& overlap,
+                      const Step::Copies& partial, const CompressorParams& w, int64_t width,
+                      int64_t proj) -> absl::Status {
+    if (job.windows() > 0) {
+      RETURN_IF_ERROR(Kernel(cuda::CompressorEmit({.slots = dev.slots, .num_slots = dev.num_slots,
+                                                   .max_slots = job.max_slots, .windows = job.windows(),
+                                                   .width = width, .norm = w.norm, .eps = eps,
+                                                   .positions = dev.positions, .inv_freq = compress_inv_freq_,
+                                                   .rope_dim = crot, .attention_factor = caf, .out = dev.out},
+                                                  stream_),
+                             "a compressor's entries"));
+    }
+    RETURN_IF_ERROR(RunCopies(overlap.src, overlap.bias, overlap.dst, overlap.rows, width, stream_,
+                              "a compressor's overlap rows"));
+    return RunCopies(partial.src, partial.bias, partial.dst, partial.rows, proj, stream_,
+                     "a compressor's unfinished window");
+  };
+  const LayerPlan& lp = st.plan->layers[static_cast<size_t>(layer)];
+  const bool csa = type == AttentionType::kCompressedSparse;
+  const int64_t ni = c.index_n_heads, ci = c.index_head_dim;
+  if (type != AttentionType::kSliding) {
+    RETURN_IF_ERROR(compress(lp.main, sl.main, sl.main_overlap, sl.main_partial, lw.compressor, d, csa ? 2 * d : d));
+  }
+  if (csa) {
+    RETURN_IF_ERROR(compress(lp.indexer, sl.indexer, sl.indexer_overlap, sl.indexer_partial, lw.indexer_compressor,
+                             ci, 2 * ci));
+    RETURN_IF_ERROR(Linear(st.cq, c.q_lora_rank, lw.index_q_b, st.index_q, ni * ci, rows));
+    if (crot > 0) {
+      RETURN_IF_ERROR(Kernel(cuda::Rope({.x = st.index_q + ci - crot, .rows = rows, .num_heads = static_cast<int>(ni),
+                                         .row_stride = ni * ci, .head_stride = ci, .rope_dim = crot,
+                                         .positions = st.positions, .inv_freq = compress_inv_freq_,
+                                         .attention_factor = caf, .interleaved = true},
+                                        stream_),
+                             "the indexer queries' rope"));
+    }
+    RETURN_IF_ERROR(Linear(st.u, c.hidden_size, lw.index_weights, st.index_w, ni, rows));
+  }
+
+  // Each query's keys, the attention with sinks, the rope taken back off the outputs.
+  const bool hca = type == AttentionType::kHeavilyCompressed;
+  RETURN_IF_ERROR(Kernel(
+      cuda::V4KeySelect({.tokens = rows, .token_seq = st.token_seq, .token_pos = st.positions,
+                         .seq_start = st.seq_start, .seq_row0 = st.seq_row0, .seq_ring = sl.seq_ring,
+                         .seq_entries = hca ? st.seq_entries_hca : st.seq_entries_csa,
+                         .seq_entry_begin = hca ? st.seq_entry_begin_hca : st.seq_entry_begin_csa,
+                         .chunk_kv = st.kv, .chunk_kv_stride = d, .window = static_cast<int>(c.sliding_window),
+                         .head_dim = static_cast<int>(d), .type = csa ? 1 : (hca ? 2 : 0),
+                         .rate = static_cast<int>(c.CompressRate(type)),
+                         .entry_rows = hca ? st.entry_rows_hca : st.entry_rows_csa, .entries = lp.entries,
+                         .index_keys = lp.index_keys, .index_q = st.index_q, .index_w = st.index_w,
+                         .index_heads = static_cast<int>(ni), .index_head_dim = static_cast<int>(ci),
+                         .topk = static_cast<int>(c.index_topk), .scores = st.scores,
+                         .max_entries = std::max<int64_t>(1, st.max_entries_csa), .keys = st.keys,
+                         .num_keys = st.num_keys, .max_keys = st.max_keys, .bad_input = st.bad},
+                        stream_),
+      "the attention's key lists"));
+  RETURN_IF_ERROR(Kernel(cuda::SinkAttention({.q = st.q, .keys = st.keys, .num_keys = st.num_keys,
+                                              .max_keys = st.max_keys, .sinks = lw.sinks, .tokens = rows,
+                                              .heads = static_cast<int>(heads), .head_dim = static_cast<int>(d),
+                                              .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))),
+                                              .out = st.o, .bad_input = st.bad + 1},
+                                             stream_),
+                         "the attention"));
+  if (rot > 0) {
+    RETURN_IF_ERROR(Kernel(cuda::Rope({.x = st.o + d - rot, .rows = rows, .num_heads = static_cast<int>(heads),
+                                       .row_stride = hd, .head_stride = d, .rope_dim = rot, .positions = st.positions,
+                                       .inv_freq = inv_freq, .attention_factor = af, .interleaved = true,
+                                       .inverse = true},
+                                      stream_),
+                           "the outputs' inverse rope"));
+  }
+  // The grouped output projection: group g's heads through its block of o_a, then o_b.
+  const int64_t groups = c.o_groups, r = c.o_lora_rank, in = c.o_group_in();
+  TANDEM_CUBLAS_RETURN(gemm_.BatchedF32({.a = st.o, .lda = hd, .stride_a = in, .b = lw.o_a.data, .ldb = in,
+                                         .stride_b = r * in, .b_transposed = true, .c = st.grouped,
+                                         .ldc = groups * r, .stride_c = r, .m = rows, .n = r, .k = in,
+                                         .batch = groups},
+                                        stream_),
+                       "the grouped output projection");
+  RETURN_IF_ERROR(Linear(st.grouped, groups * r, lw.o_b, st.sub, c.hidden_size, rows));
+  // The ring keeps the last window of K=V rows (read above for the older positions).
+  return RunCopies(sl.ring.src, sl.ring.bias, sl.ring.dst, sl.ring.rows, d, stream_, "the sliding window ring");
+}
+
+absl::Status CudaV4Model::Moe(int64_t layer) {
+  const DeepseekV4Config& c = config_;
+  Step& st = *step_;
+  const CudaV4Layer& lw = weights_->layers[static_cast<size_t>(layer)];
+  const int64_t rows = st.rows, d = c.hidden_size, k = c.num_experts_per_tok, inter = c.moe_intermediate_size;
+  const int64_t e = c.n_routed_experts;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  RETURN_IF_ERROR(Linear(st.u, d, lw.router, st.router, e, rows));
+  RETURN_IF_ERROR(Kernel(cuda::V4MoeRouting({.logits = st.router, .logits_stride = e,
+                                             .num_tokens = static_cast<int>(rows), .num_experts = static_cast<int>(e),
+                                             .top_k = static_cast<int>(k), .correction_bias = lw.correction_bias,
+                                             .tid2eid = lw.tid2eid, .tokens = lw.tid2eid ? st.tokens : nullptr,
+                                             .vocab_size = c.vocab_size, .bad_input = st.bad,
+                                             .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
+                                             .expert_ids = st.route_ids, .weights = st.route_w},
+                                            stream_),
+                         "the routing"));
+  // Which rows each expert takes: read back (the first form's one host round trip a layer).
+  int32_t* ids = st.host_ids.get<int32_t>();
+  TANDEM_CUDA_RETURN(cudaMemcpyAsync(ids, st.route_ids, static_cast<size_t>(rows * k) * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, stream_),
+                     "reading the routing");
+  TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "reading the routing");
+  std::vector<int64_t> count(static_cast<size_t>(e) + 1, 0), offset(static_cast<size_t>(e) + 1, 0);
+  for (int64_t i = 0; i < rows * k; ++i) {
+    if (ids[i] >= 0 && ids[i] < e) ++count[static_cast<size_t>(ids[i])];
+  }
+  for (int64_t x = 0; x < e; ++x) offset[static_cast<size_t>(x) + 1] = offset[static_cast<size_t>(x)] + count[static_cast<size_t>(x)];
+  std::vector<int64_t> next(offset.begin(), offset.end() - 1);
+  st.moe_src.clear();
+  st.moe_dst.clear();
+  st.moe_rows.assign(static_cast<size_t>(rows * k), nullptr);
+  std::vector<const float*> src(static_cast<size_t>(offset[static_cast<size_t>(e)]));
+  std::vector<float*> dst(src.size());
+  for (int64_t i = 0; i < rows * k; ++i) {
+    if (ids[i] < 0 || ids[i] >= e) continue;
+    const int64_t at = next[static_cast<size_t>(ids[i])]++;
+    src[static_cast<size_t>(at)] = st.u + (i / k) * d;
+    dst[static_cast<size_t>(at)] = st.gathered + at * d;
+    st.moe_rows[static_cast<size_t>(i)] = st.expert_out + at * d;
+  }
+  st.moe_src = std::move(src);
+  st.moe_dst = std::move(dst);
+  const float* const* dsrc = st.moe_staging.Add(st.moe_src);
+  float* const* ddst = st.moe_staging.Add(st.moe_dst);
+  const float* const* drows = st.moe_staging.Add(st.moe_rows);
+  ASSIGN_OR_RETURN(const std::byte* base, st.moe_staging.Upload(stream_));
+  dsrc = Rebase(dsrc, base);
+  ddst = Rebase(ddst, base);
+  drows = Rebase(drows, base);
+  const int64_t routed = offset[static_cast<size_t>(e)];
+  RETURN_IF_ERROR(RunCopies(dsrc, nullptr, ddst, routed, d, stream_, "gathering the experts' rows"));
+  for (int64_t x = 0; x < e; ++x) {
+    const int64_t m = count[static_cast<size_t>(x)], at = offset[static_cast<size_t>(x)];
+    if (m == 0) continue;
+    RETURN_IF_ERROR(Linear(st.gathered + at * d, d, lw.experts[static_cast<size_t>(x)].gate_up,
+                           st.hidden + at * 2 * inter, 2 * inter, m));
+  }
+  for (int64_t r0 = 0; r0 < routed; r0 += 65535) {
+    const int64_t m = std::min<int64_t>(65535, routed - r0);
+    RETURN_IF_ERROR(Kernel(cuda::ClampedSwiGlu({.x = st.hidden + r0 * 2 * inter, .x_stride = 2 * inter, .rows = m,
+                                                .cols = inter, .limit = limit, .out = st.act + r0 * inter,
+                                                .out_stride = inter},
+                                               stream_),
+                           "the experts' activation"));
+  }
+  for (int64_t x = 0; x < e; ++x) {
+    const int64_t m = count[static_cast<size_t>(x)], at = offset[static_cast<size_t>(x)];
+    if (m == 0) continue;
+    RETURN_IF_ERROR(Linear(st.act + at * inter, inter, lw.experts[static_cast<size_t>(x)].down, st.expert_out + at * d,
+                           d, m));
+  }
+  // The shared expert into sub, then the routed outputs weighted and added to it.
+  RETURN_IF_ERROR(Linear(st.u, d, lw.shared.gate_up, st.shared_hidden, 2 * inter, rows));
+  RETURN_IF_ERROR(Kernel(cuda::ClampedSwiGlu({.x = st.shared_hidden, .x_stride = 2 * inter, .rows = rows,
+                                              .cols = inter, .limit = limit, .out = st.shared_act,
+                                              .out_stride = inter},
+                                             stream_),
+                         "the shared expert's activation"));
+  RETURN_IF_ERROR(Linear(st.shared_act, inter, lw.shared.down, st.sub, d, rows));
+  return Kernel(cuda::WeightedRowSum({.rows = drows, .weights = st.route_w, .k = static_cast<int>(k), .tokens = rows,
+                                      .width = d, .add = st.sub, .add_stride = d, .out = st.sub, .out_stride = d},
+                                     stream_),
+                "combining the experts");
+}
+
+absl::StatusOr<std::vector<float>> CudaV4Model::Logits() {
+  const DeepseekV4Config& c = config_;
+  Step& st = *step_;
+  const int64_t lr = st.logits_rows, n = c.hc_mult, d = c.hidden_size;
+  std::vector<float> out(static_cast<size_t>(lr * c.vocab_size));
+  if (lr == 0) return out;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // The rows' streams gathered into `flat`; their normalized copy (the mix's input) into
+  // the streams' buffer, which the pass no longer needs.
+  RETURN_IF_ERROR(RunCopies(st.logits_src, nullptr, st.logits_dst, lr, n * d, stream_, "the logits rows"));
+  float* normed = st.streams;
+  RETURN_IF_ERROR(Kernel(cuda::UnitRmsNorm({.x = st.flat, .x_stride = n * d, .out = normed, .out_stride = n * d,
+                                            .rows = lr, .width = n * d, .eps = eps},
+                                           stream_),
+                         "the hyper head's norm"));
+  RETURN_IF_ERROR(Linear(normed, n * d, weights_->hc_head.fn, st.mix, n, lr));
+  RETURN_IF_ERROR(Kernel(cuda::HyperMix({.mix = st.mix, .mix_stride = n, .base = weights_->hc_head.base,
+                                         .scale = weights_->hc_head.scale, .tokens = lr, .n = static_cast<int>(n),
+                                         .sinkhorn_iters = 1, .eps = static_cast<float>(c.hc_eps), .head = true,
+                                         .pre = st.pre},
+                                        stream_),
+                         "the hyper head's weights"));
+  RETURN_IF_ERROR(Kernel(cuda::HyperCollapse({.streams = st.flat, .pre = st.pre, .tokens = lr,
+                                              .n = static_cast<int>(n), .dim = d, .out = st.u, .out_stride = d},
+                                             stream_),
+                         "the hyper head's collapse"));
+  RETURN_IF_ERROR(Kernel(cuda::RmsNorm({.x = st.u, .weight = weights_->norm, .out = st.u, .rows = lr, .dim = d,
+                                        .x_stride = d, .out_stride = d, .eps = eps},
+                                       stream_),
+                         "the final norm"));
+  RETURN_IF_ERROR(Linear(st.u, d, weights_->head, st.logits, c.vocab_size, lr));
+  TANDEM_CUDA_RETURN(cudaMemcpyAsync(out.data(), st.logits, out.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream_),
+                     "reading the logits");
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> CudaV4Model::Forward(std::span<const ForwardSequence> batch,
+                                                        const ForwardOptions& options) {
+  RETURN_IF_ERROR(Check(batch));
+  TANDEM_CUDA_RETURN(cudaSetDevice(device_), "selecting the GPU");
+  Step& st = *step_;
+  // The activations first: the plan points into them.
+  PassShape shape;
+  for (const ForwardSequence& s : batch) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size()), end = s.start_position + n;
+    shape.rows += n;
+    shape.logits_rows += s.no_logits ? 0 : (s.all_logits ? n : 1);
+    shape.max_entries_csa = std::max(shape.max_entries_csa, end / config_.compress_rate_csa);
+    shape.max_entries_hca = std::max(shape.max_entries_hca, end / config_.compress_rate_hca);
+  }
+  RETURN_IF_ERROR(Allocate(shape));
+  const StepPlan plan = BuildStepPlan(config_, *weights_, batch, *pool_, {.x_proj = st.xp, .kv = st.kv});
+  RETURN_IF_ERROR(Stage(plan));
+  const int64_t n = config_.hc_mult, d = config_.hidden_size;
+  RETURN_IF_ERROR(RunCopies(st.embed_src, nullptr, st.embed_dst, st.rows * n, d, stream_, "the embedding"));
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) RETURN_IF_ERROR(Block(l));
+  ASSIGN_OR_RETURN(std::vector<float> logits, Logits());
+  int32_t* bad = st.host_bad.get<int32_t>();
+  TANDEM_CUDA_RETURN(cudaMemcpyAsync(bad, st.bad, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+                     "reading error flags");
+  TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "running the forward pass");
+  if (bad[0] != 0 || bad[1] != 0) {
+    return absl::InternalError(absl::StrCat("the GPU pass refused its own plan (key lists ", bad[0], ", attention ",
+                                            bad[1], "): a bug"));
+  }
+  if (options.after_layer_kv) {
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) options.after_layer_kv(l);
+  }
+  return logits;
+}
+
+}  // namespace tandem::v4::cuda_v4

@@ -1,0 +1,96 @@
+// DeepSeek-V4's forward pass on an NVIDIA GPU (issue 22), first form: the CPU engine's
+// arithmetic (v4_model.h, v4_paged_model.h) in float32 throughout, batched over every
+// token of every sequence of a pass, with each sequence's state (sliding-window ring,
+// compressors' unfinished windows, compressed entries and indexer keys) in a GPU KV pool
+// of the same layout as the engine's host pool (v4_kv_streams.h, kv_pool.h). The pass's
+// addresses are planned on the host (cuda_v4_plan.h); the layers run as cuBLAS GEMMs
+// (float32, no TF32) and the V4 kernels of kernels/cuda. The logits therefore differ from
+// the CPU engine's only by the order of float sums.
+//
+// Not yet: FP8/FP4 weights kept narrow (they are widened to float32 at load), speculative
+// decoding (the MTP layer), CUDA graphs and sampling on the GPU, and the MoE layer without
+// a host round trip (the experts' row counts are read back each layer).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/cuda/device_memory.h"
+#include "engine/model/deepseek_v4/cuda/cuda_v4_plan.h"
+#include "engine/model/deepseek_v4/cuda/cuda_v4_weights.h"
+#include "engine/model/deepseek_v4/v4_config.h"
+#include "engine/model/deepseek_v4/v4_weights.h"
+#include "engine/model/forward_batch.h"
+#include "engine/model/kv_pool.h"
+#include "kernels/cuda/cublas_gemm.h"
+
+namespace tandem::v4::cuda_v4 {
+
+class CudaV4Model {
+ public:
+  struct Options {
+    int device = 0;
+  };
+  // Loads config.json and the weights of `dir` onto the GPU. Errors: the loaders'
+  // (config, weights); FAILED_PRECONDITION for a device that does not exist;
+  // RESOURCE_EXHAUSTED when the GPU lacks memory.
+  static absl::StatusOr<std::unique_ptr<CudaV4Model>> Load(const std::string& dir, const Options& options);
+  ~CudaV4Model();
+
+  const DeepseekV4Config& config() const { return config_; }
+  std::vector<KvStream> kv_streams() const;
+  uint64_t weight_bytes() const { return weights_->bytes; }
+
+  // The GPU pool, of this model's streams and geometry `g` (a host pool's, so that block
+  // ids and state slots mean the same in both): allocated and zeroed at the first call,
+  // again when `g` changes.
+  absl::Status EnsurePool(const KvPool::Geometry& g);
+  KvPool* pool() { return pool_.get(); }
+
+  // PagedV4Model::Forward's contract over the GPU pool (EnsurePool first). Speculative
+  // decoding's fields (mtp, keep_hidden, first_kv_cached, num_drafts) are UNIMPLEMENTED.
+  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch,
+                                             const ForwardOptions& options = {});
+
+  // The whole GPU pool copied into `host`, a pool of the same streams and geometry (tests
+  // compare the state with the CPU engine's).
+  absl::Status CopyPoolTo(KvPool& host);
+
+ private:
+  CudaV4Model() = default;
+  absl::Status Check(std::span<const ForwardSequence> batch) const;
+  struct PassShape {
+    int64_t rows = 0, logits_rows = 0, max_entries_csa = 0, max_entries_hca = 0;
+  };
+  absl::Status Allocate(const PassShape& shape);  // the activations
+  absl::Status Stage(const StepPlan& plan);        // the plan's arrays onto the device
+  absl::Status Block(int64_t layer);
+  absl::Status HyperPre(const HyperSite& site, const float* norm);
+  absl::Status Attention(int64_t layer);
+  absl::Status Moe(int64_t layer);
+  absl::StatusOr<std::vector<float>> Logits();
+  absl::Status Linear(const float* x, int64_t ldx, const DeviceMatrix& w, float* y, int64_t ldy, int64_t m);
+
+  DeepseekV4Config config_;
+  std::unique_ptr<LoadedWeights> host_weights_;
+  std::unique_ptr<CudaV4Weights> weights_;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cuda::CublasGemm gemm_;
+  const float* main_inv_freq_ = nullptr;
+  const float* compress_inv_freq_ = nullptr;
+  std::vector<cuda_model::DeviceBuffer> constants_;
+
+  cuda_model::DeviceBuffer pool_memory_;
+  std::unique_ptr<KvPool> pool_;
+
+  // Per pass: the plan, its arrays on the device, and the activations.
+  struct Step;
+  std::unique_ptr<Step> step_;
+};
+
+}  // namespace tandem::v4::cuda_v4

@@ -1,0 +1,167 @@
+#include "engine/model/deepseek_v4/cuda/cuda_v4_weights.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/util/status_macros.h"
+
+namespace tandem::v4::cuda_v4 {
+namespace {
+
+using cuda_model::DeviceBuffer;
+
+class Uploader {
+ public:
+  explicit Uploader(CudaV4Weights* out) : out_(out) {}
+
+  absl::StatusOr<const void*> Bytes(const void* host, size_t bytes, const char* what) {
+    DeviceBuffer b;
+    RETURN_IF_ERROR(b.Allocate(bytes, what));
+    TANDEM_CUDA_RETURN(cudaMemcpy(b.get(), host, bytes, cudaMemcpyHostToDevice), what);
+    out_->bytes += bytes;
+    const void* p = b.get();
+    out_->buffers.push_back(std::move(b));
+    return p;
+  }
+  absl::StatusOr<const float*> Floats(const float* host, int64_t n, const char* what) {
+    if (host == nullptr) return static_cast<const float*>(nullptr);
+    ASSIGN_OR_RETURN(const void* p, Bytes(host, static_cast<size_t>(n) * sizeof(float), what));
+    return static_cast<const float*>(p);
+  }
+  // The matrices stacked by rows (equal cols), each widened to float32 as the CPU does.
+  absl::StatusOr<DeviceMatrix> Stack(const std::vector<const WeightMatrix*>& parts, const char* what) {
+    int64_t rows = 0, cols = -1;
+    for (const WeightMatrix* m : parts) {
+      if (cols >= 0 && m->cols != cols) return absl::InternalError(absl::StrCat(what, ": stacked widths differ"));
+      cols = m->cols;
+      rows += m->rows;
+    }
+    std::vector<float> host(static_cast<size_t>(rows * cols));
+    int64_t at = 0;
+    for (const WeightMatrix* m : parts) {
+      cpu::DequantizeRows(*m, 0, m->rows, &host[static_cast<size_t>(at * cols)]);
+      at += m->rows;
+    }
+    ASSIGN_OR_RETURN(const float* p, Floats(host.data(), rows * cols, what));
+    return DeviceMatrix{p, rows, cols};
+  }
+  absl::StatusOr<DeviceMatrix> Matrix(const WeightMatrix& m, const char* what) { return Stack({&m}, what); }
+
+  absl::StatusOr<HyperSite> Hyper(const WeightMatrix& fn, const float* base, const float* scale, int64_t base_n,
+                                  int64_t scale_n) {
+    HyperSite s;
+    ASSIGN_OR_RETURN(s.fn, Matrix(fn, "an mHC projection"));
+    ASSIGN_OR_RETURN(s.base, Floats(base, base_n, "an mHC base"));
+    ASSIGN_OR_RETURN(s.scale, Floats(scale, scale_n, "an mHC scale"));
+    s.head_scale = scale[0];
+    return s;
+  }
+
+  absl::StatusOr<ExpertMatrices> Expert(const ExpertWeights& e) {
+    ExpertMatrices m;
+    ASSIGN_OR_RETURN(m.gate_up, Stack({&e.gate, &e.up}, "an expert's gate and up projections"));
+    ASSIGN_OR_RETURN(m.down, Matrix(e.down, "an expert's down projection"));
+    return m;
+  }
+
+ private:
+  CudaV4Weights* out_;
+};
+
+absl::StatusOr<CudaV4Layer> Layer(const DeepseekV4Config& c, AttentionType type, const LayerWeights& lw,
+                                  Uploader& up) {
+  const int64_t n = c.hc_mult, mix = (2 + n) * n;
+  CudaV4Layer l;
+  ASSIGN_OR_RETURN(l.attn_norm, up.Floats(lw.attn_norm, c.hidden_size, "a layer norm"));
+  ASSIGN_OR_RETURN(l.ffn_norm, up.Floats(lw.ffn_norm, c.hidden_size, "a layer norm"));
+  ASSIGN_OR_RETURN(l.attn_hc, up.Hyper(lw.attn_hc.fn, lw.attn_hc.base, lw.attn_hc.scale, mix, 3));
+  ASSIGN_OR_RETURN(l.ffn_hc, up.Hyper(lw.ffn_hc.fn, lw.ffn_hc.base, lw.ffn_hc.scale, mix, 3));
+
+  const AttentionWeights& a = lw.attention;
+  std::vector<const WeightMatrix*> x_parts = {&a.q_a_proj, &a.kv_proj};
+  XProjColumns& cols = l.x_cols;
+  cols.q_a = 0;
+  cols.kv = a.q_a_proj.rows;
+  int64_t width = cols.kv + a.kv_proj.rows;
+  if (type != AttentionType::kSliding) {
+    cols.compressor = width;
+    x_parts.push_back(&a.compressor->kv_proj);
+    x_parts.push_back(&a.compressor->gate_proj);
+    width += a.compressor->kv_proj.rows + a.compressor->gate_proj.rows;
+  }
+  if (type == AttentionType::kCompressedSparse) {
+    cols.indexer_compressor = width;
+    x_parts.push_back(&a.indexer->compressor.kv_proj);
+    x_parts.push_back(&a.indexer->compressor.gate_proj);
+    width += a.indexer->compressor.kv_proj.rows + a.indexer->compressor.gate_proj.rows;
+  }
+  cols.width = width;
+  ASSIGN_OR_RETURN(l.x_proj, up.Stack(x_parts, "the input projections"));
+
+  ASSIGN_OR_RETURN(l.q_a_norm, up.Floats(a.q_a_norm, c.q_lora_rank, "q_a_norm"));
+  ASSIGN_OR_RETURN(l.kv_norm, up.Floats(a.kv_norm, c.head_dim, "kv_norm"));
+  ASSIGN_OR_RETURN(l.q_b, up.Matrix(a.q_b_proj, "q_b_proj"));
+  if (type == AttentionType::kCompressedSparse) {
+    ASSIGN_OR_RETURN(l.index_q_b, up.Matrix(a.indexer->q_b_proj, "the indexer's q_b_proj"));
+    ASSIGN_OR_RETURN(l.index_weights, up.Matrix(a.indexer->weights_proj, "the indexer's weights_proj"));
+  }
+  {
+    const int64_t r = c.o_lora_rank, in = c.o_group_in();
+    std::vector<float> o_a(static_cast<size_t>(c.o_groups * r * in));
+    for (int64_t g = 0; g < c.o_groups; ++g) {
+      cpu::DequantizeRows(a.o_a_groups[static_cast<size_t>(g)], 0, r, &o_a[static_cast<size_t>(g * r * in)]);
+    }
+    ASSIGN_OR_RETURN(const float* p, up.Floats(o_a.data(), c.o_groups * r * in, "o_a_proj"));
+    l.o_a = {p, c.o_groups * r, in};
+  }
+  ASSIGN_OR_RETURN(l.o_b, up.Matrix(a.o_b_proj, "o_b_proj"));
+  ASSIGN_OR_RETURN(l.sinks, up.Floats(a.sinks, c.num_attention_heads, "attention sinks"));
+  auto compressor = [&](const CompressorWeights& w, int64_t rate, int64_t proj, int64_t entry,
+                        CompressorParams* out) -> absl::Status {
+    ASSIGN_OR_RETURN(out->position_bias, up.Floats(w.position_bias, rate * proj, "a compressor's position bias"));
+    ASSIGN_OR_RETURN(out->norm, up.Floats(w.norm, entry, "a compressor's norm"));
+    return absl::OkStatus();
+  };
+  if (type == AttentionType::kCompressedSparse) {
+    RETURN_IF_ERROR(compressor(*a.compressor, c.compress_rate_csa, 2 * c.head_dim, c.head_dim, &l.compressor));
+    RETURN_IF_ERROR(compressor(a.indexer->compressor, c.compress_rate_csa, 2 * c.index_head_dim, c.index_head_dim,
+                               &l.indexer_compressor));
+  } else if (type == AttentionType::kHeavilyCompressed) {
+    RETURN_IF_ERROR(compressor(*a.compressor, c.compress_rate_hca, c.head_dim, c.head_dim, &l.compressor));
+  }
+
+  const MoeWeights& m = lw.moe;
+  ASSIGN_OR_RETURN(l.router, up.Matrix(m.router, "the router"));
+  ASSIGN_OR_RETURN(l.correction_bias, up.Floats(m.correction_bias, c.n_routed_experts, "the router's bias"));
+  if (m.tid2eid != nullptr) {
+    ASSIGN_OR_RETURN(const void* p, up.Bytes(m.tid2eid, static_cast<size_t>(c.vocab_size * c.num_experts_per_tok) *
+                                                            sizeof(int32_t),
+                                             "tid2eid"));
+    l.tid2eid = static_cast<const int32_t*>(p);
+  }
+  for (const ExpertWeights& e : m.experts) {
+    ASSIGN_OR_RETURN(ExpertMatrices em, up.Expert(e));
+    l.experts.push_back(em);
+  }
+  ASSIGN_OR_RETURN(l.shared, up.Expert(m.shared));
+  return l;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaV4Weights>> UploadV4Weights(const DeepseekV4Config& c, const ModelWeights& w) {
+  auto out = std::make_unique<CudaV4Weights>();
+  Uploader up(out.get());
+  ASSIGN_OR_RETURN(out->embed, up.Matrix(w.embed, "the embedding"));
+  ASSIGN_OR_RETURN(out->head, up.Matrix(w.head, "the LM head"));
+  ASSIGN_OR_RETURN(out->norm, up.Floats(w.norm, c.hidden_size, "the final norm"));
+  ASSIGN_OR_RETURN(out->hc_head, up.Hyper(w.hc_head.fn, w.hc_head.base, w.hc_head.scale, c.hc_mult, 1));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    ASSIGN_OR_RETURN(CudaV4Layer layer, Layer(c, c.layer_types[l], w.layers[static_cast<size_t>(l)], up));
+    out->layers.push_back(std::move(layer));
+  }
+  return out;
+}
+
+}  // namespace tandem::v4::cuda_v4

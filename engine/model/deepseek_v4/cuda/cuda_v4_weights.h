@@ -1,0 +1,89 @@
+// DeepSeek-V4's weights on the GPU in the layouts the CUDA forward pass (cuda_v4_model.h)
+// reads. This first form keeps every matrix in float32 (the checkpoint's bf16, FP8 or FP4
+// values widened exactly as the CPU engine widens them), so that the GPU computes what
+// the CPU engine computes but for the order of its sums: the base that the FP8/FP4 GEMMs
+// of issue 22 are measured against. Matrices that read the same input are stacked into
+// one, one GEMM for all:
+//   - x_proj:  [q_a (q_lora) | kv (head_dim) | compressor kv, gate (2 x proj) |
+//               indexer compressor kv, gate (2 x 2 index_head_dim)]
+//   - experts: gate and up stacked ([2 I][D]: the clamped SwiGLU's two halves), down.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/cuda/device_memory.h"
+#include "engine/model/deepseek_v4/v4_config.h"
+#include "engine/model/deepseek_v4/v4_weights.h"
+
+namespace tandem::v4::cuda_v4 {
+
+struct DeviceMatrix {
+  const float* data = nullptr;  // [rows][cols]
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+struct HyperSite {
+  DeviceMatrix fn;               // [(2 + n) n][n D] (the head's: [n][n D])
+  const float* base = nullptr;   // device
+  const float* scale = nullptr;  // device
+  float head_scale = 0.0f;       // the head's scale[0], on the host
+};
+
+// Column offsets into x_proj's output row.
+struct XProjColumns {
+  int64_t q_a = 0, kv = 0, compressor = -1, indexer_compressor = -1;
+  int64_t width = 0;
+};
+
+struct CompressorParams {
+  const float* position_bias = nullptr;  // [rate][proj_width]
+  const float* norm = nullptr;           // [width]
+};
+
+struct ExpertMatrices {
+  DeviceMatrix gate_up;  // [2 I][D]
+  DeviceMatrix down;     // [D][I]
+};
+
+struct CudaV4Layer {
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  HyperSite attn_hc, ffn_hc;
+  DeviceMatrix x_proj;
+  XProjColumns x_cols;
+  const float* q_a_norm = nullptr;
+  const float* kv_norm = nullptr;
+  DeviceMatrix q_b;            // [H d][q_lora]
+  DeviceMatrix index_q_b;      // CSA: [index heads x index dim][q_lora]
+  DeviceMatrix index_weights;  // CSA: [index heads][D]
+  DeviceMatrix o_a;      // [G R][H d / G]: group g's rows g R ..
+  DeviceMatrix o_b;      // [D][G R]
+  const float* sinks = nullptr;
+  CompressorParams compressor, indexer_compressor;
+  DeviceMatrix router;                     // [E][D]
+  const float* correction_bias = nullptr;  // [E] or null (hash layers)
+  const int32_t* tid2eid = nullptr;        // [vocab][K] or null
+  std::vector<ExpertMatrices> experts;
+  ExpertMatrices shared;
+};
+
+struct CudaV4Weights {
+  DeviceMatrix embed;  // [vocab][D]
+  DeviceMatrix head;   // [vocab][D]
+  const float* norm = nullptr;
+  HyperSite hc_head;
+  std::vector<CudaV4Layer> layers;
+  uint64_t bytes = 0;
+  std::vector<cuda_model::DeviceBuffer> buffers;
+};
+
+// Uploads `w` (of `config`) to the current device. Errors: RESOURCE_EXHAUSTED when the
+// GPU lacks memory, INTERNAL for CUDA failures.
+absl::StatusOr<std::unique_ptr<CudaV4Weights>> UploadV4Weights(const DeepseekV4Config& config,
+                                                                const ModelWeights& w);
+
+}  // namespace tandem::v4::cuda_v4

@@ -1,0 +1,41 @@
+#include "kernels/cuda/unit_rms_norm.h"
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+// One block per row. The double sum makes the order of the additions irrelevant to the
+// float result in all but vanishing cases, so the CPU's sequential sum is matched.
+__global__ void UnitRmsNormKernel(UnitRmsNormParams p) {
+  internal::WaitAndTrigger();
+  __shared__ double partial[kThreads];
+  const float* x = p.x + static_cast<int64_t>(blockIdx.x) * p.x_stride;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < p.width; i += kThreads) sum += static_cast<double>(x[i]) * x[i];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  const float mean = static_cast<float>(partial[0] / static_cast<double>(p.width));
+  const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
+  float* out = p.out + static_cast<int64_t>(blockIdx.x) * p.out_stride;
+  for (int64_t i = threadIdx.x; i < p.width; i += kThreads) out[i] = __fmul_rn(x[i], inv);
+}
+
+}  // namespace
+
+cudaError_t UnitRmsNorm(const UnitRmsNormParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  if (p.x == nullptr || p.out == nullptr || p.rows < 0 || p.rows > 0x7fffffff || p.width <= 0 ||
+      p.x_stride < p.width || p.out_stride < p.width) {
+    return cudaErrorInvalidValue;
+  }
+  return internal::Launch(UnitRmsNormKernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0, stream, p);
+}
+
+}  // namespace tandem::cuda
