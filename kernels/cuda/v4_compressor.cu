@@ -67,9 +67,10 @@ __global__ void CompressorEmitKernel(CompressorEmitParams p) {
     float cs, sn;
     internal::RopeCosSin(position, p.inv_freq[i], p.attention_factor, &cs, &sn);
     const float x0 = entry[rope_from + 2 * i], x1 = entry[rope_from + 2 * i + 1];
-    // As rope.cu writes it (cpu::ApplyRope's expression).
-    out[rope_from + 2 * i] = x0 * cs - x1 * sn;
-    out[rope_from + 2 * i + 1] = x1 * cs + x0 * sn;
+    // cpu::ApplyRope as GCC compiles it for x86-64-v3 (vmulss, then vfmsub231ss /
+    // vfmadd132ss): the sin product rounded, the cos product fused.
+    out[rope_from + 2 * i] = fmaf(x0, cs, -__fmul_rn(x1, sn));
+    out[rope_from + 2 * i + 1] = fmaf(x1, cs, __fmul_rn(x0, sn));
   }
 }
 
