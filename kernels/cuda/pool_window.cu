@@ -1,6 +1,7 @@
 #include "kernels/cuda/pool_window.h"
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/pool_window.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -16,14 +17,8 @@ __global__ void PoolWindowKernel(PoolWindowParams p) {
   if (c >= p.width) return;
   const float* gate = p.gate + w * p.slots * p.stride + c;
   const float* kv = p.kv + w * p.slots * p.stride + c;
-  float m = -INFINITY;
-  for (int s = 0; s < p.slots; ++s) m = fmaxf(m, gate[s * p.stride]);
-  float sum = 0.0f;
-  for (int s = 0; s < p.slots; ++s) sum = __fadd_rn(sum, expf(gate[s * p.stride] - m));
-  float acc = 0.0f;
-  for (int s = 0; s < p.slots; ++s) {
-    acc = __fadd_rn(acc, __fmul_rn(kv[s * p.stride], __fdiv_rn(expf(gate[s * p.stride] - m), sum)));
-  }
+  const float acc = internal::PoolSlots(
+      p.slots, [&](int s) { return gate[s * p.stride]; }, [&](int s) { return kv[s * p.stride]; });
   p.out[w * p.out_stride + c] = acc;
 }
 

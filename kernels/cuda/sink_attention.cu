@@ -32,9 +32,11 @@ __global__ void SinkAttentionKernel(SinkAttentionParams p) {
   const float* q = p.q + (t * p.heads + h) * d;
   float* out = p.out + (t * p.heads + h) * d;
   const int n = p.num_keys[t];
-  const int32_t* rows = p.key_rows + t * p.max_keys;
+  const float* const* keys = p.keys + t * p.max_keys;
   bool bad = n < 0 || n > p.max_keys;
-  for (int j = threadIdx.x; !bad && j < n; j += kThreads) bad = rows[j] < 0 || rows[j] >= p.pool_rows;
+  for (int j = threadIdx.x; !bad && j < n; j += kThreads) {
+    bad = keys[j] == nullptr || reinterpret_cast<uintptr_t>(keys[j]) % 16 != 0;  // float4 loads below
+  }
   if (__syncthreads_or(bad)) {
     for (int i = threadIdx.x; i < d; i += kThreads) out[i] = 0.0f;
     if (threadIdx.x == 0 && p.bad_input != nullptr) atomicExch(p.bad_input, 1);
@@ -42,7 +44,7 @@ __global__ void SinkAttentionKernel(SinkAttentionParams p) {
   }
   // Scores: a warp per key, lanes over the channels.
   for (int j = warp; j < n; j += kWarps) {
-    const float* k = p.kv + static_cast<int64_t>(rows[j]) * p.kv_stride;
+    const float* k = keys[j];
     float s = 0.0f;
     for (int i = lane * 4; i < d; i += 128) {
       const float4 a = *reinterpret_cast<const float4*>(q + i);
@@ -68,14 +70,18 @@ __global__ void SinkAttentionKernel(SinkAttentionParams p) {
   if (threadIdx.x == 0) {
     float sum = expf(sink - m);
     for (int j = 0; j < n; ++j) sum += scores[j];
-    red[kWarps] = 1.0f / sum;
+    red[kWarps] = sum;
   }
   __syncthreads();
-  const float inv = red[kWarps];
-  // Each channel sums its keys in list order.
+  // Each weight divided by the sum, as AttendWithSink's Axpy(e_j / sum) (a multiply by
+  // 1 / sum would round differently).
+  const float sum = red[kWarps];
+  for (int j = threadIdx.x; j < n; j += kThreads) scores[j] = __fdiv_rn(scores[j], sum);
+  __syncthreads();
+  // Each channel sums its keys in list order, one fma per key as the CPU's Axpy.
   for (int i = threadIdx.x; i < d; i += kThreads) {
     float acc = 0.0f;
-    for (int j = 0; j < n; ++j) acc = fmaf(scores[j] * inv, p.kv[static_cast<int64_t>(rows[j]) * p.kv_stride + i], acc);
+    for (int j = 0; j < n; ++j) acc = fmaf(scores[j], keys[j][i], acc);
     out[i] = acc;
   }
 }
@@ -85,10 +91,9 @@ __global__ void SinkAttentionKernel(SinkAttentionParams p) {
 cudaError_t SinkAttention(const SinkAttentionParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0) return cudaSuccess;
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  if (p.q == nullptr || p.kv == nullptr || p.key_rows == nullptr || p.num_keys == nullptr || p.sinks == nullptr ||
-      p.out == nullptr || p.tokens < 0 || p.tokens > 65535 || p.heads < 0 || p.head_dim <= 0 ||
-      p.head_dim % 4 != 0 || p.head_dim > 1024 || p.kv_stride < p.head_dim || p.kv_stride % 4 != 0 ||
-      p.max_keys < 0 || p.max_keys > kMaxSinkAttentionKeys || p.pool_rows < 0 || !aligned(p.q) || !aligned(p.kv)) {
+  if (p.q == nullptr || p.keys == nullptr || p.num_keys == nullptr || p.sinks == nullptr || p.out == nullptr ||
+      p.tokens < 0 || p.tokens > 65535 || p.heads < 0 || p.head_dim <= 0 || p.head_dim % 4 != 0 ||
+      p.head_dim > 1024 || p.max_keys < 0 || p.max_keys > kMaxSinkAttentionKeys || !aligned(p.q)) {
     return cudaErrorInvalidValue;
   }
   const size_t smem = (static_cast<size_t>(p.max_keys) + kWarps + 1) * sizeof(float);

@@ -3,9 +3,10 @@
 // compressed entries the indexer chose, or all of them for HCA layers), with a per-head
 // "sink" logit that only enlarges the softmax's denominator. The arithmetic of
 // engine/model/deepseek_v4/v4_math.cc AttendWithSink: out = sum_j p_j key_j in list
-// order, p = softmax([q . key_j * scale ..., sink]) without its last entry. Keys are rows
-// of one pool, named per token by index, so the window's ring and the compressed
-// entries of a paged cache are read in place.
+// order, p = softmax([q . key_j * scale ..., sink]) without its last entry. Keys are named
+// per token by pointer (v4_key_select.h builds the lists), so the window's ring, the
+// pass's new rows and the compressed entries of a paged cache are read in place, wherever
+// each lives.
 //
 // A correctness-first kernel: one block per (token, head), each key read once per head.
 // V4-Flash's 64 heads share every key; the fast form (keys staged once for all heads, on
@@ -20,10 +21,9 @@ namespace tandem::cuda {
 
 struct SinkAttentionParams {
   const float* q = nullptr;  // [tokens][heads][head_dim]
-  const float* kv = nullptr;  // [pool rows][kv_stride]: head_dim values used per row
-  int64_t kv_stride = 0;
-  int64_t pool_rows = 0;
-  const int32_t* key_rows = nullptr;  // [tokens][max_keys]: pool rows, the first num_keys[t] used
+  // [tokens][max_keys] device pointers, each at head_dim floats (16-byte aligned); the
+  // first num_keys[t] of a token's row are used.
+  const float* const* keys = nullptr;
   const int32_t* num_keys = nullptr;  // [tokens], each in [0, max_keys]
   int max_keys = 0;                   // at most kMaxSinkAttentionKeys
   const float* sinks = nullptr;       // [heads]
@@ -32,8 +32,9 @@ struct SinkAttentionParams {
   int head_dim = 0;  // a multiple of 4, at most 1024
   float scale = 1.0f;
   float* out = nullptr;  // [tokens][heads][head_dim]
-  // Set to 1 when a token names a row outside [0, pool_rows) or more than max_keys keys
-  // (its heads' outputs are then zero); may be null.
+  // Set to 1 when a token's num_keys is outside [0, max_keys] or one of its used key
+  // pointers is null or not 16-byte aligned (its heads' outputs are then zero); may be
+  // null.
   int32_t* bad_input = nullptr;
 };
 

@@ -1,6 +1,7 @@
 // DeepSeek-V4's sink attention on the GPU against the CPU engine's (v4::AttendWithSink),
 // over V4-Flash's shape (64 heads of 512, a 128-row window plus 512 chosen entries) and odd
-// ones: empty key lists, repeated rows, large and very negative sinks, bad rows refused.
+// ones: empty key lists, repeated keys, large and very negative sinks, null keys and
+// overlong lists refused.
 // The dot products sum in another order than the CPU's, so outputs agree to a relative
 // 1e-5 of the values' scale, not bitwise. Skips, saying why, where no GPU is usable.
 #include <cmath>
@@ -54,9 +55,17 @@ TEST_F(CudaSinkAttentionTest, MatchesTheCpuOverShapes) {
       }
     }
     Dev<float> dq(q), dkv(kv), dsinks(sinks), dout(q.size());
-    Dev<int32_t> drows(rows), dnum(num), dbad(std::vector<int32_t>{0});
-    const cuda::SinkAttentionParams p{.q = dq.get(), .kv = dkv.get(), .kv_stride = stride, .pool_rows = c.pool_rows,
-                                      .key_rows = drows.get(), .num_keys = dnum.get(), .max_keys = c.max_keys,
+    Dev<int32_t> dnum(num), dbad(std::vector<int32_t>{0});
+    // The key lists as the GPU takes them: device pointers at the same rows.
+    std::vector<const float*> key_ptrs(rows.size(), nullptr);
+    for (int t = 0; t < c.tokens; ++t) {
+      for (int j = 0; j < num[t]; ++j) {
+        const size_t at = static_cast<size_t>(t * c.max_keys + j);
+        key_ptrs[at] = dkv.get() + static_cast<int64_t>(rows[at]) * stride;
+      }
+    }
+    Dev<const float*> dkeys(key_ptrs);
+    const cuda::SinkAttentionParams p{.q = dq.get(), .keys = dkeys.get(), .num_keys = dnum.get(), .max_keys = c.max_keys,
                                       .sinks = dsinks.get(), .tokens = c.tokens, .heads = c.heads,
                                       .head_dim = c.head_dim, .scale = scale, .out = dout.get(),
                                       .bad_input = dbad.get()};
@@ -69,37 +78,43 @@ TEST_F(CudaSinkAttentionTest, MatchesTheCpuOverShapes) {
   }
 }
 
-TEST_F(CudaSinkAttentionTest, RowsOutsideThePoolAreRefusedPerToken) {
+TEST_F(CudaSinkAttentionTest, NullKeysAndOverlongListsAreRefusedPerToken) {
   const int heads = 2, d = 8, rows_in_pool = 10, max_keys = 4;
-  std::vector<float> q(static_cast<size_t>(2 * heads * d), 0.5f), kv(static_cast<size_t>(rows_in_pool * d), 1.0f);
-  std::vector<int32_t> rows = {0, 1, 2, 3, 4, rows_in_pool, 5, 6}, num = {4, 4};
+  std::vector<float> q(static_cast<size_t>(3 * heads * d), 0.5f), kv(static_cast<size_t>(rows_in_pool * d), 1.0f);
   Dev<float> dq(q), dkv(kv), dsinks(std::vector<float>{0.0f, 0.0f}), dout(q.size());
-  Dev<int32_t> drows(rows), dnum(num), dbad(std::vector<int32_t>{0});
-  ASSERT_EQ(cuda::SinkAttention({.q = dq.get(), .kv = dkv.get(), .kv_stride = d, .pool_rows = rows_in_pool,
-                                 .key_rows = drows.get(), .num_keys = dnum.get(), .max_keys = max_keys,
-                                 .sinks = dsinks.get(), .tokens = 2, .heads = heads, .head_dim = d, .scale = 1.0f,
+  auto row = [&](int r) -> const float* { return dkv.get() + r * d; };
+  // Token 0 is fine; token 1 names a null key; token 2 claims max_keys + 1 keys.
+  const std::vector<const float*> keys = {row(0), row(1), row(2), row(3), row(4), nullptr, row(5), row(6),
+                                          row(7), row(8), row(9), row(0)};
+  Dev<const float*> dkeys(keys);
+  Dev<int32_t> dnum(std::vector<int32_t>{4, 4, max_keys + 1}), dbad(std::vector<int32_t>{0});
+  ASSERT_EQ(cuda::SinkAttention({.q = dq.get(), .keys = dkeys.get(), .num_keys = dnum.get(), .max_keys = max_keys,
+                                 .sinks = dsinks.get(), .tokens = 3, .heads = heads, .head_dim = d, .scale = 1.0f,
                                  .out = dout.get(), .bad_input = dbad.get()},
                                 nullptr),
             cudaSuccess);
   const std::vector<float> got = dout.Download();
   EXPECT_EQ(dbad.Download()[0], 1);
   // Token 0 attends: every key is ones and scores q . k = 4, so each channel is
-  // 4 e^4 / (4 e^4 + e^0) (the sink 0); token 1 named row 10 of 10: zeros.
+  // 4 e^4 / (4 e^4 + e^0) (the sink 0); tokens 1 and 2: zeros.
   const float want = 4.0f * std::exp(4.0f) / (4.0f * std::exp(4.0f) + 1.0f);
   for (int i = 0; i < heads * d; ++i) EXPECT_NEAR(got[static_cast<size_t>(i)], want, 1e-6f) << i;
-  for (int i = heads * d; i < 2 * heads * d; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], 0.0f) << i;
+  for (int i = heads * d; i < 3 * heads * d; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], 0.0f) << i;
 }
 
 TEST_F(CudaSinkAttentionTest, BadParamsAreRefused) {
   Dev<float> f(64);
   Dev<int32_t> i(64);
-  cuda::SinkAttentionParams p{.q = f.get(), .kv = f.get(), .kv_stride = 8, .pool_rows = 8, .key_rows = i.get(),
-                              .num_keys = i.get(), .max_keys = 4, .sinks = f.get(), .tokens = 1, .heads = 1,
-                              .head_dim = 6, .out = f.get()};
+  Dev<const float*> k(4);
+  cuda::SinkAttentionParams p{.q = f.get(), .keys = k.get(), .num_keys = i.get(), .max_keys = 4, .sinks = f.get(),
+                              .tokens = 1, .heads = 1, .head_dim = 6, .out = f.get()};
   EXPECT_EQ(cuda::SinkAttention(p, nullptr), cudaErrorInvalidValue) << "head_dim not a multiple of 4";
   p.head_dim = 8;
   p.max_keys = cuda::kMaxSinkAttentionKeys + 1;
   EXPECT_EQ(cuda::SinkAttention(p, nullptr), cudaErrorInvalidValue);
+  p.max_keys = 4;
+  p.keys = nullptr;
+  EXPECT_EQ(cuda::SinkAttention(p, nullptr), cudaErrorInvalidValue) << "no key lists";
 }
 
 }  // namespace
