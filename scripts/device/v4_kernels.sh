@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
-# DeepSeek-V4's CUDA kernels written so far (issue 22), in one device run: each kernel's
-# test against the CPU engine's arithmetic, then the same under compute-sanitizer memcheck.
-#   Here:  scripts/device/pack.sh build/tests/kernels_cuda_hyper_connections_test \
-#            build/tests/kernels_cuda_v4_moe_routing_test build/tests/kernels_cuda_sink_attention_test \
-#            build/tests/kernels_cuda_v4_ops_test &&
+# DeepSeek-V4 on the GPU (issue 22), in one device run: each V4 kernel's test against the
+# CPU engine's arithmetic and the same under compute-sanitizer memcheck, then the GPU model
+# against the CPU engine (engine_model_v4_cuda_model_test, also under memcheck) and the
+# engine on the GPU (engine_runtime_engine_v4_cuda_test); REGRESSIONS=1 adds the V2/V3 GPU
+# model and engine tests (the kernels they share: rope, pool_window, sink attention).
+#   Here:  scripts/device/pack.sh build/tests/kernels_cuda_{hyper_connections,v4_moe_routing,\
+#            sink_attention,v4_ops,v4_compressor,v4_key_select}_test \
+#            build/tests/engine_model_v4_cuda_model_test build/tests/engine_runtime_engine_v4_cuda_test \
+#            [build/tests/engine_model_cuda_deepseek_model_test build/tests/engine_runtime_engine_cuda_test] &&
 #          tar -czf .carry/device.tgz -C .carry device && rm -rf .carry/device
 #   There: scripts/device/v4_kernels.sh   (run tool: carry .carry/device.tgz; logs under $OUT)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 [ -d "$root/.carry/device" ] || tar -xzf "$root/.carry/device.tgz" -C "$root/.carry"
 export LD_LIBRARY_PATH="$root/.carry/device/lib"
+export TANDEM_CACHE_DIR=/tmp/tc TANDEM_SOURCE_DIR="$root"
 bin="$root/.carry/device/bin"
 # shellcheck source=check.sh
 source "$root/scripts/device/check.sh"
-for t in hyper_connections v4_moe_routing sink_attention v4_ops; do
+for t in hyper_connections v4_moe_routing sink_attention v4_ops v4_compressor v4_key_select; do
   check "$t" "$bin/kernels_cuda_${t}_test"
   check "memcheck_$t" compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/kernels_cuda_${t}_test"
   expect_in "memcheck_$t" "ERROR SUMMARY: 0 errors"
 done
+SHOW='^\[ *(FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|rows |greedy' check v4_model "$bin/engine_model_v4_cuda_model_test"
+check memcheck_v4_model compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/engine_model_v4_cuda_model_test"
+expect_in memcheck_v4_model "ERROR SUMMARY: 0 errors"
+check v4_engine "$bin/engine_runtime_engine_v4_cuda_test"
+if [ "${REGRESSIONS:-0}" = 1 ]; then
+  check cuda_model "$bin/engine_model_cuda_deepseek_model_test"
+  check engine_cuda "$bin/engine_runtime_engine_cuda_test"
+fi
 finish
