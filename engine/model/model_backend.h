@@ -136,6 +136,20 @@ class ModelBackend {
     return absl::OkStatus();
   }
 
+  // Device backends whose pool holds per-sequence streams (DeepSeek-V4 on a GPU) keep it in
+  // the host pool's layout byte for byte (same streams and geometry). The engine moves what
+  // leaves or enters the replica through the host pool: ranges of the pool (offsets from
+  // its first byte, as KvPool::SequenceExtents gives them) copied to or from the host pool,
+  // and state slots copied within the device pool (the prefix cache's snapshots).
+  virtual absl::Status PoolRangesToHost(std::span<const KvExtent> /*ranges*/, KvPool& /*host*/) {
+    return absl::UnimplementedError("this backend's KV pool has no host mirror");
+  }
+  virtual absl::Status PoolRangesFromHost(std::span<const KvExtent> /*ranges*/, KvPool& /*host*/) {
+    return absl::UnimplementedError("this backend's KV pool has no host mirror");
+  }
+  virtual absl::Status CopyStateSlot(int64_t /*from*/, int64_t /*to*/) {
+    return absl::UnimplementedError("this backend's KV pool has no host mirror");
+  }
   // Device-to-device transfer; the CPU backend has none (UNIMPLEMENTED). Thread-safe: the
   // services call these next to the engine thread's Forward.
   // Decode side: the device pool as peers map it.

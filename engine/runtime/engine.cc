@@ -99,10 +99,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   // prefix cache restores the per-sequence streams from snapshots (prefix_states.h).
   e->latent_layout_ = layout.streams.size() == 1 && layout.streams[0].granularity == KvGranularity::kPerToken &&
                       layout.streams[0].dtype == "f32" && layout.streams[0].layers.size() == size_t(layout.num_layers);
-  // A device backend over other streams (DeepSeek-V4 on the GPU) computes in its own pool
-  // and moves none of it to the host pool yet: no prefix cache (its state snapshots are
-  // host-pool copies), and no KV export or import (refused per request).
-  e->device_streams_only_ = !e->latent_layout_ && !e->backend_->kv_in_host_pool();
+  // A device backend over other streams (DeepSeek-V4 on the GPU) computes in its own pool,
+  // which mirrors the host pool's layout: what is exported, imported or snapshotted moves
+  // between the two (engine_device_streams.cc).
+  e->device_streams_ = !e->latent_layout_ && !e->backend_->kv_in_host_pool();
   int64_t blocks = options.num_kv_blocks;
   const int64_t block_bytes = BlockBytes(layout);
   // Rings and states (per-sequence streams) have a slot per running sequence, and as many
@@ -114,7 +114,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   if (state_bytes > 0 && options.enable_prefix_cache) {
     snapshots = options.prefix_state_snapshots < 0 ? options.max_running : options.prefix_state_snapshots;
   }
-  if (e->device_streams_only_) snapshots = 0;
   if (state_bytes > 0 && snapshots == 0) {
     e->options_.enable_prefix_cache = false;
     options.enable_prefix_cache = false;
@@ -260,14 +259,6 @@ absl::Status Engine::ValidateRequest(const EngineRequest& r) const {
   if (!latent_layout_ && r.kv_sink != nullptr && !r.kv_sink->takes_sequence_kv()) {
     return absl::UnimplementedError(absl::StrCat("KV export by layer for a ", c.model_type, " model (its KV streams: ",
                                                  DescribeKvStreams(layout_.streams), ")"));
-  }
-  if (device_streams_only_ && r.kv_sink != nullptr) {
-    return absl::UnimplementedError(absl::StrCat("KV export from the ", backend_->device_name(), " pool of a ",
-                                                 c.model_type, " model (run this model's prefill on the CPU, or "
-                                                 "aggregated with --role both)"));
-  }
-  if (r.prefix_kv && !latent_layout_ && !backend_->kv_in_host_pool()) {
-    return absl::UnimplementedError(absl::StrCat("prefix KV import into a device pool for a ", c.model_type, " model"));
   }
   if (r.prefix_kv) {
     const PrefixKv& p = *r.prefix_kv;
@@ -523,6 +514,10 @@ void Engine::Step() {
     FailStep(plan, logits.status(), nullptr);
     return;
   }
+  if (absl::Status st = ExportedSequencesToHost(plan); !st.ok()) {
+    FailStep(plan, st, nullptr);
+    return;
+  }
   std::vector<Sequence*> ended;
   for (const ScheduledChunk& c : plan.chunks) {
     if (c.reaches_end()) ended.push_back(c.seq);
@@ -613,7 +608,7 @@ void Engine::Advance() {
 }
 
 void Engine::CopyStateSnapshots() {
-  for (const StateCopy& c : scheduler_->TakeStateSnapshots()) pool_->CopySequenceSlot(c.from, c.to);
+  for (const StateCopy& c : scheduler_->TakeStateSnapshots()) CopyStateSlot(c.from, c.to, /*to_host=*/true);
   const PrefixStates& states = scheduler_->prefix_states();
   if (states.version() == snapshot_version_) return;
   snapshot_version_ = states.version();
@@ -647,7 +642,7 @@ Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {
       s.queued = false;
     }
     if (s.import_state) {
-      const int64_t tokens = CopyImportedPrefixAndState(s);
+      const int64_t tokens = CopyImportedPrefixAndState(s, &b.device_error);
       counters_.prompt_tokens_imported += tokens;
     } else if (s.import_end > s.import_begin) {
       const int64_t first = static_cast<int64_t>(s.import_begin) * cache_->block_size();
@@ -660,11 +655,14 @@ Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {
     }
     if (s.restore_state_from >= 0) {
       // A prefix-cache hit: the rings and states where the cached prefix ends.
-      pool_->CopySequenceSlot(s.restore_state_from, s.state_slot);
+      CopyStateSlot(s.restore_state_from, s.state_slot, /*to_host=*/false);
       scheduler_->prefix_states().Unpin(s.restore_state_from);
       s.restore_state_from = -1;
     }
-    if (s.host_kv_upload_end > 0) {
+    if (s.host_kv_upload_end > 0 && device_streams_) {
+      b.device_error.Update(SequenceFromHost(s, s.host_kv_upload_end));
+      s.host_kv_upload_end = 0;
+    } else if (s.host_kv_upload_end > 0) {
       b.device_error.Update(backend_->KvFromHost(s.blocks, 0, s.host_kv_upload_end, *pool_));
       counters_.kv_host_staged_bytes += int64_t{s.host_kv_upload_end} * cache_->num_layers() * kv_entry_dim() *
                                         static_cast<int64_t>(sizeof(float));

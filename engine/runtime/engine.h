@@ -374,7 +374,7 @@ class Engine {
   // The state snapshots the scheduler asked for after a step (prefix_states.h).
   void CopyStateSnapshots();
   // A prefix import with its state (PrefixKv::state) into the pool; its tokens.
-  int64_t CopyImportedPrefixAndState(Sequence& s);
+  int64_t CopyImportedPrefixAndState(Sequence& s, absl::Status* device_error);
   absl::Status ValidateImportedState(const PrefixKv& p, std::span<const uint64_t> chain) const;
   StepBatch AssembleBatch(const StepPlan& plan);
   ForwardOptions ForwardOptionsFor(const StepPlan& plan, StepBatch& batch);
@@ -389,6 +389,15 @@ class Engine {
   void Launch(StepPlan plan, StepBatch batch, std::vector<SampleRow> rows);
   // Ends every request of a failed step.
   void FailStep(const StepPlan& plan, const absl::Status& status, const InFlight* in_flight);
+  // A device pool mirrored in the host pool's layout (device_streams_, engine_device_streams.cc):
+  // the sequences of `plan` that end their export in this step, copied to the host pool
+  // for their sinks; a sequence's KV that arrived in the host pool, copied to the device;
+  // an imported prefix's blocks and state likewise; a state slot copied in both pools
+  // (to_host: the host pool's copy made current too, for a snapshot that an export reads).
+  absl::Status ExportedSequencesToHost(const StepPlan& plan);
+  absl::Status SequenceFromHost(const Sequence& s, int64_t num_tokens);
+  absl::Status ImportedPrefixToDevice(const Sequence& s);
+  void CopyStateSlot(int64_t from, int64_t to, bool to_host);
   // Stop checks, outputs and finishes for the sampled sequences `ended` (row order), with
   // their tokens: device_tokens (already in place in the sequences when in_place), or
   // chosen here from `logits`.
@@ -469,7 +478,9 @@ class Engine {
   uint64_t layout_fingerprint_ = 0;
   KvLayout layout_;
   bool latent_layout_ = false;  // layout_ is one per-token f32 stream on every layer (cache_ views it)
-  bool device_streams_only_ = false;  // a device backend computing in its own pool of non-latent streams
+  // A device backend computing in its own pool of non-latent streams, mirrored in the host
+  // pool's layout (DeepSeek-V4 on a GPU; engine_device_streams.cc).
+  bool device_streams_ = false;
   std::unique_ptr<KvLeases> leases_;                 // engine thread only
   std::unique_ptr<ConstraintCompiler> constraints_;
   std::map<std::string, std::function<void(Compiled)>> compiling_;  // engine thread only

@@ -49,10 +49,6 @@ absl::StatusOr<std::vector<int32_t>> Engine::ReserveKv(const std::string& id, in
 
 void Engine::ReserveKvAsync(const std::string& id, int32_t num_tokens, double wait_s, ReserveDone done) {
   if (num_tokens <= 0) return done(absl::InvalidArgumentError("ReserveKv: num_tokens must be positive"));
-  if (device_streams_only_) {
-    return done(absl::UnimplementedError(absl::StrCat("ReserveKv: KV import into the ", backend_->device_name(),
-                                                      " pool of a ", backend_->config().model_type, " model")));
-  }
   if (num_tokens >= backend_->config().max_position_embeddings) {
     return done(absl::InvalidArgumentError(absl::StrCat("ReserveKv: ", num_tokens, " tokens exceed the model's context")));
   }
@@ -178,10 +174,6 @@ void Engine::SubmitImportedAsync(EngineRequest request, int32_t first_token, boo
   if (absl::Status st = ValidateRequest(request); !st.ok()) return refuse(st);
   if (first_token < 0 || first_token >= backend_->config().vocab_size) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary")));
-  }
-  if (device_streams_only_) {
-    return refuse(absl::UnimplementedError(absl::StrCat("KV import into the ", backend_->device_name(), " pool of a ",
-                                                        backend_->config().model_type, " model")));
   }
   if (where == ImportedKv::kDevicePool && backend_->kv_in_host_pool()) {
     return refuse(absl::InvalidArgumentError("KV in a device pool, but the model runs on the CPU"));

@@ -27,7 +27,7 @@ absl::Status Engine::ValidateImportedState(const PrefixKv& p, std::span<const ui
   return absl::OkStatus();
 }
 
-int64_t Engine::CopyImportedPrefixAndState(Sequence& s) {
+int64_t Engine::CopyImportedPrefixAndState(Sequence& s, absl::Status* device_error) {
   const PrefixKv& p = *s.prefix_kv;
   const size_t block_bytes = static_cast<size_t>(pool_->BlockImageBytes());
   for (int32_t b = s.import_begin; b < s.import_end; ++b) {
@@ -36,9 +36,10 @@ int64_t Engine::CopyImportedPrefixAndState(Sequence& s) {
     CopyConcatenated(from, pool_->BlockImage(s.blocks[static_cast<size_t>(b)]));
   }
   CopyConcatenated(p.state, pool_->StateImage(s.state_slot));
+  if (device_streams_) device_error->Update(ImportedPrefixToDevice(s));
   // Kept as a snapshot, so that the next request with this prefix finds it here.
   const int32_t snapshot = scheduler_->prefix_states().Put(p.state_hash);
-  if (snapshot >= 0) pool_->CopySequenceSlot(s.state_slot, snapshot);
+  if (snapshot >= 0) CopyStateSlot(s.state_slot, snapshot, /*to_host=*/false);
   const int64_t tokens = static_cast<int64_t>(s.import_end - s.import_begin) * pool_->geometry().block_size;
   s.import_begin = s.import_end = 0;
   s.import_state = false;

@@ -24,11 +24,18 @@ class V4CudaBackend : public ModelBackend {
     if (absl::Status st = model_->EnsurePool(host.geometry()); !st.ok()) return st;
     return model_->Forward(batch, options);
   }
+  absl::Status PoolRangesToHost(std::span<const KvExtent> ranges, KvPool& host) override {
+    return model_->CopyRanges(ranges, host, /*to_host=*/true);
+  }
+  absl::Status PoolRangesFromHost(std::span<const KvExtent> ranges, KvPool& host) override {
+    return model_->CopyRanges(ranges, host, /*to_host=*/false);
+  }
+  absl::Status CopyStateSlot(int64_t from, int64_t to) override { return model_->CopyStateSlot(from, to); }
   absl::Status KvToHost(int64_t, std::span<const int32_t>, int64_t, int64_t, KvPool&) override {
-    return absl::UnimplementedError("DeepSeek-V4's KV does not leave the GPU yet");
+    return absl::UnimplementedError("DeepSeek-V4 on the GPU moves whole sequences (PoolRangesToHost)");
   }
   absl::Status KvFromHost(std::span<const int32_t>, int64_t, int64_t, KvPool&) override {
-    return absl::UnimplementedError("DeepSeek-V4's KV does not enter the GPU from the host yet");
+    return absl::UnimplementedError("DeepSeek-V4 on the GPU moves whole sequences (PoolRangesFromHost)");
   }
 
  private:

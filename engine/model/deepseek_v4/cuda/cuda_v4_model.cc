@@ -146,8 +146,8 @@ absl::StatusOr<std::unique_ptr<CudaV4Model>> CudaV4Model::Load(const std::string
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || options.device < 0 || options.device >= count) {
     (void)cudaGetLastError();
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", options.device, " does not exist (", count, " visible)"));
+    return absl::FailedPreconditionError(absl::StrCat("--device cuda:", options.device,
+                                                      ": no such CUDA device (this machine shows ", count, ")"));
   }
   std::unique_ptr<CudaV4Model> m(new CudaV4Model());
   m->device_ = options.device;
@@ -200,6 +200,47 @@ absl::Status CudaV4Model::CopyPoolTo(KvPool& host) {
   TANDEM_CUDA_RETURN(cudaMemcpy(host.memory().data(), pool_->memory().data(), host.memory().size(),
                                 cudaMemcpyDeviceToHost),
                      "copying the KV pool");
+  return absl::OkStatus();
+}
+
+absl::Status CudaV4Model::CopyRanges(std::span<const KvExtent> ranges, KvPool& host, bool to_host) {
+  RETURN_IF_ERROR(EnsurePool(host.geometry()));
+  const size_t size = pool_->memory().size();
+  if (host.memory().size() != size) return absl::InvalidArgumentError("the host pool's layout differs from the GPU pool's");
+  for (const KvExtent& r : ranges) {
+    if (r.offset > size || r.bytes > size - r.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("KV range [", r.offset, ", +", r.bytes, ") is outside the pool"));
+    }
+  }
+  TANDEM_CUDA_RETURN(cudaSetDevice(device_), "selecting the GPU");
+  std::byte* device = pool_->memory().data();
+  std::byte* mirror = host.memory().data();
+  for (const KvExtent& r : ranges) {
+    if (r.bytes == 0) continue;
+    TANDEM_CUDA_RETURN(to_host ? cudaMemcpyAsync(mirror + r.offset, device + r.offset, r.bytes, cudaMemcpyDeviceToHost,
+                                                 stream_)
+                               : cudaMemcpyAsync(device + r.offset, mirror + r.offset, r.bytes, cudaMemcpyHostToDevice,
+                                                 stream_),
+                       "copying KV between the GPU and the host");
+  }
+  TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "copying KV between the GPU and the host");
+  return absl::OkStatus();
+}
+
+absl::Status CudaV4Model::CopyStateSlot(int64_t from, int64_t to) {
+  if (pool_ == nullptr) return absl::FailedPreconditionError("no GPU pool yet");
+  const int64_t slots = pool_->geometry().num_sequence_slots;
+  if (from < 0 || from >= slots || to < 0 || to >= slots) {
+    return absl::InvalidArgumentError(absl::StrCat("state slots ", from, " -> ", to, " of ", slots));
+  }
+  if (from == to) return absl::OkStatus();
+  const std::vector<std::span<std::byte>> src = pool_->StateImage(from), dst = pool_->StateImage(to);
+  TANDEM_CUDA_RETURN(cudaSetDevice(device_), "selecting the GPU");
+  for (size_t i = 0; i < src.size(); ++i) {
+    TANDEM_CUDA_RETURN(cudaMemcpyAsync(dst[i].data(), src[i].data(), src[i].size(), cudaMemcpyDeviceToDevice, stream_),
+                       "copying a state slot");
+  }
+  TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "copying a state slot");
   return absl::OkStatus();
 }
 

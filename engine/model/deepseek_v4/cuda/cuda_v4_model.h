@@ -59,6 +59,11 @@ class CudaV4Model {
   // The whole GPU pool copied into `host`, a pool of the same streams and geometry (tests
   // compare the state with the CPU engine's).
   absl::Status CopyPoolTo(KvPool& host);
+  // Ranges of the pool (offsets from its first byte) to or from the same ranges of `host`
+  // (ModelBackend::PoolRangesToHost), and one state slot over another (CopyStateSlot).
+  // INVALID_ARGUMENT for ranges outside the pool or a host pool of another size.
+  absl::Status CopyRanges(std::span<const KvExtent> ranges, KvPool& host, bool to_host);
+  absl::Status CopyStateSlot(int64_t from, int64_t to);
 
  private:
   CudaV4Model() = default;

@@ -1,8 +1,10 @@
 // Shared by the DeepSeek-V4 engine tests: the generated tiny-v4 model, deterministic
-// prompts, and a request run with every token's logprob and top 5 (for bitwise
-// comparisons of a prefix reused against a full prefill).
+// prompts, a request run with every token's logprob and top 5 (for bitwise comparisons of
+// a prefix reused against a full prefill), and a sink that stages a prefill's
+// whole-sequence KV and writes it into a decode engine's reservation.
 #pragma once
 
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,5 +56,41 @@ inline Scored RunScored(Engine& e, EngineRequest r) {
 inline Scored RunScored(Engine& e, const std::string& id, const std::vector<int32_t>& prompt, int max_tokens) {
   return RunScored(e, GreedyRequest(id, prompt, max_tokens));
 }
+
+// What a transfer does, in one process: the prefill engine's whole-sequence KV (every
+// stream's extents) staged, then copied into the extents of the decode engine's reservation.
+class StagingSink : public KvSink {
+ public:
+  void OnLayerKv(const KvSlice&) override { ADD_FAILURE() << "a V4 sequence's KV is handed over whole"; }
+  bool takes_sequence_kv() const override { return true; }
+  void OnSequenceKv(const KvSequenceKv& kv) override {
+    ++calls;
+    num_tokens = kv.num_tokens;
+    absl::StatusOr<std::vector<KvExtent>> ex = kv.pool->SequenceExtents(kv.block_table, kv.state_slot, kv.num_tokens);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    for (const KvExtent& e : *ex) {
+      const std::byte* b = kv.pool->memory().data() + e.offset;
+      staged.emplace_back(b, b + e.bytes);
+    }
+  }
+  // Into `d`'s reservation (blocks, slot) for the staged tokens.
+  void WriteInto(Engine& d, const KvLeases::Reservation& r) const {
+    const Engine::KvMemory m = d.kv_memory();
+    const KvPool::Geometry g{.num_layers = static_cast<int32_t>(m.num_layers),
+                             .block_size = static_cast<int32_t>(m.block_size), .num_blocks = m.num_blocks,
+                             .num_sequence_slots = m.num_state_slots};
+    absl::StatusOr<std::vector<KvExtent>> ex =
+        KvPool::SequenceExtents(d.kv_layout().streams, g, r.blocks, r.state_slot, num_tokens);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    ASSERT_EQ(ex->size(), staged.size());
+    for (size_t i = 0; i < staged.size(); ++i) {
+      ASSERT_EQ((*ex)[i].bytes, staged[i].size()) << "extent " << i;
+      std::memcpy(reinterpret_cast<std::byte*>(m.base) + (*ex)[i].offset, staged[i].data(), staged[i].size());
+    }
+  }
+  int calls = 0;
+  int64_t num_tokens = 0;
+  std::vector<std::vector<std::byte>> staged;
+};
 
 }  // namespace tandem::testing
