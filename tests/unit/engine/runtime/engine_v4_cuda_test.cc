@@ -55,6 +55,7 @@ class EngineV4CudaTest : public testing::GpuTest {
     o.device = "cuda";
     o.num_threads = 2;
     o.gpu_memory_utilization = 0.3;
+    if (o.num_kv_blocks == 0) o.num_kv_blocks = 256;
     return Engine::Create(V4Dir(), o);
   }
 
