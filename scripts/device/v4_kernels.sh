@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # DeepSeek-V4 on the GPU (issue 22), in one device run: each V4 kernel's test against the
-# CPU engine's arithmetic and the same under compute-sanitizer memcheck, then the GPU model
+# CPU engine's arithmetic and the same under compute-sanitizer memcheck (with the FP8/FP4
+# GEMV and its benchmark against a same-run copy), then the GPU model
 # against the CPU engine (engine_model_v4_cuda_model_test, also under memcheck) and the
 # engine on the GPU (engine_runtime_engine_v4_cuda_test); REGRESSIONS=1 adds the V2/V3 GPU
 # model and engine tests (the kernels they share: rope, pool_window, sink attention).
 #   Here:  scripts/device/pack.sh build/tests/kernels_cuda_{hyper_connections,v4_moe_routing,\
-#            sink_attention,v4_ops,v4_compressor,v4_key_select}_test \
+#            sink_attention,v4_ops,v4_compressor,v4_key_select,quantized_gemv}_test build/bin/quantized_gemv_bench \
 #            build/tests/engine_model_v4_cuda_model_test build/tests/engine_runtime_engine_v4_cuda_test \
 #            [build/tests/engine_model_cuda_deepseek_model_test build/tests/engine_runtime_engine_cuda_test] &&
 #          tar -czf .carry/device.tgz -C .carry device && rm -rf .carry/device
@@ -18,7 +19,7 @@ export TANDEM_CACHE_DIR=/tmp/tc TANDEM_SOURCE_DIR="$root"
 bin="$root/.carry/device/bin"
 # shellcheck source=check.sh
 source "$root/scripts/device/check.sh"
-for t in hyper_connections v4_moe_routing sink_attention v4_ops v4_compressor v4_key_select; do
+for t in hyper_connections v4_moe_routing sink_attention v4_ops v4_compressor v4_key_select quantized_gemv; do
   check "$t" "$bin/kernels_cuda_${t}_test"
   check "memcheck_$t" compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/kernels_cuda_${t}_test"
   expect_in "memcheck_$t" "ERROR SUMMARY: 0 errors"
@@ -27,6 +28,9 @@ SHOW='^\[ *(FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|rows |greedy' chec
 check memcheck_v4_model compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/engine_model_v4_cuda_model_test"
 expect_in memcheck_v4_model "ERROR SUMMARY: 0 errors"
 check v4_engine "$bin/engine_runtime_engine_v4_cuda_test"
+if [ -x "$bin/quantized_gemv_bench" ]; then
+  SHOW='GB/s|copy_gbs' check gemv_bench "$bin/quantized_gemv_bench" --json "${OUT:-/tmp}/quantized_gemv_bench.json"
+fi
 if [ "${REGRESSIONS:-0}" = 1 ]; then
   check cuda_model "$bin/engine_model_cuda_deepseek_model_test"
   check engine_cuda "$bin/engine_runtime_engine_cuda_test"

@@ -1,0 +1,160 @@
+// The FP8 (128 x 128 block scales) and FP4 (e2m1, a scale per 32) matrix-vector products of
+// kernels/cuda/quantized_gemv.h at decode shapes, against a device-to-device copy measured in
+// the same run: weight bytes read per second over the copy's (bytes read + written) per
+// second. Shapes: DeepSeek-V3/V4 attention-sized FP8 matrices and V4-Flash's routed experts
+// of one token (6 experts' gate and up projections stacked, FP4), at 1, 4 and 8 rows.
+// CUDA events around batches of back-to-back launches, median of --iters batches. JSON on
+// stdout and to --json FILE.
+//
+//   quantized_gemv_bench [--json FILE] [--iters N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/cuda_check.h"
+#include "kernels/cuda/quantized_gemv.h"
+
+namespace {
+
+__global__ void FillBytes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    uint8_t b = static_cast<uint8_t>(x);
+    if ((b & 0x7f) == 0x7f) b ^= 1;  // no FP8 NaN codes
+    p[i] = b;
+  }
+}
+
+__global__ void FillFloats(float* p, size_t n, float value) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    p[i] = value * (1.0f + static_cast<float>(i % 7) * 0.125f);
+  }
+}
+
+template <typename Fn>
+double MedianMs(int iters, int reps, Fn&& fn) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < reps; ++i) fn();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> ms;
+  for (int it = 0; it < iters; ++it) {
+    CHECK_CUDA(cudaEventRecord(a));
+    for (int i = 0; i < reps; ++i) fn();
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float t = 0.0f;
+    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(static_cast<double>(t) / reps);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms[ms.size() / 2];
+}
+
+struct Shape {
+  const char* name;
+  tandem::cuda::QuantizedWeight format;
+  int64_t n, k;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  int iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
+      iters = std::max(3, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr,
+                   "usage: quantized_gemv_bench [--json FILE] [--iters N]\n"
+                   "  FP8/FP4 GEMV weight bandwidth against a same-run device copy (bench/README.md)\n");
+      return std::strcmp(argv[i], "--help") == 0 ? 0 : 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+
+  // The reference: a 1 GiB device-to-device copy, bytes read + written per second.
+  const size_t copy_bytes = size_t{1} << 30;
+  void *src = nullptr, *dst = nullptr;
+  CHECK_CUDA(cudaMalloc(&src, copy_bytes));
+  CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
+  CHECK_CUDA(cudaMemset(src, 1, copy_bytes));
+  const double copy_ms = MedianMs(iters, 5, [&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); });
+  const double copy_gbs = 2.0 * static_cast<double>(copy_bytes) / (copy_ms * 1e6);
+  CHECK_CUDA(cudaFree(src));
+  CHECK_CUDA(cudaFree(dst));
+
+  const std::vector<Shape> shapes = {
+      {"fp8 q_b (V4-Flash: 64 x 512 heads, q_lora 1024)", tandem::cuda::QuantizedWeight::kFp8Block128, 32768, 1024},
+      {"fp8 square 7168 (V3 hidden)", tandem::cuda::QuantizedWeight::kFp8Block128, 7168, 7168},
+      {"fp8 o_proj-like 7168 x 16384", tandem::cuda::QuantizedWeight::kFp8Block128, 7168, 16384},
+      {"fp4 6 experts' gate+up (V4-Flash: 2 x 2048 x 4096 each)", tandem::cuda::QuantizedWeight::kFp4Group32, 24576,
+       4096},
+      {"fp4 6 experts' down (4096 x 2048 each, stacked)", tandem::cuda::QuantizedWeight::kFp4Group32, 24576, 2048},
+  };
+  std::string json = "{\"bench\": \"quantized_gemv\", \"device\": \"" + std::string(prop.name) +
+                     "\", \"copy_gbs\": " + std::to_string(copy_gbs) + ", \"results\": [";
+  bool first = true;
+  for (const Shape& s : shapes) {
+    const bool fp8 = s.format == tandem::cuda::QuantizedWeight::kFp8Block128;
+    const size_t wbytes = static_cast<size_t>(s.n * (fp8 ? s.k : s.k / 2));
+    const size_t nscales = fp8 ? static_cast<size_t>(((s.n + 127) / 128) * ((s.k + 127) / 128))
+                               : static_cast<size_t>(s.n * (s.k / 32));
+    uint8_t* w = nullptr;
+    float *scales = nullptr, *x = nullptr, *y = nullptr;
+    CHECK_CUDA(cudaMalloc(&w, wbytes));
+    CHECK_CUDA(cudaMalloc(&scales, nscales * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(8 * s.k) * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(8 * s.n) * sizeof(float)));
+    FillBytes<<<1024, 256>>>(w, wbytes, 7);
+    FillFloats<<<256, 256>>>(scales, nscales, 0.01f);
+    FillFloats<<<256, 256>>>(x, static_cast<size_t>(8 * s.k), 0.5f);
+    CHECK_CUDA(cudaGetLastError());
+    for (int m : {1, 4, 8}) {
+      if (static_cast<int64_t>(m) * s.k * 4 > tandem::cuda::kQuantizedGemvMaxSharedBytes) continue;
+      const tandem::cuda::QuantizedGemvParams p{.format = s.format, .w = w, .scales = scales, .x = x, .ldx = s.k,
+                                                .y = y, .ldy = s.n, .m = m, .n = s.n, .k = s.k};
+      const double ms = MedianMs(iters, 20, [&] { CHECK_CUDA(tandem::cuda::QuantizedGemv(p, nullptr)); });
+      const double gbs = static_cast<double>(wbytes) / (ms * 1e6);
+      std::printf("%-58s m %d: %8.1f us, %7.1f GB/s of weights, %.2f of the copy (%.0f GB/s)\n", s.name, m,
+                  ms * 1e3, gbs, gbs / copy_gbs, copy_gbs);
+      json += std::string(first ? "" : ", ") + "{\"shape\": \"" + s.name + "\", \"m\": " + std::to_string(m) +
+              ", \"n\": " + std::to_string(s.n) + ", \"k\": " + std::to_string(s.k) +
+              ", \"weight_bytes\": " + std::to_string(wbytes) + ", \"us\": " + std::to_string(ms * 1e3) +
+              ", \"weight_gbs\": " + std::to_string(gbs) + ", \"of_copy\": " + std::to_string(gbs / copy_gbs) + "}";
+      first = false;
+    }
+    CHECK_CUDA(cudaFree(w));
+    CHECK_CUDA(cudaFree(scales));
+    CHECK_CUDA(cudaFree(x));
+    CHECK_CUDA(cudaFree(y));
+  }
+  json += "]}";
+  std::printf("%s\n", json.c_str());
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f != nullptr) {
+      std::fprintf(f, "%s\n", json.c_str());
+      std::fclose(f);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,49 @@
+// Matrix-vector products of a few rows against weights stored narrow, dequantized in
+// registers (decode steps are memory-bound on the weights: one byte, or half a byte, per
+// weight read instead of two):
+//   y[r][i] = sum_c x[r][c] * W[i][c]      for r < m (1..8), i < n
+// with W one of DeepSeek's stored forms:
+//   - kFp8Block128: FP8 e4m3 ("fn": no infinities) [n][k] with one float scale per 128 x
+//     128 block, W = fp8 * scales[i / 128][c / 128] (V3/R1 and V4's attention weights);
+//   - kFp4Group32: FP4 e2m1 two a byte, low nibble first ([n][k / 2] bytes), with one float
+//     scale per 32 along the input, W = e2m1 * scales[i][c / 32] (V4's routed experts;
+//     ue8m0 scales as their float values). Hopper has no FP4 tensor cores: the codes are
+//     widened in registers.
+// x and y float32. The sum groups the products of each 16 (FP8) or 32 (FP4) weights and
+// multiplies their scale in once, where the CPU engine multiplies each weight by its scale
+// first: the same real sum, rounded differently (agreement to float32's relative 1e-6 of
+// the terms' magnitudes, not bitwise).
+//
+// One warp per output row, each lane streaming 16-byte weight loads (four in flight) over
+// the whole of k; x staged once per block in shared memory (m * k floats, at most
+// kQuantizedGemvMaxSharedBytes). k a multiple of 16 (FP8) or 32 (FP4), weight rows and x
+// 16-byte aligned. No allocation; graph-capturable; programmatic dependent launch.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace tandem::cuda {
+
+enum class QuantizedWeight : int { kFp8Block128 = 0, kFp4Group32 = 1 };
+
+inline constexpr int kQuantizedGemvMaxRows = 8;
+inline constexpr int64_t kQuantizedGemvMaxSharedBytes = 200 * 1024;
+
+struct QuantizedGemvParams {
+  QuantizedWeight format = QuantizedWeight::kFp8Block128;
+  const uint8_t* w = nullptr;    // FP8: [n][k]; FP4: [n][k / 2]
+  const float* scales = nullptr;  // FP8: [ceil(n / 128)][ceil(k / 128)]; FP4: [n][k / 32]
+  const float* x = nullptr;      // [m][ldx]
+  int64_t ldx = 0;
+  float* y = nullptr;  // [m][ldy]
+  int64_t ldy = 0;
+  int m = 1;  // 1 .. kQuantizedGemvMaxRows
+  int64_t n = 0;
+  int64_t k = 0;
+};
+
+cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream);
+
+}  // namespace tandem::cuda

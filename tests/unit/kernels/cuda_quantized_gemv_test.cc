@@ -1,0 +1,120 @@
+// The FP8 (128 x 128 block scales) and FP4 (e2m1, a scale per 32) matrix-vector products on
+// the GPU against the CPU's dequantization (cpu::DequantizeRows for FP8, v4::Fp4E2m1ToF32
+// for FP4) and a double-precision dot product, over shapes with n and k off the 128
+// blocks and 1 to 8 rows. The GPU multiplies a scale into each group's partial sum once,
+// so results agree to float32 rounding of the terms (1e-5 of their magnitudes' sum), not
+// bitwise. Skips, saying why, where no GPU is usable.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "engine/model/deepseek_v4/v4_weights.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/weight_matrix.h"
+#include "kernels/cuda/quantized_gemv.h"
+#include "tests/unit/kernels/cuda_test_support.h"
+
+namespace tandem {
+namespace {
+
+using testing::Dev;
+
+class CudaQuantizedGemvTest : public testing::GpuTest {};
+
+struct Case {
+  cuda::QuantizedWeight format;
+  int m;
+  int64_t n, k;
+};
+
+TEST_F(CudaQuantizedGemvTest, MatchesTheCpusDequantization) {
+  const std::vector<Case> cases = {
+      {cuda::QuantizedWeight::kFp8Block128, 1, 4096, 4096}, {cuda::QuantizedWeight::kFp8Block128, 4, 300, 7168},
+      {cuda::QuantizedWeight::kFp8Block128, 8, 17, 512},    {cuda::QuantizedWeight::kFp8Block128, 3, 1000, 2064},
+      {cuda::QuantizedWeight::kFp4Group32, 1, 4096, 4096},  {cuda::QuantizedWeight::kFp4Group32, 6, 300, 2048},
+      {cuda::QuantizedWeight::kFp4Group32, 8, 5, 2080},     {cuda::QuantizedWeight::kFp4Group32, 2, 1000, 96},
+  };
+  for (const Case& c : cases) {
+    const bool fp8 = c.format == cuda::QuantizedWeight::kFp8Block128;
+    SCOPED_TRACE(::testing::Message() << (fp8 ? "FP8" : "FP4") << " m " << c.m << " n " << c.n << " k " << c.k);
+    std::mt19937 rng(static_cast<uint32_t>(c.n * 31 + c.k + c.m));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const int64_t row_bytes = fp8 ? c.k : c.k / 2;
+    std::vector<uint8_t> w(static_cast<size_t>(c.n * row_bytes));
+    for (uint8_t& b : w) {
+      b = static_cast<uint8_t>(rng());
+      if (fp8 && (b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
+    }
+    std::vector<float> scales;
+    std::uniform_int_distribution<int> exponent(-8, 4);
+    if (fp8) {
+      scales.resize(static_cast<size_t>(((c.n + 127) / 128) * ((c.k + 127) / 128)));
+      for (float& s : scales) s = std::ldexp(1.0f + 0.25f * static_cast<float>(rng() % 4), exponent(rng));
+    } else {
+      scales.resize(static_cast<size_t>(c.n * (c.k / 32)));
+      for (float& s : scales) s = std::ldexp(1.0f, exponent(rng));  // ue8m0: powers of two
+    }
+    std::vector<float> x(static_cast<size_t>(c.m * c.k));
+    for (float& v : x) v = normal(rng);
+
+    // The CPU's weights.
+    std::vector<float> dense(static_cast<size_t>(c.n * c.k));
+    if (fp8) {
+      const cpu::WeightMatrix wm{.dtype = DType::kF8E4M3, .rows = c.n, .cols = c.k,
+                                 .data = reinterpret_cast<const std::byte*>(w.data()), .block_scales = scales.data()};
+      cpu::DequantizeRows(wm, 0, c.n, dense.data());
+    } else {
+      for (int64_t i = 0; i < c.n; ++i) {
+        for (int64_t col = 0; col < c.k; ++col) {
+          const uint8_t byte = w[static_cast<size_t>(i * row_bytes + col / 2)];
+          const uint8_t code = col % 2 == 0 ? (byte & 0x0f) : (byte >> 4);
+          dense[static_cast<size_t>(i * c.k + col)] = v4::Fp4E2m1ToF32(code) * scales[static_cast<size_t>(i * (c.k / 32) + col / 32)];
+        }
+      }
+    }
+    Dev<uint8_t> dw(w);
+    Dev<float> ds(scales), dx(x), dy(static_cast<size_t>(c.m * c.n));
+    ASSERT_EQ(cuda::QuantizedGemv({.format = c.format, .w = dw.get(), .scales = ds.get(), .x = dx.get(), .ldx = c.k,
+                                   .y = dy.get(), .ldy = c.n, .m = c.m, .n = c.n, .k = c.k},
+                                  nullptr),
+              cudaSuccess);
+    const std::vector<float> got = dy.Download();
+    int bad = 0;
+    for (int r = 0; r < c.m; ++r) {
+      for (int64_t i = 0; i < c.n; ++i) {
+        double want = 0.0, magnitude = 0.0;
+        for (int64_t col = 0; col < c.k; ++col) {
+          const double t = static_cast<double>(x[static_cast<size_t>(r * c.k + col)]) * dense[static_cast<size_t>(i * c.k + col)];
+          want += t;
+          magnitude += std::fabs(t);
+        }
+        const float g = got[static_cast<size_t>(r * c.n + i)];
+        if (!(std::fabs(g - want) <= 1e-5 * magnitude + 1e-30)) {
+          if (bad++ < 5) ADD_FAILURE() << "row " << r << ", output " << i << ": " << g << " vs " << want;
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+TEST_F(CudaQuantizedGemvTest, RefusesBadShapes) {
+  Dev<uint8_t> w(std::vector<uint8_t>(4096, 0));
+  Dev<float> s(std::vector<float>(64, 1.0f)), x(std::vector<float>(1024, 1.0f)), y(std::vector<float>(1024, 0.0f));
+  const cuda::QuantizedGemvParams ok{.format = cuda::QuantizedWeight::kFp8Block128, .w = w.get(), .scales = s.get(),
+                                     .x = x.get(), .ldx = 64, .y = y.get(), .ldy = 64, .m = 1, .n = 64, .k = 64};
+  EXPECT_EQ(cuda::QuantizedGemv(ok, nullptr), cudaSuccess);
+  for (auto change : std::vector<void (*)(cuda::QuantizedGemvParams&)>{
+           [](cuda::QuantizedGemvParams& p) { p.m = 9; }, [](cuda::QuantizedGemvParams& p) { p.k = 40; },
+           [](cuda::QuantizedGemvParams& p) { p.format = cuda::QuantizedWeight::kFp4Group32; p.k = 48; },
+           [](cuda::QuantizedGemvParams& p) { p.ldy = 10; }, [](cuda::QuantizedGemvParams& p) { p.w = nullptr; },
+           [](cuda::QuantizedGemvParams& p) { p.m = 8; p.k = 8192; p.ldx = 8192; }}) {
+    cuda::QuantizedGemvParams p = ok;
+    change(p);
+    EXPECT_EQ(cuda::QuantizedGemv(p, nullptr), cudaErrorInvalidValue);
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace tandem
