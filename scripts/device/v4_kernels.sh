@@ -25,14 +25,14 @@ for t in hyper_connections v4_moe_routing sink_attention v4_ops v4_compressor v4
   expect_in "memcheck_$t" "ERROR SUMMARY: 0 errors"
 done
 SHOW='^\[ *(FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|rows |greedy' check v4_model "$bin/engine_model_v4_cuda_model_test"
-check memcheck_v4_model compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/engine_model_v4_cuda_model_test"
+check memcheck_v4_model timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/engine_model_v4_cuda_model_test"
 expect_in memcheck_v4_model "ERROR SUMMARY: 0 errors"
 check v4_engine "$bin/engine_runtime_engine_v4_cuda_test"
 if [ -x "$bin/quantized_gemv_bench" ]; then
   SHOW='GB/s|copy_gbs' check gemv_bench "$bin/quantized_gemv_bench" --json "${OUT:-/tmp}/quantized_gemv_bench.json"
 fi
 if [ "${REGRESSIONS:-0}" = 1 ]; then
-  check cuda_model "$bin/engine_model_cuda_deepseek_model_test"
-  check engine_cuda "$bin/engine_runtime_engine_cuda_test"
+  check cuda_model timeout 120 "$bin/engine_model_cuda_deepseek_model_test"
+  check engine_cuda timeout 150 "$bin/engine_runtime_engine_cuda_test"
 fi
 finish
