@@ -1,5 +1,6 @@
 #include "kernels/cuda/quantized_gemv.h"
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -12,52 +13,65 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerWarp = 2;  // output rows per warp, so that x's staging is shared more
 constexpr int kInFlight = 4;     // 16-byte weight loads per lane before the first use
 
-__device__ __forceinline__ float Fp4Value(uint32_t code) {
-  // e2m1: sign, 2 exponent bits, 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6.
-  const uint32_t mag = code & 7u;
-  const float v = mag < 2u ? 0.5f * static_cast<float>(mag)
-                           : static_cast<float>(2u + (mag & 1u)) * static_cast<float>(1u << ((mag >> 1) - 1u)) * 0.5f;
-  return (code & 8u) ? -v : v;
-}
+// x is staged transposed per load: value i of load q of row r at xs[r * k + i * loads + q],
+// so that the lanes of a warp, which take consecutive loads, read consecutive words
+// (no shared-memory bank conflicts).
 
-// 16 FP8 values of one 16-byte load, dotted with xs[0..16) for each of m rows.
-template <int M>
-__device__ __forceinline__ void DotFp8(const uint4& wv, const float* xs, int64_t ldx_s, float scale, float* acc) {
-  float w[16];
+// 16 FP8 values of one 16-byte load (two a time through the hardware's e4m3x2 -> f16x2).
+__device__ __forceinline__ void WidenFp8(const uint4& wv, float* w) {
   const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      __nv_fp8_e4m3 v;
-      v.__x = static_cast<__nv_fp8_storage_t>((words[q] >> (8 * b)) & 0xffu);
-      w[q * 4 + b] = static_cast<float>(v);
+    for (int h = 0; h < 2; ++h) {
+      const __half2_raw raw =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[q] >> (16 * h)), __NV_E4M3);
+      const float2 f = __half22float2(__half2(raw));
+      w[q * 4 + h * 2] = f.x;
+      w[q * 4 + h * 2 + 1] = f.y;
     }
   }
-#pragma unroll
-  for (int r = 0; r < M; ++r) {
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) s = fmaf(w[i], xs[r * ldx_s + i], s);
-    acc[r] = fmaf(s, scale, acc[r]);
-  }
 }
 
-// 32 FP4 values of one 16-byte load (low nibble first), dotted with xs[0..32).
-template <int M>
-__device__ __forceinline__ void DotFp4(const uint4& wv, const float* xs, int64_t ldx_s, float scale, float* acc) {
-  float w[32];
+// 32 FP4 e2m1 values of one 16-byte load, low nibble first. Each magnitude's f16 high byte
+// (0, 0.5, 1, 1.5, 2, 3, 4, 6: 00 38 3c 3e 40 42 44 46, low bytes zero) is looked up four
+// codes at a time with one byte permute; the sign bits move into place with shifts.
+__device__ __forceinline__ void WidenFp4(const uint4& wv, float* w) {
+  constexpr uint32_t kLo = 0x3e3c3800u, kHi = 0x46444240u;
   const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
 #pragma unroll
-    for (int b = 0; b < 8; ++b) w[q * 8 + b] = Fp4Value((words[q] >> (4 * b)) & 0xfu);
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t codes = words[q] >> (16 * h);  // four codes in the low 16 bits
+      const uint32_t bytes = __byte_perm(kLo, kHi, codes & 0x7777u);
+      const uint32_t h01 = __byte_perm(bytes, 0u, 0x1404u) | ((codes << 12) & 0x8000u) | ((codes << 24) & 0x80000000u);
+      const uint32_t h23 = __byte_perm(bytes, 0u, 0x3424u) | ((codes << 4) & 0x8000u) | ((codes << 16) & 0x80000000u);
+      __half2_raw r01, r23;
+      r01.x = static_cast<unsigned short>(h01 & 0xffffu);
+      r01.y = static_cast<unsigned short>(h01 >> 16);
+      r23.x = static_cast<unsigned short>(h23 & 0xffffu);
+      r23.y = static_cast<unsigned short>(h23 >> 16);
+      const float2 a = __half22float2(__half2(r01)), b = __half22float2(__half2(r23));
+      float* o = w + q * 8 + h * 4;
+      o[0] = a.x;
+      o[1] = a.y;
+      o[2] = b.x;
+      o[3] = b.y;
+    }
   }
+}
+
+// The V weights of one load dotted with x's values of that load for each of M rows.
+template <int M, int V>
+__device__ __forceinline__ void Dot(const float* w, const float* xs, int64_t k, int64_t loads, int64_t q, float scale,
+                                    float* acc) {
 #pragma unroll
   for (int r = 0; r < M; ++r) {
+    const float* x = xs + r * k + q;
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) s = fmaf(w[i], xs[r * ldx_s + i], s);
+    for (int i = 0; i < V; ++i) s = fmaf(w[i], x[i * loads], s);
     acc[r] = fmaf(s, scale, acc[r]);
   }
 }
@@ -69,14 +83,15 @@ __global__ void __launch_bounds__(kThreads) QuantizedGemvKernel(QuantizedGemvPar
   constexpr int kValues = F == QuantizedWeight::kFp8Block128 ? 16 : 32;  // weights per 16-byte load
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   internal::GridDependencyWait();
+  const int64_t loads = p.k / kValues;  // 16-byte loads per row
   for (int64_t i = threadIdx.x; i < static_cast<int64_t>(M) * p.k; i += kThreads) {
-    xs[i] = p.x[(i / p.k) * p.ldx + i % p.k];
+    const int64_t r = i / p.k, c = i % p.k;
+    xs[r * p.k + (c % kValues) * loads + c / kValues] = p.x[r * p.ldx + c];
   }
   __syncthreads();
   internal::TriggerDependentLaunch();
   const int64_t row_bytes = F == QuantizedWeight::kFp8Block128 ? p.k : p.k / 2;
   const int64_t scale_cols = (p.k + 127) / 128;
-  const int64_t loads = p.k / kValues;  // 16-byte loads per row
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int64_t row = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRowsPerWarp + rr;
     if (row >= p.n) break;
@@ -96,13 +111,16 @@ __global__ void __launch_bounds__(kThreads) QuantizedGemvKernel(QuantizedGemvPar
         const int64_t at = base + j * 32;
         if (at >= loads) break;
         const int64_t c = at * kValues;  // first input column of this load
+        float w[kValues];
+        float scale;
         if constexpr (F == QuantizedWeight::kFp8Block128) {
-          const float scale = p.scales[(row / 128) * scale_cols + c / 128];
-          DotFp8<M>(wv[j], xs + c, p.k, scale, acc);
+          scale = p.scales[(row / 128) * scale_cols + c / 128];
+          WidenFp8(wv[j], w);
         } else {
-          const float scale = p.scales[row * (p.k / 32) + c / 32];
-          DotFp4<M>(wv[j], xs + c, p.k, scale, acc);
+          scale = p.scales[row * (p.k / 32) + c / 32];
+          WidenFp4(wv[j], w);
         }
+        Dot<M, kValues>(w, xs, p.k, loads, at, scale, acc);
       }
     }
 #pragma unroll
