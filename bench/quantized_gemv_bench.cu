@@ -3,8 +3,10 @@
 // the same run: weight bytes read per second over the copy's (bytes read + written) per
 // second. Shapes: DeepSeek-V3/V4 attention-sized FP8 matrices and V4-Flash's routed experts
 // of one token (6 experts' gate and up projections stacked, FP4), at 1, 4 and 8 rows.
-// CUDA events around batches of back-to-back launches, median of --iters batches. JSON on
-// stdout and to --json FILE.
+// CUDA events around batches of back-to-back launches, median of --iters batches. Each
+// launch reads the next of several copies of the weights, together at least 4x the GPU's
+// L2, so that no launch finds its weights in L2 from the one before (a 33 MiB matrix would
+// otherwise stay in an H100's 50 MiB L2). JSON on stdout and to --json FILE.
 //
 //   quantized_gemv_bench [--json FILE] [--iters N]
 #include <cuda_runtime.h>
@@ -118,21 +120,27 @@ int main(int argc, char** argv) {
     const size_t wbytes = static_cast<size_t>(s.n * (fp8 ? s.k : s.k / 2));
     const size_t nscales = fp8 ? static_cast<size_t>(((s.n + 127) / 128) * ((s.k + 127) / 128))
                                : static_cast<size_t>(s.n * (s.k / 32));
+    // Copies of the weights, cycled through by the launches (see the top).
+    const size_t copies = std::max<size_t>(2, (4 * static_cast<size_t>(prop.l2CacheSize) + wbytes - 1) / wbytes);
     uint8_t* w = nullptr;
     float *scales = nullptr, *x = nullptr, *y = nullptr;
-    CHECK_CUDA(cudaMalloc(&w, wbytes));
+    CHECK_CUDA(cudaMalloc(&w, wbytes * copies));
     CHECK_CUDA(cudaMalloc(&scales, nscales * sizeof(float)));
     CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(8 * s.k) * sizeof(float)));
     CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(8 * s.n) * sizeof(float)));
-    FillBytes<<<1024, 256>>>(w, wbytes, 7);
+    FillBytes<<<1024, 256>>>(w, wbytes * copies, 7);
     FillFloats<<<256, 256>>>(scales, nscales, 0.01f);
     FillFloats<<<256, 256>>>(x, static_cast<size_t>(8 * s.k), 0.5f);
     CHECK_CUDA(cudaGetLastError());
     for (int m : {1, 4, 8}) {
       if (static_cast<int64_t>(m) * s.k * 4 > tandem::cuda::kQuantizedGemvMaxSharedBytes) continue;
-      const tandem::cuda::QuantizedGemvParams p{.format = s.format, .w = w, .scales = scales, .x = x, .ldx = s.k,
-                                                .y = y, .ldy = s.n, .m = m, .n = s.n, .k = s.k};
-      const double ms = MedianMs(iters, 20, [&] { CHECK_CUDA(tandem::cuda::QuantizedGemv(p, nullptr)); });
+      tandem::cuda::QuantizedGemvParams p{.format = s.format, .w = w, .scales = scales, .x = x, .ldx = s.k,
+                                          .y = y, .ldy = s.n, .m = m, .n = s.n, .k = s.k};
+      size_t next = 0;
+      const double ms = MedianMs(iters, 20, [&] {
+        p.w = w + (next++ % copies) * wbytes;
+        CHECK_CUDA(tandem::cuda::QuantizedGemv(p, nullptr));
+      });
       const double gbs = static_cast<double>(wbytes) / (ms * 1e6);
       std::printf("%-58s m %d: %8.1f us, %7.1f GB/s of weights, %.2f of the copy (%.0f GB/s)\n", s.name, m,
                   ms * 1e3, gbs, gbs / copy_gbs, copy_gbs);

@@ -11,8 +11,8 @@ namespace tandem {
 namespace {
 
 // The pool's own ranges (KvPool::BlockImage, StateImage) as offsets from its first byte.
-void AppendRanges(const KvPool& pool, const std::vector<std::span<std::byte>>& spans, std::vector<KvExtent>* out) {
-  const std::byte* base = const_cast<KvPool&>(pool).memory().data();
+void AppendRanges(KvPool& pool, const std::vector<std::span<std::byte>>& spans, std::vector<KvExtent>* out) {
+  const std::byte* base = pool.memory().data();
   for (const std::span<std::byte>& s : spans) {
     out->push_back({.layer = 0, .offset = static_cast<size_t>(s.data() - base), .bytes = s.size()});
   }

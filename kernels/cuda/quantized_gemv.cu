@@ -133,25 +133,28 @@ __global__ void __launch_bounds__(kThreads) QuantizedGemvKernel(QuantizedGemvPar
   }
 }
 
+// The kernel for M rows, its shared-memory limit raised once (not on every launch).
+template <int M, QuantizedWeight F>
+cudaError_t LaunchRows(const QuantizedGemvParams& p, dim3 grid, size_t shared, cudaStream_t stream) {
+  static const cudaError_t raised = cudaFuncSetAttribute(
+      QuantizedGemvKernel<M, F>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kQuantizedGemvMaxSharedBytes));
+  if (raised != cudaSuccess) return raised;
+  return internal::Launch(QuantizedGemvKernel<M, F>, grid, dim3(kThreads), shared, stream, p);
+}
+
 template <QuantizedWeight F>
 cudaError_t LaunchFormat(const QuantizedGemvParams& p, cudaStream_t stream) {
   const size_t shared = static_cast<size_t>(p.m) * static_cast<size_t>(p.k) * sizeof(float);
   const dim3 grid(static_cast<unsigned>((p.n + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)));
-  auto launch = [&](auto kernel) -> cudaError_t {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kQuantizedGemvMaxSharedBytes));
-    if (e != cudaSuccess) return e;
-    return internal::Launch(kernel, grid, dim3(kThreads), shared, stream, p);
-  };
   switch (p.m) {
-    case 1: return launch(QuantizedGemvKernel<1, F>);
-    case 2: return launch(QuantizedGemvKernel<2, F>);
-    case 3: return launch(QuantizedGemvKernel<3, F>);
-    case 4: return launch(QuantizedGemvKernel<4, F>);
-    case 5: return launch(QuantizedGemvKernel<5, F>);
-    case 6: return launch(QuantizedGemvKernel<6, F>);
-    case 7: return launch(QuantizedGemvKernel<7, F>);
-    default: return launch(QuantizedGemvKernel<8, F>);
+    case 1: return LaunchRows<1, F>(p, grid, shared, stream);
+    case 2: return LaunchRows<2, F>(p, grid, shared, stream);
+    case 3: return LaunchRows<3, F>(p, grid, shared, stream);
+    case 4: return LaunchRows<4, F>(p, grid, shared, stream);
+    case 5: return LaunchRows<5, F>(p, grid, shared, stream);
+    case 6: return LaunchRows<6, F>(p, grid, shared, stream);
+    case 7: return LaunchRows<7, F>(p, grid, shared, stream);
+    default: return LaunchRows<8, F>(p, grid, shared, stream);
   }
 }
 

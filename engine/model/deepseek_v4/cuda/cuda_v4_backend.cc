@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/deepseek_v4/cuda/cuda_v4_model.h"
 #include "engine/model/deepseek_v4/v4_model_info.h"
+#include "engine/model/latent_kv_cache.h"
 
 namespace tandem::v4 {
 namespace {
@@ -72,7 +73,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> LoadV4CudaBackend(const std::strin
                           static_cast<double>(total - free_bytes);
     const double states = static_cast<double>(SequenceStateBytes(streams)) * 3.0 * static_cast<double>(options.max_running);
     const double activations = 64.0 * 1024 * 1024 + static_cast<double>(options.max_batch_tokens) * 256 * 1024;
-    const int64_t per_block = PagedBytesPerBlock(streams, 64);
+    const int64_t per_block = PagedBytesPerBlock(streams, static_cast<int32_t>(kKvBlockSize));
     blocks = per_block > 0 ? static_cast<int64_t>((budget - states - activations) / static_cast<double>(per_block)) : 0;
     if (blocks < 1) {
       return absl::ResourceExhaustedError(absl::StrCat(

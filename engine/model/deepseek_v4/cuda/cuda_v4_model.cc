@@ -126,11 +126,9 @@ struct CudaV4Model::Step {
   size_t activation_bytes = 0;
   Staging staging, moe_staging;
   PinnedBuffer host_ids, host_bad;
-  std::vector<float> host_logits;
   // The MoE layer's host lists (kept alive until uploaded).
   std::vector<const float*> moe_src, moe_rows;
   std::vector<float*> moe_dst;
-  std::vector<int32_t> order;
 };
 
 CudaV4Model::~CudaV4Model() {
@@ -679,20 +677,16 @@ absl::Status CudaV4Model::Moe(int64_t layer) {
   }
   for (int64_t x = 0; x < e; ++x) offset[static_cast<size_t>(x) + 1] = offset[static_cast<size_t>(x)] + count[static_cast<size_t>(x)];
   std::vector<int64_t> next(offset.begin(), offset.end() - 1);
-  st.moe_src.clear();
-  st.moe_dst.clear();
+  st.moe_src.assign(static_cast<size_t>(offset[static_cast<size_t>(e)]), nullptr);
+  st.moe_dst.assign(st.moe_src.size(), nullptr);
   st.moe_rows.assign(static_cast<size_t>(rows * k), nullptr);
-  std::vector<const float*> src(static_cast<size_t>(offset[static_cast<size_t>(e)]));
-  std::vector<float*> dst(src.size());
   for (int64_t i = 0; i < rows * k; ++i) {
     if (ids[i] < 0 || ids[i] >= e) continue;
     const int64_t at = next[static_cast<size_t>(ids[i])]++;
-    src[static_cast<size_t>(at)] = st.u + (i / k) * d;
-    dst[static_cast<size_t>(at)] = st.gathered + at * d;
+    st.moe_src[static_cast<size_t>(at)] = st.u + (i / k) * d;
+    st.moe_dst[static_cast<size_t>(at)] = st.gathered + at * d;
     st.moe_rows[static_cast<size_t>(i)] = st.expert_out + at * d;
   }
-  st.moe_src = std::move(src);
-  st.moe_dst = std::move(dst);
   const float* const* dsrc = st.moe_staging.Add(st.moe_src);
   float* const* ddst = st.moe_staging.Add(st.moe_dst);
   const float* const* drows = st.moe_staging.Add(st.moe_rows);

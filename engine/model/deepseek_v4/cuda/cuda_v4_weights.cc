@@ -54,7 +54,6 @@ class Uploader {
     ASSIGN_OR_RETURN(s.fn, Matrix(fn, "an mHC projection"));
     ASSIGN_OR_RETURN(s.base, Floats(base, base_n, "an mHC base"));
     ASSIGN_OR_RETURN(s.scale, Floats(scale, scale_n, "an mHC scale"));
-    s.head_scale = scale[0];
     return s;
   }
 

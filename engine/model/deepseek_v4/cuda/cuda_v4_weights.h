@@ -30,7 +30,6 @@ struct HyperSite {
   DeviceMatrix fn;               // [(2 + n) n][n D] (the head's: [n][n D])
   const float* base = nullptr;   // device
   const float* scale = nullptr;  // device
-  float head_scale = 0.0f;       // the head's scale[0], on the host
 };
 
 // Column offsets into x_proj's output row.

@@ -21,6 +21,7 @@ namespace {
 
 using testing::Drain;
 using testing::GreedyRequest;
+using testing::ModelGreedy;
 using testing::Prompt;
 using testing::ReserveWithToken;
 using testing::Result;
@@ -28,19 +29,6 @@ using testing::RunScored;
 using testing::Scored;
 using testing::StagingSink;
 using testing::V4Dir;
-
-std::vector<int32_t> Greedy(v4::DeepseekV4Model& m, const std::vector<int32_t>& prompt, int n) {
-  v4::SequenceState state = m.NewSequence();
-  absl::StatusOr<std::vector<float>> logits = m.Forward(prompt, state, /*all_logits=*/false);
-  std::vector<int32_t> out;
-  while (logits.ok() && static_cast<int>(out.size()) < n) {
-    const int32_t t = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
-    out.push_back(t);
-    logits = m.Forward({&t, 1}, state, false);
-  }
-  EXPECT_TRUE(logits.ok()) << logits.status();
-  return out;
-}
 
 class EngineV4CudaTest : public testing::GpuTest {
  protected:
@@ -62,19 +50,7 @@ class EngineV4CudaTest : public testing::GpuTest {
   void ExpectGreedyOutputs(EngineOptions o, const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
     absl::StatusOr<std::unique_ptr<Engine>> e = Make(o);
     ASSERT_TRUE(e.ok()) << e.status();
-    std::vector<std::shared_ptr<OutputStream>> streams;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      absl::StatusOr<std::shared_ptr<OutputStream>> s =
-          (*e)->Submit(GreedyRequest("r" + std::to_string(i), prompts[i], max_tokens));
-      ASSERT_TRUE(s.ok()) << s.status();
-      streams.push_back(*s);
-    }
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      const Result r = Drain(*streams[i]);
-      ASSERT_TRUE(r.final.status.ok()) << r.final.status;
-      EXPECT_EQ(r.tokens, Greedy(*model_, prompts[i], max_tokens)) << "prompt " << i << " (" << prompts[i].size()
-                                                                    << " tokens)";
-    }
+    testing::ExpectGreedyOutputs(**e, *model_, prompts, max_tokens);
     stats_ = (*e)->Stats();
   }
 
@@ -106,7 +82,7 @@ TEST_F(EngineV4CudaTest, ExportedKvContinuesInAGpuOrCpuDecodeEngine) {
     Engine& d = i % 2 == 0 ? **gpu_decode : **cpu_decode;
     SCOPED_TRACE(::testing::Message() << "prompt of " << prompts[i].size() << " tokens, decoded on "
                                       << (i % 2 == 0 ? "the GPU" : "the CPU"));
-    const std::vector<int32_t> expected = Greedy(*model_, prompts[i], 20);
+    const std::vector<int32_t> expected = ModelGreedy(*model_, prompts[i], 20);
     const std::string id = "q" + std::to_string(i);
     StagingSink sink;
     EngineRequest pre = GreedyRequest(id, prompts[i], 1);
@@ -150,7 +126,7 @@ TEST_F(EngineV4CudaTest, APrefixCacheHitGivesTheColdTokens) {
   EXPECT_EQ(c.tokens, want_first.tokens);
   // The GPU's sums may group differently in a shorter pass: logprobs agree closely, not bitwise.
   ASSERT_EQ(b.logprobs.size(), want_second.logprobs.size());
-  for (size_t i = 0; i < b.logprobs.size(); ++i) EXPECT_NEAR(b.logprobs[i].first, want_second.logprobs[i].first, 1e-3) << i;
+  for (size_t i = 0; i < b.logprobs.size(); ++i) EXPECT_NEAR(b.logprobs[i].first, want_second.logprobs[i].first, 1e-4) << i;
   EXPECT_EQ((*e)->Stats().prefix_state_snapshots, 2);
 }
 

@@ -22,6 +22,7 @@ namespace {
 
 using testing::Drain;
 using testing::GreedyRequest;
+using testing::ModelGreedy;
 using testing::ReserveWithToken;
 using testing::Prompt;
 using testing::Result;
@@ -29,20 +30,6 @@ using testing::RunScored;
 using testing::Scored;
 using testing::StagingSink;
 using testing::V4Dir;
-
-// The model alone: the prompt in one pass, then one token at a time, argmax each.
-std::vector<int32_t> Greedy(v4::DeepseekV4Model& m, const std::vector<int32_t>& prompt, int n) {
-  v4::SequenceState state = m.NewSequence();
-  absl::StatusOr<std::vector<float>> logits = m.Forward(prompt, state, /*all_logits=*/false);
-  std::vector<int32_t> out;
-  while (logits.ok() && static_cast<int>(out.size()) < n) {
-    const int32_t t = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
-    out.push_back(t);
-    logits = m.Forward({&t, 1}, state, false);
-  }
-  EXPECT_TRUE(logits.ok()) << logits.status();
-  return out;
-}
 
 class EngineV4Test : public ::testing::Test {
  protected:
@@ -58,19 +45,7 @@ class EngineV4Test : public ::testing::Test {
     o.num_threads = 2;
     absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(V4Dir(), o);
     ASSERT_TRUE(e.ok()) << e.status();
-    std::vector<std::shared_ptr<OutputStream>> streams;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      absl::StatusOr<std::shared_ptr<OutputStream>> s =
-          (*e)->Submit(GreedyRequest("r" + std::to_string(i), prompts[i], max_tokens));
-      ASSERT_TRUE(s.ok()) << s.status();
-      streams.push_back(*s);
-    }
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      const Result r = Drain(*streams[i]);
-      ASSERT_TRUE(r.final.status.ok()) << r.final.status;
-      EXPECT_EQ(r.tokens, Greedy(*model_, prompts[i], max_tokens)) << "prompt " << i << " (" << prompts[i].size()
-                                                                    << " tokens)";
-    }
+    testing::ExpectGreedyOutputs(**e, *model_, prompts, max_tokens);
     stats_ = (*e)->Stats();
   }
 
@@ -108,7 +83,7 @@ TEST_F(EngineV4Test, PrefillExportAndDecodeImportContinueTheGreedyRunExactly) {
   const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 11), Prompt(37, 12), Prompt(130, 13), Prompt(201, 14)};
   for (size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE(::testing::Message() << "prompt of " << prompts[i].size() << " tokens");
-    const std::vector<int32_t> expected = Greedy(*model_, prompts[i], 20);
+    const std::vector<int32_t> expected = ModelGreedy(*model_, prompts[i], 20);
     const std::string id = "q" + std::to_string(i);
     StagingSink sink;
     EngineRequest pre = GreedyRequest(id, prompts[i], 1);
@@ -293,7 +268,7 @@ TEST_F(EngineV4Test, ReservationsHoldSequenceSlotsAndGiveThemBack) {
   for (const char* id : {"r0", "r2", "r3", "r5"}) (*e)->Cancel(id);
   absl::StatusOr<std::shared_ptr<OutputStream>> s = (*e)->Submit(GreedyRequest("after", Prompt(20, 9), 4));
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(Drain(**s).tokens, Greedy(*model_, Prompt(20, 9), 4));
+  EXPECT_EQ(Drain(**s).tokens, ModelGreedy(*model_, Prompt(20, 9), 4));
 }
 
 TEST_F(EngineV4Test, KvMemoryGivenHoldsTheSlotsAndAsManyBlocksAsFit) {

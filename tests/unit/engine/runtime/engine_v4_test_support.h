@@ -4,11 +4,13 @@
 // whole-sequence KV and writes it into a decode engine's reservation.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/model/deepseek_v4/v4_model.h"
 #include "engine/runtime/engine.h"
 #include "gtest/gtest.h"
 #include "tests/unit/engine/model/deepseek_v4/v4_test_models.h"
@@ -26,6 +28,37 @@ inline std::vector<int32_t> Prompt(int n, int salt) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) t[i] = 3 + (i * 131 + salt * 7919 + (i * i) % 17) % 500;
   return t;
+}
+
+// The model alone: the prompt in one pass, then one token at a time, argmax each.
+inline std::vector<int32_t> ModelGreedy(v4::DeepseekV4Model& m, const std::vector<int32_t>& prompt, int n) {
+  v4::SequenceState state = m.NewSequence();
+  absl::StatusOr<std::vector<float>> logits = m.Forward(prompt, state, /*all_logits=*/false);
+  std::vector<int32_t> out;
+  while (logits.ok() && static_cast<int>(out.size()) < n) {
+    const int32_t t = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+    out.push_back(t);
+    logits = m.Forward({&t, 1}, state, false);
+  }
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return out;
+}
+
+// Submits every prompt to `e` at once and checks each greedy output against the model alone.
+inline void ExpectGreedyOutputs(Engine& e, v4::DeepseekV4Model& m, const std::vector<std::vector<int32_t>>& prompts,
+                                int max_tokens) {
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    absl::StatusOr<std::shared_ptr<OutputStream>> s = e.Submit(GreedyRequest("r" + std::to_string(i), prompts[i], max_tokens));
+    ASSERT_TRUE(s.ok()) << s.status();
+    streams.push_back(*s);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Result r = Drain(*streams[i]);
+    ASSERT_TRUE(r.final.status.ok()) << r.final.status;
+    EXPECT_EQ(r.tokens, ModelGreedy(m, prompts[i], max_tokens)) << "prompt " << i << " (" << prompts[i].size()
+                                                                << " tokens)";
+  }
 }
 
 // A request's tokens and every token's logprob and top 5, as its stream gave them.

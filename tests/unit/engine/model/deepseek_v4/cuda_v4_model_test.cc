@@ -1,10 +1,10 @@
 // DeepSeek-V4 on the GPU (engine/model/deepseek_v4/cuda) against the CPU engine
 // (PagedV4Model) on tiny-v4, both in float32 so that only the order of float sums differs:
 // the same batches (prefill chunks next to decode steps, scattered blocks, reused slots)
-// give the same top-1 on >= 99.5 % of rows and logits within a relative 1e-3; the GPU pool
-// afterwards holds the CPU pool's state (rings, compressed entries, indexer keys,
-// unfinished windows) to the same tolerance; greedy continuations of 10 prompts decoded
-// together are identical. Skips, saying why, where no GPU is usable.
+// give the same top-1 on >= 99.5 % of rows and logits within a relative L2 of 1e-5 (sum
+// orders alone move them by about 1e-6); the GPU pool afterwards holds the CPU pool's
+// state (rings, compressed entries, indexer keys, unfinished windows) to 1e-4 per value;
+// greedy continuations of 10 prompts decoded together are identical. Skips, saying why, where no GPU is usable.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -115,7 +115,7 @@ TEST_F(CudaV4ModelTest, BatchedChunksAndDecodeStepsMatchTheCpu) {
   std::printf("rows %lld, same top-1 %lld, worst relative L2 %.3g\n", static_cast<long long>(rows),
               static_cast<long long>(same_top1), worst);
   EXPECT_GE(same_top1 * 1000, rows * 995);
-  EXPECT_LT(worst, 1e-3);
+  EXPECT_LT(worst, 1e-5);
 
   // The state the GPU keeps is the CPU's: every float of the pool (zeroed alike at the
   // start; stale rows are never written by either).
@@ -127,7 +127,7 @@ TEST_F(CudaV4ModelTest, BatchedChunksAndDecodeStepsMatchTheCpu) {
   const size_t n = pool_->memory().size() / sizeof(float);
   size_t bad = 0, first_bad = n;
   for (size_t i = 0; i < n; ++i) {
-    if (!(std::fabs(a[i] - b[i]) <= 1e-3f * (1.0f + std::fabs(a[i])))) {
+    if (!(std::fabs(a[i] - b[i]) <= 1e-4f * (1.0f + std::fabs(a[i])))) {
       if (bad++ == 0) first_bad = i;
     }
   }
