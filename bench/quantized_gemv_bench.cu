@@ -2,7 +2,8 @@
 // kernels/cuda/quantized_gemv.h at decode shapes, against a device-to-device copy measured in
 // the same run: weight bytes read per second over the copy's (bytes read + written) per
 // second. Shapes: DeepSeek-V3/V4 attention-sized FP8 matrices and V4-Flash's routed experts
-// of one token (6 experts' gate and up projections stacked, FP4), at 1, 4 and 8 rows.
+// of one token (6 experts' gate and up projections stacked, FP4), at 1, 4 and 8 rows; then
+// the routed form (device-side expert ids) on one token's 6 of 64 V4-Flash-sized experts.
 // CUDA events around batches of back-to-back launches, median of --iters batches. Each
 // launch reads the next of several copies of the weights, together at least 4x the GPU's
 // L2, so that no launch finds its weights in L2 from the one before (a 33 MiB matrix would
@@ -154,6 +155,73 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(scales));
     CHECK_CUDA(cudaFree(x));
     CHECK_CUDA(cudaFree(y));
+  }
+  // The routed form as a V4-Flash MoE layer runs it for one token: 6 of 64 experts (the
+  // ids change every launch, so the experts' bytes come from memory), gate+up then down.
+  {
+    constexpr int kExperts = 64, kTopK = 6, kIdSets = 16;
+    const int64_t d = 4096, inter = 2048;
+    struct Routed {
+      const char* name;
+      int64_t n, k;
+    };
+    for (const Routed& r : {Routed{"fp4 routed gate+up (6 of 64 experts, 4096 x 4096 each)", 2 * inter, d},
+                            Routed{"fp4 routed down (6 of 64 experts, 4096 x 2048 each)", d, inter}}) {
+      const size_t wbytes = static_cast<size_t>(r.n * r.k / 2), nscales = static_cast<size_t>(r.n * (r.k / 32));
+      uint8_t* w = nullptr;
+      float *scales = nullptr, *x = nullptr, *y = nullptr;
+      tandem::cuda::QuantizedMatrixRef* table = nullptr;
+      int32_t* ids = nullptr;
+      CHECK_CUDA(cudaMalloc(&w, wbytes * kExperts));
+      CHECK_CUDA(cudaMalloc(&scales, nscales * kExperts * sizeof(float)));
+      CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(kTopK * r.k) * sizeof(float)));
+      CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(kTopK * r.n) * sizeof(float)));
+      CHECK_CUDA(cudaMalloc(&table, kExperts * sizeof(tandem::cuda::QuantizedMatrixRef)));
+      CHECK_CUDA(cudaMalloc(&ids, kIdSets * kTopK * sizeof(int32_t)));
+      FillBytes<<<1024, 256>>>(w, wbytes * kExperts, 11);
+      FillFloats<<<256, 256>>>(scales, nscales * kExperts, 0.01f);
+      FillFloats<<<256, 256>>>(x, static_cast<size_t>(kTopK * r.k), 0.5f);
+      CHECK_CUDA(cudaGetLastError());
+      std::vector<tandem::cuda::QuantizedMatrixRef> refs(kExperts);
+      for (int e = 0; e < kExperts; ++e) refs[e] = {.w = w + e * wbytes, .scales = scales + e * nscales};
+      CHECK_CUDA(cudaMemcpy(table, refs.data(), kExperts * sizeof(refs[0]), cudaMemcpyHostToDevice));
+      std::vector<int32_t> host_ids;
+      uint32_t state = 12345;
+      for (int set = 0; set < kIdSets; ++set) {
+        std::vector<int32_t> chosen;
+        while (static_cast<int>(chosen.size()) < kTopK) {
+          state = state * 1664525u + 1013904223u;
+          const int32_t e = static_cast<int32_t>((state >> 8) % kExperts);
+          if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+        }
+        host_ids.insert(host_ids.end(), chosen.begin(), chosen.end());
+      }
+      CHECK_CUDA(cudaMemcpy(ids, host_ids.data(), host_ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      tandem::cuda::QuantizedGemvParams p{.format = tandem::cuda::QuantizedWeight::kFp4Group32, .x = x, .ldx = r.k,
+                                          .y = y, .ldy = r.n, .m = 1, .n = r.n, .k = r.k, .experts = table,
+                                          .num_experts = kExperts, .problems = kTopK,
+                                          .x_group = r.n == 2 * inter ? kTopK : 1};
+      size_t next = 0;
+      const double ms = MedianMs(iters, 20, [&] {
+        p.ids = ids + (next++ % kIdSets) * kTopK;
+        CHECK_CUDA(tandem::cuda::QuantizedGemv(p, nullptr));
+      });
+      const double bytes = static_cast<double>(wbytes) * kTopK;
+      const double gbs = bytes / (ms * 1e6);
+      std::printf("%-58s m 1: %8.1f us, %7.1f GB/s of weights, %.2f of the copy (%.0f GB/s)\n", r.name, ms * 1e3, gbs,
+                  gbs / copy_gbs, copy_gbs);
+      json += std::string(first ? "" : ", ") + "{\"shape\": \"" + r.name + "\", \"m\": 1, \"n\": " +
+              std::to_string(r.n) + ", \"k\": " + std::to_string(r.k) + ", \"weight_bytes\": " +
+              std::to_string(static_cast<int64_t>(bytes)) + ", \"us\": " + std::to_string(ms * 1e3) +
+              ", \"weight_gbs\": " + std::to_string(gbs) + ", \"of_copy\": " + std::to_string(gbs / copy_gbs) + "}";
+      first = false;
+      CHECK_CUDA(cudaFree(w));
+      CHECK_CUDA(cudaFree(scales));
+      CHECK_CUDA(cudaFree(x));
+      CHECK_CUDA(cudaFree(y));
+      CHECK_CUDA(cudaFree(table));
+      CHECK_CUDA(cudaFree(ids));
+    }
   }
   json += "]}";
   std::printf("%s\n", json.c_str());

@@ -3,13 +3,8 @@
 //
 //   v4_cpu_decode_bench --model DIR [--threads N] [--prompt-len P] [--steps S] [--json FILE]
 //
-// Bytes a step reads: its embedding row, every attention weight (q, the shared K=V head,
-// the grouped output projection, the compressors' and the indexer's projections), the
-// mHC mixing weights, the router and the experts the token is routed to (hash layers:
-// tid2eid's; top-k layers: num_experts_per_tok, counted as the first experts' sizes, all
-// equal), the shared expert, the hyper head and the LM head; and the KV read: the
-// sliding window's ring, every indexer key of CSA layers (the indexer scores them all),
-// the index_topk entries CSA attention reads, every HCA entry. Two paths are timed on the
+// Bytes a step reads: bench/v4_decode_bytes.h (FP4 experts counted as the bf16 the CPU
+// widens them to and reads). Two paths are timed on the
 // same prompt: the model's own state (DeepseekV4Model::Forward) and the served path over
 // the paged pool (PagedV4Model, which copies each sequence's state in and out per step);
 // `paged_over_state` is the served path's speed relative to the state path.
@@ -21,6 +16,7 @@
 #include <vector>
 
 #include "bench/read_bandwidth.h"
+#include "bench/v4_decode_bytes.h"
 #include "engine/model/deepseek_v4/v4_paged_model.h"
 #include "nlohmann/json.hpp"
 
@@ -28,49 +24,10 @@ namespace tandem::v4 {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using bench::MatrixBytes;
+using bench_bytes::KvBytesPerToken;
+using bench_bytes::WeightBytesPerToken;
 using bench::Percentile;
 using bench::SecondsBetween;
-
-
-uint64_t ExpertBytes(const ExpertWeights& e) { return MatrixBytes(e.gate) + MatrixBytes(e.up) + MatrixBytes(e.down); }
-
-uint64_t CompressorBytes(const CompressorWeights& c) { return MatrixBytes(c.kv_proj) + MatrixBytes(c.gate_proj); }
-
-uint64_t WeightBytesPerToken(const DeepseekV4Config& c, const ModelWeights& w) {
-  uint64_t bytes = static_cast<uint64_t>(c.hidden_size) * DTypeSize(w.embed.dtype);
-  for (const LayerWeights& l : w.layers) {
-    const AttentionWeights& a = l.attention;
-    bytes += MatrixBytes(a.q_a_proj) + MatrixBytes(a.q_b_proj) + MatrixBytes(a.kv_proj) + MatrixBytes(a.o_b_proj);
-    for (const cpu::WeightMatrix& g : a.o_a_groups) bytes += MatrixBytes(g);
-    if (a.compressor) bytes += CompressorBytes(*a.compressor);
-    if (a.indexer) {
-      bytes += CompressorBytes(a.indexer->compressor) + MatrixBytes(a.indexer->q_b_proj) +
-               MatrixBytes(a.indexer->weights_proj);
-    }
-    bytes += MatrixBytes(l.attn_hc.fn) + MatrixBytes(l.ffn_hc.fn) + MatrixBytes(l.moe.router);
-    bytes += c.num_experts_per_tok * ExpertBytes(l.moe.experts[0]) + ExpertBytes(l.moe.shared);
-  }
-  return bytes + MatrixBytes(w.hc_head.fn) + MatrixBytes(w.head);
-}
-
-// KV bytes one decode step reads at context n.
-double KvBytesPerToken(const DeepseekV4Config& c, int64_t n) {
-  double bytes = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    bytes += static_cast<double>(std::min(n, c.sliding_window)) * c.head_dim * 4;
-    const int64_t rate = c.CompressRate(l);
-    if (rate == 0) continue;
-    const int64_t entries = n / rate;
-    if (c.layer_types[l] == AttentionType::kCompressedSparse) {
-      bytes += static_cast<double>(entries) * c.index_head_dim * 4;
-      bytes += static_cast<double>(std::min(entries, c.index_topk)) * c.head_dim * 4;
-    } else {
-      bytes += static_cast<double>(entries) * c.head_dim * 4;
-    }
-  }
-  return bytes;
-}
 
 
 int Main(int argc, char** argv) {

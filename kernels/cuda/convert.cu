@@ -107,7 +107,9 @@ __global__ void ZeroRowsKernel(ZeroRowsParams p) {
   }
 }
 
-__global__ void DequantizeFp8Kernel(DequantizeFp8Params p) {
+template <typename P>
+__global__ void DequantizeFp8Kernel(P p) {
+  internal::WaitAndTrigger();
   const int64_t n = p.rows * p.cols;
   const int64_t scale_cols = (p.cols + 127) / 128;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
@@ -116,8 +118,41 @@ __global__ void DequantizeFp8Kernel(DequantizeFp8Params p) {
     __nv_fp8_e4m3 q;
     q.__x = p.src[i];
     const float v = static_cast<float>(q) * p.scales[(r / 128) * scale_cols + c / 128];
-    p.dst[i] = __float2bfloat16_rn(v);
+    if constexpr (std::is_same_v<P, DequantizeFp8Params>) {
+      p.dst[i] = __float2bfloat16_rn(v);
+    } else {
+      p.dst[i] = v;
+    }
   }
+}
+
+// One thread per byte (two values).
+__global__ void DequantizeFp4Kernel(DequantizeFp4ToF32Params p) {
+  internal::WaitAndTrigger();
+  constexpr float kValues[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const int64_t n = p.rows * p.cols / 2;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t first = 2 * i;  // element index of the low nibble
+    const float scale = p.scales[first / 32];  // rows are whole groups: [r][c / 32] = (r * cols + c) / 32
+    const uint8_t byte = p.src[i];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t code = static_cast<uint8_t>((byte >> (4 * h)) & 0xf);
+      const float v = kValues[code & 7] * scale;
+      p.dst[first + h] = (code & 8) != 0 ? -v : v;
+    }
+  }
+}
+
+template <typename P>
+cudaError_t LaunchDequantizeFp8(const P& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  if (p.src == nullptr || p.scales == nullptr || p.dst == nullptr || p.rows < 0 || p.cols < 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t blocks = std::min<int64_t>((p.rows * p.cols + kThreads - 1) / kThreads, 65536);
+  return internal::Launch(DequantizeFp8Kernel<P>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
@@ -142,13 +177,20 @@ cudaError_t ZeroRows(const ZeroRowsParams& p, cudaStream_t stream) {
 }
 
 cudaError_t DequantizeFp8ToBf16(const DequantizeFp8Params& p, cudaStream_t stream) {
+  return LaunchDequantizeFp8(p, stream);
+}
+
+cudaError_t DequantizeFp8ToF32(const DequantizeFp8ToF32Params& p, cudaStream_t stream) {
+  return LaunchDequantizeFp8(p, stream);
+}
+
+cudaError_t DequantizeFp4ToF32(const DequantizeFp4ToF32Params& p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
-  if (p.src == nullptr || p.scales == nullptr || p.dst == nullptr || p.rows < 0 || p.cols < 0) {
+  if (p.src == nullptr || p.scales == nullptr || p.dst == nullptr || p.rows < 0 || p.cols < 0 || p.cols % 32 != 0) {
     return cudaErrorInvalidValue;
   }
-  const int64_t blocks = std::min<int64_t>((p.rows * p.cols + kThreads - 1) / kThreads, 65536);
-  DequantizeFp8Kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  const int64_t blocks = std::min<int64_t>((p.rows * p.cols / 2 + kThreads - 1) / kThreads, 65536);
+  return internal::Launch(DequantizeFp4Kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace tandem::cuda

@@ -1,6 +1,7 @@
 // Element type conversions on the GPU, 2-D with row strides: float32 <-> bf16 (round to
 // nearest even, as kernels/common/dtype.h's F32ToBf16), and FP8 E4M3 weights with
-// 128x128 block scales to bf16 (value = fp8 * scale[row / 128][col / 128], rounded once).
+// 128x128 block scales to bf16 or float32 (value = fp8 * scale[row / 128][col / 128],
+// rounded once).
 #pragma once
 
 #include <cstdint>
@@ -48,5 +49,30 @@ struct DequantizeFp8Params {
 };
 
 cudaError_t DequantizeFp8ToBf16(const DequantizeFp8Params& p, cudaStream_t stream);
+
+// The same widened to float32 (fp8 value times its scale, rounded once: the CPU's
+// cpu::DequantizeRows exactly).
+struct DequantizeFp8ToF32Params {
+  const uint8_t* src = nullptr;  // [rows][cols] E4M3
+  const float* scales = nullptr;  // [ceil(rows / 128)][ceil(cols / 128)]
+  float* dst = nullptr;           // [rows][cols]
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+cudaError_t DequantizeFp8ToF32(const DequantizeFp8ToF32Params& p, cudaStream_t stream);
+
+// FP4 e2m1 (two codes a byte, low nibble first) with one float scale per 32 along a row,
+// widened to float32: e2m1 value times its scale, rounded once (exact for DeepSeek's
+// power-of-two ue8m0 scales). cols a multiple of 32.
+struct DequantizeFp4ToF32Params {
+  const uint8_t* src = nullptr;   // [rows][cols / 2]
+  const float* scales = nullptr;  // [rows][cols / 32]
+  float* dst = nullptr;           // [rows][cols]
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+cudaError_t DequantizeFp4ToF32(const DequantizeFp4ToF32Params& p, cudaStream_t stream);
 
 }  // namespace tandem::cuda

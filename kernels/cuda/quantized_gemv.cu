@@ -3,19 +3,30 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/device_info.h"
 
 namespace tandem::cuda {
 namespace {
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRowsPerWarp = 2;  // output rows per warp, so that x's staging is shared more
-constexpr int kInFlight = 4;     // 16-byte weight loads per lane before the first use
+constexpr int kDepth = 4;  // 16-byte weight loads per lane per pipeline stage (two stages in flight)
 
-// x is staged transposed per load: value i of load q of row r at xs[r * k + i * loads + q],
-// so that the lanes of a warp, which take consecutive loads, read consecutive words
-// (no shared-memory bank conflicts).
+// x lives in shared memory as float4s, row r's float4 f at xs[r * stride + Swizzle(f)]
+// (stride: k / 4 rounded up to 8). A lane reads the float4s of its own 16-byte weight load,
+// and the lanes of a warp take consecutive loads; the XOR spreads their reads of one step
+// over distinct banks (without it, eight lanes would hit the same four banks).
+__device__ __forceinline__ int Swizzle(int f) { return f ^ ((f >> 3) & 7); }
+
+__device__ __forceinline__ float2 Half2Bits(uint32_t bits) {
+  __half2_raw raw;
+  raw.x = static_cast<unsigned short>(bits & 0xffffu);
+  raw.y = static_cast<unsigned short>(bits >> 16);
+  return __half22float2(__half2(raw));
+}
 
 // 16 FP8 values of one 16-byte load (two a time through the hardware's e4m3x2 -> f16x2).
 __device__ __forceinline__ void WidenFp8(const uint4& wv, float* w) {
@@ -33,128 +44,208 @@ __device__ __forceinline__ void WidenFp8(const uint4& wv, float* w) {
   }
 }
 
-// 32 FP4 e2m1 values of one 16-byte load, low nibble first. Each magnitude's f16 high byte
-// (0, 0.5, 1, 1.5, 2, 3, 4, 6: 00 38 3c 3e 40 42 44 46, low bytes zero) is looked up four
-// codes at a time with one byte permute; the sign bits move into place with shifts.
+// 32 FP4 e2m1 values of one 16-byte load, low nibble first, as 2^-14 times their value:
+// codes i and i + 4 of a word sit 16 bits apart, as the halves of an f16x2 do, so one shift
+// puts both codes' exponent and mantissa bits (e1 e0 m) at an f16's bits 11..9 (exponent
+// 0..3, the e2m1 subnormal 0.5 becoming f16's subnormal 2^-15) and their signs at bit 12,
+// which a masked add moves to bit 15. The 2^14 is multiplied back with the scale.
 __device__ __forceinline__ void WidenFp4(const uint4& wv, float* w) {
-  constexpr uint32_t kLo = 0x3e3c3800u, kHi = 0x46444240u;
   const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t codes = words[q] >> (16 * h);  // four codes in the low 16 bits
-      const uint32_t bytes = __byte_perm(kLo, kHi, codes & 0x7777u);
-      const uint32_t h01 = __byte_perm(bytes, 0u, 0x1404u) | ((codes << 12) & 0x8000u) | ((codes << 24) & 0x80000000u);
-      const uint32_t h23 = __byte_perm(bytes, 0u, 0x3424u) | ((codes << 4) & 0x8000u) | ((codes << 16) & 0x80000000u);
-      __half2_raw r01, r23;
-      r01.x = static_cast<unsigned short>(h01 & 0xffffu);
-      r01.y = static_cast<unsigned short>(h01 >> 16);
-      r23.x = static_cast<unsigned short>(h23 & 0xffffu);
-      r23.y = static_cast<unsigned short>(h23 >> 16);
-      const float2 a = __half22float2(__half2(r01)), b = __half22float2(__half2(r23));
-      float* o = w + q * 8 + h * 4;
-      o[0] = a.x;
-      o[1] = a.y;
-      o[2] = b.x;
-      o[3] = b.y;
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t t = i < 3 ? words[q] << (9 - 4 * i) : words[q] >> 3;
+      const uint32_t sign = t & 0x10001000u;
+      const float2 f = Half2Bits((t & 0x0e000e00u) | (sign << 3));
+      w[q * 8 + i] = f.x;
+      w[q * 8 + i + 4] = f.y;
     }
   }
 }
 
-// The V weights of one load dotted with x's values of that load for each of M rows.
-template <int M, int V>
-__device__ __forceinline__ void Dot(const float* w, const float* xs, int64_t k, int64_t loads, int64_t q, float scale,
-                                    float* acc) {
-#pragma unroll
-  for (int r = 0; r < M; ++r) {
-    const float* x = xs + r * k + q;
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < V; ++i) s = fmaf(w[i], x[i * loads], s);
-    acc[r] = fmaf(s, scale, acc[r]);
-  }
-}
+template <QuantizedWeight F>
+struct Format {
+  static constexpr int kValues = F == QuantizedWeight::kFp8Block128 ? 16 : 32;  // weights per 16-byte load
+  static constexpr float kUnscale = F == QuantizedWeight::kFp8Block128 ? 1.0f : 16384.0f;  // see WidenFp4
+};
+
+// One warp's stream of 16-byte loads: its rows (warp, warp + warps, ...) one after the
+// other, each row as `per_lane` loads per lane (lane + 32 j; those past the row's end are
+// skipped). Loads and their uses walk the same stream two stages apart, so a row's first
+// loads are in flight while the previous row is reduced.
+struct Cursor {
+  int item = 0;  // position in the stream
+  int j = 0;     // load of the current row, per lane
+  int64_t row = 0;
+};
 
 template <int M, QuantizedWeight F>
 __global__ void __launch_bounds__(kThreads) QuantizedGemvKernel(QuantizedGemvParams p) {
-  extern __shared__ float4 shared_x4[];
-  float* xs = reinterpret_cast<float*>(shared_x4);
-  constexpr int kValues = F == QuantizedWeight::kFp8Block128 ? 16 : 32;  // weights per 16-byte load
+  extern __shared__ float4 xs[];
+  constexpr int kValues = Format<F>::kValues;
+  constexpr int kQuads = kValues / 4;  // float4s of x per load
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  internal::GridDependencyWait();
-  const int64_t loads = p.k / kValues;  // 16-byte loads per row
-  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(M) * p.k; i += kThreads) {
-    const int64_t r = i / p.k, c = i % p.k;
-    xs[r * p.k + (c % kValues) * loads + c / kValues] = p.x[r * p.ldx + c];
+  const int loads = static_cast<int>(p.k / kValues);  // per row
+  const int per_lane = (loads + 31) / 32;
+  const int k4 = static_cast<int>(p.k / 4), stride = (k4 + 7) & ~7;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  const int rows = first_row < p.n ? static_cast<int>((p.n - first_row + warps - 1) / warps) : 0;
+  const int items = rows * per_lane;
+  const int64_t row_bytes = F == QuantizedWeight::kFp8Block128 ? p.k : p.k / 2;
+  const int scale_cols = static_cast<int>((p.k + 127) / 128);
+  // This block's problem (blockIdx.y): the one product of the plain form, or a routed
+  // expert's, whose id an earlier kernel wrote (so the weights wait for it).
+  const uint8_t* weights = p.w;
+  const float* scales = p.scales;
+  const float* x = p.x;
+  float* y = p.y;
+  if (p.experts != nullptr) {
+    internal::GridDependencyWait();
+    const int problem = blockIdx.y;
+    const int32_t id = p.ids[problem];
+    x += static_cast<int64_t>(problem / p.x_group) * p.ldx;
+    y += static_cast<int64_t>(problem) * p.ldy;
+    if (id < 0 || id >= p.num_experts) {
+      internal::TriggerDependentLaunch();
+      for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < p.n;
+           i += static_cast<int64_t>(gridDim.x) * kThreads) {
+        y[i] = 0.0f;
+      }
+      return;
+    }
+    weights = p.experts[id].w;
+    scales = p.experts[id].scales;
+  }
+
+  Cursor next{.row = first_row}, use{.row = first_row};
+  // Issues the next stage's loads (weights and their scales; addresses clamped in range).
+  auto fetch = [&](uint4 (&w)[kDepth], float (&s)[kDepth]) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (next.item < items) {
+        const int at = min(lane + 32 * next.j, loads - 1);
+        w[d] = internal::LoadWeight(reinterpret_cast<const uint4*>(weights + next.row * row_bytes) + at);
+        s[d] = F == QuantizedWeight::kFp8Block128
+                   ? internal::LoadWeight(scales + (next.row / 128) * scale_cols + at / 8)
+                   : internal::LoadWeight(scales + next.row * loads + at);
+        ++next.item;
+        if (++next.j == per_lane) {
+          next.j = 0;
+          next.row += warps;
+        }
+      }
+    }
+  };
+  float acc[M];
+#pragma unroll
+  for (int r = 0; r < M; ++r) acc[r] = 0.0f;
+  // Multiplies a stage's loads into acc; writes each row as it completes.
+  auto consume = [&](const uint4 (&w)[kDepth], const float (&s)[kDepth]) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (use.item < items) {
+        const int at = lane + 32 * use.j;
+        if (at < loads) {
+          float wf[kValues];
+          if constexpr (F == QuantizedWeight::kFp8Block128) {
+            WidenFp8(w[d], wf);
+          } else {
+            WidenFp4(w[d], wf);
+          }
+          const float scale = s[d] * Format<F>::kUnscale;
+#pragma unroll
+          for (int r = 0; r < M; ++r) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int q = 0; q < kQuads; ++q) {
+              const float4 x = xs[r * stride + Swizzle(at * kQuads + q)];
+              sum = fmaf(wf[4 * q], x.x, sum);
+              sum = fmaf(wf[4 * q + 1], x.y, sum);
+              sum = fmaf(wf[4 * q + 2], x.z, sum);
+              sum = fmaf(wf[4 * q + 3], x.w, sum);
+            }
+            acc[r] = fmaf(sum, scale, acc[r]);
+          }
+        }
+        ++use.item;
+        if (++use.j == per_lane) {  // the same for every lane of the warp
+#pragma unroll
+          for (int r = 0; r < M; ++r) {
+            float v = acc[r];
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) y[r * p.ldy + use.row] = v;
+            acc[r] = 0.0f;
+          }
+          use.j = 0;
+          use.row += warps;
+        }
+      }
+    }
+  };
+
+  uint4 wa[kDepth], wb[kDepth];
+  float sa[kDepth], sb[kDepth];
+  fetch(wa, sa);  // plain weights need no wait: in flight while the previous kernel finishes
+  if (p.experts == nullptr) internal::GridDependencyWait();
+  for (int i = threadIdx.x; i < M * k4; i += kThreads) {
+    const int r = i / k4, f = i - r * k4;
+    const float* src = x + r * p.ldx + 4 * f;
+    xs[r * stride + Swizzle(f)] = make_float4(src[0], src[1], src[2], src[3]);
   }
   __syncthreads();
   internal::TriggerDependentLaunch();
-  const int64_t row_bytes = F == QuantizedWeight::kFp8Block128 ? p.k : p.k / 2;
-  const int64_t scale_cols = (p.k + 127) / 128;
-  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-    const int64_t row = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRowsPerWarp + rr;
-    if (row >= p.n) break;
-    const uint4* wrow = reinterpret_cast<const uint4*>(p.w + row * row_bytes);
-    float acc[M];
-#pragma unroll
-    for (int r = 0; r < M; ++r) acc[r] = 0.0f;
-    for (int64_t base = lane; base < loads; base += 32 * kInFlight) {
-      uint4 wv[kInFlight];
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j) {
-        const int64_t at = base + j * 32;
-        if (at < loads) wv[j] = internal::LoadWeight(wrow + at);
-      }
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j) {
-        const int64_t at = base + j * 32;
-        if (at >= loads) break;
-        const int64_t c = at * kValues;  // first input column of this load
-        float w[kValues];
-        float scale;
-        if constexpr (F == QuantizedWeight::kFp8Block128) {
-          scale = p.scales[(row / 128) * scale_cols + c / 128];
-          WidenFp8(wv[j], w);
-        } else {
-          scale = p.scales[row * (p.k / 32) + c / 32];
-          WidenFp4(wv[j], w);
-        }
-        Dot<M, kValues>(w, xs, p.k, loads, at, scale, acc);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < M; ++r) {
-      float v = acc[r];
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) p.y[r * p.ldy + row] = v;
-    }
+  while (use.item < items) {
+    fetch(wb, sb);
+    consume(wa, sa);
+    fetch(wa, sa);
+    consume(wb, sb);
   }
 }
 
-// The kernel for M rows, its shared-memory limit raised once (not on every launch).
 template <int M, QuantizedWeight F>
-cudaError_t LaunchRows(const QuantizedGemvParams& p, dim3 grid, size_t shared, cudaStream_t stream) {
-  static const cudaError_t raised = cudaFuncSetAttribute(
-      QuantizedGemvKernel<M, F>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kQuantizedGemvMaxSharedBytes));
-  if (raised != cudaSuccess) return raised;
-  return internal::Launch(QuantizedGemvKernel<M, F>, grid, dim3(kThreads), shared, stream, p);
+cudaError_t LaunchRows(const QuantizedGemvParams& p, size_t shared, cudaStream_t stream) {
+  // The shared-memory limit raised and the register-limited residency read once.
+  static int resident = [] {
+    if (cudaFuncSetAttribute(QuantizedGemvKernel<M, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kQuantizedGemvMaxSharedBytes)) != cudaSuccess) {
+      return 0;
+    }
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, QuantizedGemvKernel<M, F>, kThreads, 0) != cudaSuccess) {
+      return 0;
+    }
+    return blocks;
+  }();
+  if (resident == 0) return cudaErrorInvalidValue;
+  // Shared memory per multiprocessor on sm_90 / sm_100: 228 KiB, 1 KiB of it per block reserved.
+  const int by_shared = static_cast<int>((228 * 1024) / (shared + 1024));
+  const int per_sm = std::max(1, std::min(resident, by_shared));
+  // The routed form's problems share the resident blocks (a grid column each).
+  const int problems = p.experts != nullptr ? p.problems : 1;
+  const int64_t wanted = (p.n + kWarps - 1) / kWarps;
+  const int64_t slots = static_cast<int64_t>(CurrentDeviceMultiprocessors()) * per_sm;
+  const int64_t blocks = std::min<int64_t>(wanted, std::max<int64_t>(1, (slots + problems - 1) / problems));
+  return internal::Launch(QuantizedGemvKernel<M, F>,
+                          dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(problems)), dim3(kThreads),
+                          shared, stream, p);
 }
 
 template <QuantizedWeight F>
 cudaError_t LaunchFormat(const QuantizedGemvParams& p, cudaStream_t stream) {
-  const size_t shared = static_cast<size_t>(p.m) * static_cast<size_t>(p.k) * sizeof(float);
-  const dim3 grid(static_cast<unsigned>((p.n + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)));
+  const int64_t stride = ((p.k / 4) + 7) & ~int64_t{7};
+  const size_t shared = static_cast<size_t>(p.m * stride) * sizeof(float4);
   switch (p.m) {
-    case 1: return LaunchRows<1, F>(p, grid, shared, stream);
-    case 2: return LaunchRows<2, F>(p, grid, shared, stream);
-    case 3: return LaunchRows<3, F>(p, grid, shared, stream);
-    case 4: return LaunchRows<4, F>(p, grid, shared, stream);
-    case 5: return LaunchRows<5, F>(p, grid, shared, stream);
-    case 6: return LaunchRows<6, F>(p, grid, shared, stream);
-    case 7: return LaunchRows<7, F>(p, grid, shared, stream);
-    default: return LaunchRows<8, F>(p, grid, shared, stream);
+    case 1: return LaunchRows<1, F>(p, shared, stream);
+    case 2: return LaunchRows<2, F>(p, shared, stream);
+    case 3: return LaunchRows<3, F>(p, shared, stream);
+    case 4: return LaunchRows<4, F>(p, shared, stream);
+    case 5: return LaunchRows<5, F>(p, shared, stream);
+    case 6: return LaunchRows<6, F>(p, shared, stream);
+    case 7: return LaunchRows<7, F>(p, shared, stream);
+    default: return LaunchRows<8, F>(p, shared, stream);
   }
 }
 
@@ -164,10 +255,13 @@ cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   const int64_t vec = p.format == QuantizedWeight::kFp8Block128 ? 16 : 32;
   const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  if (p.w == nullptr || p.scales == nullptr || p.x == nullptr || p.y == nullptr || p.m < 1 ||
+  const int64_t stride = ((p.k / 4) + 7) & ~int64_t{7};
+  if ((p.experts == nullptr && (p.w == nullptr || p.scales == nullptr)) || p.x == nullptr || p.y == nullptr || p.m < 1 ||
       p.m > kQuantizedGemvMaxRows || p.n < 0 || p.n > (int64_t{1} << 30) || p.k <= 0 || p.k % vec != 0 ||
-      p.ldx < p.k || p.ldy < p.n || !aligned(p.w) ||
-      static_cast<int64_t>(p.m) * p.k * static_cast<int64_t>(sizeof(float)) > kQuantizedGemvMaxSharedBytes) {
+      p.ldx < p.k || p.ldy < p.n || (p.experts == nullptr && !aligned(p.w)) ||
+      (p.experts != nullptr && (p.m != 1 || p.ids == nullptr || p.num_experts < 1 || p.problems < 1 ||
+                                p.problems > 65535 || p.x_group < 1)) ||
+      static_cast<int64_t>(p.m) * stride * static_cast<int64_t>(sizeof(float4)) > kQuantizedGemvMaxSharedBytes) {
     return cudaErrorInvalidValue;
   }
   if (p.format == QuantizedWeight::kFp8Block128) return LaunchFormat<QuantizedWeight::kFp8Block128>(p, stream);

@@ -14,10 +14,11 @@
 // first: the same real sum, rounded differently (agreement to float32's relative 1e-6 of
 // the terms' magnitudes, not bitwise).
 //
-// One warp per output row, each lane streaming 16-byte weight loads (four in flight) over
-// the whole of k; x staged once per block in shared memory (m * k floats, at most
-// kQuantizedGemvMaxSharedBytes). k a multiple of 16 (FP8) or 32 (FP4), weight rows and x
-// 16-byte aligned. No allocation; graph-capturable; programmatic dependent launch.
+// Persistent: as many blocks as stay resident, each staging x once in shared memory (m * k
+// floats, at most kQuantizedGemvMaxSharedBytes) and then streaming weight rows, one warp per
+// row, each lane's 16-byte loads pipelined two stages deep across the warp's rows. k a
+// multiple of 16 (FP8) or 32 (FP4), weight rows 16-byte aligned. No allocation;
+// graph-capturable; programmatic dependent launch (the first weights load before the wait).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,12 @@ enum class QuantizedWeight : int { kFp8Block128 = 0, kFp4Group32 = 1 };
 inline constexpr int kQuantizedGemvMaxRows = 8;
 inline constexpr int64_t kQuantizedGemvMaxSharedBytes = 200 * 1024;
 
+// One expert's matrix of the routed form (below): codes and scales as in the params.
+struct QuantizedMatrixRef {
+  const uint8_t* w = nullptr;
+  const float* scales = nullptr;
+};
+
 struct QuantizedGemvParams {
   QuantizedWeight format = QuantizedWeight::kFp8Block128;
   const uint8_t* w = nullptr;    // FP8: [n][k]; FP4: [n][k / 2]
@@ -42,6 +49,16 @@ struct QuantizedGemvParams {
   int m = 1;  // 1 .. kQuantizedGemvMaxRows
   int64_t n = 0;
   int64_t k = 0;
+  // The routed form (a MoE layer's experts, chosen on the device, no host round trip):
+  // when `experts` is set, w and scales are unused and the kernel runs `problems`
+  // products with m = 1, problem p multiplying x row p / x_group by the matrix of expert
+  // ids[p] into y row p. An id outside [0, num_experts) gives a row of zeros. Every
+  // expert's matrix is [n][k] of `format`.
+  const QuantizedMatrixRef* experts = nullptr;  // device, [num_experts]
+  int num_experts = 0;
+  const int32_t* ids = nullptr;  // device, [problems]: written by an earlier kernel
+  int problems = 1;              // 1 .. 65535
+  int x_group = 1;               // e.g. top-k, when the problems of one token share its row
 };
 
 cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream);

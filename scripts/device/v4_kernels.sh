@@ -8,6 +8,7 @@
 #   Here:  scripts/device/pack.sh build/tests/kernels_cuda_{hyper_connections,v4_moe_routing,\
 #            sink_attention,v4_ops,v4_compressor,v4_key_select,quantized_gemv}_test build/bin/quantized_gemv_bench \
 #            build/tests/engine_model_v4_cuda_model_test build/tests/engine_runtime_engine_v4_cuda_test \
+#            build/tests/kernels_cuda_ops_test \
 #            [build/tests/engine_model_cuda_deepseek_model_test build/tests/engine_runtime_engine_cuda_test] &&
 #          tar -czf .carry/device.tgz -C .carry device && rm -rf .carry/device
 #   There: scripts/device/v4_kernels.sh   (run tool: carry .carry/device.tgz; logs under $OUT)
@@ -24,6 +25,9 @@ for t in hyper_connections v4_moe_routing sink_attention v4_ops v4_compressor v4
   check "memcheck_$t" compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/kernels_cuda_${t}_test"
   expect_in "memcheck_$t" "ERROR SUMMARY: 0 errors"
 done
+if [ -x "$bin/kernels_cuda_ops_test" ]; then  # the FP8 widening the V4 model's GEMMs use
+  check convert "$bin/kernels_cuda_ops_test" --gtest_filter='*Convert*'
+fi
 SHOW='^\[ *(FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|rows |greedy' check v4_model "$bin/engine_model_v4_cuda_model_test"
 check memcheck_v4_model timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/engine_model_v4_cuda_model_test"
 expect_in memcheck_v4_model "ERROR SUMMARY: 0 errors"

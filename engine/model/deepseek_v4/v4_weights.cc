@@ -256,6 +256,8 @@ class WeightResolver {
         }
         w.dtype = DType::kBF16;
         w.data = reinterpret_cast<const std::byte*>(dst.data());
+        w.fp4_codes = src;
+        w.fp4_scales = scales;
         ++w_.fp4_matrices;
         return w;
       }
@@ -329,6 +331,8 @@ class WeightResolver {
     for (int64_t p = 0; p < parts; ++p) {
       WeightMatrix v = w;
       v.rows = rows;
+      v.fp4_codes = nullptr;  // parts are read through the widening only
+      v.fp4_scales = nullptr;
       const int64_t first = p * rows;
       if (w.dtype == DType::kF8E4M3) {
         if (rows % cpu::kFp8BlockSize == 0) {

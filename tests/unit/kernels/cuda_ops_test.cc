@@ -738,6 +738,47 @@ TEST_F(CudaOpsTest, EmbeddingArgmaxConvertDequantize) {
       ASSERT_EQ(got[i], F32ToBf16(expected[i])) << i;
     }
   }
+  // And to float32: the CPU's values bit for bit.
+  Dev<float> df32(rows * cols);
+  ASSERT_EQ(cuda::DequantizeFp8ToF32({.src = dq.get(), .scales = ds.get(), .dst = df32.get(), .rows = rows, .cols = cols},
+                                     nullptr),
+            cudaSuccess);
+  const std::vector<float> wide = df32.Download();
+  for (int i = 0; i < rows * cols; ++i) {
+    if (std::isnan(expected[i])) {
+      ASSERT_TRUE(std::isnan(wide[i])) << i;
+    } else {
+      ASSERT_EQ(wide[i], expected[i]) << i;
+    }
+  }
+
+  // FP4 e2m1 with a power-of-two scale per 32, against the table of e2m1 values.
+  {
+    const int frows = 3, fcols = 96;
+    std::vector<uint8_t> codes(frows * fcols / 2);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 73 + 5) & 0xff);
+    std::vector<float> fscales(frows * fcols / 32);
+    for (size_t i = 0; i < fscales.size(); ++i) fscales[i] = std::ldexp(1.0f, static_cast<int>(i % 9) - 6);
+    const float table[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    Dev<uint8_t> dc(codes);
+    Dev<float> dfs(fscales), dfo(frows * fcols);
+    ASSERT_EQ(cuda::DequantizeFp4ToF32({.src = dc.get(), .scales = dfs.get(), .dst = dfo.get(), .rows = frows,
+                                        .cols = fcols},
+                                       nullptr),
+              cudaSuccess);
+    const std::vector<float> fgot = dfo.Download();
+    for (int r = 0; r < frows; ++r) {
+      for (int c = 0; c < fcols; ++c) {
+        const uint8_t byte = codes[(r * fcols + c) / 2];
+        const uint8_t code = c % 2 == 0 ? (byte & 0xf) : (byte >> 4);
+        const float v = table[code & 7] * fscales[r * (fcols / 32) + c / 32];
+        ASSERT_EQ(fgot[r * fcols + c], (code & 8) != 0 ? -v : v) << r << "," << c;
+      }
+    }
+    EXPECT_EQ(cuda::DequantizeFp4ToF32({.src = dc.get(), .scales = dfs.get(), .dst = dfo.get(), .rows = 1, .cols = 48},
+                                       nullptr),
+              cudaErrorInvalidValue);
+  }
 }
 
 // Speculative decoding's draft: the argmax (ties to the lowest index) and its softmax

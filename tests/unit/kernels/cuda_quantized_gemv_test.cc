@@ -5,6 +5,7 @@
 // so results agree to float32 rounding of the terms (1e-5 of their magnitudes' sum), not
 // bitwise. Skips, saying why, where no GPU is usable.
 #include <cmath>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -95,6 +96,66 @@ TEST_F(CudaQuantizedGemvTest, MatchesTheCpusDequantization) {
       }
     }
     EXPECT_EQ(bad, 0);
+  }
+}
+
+// The routed form (experts chosen by device-side ids) against the plain form run on each
+// problem's expert: the same kernel arithmetic, so bitwise equal; an id outside the
+// experts gives zeros.
+TEST_F(CudaQuantizedGemvTest, RoutedProblemsMatchThePlainForm) {
+  for (const cuda::QuantizedWeight format : {cuda::QuantizedWeight::kFp8Block128, cuda::QuantizedWeight::kFp4Group32}) {
+    for (const int x_group : {1, 2}) {
+      const bool fp8 = format == cuda::QuantizedWeight::kFp8Block128;
+      SCOPED_TRACE(::testing::Message() << (fp8 ? "FP8" : "FP4") << ", x_group " << x_group);
+      const int64_t n = 700, k = 1024, experts = 5;
+      const std::vector<int32_t> ids = {4, 0, 2, 2, -1, 1, 7, 3};
+      const int problems = static_cast<int>(ids.size());
+      std::mt19937 rng(11 + x_group);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      const int64_t row_bytes = fp8 ? k : k / 2;
+      const int64_t nscales = fp8 ? ((n + 127) / 128) * ((k + 127) / 128) : n * (k / 32);
+      std::vector<std::unique_ptr<Dev<uint8_t>>> w;
+      std::vector<std::unique_ptr<Dev<float>>> sc;
+      std::vector<cuda::QuantizedMatrixRef> refs;
+      for (int64_t e = 0; e < experts; ++e) {
+        std::vector<uint8_t> bytes(static_cast<size_t>(n * row_bytes));
+        for (uint8_t& b : bytes) {
+          b = static_cast<uint8_t>(rng());
+          if (fp8 && (b & 0x7f) == 0x7f) b ^= 1;
+        }
+        std::vector<float> s(static_cast<size_t>(nscales));
+        for (float& v : s) v = std::ldexp(1.0f, static_cast<int>(rng() % 6) - 4);
+        w.push_back(std::make_unique<Dev<uint8_t>>(bytes));
+        sc.push_back(std::make_unique<Dev<float>>(s));
+        refs.push_back({.w = w.back()->get(), .scales = sc.back()->get()});
+      }
+      const int x_rows = (problems + x_group - 1) / x_group;
+      std::vector<float> x(static_cast<size_t>(x_rows * k));
+      for (float& v : x) v = normal(rng);
+      Dev<cuda::QuantizedMatrixRef> drefs(refs);
+      Dev<int32_t> dids(ids);
+      Dev<float> dx(x), dy(static_cast<size_t>(problems * n)), done(static_cast<size_t>(n));
+      ASSERT_EQ(cuda::QuantizedGemv({.format = format, .x = dx.get(), .ldx = k, .y = dy.get(), .ldy = n, .m = 1,
+                                     .n = n, .k = k, .experts = drefs.get(), .num_experts = static_cast<int>(experts),
+                                     .ids = dids.get(), .problems = problems, .x_group = x_group},
+                                    nullptr),
+                cudaSuccess);
+      const std::vector<float> got = dy.Download();
+      for (int q = 0; q < problems; ++q) {
+        std::vector<float> want(static_cast<size_t>(n), 0.0f);
+        if (ids[q] >= 0 && ids[q] < experts) {
+          ASSERT_EQ(cuda::QuantizedGemv({.format = format, .w = refs[ids[q]].w, .scales = refs[ids[q]].scales,
+                                         .x = dx.get() + (q / x_group) * k, .ldx = k, .y = done.get(), .ldy = n,
+                                         .m = 1, .n = n, .k = k},
+                                        nullptr),
+                    cudaSuccess);
+          want = done.Download();
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(got[static_cast<size_t>(q * n + i)], want[static_cast<size_t>(i)]) << "problem " << q << ", row " << i;
+        }
+      }
+    }
   }
 }
 

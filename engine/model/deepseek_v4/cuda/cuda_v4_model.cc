@@ -8,7 +8,9 @@
 #include "engine/model/deepseek_v4/v4_kv_streams.h"
 #include "engine/util/status_macros.h"
 #include "kernels/cuda/clamped_swiglu.h"
+#include "kernels/cuda/convert.h"
 #include "kernels/cuda/hyper_connections.h"
+#include "kernels/cuda/quantized_gemv.h"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sink_attention.h"
@@ -73,6 +75,10 @@ T Rebase(T offset, const std::byte* base) {
 
 absl::Status Kernel(cudaError_t err, const char* what) { return cuda_model::CudaStatus(err, what); }
 
+// Up to this many (token, slot) pairs a pass, narrow experts run as the routed GEMV with
+// the routing left on the device; larger passes read it back for per-expert GEMMs.
+constexpr int64_t kDeviceRoutedProblems = 64;
+
 }  // namespace
 
 // A pass's device arrays: the plan's (rebased staging offsets) and the activations.
@@ -128,6 +134,9 @@ struct CudaV4Model::Step {
   PinnedBuffer host_ids, host_bad;
   // The MoE layer's host lists (kept alive until uploaded).
   std::vector<const float*> moe_src, moe_rows;
+  // The device-routed MoE's output rows (expert_out's, one per token and slot), per pass.
+  std::vector<const float*> routed_rows_host;
+  const float* const* routed_rows = nullptr;
   std::vector<float*> moe_dst;
 };
 
@@ -140,20 +149,40 @@ CudaV4Model::~CudaV4Model() {
 
 std::vector<KvStream> CudaV4Model::kv_streams() const { return KvStreamsFor(config_, /*mtp=*/false); }
 
-absl::StatusOr<std::unique_ptr<CudaV4Model>> CudaV4Model::Load(const std::string& dir, const Options& options) {
+namespace {
+
+absl::Status SelectDevice(int device) {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || options.device < 0 || options.device >= count) {
+  if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
     (void)cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat("--device cuda:", options.device,
-                                                      ": no such CUDA device (this machine shows ", count, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device cuda:", device, ": no such CUDA device (this machine shows ", count, ")"));
   }
+  TANDEM_CUDA_RETURN(cudaSetDevice(device), "selecting the GPU");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaV4Model>> CudaV4Model::Load(const std::string& dir, const Options& options) {
+  RETURN_IF_ERROR(SelectDevice(options.device));  // before the weights are read
+  ASSIGN_OR_RETURN(DeepseekV4Config config, LoadDeepseekV4Config(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<LoadedWeights> host, LoadedWeights::Load(config, dir));
+  return Create(config, host->weights(), options);  // everything the GPU reads is then on the GPU
+}
+
+absl::StatusOr<std::unique_ptr<CudaV4Model>> CudaV4Model::Create(const DeepseekV4Config& config,
+                                                                  const ModelWeights& weights,
+                                                                  const Options& options) {
+  RETURN_IF_ERROR(SelectDevice(options.device));
   std::unique_ptr<CudaV4Model> m(new CudaV4Model());
   m->device_ = options.device;
-  TANDEM_CUDA_RETURN(cudaSetDevice(options.device), "selecting the GPU");
-  ASSIGN_OR_RETURN(m->config_, LoadDeepseekV4Config(dir));
-  ASSIGN_OR_RETURN(m->host_weights_, LoadedWeights::Load(m->config_, dir));
-  ASSIGN_OR_RETURN(m->weights_, UploadV4Weights(m->config_, m->host_weights_->weights()));
-  m->host_weights_.reset();  // everything the GPU reads is on the GPU
+  m->config_ = config;
+  ASSIGN_OR_RETURN(m->weights_, UploadV4Weights(m->config_, weights));
+  if (m->weights_->max_narrow_elements > 0) {
+    RETURN_IF_ERROR(m->widened_.Allocate(static_cast<size_t>(m->weights_->max_narrow_elements) * sizeof(float),
+                                         "the FP8/FP4 widening scratch"));
+  }
   TANDEM_CUDA_RETURN(cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking), "creating a CUDA stream");
   TANDEM_CUBLAS_RETURN(m->gemm_.Init(), "creating the cuBLAS handle");
   auto upload = [&](const std::vector<float>& v, const float** out) -> absl::Status {
@@ -417,8 +446,14 @@ absl::Status CudaV4Model::Stage(const StepPlan& plan) {
     st.logits_dst = g.dst;
     st.logits_rows = lrows;
   }
+  st.routed_rows_host.resize(static_cast<size_t>(rows * config_.num_experts_per_tok));
+  for (size_t i = 0; i < st.routed_rows_host.size(); ++i) {
+    st.routed_rows_host[i] = st.expert_out + static_cast<int64_t>(i) * d;
+  }
+  st.routed_rows = sg.Add(st.routed_rows_host);
   ASSIGN_OR_RETURN(const std::byte* base, sg.Upload(stream_));
   // Rebase every staged pointer.
+  st.routed_rows = Rebase(st.routed_rows, base);
   st.tokens = Rebase(st.tokens, base);
   st.positions = Rebase(st.positions, base);
   st.token_seq = Rebase(st.token_seq, base);
@@ -460,7 +495,30 @@ absl::Status CudaV4Model::Stage(const StepPlan& plan) {
 absl::Status CudaV4Model::Linear(const float* x, int64_t ldx, const DeviceMatrix& w, float* y, int64_t ldy,
                                  int64_t m) {
   if (m == 0) return absl::OkStatus();
-  TANDEM_CUBLAS_RETURN(gemm_.LinearF32({.x = x, .ldx = ldx, .w = w.data, .ldw = w.cols, .y = y, .ldy = ldy, .m = m,
+  const float* dense = w.data;
+  if (w.fp8 != nullptr || w.fp4 != nullptr) {
+    // Decode-sized products read the narrow codes directly (memory-bound on the weights);
+    // larger ones widen the matrix once and run the float32 GEMM.
+    const bool fp8 = w.fp8 != nullptr;
+    if (m <= cuda::kQuantizedGemvMaxRows &&
+        m * ((w.cols / 4 + 7) / 8 * 8) * 16 <= cuda::kQuantizedGemvMaxSharedBytes) {
+      return Kernel(
+          cuda::QuantizedGemv({.format = fp8 ? cuda::QuantizedWeight::kFp8Block128 : cuda::QuantizedWeight::kFp4Group32,
+                               .w = fp8 ? w.fp8 : w.fp4, .scales = fp8 ? w.fp8_scales : w.fp4_scales, .x = x,
+                               .ldx = ldx, .y = y, .ldy = ldy, .m = static_cast<int>(m), .n = w.rows, .k = w.cols},
+                              stream_),
+          "a narrow matrix-vector product");
+    }
+    float* wide = widened_.get<float>();
+    RETURN_IF_ERROR(Kernel(
+        fp8 ? cuda::DequantizeFp8ToF32(
+                  {.src = w.fp8, .scales = w.fp8_scales, .dst = wide, .rows = w.rows, .cols = w.cols}, stream_)
+            : cuda::DequantizeFp4ToF32(
+                  {.src = w.fp4, .scales = w.fp4_scales, .dst = wide, .rows = w.rows, .cols = w.cols}, stream_),
+        "widening a narrow matrix"));
+    dense = wide;
+  }
+  TANDEM_CUBLAS_RETURN(gemm_.LinearF32({.x = x, .ldx = ldx, .w = dense, .ldw = w.cols, .y = y, .ldy = ldy, .m = m,
                                         .n = w.rows, .k = w.cols},
                                        stream_),
                        "a projection");
@@ -665,7 +723,9 @@ absl::Status CudaV4Model::Moe(int64_t layer) {
                                              .expert_ids = st.route_ids, .weights = st.route_w},
                                             stream_),
                          "the routing"));
-  // Which rows each expert takes: read back (the first form's one host round trip a layer).
+  if (lw.down_table != nullptr && rows * k <= kDeviceRoutedProblems) return RoutedOnDevice(layer);
+  // Which rows each expert takes: read back (the host round trip of larger passes and of
+  // float32 experts).
   int32_t* ids = st.host_ids.get<int32_t>();
   TANDEM_CUDA_RETURN(cudaMemcpyAsync(ids, st.route_ids, static_cast<size_t>(rows * k) * sizeof(int32_t),
                                      cudaMemcpyDeviceToHost, stream_),
@@ -717,17 +777,61 @@ absl::Status CudaV4Model::Moe(int64_t layer) {
                            d, m));
   }
   // The shared expert into sub, then the routed outputs weighted and added to it.
-  RETURN_IF_ERROR(Linear(st.u, d, lw.shared.gate_up, st.shared_hidden, 2 * inter, rows));
-  RETURN_IF_ERROR(Kernel(cuda::ClampedSwiGlu({.x = st.shared_hidden, .x_stride = 2 * inter, .rows = rows,
-                                              .cols = inter, .limit = limit, .out = st.shared_act,
-                                              .out_stride = inter},
-                                             stream_),
-                         "the shared expert's activation"));
-  RETURN_IF_ERROR(Linear(st.shared_act, inter, lw.shared.down, st.sub, d, rows));
+  RETURN_IF_ERROR(SharedExpert(layer));
   return Kernel(cuda::WeightedRowSum({.rows = drows, .weights = st.route_w, .k = static_cast<int>(k), .tokens = rows,
                                       .width = d, .add = st.sub, .add_stride = d, .out = st.sub, .out_stride = d},
                                      stream_),
                 "combining the experts");
+}
+
+// Decode-sized passes with narrow experts: each (token, slot) a problem of the routed
+// GEMV, which reads the routing's expert ids on the device.
+absl::Status CudaV4Model::RoutedOnDevice(int64_t layer) {
+  const DeepseekV4Config& c = config_;
+  Step& st = *step_;
+  const CudaV4Layer& lw = weights_->layers[static_cast<size_t>(layer)];
+  const int64_t rows = st.rows, d = c.hidden_size, k = c.num_experts_per_tok, inter = c.moe_intermediate_size;
+  const int problems = static_cast<int>(rows * k);
+  const float limit = static_cast<float>(c.swiglu_limit);
+  RETURN_IF_ERROR(Kernel(cuda::QuantizedGemv({.format = lw.expert_format, .x = st.u, .ldx = d, .y = st.hidden,
+                                              .ldy = 2 * inter, .m = 1, .n = 2 * inter, .k = d,
+                                              .experts = lw.gate_up_table,
+                                              .num_experts = static_cast<int>(c.n_routed_experts),
+                                              .ids = st.route_ids, .problems = problems, .x_group = static_cast<int>(k)},
+                                             stream_),
+                         "the routed experts' gate and up projections"));
+  RETURN_IF_ERROR(Kernel(cuda::ClampedSwiGlu({.x = st.hidden, .x_stride = 2 * inter, .rows = problems, .cols = inter,
+                                              .limit = limit, .out = st.act, .out_stride = inter},
+                                             stream_),
+                         "the experts' activation"));
+  RETURN_IF_ERROR(Kernel(cuda::QuantizedGemv({.format = lw.expert_format, .x = st.act, .ldx = inter,
+                                              .y = st.expert_out, .ldy = d, .m = 1, .n = d, .k = inter,
+                                              .experts = lw.down_table,
+                                              .num_experts = static_cast<int>(c.n_routed_experts),
+                                              .ids = st.route_ids, .problems = problems, .x_group = 1},
+                                             stream_),
+                         "the routed experts' down projections"));
+  RETURN_IF_ERROR(SharedExpert(layer));
+  return Kernel(cuda::WeightedRowSum({.rows = st.routed_rows, .weights = st.route_w, .k = static_cast<int>(k),
+                                      .tokens = rows, .width = d, .add = st.sub, .add_stride = d, .out = st.sub,
+                                      .out_stride = d},
+                                     stream_),
+                "combining the experts");
+}
+
+// The shared expert of every row into sub.
+absl::Status CudaV4Model::SharedExpert(int64_t layer) {
+  const DeepseekV4Config& c = config_;
+  Step& st = *step_;
+  const CudaV4Layer& lw = weights_->layers[static_cast<size_t>(layer)];
+  const int64_t rows = st.rows, d = c.hidden_size, inter = c.moe_intermediate_size;
+  RETURN_IF_ERROR(Linear(st.u, d, lw.shared.gate_up, st.shared_hidden, 2 * inter, rows));
+  RETURN_IF_ERROR(Kernel(cuda::ClampedSwiGlu({.x = st.shared_hidden, .x_stride = 2 * inter, .rows = rows,
+                                              .cols = inter, .limit = static_cast<float>(c.swiglu_limit),
+                                              .out = st.shared_act, .out_stride = inter},
+                                             stream_),
+                         "the shared expert's activation"));
+  return Linear(st.shared_act, inter, lw.shared.down, st.sub, d, rows);
 }
 
 absl::StatusOr<std::vector<float>> CudaV4Model::Logits() {

@@ -7,9 +7,11 @@
 // (float32, no TF32) and the V4 kernels of kernels/cuda. The logits therefore differ from
 // the CPU engine's only by the order of float sums.
 //
-// Not yet: FP8/FP4 weights kept narrow (they are widened to float32 at load), speculative
-// decoding (the MTP layer), CUDA graphs and sampling on the GPU, and the MoE layer without
-// a host round trip (the experts' row counts are read back each layer).
+// FP8 matrices and FP4 experts stay narrow (cuda_v4_weights.h). Not yet: speculative
+// decoding (the MTP layer), CUDA graphs and sampling on the GPU, and the MoE layer of
+// larger passes (or float32 experts) without a host round trip (their experts' row counts
+// are read back each layer; passes of up to 64 token-expert pairs on narrow experts route
+// on the device).
 #pragma once
 
 #include <cstdint>
@@ -39,11 +41,16 @@ class CudaV4Model {
   // (config, weights); FAILED_PRECONDITION for a device that does not exist;
   // RESOURCE_EXHAUSTED when the GPU lacks memory.
   static absl::StatusOr<std::unique_ptr<CudaV4Model>> Load(const std::string& dir, const Options& options);
+  // The same from weights already in memory (`weights` need not outlive the call).
+  static absl::StatusOr<std::unique_ptr<CudaV4Model>> Create(const DeepseekV4Config& config,
+                                                             const ModelWeights& weights, const Options& options);
   ~CudaV4Model();
 
   const DeepseekV4Config& config() const { return config_; }
   std::vector<KvStream> kv_streams() const;
   uint64_t weight_bytes() const { return weights_->bytes; }
+  int64_t fp8_matrices() const { return weights_->fp8_matrices; }
+  int64_t fp4_matrices() const { return weights_->fp4_matrices; }
 
   // The GPU pool, of this model's streams and geometry `g` (a host pool's, so that block
   // ids and state slots mean the same in both): allocated and zeroed at the first call,
@@ -77,11 +84,12 @@ class CudaV4Model {
   absl::Status HyperPre(const HyperSite& site, const float* norm);
   absl::Status Attention(int64_t layer);
   absl::Status Moe(int64_t layer);
+  absl::Status RoutedOnDevice(int64_t layer);
+  absl::Status SharedExpert(int64_t layer);
   absl::StatusOr<std::vector<float>> Logits();
   absl::Status Linear(const float* x, int64_t ldx, const DeviceMatrix& w, float* y, int64_t ldy, int64_t m);
 
   DeepseekV4Config config_;
-  std::unique_ptr<LoadedWeights> host_weights_;
   std::unique_ptr<CudaV4Weights> weights_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
@@ -89,6 +97,7 @@ class CudaV4Model {
   const float* main_inv_freq_ = nullptr;
   const float* compress_inv_freq_ = nullptr;
   std::vector<cuda_model::DeviceBuffer> constants_;
+  cuda_model::DeviceBuffer widened_;  // an FP8/FP4 matrix widened for a GEMM (the largest's size)
 
   cuda_model::DeviceBuffer pool_memory_;
   std::unique_ptr<KvPool> pool_;

@@ -1,5 +1,7 @@
 #include "engine/model/deepseek_v4/cuda/cuda_v4_weights.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -29,14 +31,26 @@ class Uploader {
     ASSIGN_OR_RETURN(const void* p, Bytes(host, static_cast<size_t>(n) * sizeof(float), what));
     return static_cast<const float*>(p);
   }
-  // The matrices stacked by rows (equal cols), each widened to float32 as the CPU does.
-  absl::StatusOr<DeviceMatrix> Stack(const std::vector<const WeightMatrix*>& parts, const char* what) {
+  // The matrices stacked by rows (equal cols): FP8 where every part is FP8 with whole
+  // 128-row scale blocks (but the last) and the GEMV's k a multiple of 16; FP4 where every
+  // part was stored FP4 with power-of-two scales (so that the CPU's bf16 widening is
+  // exact) and k a multiple of 32; else each widened to float32 as the CPU does.
+  absl::StatusOr<DeviceMatrix> Stack(const std::vector<const WeightMatrix*>& parts, const char* what,
+                                     bool narrow_allowed = true) {
     int64_t rows = 0, cols = -1;
-    for (const WeightMatrix* m : parts) {
+    bool fp8 = narrow_allowed, fp4 = narrow_allowed;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const WeightMatrix* m = parts[i];
       if (cols >= 0 && m->cols != cols) return absl::InternalError(absl::StrCat(what, ": stacked widths differ"));
       cols = m->cols;
       rows += m->rows;
+      fp8 = fp8 && m->dtype == DType::kF8E4M3 && m->block_scales != nullptr && m->cols % 16 == 0 &&
+            (i + 1 == parts.size() || m->rows % cpu::kFp8BlockSize == 0);
+      fp4 = fp4 && m->fp4_codes != nullptr && m->fp4_scales != nullptr && m->cols % 32 == 0 &&
+            PowersOfTwo(m->fp4_scales, m->rows * (m->cols / 32));
     }
+    if (fp8) return StackFp8(parts, rows, cols, what);
+    if (fp4) return StackFp4(parts, rows, cols, what);
     std::vector<float> host(static_cast<size_t>(rows * cols));
     int64_t at = 0;
     for (const WeightMatrix* m : parts) {
@@ -44,9 +58,11 @@ class Uploader {
       at += m->rows;
     }
     ASSIGN_OR_RETURN(const float* p, Floats(host.data(), rows * cols, what));
-    return DeviceMatrix{p, rows, cols};
+    return DeviceMatrix{.data = p, .rows = rows, .cols = cols};
   }
-  absl::StatusOr<DeviceMatrix> Matrix(const WeightMatrix& m, const char* what) { return Stack({&m}, what); }
+  absl::StatusOr<DeviceMatrix> Matrix(const WeightMatrix& m, const char* what, bool narrow_allowed = true) {
+    return Stack({&m}, what, narrow_allowed);
+  }
 
   absl::StatusOr<HyperSite> Hyper(const WeightMatrix& fn, const float* base, const float* scale, int64_t base_n,
                                   int64_t scale_n) {
@@ -65,8 +81,74 @@ class Uploader {
   }
 
  private:
+  absl::StatusOr<DeviceMatrix> StackFp8(const std::vector<const WeightMatrix*>& parts, int64_t rows, int64_t cols,
+                                        const char* what) {
+    std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
+    std::vector<float> scales;
+    int64_t at = 0;
+    for (const WeightMatrix* m : parts) {
+      std::memcpy(&codes[static_cast<size_t>(at * cols)], m->data, static_cast<size_t>(m->rows * cols));
+      const int64_t n = (m->rows + cpu::kFp8BlockSize - 1) / cpu::kFp8BlockSize * m->scale_cols();
+      scales.insert(scales.end(), m->block_scales, m->block_scales + n);
+      at += m->rows;
+    }
+    ASSIGN_OR_RETURN(const void* c, Bytes(codes.data(), codes.size(), what));
+    ASSIGN_OR_RETURN(const float* s, Floats(scales.data(), static_cast<int64_t>(scales.size()), what));
+    ++out_->fp8_matrices;
+    out_->max_narrow_elements = std::max(out_->max_narrow_elements, rows * cols);
+    return DeviceMatrix{.fp8 = static_cast<const uint8_t*>(c), .fp8_scales = s, .rows = rows, .cols = cols};
+  }
+  absl::StatusOr<DeviceMatrix> StackFp4(const std::vector<const WeightMatrix*>& parts, int64_t rows, int64_t cols,
+                                        const char* what) {
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+    codes.reserve(static_cast<size_t>(rows * cols / 2));
+    scales.reserve(static_cast<size_t>(rows * cols / 32));
+    for (const WeightMatrix* m : parts) {
+      codes.insert(codes.end(), m->fp4_codes, m->fp4_codes + m->rows * cols / 2);
+      scales.insert(scales.end(), m->fp4_scales, m->fp4_scales + m->rows * cols / 32);
+    }
+    ASSIGN_OR_RETURN(const void* c, Bytes(codes.data(), codes.size(), what));
+    ASSIGN_OR_RETURN(const float* s, Floats(scales.data(), static_cast<int64_t>(scales.size()), what));
+    ++out_->fp4_matrices;
+    out_->max_narrow_elements = std::max(out_->max_narrow_elements, rows * cols);
+    return DeviceMatrix{.fp4 = static_cast<const uint8_t*>(c), .fp4_scales = s, .rows = rows, .cols = cols};
+  }
+  static bool PowersOfTwo(const float* v, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      int e = 0;
+      if (!(v[i] > 0.0f) || std::frexp(v[i], &e) != 0.5f) return false;
+    }
+    return true;
+  }
+
   CudaV4Weights* out_;
 };
+
+// The routed GEMV's tables, where every expert is FP4 (or every one FP8).
+absl::Status ExpertTables(CudaV4Layer& l, Uploader& up) {
+  const auto format_of = [](const DeviceMatrix& m) { return m.fp4 != nullptr ? 1 : m.fp8 != nullptr ? 2 : 0; };
+  if (l.experts.empty()) return absl::OkStatus();
+  const int format = format_of(l.experts[0].gate_up);
+  if (format == 0) return absl::OkStatus();
+  std::vector<cuda::QuantizedMatrixRef> gate_up, down;
+  for (const ExpertMatrices& e : l.experts) {
+    if (format_of(e.gate_up) != format || format_of(e.down) != format) return absl::OkStatus();
+    const auto ref = [](const DeviceMatrix& m) {
+      return m.fp4 != nullptr ? cuda::QuantizedMatrixRef{.w = m.fp4, .scales = m.fp4_scales}
+                              : cuda::QuantizedMatrixRef{.w = m.fp8, .scales = m.fp8_scales};
+    };
+    gate_up.push_back(ref(e.gate_up));
+    down.push_back(ref(e.down));
+  }
+  const size_t bytes = gate_up.size() * sizeof(cuda::QuantizedMatrixRef);
+  ASSIGN_OR_RETURN(const void* g, up.Bytes(gate_up.data(), bytes, "the experts' table"));
+  ASSIGN_OR_RETURN(const void* d, up.Bytes(down.data(), bytes, "the experts' table"));
+  l.gate_up_table = static_cast<const cuda::QuantizedMatrixRef*>(g);
+  l.down_table = static_cast<const cuda::QuantizedMatrixRef*>(d);
+  l.expert_format = format == 1 ? cuda::QuantizedWeight::kFp4Group32 : cuda::QuantizedWeight::kFp8Block128;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<CudaV4Layer> Layer(const DeepseekV4Config& c, AttentionType type, const LayerWeights& lw,
                                   Uploader& up) {
@@ -112,7 +194,7 @@ absl::StatusOr<CudaV4Layer> Layer(const DeepseekV4Config& c, AttentionType type,
       cpu::DequantizeRows(a.o_a_groups[static_cast<size_t>(g)], 0, r, &o_a[static_cast<size_t>(g * r * in)]);
     }
     ASSIGN_OR_RETURN(const float* p, up.Floats(o_a.data(), c.o_groups * r * in, "o_a_proj"));
-    l.o_a = {p, c.o_groups * r, in};
+    l.o_a = {.data = p, .rows = c.o_groups * r, .cols = in};
   }
   ASSIGN_OR_RETURN(l.o_b, up.Matrix(a.o_b_proj, "o_b_proj"));
   ASSIGN_OR_RETURN(l.sinks, up.Floats(a.sinks, c.num_attention_heads, "attention sinks"));
@@ -143,6 +225,7 @@ absl::StatusOr<CudaV4Layer> Layer(const DeepseekV4Config& c, AttentionType type,
     ASSIGN_OR_RETURN(ExpertMatrices em, up.Expert(e));
     l.experts.push_back(em);
   }
+  RETURN_IF_ERROR(ExpertTables(l, up));
   ASSIGN_OR_RETURN(l.shared, up.Expert(m.shared));
   return l;
 }
@@ -152,7 +235,8 @@ absl::StatusOr<CudaV4Layer> Layer(const DeepseekV4Config& c, AttentionType type,
 absl::StatusOr<std::unique_ptr<CudaV4Weights>> UploadV4Weights(const DeepseekV4Config& c, const ModelWeights& w) {
   auto out = std::make_unique<CudaV4Weights>();
   Uploader up(out.get());
-  ASSIGN_OR_RETURN(out->embed, up.Matrix(w.embed, "the embedding"));
+  // Rows of the embedding are gathered as float32.
+  ASSIGN_OR_RETURN(out->embed, up.Matrix(w.embed, "the embedding", /*fp8_allowed=*/false));
   ASSIGN_OR_RETURN(out->head, up.Matrix(w.head, "the LM head"));
   ASSIGN_OR_RETURN(out->norm, up.Floats(w.norm, c.hidden_size, "the final norm"));
   ASSIGN_OR_RETURN(out->hc_head, up.Hyper(w.hc_head.fn, w.hc_head.base, w.hc_head.scale, c.hc_mult, 1));

@@ -1,9 +1,10 @@
 // DeepSeek-V4's weights on the GPU in the layouts the CUDA forward pass (cuda_v4_model.h)
-// reads. This first form keeps every matrix in float32 (the checkpoint's bf16, FP8 or FP4
-// values widened exactly as the CPU engine widens them), so that the GPU computes what
-// the CPU engine computes but for the order of its sums: the base that the FP8/FP4 GEMMs
-// of issue 22 are measured against. Matrices that read the same input are stacked into
-// one, one GEMM for all:
+// reads. FP8 matrices (128 x 128 block scales) stay FP8 and FP4 experts (e2m1, a
+// power-of-two scale per 32) stay FP4: decode-sized products read them through the
+// FP8/FP4 GEMV, larger ones widen them into a scratch matrix first (the CPU engine's exact
+// values either way). Everything else is float32 (bf16 widened exactly), so that the GPU
+// computes what the CPU engine computes but for the order of its sums. Matrices that read the same input are stacked
+// into one, one product for all:
 //   - x_proj:  [q_a (q_lora) | kv (head_dim) | compressor kv, gate (2 x proj) |
 //               indexer compressor kv, gate (2 x 2 index_head_dim)]
 //   - experts: gate and up stacked ([2 I][D]: the clamped SwiGLU's two halves), down.
@@ -17,11 +18,17 @@
 #include "engine/model/cuda/device_memory.h"
 #include "engine/model/deepseek_v4/v4_config.h"
 #include "engine/model/deepseek_v4/v4_weights.h"
+#include "kernels/cuda/quantized_gemv.h"
 
 namespace tandem::v4::cuda_v4 {
 
+// One of three forms: float32 (data), FP8 (fp8 + fp8_scales) or FP4 (fp4 + fp4_scales).
 struct DeviceMatrix {
-  const float* data = nullptr;  // [rows][cols]
+  const float* data = nullptr;        // [rows][cols]
+  const uint8_t* fp8 = nullptr;       // [rows][cols] E4M3
+  const float* fp8_scales = nullptr;  // [ceil(rows / 128)][ceil(cols / 128)]
+  const uint8_t* fp4 = nullptr;       // [rows][cols / 2] e2m1, low nibble first
+  const float* fp4_scales = nullptr;  // [rows][cols / 32], powers of two
   int64_t rows = 0;
   int64_t cols = 0;
 };
@@ -68,6 +75,11 @@ struct CudaV4Layer {
   const int32_t* tid2eid = nullptr;        // [vocab][K] or null
   std::vector<ExpertMatrices> experts;
   ExpertMatrices shared;
+  // Where every routed expert is narrow in one format: their matrices as device tables,
+  // for the routed GEMV (decode steps route on the device, no host round trip); else null.
+  const cuda::QuantizedMatrixRef* gate_up_table = nullptr;  // [E]
+  const cuda::QuantizedMatrixRef* down_table = nullptr;     // [E]
+  cuda::QuantizedWeight expert_format = cuda::QuantizedWeight::kFp4Group32;
 };
 
 struct CudaV4Weights {
@@ -77,6 +89,9 @@ struct CudaV4Weights {
   HyperSite hc_head;
   std::vector<CudaV4Layer> layers;
   uint64_t bytes = 0;
+  int64_t fp8_matrices = 0;
+  int64_t fp4_matrices = 0;
+  int64_t max_narrow_elements = 0;  // the largest FP8 or FP4 matrix (the widening scratch's size)
   std::vector<cuda_model::DeviceBuffer> buffers;
 };
 

@@ -1,5 +1,7 @@
 // DeepSeek-V4 on the GPU (engine/model/deepseek_v4/cuda) against the CPU engine
-// (PagedV4Model) on tiny-v4, both in float32 so that only the order of float sums differs:
+// (PagedV4Model) on tiny-v4, in float32 and as DeepSeek's FP8 checkpoint (FP8 linears, FP4
+// experts; the GPU keeps both narrow, reading them through the FP8/FP4 GEMV in passes of up
+// to 8 rows), both engines on the same weight values so that only the order of float sums differs:
 // the same batches (prefill chunks next to decode steps, scattered blocks, reused slots)
 // give the same top-1 on >= 99.5 % of rows and logits within a relative L2 of 1e-5 (sum
 // orders alone move them by about 1e-6); the GPU pool afterwards holds the CPU pool's
@@ -8,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "engine/model/deepseek_v4/cuda/cuda_v4_model.h"
 #include "engine/model/deepseek_v4/v4_paged_model.h"
@@ -28,25 +31,33 @@ std::vector<int32_t> Tokens(int64_t n, uint32_t seed) { return testing::RandomTo
 
 int64_t Argmax(const float* row) { return std::max_element(row, row + kVocab) - row; }
 
-class CudaV4ModelTest : public tandem::testing::GpuTest {
+class CudaV4ModelTest : public tandem::testing::GpuTest, public ::testing::WithParamInterface<DType> {
  protected:
   static void SetUpTestSuite() {
     tmp_ = new TempDir();
-    dir_ = new std::string(MakeV4Model(*tmp_, "tiny-v4", TinyV4Json(kVocab).dump()));
+    dirs_ = new std::map<DType, std::string>();
+    for (DType t : {DType::kF32, DType::kF8E4M3}) {
+      (*dirs_)[t] = MakeV4Model(*tmp_, t == DType::kF32 ? "tiny-v4" : "tiny-v4-fp8", TinyV4Json(kVocab).dump(), t);
+    }
   }
   static void TearDownTestSuite() {
-    delete dir_;
+    delete dirs_;
     delete tmp_;
   }
   void SetUp() override {
     GpuTest::SetUp();
     if (IsSkipped()) return;
-    absl::StatusOr<std::unique_ptr<PagedV4Model>> cpu = PagedV4Model::Load(*dir_, {.num_threads = 2});
+    const std::string& dir = dirs_->at(GetParam());
+    absl::StatusOr<std::unique_ptr<PagedV4Model>> cpu = PagedV4Model::Load(dir, {.num_threads = 2});
     ASSERT_TRUE(cpu.ok()) << cpu.status();
     cpu_ = std::move(*cpu);
-    absl::StatusOr<std::unique_ptr<cuda_v4::CudaV4Model>> gpu = cuda_v4::CudaV4Model::Load(*dir_, {});
+    absl::StatusOr<std::unique_ptr<cuda_v4::CudaV4Model>> gpu = cuda_v4::CudaV4Model::Load(dir, {});
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     gpu_ = std::move(*gpu);
+    if (GetParam() == DType::kF8E4M3) {
+      ASSERT_GT(gpu_->fp8_matrices(), 0) << "the FP8 checkpoint's linears should stay FP8 on the GPU";
+      ASSERT_GT(gpu_->fp4_matrices(), 0) << "the FP8 checkpoint's FP4 experts should stay FP4 on the GPU";
+    }
     const KvPool::Geometry g{.num_layers = static_cast<int32_t>(cpu_->config().num_hidden_layers),
                              .block_size = 64, .num_blocks = 32, .num_sequence_slots = 12};
     absl::StatusOr<std::unique_ptr<KvPool>> p = KvPool::Create(cpu_->kv_streams(), g);
@@ -56,13 +67,13 @@ class CudaV4ModelTest : public tandem::testing::GpuTest {
   }
 
   static TempDir* tmp_;
-  static std::string* dir_;
+  static std::map<DType, std::string>* dirs_;
   std::unique_ptr<PagedV4Model> cpu_;
   std::unique_ptr<cuda_v4::CudaV4Model> gpu_;
   std::unique_ptr<KvPool> pool_;
 };
 TempDir* CudaV4ModelTest::tmp_ = nullptr;
-std::string* CudaV4ModelTest::dir_ = nullptr;
+std::map<DType, std::string>* CudaV4ModelTest::dirs_ = nullptr;
 
 struct Seq {
   std::vector<int32_t> tokens;
@@ -71,7 +82,7 @@ struct Seq {
   int64_t done = 0;
 };
 
-TEST_F(CudaV4ModelTest, BatchedChunksAndDecodeStepsMatchTheCpu) {
+TEST_P(CudaV4ModelTest, BatchedChunksAndDecodeStepsMatchTheCpu) {
   // Long enough for every window kind: CSA's indexer picks 8 of up to 50 entries, HCA
   // closes windows of 16, the ring of 16 wraps many times.
   std::vector<Seq> seqs = {{Tokens(200, 1), {9, 2, 14, 20}, 2}, {Tokens(52, 2), {0}, 0}, {Tokens(130, 3), {5, 11, 7}, 1}};
@@ -79,6 +90,9 @@ TEST_F(CudaV4ModelTest, BatchedChunksAndDecodeStepsMatchTheCpu) {
       {{70, true}, {40, true}, {0, false}},  {{81, true}, {1, true}, {30, true}},
       {{1, true}, {1, true}, {61, true}},    {{3, true}, {10, true}, {10, true}},
       {{45, true}, {0, false}, {1, true}},
+      // Passes of at most 8 rows (the FP8 GEMV's decode shapes).
+      {{0, false}, {0, false}, {1, true}},   {{0, false}, {0, false}, {5, true}},
+      {{0, false}, {0, false}, {8, true}},
   };
   int64_t rows = 0, same_top1 = 0;
   double worst = 0.0;
@@ -135,7 +149,7 @@ TEST_F(CudaV4ModelTest, BatchedChunksAndDecodeStepsMatchTheCpu) {
                      << b[first_bad];
 }
 
-TEST_F(CudaV4ModelTest, GreedyContinuationsMatchTheCpu) {
+TEST_P(CudaV4ModelTest, GreedyContinuationsMatchTheCpu) {
   constexpr int kPrompts = 10, kSteps = 24;
   std::vector<Seq> seqs;
   for (int i = 0; i < kPrompts; ++i) {
@@ -172,7 +186,7 @@ TEST_F(CudaV4ModelTest, GreedyContinuationsMatchTheCpu) {
   EXPECT_EQ(same, kPrompts);
 }
 
-TEST_F(CudaV4ModelTest, RefusesBadBatches) {
+TEST_P(CudaV4ModelTest, RefusesBadBatches) {
   const std::vector<int32_t> bad_token = {1, static_cast<int32_t>(kVocab)}, ok = {1, 2}, blocks = {3};
   auto status = [&](const ForwardSequence& s) {
     const std::vector<ForwardSequence> batch = {s};
@@ -185,6 +199,11 @@ TEST_F(CudaV4ModelTest, RefusesBadBatches) {
   EXPECT_EQ(status({.tokens = ok, .block_table = blocks, .state_slot = 0, .mtp = true}).code(),
             absl::StatusCode::kUnimplemented);
 }
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, CudaV4ModelTest, ::testing::Values(DType::kF32, DType::kF8E4M3),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(info.param == DType::kF32 ? "F32" : "Fp8");
+                         });
 
 }  // namespace
 }  // namespace tandem::v4

@@ -1,0 +1,364 @@
+// DeepSeek-V4 decode on the GPU (engine/model/deepseek_v4/cuda) at a config's real widths,
+// against the memory roofline measured in the same run (a device-to-device copy's bytes
+// read + written per second).
+//
+//   v4_cuda_decode_bench [--config FILE] [--layers N] [--experts E] [--contexts 1024,32768,...]
+//                        [--steps S] [--json FILE]
+//
+// The weights are synthetic, built in host memory in DeepSeek's FP8 checkpoint formats (FP8
+// linears with 128x128 block scales, FP4 routed experts with power-of-two scales, bf16
+// compressors, indexer weights, router, embedding and head, float32 mHC) and uploaded as a
+// checkpoint would be; matrices of one format share their random codes (the timing does not
+// depend on the values; without a checkpoint, a 100 GB model is built in seconds). --experts
+// stores fewer routed experts than the config names (a step reads num_experts_per_tok of
+// them whatever their number). Each context n is decoded from a pool zeroed as if n tokens
+// had been prefilled (attention reads n tokens' entries of zeros): one sequence, batch 1.
+//
+// Bytes a step reads: bench/v4_decode_bytes.h, in two forms: `checkpoint_bytes` (the
+// weights as the FP8 checkpoint stores them, FP4 at half a byte plus a ue8m0 byte per 32:
+// the goal's roofline) and `engine_bytes` (what this engine's GPU form reads: bf16
+// matrices, the grouped output projection and, in compressing layers, q_a and kv (stacked
+// with the bf16 compressors) widened to float32, FP4 scales as floats).
+// The KV entries are float32 in both.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "bench/read_bandwidth.h"
+#include "bench/v4_decode_bytes.h"
+#include "engine/model/deepseek_v4/cuda/cuda_v4_model.h"
+#include "kernels/common/dtype.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::v4 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Random weights at the config's shapes, viewing shared code buffers.
+class SyntheticWeights {
+ public:
+  SyntheticWeights(const DeepseekV4Config& c, int64_t experts) : c_(c) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const int64_t d = c.hidden_size, hd = c.num_attention_heads * c.head_dim;
+    const int64_t largest_fp8 = std::max({hd * c.q_lora_rank, d * c.o_groups * c.o_lora_rank,
+                                          c.o_groups * c.o_lora_rank * c.o_group_in(), 2 * c.moe_intermediate_size * d,
+                                          c.index_n_heads * c.index_head_dim * c.q_lora_rank});
+    fp8_.resize(static_cast<size_t>(largest_fp8));
+    for (uint8_t& b : fp8_) b = F32ToF8E4M3(16.0f * normal(rng));  // |values| well inside e4m3's 448
+    fp4_.resize(static_cast<size_t>(c.moe_intermediate_size * d / 2));
+    for (uint8_t& b : fp4_) b = static_cast<uint8_t>(rng());
+    bf16_.resize(static_cast<size_t>(c.vocab_size * d));
+    for (uint16_t& v : bf16_) v = F32ToBf16(0.02f * normal(rng));
+    f32_.resize(static_cast<size_t>((2 + c.hc_mult) * c.hc_mult * c.hc_mult * d));
+    for (float& v : f32_) v = 0.02f * normal(rng);
+
+    w_.embed = Bf16(c.vocab_size, d);
+    w_.head = Bf16(c.vocab_size, d);
+    w_.norm = Vector(d, 1.0f);
+    const int64_t n = c.hc_mult, mix = (2 + n) * n;
+    w_.hc_head = {.fn = F32(n, n * d), .base = Vector(n, 0.5f), .scale = Vector(1, 1.0f)};
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      LayerWeights lw;
+      lw.attn_norm = Vector(d, 1.0f);
+      lw.ffn_norm = Vector(d, 1.0f);
+      lw.attn_hc = {.fn = F32(mix, n * d), .base = Vector(mix, 0.5f), .scale = Vector(3, 1.0f)};
+      lw.ffn_hc = {.fn = F32(mix, n * d), .base = Vector(mix, 0.5f), .scale = Vector(3, 1.0f)};
+      AttentionWeights& a = lw.attention;
+      a.q_a_proj = Fp8(c.q_lora_rank, d);
+      a.q_a_norm = Vector(c.q_lora_rank, 1.0f);
+      a.q_b_proj = Fp8(hd, c.q_lora_rank);
+      a.kv_proj = Fp8(c.head_dim, d);
+      a.kv_norm = Vector(c.head_dim, 1.0f);
+      for (int64_t g = 0; g < c.o_groups; ++g) a.o_a_groups.push_back(Fp8(c.o_lora_rank, c.o_group_in()));
+      a.o_b_proj = Fp8(d, c.o_groups * c.o_lora_rank);
+      a.sinks = Vector(c.num_attention_heads, 0.0f);
+      const AttentionType type = c.layer_types[static_cast<size_t>(l)];
+      if (type == AttentionType::kCompressedSparse) {
+        a.compressor = Compressor(c.head_dim, 2 * c.head_dim, c.compress_rate_csa);
+        a.indexer = IndexerWeights{.compressor = Compressor(c.index_head_dim, 2 * c.index_head_dim, c.compress_rate_csa),
+                                   .q_b_proj = Fp8(c.index_n_heads * c.index_head_dim, c.q_lora_rank),
+                                   .weights_proj = Bf16(c.index_n_heads, d)};
+      } else if (type == AttentionType::kHeavilyCompressed) {
+        a.compressor = Compressor(c.head_dim, c.head_dim, c.compress_rate_hca);
+      }
+      MoeWeights& m = lw.moe;
+      m.router = Bf16(c.n_routed_experts, d);
+      m.correction_bias = Vector(c.n_routed_experts, 0.0f);
+      if (c.mlp_layer_types[static_cast<size_t>(l)] == MlpType::kHashMoe) {
+        std::vector<int32_t>& ids = OwnI32(c.vocab_size * c.num_experts_per_tok);
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7 + i / 6) % c.n_routed_experts);
+        m.tid2eid = ids.data();
+      }
+      const int64_t inter = c.moe_intermediate_size;
+      for (int64_t e = 0; e < experts; ++e) m.experts.push_back({Fp4(inter, d), Fp4(inter, d), Fp4(d, inter)});
+      m.shared = {Fp8(inter, d), Fp8(inter, d), Fp8(d, inter)};
+      w_.layers.push_back(std::move(lw));
+    }
+  }
+  const ModelWeights& weights() const { return w_; }
+
+ private:
+  const float* Vector(int64_t n, float value) {
+    owned_f32_.push_back(std::make_unique<std::vector<float>>(static_cast<size_t>(n), value));
+    return owned_f32_.back()->data();
+  }
+  std::vector<int32_t>& OwnI32(int64_t n) {
+    owned_i32_.push_back(std::make_unique<std::vector<int32_t>>(static_cast<size_t>(n)));
+    return *owned_i32_.back();
+  }
+  WeightMatrix Fp8(int64_t rows, int64_t cols) {
+    // codes ~ N(0, 16^2): the scale makes the weights ~ N(0, 1 / cols).
+    const float* scales = Vector(((rows + 127) / 128) * ((cols + 127) / 128), 1.0f / (16.0f * std::sqrt(cols)));
+    return {.dtype = DType::kF8E4M3, .rows = rows, .cols = cols,
+            .data = reinterpret_cast<const std::byte*>(fp8_.data()), .block_scales = scales};
+  }
+  WeightMatrix Fp4(int64_t rows, int64_t cols) {
+    // Uniform codes have a standard deviation of about 2.9: a power-of-two scale near
+    // 1 / (2.9 sqrt(cols)). The bf16 view (the CPU's widening) is never read here.
+    const float scale = std::ldexp(1.0f, -static_cast<int>(std::lround(std::log2(2.9 * std::sqrt(cols)))));
+    return {.dtype = DType::kBF16, .rows = rows, .cols = cols,
+            .data = reinterpret_cast<const std::byte*>(bf16_.data()), .fp4_codes = fp4_.data(),
+            .fp4_scales = Vector(rows * (cols / 32), scale)};
+  }
+  WeightMatrix Bf16(int64_t rows, int64_t cols) {
+    return {.dtype = DType::kBF16, .rows = rows, .cols = cols, .data = reinterpret_cast<const std::byte*>(bf16_.data())};
+  }
+  WeightMatrix F32(int64_t rows, int64_t cols) {
+    return {.dtype = DType::kF32, .rows = rows, .cols = cols, .data = reinterpret_cast<const std::byte*>(f32_.data())};
+  }
+  CompressorWeights Compressor(int64_t width, int64_t proj, int64_t rate) {
+    return {.kv_proj = Bf16(proj, c_.hidden_size), .gate_proj = Bf16(proj, c_.hidden_size),
+            .position_bias = Vector(rate * proj, 0.0f), .norm = Vector(width, 1.0f)};
+  }
+
+  DeepseekV4Config c_;
+  std::vector<uint8_t> fp8_, fp4_;
+  std::vector<uint16_t> bf16_;
+  std::vector<float> f32_;
+  std::vector<std::unique_ptr<std::vector<float>>> owned_f32_;
+  std::vector<std::unique_ptr<std::vector<int32_t>>> owned_i32_;
+  ModelWeights w_;
+};
+
+// What this engine's GPU form reads for a step beyond the checkpoint's bytes: bf16
+// matrices and the FP8 grouped output projection widened to float32, FP4 scales as floats.
+uint64_t EngineBytes(const DeepseekV4Config& c, const ModelWeights& w) {
+  const auto m = [](const WeightMatrix& x) -> uint64_t {
+    const uint64_t n = static_cast<uint64_t>(x.rows) * x.cols;
+    if (x.fp4_codes != nullptr) return n / 2 + n / 32 * 4;
+    if (x.dtype == DType::kF8E4M3) return bench::MatrixBytes(x);
+    return n * 4;
+  };
+  uint64_t bytes = static_cast<uint64_t>(c.hidden_size) * 4;
+  for (const LayerWeights& l : w.layers) {
+    const AttentionWeights& a = l.attention;
+    // q_a and kv are stacked with the compressors' bf16 projections into one float32
+    // matrix where the layer compresses (cuda_v4_weights.cc).
+    const auto stacked = [&](const WeightMatrix& x) {
+      return a.compressor ? static_cast<uint64_t>(x.rows) * x.cols * 4 : m(x);
+    };
+    bytes += stacked(a.q_a_proj) + m(a.q_b_proj) + stacked(a.kv_proj) + m(a.o_b_proj);
+    for (const WeightMatrix& g : a.o_a_groups) bytes += static_cast<uint64_t>(g.rows) * g.cols * 4;
+    if (a.compressor) bytes += m(a.compressor->kv_proj) + m(a.compressor->gate_proj);
+    if (a.indexer) {
+      bytes += m(a.indexer->compressor.kv_proj) + m(a.indexer->compressor.gate_proj) + m(a.indexer->q_b_proj) +
+               m(a.indexer->weights_proj);
+    }
+    bytes += m(l.attn_hc.fn) + m(l.ffn_hc.fn) + m(l.moe.router);
+    const ExpertWeights& e = l.moe.experts[0];
+    bytes += c.num_experts_per_tok * (m(e.gate) + m(e.up) + m(e.down));
+    bytes += m(l.moe.shared.gate) + m(l.moe.shared.up) + m(l.moe.shared.down);
+  }
+  return bytes + m(w.hc_head.fn) + m(w.head);
+}
+
+double CopyGbs() {
+  const size_t bytes = size_t{1} << 30;
+  void *src = nullptr, *dst = nullptr;
+  if (cudaMalloc(&src, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess) return 0.0;
+  cudaMemset(src, 1, bytes);
+  std::vector<double> ms;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 12; ++i) {
+    cudaEventRecord(a);
+    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float t = 0.0f;
+    cudaEventElapsedTime(&t, a, b);
+    if (i >= 2) ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * static_cast<double>(bytes) / (bench::Percentile(ms, 0.5) * 1e6);
+}
+
+int Usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s [--config FILE] [--layers N] [--experts E] [--contexts N,N,...] [--steps S] [--json FILE]\n"
+               "  DeepSeek-V4 GPU decode at batch 1 against a same-run copy (bench/README.md)\n"
+               "  --config    a deepseek_v4 config.json (default bench/configs/v4_flash_widths.json)\n"
+               "  --layers    decoder layers to build (default: the config's)\n"
+               "  --experts   routed experts to store per layer (default: the config's)\n"
+               "  --contexts  context lengths to decode at (default 1024,32768,131072)\n"
+               "  --steps     timed decode steps per context (default 24)\n"
+               "  --json      also write the JSON here\n",
+               argv0);
+  return 2;
+}
+
+int Main(int argc, char** argv) {
+  std::string config_path = "bench/configs/v4_flash_widths.json", json_path;
+  int64_t layers = 0, experts = 0;
+  int steps = 24;
+  std::vector<int64_t> contexts = {1024, 32768, 131072};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--config") config_path = next();
+    else if (a == "--layers") layers = std::stoll(next());
+    else if (a == "--experts") experts = std::stoll(next());
+    else if (a == "--steps") steps = std::stoi(next());
+    else if (a == "--json") json_path = next();
+    else if (a == "--contexts") {
+      contexts.clear();
+      for (absl::string_view s : absl::StrSplit(next(), ',')) {
+        int64_t v = 0;
+        if (!absl::SimpleAtoi(s, &v) || v < 1) return Usage(argv[0]);
+        contexts.push_back(v);
+      }
+    } else return Usage(argv[0]);
+  }
+  if (steps < 1 || contexts.empty()) return Usage(argv[0]);
+  std::ifstream in(config_path);
+  if (!in) {
+    std::fprintf(stderr, "v4_cuda_decode_bench: cannot read %s\n", config_path.c_str());
+    return 2;
+  }
+  nlohmann::json cj = nlohmann::json::parse(in, nullptr, false);
+  if (cj.is_discarded()) {
+    std::fprintf(stderr, "v4_cuda_decode_bench: %s is not JSON\n", config_path.c_str());
+    return 2;
+  }
+  if (layers > 0) {
+    cj["num_hidden_layers"] = layers;
+    for (const char* key : {"layer_types", "mlp_layer_types"}) {
+      if (cj.contains(key) && cj[key].is_array()) {
+        nlohmann::json cut = nlohmann::json::array();
+        for (int64_t l = 0; l < layers; ++l) cut.push_back(cj[key][static_cast<size_t>(l % cj[key].size())]);
+        cj[key] = cut;
+      }
+    }
+  }
+  absl::StatusOr<DeepseekV4Config> parsed = ParseDeepseekV4Config(cj.dump());
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "v4_cuda_decode_bench: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  const DeepseekV4Config& c = *parsed;
+  if (experts <= 0 || experts > c.n_routed_experts) experts = c.n_routed_experts;
+  const double copy_gbs = CopyGbs();
+  std::fprintf(stderr, "model: %s, %lld routed experts stored a layer; copy %.0f GB/s; building weights ...\n",
+               c.Summary().c_str(), static_cast<long long>(experts), copy_gbs);
+  const auto t0 = Clock::now();
+  SyntheticWeights synthetic(c, experts);
+  absl::StatusOr<std::unique_ptr<cuda_v4::CudaV4Model>> model = cuda_v4::CudaV4Model::Create(c, synthetic.weights(), {});
+  if (!model.ok()) {
+    std::fprintf(stderr, "v4_cuda_decode_bench: %s\n", std::string(model.status().message()).c_str());
+    return 1;
+  }
+  cuda_v4::CudaV4Model& m = **model;
+  std::fprintf(stderr, "weights on the GPU: %.1f GiB (%lld FP8, %lld FP4 matrices) in %.0f s\n",
+               m.weight_bytes() / 1073741824.0, static_cast<long long>(m.fp8_matrices()),
+               static_cast<long long>(m.fp4_matrices()), bench::SecondsBetween(t0, Clock::now()));
+  const uint64_t checkpoint_bytes = bench_bytes::WeightBytesPerToken(c, synthetic.weights(), /*fp4_as_stored=*/true);
+  const uint64_t engine_bytes = EngineBytes(c, synthetic.weights());
+
+  const int64_t block = 64, most = *std::max_element(contexts.begin(), contexts.end()) + steps + 8;
+  const int64_t blocks = (most + block - 1) / block;
+  absl::Status pooled = m.EnsurePool({.num_layers = static_cast<int32_t>(c.num_hidden_layers),
+                                      .block_size = static_cast<int32_t>(block), .num_blocks = blocks,
+                                      .num_sequence_slots = 1});
+  if (!pooled.ok()) {
+    std::fprintf(stderr, "v4_cuda_decode_bench: %s\n", std::string(pooled.message()).c_str());
+    return 1;
+  }
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  bool finite = true;
+  for (const int64_t n : contexts) {
+    std::vector<double> step_s;
+    int32_t token = 5;
+    for (int s = 0; s < steps + 3; ++s) {
+      const ForwardSequence q{.tokens = {&token, 1}, .start_position = n + s, .block_table = table, .state_slot = 0};
+      const auto s0 = Clock::now();
+      absl::StatusOr<std::vector<float>> logits = m.Forward({&q, 1});
+      if (s >= 3) step_s.push_back(bench::SecondsBetween(s0, Clock::now()));
+      if (!logits.ok()) {
+        std::fprintf(stderr, "v4_cuda_decode_bench: %s\n", std::string(logits.status().message()).c_str());
+        return 1;
+      }
+      for (float v : *logits) finite = finite && std::isfinite(v);
+      token = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+    }
+    const double median = bench::Percentile(step_s, 0.5);
+    const double kv = bench_bytes::KvBytesPerToken(c, n);
+    const double roof = (static_cast<double>(checkpoint_bytes) + kv) / median / (copy_gbs * 1e9);
+    const double engine = (static_cast<double>(engine_bytes) + kv) / median / (copy_gbs * 1e9);
+    std::fprintf(stderr, "context %7lld: %.2f ms a step, %.1f tokens/s, %.3f of the roofline (%.3f of the engine's bytes)\n",
+                 static_cast<long long>(n), median * 1e3, 1.0 / median, roof, engine);
+    results.push_back({{"context", n},
+                       {"step_ms", {{"p50", 1e3 * median}, {"p90", 1e3 * bench::Percentile(step_s, 0.9)}}},
+                       {"tokens_per_s", 1.0 / median},
+                       {"kv_bytes_per_step", kv},
+                       {"fraction_of_roofline", roof},
+                       {"fraction_of_engine_bytes", engine}});
+  }
+  nlohmann::ordered_json out = {
+      {"benchmark", "v4_cuda_decode_batch1"},
+      {"config", config_path},
+      {"model_summary", c.Summary()},
+      {"routed_experts_stored", experts},
+      {"weights_on_gpu_bytes", m.weight_bytes()},
+      {"checkpoint_bytes_per_step", checkpoint_bytes},
+      {"engine_bytes_per_step", engine_bytes},
+      {"reference_copy_gbs", copy_gbs},
+      {"logits_finite", finite},
+      {"results", results},
+      {"goal_reference", "roofline: (checkpoint-format weight bytes + float32 KV bytes a step reads) / the same run's "
+                         "device copy rate (bytes read + written per second)"},
+  };
+  const std::string text = out.dump(2);
+  std::printf("%s\n", text.c_str());
+  if (!json_path.empty()) {
+    if (std::FILE* f = std::fopen(json_path.c_str(), "w")) {
+      std::fprintf(f, "%s\n", text.c_str());
+      std::fclose(f);
+    }
+  }
+  return finite ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace tandem::v4
+
+int main(int argc, char** argv) { return tandem::v4::Main(argc, argv); }
