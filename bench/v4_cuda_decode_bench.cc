@@ -17,8 +17,7 @@
 // Bytes a step reads: bench/v4_decode_bytes.h, in two forms: `checkpoint_bytes` (the
 // weights as the FP8 checkpoint stores them, FP4 at half a byte plus a ue8m0 byte per 32:
 // the goal's roofline) and `engine_bytes` (what this engine's GPU form reads: bf16
-// matrices, the grouped output projection and, in compressing layers, q_a and kv (stacked
-// with the bf16 compressors) widened to float32, FP4 scales as floats).
+// matrices widened to float32, FP4 scales as floats).
 // The KV entries are float32 in both.
 #include <cuda_runtime.h>
 
@@ -154,8 +153,8 @@ class SyntheticWeights {
   ModelWeights w_;
 };
 
-// What this engine's GPU form reads for a step beyond the checkpoint's bytes: bf16
-// matrices and the FP8 grouped output projection widened to float32, FP4 scales as floats.
+// What this engine's GPU form reads for a step: bf16 matrices widened to float32, FP4
+// scales as floats, FP8 as stored.
 uint64_t EngineBytes(const DeepseekV4Config& c, const ModelWeights& w) {
   const auto m = [](const WeightMatrix& x) -> uint64_t {
     const uint64_t n = static_cast<uint64_t>(x.rows) * x.cols;
@@ -166,13 +165,8 @@ uint64_t EngineBytes(const DeepseekV4Config& c, const ModelWeights& w) {
   uint64_t bytes = static_cast<uint64_t>(c.hidden_size) * 4;
   for (const LayerWeights& l : w.layers) {
     const AttentionWeights& a = l.attention;
-    // q_a and kv are stacked with the compressors' bf16 projections into one float32
-    // matrix where the layer compresses (cuda_v4_weights.cc).
-    const auto stacked = [&](const WeightMatrix& x) {
-      return a.compressor ? static_cast<uint64_t>(x.rows) * x.cols * 4 : m(x);
-    };
-    bytes += stacked(a.q_a_proj) + m(a.q_b_proj) + stacked(a.kv_proj) + m(a.o_b_proj);
-    for (const WeightMatrix& g : a.o_a_groups) bytes += static_cast<uint64_t>(g.rows) * g.cols * 4;
+    bytes += m(a.q_a_proj) + m(a.q_b_proj) + m(a.kv_proj) + m(a.o_b_proj);
+    for (const WeightMatrix& g : a.o_a_groups) bytes += m(g);
     if (a.compressor) bytes += m(a.compressor->kv_proj) + m(a.compressor->gate_proj);
     if (a.indexer) {
       bytes += m(a.indexer->compressor.kv_proj) + m(a.indexer->compressor.gate_proj) + m(a.indexer->q_b_proj) +

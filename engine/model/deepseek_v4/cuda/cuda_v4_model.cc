@@ -593,7 +593,9 @@ absl::Status CudaV4Model::Attention(int64_t layer) {
   const int rot = static_cast<int>(rope.rotary_dim), crot = static_cast<int>(c.compress_rope.rotary_dim);
   const float af = static_cast<float>(rope.AttentionFactor()), caf = static_cast<float>(c.compress_rope.AttentionFactor());
 
-  RETURN_IF_ERROR(Linear(st.u, c.hidden_size, lw.x_proj, st.xp, xw, rows));
+  for (const XProjPart& part : lw.x_proj) {
+    RETURN_IF_ERROR(Linear(st.u, c.hidden_size, part.matrix, st.xp + part.col, xw, rows));
+  }
   RETURN_IF_ERROR(Kernel(cuda::RmsNorm({.x = st.xp + lw.x_cols.q_a, .weight = lw.q_a_norm, .out = st.cq, .rows = rows,
                                         .dim = c.q_lora_rank, .x_stride = xw, .out_stride = c.q_lora_rank, .eps = eps},
                                        stream_),
@@ -695,12 +697,18 @@ absl::Status CudaV4Model::Attention(int64_t layer) {
   }
   // The grouped output projection: group g's heads through its block of o_a, then o_b.
   const int64_t groups = c.o_groups, r = c.o_lora_rank, in = c.o_group_in();
-  TANDEM_CUBLAS_RETURN(gemm_.BatchedF32({.a = st.o, .lda = hd, .stride_a = in, .b = lw.o_a.data, .ldb = in,
-                                         .stride_b = r * in, .b_transposed = true, .c = st.grouped,
-                                         .ldc = groups * r, .stride_c = r, .m = rows, .n = r, .k = in,
-                                         .batch = groups},
-                                        stream_),
-                       "the grouped output projection");
+  for (int64_t g = 0; g < static_cast<int64_t>(lw.o_a_groups.size()); ++g) {  // FP8 groups
+    RETURN_IF_ERROR(Linear(st.o + g * in, hd, lw.o_a_groups[static_cast<size_t>(g)], st.grouped + g * r, groups * r,
+                           rows));
+  }
+  if (lw.o_a_groups.empty()) {
+    TANDEM_CUBLAS_RETURN(gemm_.BatchedF32({.a = st.o, .lda = hd, .stride_a = in, .b = lw.o_a.data, .ldb = in,
+                                           .stride_b = r * in, .b_transposed = true, .c = st.grouped,
+                                           .ldc = groups * r, .stride_c = r, .m = rows, .n = r, .k = in,
+                                           .batch = groups},
+                                          stream_),
+                         "the grouped output projection");
+  }
   RETURN_IF_ERROR(Linear(st.grouped, groups * r, lw.o_b, st.sub, c.hidden_size, rows));
   // The ring keeps the last window of K=V rows (read above for the older positions).
   return RunCopies(sl.ring.src, sl.ring.bias, sl.ring.dst, sl.ring.rows, d, stream_, "the sliding window ring");

@@ -160,25 +160,30 @@ absl::StatusOr<CudaV4Layer> Layer(const DeepseekV4Config& c, AttentionType type,
   ASSIGN_OR_RETURN(l.ffn_hc, up.Hyper(lw.ffn_hc.fn, lw.ffn_hc.base, lw.ffn_hc.scale, mix, 3));
 
   const AttentionWeights& a = lw.attention;
-  std::vector<const WeightMatrix*> x_parts = {&a.q_a_proj, &a.kv_proj};
   XProjColumns& cols = l.x_cols;
   cols.q_a = 0;
   cols.kv = a.q_a_proj.rows;
   int64_t width = cols.kv + a.kv_proj.rows;
+  ASSIGN_OR_RETURN(DeviceMatrix queries, up.Stack({&a.q_a_proj, &a.kv_proj}, "the input projections"));
+  l.x_proj.push_back({queries, 0});
+  std::vector<const WeightMatrix*> compressors;
   if (type != AttentionType::kSliding) {
     cols.compressor = width;
-    x_parts.push_back(&a.compressor->kv_proj);
-    x_parts.push_back(&a.compressor->gate_proj);
+    compressors.push_back(&a.compressor->kv_proj);
+    compressors.push_back(&a.compressor->gate_proj);
     width += a.compressor->kv_proj.rows + a.compressor->gate_proj.rows;
   }
   if (type == AttentionType::kCompressedSparse) {
     cols.indexer_compressor = width;
-    x_parts.push_back(&a.indexer->compressor.kv_proj);
-    x_parts.push_back(&a.indexer->compressor.gate_proj);
+    compressors.push_back(&a.indexer->compressor.kv_proj);
+    compressors.push_back(&a.indexer->compressor.gate_proj);
     width += a.indexer->compressor.kv_proj.rows + a.indexer->compressor.gate_proj.rows;
   }
+  if (!compressors.empty()) {
+    ASSIGN_OR_RETURN(DeviceMatrix m, up.Stack(compressors, "the compressors' projections"));
+    l.x_proj.push_back({m, cols.compressor});
+  }
   cols.width = width;
-  ASSIGN_OR_RETURN(l.x_proj, up.Stack(x_parts, "the input projections"));
 
   ASSIGN_OR_RETURN(l.q_a_norm, up.Floats(a.q_a_norm, c.q_lora_rank, "q_a_norm"));
   ASSIGN_OR_RETURN(l.kv_norm, up.Floats(a.kv_norm, c.head_dim, "kv_norm"));
@@ -187,7 +192,14 @@ absl::StatusOr<CudaV4Layer> Layer(const DeepseekV4Config& c, AttentionType type,
     ASSIGN_OR_RETURN(l.index_q_b, up.Matrix(a.indexer->q_b_proj, "the indexer's q_b_proj"));
     ASSIGN_OR_RETURN(l.index_weights, up.Matrix(a.indexer->weights_proj, "the indexer's weights_proj"));
   }
-  {
+  bool o_a_fp8 = true;
+  for (const WeightMatrix& g : a.o_a_groups) o_a_fp8 = o_a_fp8 && g.dtype == DType::kF8E4M3 && g.cols % 16 == 0;
+  if (o_a_fp8) {
+    for (const WeightMatrix& g : a.o_a_groups) {
+      ASSIGN_OR_RETURN(DeviceMatrix m, up.Matrix(g, "o_a_proj"));
+      l.o_a_groups.push_back(m);
+    }
+  } else {
     const int64_t r = c.o_lora_rank, in = c.o_group_in();
     std::vector<float> o_a(static_cast<size_t>(c.o_groups * r * in));
     for (int64_t g = 0; g < c.o_groups; ++g) {

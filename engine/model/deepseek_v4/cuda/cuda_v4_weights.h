@@ -5,8 +5,8 @@
 // values either way). Everything else is float32 (bf16 widened exactly), so that the GPU
 // computes what the CPU engine computes but for the order of its sums. Matrices that read the same input are stacked
 // into one, one product for all:
-//   - x_proj:  [q_a (q_lora) | kv (head_dim) | compressor kv, gate (2 x proj) |
-//               indexer compressor kv, gate (2 x 2 index_head_dim)]
+//   - x_proj:  [q_a (q_lora) | kv (head_dim)] and [compressor kv, gate (2 x proj) |
+//               indexer compressor kv, gate (2 x 2 index_head_dim)], one output row
 //   - experts: gate and up stacked ([2 I][D]: the clamped SwiGLU's two halves), down.
 #pragma once
 
@@ -55,18 +55,27 @@ struct ExpertMatrices {
   DeviceMatrix down;     // [D][I]
 };
 
+// One of the matrices the attention input is multiplied by, writing columns [col, col +
+// rows) of x_proj's output row: matrices of one stored form stacked, so that FP8 ones
+// stay FP8 beside the compressors' bf16.
+struct XProjPart {
+  DeviceMatrix matrix;
+  int64_t col = 0;
+};
+
 struct CudaV4Layer {
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
   HyperSite attn_hc, ffn_hc;
-  DeviceMatrix x_proj;
+  std::vector<XProjPart> x_proj;
   XProjColumns x_cols;
   const float* q_a_norm = nullptr;
   const float* kv_norm = nullptr;
   DeviceMatrix q_b;            // [H d][q_lora]
   DeviceMatrix index_q_b;      // CSA: [index heads x index dim][q_lora]
   DeviceMatrix index_weights;  // CSA: [index heads][D]
-  DeviceMatrix o_a;      // [G R][H d / G]: group g's rows g R ..
+  DeviceMatrix o_a;      // [G R][H d / G]: group g's rows g R .. (float32), or
+  std::vector<DeviceMatrix> o_a_groups;  // each group's [R][H d / G] where all are FP8
   DeviceMatrix o_b;      // [D][G R]
   const float* sinks = nullptr;
   CompressorParams compressor, indexer_compressor;
