@@ -20,7 +20,8 @@ export TANDEM_CACHE_DIR=/tmp/tc TANDEM_SOURCE_DIR="$root"
 bin="$root/.carry/device/bin"
 # shellcheck source=check.sh
 source "$root/scripts/device/check.sh"
-for t in hyper_connections v4_moe_routing sink_attention v4_ops v4_compressor v4_key_select quantized_gemv; do
+# KERNELS="a b" limits the kernel tests to those named (a short run after one kernel changed).
+for t in ${KERNELS:-hyper_connections v4_moe_routing sink_attention v4_ops v4_compressor v4_key_select quantized_gemv}; do
   check "$t" "$bin/kernels_cuda_${t}_test"
   check "memcheck_$t" compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/kernels_cuda_${t}_test"
   expect_in "memcheck_$t" "ERROR SUMMARY: 0 errors"
