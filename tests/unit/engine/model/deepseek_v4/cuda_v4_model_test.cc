@@ -31,14 +31,22 @@ std::vector<int32_t> Tokens(int64_t n, uint32_t seed) { return testing::RandomTo
 
 int64_t Argmax(const float* row) { return std::max_element(row, row + kVocab) - row; }
 
-class CudaV4ModelTest : public tandem::testing::GpuTest, public ::testing::WithParamInterface<DType> {
+// The checkpoints: tiny-v4 in float32, as DeepSeek's FP8 checkpoint, and the FP8 one with
+// q_lora_rank and o_lora_rank at 128 (whole 128-row scale blocks: q_a stays FP8 stacked
+// with kv, and the grouped output projection's groups stay FP8).
+enum class Checkpoint { kF32, kFp8, kFp8WholeBlocks };
+
+class CudaV4ModelTest : public tandem::testing::GpuTest, public ::testing::WithParamInterface<Checkpoint> {
  protected:
   static void SetUpTestSuite() {
     tmp_ = new TempDir();
-    dirs_ = new std::map<DType, std::string>();
-    for (DType t : {DType::kF32, DType::kF8E4M3}) {
-      (*dirs_)[t] = MakeV4Model(*tmp_, t == DType::kF32 ? "tiny-v4" : "tiny-v4-fp8", TinyV4Json(kVocab).dump(), t);
-    }
+    dirs_ = new std::map<Checkpoint, std::string>();
+    (*dirs_)[Checkpoint::kF32] = MakeV4Model(*tmp_, "tiny-v4", TinyV4Json(kVocab).dump());
+    (*dirs_)[Checkpoint::kFp8] = MakeV4Model(*tmp_, "tiny-v4-fp8", TinyV4Json(kVocab).dump(), DType::kF8E4M3);
+    nlohmann::json wide = TinyV4Json(kVocab);
+    wide["q_lora_rank"] = 128;
+    wide["o_lora_rank"] = 128;
+    (*dirs_)[Checkpoint::kFp8WholeBlocks] = MakeV4Model(*tmp_, "tiny-v4-fp8-blocks", wide.dump(), DType::kF8E4M3);
   }
   static void TearDownTestSuite() {
     delete dirs_;
@@ -54,9 +62,12 @@ class CudaV4ModelTest : public tandem::testing::GpuTest, public ::testing::WithP
     absl::StatusOr<std::unique_ptr<cuda_v4::CudaV4Model>> gpu = cuda_v4::CudaV4Model::Load(dir, {});
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     gpu_ = std::move(*gpu);
-    if (GetParam() == DType::kF8E4M3) {
+    if (GetParam() != Checkpoint::kF32) {
       ASSERT_GT(gpu_->fp8_matrices(), 0) << "the FP8 checkpoint's linears should stay FP8 on the GPU";
       ASSERT_GT(gpu_->fp4_matrices(), 0) << "the FP8 checkpoint's FP4 experts should stay FP4 on the GPU";
+    }
+    if (GetParam() == Checkpoint::kFp8WholeBlocks) {  // q_a + kv, q_b, 2 o_a groups, o_b, the shared expert's 2
+      ASSERT_GE(gpu_->fp8_matrices(), 7 * cpu_->config().num_hidden_layers);
     }
     const KvPool::Geometry g{.num_layers = static_cast<int32_t>(cpu_->config().num_hidden_layers),
                              .block_size = 64, .num_blocks = 32, .num_sequence_slots = 12};
@@ -67,13 +78,13 @@ class CudaV4ModelTest : public tandem::testing::GpuTest, public ::testing::WithP
   }
 
   static TempDir* tmp_;
-  static std::map<DType, std::string>* dirs_;
+  static std::map<Checkpoint, std::string>* dirs_;
   std::unique_ptr<PagedV4Model> cpu_;
   std::unique_ptr<cuda_v4::CudaV4Model> gpu_;
   std::unique_ptr<KvPool> pool_;
 };
 TempDir* CudaV4ModelTest::tmp_ = nullptr;
-std::map<DType, std::string>* CudaV4ModelTest::dirs_ = nullptr;
+std::map<Checkpoint, std::string>* CudaV4ModelTest::dirs_ = nullptr;
 
 struct Seq {
   std::vector<int32_t> tokens;
@@ -200,9 +211,12 @@ TEST_P(CudaV4ModelTest, RefusesBadBatches) {
             absl::StatusCode::kUnimplemented);
 }
 
-INSTANTIATE_TEST_SUITE_P(Checkpoints, CudaV4ModelTest, ::testing::Values(DType::kF32, DType::kF8E4M3),
-                         [](const ::testing::TestParamInfo<DType>& info) {
-                           return std::string(info.param == DType::kF32 ? "F32" : "Fp8");
+INSTANTIATE_TEST_SUITE_P(Checkpoints, CudaV4ModelTest,
+                         ::testing::Values(Checkpoint::kF32, Checkpoint::kFp8, Checkpoint::kFp8WholeBlocks),
+                         [](const ::testing::TestParamInfo<Checkpoint>& info) {
+                           return std::string(info.param == Checkpoint::kF32    ? "F32"
+                                              : info.param == Checkpoint::kFp8 ? "Fp8"
+                                                                               : "Fp8WholeBlocks");
                          });
 
 }  // namespace
