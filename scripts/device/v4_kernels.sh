@@ -30,8 +30,10 @@ if [ -x "$bin/kernels_cuda_ops_test" ]; then  # the FP8 widening the V4 model's 
   check convert "$bin/kernels_cuda_ops_test" --gtest_filter='*Convert*'
 fi
 SHOW='^\[ *(FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|rows |greedy' check v4_model "$bin/engine_model_v4_cuda_model_test"
-check memcheck_v4_model timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/engine_model_v4_cuda_model_test"
-expect_in memcheck_v4_model "ERROR SUMMARY: 0 errors"
+if [ "${MEMCHECK_MODEL:-1}" = 1 ]; then  # MEMCHECK_MODEL=0: a short run
+  check memcheck_v4_model timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/engine_model_v4_cuda_model_test"
+  expect_in memcheck_v4_model "ERROR SUMMARY: 0 errors"
+fi
 check v4_engine "$bin/engine_runtime_engine_v4_cuda_test"
 if [ -x "$bin/quantized_gemv_bench" ]; then
   SHOW='GB/s|copy_gbs' check gemv_bench "$bin/quantized_gemv_bench" --json "${OUT:-/tmp}/quantized_gemv_bench.json"
