@@ -51,6 +51,7 @@
 #include <cuda_runtime.h>
 
 #include "bench/cuda_check.h"
+#include "bench/cuda_copy_rate.h"
 #include "engine/model/cuda/cuda_deepseek_model.h"
 #include "kernels/cuda/cublas_gemm.h"
 #include "kernels/cuda/random_init.h"
@@ -80,33 +81,6 @@ double Median(std::vector<double> v) {
 }
 double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-}
-
-// Bytes read + written per second by a large device-to-device copy (best of 10).
-double CopyBandwidth() {
-  const size_t bytes = size_t{2} << 30;
-  void *src, *dst;
-  CHECK_CUDA(cudaMalloc(&src, bytes));
-  CHECK_CUDA(cudaMalloc(&dst, bytes));
-  CHECK_CUDA(cudaMemset(src, 1, bytes));
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  double best = 0;
-  for (int i = 0; i < 12; ++i) {
-    CHECK_CUDA(cudaEventRecord(a));
-    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-    CHECK_CUDA(cudaEventRecord(b));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    if (i >= 2) best = std::max(best, 2.0 * bytes / (ms * 1e-3));
-  }
-  cudaFree(src);
-  cudaFree(dst);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return best;
 }
 
 // FLOP/s of an n^3 bf16 GEMM (fp32 accumulation, bf16 out) through cuBLAS, random data,
@@ -357,7 +331,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
 
-  const double copy_bw = CopyBandwidth();
+  const double copy_bw = bench::DeviceCopyBytesPerSecond();
   const double gemm_rate = CublasRate(8192);
   std::printf("references: device-to-device copy %.0f GB/s (read + write), cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s\n",
               copy_bw / 1e9, gemm_rate / 1e12);

@@ -116,6 +116,18 @@ int main(int argc, char** argv) {
   std::string json = "{\"bench\": \"quantized_gemv\", \"device\": \"" + std::string(prop.name) +
                      "\", \"copy_gbs\": " + std::to_string(copy_gbs) + ", \"results\": [";
   bool first = true;
+  // One result: a line on stdout and an entry of the JSON.
+  auto report = [&](const char* name, int m, int64_t n, int64_t k, double bytes, double ms) {
+    const double gbs = bytes / (ms * 1e6);
+    std::printf("%-58s m %d: %8.1f us, %7.1f GB/s of weights, %.2f of the copy (%.0f GB/s)\n", name, m, ms * 1e3, gbs,
+                gbs / copy_gbs, copy_gbs);
+    json += std::string(first ? "" : ", ") + "{\"shape\": \"" + name + "\", \"m\": " + std::to_string(m) +
+            ", \"n\": " + std::to_string(n) + ", \"k\": " + std::to_string(k) +
+            ", \"weight_bytes\": " + std::to_string(static_cast<int64_t>(bytes)) + ", \"us\": " +
+            std::to_string(ms * 1e3) + ", \"weight_gbs\": " + std::to_string(gbs) +
+            ", \"of_copy\": " + std::to_string(gbs / copy_gbs) + "}";
+    first = false;
+  };
   for (const Shape& s : shapes) {
     const bool fp8 = s.format == tandem::cuda::QuantizedWeight::kFp8Block128;
     const size_t wbytes = static_cast<size_t>(s.n * (fp8 ? s.k : s.k / 2));
@@ -134,7 +146,7 @@ int main(int argc, char** argv) {
     FillFloats<<<256, 256>>>(x, static_cast<size_t>(8 * s.k), 0.5f);
     CHECK_CUDA(cudaGetLastError());
     for (int m : {1, 4, 8}) {
-      if (static_cast<int64_t>(m) * s.k * 4 > tandem::cuda::kQuantizedGemvMaxSharedBytes) continue;
+      if (tandem::cuda::QuantizedGemvSharedBytes(m, s.k) > tandem::cuda::kQuantizedGemvMaxSharedBytes) continue;
       tandem::cuda::QuantizedGemvParams p{.format = s.format, .w = w, .scales = scales, .x = x, .ldx = s.k,
                                           .y = y, .ldy = s.n, .m = m, .n = s.n, .k = s.k};
       size_t next = 0;
@@ -142,14 +154,7 @@ int main(int argc, char** argv) {
         p.w = w + (next++ % copies) * wbytes;
         CHECK_CUDA(tandem::cuda::QuantizedGemv(p, nullptr));
       });
-      const double gbs = static_cast<double>(wbytes) / (ms * 1e6);
-      std::printf("%-58s m %d: %8.1f us, %7.1f GB/s of weights, %.2f of the copy (%.0f GB/s)\n", s.name, m,
-                  ms * 1e3, gbs, gbs / copy_gbs, copy_gbs);
-      json += std::string(first ? "" : ", ") + "{\"shape\": \"" + s.name + "\", \"m\": " + std::to_string(m) +
-              ", \"n\": " + std::to_string(s.n) + ", \"k\": " + std::to_string(s.k) +
-              ", \"weight_bytes\": " + std::to_string(wbytes) + ", \"us\": " + std::to_string(ms * 1e3) +
-              ", \"weight_gbs\": " + std::to_string(gbs) + ", \"of_copy\": " + std::to_string(gbs / copy_gbs) + "}";
-      first = false;
+      report(s.name, m, s.n, s.k, static_cast<double>(wbytes), ms);
     }
     CHECK_CUDA(cudaFree(w));
     CHECK_CUDA(cudaFree(scales));
@@ -206,15 +211,7 @@ int main(int argc, char** argv) {
         p.ids = ids + (next++ % kIdSets) * kTopK;
         CHECK_CUDA(tandem::cuda::QuantizedGemv(p, nullptr));
       });
-      const double bytes = static_cast<double>(wbytes) * kTopK;
-      const double gbs = bytes / (ms * 1e6);
-      std::printf("%-58s m 1: %8.1f us, %7.1f GB/s of weights, %.2f of the copy (%.0f GB/s)\n", r.name, ms * 1e3, gbs,
-                  gbs / copy_gbs, copy_gbs);
-      json += std::string(first ? "" : ", ") + "{\"shape\": \"" + r.name + "\", \"m\": 1, \"n\": " +
-              std::to_string(r.n) + ", \"k\": " + std::to_string(r.k) + ", \"weight_bytes\": " +
-              std::to_string(static_cast<int64_t>(bytes)) + ", \"us\": " + std::to_string(ms * 1e3) +
-              ", \"weight_gbs\": " + std::to_string(gbs) + ", \"of_copy\": " + std::to_string(gbs / copy_gbs) + "}";
-      first = false;
+      report(r.name, 1, r.n, r.k, static_cast<double>(wbytes) * kTopK, ms);
       CHECK_CUDA(cudaFree(w));
       CHECK_CUDA(cudaFree(scales));
       CHECK_CUDA(cudaFree(x));

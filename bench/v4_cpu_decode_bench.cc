@@ -4,10 +4,10 @@
 //   v4_cpu_decode_bench --model DIR [--threads N] [--prompt-len P] [--steps S] [--json FILE]
 //
 // Bytes a step reads: bench/v4_decode_bytes.h (FP4 experts counted as the bf16 the CPU
-// widens them to and reads). Two paths are timed on the
-// same prompt: the model's own state (DeepseekV4Model::Forward) and the served path over
-// the paged pool (PagedV4Model, which copies each sequence's state in and out per step);
-// `paged_over_state` is the served path's speed relative to the state path.
+// widens them to and reads). Two paths are timed on the same prompt: the model's own state
+// (DeepseekV4Model::Forward) and the served path over the paged pool (PagedV4Model, which
+// copies each sequence's state in and out per step); `paged_over_state` is the served
+// path's speed relative to the state path.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

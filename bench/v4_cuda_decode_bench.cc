@@ -1,6 +1,5 @@
 // DeepSeek-V4 decode on the GPU (engine/model/deepseek_v4/cuda) at a config's real widths,
-// against the memory roofline measured in the same run (a device-to-device copy's bytes
-// read + written per second).
+// against the memory roofline measured in the same run (bench/cuda_copy_rate.h).
 //
 //   v4_cuda_decode_bench [--config FILE] [--layers N] [--experts E] [--contexts 1024,32768,...]
 //                        [--steps S] [--json FILE]
@@ -35,6 +34,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/cuda_copy_rate.h"
 #include "bench/read_bandwidth.h"
 #include "bench/v4_decode_bytes.h"
 #include "engine/model/deepseek_v4/cuda/cuda_v4_model.h"
@@ -180,31 +180,6 @@ uint64_t EngineBytes(const DeepseekV4Config& c, const ModelWeights& w) {
   return bytes + m(w.hc_head.fn) + m(w.head);
 }
 
-double CopyGbs() {
-  const size_t bytes = size_t{1} << 30;
-  void *src = nullptr, *dst = nullptr;
-  if (cudaMalloc(&src, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess) return 0.0;
-  cudaMemset(src, 1, bytes);
-  std::vector<double> ms;
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 12; ++i) {
-    cudaEventRecord(a);
-    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float t = 0.0f;
-    cudaEventElapsedTime(&t, a, b);
-    if (i >= 2) ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaFree(src);
-  cudaFree(dst);
-  return 2.0 * static_cast<double>(bytes) / (bench::Percentile(ms, 0.5) * 1e6);
-}
-
 int Usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--config FILE] [--layers N] [--experts E] [--contexts N,N,...] [--steps S] [--json FILE]\n"
@@ -269,7 +244,7 @@ int Main(int argc, char** argv) {
   }
   const DeepseekV4Config& c = *parsed;
   if (experts <= 0 || experts > c.n_routed_experts) experts = c.n_routed_experts;
-  const double copy_gbs = CopyGbs();
+  const double copy_gbs = bench::DeviceCopyBytesPerSecond() / 1e9;
   std::fprintf(stderr, "model: %s, %lld routed experts stored a layer; copy %.0f GB/s; building weights ...\n",
                c.Summary().c_str(), static_cast<long long>(experts), copy_gbs);
   const auto t0 = Clock::now();

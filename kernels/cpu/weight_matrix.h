@@ -19,9 +19,10 @@ struct WeightMatrix {
   int64_t cols = 0;
   const std::byte* data = nullptr;      // not necessarily aligned
   const float* block_scales = nullptr;  // FP8 only: [ceil(rows/128), ceil(cols/128)]
-  // FP4 e2m1 checkpoints only (dtype is then the bf16 widening in `data`): the stored codes
-  // ([rows][cols / 2], two a byte, low nibble first) and their scales ([rows][cols / 32]),
-  // for devices that read FP4 directly. The CPU kernels ignore them.
+  // FP4 e2m1 checkpoints only (dtype is then the bf16 widening in `data`), where every scale
+  // is a power of two (so the widening is exact): the stored codes ([rows][cols / 2], two a
+  // byte, low nibble first) and their scales ([rows][cols / 32]), for devices that read FP4
+  // directly. The CPU kernels ignore them.
   const uint8_t* fp4_codes = nullptr;
   const float* fp4_scales = nullptr;
 

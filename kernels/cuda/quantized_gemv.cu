@@ -16,9 +16,10 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kDepth = 4;  // 16-byte weight loads per lane per pipeline stage (two stages in flight)
 
 // x lives in shared memory as float4s, row r's float4 f at xs[r * stride + Swizzle(f)]
-// (stride: k / 4 rounded up to 8). A lane reads the float4s of its own 16-byte weight load,
-// and the lanes of a warp take consecutive loads; the XOR spreads their reads of one step
-// over distinct banks (without it, eight lanes would hit the same four banks).
+// (stride: k / 4 rounded up to 8, as QuantizedGemvSharedBytes counts). A lane reads the
+// float4s of its own 16-byte weight load, and the lanes of a warp take consecutive loads;
+// the XOR spreads their reads of one step over distinct banks (without it, eight lanes
+// would hit the same four banks).
 __device__ __forceinline__ int Swizzle(int f) { return f ^ ((f >> 3) & 7); }
 
 __device__ __forceinline__ float2 Half2Bits(uint32_t bits) {
@@ -235,8 +236,7 @@ cudaError_t LaunchRows(const QuantizedGemvParams& p, size_t shared, cudaStream_t
 
 template <QuantizedWeight F>
 cudaError_t LaunchFormat(const QuantizedGemvParams& p, cudaStream_t stream) {
-  const int64_t stride = ((p.k / 4) + 7) & ~int64_t{7};
-  const size_t shared = static_cast<size_t>(p.m * stride) * sizeof(float4);
+  const size_t shared = static_cast<size_t>(QuantizedGemvSharedBytes(p.m, p.k));
   switch (p.m) {
     case 1: return LaunchRows<1, F>(p, shared, stream);
     case 2: return LaunchRows<2, F>(p, shared, stream);
@@ -255,13 +255,12 @@ cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   const int64_t vec = p.format == QuantizedWeight::kFp8Block128 ? 16 : 32;
   const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  const int64_t stride = ((p.k / 4) + 7) & ~int64_t{7};
   if ((p.experts == nullptr && (p.w == nullptr || p.scales == nullptr)) || p.x == nullptr || p.y == nullptr || p.m < 1 ||
       p.m > kQuantizedGemvMaxRows || p.n < 0 || p.n > (int64_t{1} << 30) || p.k <= 0 || p.k % vec != 0 ||
       p.ldx < p.k || p.ldy < p.n || (p.experts == nullptr && !aligned(p.w)) ||
       (p.experts != nullptr && (p.m != 1 || p.ids == nullptr || p.num_experts < 1 || p.problems < 1 ||
                                 p.problems > 65535 || p.x_group < 1)) ||
-      static_cast<int64_t>(p.m) * stride * static_cast<int64_t>(sizeof(float4)) > kQuantizedGemvMaxSharedBytes) {
+      QuantizedGemvSharedBytes(p.m, p.k) > kQuantizedGemvMaxSharedBytes) {
     return cudaErrorInvalidValue;
   }
   if (p.format == QuantizedWeight::kFp8Block128) return LaunchFormat<QuantizedWeight::kFp8Block128>(p, stream);

@@ -17,7 +17,8 @@
 // Persistent: as many blocks as stay resident, each staging x once in shared memory (m * k
 // floats, at most kQuantizedGemvMaxSharedBytes) and then streaming weight rows, one warp per
 // row, each lane's 16-byte loads pipelined two stages deep across the warp's rows. k a
-// multiple of 16 (FP8) or 32 (FP4), weight rows 16-byte aligned. No allocation;
+// multiple of 16 (FP8) or 32 (FP4), weight rows (every expert's, in the routed form)
+// 16-byte aligned. No allocation;
 // graph-capturable; programmatic dependent launch (the first weights load before the wait).
 #pragma once
 
@@ -31,6 +32,10 @@ enum class QuantizedWeight : int { kFp8Block128 = 0, kFp4Group32 = 1 };
 
 inline constexpr int kQuantizedGemvMaxRows = 8;
 inline constexpr int64_t kQuantizedGemvMaxSharedBytes = 200 * 1024;
+
+// The shared memory a product of m rows of width k stages (x as float4s, each row padded to
+// a multiple of 8 of them): the call is refused above kQuantizedGemvMaxSharedBytes.
+inline constexpr int64_t QuantizedGemvSharedBytes(int64_t m, int64_t k) { return m * (((k / 4) + 7) & ~int64_t{7}) * 16; }
 
 // One expert's matrix of the routed form (below): codes and scales as in the params.
 struct QuantizedMatrixRef {

@@ -256,8 +256,17 @@ class WeightResolver {
         }
         w.dtype = DType::kBF16;
         w.data = reinterpret_cast<const std::byte*>(dst.data());
-        w.fp4_codes = src;
-        w.fp4_scales = scales;
+        // The stored form too, where the bf16 widening is exact (every scale a power of
+        // two, as ue8m0 scales are), so that a device reading it computes the same values.
+        bool exact = true;
+        for (int64_t i = 0; i < rows * groups && exact; ++i) {
+          int e = 0;
+          exact = scales[i] > 0.0f && std::frexp(scales[i], &e) == 0.5f;
+        }
+        if (exact) {
+          w.fp4_codes = src;
+          w.fp4_scales = scales;
+        }
         ++w_.fp4_matrices;
         return w;
       }

@@ -496,25 +496,25 @@ absl::Status CudaV4Model::Linear(const float* x, int64_t ldx, const DeviceMatrix
                                  int64_t m) {
   if (m == 0) return absl::OkStatus();
   const float* dense = w.data;
-  if (w.fp8 != nullptr || w.fp4 != nullptr) {
+  if (w.narrow()) {
     // Decode-sized products read the narrow codes directly (memory-bound on the weights);
     // larger ones widen the matrix once and run the float32 GEMM.
-    const bool fp8 = w.fp8 != nullptr;
     if (m <= cuda::kQuantizedGemvMaxRows &&
-        m * ((w.cols / 4 + 7) / 8 * 8) * 16 <= cuda::kQuantizedGemvMaxSharedBytes) {
-      return Kernel(
-          cuda::QuantizedGemv({.format = fp8 ? cuda::QuantizedWeight::kFp8Block128 : cuda::QuantizedWeight::kFp4Group32,
-                               .w = fp8 ? w.fp8 : w.fp4, .scales = fp8 ? w.fp8_scales : w.fp4_scales, .x = x,
-                               .ldx = ldx, .y = y, .ldy = ldy, .m = static_cast<int>(m), .n = w.rows, .k = w.cols},
-                              stream_),
-          "a narrow matrix-vector product");
+        cuda::QuantizedGemvSharedBytes(m, w.cols) <= cuda::kQuantizedGemvMaxSharedBytes) {
+      return Kernel(cuda::QuantizedGemv({.format = w.format, .w = w.codes, .scales = w.scales, .x = x, .ldx = ldx,
+                                         .y = y, .ldy = ldy, .m = static_cast<int>(m), .n = w.rows, .k = w.cols},
+                                        stream_),
+                    "a narrow matrix-vector product");
     }
     float* wide = widened_.get<float>();
     RETURN_IF_ERROR(Kernel(
-        fp8 ? cuda::DequantizeFp8ToF32(
-                  {.src = w.fp8, .scales = w.fp8_scales, .dst = wide, .rows = w.rows, .cols = w.cols}, stream_)
-            : cuda::DequantizeFp4ToF32(
-                  {.src = w.fp4, .scales = w.fp4_scales, .dst = wide, .rows = w.rows, .cols = w.cols}, stream_),
+        w.format == cuda::QuantizedWeight::kFp8Block128
+            ? cuda::DequantizeFp8ToF32({.src = w.codes, .scales = w.scales, .dst = wide, .rows = w.rows,
+                                        .cols = w.cols},
+                                       stream_)
+            : cuda::DequantizeFp4ToF32({.src = w.codes, .scales = w.scales, .dst = wide, .rows = w.rows,
+                                        .cols = w.cols},
+                                       stream_),
         "widening a narrow matrix"));
     dense = wide;
   }
@@ -784,12 +784,7 @@ absl::Status CudaV4Model::Moe(int64_t layer) {
     RETURN_IF_ERROR(Linear(st.act + at * inter, inter, lw.experts[static_cast<size_t>(x)].down, st.expert_out + at * d,
                            d, m));
   }
-  // The shared expert into sub, then the routed outputs weighted and added to it.
-  RETURN_IF_ERROR(SharedExpert(layer));
-  return Kernel(cuda::WeightedRowSum({.rows = drows, .weights = st.route_w, .k = static_cast<int>(k), .tokens = rows,
-                                      .width = d, .add = st.sub, .add_stride = d, .out = st.sub, .out_stride = d},
-                                     stream_),
-                "combining the experts");
+  return SharedExpertAndCombine(layer, drows);
 }
 
 // Decode-sized passes with narrow experts: each (token, slot) a problem of the routed
@@ -819,16 +814,12 @@ absl::Status CudaV4Model::RoutedOnDevice(int64_t layer) {
                                               .ids = st.route_ids, .problems = problems, .x_group = 1},
                                              stream_),
                          "the routed experts' down projections"));
-  RETURN_IF_ERROR(SharedExpert(layer));
-  return Kernel(cuda::WeightedRowSum({.rows = st.routed_rows, .weights = st.route_w, .k = static_cast<int>(k),
-                                      .tokens = rows, .width = d, .add = st.sub, .add_stride = d, .out = st.sub,
-                                      .out_stride = d},
-                                     stream_),
-                "combining the experts");
+  return SharedExpertAndCombine(layer, st.routed_rows);
 }
 
-// The shared expert of every row into sub.
-absl::Status CudaV4Model::SharedExpert(int64_t layer) {
+// The shared expert of every row into sub, then the routed outputs (`routed`: a row per
+// token and slot, null for none) weighted and added to it.
+absl::Status CudaV4Model::SharedExpertAndCombine(int64_t layer, const float* const* routed) {
   const DeepseekV4Config& c = config_;
   Step& st = *step_;
   const CudaV4Layer& lw = weights_->layers[static_cast<size_t>(layer)];
@@ -839,7 +830,12 @@ absl::Status CudaV4Model::SharedExpert(int64_t layer) {
                                               .out = st.shared_act, .out_stride = inter},
                                              stream_),
                          "the shared expert's activation"));
-  return Linear(st.shared_act, inter, lw.shared.down, st.sub, d, rows);
+  RETURN_IF_ERROR(Linear(st.shared_act, inter, lw.shared.down, st.sub, d, rows));
+  return Kernel(cuda::WeightedRowSum({.rows = routed, .weights = st.route_w,
+                                      .k = static_cast<int>(c.num_experts_per_tok), .tokens = rows, .width = d,
+                                      .add = st.sub, .add_stride = d, .out = st.sub, .out_stride = d},
+                                     stream_),
+                "combining the experts");
 }
 
 absl::StatusOr<std::vector<float>> CudaV4Model::Logits() {

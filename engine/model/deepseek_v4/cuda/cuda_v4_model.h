@@ -85,7 +85,7 @@ class CudaV4Model {
   absl::Status Attention(int64_t layer);
   absl::Status Moe(int64_t layer);
   absl::Status RoutedOnDevice(int64_t layer);
-  absl::Status SharedExpert(int64_t layer);
+  absl::Status SharedExpertAndCombine(int64_t layer, const float* const* routed);
   absl::StatusOr<std::vector<float>> Logits();
   absl::Status Linear(const float* x, int64_t ldx, const DeviceMatrix& w, float* y, int64_t ldy, int64_t m);
 

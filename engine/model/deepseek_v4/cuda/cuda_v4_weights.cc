@@ -1,7 +1,6 @@
 #include "engine/model/deepseek_v4/cuda/cuda_v4_weights.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -33,8 +32,8 @@ class Uploader {
   }
   // The matrices stacked by rows (equal cols): FP8 where every part is FP8 with whole
   // 128-row scale blocks (but the last) and the GEMV's k a multiple of 16; FP4 where every
-  // part was stored FP4 with power-of-two scales (so that the CPU's bf16 widening is
-  // exact) and k a multiple of 32; else each widened to float32 as the CPU does.
+  // part keeps its stored FP4 form (WeightMatrix::fp4_codes) and k is a multiple of 32;
+  // else each widened to float32 as the CPU does.
   absl::StatusOr<DeviceMatrix> Stack(const std::vector<const WeightMatrix*>& parts, const char* what,
                                      bool narrow_allowed = true) {
     int64_t rows = 0, cols = -1;
@@ -46,8 +45,7 @@ class Uploader {
       rows += m->rows;
       fp8 = fp8 && m->dtype == DType::kF8E4M3 && m->block_scales != nullptr && m->cols % 16 == 0 &&
             (i + 1 == parts.size() || m->rows % cpu::kFp8BlockSize == 0);
-      fp4 = fp4 && m->fp4_codes != nullptr && m->fp4_scales != nullptr && m->cols % 32 == 0 &&
-            PowersOfTwo(m->fp4_scales, m->rows * (m->cols / 32));
+      fp4 = fp4 && m->fp4_codes != nullptr && m->fp4_scales != nullptr && m->cols % 32 == 0;
     }
     if (fp8) return StackFp8(parts, rows, cols, what);
     if (fp4) return StackFp4(parts, rows, cols, what);
@@ -96,7 +94,8 @@ class Uploader {
     ASSIGN_OR_RETURN(const float* s, Floats(scales.data(), static_cast<int64_t>(scales.size()), what));
     ++out_->fp8_matrices;
     out_->max_narrow_elements = std::max(out_->max_narrow_elements, rows * cols);
-    return DeviceMatrix{.fp8 = static_cast<const uint8_t*>(c), .fp8_scales = s, .rows = rows, .cols = cols};
+    return DeviceMatrix{.codes = static_cast<const uint8_t*>(c), .scales = s,
+                        .format = cuda::QuantizedWeight::kFp8Block128, .rows = rows, .cols = cols};
   }
   absl::StatusOr<DeviceMatrix> StackFp4(const std::vector<const WeightMatrix*>& parts, int64_t rows, int64_t cols,
                                         const char* what) {
@@ -112,41 +111,31 @@ class Uploader {
     ASSIGN_OR_RETURN(const float* s, Floats(scales.data(), static_cast<int64_t>(scales.size()), what));
     ++out_->fp4_matrices;
     out_->max_narrow_elements = std::max(out_->max_narrow_elements, rows * cols);
-    return DeviceMatrix{.fp4 = static_cast<const uint8_t*>(c), .fp4_scales = s, .rows = rows, .cols = cols};
-  }
-  static bool PowersOfTwo(const float* v, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      int e = 0;
-      if (!(v[i] > 0.0f) || std::frexp(v[i], &e) != 0.5f) return false;
-    }
-    return true;
+    return DeviceMatrix{.codes = static_cast<const uint8_t*>(c), .scales = s,
+                        .format = cuda::QuantizedWeight::kFp4Group32, .rows = rows, .cols = cols};
   }
 
   CudaV4Weights* out_;
 };
 
-// The routed GEMV's tables, where every expert is FP4 (or every one FP8).
+// The routed GEMV's tables, where every expert is narrow in one format.
 absl::Status ExpertTables(CudaV4Layer& l, Uploader& up) {
-  const auto format_of = [](const DeviceMatrix& m) { return m.fp4 != nullptr ? 1 : m.fp8 != nullptr ? 2 : 0; };
-  if (l.experts.empty()) return absl::OkStatus();
-  const int format = format_of(l.experts[0].gate_up);
-  if (format == 0) return absl::OkStatus();
+  if (l.experts.empty() || !l.experts[0].gate_up.narrow()) return absl::OkStatus();
+  const cuda::QuantizedWeight format = l.experts[0].gate_up.format;
   std::vector<cuda::QuantizedMatrixRef> gate_up, down;
   for (const ExpertMatrices& e : l.experts) {
-    if (format_of(e.gate_up) != format || format_of(e.down) != format) return absl::OkStatus();
-    const auto ref = [](const DeviceMatrix& m) {
-      return m.fp4 != nullptr ? cuda::QuantizedMatrixRef{.w = m.fp4, .scales = m.fp4_scales}
-                              : cuda::QuantizedMatrixRef{.w = m.fp8, .scales = m.fp8_scales};
-    };
-    gate_up.push_back(ref(e.gate_up));
-    down.push_back(ref(e.down));
+    for (const DeviceMatrix* m : {&e.gate_up, &e.down}) {
+      if (!m->narrow() || m->format != format) return absl::OkStatus();
+    }
+    gate_up.push_back({.w = e.gate_up.codes, .scales = e.gate_up.scales});
+    down.push_back({.w = e.down.codes, .scales = e.down.scales});
   }
   const size_t bytes = gate_up.size() * sizeof(cuda::QuantizedMatrixRef);
   ASSIGN_OR_RETURN(const void* g, up.Bytes(gate_up.data(), bytes, "the experts' table"));
   ASSIGN_OR_RETURN(const void* d, up.Bytes(down.data(), bytes, "the experts' table"));
   l.gate_up_table = static_cast<const cuda::QuantizedMatrixRef*>(g);
   l.down_table = static_cast<const cuda::QuantizedMatrixRef*>(d);
-  l.expert_format = format == 1 ? cuda::QuantizedWeight::kFp4Group32 : cuda::QuantizedWeight::kFp8Block128;
+  l.expert_format = format;
   return absl::OkStatus();
 }
 
@@ -248,7 +237,7 @@ absl::StatusOr<std::unique_ptr<CudaV4Weights>> UploadV4Weights(const DeepseekV4C
   auto out = std::make_unique<CudaV4Weights>();
   Uploader up(out.get());
   // Rows of the embedding are gathered as float32.
-  ASSIGN_OR_RETURN(out->embed, up.Matrix(w.embed, "the embedding", /*fp8_allowed=*/false));
+  ASSIGN_OR_RETURN(out->embed, up.Matrix(w.embed, "the embedding", /*narrow_allowed=*/false));
   ASSIGN_OR_RETURN(out->head, up.Matrix(w.head, "the LM head"));
   ASSIGN_OR_RETURN(out->norm, up.Floats(w.norm, c.hidden_size, "the final norm"));
   ASSIGN_OR_RETURN(out->hc_head, up.Hyper(w.hc_head.fn, w.hc_head.base, w.hc_head.scale, c.hc_mult, 1));

@@ -3,8 +3,8 @@
 // power-of-two scale per 32) stay FP4: decode-sized products read them through the
 // FP8/FP4 GEMV, larger ones widen them into a scratch matrix first (the CPU engine's exact
 // values either way). Everything else is float32 (bf16 widened exactly), so that the GPU
-// computes what the CPU engine computes but for the order of its sums. Matrices that read the same input are stacked
-// into one, one product for all:
+// computes what the CPU engine computes but for the order of its sums. Matrices that
+// read the same input are stacked into one, one product for all:
 //   - x_proj:  [q_a (q_lora) | kv (head_dim)] and [compressor kv, gate (2 x proj) |
 //               indexer compressor kv, gate (2 x 2 index_head_dim)], one output row
 //   - experts: gate and up stacked ([2 I][D]: the clamped SwiGLU's two halves), down.
@@ -22,15 +22,17 @@
 
 namespace tandem::v4::cuda_v4 {
 
-// One of three forms: float32 (data), FP8 (fp8 + fp8_scales) or FP4 (fp4 + fp4_scales).
+// Float32 (data), or narrow (codes and scales in `format`, as kernels/cuda/quantized_gemv.h
+// reads them: FP8 [rows][cols] with [ceil(rows / 128)][ceil(cols / 128)] scales, FP4
+// [rows][cols / 2] with [rows][cols / 32] power-of-two scales).
 struct DeviceMatrix {
-  const float* data = nullptr;        // [rows][cols]
-  const uint8_t* fp8 = nullptr;       // [rows][cols] E4M3
-  const float* fp8_scales = nullptr;  // [ceil(rows / 128)][ceil(cols / 128)]
-  const uint8_t* fp4 = nullptr;       // [rows][cols / 2] e2m1, low nibble first
-  const float* fp4_scales = nullptr;  // [rows][cols / 32], powers of two
+  const float* data = nullptr;
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+  cuda::QuantizedWeight format = cuda::QuantizedWeight::kFp8Block128;
   int64_t rows = 0;
   int64_t cols = 0;
+  bool narrow() const { return codes != nullptr; }
 };
 
 struct HyperSite {

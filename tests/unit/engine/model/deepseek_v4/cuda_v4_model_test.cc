@@ -1,12 +1,13 @@
 // DeepSeek-V4 on the GPU (engine/model/deepseek_v4/cuda) against the CPU engine
 // (PagedV4Model) on tiny-v4, in float32 and as DeepSeek's FP8 checkpoint (FP8 linears, FP4
 // experts; the GPU keeps both narrow, reading them through the FP8/FP4 GEMV in passes of up
-// to 8 rows), both engines on the same weight values so that only the order of float sums differs:
-// the same batches (prefill chunks next to decode steps, scattered blocks, reused slots)
+// to 8 rows), both engines on the same weight values so that only the order of float sums
+// differs: the same batches (prefill chunks next to decode steps, scattered blocks, reused slots)
 // give the same top-1 on >= 99.5 % of rows and logits within a relative L2 of 1e-5 (sum
 // orders alone move them by about 1e-6); the GPU pool afterwards holds the CPU pool's
 // state (rings, compressed entries, indexer keys, unfinished windows) to 1e-4 per value;
-// greedy continuations of 10 prompts decoded together are identical. Skips, saying why, where no GPU is usable.
+// greedy continuations of 10 prompts decoded together are identical. Skips, saying why,
+// where no GPU is usable.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
