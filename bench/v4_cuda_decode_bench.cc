@@ -18,6 +18,7 @@
 // the goal's roofline) and `engine_bytes` (what this engine's GPU form reads: bf16
 // matrices widened to float32, FP4 scales as floats).
 // The KV entries are float32 in both.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -153,14 +154,14 @@ class SyntheticWeights {
   ModelWeights w_;
 };
 
-// What this engine's GPU form reads for a step: bf16 matrices widened to float32, FP4
-// scales as floats, FP8 as stored.
+// What this engine's GPU form reads for a step: bf16 and FP8 as stored, FP4 scales as
+// floats, float32 as float32.
 uint64_t EngineBytes(const DeepseekV4Config& c, const ModelWeights& w) {
   const auto m = [](const WeightMatrix& x) -> uint64_t {
     const uint64_t n = static_cast<uint64_t>(x.rows) * x.cols;
     if (x.fp4_codes != nullptr) return n / 2 + n / 32 * 4;
     if (x.dtype == DType::kF8E4M3) return bench::MatrixBytes(x);
-    return n * 4;
+    return x.dtype == DType::kBF16 && x.cols % 8 == 0 ? n * 2 : n * 4;
   };
   uint64_t bytes = static_cast<uint64_t>(c.hidden_size) * 4;
   for (const LayerWeights& l : w.layers) {
@@ -182,13 +183,15 @@ uint64_t EngineBytes(const DeepseekV4Config& c, const ModelWeights& w) {
 
 int Usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s [--config FILE] [--layers N] [--experts E] [--contexts N,N,...] [--steps S] [--json FILE]\n"
+               "usage: %s [--config FILE] [--layers N] [--experts E] [--contexts N,N,...] [--steps S] [--profile] [--json FILE]\n"
                "  DeepSeek-V4 GPU decode at batch 1 against a same-run copy (bench/README.md)\n"
                "  --config    a deepseek_v4 config.json (default bench/configs/v4_flash_widths.json)\n"
                "  --layers    decoder layers to build (default: the config's)\n"
                "  --experts   routed experts to store per layer (default: the config's)\n"
                "  --contexts  context lengths to decode at (default 1024,32768,131072)\n"
                "  --steps     timed decode steps per context (default 24)\n"
+               "  --profile   bracket the first context's last step with cudaProfilerStart/Stop (for nsys\n"
+               "              --capture-range=cudaProfilerApi or ncu --profile-from-start off)\n"
                "  --json      also write the JSON here\n",
                argv0);
   return 2;
@@ -198,6 +201,7 @@ int Main(int argc, char** argv) {
   std::string config_path = "bench/configs/v4_flash_widths.json", json_path;
   int64_t layers = 0, experts = 0;
   int steps = 24;
+  bool profile = false;
   std::vector<int64_t> contexts = {1024, 32768, 131072};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -207,6 +211,7 @@ int Main(int argc, char** argv) {
     else if (a == "--experts") experts = std::stoll(next());
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--json") json_path = next();
+    else if (a == "--profile") profile = true;
     else if (a == "--contexts") {
       contexts.clear();
       for (absl::string_view s : absl::StrSplit(next(), ',')) {
@@ -255,9 +260,10 @@ int Main(int argc, char** argv) {
     return 1;
   }
   cuda_v4::CudaV4Model& m = **model;
-  std::fprintf(stderr, "weights on the GPU: %.1f GiB (%lld FP8, %lld FP4 matrices) in %.0f s\n",
+  std::fprintf(stderr, "weights on the GPU: %.1f GiB (%lld FP8, %lld FP4, %lld bf16 matrices) in %.0f s\n",
                m.weight_bytes() / 1073741824.0, static_cast<long long>(m.fp8_matrices()),
-               static_cast<long long>(m.fp4_matrices()), bench::SecondsBetween(t0, Clock::now()));
+               static_cast<long long>(m.fp4_matrices()), static_cast<long long>(m.bf16_matrices()),
+               bench::SecondsBetween(t0, Clock::now()));
   const uint64_t checkpoint_bytes = bench_bytes::WeightBytesPerToken(c, synthetic.weights(), /*fp4_as_stored=*/true);
   const uint64_t engine_bytes = EngineBytes(c, synthetic.weights());
 
@@ -279,8 +285,11 @@ int Main(int argc, char** argv) {
     int32_t token = 5;
     for (int s = 0; s < steps + 3; ++s) {
       const ForwardSequence q{.tokens = {&token, 1}, .start_position = n + s, .block_table = table, .state_slot = 0};
+      const bool profiled = profile && n == contexts.front() && s == steps + 2;
+      if (profiled) cudaProfilerStart();
       const auto s0 = Clock::now();
       absl::StatusOr<std::vector<float>> logits = m.Forward({&q, 1});
+      if (profiled) cudaProfilerStop();
       if (s >= 3) step_s.push_back(bench::SecondsBetween(s0, Clock::now()));
       if (!logits.ok()) {
         std::fprintf(stderr, "v4_cuda_decode_bench: %s\n", std::string(logits.status().message()).c_str());

@@ -65,10 +65,22 @@ __device__ __forceinline__ void WidenFp4(const uint4& wv, float* w) {
   }
 }
 
+// 8 bf16 values of one 16-byte load: a bf16 is a float32's upper half.
+__device__ __forceinline__ void WidenBf16(const uint4& wv, float* w) {
+  const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    w[2 * q] = __uint_as_float(words[q] << 16);
+    w[2 * q + 1] = __uint_as_float(words[q] & 0xffff0000u);
+  }
+}
+
 template <QuantizedWeight F>
 struct Format {
-  static constexpr int kValues = F == QuantizedWeight::kFp8Block128 ? 16 : 32;  // weights per 16-byte load
-  static constexpr float kUnscale = F == QuantizedWeight::kFp8Block128 ? 1.0f : 16384.0f;  // see WidenFp4
+  // weights per 16-byte load
+  static constexpr int kValues = F == QuantizedWeight::kFp8Block128 ? 16 : (F == QuantizedWeight::kFp4Group32 ? 32 : 8);
+  static constexpr float kUnscale = F == QuantizedWeight::kFp4Group32 ? 16384.0f : 1.0f;  // see WidenFp4
+  static constexpr bool kScaled = F != QuantizedWeight::kBf16;
 };
 
 // One warp's stream of 16-byte loads: its rows (warp, warp + warps, ...) one after the
@@ -94,7 +106,8 @@ __global__ void __launch_bounds__(kThreads) QuantizedGemvKernel(QuantizedGemvPar
   const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   const int rows = first_row < p.n ? static_cast<int>((p.n - first_row + warps - 1) / warps) : 0;
   const int items = rows * per_lane;
-  const int64_t row_bytes = F == QuantizedWeight::kFp8Block128 ? p.k : p.k / 2;
+  const int64_t row_bytes =
+      F == QuantizedWeight::kFp8Block128 ? p.k : (F == QuantizedWeight::kFp4Group32 ? p.k / 2 : 2 * p.k);
   const int scale_cols = static_cast<int>((p.k + 127) / 128);
   // This block's problem (blockIdx.y): the one product of the plain form, or a routed
   // expert's, whose id an earlier kernel wrote (so the weights wait for it).
@@ -128,9 +141,13 @@ __global__ void __launch_bounds__(kThreads) QuantizedGemvKernel(QuantizedGemvPar
       if (next.item < items) {
         const int at = min(lane + 32 * next.j, loads - 1);
         w[d] = internal::LoadWeight(reinterpret_cast<const uint4*>(weights + next.row * row_bytes) + at);
-        s[d] = F == QuantizedWeight::kFp8Block128
-                   ? internal::LoadWeight(scales + (next.row / 128) * scale_cols + at / 8)
-                   : internal::LoadWeight(scales + next.row * loads + at);
+        if constexpr (F == QuantizedWeight::kFp8Block128) {
+          s[d] = internal::LoadWeight(scales + (next.row / 128) * scale_cols + at / 8);
+        } else if constexpr (F == QuantizedWeight::kFp4Group32) {
+          s[d] = internal::LoadWeight(scales + next.row * loads + at);
+        } else {
+          s[d] = 1.0f;
+        }
         ++next.item;
         if (++next.j == per_lane) {
           next.j = 0;
@@ -152,8 +169,10 @@ __global__ void __launch_bounds__(kThreads) QuantizedGemvKernel(QuantizedGemvPar
           float wf[kValues];
           if constexpr (F == QuantizedWeight::kFp8Block128) {
             WidenFp8(w[d], wf);
-          } else {
+          } else if constexpr (F == QuantizedWeight::kFp4Group32) {
             WidenFp4(w[d], wf);
+          } else {
+            WidenBf16(w[d], wf);
           }
           const float scale = s[d] * Format<F>::kUnscale;
 #pragma unroll
@@ -167,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) QuantizedGemvKernel(QuantizedGemvPar
               sum = fmaf(wf[4 * q + 2], x.z, sum);
               sum = fmaf(wf[4 * q + 3], x.w, sum);
             }
-            acc[r] = fmaf(sum, scale, acc[r]);
+            acc[r] = Format<F>::kScaled ? fmaf(sum, scale, acc[r]) : acc[r] + sum;
           }
         }
         ++use.item;
@@ -253,9 +272,10 @@ cudaError_t LaunchFormat(const QuantizedGemvParams& p, cudaStream_t stream) {
 
 cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  const int64_t vec = p.format == QuantizedWeight::kFp8Block128 ? 16 : 32;
+  const int64_t vec = p.format == QuantizedWeight::kFp8Block128 ? 16 : (p.format == QuantizedWeight::kFp4Group32 ? 32 : 8);
+  const bool scaled = p.format != QuantizedWeight::kBf16;
   const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  if ((p.experts == nullptr && (p.w == nullptr || p.scales == nullptr)) || p.x == nullptr || p.y == nullptr || p.m < 1 ||
+  if ((p.experts == nullptr && (p.w == nullptr || (scaled && p.scales == nullptr))) || p.x == nullptr || p.y == nullptr || p.m < 1 ||
       p.m > kQuantizedGemvMaxRows || p.n < 0 || p.n > (int64_t{1} << 30) || p.k <= 0 || p.k % vec != 0 ||
       p.ldx < p.k || p.ldy < p.n || (p.experts == nullptr && !aligned(p.w)) ||
       (p.experts != nullptr && (p.m != 1 || p.ids == nullptr || p.num_experts < 1 || p.problems < 1 ||
@@ -265,6 +285,7 @@ cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream) {
   }
   if (p.format == QuantizedWeight::kFp8Block128) return LaunchFormat<QuantizedWeight::kFp8Block128>(p, stream);
   if (p.format == QuantizedWeight::kFp4Group32) return LaunchFormat<QuantizedWeight::kFp4Group32>(p, stream);
+  if (p.format == QuantizedWeight::kBf16) return LaunchFormat<QuantizedWeight::kBf16>(p, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -8,16 +8,18 @@
 //   - kFp4Group32: FP4 e2m1 two a byte, low nibble first ([n][k / 2] bytes), with one float
 //     scale per 32 along the input, W = e2m1 * scales[i][c / 32] (V4's routed experts;
 //     ue8m0 scales as their float values). Hopper has no FP4 tensor cores: the codes are
-//     widened in registers.
+//     widened in registers;
+//   - kBf16: bf16 [n][k], no scales (the checkpoints' other matrices: the LM head, the
+//     routers, the compressors; read at two bytes a weight instead of float32's four).
 // x and y float32. The sum groups the products of each 16 (FP8) or 32 (FP4) weights and
-// multiplies their scale in once, where the CPU engine multiplies each weight by its scale
+// multiplies their scale in once (bf16: the plain float32 sum of exact products), where the CPU engine multiplies each weight by its scale
 // first: the same real sum, rounded differently (agreement to float32's relative 1e-6 of
 // the terms' magnitudes, not bitwise).
 //
 // Persistent: as many blocks as stay resident, each staging x once in shared memory (m * k
 // floats, at most kQuantizedGemvMaxSharedBytes) and then streaming weight rows, one warp per
 // row, each lane's 16-byte loads pipelined two stages deep across the warp's rows. k a
-// multiple of 16 (FP8) or 32 (FP4), weight rows (every expert's, in the routed form)
+// multiple of 16 (FP8), 32 (FP4) or 8 (bf16), weight rows (every expert's, in the routed form)
 // 16-byte aligned. No allocation;
 // graph-capturable; programmatic dependent launch (the first weights load before the wait).
 #pragma once
@@ -28,7 +30,7 @@
 
 namespace tandem::cuda {
 
-enum class QuantizedWeight : int { kFp8Block128 = 0, kFp4Group32 = 1 };
+enum class QuantizedWeight : int { kFp8Block128 = 0, kFp4Group32 = 1, kBf16 = 2 };
 
 inline constexpr int kQuantizedGemvMaxRows = 8;
 inline constexpr int64_t kQuantizedGemvMaxSharedBytes = 200 * 1024;
@@ -45,8 +47,8 @@ struct QuantizedMatrixRef {
 
 struct QuantizedGemvParams {
   QuantizedWeight format = QuantizedWeight::kFp8Block128;
-  const uint8_t* w = nullptr;    // FP8: [n][k]; FP4: [n][k / 2]
-  const float* scales = nullptr;  // FP8: [ceil(n / 128)][ceil(k / 128)]; FP4: [n][k / 32]
+  const uint8_t* w = nullptr;    // FP8: [n][k]; FP4: [n][k / 2]; bf16: [n][k] of 2 bytes
+  const float* scales = nullptr;  // FP8: [ceil(n / 128)][ceil(k / 128)]; FP4: [n][k / 32]; bf16: unused
   const float* x = nullptr;      // [m][ldx]
   int64_t ldx = 0;
   float* y = nullptr;  // [m][ldy]

@@ -1,16 +1,18 @@
-// The FP8 (128 x 128 block scales) and FP4 (e2m1, a scale per 32) matrix-vector products on
-// the GPU against the CPU's dequantization (cpu::DequantizeRows for FP8, v4::Fp4E2m1ToF32
-// for FP4) and a double-precision dot product, over shapes with n and k off the 128
+// The FP8 (128 x 128 block scales), FP4 (e2m1, a scale per 32) and bf16 matrix-vector
+// products on the GPU against the CPU's dequantization (cpu::DequantizeRows for FP8,
+// v4::Fp4E2m1ToF32 for FP4, Bf16ToF32) and a double-precision dot product, over shapes with n and k off the 128
 // blocks and 1 to 8 rows. The GPU multiplies a scale into each group's partial sum once,
 // so results agree to float32 rounding of the terms (1e-5 of their magnitudes' sum), not
 // bitwise. Skips, saying why, where no GPU is usable.
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "engine/model/deepseek_v4/v4_weights.h"
 #include "gtest/gtest.h"
+#include "kernels/common/dtype.h"
 #include "kernels/cpu/weight_matrix.h"
 #include "kernels/cuda/quantized_gemv.h"
 #include "tests/unit/kernels/cuda_test_support.h"
@@ -21,6 +23,32 @@ namespace {
 using testing::Dev;
 
 class CudaQuantizedGemvTest : public testing::GpuTest {};
+
+const char* Name(cuda::QuantizedWeight f) {
+  return f == cuda::QuantizedWeight::kFp8Block128 ? "FP8" : (f == cuda::QuantizedWeight::kFp4Group32 ? "FP4" : "bf16");
+}
+
+int64_t RowBytes(cuda::QuantizedWeight f, int64_t k) {
+  return f == cuda::QuantizedWeight::kFp8Block128 ? k : (f == cuda::QuantizedWeight::kFp4Group32 ? k / 2 : 2 * k);
+}
+
+// Random weight bytes of `format`: no FP8 NaN codes; bf16 values of a normal distribution.
+std::vector<uint8_t> RandomWeights(cuda::QuantizedWeight format, int64_t n, int64_t k, std::mt19937& rng) {
+  std::vector<uint8_t> w(static_cast<size_t>(n * RowBytes(format, k)));
+  if (format == cuda::QuantizedWeight::kBf16) {
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    for (size_t i = 0; i < w.size(); i += 2) {
+      const uint16_t b = F32ToBf16(normal(rng));
+      std::memcpy(&w[i], &b, 2);
+    }
+    return w;
+  }
+  for (uint8_t& b : w) {
+    b = static_cast<uint8_t>(rng());
+    if (format == cuda::QuantizedWeight::kFp8Block128 && (b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
+  }
+  return w;
+}
 
 struct Case {
   cuda::QuantizedWeight format;
@@ -34,24 +62,22 @@ TEST_F(CudaQuantizedGemvTest, MatchesTheCpusDequantization) {
       {cuda::QuantizedWeight::kFp8Block128, 8, 17, 512},    {cuda::QuantizedWeight::kFp8Block128, 3, 1000, 2064},
       {cuda::QuantizedWeight::kFp4Group32, 1, 4096, 4096},  {cuda::QuantizedWeight::kFp4Group32, 6, 300, 2048},
       {cuda::QuantizedWeight::kFp4Group32, 8, 5, 2080},     {cuda::QuantizedWeight::kFp4Group32, 2, 1000, 96},
+      {cuda::QuantizedWeight::kBf16, 1, 4096, 4096},        {cuda::QuantizedWeight::kBf16, 5, 129, 1032},
+      {cuda::QuantizedWeight::kBf16, 8, 3, 8},              {cuda::QuantizedWeight::kBf16, 2, 24, 16384},
   };
   for (const Case& c : cases) {
-    const bool fp8 = c.format == cuda::QuantizedWeight::kFp8Block128;
-    SCOPED_TRACE(::testing::Message() << (fp8 ? "FP8" : "FP4") << " m " << c.m << " n " << c.n << " k " << c.k);
+    const bool fp8 = c.format == cuda::QuantizedWeight::kFp8Block128, bf16 = c.format == cuda::QuantizedWeight::kBf16;
+    SCOPED_TRACE(::testing::Message() << Name(c.format) << " m " << c.m << " n " << c.n << " k " << c.k);
     std::mt19937 rng(static_cast<uint32_t>(c.n * 31 + c.k + c.m));
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    const int64_t row_bytes = fp8 ? c.k : c.k / 2;
-    std::vector<uint8_t> w(static_cast<size_t>(c.n * row_bytes));
-    for (uint8_t& b : w) {
-      b = static_cast<uint8_t>(rng());
-      if (fp8 && (b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
-    }
-    std::vector<float> scales;
+    const int64_t row_bytes = RowBytes(c.format, c.k);
+    const std::vector<uint8_t> w = RandomWeights(c.format, c.n, c.k, rng);
+    std::vector<float> scales(1, 0.0f);  // bf16: none read
     std::uniform_int_distribution<int> exponent(-8, 4);
     if (fp8) {
       scales.resize(static_cast<size_t>(((c.n + 127) / 128) * ((c.k + 127) / 128)));
       for (float& s : scales) s = std::ldexp(1.0f + 0.25f * static_cast<float>(rng() % 4), exponent(rng));
-    } else {
+    } else if (!bf16) {
       scales.resize(static_cast<size_t>(c.n * (c.k / 32)));
       for (float& s : scales) s = std::ldexp(1.0f, exponent(rng));  // ue8m0: powers of two
     }
@@ -64,6 +90,12 @@ TEST_F(CudaQuantizedGemvTest, MatchesTheCpusDequantization) {
       const cpu::WeightMatrix wm{.dtype = DType::kF8E4M3, .rows = c.n, .cols = c.k,
                                  .data = reinterpret_cast<const std::byte*>(w.data()), .block_scales = scales.data()};
       cpu::DequantizeRows(wm, 0, c.n, dense.data());
+    } else if (bf16) {
+      for (size_t i = 0; i < dense.size(); ++i) {
+        uint16_t b = 0;
+        std::memcpy(&b, &w[2 * i], 2);
+        dense[i] = Bf16ToF32(b);
+      }
     } else {
       for (int64_t i = 0; i < c.n; ++i) {
         for (int64_t col = 0; col < c.k; ++col) {
@@ -75,7 +107,7 @@ TEST_F(CudaQuantizedGemvTest, MatchesTheCpusDequantization) {
     }
     Dev<uint8_t> dw(w);
     Dev<float> ds(scales), dx(x), dy(static_cast<size_t>(c.m * c.n));
-    ASSERT_EQ(cuda::QuantizedGemv({.format = c.format, .w = dw.get(), .scales = ds.get(), .x = dx.get(), .ldx = c.k,
+    ASSERT_EQ(cuda::QuantizedGemv({.format = c.format, .w = dw.get(), .scales = bf16 ? nullptr : ds.get(), .x = dx.get(), .ldx = c.k,
                                    .y = dy.get(), .ldy = c.n, .m = c.m, .n = c.n, .k = c.k},
                                   nullptr),
               cudaSuccess);
@@ -103,26 +135,22 @@ TEST_F(CudaQuantizedGemvTest, MatchesTheCpusDequantization) {
 // problem's expert: the same kernel arithmetic, so bitwise equal; an id outside the
 // experts gives zeros.
 TEST_F(CudaQuantizedGemvTest, RoutedProblemsMatchThePlainForm) {
-  for (const cuda::QuantizedWeight format : {cuda::QuantizedWeight::kFp8Block128, cuda::QuantizedWeight::kFp4Group32}) {
+  for (const cuda::QuantizedWeight format :
+       {cuda::QuantizedWeight::kFp8Block128, cuda::QuantizedWeight::kFp4Group32, cuda::QuantizedWeight::kBf16}) {
     for (const int x_group : {1, 2}) {
       const bool fp8 = format == cuda::QuantizedWeight::kFp8Block128;
-      SCOPED_TRACE(::testing::Message() << (fp8 ? "FP8" : "FP4") << ", x_group " << x_group);
+      SCOPED_TRACE(::testing::Message() << Name(format) << ", x_group " << x_group);
       const int64_t n = 700, k = 1024, experts = 5;
       const std::vector<int32_t> ids = {4, 0, 2, 2, -1, 1, 7, 3};
       const int problems = static_cast<int>(ids.size());
       std::mt19937 rng(11 + x_group);
       std::normal_distribution<float> normal(0.0f, 1.0f);
-      const int64_t row_bytes = fp8 ? k : k / 2;
       const int64_t nscales = fp8 ? ((n + 127) / 128) * ((k + 127) / 128) : n * (k / 32);
       std::vector<std::unique_ptr<Dev<uint8_t>>> w;
       std::vector<std::unique_ptr<Dev<float>>> sc;
       std::vector<cuda::QuantizedMatrixRef> refs;
       for (int64_t e = 0; e < experts; ++e) {
-        std::vector<uint8_t> bytes(static_cast<size_t>(n * row_bytes));
-        for (uint8_t& b : bytes) {
-          b = static_cast<uint8_t>(rng());
-          if (fp8 && (b & 0x7f) == 0x7f) b ^= 1;
-        }
+        const std::vector<uint8_t> bytes = RandomWeights(format, n, k, rng);
         std::vector<float> s(static_cast<size_t>(nscales));
         for (float& v : s) v = std::ldexp(1.0f, static_cast<int>(rng() % 6) - 4);
         w.push_back(std::make_unique<Dev<uint8_t>>(bytes));
@@ -169,7 +197,9 @@ TEST_F(CudaQuantizedGemvTest, RefusesBadShapes) {
            [](cuda::QuantizedGemvParams& p) { p.m = 9; }, [](cuda::QuantizedGemvParams& p) { p.k = 40; },
            [](cuda::QuantizedGemvParams& p) { p.format = cuda::QuantizedWeight::kFp4Group32; p.k = 48; },
            [](cuda::QuantizedGemvParams& p) { p.ldy = 10; }, [](cuda::QuantizedGemvParams& p) { p.w = nullptr; },
-           [](cuda::QuantizedGemvParams& p) { p.m = 8; p.k = 8192; p.ldx = 8192; }}) {
+           [](cuda::QuantizedGemvParams& p) { p.m = 8; p.k = 8192; p.ldx = 8192; },
+           [](cuda::QuantizedGemvParams& p) { p.format = cuda::QuantizedWeight::kBf16; p.k = 60; },
+           [](cuda::QuantizedGemvParams& p) { p.format = static_cast<cuda::QuantizedWeight>(7); }}) {
     cuda::QuantizedGemvParams p = ok;
     change(p);
     EXPECT_EQ(cuda::QuantizedGemv(p, nullptr), cudaErrorInvalidValue);

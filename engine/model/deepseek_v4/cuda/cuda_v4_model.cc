@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/deepseek_v4/v4_kv_streams.h"
 #include "engine/util/status_macros.h"
+#include "kernels/common/check.h"
 #include "kernels/cuda/clamped_swiglu.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/hyper_connections.h"
@@ -74,6 +75,10 @@ T Rebase(T offset, const std::byte* base) {
 }
 
 absl::Status Kernel(cudaError_t err, const char* what) { return cuda_model::CudaStatus(err, what); }
+
+// The widening scratch holds at most this many floats (256 MiB): larger matrices (the LM
+// head) are widened and multiplied a slab of rows at a time.
+constexpr int64_t kMaxWidenedElements = int64_t{64} << 20;
 
 // Up to this many (token, slot) pairs a pass, narrow experts run as the routed GEMV with
 // the routing left on the device; larger passes read it back for per-expert GEMMs.
@@ -180,8 +185,9 @@ absl::StatusOr<std::unique_ptr<CudaV4Model>> CudaV4Model::Create(const DeepseekV
   m->config_ = config;
   ASSIGN_OR_RETURN(m->weights_, UploadV4Weights(m->config_, weights));
   if (m->weights_->max_narrow_elements > 0) {
-    RETURN_IF_ERROR(m->widened_.Allocate(static_cast<size_t>(m->weights_->max_narrow_elements) * sizeof(float),
-                                         "the FP8/FP4 widening scratch"));
+    m->widened_elements_ = std::min(m->weights_->max_narrow_elements, kMaxWidenedElements);
+    RETURN_IF_ERROR(m->widened_.Allocate(static_cast<size_t>(m->widened_elements_) * sizeof(float),
+                                         "the narrow matrices' widening scratch"));
   }
   TANDEM_CUDA_RETURN(cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking), "creating a CUDA stream");
   TANDEM_CUBLAS_RETURN(m->gemm_.Init(), "creating the cuBLAS handle");
@@ -495,10 +501,10 @@ absl::Status CudaV4Model::Stage(const StepPlan& plan) {
 absl::Status CudaV4Model::Linear(const float* x, int64_t ldx, const DeviceMatrix& w, float* y, int64_t ldy,
                                  int64_t m) {
   if (m == 0) return absl::OkStatus();
-  const float* dense = w.data;
+  const float* const dense = w.data;
   if (w.narrow()) {
     // Decode-sized products read the narrow codes directly (memory-bound on the weights);
-    // larger ones widen the matrix once and run the float32 GEMM.
+    // larger ones widen the matrix and run the float32 GEMM.
     if (m <= cuda::kQuantizedGemvMaxRows &&
         cuda::QuantizedGemvSharedBytes(m, w.cols) <= cuda::kQuantizedGemvMaxSharedBytes) {
       return Kernel(cuda::QuantizedGemv({.format = w.format, .w = w.codes, .scales = w.scales, .x = x, .ldx = ldx,
@@ -506,17 +512,38 @@ absl::Status CudaV4Model::Linear(const float* x, int64_t ldx, const DeviceMatrix
                                         stream_),
                     "a narrow matrix-vector product");
     }
+    // Slabs of whole 128-row scale blocks (FP8), widened into the scratch one at a time.
     float* wide = widened_.get<float>();
-    RETURN_IF_ERROR(Kernel(
-        w.format == cuda::QuantizedWeight::kFp8Block128
-            ? cuda::DequantizeFp8ToF32({.src = w.codes, .scales = w.scales, .dst = wide, .rows = w.rows,
-                                        .cols = w.cols},
-                                       stream_)
-            : cuda::DequantizeFp4ToF32({.src = w.codes, .scales = w.scales, .dst = wide, .rows = w.rows,
-                                        .cols = w.cols},
-                                       stream_),
-        "widening a narrow matrix"));
-    dense = wide;
+    const int64_t slab = std::max<int64_t>(128, widened_elements_ / w.cols / 128 * 128);
+    TANDEM_CHECK_LE(std::min(slab, w.rows) * w.cols, widened_elements_);
+    const int64_t scale_cols = (w.cols + 127) / 128;
+    for (int64_t r0 = 0; r0 < w.rows; r0 += slab) {
+      const int64_t rows = std::min(slab, w.rows - r0);
+      cudaError_t err = cudaSuccess;
+      switch (w.format) {
+        case cuda::QuantizedWeight::kFp8Block128:
+          err = cuda::DequantizeFp8ToF32({.src = w.codes + r0 * w.cols, .scales = w.scales + r0 / 128 * scale_cols,
+                                          .dst = wide, .rows = rows, .cols = w.cols},
+                                         stream_);
+          break;
+        case cuda::QuantizedWeight::kFp4Group32:
+          err = cuda::DequantizeFp4ToF32({.src = w.codes + r0 * w.cols / 2, .scales = w.scales + r0 * (w.cols / 32),
+                                          .dst = wide, .rows = rows, .cols = w.cols},
+                                         stream_);
+          break;
+        case cuda::QuantizedWeight::kBf16:
+          err = cuda::ConvertBf16ToF32({.src = w.codes + r0 * w.cols * 2, .src_stride = w.cols, .dst = wide,
+                                        .dst_stride = w.cols, .rows = rows, .cols = w.cols},
+                                       stream_);
+          break;
+      }
+      RETURN_IF_ERROR(Kernel(err, "widening a narrow matrix"));
+      TANDEM_CUBLAS_RETURN(gemm_.LinearF32({.x = x, .ldx = ldx, .w = wide, .ldw = w.cols, .y = y + r0, .ldy = ldy,
+                                            .m = m, .n = rows, .k = w.cols},
+                                           stream_),
+                           "a projection");
+    }
+    return absl::OkStatus();
   }
   TANDEM_CUBLAS_RETURN(gemm_.LinearF32({.x = x, .ldx = ldx, .w = dense, .ldw = w.cols, .y = y, .ldy = ldy, .m = m,
                                         .n = w.rows, .k = w.cols},

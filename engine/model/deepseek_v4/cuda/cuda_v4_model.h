@@ -7,7 +7,7 @@
 // (float32, no TF32) and the V4 kernels of kernels/cuda. The logits therefore differ from
 // the CPU engine's only by the order of float sums.
 //
-// FP8 matrices and FP4 experts stay narrow (cuda_v4_weights.h). Not yet: speculative
+// FP8 matrices, FP4 experts and bf16 matrices stay narrow (cuda_v4_weights.h). Not yet: speculative
 // decoding (the MTP layer), CUDA graphs and sampling on the GPU, and the MoE layer of
 // larger passes (or float32 experts) without a host round trip (their experts' row counts
 // are read back each layer; passes of up to 64 token-expert pairs on narrow experts route
@@ -51,6 +51,7 @@ class CudaV4Model {
   uint64_t weight_bytes() const { return weights_->bytes; }
   int64_t fp8_matrices() const { return weights_->fp8_matrices; }
   int64_t fp4_matrices() const { return weights_->fp4_matrices; }
+  int64_t bf16_matrices() const { return weights_->bf16_matrices; }
 
   // The GPU pool, of this model's streams and geometry `g` (a host pool's, so that block
   // ids and state slots mean the same in both): allocated and zeroed at the first call,
@@ -97,7 +98,8 @@ class CudaV4Model {
   const float* main_inv_freq_ = nullptr;
   const float* compress_inv_freq_ = nullptr;
   std::vector<cuda_model::DeviceBuffer> constants_;
-  cuda_model::DeviceBuffer widened_;  // an FP8/FP4 matrix widened for a GEMM (the largest's size)
+  cuda_model::DeviceBuffer widened_;  // slabs of a narrow matrix widened for a GEMM
+  int64_t widened_elements_ = 0;
 
   cuda_model::DeviceBuffer pool_memory_;
   std::unique_ptr<KvPool> pool_;

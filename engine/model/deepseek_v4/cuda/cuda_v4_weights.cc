@@ -33,11 +33,12 @@ class Uploader {
   // The matrices stacked by rows (equal cols): FP8 where every part is FP8 with whole
   // 128-row scale blocks (but the last) and the GEMV's k a multiple of 16; FP4 where every
   // part keeps its stored FP4 form (WeightMatrix::fp4_codes) and k is a multiple of 32;
-  // else each widened to float32 as the CPU does.
+  // bf16 where every part is stored bf16 and k is a multiple of 8; else each widened to
+  // float32 as the CPU does.
   absl::StatusOr<DeviceMatrix> Stack(const std::vector<const WeightMatrix*>& parts, const char* what,
                                      bool narrow_allowed = true) {
     int64_t rows = 0, cols = -1;
-    bool fp8 = narrow_allowed, fp4 = narrow_allowed;
+    bool fp8 = narrow_allowed, fp4 = narrow_allowed, bf16 = narrow_allowed;
     for (size_t i = 0; i < parts.size(); ++i) {
       const WeightMatrix* m = parts[i];
       if (cols >= 0 && m->cols != cols) return absl::InternalError(absl::StrCat(what, ": stacked widths differ"));
@@ -46,9 +47,11 @@ class Uploader {
       fp8 = fp8 && m->dtype == DType::kF8E4M3 && m->block_scales != nullptr && m->cols % 16 == 0 &&
             (i + 1 == parts.size() || m->rows % cpu::kFp8BlockSize == 0);
       fp4 = fp4 && m->fp4_codes != nullptr && m->fp4_scales != nullptr && m->cols % 32 == 0;
+      bf16 = bf16 && m->dtype == DType::kBF16 && m->cols % 8 == 0;
     }
     if (fp8) return StackFp8(parts, rows, cols, what);
     if (fp4) return StackFp4(parts, rows, cols, what);
+    if (bf16) return StackBf16(parts, rows, cols, what);
     std::vector<float> host(static_cast<size_t>(rows * cols));
     int64_t at = 0;
     for (const WeightMatrix* m : parts) {
@@ -113,6 +116,21 @@ class Uploader {
     out_->max_narrow_elements = std::max(out_->max_narrow_elements, rows * cols);
     return DeviceMatrix{.codes = static_cast<const uint8_t*>(c), .scales = s,
                         .format = cuda::QuantizedWeight::kFp4Group32, .rows = rows, .cols = cols};
+  }
+
+  absl::StatusOr<DeviceMatrix> StackBf16(const std::vector<const WeightMatrix*>& parts, int64_t rows, int64_t cols,
+                                         const char* what) {
+    std::vector<uint8_t> codes(static_cast<size_t>(rows * cols * 2));
+    int64_t at = 0;
+    for (const WeightMatrix* m : parts) {
+      std::memcpy(&codes[static_cast<size_t>(at * cols * 2)], m->data, static_cast<size_t>(m->rows * cols * 2));
+      at += m->rows;
+    }
+    ASSIGN_OR_RETURN(const void* c, Bytes(codes.data(), codes.size(), what));
+    ++out_->bf16_matrices;
+    out_->max_narrow_elements = std::max(out_->max_narrow_elements, rows * cols);
+    return DeviceMatrix{.codes = static_cast<const uint8_t*>(c), .format = cuda::QuantizedWeight::kBf16,
+                        .rows = rows, .cols = cols};
   }
 
   CudaV4Weights* out_;

@@ -1,9 +1,10 @@
 // DeepSeek-V4's weights on the GPU in the layouts the CUDA forward pass (cuda_v4_model.h)
-// reads. FP8 matrices (128 x 128 block scales) stay FP8 and FP4 experts (e2m1, a
-// power-of-two scale per 32) stay FP4: decode-sized products read them through the
-// FP8/FP4 GEMV, larger ones widen them into a scratch matrix first (the CPU engine's exact
-// values either way). Everything else is float32 (bf16 widened exactly), so that the GPU
-// computes what the CPU engine computes but for the order of its sums. Matrices that
+// reads. FP8 matrices (128 x 128 block scales) stay FP8, FP4 experts (e2m1, a
+// power-of-two scale per 32) stay FP4 and bf16 matrices stay bf16: decode-sized products
+// read them through the narrow GEMV, larger ones widen slabs of rows into a scratch matrix
+// first (the CPU engine's exact values either way). Everything else (float32 checkpoints,
+// the embedding, vectors) is float32, so that the GPU computes what the CPU engine
+// computes but for the order of its sums. Matrices that
 // read the same input are stacked into one, one product for all:
 //   - x_proj:  [q_a (q_lora) | kv (head_dim)] and [compressor kv, gate (2 x proj) |
 //               indexer compressor kv, gate (2 x 2 index_head_dim)], one output row
@@ -24,7 +25,7 @@ namespace tandem::v4::cuda_v4 {
 
 // Float32 (data), or narrow (codes and scales in `format`, as kernels/cuda/quantized_gemv.h
 // reads them: FP8 [rows][cols] with [ceil(rows / 128)][ceil(cols / 128)] scales, FP4
-// [rows][cols / 2] with [rows][cols / 32] power-of-two scales).
+// [rows][cols / 2] with [rows][cols / 32] power-of-two scales, bf16 [rows][cols] without).
 struct DeviceMatrix {
   const float* data = nullptr;
   const uint8_t* codes = nullptr;
@@ -102,7 +103,8 @@ struct CudaV4Weights {
   uint64_t bytes = 0;
   int64_t fp8_matrices = 0;
   int64_t fp4_matrices = 0;
-  int64_t max_narrow_elements = 0;  // the largest FP8 or FP4 matrix (the widening scratch's size)
+  int64_t bf16_matrices = 0;
+  int64_t max_narrow_elements = 0;  // the largest narrow matrix (bounds the widening scratch)
   std::vector<cuda_model::DeviceBuffer> buffers;
 };
 

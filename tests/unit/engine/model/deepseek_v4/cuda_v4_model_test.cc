@@ -66,6 +66,9 @@ class CudaV4ModelTest : public tandem::testing::GpuTest, public ::testing::WithP
     if (GetParam() != Checkpoint::kF32) {
       ASSERT_GT(gpu_->fp8_matrices(), 0) << "the FP8 checkpoint's linears should stay FP8 on the GPU";
       ASSERT_GT(gpu_->fp4_matrices(), 0) << "the FP8 checkpoint's FP4 experts should stay FP4 on the GPU";
+      // The head, routers, compressors and indexer weights.
+      ASSERT_GE(gpu_->bf16_matrices(), 1 + 2 * cpu_->config().num_hidden_layers)
+          << "the FP8 checkpoint's bf16 matrices should stay bf16 on the GPU";
     }
     if (GetParam() == Checkpoint::kFp8WholeBlocks) {
       // A layer's q_a + kv, q_b, 2 o_a groups, o_b and the shared expert's down (its gate
