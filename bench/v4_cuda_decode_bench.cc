@@ -183,13 +183,14 @@ uint64_t EngineBytes(const DeepseekV4Config& c, const ModelWeights& w) {
 
 int Usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s [--config FILE] [--layers N] [--experts E] [--contexts N,N,...] [--steps S] [--profile] [--json FILE]\n"
+               "usage: %s [--config FILE] [--layers N] [--experts E] [--contexts N,N,...] [--steps S] [--eager-too] [--profile] [--json FILE]\n"
                "  DeepSeek-V4 GPU decode at batch 1 against a same-run copy (bench/README.md)\n"
                "  --config    a deepseek_v4 config.json (default bench/configs/v4_flash_widths.json)\n"
                "  --layers    decoder layers to build (default: the config's)\n"
                "  --experts   routed experts to store per layer (default: the config's)\n"
                "  --contexts  context lengths to decode at (default 1024,32768,131072)\n"
                "  --steps     timed decode steps per context (default 24)\n"
+               "  --eager-too also time each context without CUDA graphs (the same model, same run)\n"
                "  --profile   bracket the first context's last step with cudaProfilerStart/Stop (for nsys\n"
                "              --capture-range=cudaProfilerApi or ncu --profile-from-start off)\n"
                "  --json      also write the JSON here\n",
@@ -201,7 +202,7 @@ int Main(int argc, char** argv) {
   std::string config_path = "bench/configs/v4_flash_widths.json", json_path;
   int64_t layers = 0, experts = 0;
   int steps = 24;
-  bool profile = false;
+  bool profile = false, eager_too = false;
   std::vector<int64_t> contexts = {1024, 32768, 131072};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -212,6 +213,7 @@ int Main(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--json") json_path = next();
     else if (a == "--profile") profile = true;
+    else if (a == "--eager-too") eager_too = true;
     else if (a == "--contexts") {
       contexts.clear();
       for (absl::string_view s : absl::StrSplit(next(), ',')) {
@@ -280,12 +282,14 @@ int Main(int argc, char** argv) {
   std::iota(table.begin(), table.end(), 0);
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   bool finite = true;
-  for (const int64_t n : contexts) {
-    std::vector<double> step_s;
+  // Median seconds of `steps` decode steps at context n (after 3 untimed ones: the first
+  // pass of a launch layout runs eagerly, the second is captured).
+  auto measure = [&](int64_t n, bool graphs, std::vector<double>& step_s) -> bool {
+    m.set_cuda_graphs(graphs);
     int32_t token = 5;
     for (int s = 0; s < steps + 3; ++s) {
       const ForwardSequence q{.tokens = {&token, 1}, .start_position = n + s, .block_table = table, .state_slot = 0};
-      const bool profiled = profile && n == contexts.front() && s == steps + 2;
+      const bool profiled = profile && graphs && n == contexts.front() && s == steps + 2;
       if (profiled) cudaProfilerStart();
       const auto s0 = Clock::now();
       absl::StatusOr<std::vector<float>> logits = m.Forward({&q, 1});
@@ -293,23 +297,40 @@ int Main(int argc, char** argv) {
       if (s >= 3) step_s.push_back(bench::SecondsBetween(s0, Clock::now()));
       if (!logits.ok()) {
         std::fprintf(stderr, "v4_cuda_decode_bench: %s\n", std::string(logits.status().message()).c_str());
-        return 1;
+        return false;
       }
       for (float v : *logits) finite = finite && std::isfinite(v);
       token = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
     }
+    return true;
+  };
+  for (const int64_t n : contexts) {
+    std::vector<double> step_s, eager_s;
+    const int64_t replays = m.graph_replays();
+    if (!measure(n, true, step_s)) return 1;
+    const int64_t replayed = m.graph_replays() - replays;
+    if (eager_too && !measure(n, false, eager_s)) return 1;
     const double median = bench::Percentile(step_s, 0.5);
     const double kv = bench_bytes::KvBytesPerToken(c, n);
     const double roof = (static_cast<double>(checkpoint_bytes) + kv) / median / (copy_gbs * 1e9);
     const double engine = (static_cast<double>(engine_bytes) + kv) / median / (copy_gbs * 1e9);
-    std::fprintf(stderr, "context %7lld: %.2f ms a step, %.1f tokens/s, %.3f of the roofline (%.3f of the engine's bytes)\n",
-                 static_cast<long long>(n), median * 1e3, 1.0 / median, roof, engine);
+    std::fprintf(stderr, "context %7lld: %.2f ms a step, %.1f tokens/s, %.3f of the roofline (%.3f of the engine's bytes)"
+                 "; %lld of %d steps replayed from graphs\n",
+                 static_cast<long long>(n), median * 1e3, 1.0 / median, roof, engine, static_cast<long long>(replayed),
+                 steps + 3);
+    if (!eager_s.empty()) {
+      std::fprintf(stderr, "context %7lld without graphs: %.2f ms a step (graphs: %.3fx as fast)\n",
+                   static_cast<long long>(n), 1e3 * bench::Percentile(eager_s, 0.5),
+                   bench::Percentile(eager_s, 0.5) / median);
+    }
     results.push_back({{"context", n},
                        {"step_ms", {{"p50", 1e3 * median}, {"p90", 1e3 * bench::Percentile(step_s, 0.9)}}},
                        {"tokens_per_s", 1.0 / median},
                        {"kv_bytes_per_step", kv},
                        {"fraction_of_roofline", roof},
-                       {"fraction_of_engine_bytes", engine}});
+                       {"fraction_of_engine_bytes", engine},
+                       {"steps_replayed_from_graphs", replayed},
+                       {"eager_step_ms_p50", eager_s.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(1e3 * bench::Percentile(eager_s, 0.5))}});
   }
   nlohmann::ordered_json out = {
       {"benchmark", "v4_cuda_decode_batch1"},

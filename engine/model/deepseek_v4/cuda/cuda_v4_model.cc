@@ -39,6 +39,7 @@ class Staging {
     const size_t at = offset_;
     offset_ += v.size() * sizeof(T);
     pending_.push_back({at, v.data(), v.size() * sizeof(T)});
+    layout_.push_back(static_cast<int64_t>(v.size() * sizeof(T)));
     return reinterpret_cast<const T*>(at);  // an offset until Upload rebases it
   }
   // Copies everything added to the device (growing the buffers) and returns the base that
@@ -54,8 +55,12 @@ class Staging {
                        "uploading a forward pass's plan");
     pending_.clear();
     offset_ = 0;
+    uploaded_layout_.swap(layout_);
+    layout_.clear();
     return device_.get<const std::byte>();
   }
+  // The sizes of the arrays of the last upload, in order: with the base, where each was.
+  const std::vector<int64_t>& uploaded_layout() const { return uploaded_layout_; }
 
  private:
   struct Pending {
@@ -64,6 +69,7 @@ class Staging {
     size_t bytes;
   };
   std::vector<Pending> pending_;
+  std::vector<int64_t> layout_, uploaded_layout_;
   size_t offset_ = 0;
   PinnedBuffer host_;
   DeviceBuffer device_;
@@ -83,6 +89,19 @@ constexpr int64_t kMaxWidenedElements = int64_t{64} << 20;
 // Up to this many (token, slot) pairs a pass, narrow experts run as the routed GEMV with
 // the routing left on the device; larger passes read it back for per-expert GEMMs.
 constexpr int64_t kDeviceRoutedProblems = 64;
+
+// Counts of compressed entries are rounded up to a power of two (at least 256) where they
+// size launches and scratch (the attention's key lists, the indexer's scores), so that a
+// decode step's launch layout, and with it its captured graph, changes only when a
+// sequence's entries cross a bucket.
+int64_t EntryBucket(int64_t n) {
+  int64_t b = 256;
+  while (b < n) b *= 2;
+  return b;
+}
+
+// The most passes' graphs kept; beyond it the cache starts over.
+constexpr size_t kMaxGraphs = 64;
 
 }  // namespace
 
@@ -119,7 +138,9 @@ struct CudaV4Model::Step {
   float* const* logits_dst = nullptr;
   int64_t logits_rows = 0;
   int max_keys = 0;
-  int64_t max_entries_csa = 0;
+  int64_t max_entries_csa = 0;  // bucketed (EntryBucket): the scores' row stride
+  const std::byte* staged_base = nullptr;
+  std::vector<int64_t> entry_rows_csa_padded, entry_rows_hca_padded;  // staged: capacity-bucketed
 
   // Activations ([rows][...] unless said).
   float *streams = nullptr, *flat = nullptr, *mix = nullptr, *pre = nullptr, *post = nullptr, *comb = nullptr;
@@ -146,10 +167,9 @@ struct CudaV4Model::Step {
 };
 
 CudaV4Model::~CudaV4Model() {
-  if (stream_ != nullptr) {
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-  }
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  DropGraphs();
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
 std::vector<KvStream> CudaV4Model::kv_streams() const { return KvStreamsFor(config_, /*mtp=*/false); }
@@ -182,6 +202,7 @@ absl::StatusOr<std::unique_ptr<CudaV4Model>> CudaV4Model::Create(const DeepseekV
   RETURN_IF_ERROR(SelectDevice(options.device));
   std::unique_ptr<CudaV4Model> m(new CudaV4Model());
   m->device_ = options.device;
+  m->graphs_on_ = options.cuda_graphs;
   m->config_ = config;
   ASSIGN_OR_RETURN(m->weights_, UploadV4Weights(m->config_, weights));
   if (m->weights_->max_narrow_elements > 0) {
@@ -217,6 +238,7 @@ absl::Status CudaV4Model::EnsurePool(const KvPool::Geometry& g) {
     }
   }
   pool_.reset();
+  DropGraphs();  // they hold the old pool's addresses
   ASSIGN_OR_RETURN(const size_t bytes, KvPool::BytesFor(kv_streams(), g));
   RETURN_IF_ERROR(pool_memory_.Allocate(bytes, "the KV pool"));
   TANDEM_CUDA_RETURN(cudaMemset(pool_memory_.get(), 0, bytes), "zeroing the KV pool");
@@ -319,12 +341,15 @@ absl::Status CudaV4Model::Allocate(const PassShape& shape) {
   const DeepseekV4Config& c = config_;
   Step& st = *step_;
   st.rows = shape.rows;
-  st.max_entries_csa = shape.max_entries_csa;
+  st.max_entries_csa = EntryBucket(shape.max_entries_csa);
   const int64_t rows = shape.rows, n = c.hc_mult, d = c.hidden_size, hd = c.num_attention_heads * c.head_dim;
   int64_t x_width = 0;
   for (const CudaV4Layer& l : weights_->layers) x_width = std::max(x_width, l.x_cols.width);
-  const int64_t max_csa = std::min<int64_t>(c.index_topk, shape.max_entries_csa);
-  st.max_keys = static_cast<int>(c.sliding_window + std::max(max_csa, shape.max_entries_hca));
+  const int64_t need = c.sliding_window + std::max(std::min<int64_t>(c.index_topk, shape.max_entries_csa),
+                                                  shape.max_entries_hca);
+  const int64_t bucketed = c.sliding_window + std::max(std::min<int64_t>(c.index_topk, st.max_entries_csa),
+                                                      EntryBucket(shape.max_entries_hca));
+  st.max_keys = static_cast<int>(std::max(need, std::min<int64_t>(bucketed, cuda::kMaxSinkAttentionKeys)));
   if (st.max_keys > cuda::kMaxSinkAttentionKeys) {
     return absl::UnimplementedError(absl::StrCat("a query would attend to ", st.max_keys, " keys; the kernel takes ",
                                                  cuda::kMaxSinkAttentionKeys));
@@ -348,7 +373,7 @@ absl::Status CudaV4Model::Allocate(const PassShape& shape) {
     st.grouped = a.Take<float>(rows * c.o_groups * c.o_lora_rank);
     st.index_q = a.Take<float>(rows * c.index_n_heads * c.index_head_dim);
     st.index_w = a.Take<float>(rows * c.index_n_heads);
-    st.scores = a.Take<float>(rows * std::max<int64_t>(1, shape.max_entries_csa));
+    st.scores = a.Take<float>(rows * st.max_entries_csa);
     st.keys = a.Take<const float*>(rows * st.max_keys);
     st.num_keys = a.Take<int32_t>(rows);
     st.bad = a.Take<int32_t>(2);
@@ -395,8 +420,12 @@ absl::Status CudaV4Model::Stage(const StepPlan& plan) {
   st.seq_entries_hca = sg.Add(plan.seq_entries_hca);
   st.seq_entry_begin_csa = sg.Add(plan.seq_entry_begin_csa);
   st.seq_entry_begin_hca = sg.Add(plan.seq_entry_begin_hca);
-  st.entry_rows_csa = sg.Add(plan.entry_rows_csa);
-  st.entry_rows_hca = sg.Add(plan.entry_rows_hca);
+  st.entry_rows_csa_padded.assign(plan.entry_rows_csa.begin(), plan.entry_rows_csa.end());
+  st.entry_rows_csa_padded.resize(static_cast<size_t>(EntryBucket(static_cast<int64_t>(plan.entry_rows_csa.size()))));
+  st.entry_rows_hca_padded.assign(plan.entry_rows_hca.begin(), plan.entry_rows_hca.end());
+  st.entry_rows_hca_padded.resize(static_cast<size_t>(EntryBucket(static_cast<int64_t>(plan.entry_rows_hca.size()))));
+  st.entry_rows_csa = sg.Add(st.entry_rows_csa_padded);
+  st.entry_rows_hca = sg.Add(st.entry_rows_hca_padded);
   // Kept alive until the upload: the split forms of the copies.
   std::vector<std::vector<const float*>> srcs, biases;
   std::vector<std::vector<float*>> dsts;
@@ -458,6 +487,7 @@ absl::Status CudaV4Model::Stage(const StepPlan& plan) {
   }
   st.routed_rows = sg.Add(st.routed_rows_host);
   ASSIGN_OR_RETURN(const std::byte* base, sg.Upload(stream_));
+  st.staged_base = base;
   // Rebase every staged pointer.
   st.routed_rows = Rebase(st.routed_rows, base);
   st.tokens = Rebase(st.tokens, base);
@@ -703,7 +733,7 @@ absl::Status CudaV4Model::Attention(int64_t layer) {
                          .index_keys = lp.index_keys, .index_q = st.index_q, .index_w = st.index_w,
                          .index_heads = static_cast<int>(ni), .index_head_dim = static_cast<int>(ci),
                          .topk = static_cast<int>(c.index_topk), .scores = st.scores,
-                         .max_entries = std::max<int64_t>(1, st.max_entries_csa), .keys = st.keys,
+                         .max_entries = st.max_entries_csa, .keys = st.keys,
                          .num_keys = st.num_keys, .max_keys = st.max_keys, .bad_input = st.bad},
                         stream_),
       "the attention's key lists"));
@@ -865,12 +895,11 @@ absl::Status CudaV4Model::SharedExpertAndCombine(int64_t layer, const float* con
                 "combining the experts");
 }
 
-absl::StatusOr<std::vector<float>> CudaV4Model::Logits() {
+absl::Status CudaV4Model::EnqueueLogits() {
   const DeepseekV4Config& c = config_;
   Step& st = *step_;
   const int64_t lr = st.logits_rows, n = c.hc_mult, d = c.hidden_size;
-  std::vector<float> out(static_cast<size_t>(lr * c.vocab_size));
-  if (lr == 0) return out;
+  if (lr == 0) return absl::OkStatus();
   const float eps = static_cast<float>(c.rms_norm_eps);
   // The rows' streams gathered into `flat`; their normalized copy (the mix's input) into
   // the streams' buffer, which the pass no longer needs.
@@ -895,11 +924,55 @@ absl::StatusOr<std::vector<float>> CudaV4Model::Logits() {
                                         .x_stride = d, .out_stride = d, .eps = eps},
                                        stream_),
                          "the final norm"));
-  RETURN_IF_ERROR(Linear(st.u, d, weights_->head, st.logits, c.vocab_size, lr));
-  TANDEM_CUDA_RETURN(cudaMemcpyAsync(out.data(), st.logits, out.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                     stream_),
-                     "reading the logits");
-  return out;
+  return Linear(st.u, d, weights_->head, st.logits, c.vocab_size, lr);
+}
+
+absl::Status CudaV4Model::EnqueuePass() {
+  Step& st = *step_;
+  RETURN_IF_ERROR(RunCopies(st.embed_src, nullptr, st.embed_dst, st.rows * config_.hc_mult, config_.hidden_size,
+                            stream_, "the embedding"));
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) RETURN_IF_ERROR(Block(l));
+  return EnqueueLogits();
+}
+
+void CudaV4Model::DropGraphs() {
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
+  graph_seen_.clear();
+}
+
+// Everything a pass's launches depend on besides what the staged arrays hold: the
+// activations' and the staged arrays' places, the arrays' sizes (a compressor's closing
+// windows, the copies' rows), rows and buckets. The pool's and the weights' addresses are
+// fixed while the graphs live (EnsurePool drops them).
+absl::Status CudaV4Model::RunGraph() {
+  Step& st = *step_;
+  std::vector<int64_t> key = {st.rows, st.logits_rows, st.max_keys, st.max_entries_csa,
+                              static_cast<int64_t>(reinterpret_cast<uintptr_t>(st.activations.get())),
+                              static_cast<int64_t>(reinterpret_cast<uintptr_t>(st.staged_base))};
+  const std::vector<int64_t>& layout = st.staging.uploaded_layout();
+  key.insert(key.end(), layout.begin(), layout.end());
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    // The first pass of a layout runs eagerly (kernel attributes and cuBLAS set up outside
+    // a capture); the second is captured.
+    if (graph_seen_[key]++ == 0) return EnqueuePass();
+    if (graphs_.size() >= kMaxGraphs) DropGraphs();
+    TANDEM_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capturing a pass");
+    const absl::Status enqueued = EnqueuePass();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    RETURN_IF_ERROR(enqueued);
+    TANDEM_CUDA_RETURN(end, "capturing a pass");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TANDEM_CUDA_RETURN(made, "instantiating a pass's graph");
+    it = graphs_.emplace(std::move(key), exec).first;
+  }
+  TANDEM_CUDA_RETURN(cudaGraphLaunch(it->second, stream_), "replaying a pass");
+  ++graph_replays_;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> CudaV4Model::Forward(std::span<const ForwardSequence> batch,
@@ -919,10 +992,17 @@ absl::StatusOr<std::vector<float>> CudaV4Model::Forward(std::span<const ForwardS
   RETURN_IF_ERROR(Allocate(shape));
   const StepPlan plan = BuildStepPlan(config_, *weights_, batch, *pool_, {.x_proj = st.xp, .kv = st.kv});
   RETURN_IF_ERROR(Stage(plan));
-  const int64_t n = config_.hc_mult, d = config_.hidden_size;
-  RETURN_IF_ERROR(RunCopies(st.embed_src, nullptr, st.embed_dst, st.rows * n, d, stream_, "the embedding"));
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) RETURN_IF_ERROR(Block(l));
-  ASSIGN_OR_RETURN(std::vector<float> logits, Logits());
+  // A pass without host round trips (every MoE layer routed on the device) can replay.
+  bool replayable = graphs_on_ && !options.after_layer_kv &&
+                    st.rows * config_.num_experts_per_tok <= kDeviceRoutedProblems;
+  for (const CudaV4Layer& l : weights_->layers) replayable = replayable && l.down_table != nullptr;
+  RETURN_IF_ERROR(replayable ? RunGraph() : EnqueuePass());
+  std::vector<float> logits(static_cast<size_t>(st.logits_rows * config_.vocab_size));
+  if (!logits.empty()) {
+    TANDEM_CUDA_RETURN(cudaMemcpyAsync(logits.data(), st.logits, logits.size() * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_),
+                       "reading the logits");
+  }
   int32_t* bad = st.host_bad.get<int32_t>();
   TANDEM_CUDA_RETURN(cudaMemcpyAsync(bad, st.bad, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
                      "reading error flags");

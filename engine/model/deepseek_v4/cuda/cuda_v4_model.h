@@ -7,14 +7,17 @@
 // (float32, no TF32) and the V4 kernels of kernels/cuda. The logits therefore differ from
 // the CPU engine's only by the order of float sums.
 //
-// FP8 matrices, FP4 experts and bf16 matrices stay narrow (cuda_v4_weights.h). Not yet: speculative
-// decoding (the MTP layer), CUDA graphs and sampling on the GPU, and the MoE layer of
-// larger passes (or float32 experts) without a host round trip (their experts' row counts
-// are read back each layer; passes of up to 64 token-expert pairs on narrow experts route
-// on the device).
+// FP8 matrices, FP4 experts and bf16 matrices stay narrow (cuda_v4_weights.h). Passes of
+// up to 64 token-expert pairs on narrow experts route on the device and, with
+// Options::cuda_graphs, replay from a captured CUDA graph: one per launch layout (rows,
+// the plan's array sizes, the buckets of the compressed entries' counts), the first pass
+// of a layout run eagerly, the second captured. Not yet: speculative decoding (the MTP
+// layer), sampling on the GPU, and the MoE layer of larger passes (or float32 experts)
+// without a host round trip (their experts' row counts are read back each layer).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -36,6 +39,7 @@ class CudaV4Model {
  public:
   struct Options {
     int device = 0;
+    bool cuda_graphs = true;  // replay decode-sized passes from captured graphs
   };
   // Loads config.json and the weights of `dir` onto the GPU. Errors: the loaders'
   // (config, weights); FAILED_PRECONDITION for a device that does not exist;
@@ -52,6 +56,9 @@ class CudaV4Model {
   int64_t fp8_matrices() const { return weights_->fp8_matrices; }
   int64_t fp4_matrices() const { return weights_->fp4_matrices; }
   int64_t bf16_matrices() const { return weights_->bf16_matrices; }
+  // Passes replayed from a graph so far (tests; the benchmark's report).
+  int64_t graph_replays() const { return graph_replays_; }
+  void set_cuda_graphs(bool on) { graphs_on_ = on; }
 
   // The GPU pool, of this model's streams and geometry `g` (a host pool's, so that block
   // ids and state slots mean the same in both): allocated and zeroed at the first call,
@@ -87,7 +94,10 @@ class CudaV4Model {
   absl::Status Moe(int64_t layer);
   absl::Status RoutedOnDevice(int64_t layer);
   absl::Status SharedExpertAndCombine(int64_t layer, const float* const* routed);
-  absl::StatusOr<std::vector<float>> Logits();
+  absl::Status EnqueuePass();  // the embedding, the layers and the logits rows, on the stream
+  absl::Status RunGraph();
+  void DropGraphs();
+  absl::Status EnqueueLogits();
   absl::Status Linear(const float* x, int64_t ldx, const DeviceMatrix& w, float* y, int64_t ldy, int64_t m);
 
   DeepseekV4Config config_;
@@ -103,6 +113,11 @@ class CudaV4Model {
 
   cuda_model::DeviceBuffer pool_memory_;
   std::unique_ptr<KvPool> pool_;
+
+  bool graphs_on_ = true;
+  std::map<std::vector<int64_t>, cudaGraphExec_t> graphs_;  // by launch layout (Step::GraphKey)
+  std::map<std::vector<int64_t>, int> graph_seen_;
+  int64_t graph_replays_ = 0;
 
   // Per pass: the plan, its arrays on the device, and the activations.
   struct Step;

@@ -203,6 +203,39 @@ TEST_P(CudaV4ModelTest, GreedyContinuationsMatchTheCpu) {
   EXPECT_EQ(same, kPrompts);
 }
 
+// A decode pass replayed from a captured graph runs the eager pass's kernels in the same
+// order on the same data: its logits are the eager model's bit for bit, across steps that
+// close compressor windows (new launch layouts) and steps that replay. Passes with a host
+// round trip (float32 experts) never replay.
+TEST_P(CudaV4ModelTest, GraphReplaysEqualEagerPasses) {
+  absl::StatusOr<std::unique_ptr<cuda_v4::CudaV4Model>> eager =
+      cuda_v4::CudaV4Model::Load(dirs_->at(GetParam()), {.cuda_graphs = false});
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  ASSERT_TRUE((*eager)->EnsurePool(pool_->geometry()).ok());
+  std::vector<int32_t> tokens = Tokens(30, 77);
+  const std::vector<int32_t> blocks = {4, 6};
+  int64_t done = 0;
+  for (int step = 0; step < 41; ++step) {
+    const int64_t n = static_cast<int64_t>(tokens.size()) - done;
+    const ForwardSequence s{.tokens = std::span(tokens).subspan(done, n), .start_position = done,
+                            .block_table = blocks, .state_slot = 3};
+    absl::StatusOr<std::vector<float>> want = (*eager)->Forward({&s, 1});
+    absl::StatusOr<std::vector<float>> got = gpu_->Forward({&s, 1});
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(*got, *want) << "step " << step;
+    done += n;
+    tokens.push_back(static_cast<int32_t>(Argmax(got->data())));
+  }
+  std::printf("passes replayed from graphs: %lld of 41\n", static_cast<long long>(gpu_->graph_replays()));
+  if (GetParam() == Checkpoint::kF32) {
+    EXPECT_EQ(gpu_->graph_replays(), 0);
+  } else {
+    EXPECT_GE(gpu_->graph_replays(), 20);  // the layouts: CSA and HCA windows closing or not
+  }
+  EXPECT_EQ((*eager)->graph_replays(), 0);
+}
+
 TEST_P(CudaV4ModelTest, RefusesBadBatches) {
   const std::vector<int32_t> bad_token = {1, static_cast<int32_t>(kVocab)}, ok = {1, 2}, blocks = {3};
   auto status = [&](const ForwardSequence& s) {
