@@ -112,6 +112,8 @@ int main(int argc, char** argv) {
       {"fp4 6 experts' gate+up (V4-Flash: 2 x 2048 x 4096 each)", tandem::cuda::QuantizedWeight::kFp4Group32, 24576,
        4096},
       {"fp4 6 experts' down (4096 x 2048 each, stacked)", tandem::cuda::QuantizedWeight::kFp4Group32, 24576, 2048},
+      {"fp4 tiled (tensor cores) 6 experts' gate+up", tandem::cuda::QuantizedWeight::kFp4Tiled, 24576, 4096},
+      {"fp4 tiled (tensor cores) 6 experts' down", tandem::cuda::QuantizedWeight::kFp4Tiled, 24576, 2048},
   };
   std::string json = "{\"bench\": \"quantized_gemv\", \"device\": \"" + std::string(prop.name) +
                      "\", \"copy_gbs\": " + std::to_string(copy_gbs) + ", \"results\": [";
@@ -169,9 +171,13 @@ int main(int argc, char** argv) {
     struct Routed {
       const char* name;
       int64_t n, k;
+      bool tiled;  // the same bytes read as the tiled layout (fp4_tiled.h): the tensor-core form
     };
-    for (const Routed& r : {Routed{"fp4 routed gate+up (6 of 64 experts, 4096 x 4096 each)", 2 * inter, d},
-                            Routed{"fp4 routed down (6 of 64 experts, 4096 x 2048 each)", d, inter}}) {
+    for (const Routed& r :
+         {Routed{"fp4 routed gate+up (6 of 64 experts, 4096 x 4096 each)", 2 * inter, d, false},
+          Routed{"fp4 routed down (6 of 64 experts, 4096 x 2048 each)", d, inter, false},
+          Routed{"fp4 tiled routed gate+up (6 of 64 experts)", 2 * inter, d, true},
+          Routed{"fp4 tiled routed down (6 of 64 experts)", d, inter, true}}) {
       const size_t wbytes = static_cast<size_t>(r.n * r.k / 2), nscales = static_cast<size_t>(r.n * (r.k / 32));
       uint8_t* w = nullptr;
       float *scales = nullptr, *x = nullptr, *y = nullptr;
@@ -202,7 +208,9 @@ int main(int argc, char** argv) {
         host_ids.insert(host_ids.end(), chosen.begin(), chosen.end());
       }
       CHECK_CUDA(cudaMemcpy(ids, host_ids.data(), host_ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-      tandem::cuda::QuantizedGemvParams p{.format = tandem::cuda::QuantizedWeight::kFp4Group32, .x = x, .ldx = r.k,
+      tandem::cuda::QuantizedGemvParams p{.format = r.tiled ? tandem::cuda::QuantizedWeight::kFp4Tiled
+                                                            : tandem::cuda::QuantizedWeight::kFp4Group32,
+                                          .x = x, .ldx = r.k,
                                           .y = y, .ldy = r.n, .m = 1, .n = r.n, .k = r.k, .experts = table,
                                           .num_experts = kExperts, .problems = kTopK,
                                           .x_group = r.n == 2 * inter ? kTopK : 1};

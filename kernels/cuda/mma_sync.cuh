@@ -1,6 +1,6 @@
 // Warp-level building blocks of the mma.sync attention kernels (sm_80 and later: Hopper
 // and Blackwell run them too): cp.async global->shared copies, ldmatrix, the bf16
-// m16n8k16 MMA with fp32 accumulation, and small helpers for the online softmax.
+// m16n8k16 MMA (bf16 or f16 in) with fp32 accumulation, and small helpers for the online softmax.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +38,14 @@ __device__ __forceinline__ void Ldmatrix4Trans(uint32_t addr, uint32_t (&r)[4]) 
 __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// d += a * b, m16n8k16, f16 in, fp32 accumulate.
+__device__ __forceinline__ void Mma16816F16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

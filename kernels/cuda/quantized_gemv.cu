@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/quantized_gemv_fp4_mma.h"
 
 namespace tandem::cuda {
 namespace {
@@ -272,12 +273,16 @@ cudaError_t LaunchFormat(const QuantizedGemvParams& p, cudaStream_t stream) {
 
 cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  const int64_t vec = p.format == QuantizedWeight::kFp8Block128 ? 16 : (p.format == QuantizedWeight::kFp4Group32 ? 32 : 8);
+  const int64_t vec = p.format == QuantizedWeight::kFp8Block128 ? 16
+                      : p.format == QuantizedWeight::kFp4Group32 ? 32
+                      : p.format == QuantizedWeight::kFp4Tiled   ? 64
+                                                                 : 8;
   const bool scaled = p.format != QuantizedWeight::kBf16;
   const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   if ((p.experts == nullptr && (p.w == nullptr || (scaled && p.scales == nullptr))) || p.x == nullptr || p.y == nullptr || p.m < 1 ||
       p.m > kQuantizedGemvMaxRows || p.n < 0 || p.n > (int64_t{1} << 30) || p.k <= 0 || p.k % vec != 0 ||
       p.ldx < p.k || p.ldy < p.n || (p.experts == nullptr && !aligned(p.w)) ||
+      (p.format == QuantizedWeight::kFp4Tiled && p.experts == nullptr && !aligned(p.scales)) ||
       (p.experts != nullptr && (p.m != 1 || p.ids == nullptr || p.num_experts < 1 || p.problems < 1 ||
                                 p.problems > 65535 || p.x_group < 1)) ||
       QuantizedGemvSharedBytes(p.m, p.k) > kQuantizedGemvMaxSharedBytes) {
@@ -286,6 +291,7 @@ cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream) {
   if (p.format == QuantizedWeight::kFp8Block128) return LaunchFormat<QuantizedWeight::kFp8Block128>(p, stream);
   if (p.format == QuantizedWeight::kFp4Group32) return LaunchFormat<QuantizedWeight::kFp4Group32>(p, stream);
   if (p.format == QuantizedWeight::kBf16) return LaunchFormat<QuantizedWeight::kBf16>(p, stream);
+  if (p.format == QuantizedWeight::kFp4Tiled) return internal::LaunchFp4TiledGemv(p, stream);
   return cudaErrorInvalidValue;
 }
 

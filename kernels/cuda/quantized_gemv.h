@@ -9,6 +9,9 @@
 //     scale per 32 along the input, W = e2m1 * scales[i][c / 32] (V4's routed experts;
 //     ue8m0 scales as their float values). Hopper has no FP4 tensor cores: the codes are
 //     widened in registers;
+//   - kFp4Tiled: the same FP4 values and scales rearranged into 16-row tiles
+//     (fp4_tiled.h), multiplied on tensor cores (quantized_gemv_fp4_mma.cu); k a multiple
+//     of 64, w and scales 16-byte aligned;
 //   - kBf16: bf16 [n][k], no scales (the checkpoints' other matrices: the LM head, the
 //     routers, the compressors; read at two bytes a weight instead of float32's four).
 // x and y float32. The sum groups the products of each 16 (FP8) or 32 (FP4) weights and
@@ -30,14 +33,17 @@
 
 namespace tandem::cuda {
 
-enum class QuantizedWeight : int { kFp8Block128 = 0, kFp4Group32 = 1, kBf16 = 2 };
+enum class QuantizedWeight : int { kFp8Block128 = 0, kFp4Group32 = 1, kBf16 = 2, kFp4Tiled = 3 };
 
 inline constexpr int kQuantizedGemvMaxRows = 8;
 inline constexpr int64_t kQuantizedGemvMaxSharedBytes = 200 * 1024;
 
-// The shared memory a product of m rows of width k stages (x as float4s, each row padded to
-// a multiple of 8 of them): the call is refused above kQuantizedGemvMaxSharedBytes.
-inline constexpr int64_t QuantizedGemvSharedBytes(int64_t m, int64_t k) { return m * (((k / 4) + 7) & ~int64_t{7}) * 16; }
+// The shared memory a product of m rows of width k may stage (x as float4s, each row padded
+// to a multiple of 8 of them, or as split f16 pairs and 32 bytes): the call is refused
+// above kQuantizedGemvMaxSharedBytes.
+inline constexpr int64_t QuantizedGemvSharedBytes(int64_t m, int64_t k) {
+  return m * ((((k / 4) + 7) & ~int64_t{7}) * 16 + 32);
+}
 
 // One expert's matrix of the routed form (below): codes and scales as in the params.
 struct QuantizedMatrixRef {
@@ -47,7 +53,7 @@ struct QuantizedMatrixRef {
 
 struct QuantizedGemvParams {
   QuantizedWeight format = QuantizedWeight::kFp8Block128;
-  const uint8_t* w = nullptr;    // FP8: [n][k]; FP4: [n][k / 2]; bf16: [n][k] of 2 bytes
+  const uint8_t* w = nullptr;    // FP8: [n][k]; FP4: [n][k / 2]; bf16: [n][k] of 2 bytes; tiled: fp4_tiled.h
   const float* scales = nullptr;  // FP8: [ceil(n / 128)][ceil(k / 128)]; FP4: [n][k / 32]; bf16: unused
   const float* x = nullptr;      // [m][ldx]
   int64_t ldx = 0;

@@ -14,6 +14,8 @@
 #include "gtest/gtest.h"
 #include "kernels/common/dtype.h"
 #include "kernels/cpu/weight_matrix.h"
+#include "kernels/cuda/convert.h"
+#include "kernels/cuda/fp4_tiled.h"
 #include "kernels/cuda/quantized_gemv.h"
 #include "tests/unit/kernels/cuda_test_support.h"
 
@@ -25,11 +27,36 @@ using testing::Dev;
 class CudaQuantizedGemvTest : public testing::GpuTest {};
 
 const char* Name(cuda::QuantizedWeight f) {
-  return f == cuda::QuantizedWeight::kFp8Block128 ? "FP8" : (f == cuda::QuantizedWeight::kFp4Group32 ? "FP4" : "bf16");
+  switch (f) {
+    case cuda::QuantizedWeight::kFp8Block128: return "FP8";
+    case cuda::QuantizedWeight::kFp4Group32: return "FP4";
+    case cuda::QuantizedWeight::kFp4Tiled: return "FP4 tiled";
+    case cuda::QuantizedWeight::kBf16: return "bf16";
+  }
+  return "?";
 }
 
+bool Fp4(cuda::QuantizedWeight f) {
+  return f == cuda::QuantizedWeight::kFp4Group32 || f == cuda::QuantizedWeight::kFp4Tiled;
+}
+
+// Bytes of a plain row (the tiled form is made from the plain one).
 int64_t RowBytes(cuda::QuantizedWeight f, int64_t k) {
-  return f == cuda::QuantizedWeight::kFp8Block128 ? k : (f == cuda::QuantizedWeight::kFp4Group32 ? k / 2 : 2 * k);
+  return f == cuda::QuantizedWeight::kFp8Block128 ? k : (Fp4(f) ? k / 2 : 2 * k);
+}
+
+// What the GPU reads: the tiled rearrangement of FP4 tiled matrices, else the same bytes.
+struct Stored {
+  std::vector<uint8_t> w;
+  std::vector<float> scales;
+};
+Stored ForGpu(cuda::QuantizedWeight f, const std::vector<uint8_t>& w, const std::vector<float>& scales, int64_t n,
+              int64_t k) {
+  if (f != cuda::QuantizedWeight::kFp4Tiled) return {w, scales};
+  Stored s{std::vector<uint8_t>(static_cast<size_t>(cuda::Fp4TiledCodeBytes(n, k))),
+           std::vector<float>(static_cast<size_t>(cuda::Fp4TiledScaleCount(n, k)))};
+  cuda::TileFp4(w.data(), scales.data(), n, k, s.w.data(), s.scales.data());
+  return s;
 }
 
 // Random weight bytes of `format`: no FP8 NaN codes; bf16 values of a normal distribution.
@@ -64,6 +91,9 @@ TEST_F(CudaQuantizedGemvTest, MatchesTheCpusDequantization) {
       {cuda::QuantizedWeight::kFp4Group32, 8, 5, 2080},     {cuda::QuantizedWeight::kFp4Group32, 2, 1000, 96},
       {cuda::QuantizedWeight::kBf16, 1, 4096, 4096},        {cuda::QuantizedWeight::kBf16, 5, 129, 1032},
       {cuda::QuantizedWeight::kBf16, 8, 3, 8},              {cuda::QuantizedWeight::kBf16, 2, 24, 16384},
+      {cuda::QuantizedWeight::kFp4Tiled, 1, 4096, 4096},    {cuda::QuantizedWeight::kFp4Tiled, 6, 300, 2048},
+      {cuda::QuantizedWeight::kFp4Tiled, 8, 5, 2112},       {cuda::QuantizedWeight::kFp4Tiled, 2, 1000, 128},
+      {cuda::QuantizedWeight::kFp4Tiled, 3, 33, 7168},
   };
   for (const Case& c : cases) {
     const bool fp8 = c.format == cuda::QuantizedWeight::kFp8Block128, bf16 = c.format == cuda::QuantizedWeight::kBf16;
@@ -81,8 +111,10 @@ TEST_F(CudaQuantizedGemvTest, MatchesTheCpusDequantization) {
       scales.resize(static_cast<size_t>(c.n * (c.k / 32)));
       for (float& s : scales) s = std::ldexp(1.0f, exponent(rng));  // ue8m0: powers of two
     }
+    // k 7168: activations far outside f16's range (the tensor-core form scales them).
+    const float magnitude = c.k == 7168 ? 3e5f : 1.0f;
     std::vector<float> x(static_cast<size_t>(c.m * c.k));
-    for (float& v : x) v = normal(rng);
+    for (float& v : x) v = magnitude * normal(rng);
 
     // The CPU's weights.
     std::vector<float> dense(static_cast<size_t>(c.n * c.k));
@@ -105,8 +137,9 @@ TEST_F(CudaQuantizedGemvTest, MatchesTheCpusDequantization) {
         }
       }
     }
-    Dev<uint8_t> dw(w);
-    Dev<float> ds(scales), dx(x), dy(static_cast<size_t>(c.m * c.n));
+    const Stored stored = ForGpu(c.format, w, scales, c.n, c.k);
+    Dev<uint8_t> dw(stored.w);
+    Dev<float> ds(stored.scales), dx(x), dy(static_cast<size_t>(c.m * c.n));
     ASSERT_EQ(cuda::QuantizedGemv({.format = c.format, .w = dw.get(), .scales = bf16 ? nullptr : ds.get(), .x = dx.get(), .ldx = c.k,
                                    .y = dy.get(), .ldy = c.n, .m = c.m, .n = c.n, .k = c.k},
                                   nullptr),
@@ -136,7 +169,8 @@ TEST_F(CudaQuantizedGemvTest, MatchesTheCpusDequantization) {
 // experts gives zeros.
 TEST_F(CudaQuantizedGemvTest, RoutedProblemsMatchThePlainForm) {
   for (const cuda::QuantizedWeight format :
-       {cuda::QuantizedWeight::kFp8Block128, cuda::QuantizedWeight::kFp4Group32, cuda::QuantizedWeight::kBf16}) {
+       {cuda::QuantizedWeight::kFp8Block128, cuda::QuantizedWeight::kFp4Group32, cuda::QuantizedWeight::kBf16,
+        cuda::QuantizedWeight::kFp4Tiled}) {
     for (const int x_group : {1, 2}) {
       const bool fp8 = format == cuda::QuantizedWeight::kFp8Block128;
       SCOPED_TRACE(::testing::Message() << Name(format) << ", x_group " << x_group);
@@ -153,8 +187,9 @@ TEST_F(CudaQuantizedGemvTest, RoutedProblemsMatchThePlainForm) {
         const std::vector<uint8_t> bytes = RandomWeights(format, n, k, rng);
         std::vector<float> s(static_cast<size_t>(nscales));
         for (float& v : s) v = std::ldexp(1.0f, static_cast<int>(rng() % 6) - 4);
-        w.push_back(std::make_unique<Dev<uint8_t>>(bytes));
-        sc.push_back(std::make_unique<Dev<float>>(s));
+        const Stored stored = ForGpu(format, bytes, s, n, k);
+        w.push_back(std::make_unique<Dev<uint8_t>>(stored.w));
+        sc.push_back(std::make_unique<Dev<float>>(stored.scales));
         refs.push_back({.w = w.back()->get(), .scales = sc.back()->get()});
       }
       const int x_rows = (problems + x_group - 1) / x_group;
@@ -187,6 +222,28 @@ TEST_F(CudaQuantizedGemvTest, RoutedProblemsMatchThePlainForm) {
   }
 }
 
+// The tiled FP4 layout widens to the plain layout's values exactly (the prefill path of
+// the V4 model widens tiled experts).
+TEST_F(CudaQuantizedGemvTest, TiledFp4WidensToThePlainValues) {
+  for (const auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{{37, 128}, {256, 2048}, {16, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n << " k " << k);
+    std::mt19937 rng(static_cast<uint32_t>(n + k));
+    const std::vector<uint8_t> w = RandomWeights(cuda::QuantizedWeight::kFp4Group32, n, k, rng);
+    std::vector<float> scales(static_cast<size_t>(n * (k / 32)));
+    for (float& s : scales) s = std::ldexp(1.0f, static_cast<int>(rng() % 9) - 4);
+    const Stored tiled = ForGpu(cuda::QuantizedWeight::kFp4Tiled, w, scales, n, k);
+    Dev<uint8_t> dw(w), dt(tiled.w);
+    Dev<float> ds(scales), dts(tiled.scales), plain(static_cast<size_t>(n * k)), got(static_cast<size_t>(n * k));
+    ASSERT_EQ(cuda::DequantizeFp4ToF32({.src = dw.get(), .scales = ds.get(), .dst = plain.get(), .rows = n, .cols = k},
+                                       nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cuda::DequantizeFp4TiledToF32(
+                  {.src = dt.get(), .scales = dts.get(), .dst = got.get(), .rows = n, .cols = k}, nullptr),
+              cudaSuccess);
+    EXPECT_EQ(got.Download(), plain.Download());
+  }
+}
+
 TEST_F(CudaQuantizedGemvTest, RefusesBadShapes) {
   Dev<uint8_t> w(std::vector<uint8_t>(4096, 0));
   Dev<float> s(std::vector<float>(64, 1.0f)), x(std::vector<float>(1024, 1.0f)), y(std::vector<float>(1024, 0.0f));
@@ -199,6 +256,7 @@ TEST_F(CudaQuantizedGemvTest, RefusesBadShapes) {
            [](cuda::QuantizedGemvParams& p) { p.ldy = 10; }, [](cuda::QuantizedGemvParams& p) { p.w = nullptr; },
            [](cuda::QuantizedGemvParams& p) { p.m = 8; p.k = 8192; p.ldx = 8192; },
            [](cuda::QuantizedGemvParams& p) { p.format = cuda::QuantizedWeight::kBf16; p.k = 60; },
+           [](cuda::QuantizedGemvParams& p) { p.format = cuda::QuantizedWeight::kFp4Tiled; p.k = 32; p.ldx = 64; },
            [](cuda::QuantizedGemvParams& p) { p.format = static_cast<cuda::QuantizedWeight>(7); }}) {
     cuda::QuantizedGemvParams p = ok;
     change(p);

@@ -10,6 +10,7 @@
 #include "kernels/common/check.h"
 #include "kernels/cuda/clamped_swiglu.h"
 #include "kernels/cuda/convert.h"
+#include "kernels/cuda/fp4_tiled.h"
 #include "kernels/cuda/hyper_connections.h"
 #include "kernels/cuda/quantized_gemv.h"
 #include "kernels/cuda/rms_norm.h"
@@ -561,6 +562,12 @@ absl::Status CudaV4Model::Linear(const float* x, int64_t ldx, const DeviceMatrix
                                           .dst = wide, .rows = rows, .cols = w.cols},
                                          stream_);
           break;
+        case cuda::QuantizedWeight::kFp4Tiled:  // slabs of whole 16-row tiles
+          err = cuda::DequantizeFp4TiledToF32({.src = w.codes + (r0 / 16) * (w.cols / 64) * 512,
+                                               .scales = w.scales + (r0 / 16) * (w.cols / 64) * 32, .dst = wide,
+                                               .rows = rows, .cols = w.cols},
+                                              stream_);
+          break;
         case cuda::QuantizedWeight::kBf16:
           err = cuda::ConvertBf16ToF32({.src = w.codes + r0 * w.cols * 2, .src_stride = w.cols, .dst = wide,
                                         .dst_stride = w.cols, .rows = rows, .cols = w.cols},
@@ -853,7 +860,7 @@ absl::Status CudaV4Model::RoutedOnDevice(int64_t layer) {
   const int64_t rows = st.rows, d = c.hidden_size, k = c.num_experts_per_tok, inter = c.moe_intermediate_size;
   const int problems = static_cast<int>(rows * k);
   const float limit = static_cast<float>(c.swiglu_limit);
-  RETURN_IF_ERROR(Kernel(cuda::QuantizedGemv({.format = lw.expert_format, .x = st.u, .ldx = d, .y = st.hidden,
+  RETURN_IF_ERROR(Kernel(cuda::QuantizedGemv({.format = lw.gate_up_format, .x = st.u, .ldx = d, .y = st.hidden,
                                               .ldy = 2 * inter, .m = 1, .n = 2 * inter, .k = d,
                                               .experts = lw.gate_up_table,
                                               .num_experts = static_cast<int>(c.n_routed_experts),
@@ -864,7 +871,7 @@ absl::Status CudaV4Model::RoutedOnDevice(int64_t layer) {
                                               .limit = limit, .out = st.act, .out_stride = inter},
                                              stream_),
                          "the experts' activation"));
-  RETURN_IF_ERROR(Kernel(cuda::QuantizedGemv({.format = lw.expert_format, .x = st.act, .ldx = inter,
+  RETURN_IF_ERROR(Kernel(cuda::QuantizedGemv({.format = lw.down_format, .x = st.act, .ldx = inter,
                                               .y = st.expert_out, .ldy = d, .m = 1, .n = d, .k = inter,
                                               .experts = lw.down_table,
                                               .num_experts = static_cast<int>(c.n_routed_experts),

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/util/status_macros.h"
+#include "kernels/cuda/fp4_tiled.h"
 
 namespace tandem::v4::cuda_v4 {
 namespace {
@@ -110,10 +111,19 @@ class Uploader {
       codes.insert(codes.end(), m->fp4_codes, m->fp4_codes + m->rows * cols / 2);
       scales.insert(scales.end(), m->fp4_scales, m->fp4_scales + m->rows * cols / 32);
     }
-    ASSIGN_OR_RETURN(const void* c, Bytes(codes.data(), codes.size(), what));
-    ASSIGN_OR_RETURN(const float* s, Floats(scales.data(), static_cast<int64_t>(scales.size()), what));
     ++out_->fp4_matrices;
     out_->max_narrow_elements = std::max(out_->max_narrow_elements, rows * cols);
+    if (cols % 64 == 0) {  // the tensor-core GEMV's tiles (fp4_tiled.h)
+      std::vector<uint8_t> tiled(static_cast<size_t>(cuda::Fp4TiledCodeBytes(rows, cols)));
+      std::vector<float> tiled_scales(static_cast<size_t>(cuda::Fp4TiledScaleCount(rows, cols)));
+      cuda::TileFp4(codes.data(), scales.data(), rows, cols, tiled.data(), tiled_scales.data());
+      ASSIGN_OR_RETURN(const void* c, Bytes(tiled.data(), tiled.size(), what));
+      ASSIGN_OR_RETURN(const float* s, Floats(tiled_scales.data(), static_cast<int64_t>(tiled_scales.size()), what));
+      return DeviceMatrix{.codes = static_cast<const uint8_t*>(c), .scales = s,
+                          .format = cuda::QuantizedWeight::kFp4Tiled, .rows = rows, .cols = cols};
+    }
+    ASSIGN_OR_RETURN(const void* c, Bytes(codes.data(), codes.size(), what));
+    ASSIGN_OR_RETURN(const float* s, Floats(scales.data(), static_cast<int64_t>(scales.size()), what));
     return DeviceMatrix{.codes = static_cast<const uint8_t*>(c), .scales = s,
                         .format = cuda::QuantizedWeight::kFp4Group32, .rows = rows, .cols = cols};
   }
@@ -136,14 +146,16 @@ class Uploader {
   CudaV4Weights* out_;
 };
 
-// The routed GEMV's tables, where every expert is narrow in one format.
+// The routed GEMV's tables, where every expert's gate_up is narrow in one format and every
+// down in one (the two may differ: FP4 tiles need 64 columns).
 absl::Status ExpertTables(CudaV4Layer& l, Uploader& up) {
-  if (l.experts.empty() || !l.experts[0].gate_up.narrow()) return absl::OkStatus();
-  const cuda::QuantizedWeight format = l.experts[0].gate_up.format;
+  if (l.experts.empty() || !l.experts[0].gate_up.narrow() || !l.experts[0].down.narrow()) return absl::OkStatus();
+  const cuda::QuantizedWeight gate_up_format = l.experts[0].gate_up.format, down_format = l.experts[0].down.format;
   std::vector<cuda::QuantizedMatrixRef> gate_up, down;
   for (const ExpertMatrices& e : l.experts) {
-    for (const DeviceMatrix* m : {&e.gate_up, &e.down}) {
-      if (!m->narrow() || m->format != format) return absl::OkStatus();
+    if (!e.gate_up.narrow() || e.gate_up.format != gate_up_format || !e.down.narrow() ||
+        e.down.format != down_format) {
+      return absl::OkStatus();
     }
     gate_up.push_back({.w = e.gate_up.codes, .scales = e.gate_up.scales});
     down.push_back({.w = e.down.codes, .scales = e.down.scales});
@@ -153,7 +165,8 @@ absl::Status ExpertTables(CudaV4Layer& l, Uploader& up) {
   ASSIGN_OR_RETURN(const void* d, up.Bytes(down.data(), bytes, "the experts' table"));
   l.gate_up_table = static_cast<const cuda::QuantizedMatrixRef*>(g);
   l.down_table = static_cast<const cuda::QuantizedMatrixRef*>(d);
-  l.expert_format = format;
+  l.gate_up_format = gate_up_format;
+  l.down_format = down_format;
   return absl::OkStatus();
 }
 

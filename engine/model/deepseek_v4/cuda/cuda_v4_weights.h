@@ -25,7 +25,9 @@ namespace tandem::v4::cuda_v4 {
 
 // Float32 (data), or narrow (codes and scales in `format`, as kernels/cuda/quantized_gemv.h
 // reads them: FP8 [rows][cols] with [ceil(rows / 128)][ceil(cols / 128)] scales, FP4
-// [rows][cols / 2] with [rows][cols / 32] power-of-two scales, bf16 [rows][cols] without).
+// [rows][cols / 2] with [rows][cols / 32] power-of-two scales, or those tiled for the
+// tensor-core GEMV where cols % 64 == 0 (kernels/cuda/fp4_tiled.h), bf16 [rows][cols]
+// without).
 struct DeviceMatrix {
   const float* data = nullptr;
   const uint8_t* codes = nullptr;
@@ -87,11 +89,13 @@ struct CudaV4Layer {
   const int32_t* tid2eid = nullptr;        // [vocab][K] or null
   std::vector<ExpertMatrices> experts;
   ExpertMatrices shared;
-  // Where every routed expert is narrow in one format: their matrices as device tables,
+  // Where every routed expert is narrow (gate_up in one format, down in one): their
+  // matrices as device tables,
   // for the routed GEMV (decode steps route on the device, no host round trip); else null.
   const cuda::QuantizedMatrixRef* gate_up_table = nullptr;  // [E]
   const cuda::QuantizedMatrixRef* down_table = nullptr;     // [E]
-  cuda::QuantizedWeight expert_format = cuda::QuantizedWeight::kFp4Group32;
+  cuda::QuantizedWeight gate_up_format = cuda::QuantizedWeight::kFp4Group32;
+  cuda::QuantizedWeight down_format = cuda::QuantizedWeight::kFp4Group32;
 };
 
 struct CudaV4Weights {
