@@ -52,7 +52,7 @@ constexpr int kThreads = 256;
 __global__ void DequantizeFp4TiledKernel(DequantizeFp4TiledParams p) {
   internal::WaitAndTrigger();
   constexpr float kValues[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const int64_t cbs = p.cols / 64, items = Fp4TiledTiles(p.rows) * cbs * 32;
+  const int64_t cbs = p.cols / 64, items = (p.rows + 15) / 16 * cbs * 32;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < items;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int lane = static_cast<int>(i % 32), g = lane / 4, t = lane % 4;
