@@ -147,16 +147,20 @@ int main(int argc, char** argv) {
     FillFloats<<<256, 256>>>(scales, nscales, 0.01f);
     FillFloats<<<256, 256>>>(x, static_cast<size_t>(8 * s.k), 0.5f);
     CHECK_CUDA(cudaGetLastError());
-    for (int m : {1, 4, 8}) {
-      if (tandem::cuda::QuantizedGemvSharedBytes(m, s.k) > tandem::cuda::kQuantizedGemvMaxSharedBytes) continue;
-      tandem::cuda::QuantizedGemvParams p{.format = s.format, .w = w, .scales = scales, .x = x, .ldx = s.k,
-                                          .y = y, .ldy = s.n, .m = m, .n = s.n, .k = s.k};
-      size_t next = 0;
-      const double ms = MedianMs(iters, 20, [&] {
-        p.w = w + (next++ % copies) * wbytes;
-        CHECK_CUDA(tandem::cuda::QuantizedGemv(p, nullptr));
-      });
-      report(s.name, m, s.n, s.k, static_cast<double>(wbytes), ms);
+    // FP8 also on the scalar kernel (the tensor-core form's reference in the same run).
+    for (const bool scalar : fp8 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+      for (int m : {1, 4, 8}) {
+        if (tandem::cuda::QuantizedGemvSharedBytes(m, s.k) > tandem::cuda::kQuantizedGemvMaxSharedBytes) continue;
+        tandem::cuda::QuantizedGemvParams p{.format = s.format, .w = w, .scales = scales, .x = x, .ldx = s.k,
+                                            .y = y, .ldy = s.n, .m = m, .n = s.n, .k = s.k, .scalar = scalar};
+        size_t next = 0;
+        const double ms = MedianMs(iters, 20, [&] {
+          p.w = w + (next++ % copies) * wbytes;
+          CHECK_CUDA(tandem::cuda::QuantizedGemv(p, nullptr));
+        });
+        report((std::string(s.name) + (scalar ? " [scalar]" : "")).c_str(), m, s.n, s.k, static_cast<double>(wbytes),
+               ms);
+      }
     }
     CHECK_CUDA(cudaFree(w));
     CHECK_CUDA(cudaFree(scales));

@@ -7,7 +7,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
-#include "kernels/cuda/quantized_gemv_fp4_mma.h"
+#include "kernels/cuda/quantized_gemv_mma.h"
 
 namespace tandem::cuda {
 namespace {
@@ -288,7 +288,10 @@ cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream) {
       QuantizedGemvSharedBytes(p.m, p.k) > kQuantizedGemvMaxSharedBytes) {
     return cudaErrorInvalidValue;
   }
-  if (p.format == QuantizedWeight::kFp8Block128) return LaunchFormat<QuantizedWeight::kFp8Block128>(p, stream);
+  if (p.format == QuantizedWeight::kFp8Block128) {
+    return p.k % 64 == 0 && !p.scalar ? internal::LaunchFp8MmaGemv(p, stream)
+                                      : LaunchFormat<QuantizedWeight::kFp8Block128>(p, stream);
+  }
   if (p.format == QuantizedWeight::kFp4Group32) return LaunchFormat<QuantizedWeight::kFp4Group32>(p, stream);
   if (p.format == QuantizedWeight::kBf16) return LaunchFormat<QuantizedWeight::kBf16>(p, stream);
   if (p.format == QuantizedWeight::kFp4Tiled) return internal::LaunchFp4TiledGemv(p, stream);

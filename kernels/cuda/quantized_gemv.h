@@ -5,12 +5,13 @@
 // with W one of DeepSeek's stored forms:
 //   - kFp8Block128: FP8 e4m3 ("fn": no infinities) [n][k] with one float scale per 128 x
 //     128 block, W = fp8 * scales[i / 128][c / 128] (V3/R1 and V4's attention weights);
+//     on tensor cores where k is a multiple of 64;
 //   - kFp4Group32: FP4 e2m1 two a byte, low nibble first ([n][k / 2] bytes), with one float
 //     scale per 32 along the input, W = e2m1 * scales[i][c / 32] (V4's routed experts;
 //     ue8m0 scales as their float values). Hopper has no FP4 tensor cores: the codes are
 //     widened in registers;
 //   - kFp4Tiled: the same FP4 values and scales rearranged into 16-row tiles
-//     (fp4_tiled.h), multiplied on tensor cores (quantized_gemv_fp4_mma.cu); k a multiple
+//     (fp4_tiled.h), multiplied on tensor cores (quantized_gemv_mma.cu); k a multiple
 //     of 64, w and scales 16-byte aligned;
 //   - kBf16: bf16 [n][k], no scales (the checkpoints' other matrices: the LM head, the
 //     routers, the compressors; read at two bytes a weight instead of float32's four).
@@ -72,6 +73,9 @@ struct QuantizedGemvParams {
   const int32_t* ids = nullptr;  // device, [problems]: written by an earlier kernel
   int problems = 1;              // 1 .. 65535
   int x_group = 1;               // e.g. top-k, when the problems of one token share its row
+  // FP8 with k a multiple of 64 runs on tensor cores (quantized_gemv_mma.cu) unless this is
+  // set (benchmarks and tests compare the two).
+  bool scalar = false;
 };
 
 cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream);

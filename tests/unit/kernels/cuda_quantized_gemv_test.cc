@@ -140,27 +140,33 @@ TEST_F(CudaQuantizedGemvTest, MatchesTheCpusDequantization) {
     const Stored stored = ForGpu(c.format, w, scales, c.n, c.k);
     Dev<uint8_t> dw(stored.w);
     Dev<float> ds(stored.scales), dx(x), dy(static_cast<size_t>(c.m * c.n));
-    ASSERT_EQ(cuda::QuantizedGemv({.format = c.format, .w = dw.get(), .scales = bf16 ? nullptr : ds.get(), .x = dx.get(), .ldx = c.k,
-                                   .y = dy.get(), .ldy = c.n, .m = c.m, .n = c.n, .k = c.k},
-                                  nullptr),
-              cudaSuccess);
-    const std::vector<float> got = dy.Download();
-    int bad = 0;
-    for (int r = 0; r < c.m; ++r) {
-      for (int64_t i = 0; i < c.n; ++i) {
-        double want = 0.0, magnitude = 0.0;
-        for (int64_t col = 0; col < c.k; ++col) {
-          const double t = static_cast<double>(x[static_cast<size_t>(r * c.k + col)]) * dense[static_cast<size_t>(i * c.k + col)];
-          want += t;
-          magnitude += std::fabs(t);
-        }
-        const float g = got[static_cast<size_t>(r * c.n + i)];
-        if (!(std::fabs(g - want) <= 1e-5 * magnitude + 1e-30)) {
-          if (bad++ < 5) ADD_FAILURE() << "row " << r << ", output " << i << ": " << g << " vs " << want;
+    // FP8 twice: on tensor cores (k % 64 == 0) and the scalar kernel.
+    for (const bool scalar : fp8 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+      SCOPED_TRACE(scalar ? "scalar" : "default");
+      ASSERT_EQ(cuda::QuantizedGemv({.format = c.format, .w = dw.get(), .scales = bf16 ? nullptr : ds.get(),
+                                     .x = dx.get(), .ldx = c.k, .y = dy.get(), .ldy = c.n, .m = c.m, .n = c.n,
+                                     .k = c.k, .scalar = scalar},
+                                    nullptr),
+                cudaSuccess);
+      const std::vector<float> got = dy.Download();
+      int bad = 0;
+      for (int r = 0; r < c.m; ++r) {
+        for (int64_t i = 0; i < c.n; ++i) {
+          double want = 0.0, magnitude = 0.0;
+          for (int64_t col = 0; col < c.k; ++col) {
+            const double t = static_cast<double>(x[static_cast<size_t>(r * c.k + col)]) *
+                             dense[static_cast<size_t>(i * c.k + col)];
+            want += t;
+            magnitude += std::fabs(t);
+          }
+          const float g = got[static_cast<size_t>(r * c.n + i)];
+          if (!(std::fabs(g - want) <= 1e-5 * magnitude + 1e-30)) {
+            if (bad++ < 5) ADD_FAILURE() << "row " << r << ", output " << i << ": " << g << " vs " << want;
+          }
         }
       }
+      EXPECT_EQ(bad, 0);
     }
-    EXPECT_EQ(bad, 0);
   }
 }
 
