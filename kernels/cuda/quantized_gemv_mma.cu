@@ -35,7 +35,7 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kDepth = 4;  // items per lane per pipeline stage (two stages in flight)
+constexpr int kDepth = 2;  // items per lane per pipeline stage (two stages in flight)
 
 // Row stride of the staged activations, in (hi, lo) pairs: 32 bytes of padding put the
 // rows' reads of one step in different banks.
@@ -64,7 +64,7 @@ struct Loaded {
 };
 
 template <QuantizedWeight F>
-__global__ void __launch_bounds__(kThreads) MmaGemvKernel(QuantizedGemvParams p) {
+__global__ void __launch_bounds__(kThreads, 3) MmaGemvKernel(QuantizedGemvParams p) {
   constexpr bool kFp4 = F == QuantizedWeight::kFp4Tiled;
   // FP4's f16 weights are 2^-14 times their values (Fp4PairToHalf2).
   constexpr float kWeightUnscale = kFp4 ? 16384.0f : 1.0f;
@@ -149,7 +149,8 @@ __global__ void __launch_bounds__(kThreads) MmaGemvKernel(QuantizedGemvParams p)
           const float sc[4] = {l[d].s.x, l[d].s.y, l[d].s.z, l[d].s.w};
 #pragma unroll
           for (int c = 0; c < 2; ++c) {  // the item's two 32-wide scale groups
-            float group[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            // hi and lo products in two accumulators: two short dependent chains of MMAs.
+            float group[4] = {0.0f, 0.0f, 0.0f, 0.0f}, group_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // their two 16-wide steps
               const uint32_t a[4] = {Fp4PairToHalf2(words[2 * c], 2 * h), Fp4PairToHalf2(words[2 * c + 1], 2 * h),
@@ -157,29 +158,32 @@ __global__ void __launch_bounds__(kThreads) MmaGemvKernel(QuantizedGemvParams p)
                                      Fp4PairToHalf2(words[2 * c + 1], 2 * h + 1)};
               uint2 b0, b1;
               x_pairs(use_cb * 32 + c * 16 + h * 8 + t, 4, b0, b1);
-              mma::Mma16816F16(group, a, b0.x, b1.x);  // hi halves
-              mma::Mma16816F16(group, a, b0.y, b1.y);  // lo halves
+              mma::Mma16816F16(group, a, b0.x, b1.x);     // hi halves
+              mma::Mma16816F16(group_lo, a, b0.y, b1.y);  // lo halves
             }
-            acc[0] = fmaf(group[0], sc[2 * c], acc[0]);
-            acc[1] = fmaf(group[1], sc[2 * c], acc[1]);
-            acc[2] = fmaf(group[2], sc[2 * c + 1], acc[2]);
-            acc[3] = fmaf(group[3], sc[2 * c + 1], acc[3]);
+            acc[0] = fmaf(group[0] + group_lo[0], sc[2 * c], acc[0]);
+            acc[1] = fmaf(group[1] + group_lo[1], sc[2 * c], acc[1]);
+            acc[2] = fmaf(group[2] + group_lo[2], sc[2 * c + 1], acc[2]);
+            acc[3] = fmaf(group[3] + group_lo[3], sc[2 * c + 1], acc[3]);
           }
         } else {
           const uint32_t row_g[4] = {l[d].a.x, l[d].a.y, l[d].a.z, l[d].a.w};
           const uint32_t row_g8[4] = {l[d].b.x, l[d].b.y, l[d].b.z, l[d].b.w};
-          float group[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          // Four accumulators (hi and lo, even and odd steps): short dependent chains of MMAs.
+          float group[4][4] = {};
 #pragma unroll
           for (int s = 0; s < 4; ++s) {  // columns 16 t + 4 s .. + 3 of the item
             const uint32_t a[4] = {Fp8PairToHalf2(row_g[s], 0), Fp8PairToHalf2(row_g8[s], 0),
                                    Fp8PairToHalf2(row_g[s], 1), Fp8PairToHalf2(row_g8[s], 1)};
             uint2 b0, b1;
             x_pairs(use_cb * 32 + 8 * t + 2 * s, 1, b0, b1);
-            mma::Mma16816F16(group, a, b0.x, b1.x);
-            mma::Mma16816F16(group, a, b0.y, b1.y);
+            mma::Mma16816F16(group[2 * (s % 2)], a, b0.x, b1.x);
+            mma::Mma16816F16(group[2 * (s % 2) + 1], a, b0.y, b1.y);
           }
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[i] = fmaf(group[i], l[d].s.x, acc[i]);
+          for (int i = 0; i < 4; ++i) {
+            acc[i] = fmaf((group[0][i] + group[1][i]) + (group[2][i] + group[3][i]), l[d].s.x, acc[i]);
+          }
         }
         ++use_item;
         if (++use_cb == cbs) {  // the tile is done: rows g and g + 8 of activation rows 2t, 2t + 1
