@@ -32,7 +32,8 @@ rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head = rows[0]; name_i = head.index("Kernel Name"); val_i = head.index("Metric Value"); unit_i = head.index("Metric Unit")
 agg = collections.defaultdict(lambda: [0, 0.0])
 for r in rows[1:]:
-    v = float(r[val_i].replace(",", "")); v = v / 1000 if r[unit_i] == "nsecond" else (v * 1000 if r[unit_i] == "msecond" else v)
+    v = float(r[val_i].replace(",", "")); u = r[unit_i]
+    v = v / 1000 if u in ("nsecond", "ns") else (v * 1000 if u in ("msecond", "ms") else v)
     k = r[name_i].split("(")[0][:70]; agg[k][0] += 1; agg[k][1] += v
 total = sum(a[1] for a in agg.values())
 print(f"kernels {sum(a[0] for a in agg.values())}, GPU time {total:.1f} us")

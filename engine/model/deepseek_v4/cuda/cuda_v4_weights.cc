@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/util/status_macros.h"
-#include "kernels/cuda/fp4_tiled.h"
 
 namespace tandem::v4::cuda_v4 {
 namespace {
@@ -113,15 +112,9 @@ class Uploader {
     }
     ++out_->fp4_matrices;
     out_->max_narrow_elements = std::max(out_->max_narrow_elements, rows * cols);
-    if (cols % 64 == 0) {  // the tensor-core GEMV's tiles (fp4_tiled.h)
-      std::vector<uint8_t> tiled(static_cast<size_t>(cuda::Fp4TiledCodeBytes(rows, cols)));
-      std::vector<float> tiled_scales(static_cast<size_t>(cuda::Fp4TiledScaleCount(rows, cols)));
-      cuda::TileFp4(codes.data(), scales.data(), rows, cols, tiled.data(), tiled_scales.data());
-      ASSIGN_OR_RETURN(const void* c, Bytes(tiled.data(), tiled.size(), what));
-      ASSIGN_OR_RETURN(const float* s, Floats(tiled_scales.data(), static_cast<int64_t>(tiled_scales.size()), what));
-      return DeviceMatrix{.codes = static_cast<const uint8_t*>(c), .scales = s,
-                          .format = cuda::QuantizedWeight::kFp4Tiled, .rows = rows, .cols = cols};
-    }
+    // Plain FP4, not the tensor-core GEMV's tiles (kFp4Tiled): at one row a problem, which
+    // is what the routed experts run, the tiled form measured slower on an H100 (0.36 vs
+    // 0.41 of the copy, docs/performance.md).
     ASSIGN_OR_RETURN(const void* c, Bytes(codes.data(), codes.size(), what));
     ASSIGN_OR_RETURN(const float* s, Floats(scales.data(), static_cast<int64_t>(scales.size()), what));
     return DeviceMatrix{.codes = static_cast<const uint8_t*>(c), .scales = s,
