@@ -82,6 +82,49 @@ __global__ void HyperMixKernel(HyperMixParams p) {
   for (int i = 0; i < n * n; ++i) comb[i] = c[i];
 }
 
+// The same for n = 4 (V4's streams), a warp per token and a lane per matrix entry (lanes
+// 16..31 idle): the Sinkhorn rounds' sums are formed in every lane of a row (or column) in
+// the CPU's order from its neighbours' values, and the 16 divisions of a round run side by
+// side instead of one after another (one thread per token took ~25 us a call on an H100).
+__global__ void HyperMixWarpKernel(HyperMixParams p) {
+  internal::WaitAndTrigger();
+  constexpr int n = 4;
+  const int64_t t = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (t >= p.tokens) return;
+  const float* mix = p.mix + t * p.mix_stride;
+  if (lane < n) {
+    p.pre[t * n + lane] = __fadd_rn(SigmoidOf(Affine(mix[lane], p.scale[0], p.base[lane])), p.eps);
+    p.post[t * n + lane] = 2.0f * SigmoidOf(Affine(mix[n + lane], p.scale[1], p.base[n + lane]));
+  }
+  const int j = (lane / n) % n, k = lane % n;  // lanes 16..31 mirror 0..15 and write nothing
+  const float v = Affine(mix[2 * n + j * n + k], p.scale[2], p.base[2 * n + j * n + k]);
+  auto row_value = [&](float x, int kk) { return __shfl_sync(0xffffffffu, x, (lane & ~(n - 1)) + kk); };
+  auto column_value = [&](float x, int jj) { return __shfl_sync(0xffffffffu, x, (lane & 16) + jj * n + k); };
+  float m = -INFINITY;
+#pragma unroll
+  for (int kk = 0; kk < n; ++kk) m = fmaxf(m, row_value(v, kk));
+  const float e = expf(v - m);
+  float sum = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < n; ++kk) sum = __fadd_rn(sum, row_value(e, kk));
+  const float inv = 1.0f / sum;
+  float c = __fadd_rn(__fmul_rn(e, inv), p.eps);
+  for (int it = 0; it < p.sinkhorn_iters; ++it) {
+    if (it > 0) {
+      float rs = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < n; ++kk) rs = __fadd_rn(rs, row_value(c, kk));
+      c /= __fadd_rn(rs, p.eps);
+    }
+    float cs = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < n; ++jj) cs = __fadd_rn(cs, column_value(c, jj));
+    c /= __fadd_rn(cs, p.eps);
+  }
+  if (lane < n * n) p.comb[t * n * n + lane] = c;
+}
+
 // Grid (channel blocks, tokens): each thread one channel of one token.
 __global__ void HyperCollapseKernel(HyperCollapseParams p) {
   internal::WaitAndTrigger();
@@ -132,6 +175,12 @@ cudaError_t HyperMix(const HyperMixParams& p, cudaStream_t stream) {
   }
   const int64_t blocks = (p.tokens + kThreads - 1) / kThreads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  if (p.n == 4 && !p.head) {  // a warp per token
+    const int64_t warp_blocks = (p.tokens + kThreads / 32 - 1) / (kThreads / 32);
+    if (warp_blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    return internal::Launch(HyperMixWarpKernel, dim3(static_cast<unsigned>(warp_blocks)), dim3(kThreads), 0, stream,
+                            p);
+  }
   return p.n == 4 ? internal::Launch(HyperMixKernel<4>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, p)
                    : internal::Launch(HyperMixKernel<0>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, p);
 }
