@@ -42,34 +42,20 @@ __global__ void SinkAttentionKernel(SinkAttentionParams p) {
     if (threadIdx.x == 0 && p.bad_input != nullptr) atomicExch(p.bad_input, 1);
     return;
   }
-  // Scores: a warp per key, lanes over the channels; kBatch keys of a warp at a time, so
-  // that their loads are in flight together (one key at a time left each warp waiting on
-  // one L2 round trip after another). Each key's sum is formed as before.
-  constexpr int kBatch = 4;
-  for (int j0 = warp * kBatch; j0 < n; j0 += kWarps * kBatch) {
-    float s[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) s[b] = 0.0f;
+  // Scores: a warp per key, lanes over the channels.
+  for (int j = warp; j < n; j += kWarps) {
+    const float* k = keys[j];
+    float s = 0.0f;
     for (int i = lane * 4; i < d; i += 128) {
       const float4 a = *reinterpret_cast<const float4*>(q + i);
-      float4 kv[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        kv[b] = j0 + b < n ? *reinterpret_cast<const float4*>(keys[j0 + b] + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        s[b] = fmaf(a.x, kv[b].x, s[b]);
-        s[b] = fmaf(a.y, kv[b].y, s[b]);
-        s[b] = fmaf(a.z, kv[b].z, s[b]);
-        s[b] = fmaf(a.w, kv[b].w, s[b]);
-      }
+      const float4 b = *reinterpret_cast<const float4*>(k + i);
+      s = fmaf(a.x, b.x, s);
+      s = fmaf(a.y, b.y, s);
+      s = fmaf(a.z, b.z, s);
+      s = fmaf(a.w, b.w, s);
     }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const float sum = internal::WarpSum(s[b]);
-      if (lane == 0 && j0 + b < n) scores[j0 + b] = sum * p.scale;
-    }
+    s = internal::WarpSum(s);
+    if (lane == 0) scores[j] = s * p.scale;
   }
   __syncthreads();
   const float sink = p.sinks[h];
@@ -83,15 +69,7 @@ __global__ void SinkAttentionKernel(SinkAttentionParams p) {
   // as on the CPU.
   if (threadIdx.x == 0) {
     float sum = expf(sink - m);
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {  // the reads of 8 ahead of their (ordered) adds
-      float v[8];
-#pragma unroll
-      for (int b = 0; b < 8; ++b) v[b] = scores[j + b];
-#pragma unroll
-      for (int b = 0; b < 8; ++b) sum += v[b];
-    }
-    for (; j < n; ++j) sum += scores[j];
+    for (int j = 0; j < n; ++j) sum += scores[j];
     red[kWarps] = sum;
   }
   __syncthreads();
@@ -100,19 +78,10 @@ __global__ void SinkAttentionKernel(SinkAttentionParams p) {
   const float sum = red[kWarps];
   for (int j = threadIdx.x; j < n; j += kThreads) scores[j] = __fdiv_rn(scores[j], sum);
   __syncthreads();
-  // Each channel sums its keys in list order, one fma per key as the CPU's Axpy; the
-  // values of 8 keys are loaded before their (ordered) fmas.
+  // Each channel sums its keys in list order, one fma per key as the CPU's Axpy.
   for (int i = threadIdx.x; i < d; i += kThreads) {
     float acc = 0.0f;
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-      float v[8];
-#pragma unroll
-      for (int b = 0; b < 8; ++b) v[b] = keys[j + b][i];
-#pragma unroll
-      for (int b = 0; b < 8; ++b) acc = fmaf(scores[j + b], v[b], acc);
-    }
-    for (; j < n; ++j) acc = fmaf(scores[j], keys[j][i], acc);
+    for (int j = 0; j < n; ++j) acc = fmaf(scores[j], keys[j][i], acc);
     out[i] = acc;
   }
 }
