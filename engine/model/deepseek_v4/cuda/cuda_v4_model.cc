@@ -761,9 +761,19 @@ absl::Status CudaV4Model::Attention(int64_t layer) {
   }
   // The grouped output projection: group g's heads through its block of o_a, then o_b.
   const int64_t groups = c.o_groups, r = c.o_lora_rank, in = c.o_group_in();
-  for (int64_t g = 0; g < static_cast<int64_t>(lw.o_a_groups.size()); ++g) {  // FP8 groups
-    RETURN_IF_ERROR(Linear(st.o + g * in, hd, lw.o_a_groups[static_cast<size_t>(g)], st.grouped + g * r, groups * r,
-                           rows));
+  if (rows == 1 && lw.o_a_table != nullptr) {  // every FP8 group in one launch (the routed form)
+    RETURN_IF_ERROR(Kernel(cuda::QuantizedGemv({.format = cuda::QuantizedWeight::kFp8Block128, .x = st.o, .ldx = in,
+                                                .y = st.grouped, .ldy = r, .m = 1, .n = r, .k = in,
+                                                .experts = lw.o_a_table, .num_experts = static_cast<int>(groups),
+                                                .ids = weights_->iota, .problems = static_cast<int>(groups),
+                                                .x_group = 1},
+                                               stream_),
+                           "the grouped output projection"));
+  } else {
+    for (int64_t g = 0; g < static_cast<int64_t>(lw.o_a_groups.size()); ++g) {  // FP8 groups
+      RETURN_IF_ERROR(Linear(st.o + g * in, hd, lw.o_a_groups[static_cast<size_t>(g)], st.grouped + g * r,
+                             groups * r, rows));
+    }
   }
   if (lw.o_a_groups.empty()) {
     TANDEM_CUBLAS_RETURN(gemm_.BatchedF32({.a = st.o, .lda = hd, .stride_a = in, .b = lw.o_a.data, .ldb = in,

@@ -208,9 +208,17 @@ absl::StatusOr<CudaV4Layer> Layer(const DeepseekV4Config& c, AttentionType type,
   bool o_a_fp8 = true;
   for (const WeightMatrix& g : a.o_a_groups) o_a_fp8 = o_a_fp8 && g.dtype == DType::kF8E4M3 && g.cols % 16 == 0;
   if (o_a_fp8) {
+    std::vector<cuda::QuantizedMatrixRef> table;
     for (const WeightMatrix& g : a.o_a_groups) {
       ASSIGN_OR_RETURN(DeviceMatrix m, up.Matrix(g, "o_a_proj"));
       l.o_a_groups.push_back(m);
+      table.push_back({.w = m.codes, .scales = m.scales});
+    }
+    bool all_fp8 = !l.o_a_groups.empty() && l.o_a_groups.size() <= 64;
+    for (const DeviceMatrix& m : l.o_a_groups) all_fp8 = all_fp8 && m.narrow() && m.format == cuda::QuantizedWeight::kFp8Block128;
+    if (all_fp8) {
+      ASSIGN_OR_RETURN(const void* t, up.Bytes(table.data(), table.size() * sizeof(table[0]), "o_a_proj's table"));
+      l.o_a_table = static_cast<const cuda::QuantizedMatrixRef*>(t);
     }
   } else {
     const int64_t r = c.o_lora_rank, in = c.o_group_in();
@@ -264,6 +272,12 @@ absl::StatusOr<std::unique_ptr<CudaV4Weights>> UploadV4Weights(const DeepseekV4C
   ASSIGN_OR_RETURN(out->embed, up.Matrix(w.embed, "the embedding", /*narrow_allowed=*/false));
   ASSIGN_OR_RETURN(out->head, up.Matrix(w.head, "the LM head"));
   ASSIGN_OR_RETURN(out->norm, up.Floats(w.norm, c.hidden_size, "the final norm"));
+  {
+    std::vector<int32_t> iota(64);
+    for (int32_t i = 0; i < 64; ++i) iota[static_cast<size_t>(i)] = i;
+    ASSIGN_OR_RETURN(const void* p, up.Bytes(iota.data(), iota.size() * sizeof(int32_t), "group ids"));
+    out->iota = static_cast<const int32_t*>(p);
+  }
   ASSIGN_OR_RETURN(out->hc_head, up.Hyper(w.hc_head.fn, w.hc_head.base, w.hc_head.scale, c.hc_mult, 1));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     ASSIGN_OR_RETURN(CudaV4Layer layer, Layer(c, c.layer_types[l], w.layers[static_cast<size_t>(l)], up));

@@ -81,6 +81,9 @@ struct CudaV4Layer {
   DeviceMatrix index_weights;  // CSA: [index heads][D]
   DeviceMatrix o_a;      // [G R][H d / G]: group g's rows g R .. (float32), or
   std::vector<DeviceMatrix> o_a_groups;  // each group's [R][H d / G] where all are FP8
+  // The FP8 groups as the routed GEMV's table (group g = "expert" g): one launch for all
+  // groups of a one-row pass.
+  const cuda::QuantizedMatrixRef* o_a_table = nullptr;
   DeviceMatrix o_b;      // [D][G R]
   const float* sinks = nullptr;
   CompressorParams compressor, indexer_compressor;
@@ -108,6 +111,7 @@ struct CudaV4Weights {
   int64_t fp8_matrices = 0;
   int64_t fp4_matrices = 0;
   int64_t bf16_matrices = 0;
+  const int32_t* iota = nullptr;  // device [0, 1, ..., 63]: the o_a groups' "expert" ids
   int64_t max_narrow_elements = 0;  // the largest narrow matrix (bounds the widening scratch)
   std::vector<cuda_model::DeviceBuffer> buffers;
 };
