@@ -8,6 +8,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/quantized_gemv_mma.h"
+#include "kernels/cuda/quantized_gemv_operands.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -112,27 +113,12 @@ __global__ void __launch_bounds__(kThreads) QuantizedGemvKernel(QuantizedGemvPar
   const int scale_cols = static_cast<int>((p.k + 127) / 128);
   // This block's problem (blockIdx.y): the one product of the plain form, or a routed
   // expert's, whose id an earlier kernel wrote (so the weights wait for it).
-  const uint8_t* weights = p.w;
-  const float* scales = p.scales;
-  const float* x = p.x;
-  float* y = p.y;
-  if (p.experts != nullptr) {
-    internal::GridDependencyWait();
-    const int problem = blockIdx.y;
-    const int32_t id = p.ids[problem];
-    x += static_cast<int64_t>(problem / p.x_group) * p.ldx;
-    y += static_cast<int64_t>(problem) * p.ldy;
-    if (id < 0 || id >= p.num_experts) {
-      internal::TriggerDependentLaunch();
-      for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < p.n;
-           i += static_cast<int64_t>(gridDim.x) * kThreads) {
-        y[i] = 0.0f;
-      }
-      return;
-    }
-    weights = p.experts[id].w;
-    scales = p.experts[id].scales;
-  }
+  internal::GemvOperands ops;
+  if (!internal::BlockOperands(p, kThreads, &ops)) return;
+  const uint8_t* const weights = ops.w;
+  const float* const scales = ops.scales;
+  const float* const x = ops.x;
+  float* const y = ops.y;
 
   Cursor next{.row = first_row}, use{.row = first_row};
   // Issues the next stage's loads (weights and their scales; addresses clamped in range).

@@ -29,6 +29,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/mma_sync.cuh"
+#include "kernels/cuda/quantized_gemv_operands.cuh"
 
 namespace tandem::cuda::internal {
 namespace {
@@ -77,27 +78,12 @@ __global__ void __launch_bounds__(kThreads, 3) MmaGemvKernel(QuantizedGemvParams
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   const int items = first < tiles ? static_cast<int>((tiles - first + warps - 1) / warps) * cbs : 0;
-  const uint8_t* weights = p.w;
-  const float* scales = p.scales;
-  const float* x = p.x;
-  float* y = p.y;
-  if (p.experts != nullptr) {  // the routed form: this column's expert, written by an earlier kernel
-    GridDependencyWait();
-    const int problem = blockIdx.y;
-    const int32_t id = p.ids[problem];
-    x += static_cast<int64_t>(problem / p.x_group) * p.ldx;
-    y += static_cast<int64_t>(problem) * p.ldy;
-    if (id < 0 || id >= p.num_experts) {
-      TriggerDependentLaunch();
-      for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < p.n;
-           i += static_cast<int64_t>(gridDim.x) * kThreads) {
-        y[i] = 0.0f;
-      }
-      return;
-    }
-    weights = p.experts[id].w;
-    scales = p.experts[id].scales;
-  }
+  GemvOperands ops;
+  if (!BlockOperands(p, kThreads, &ops)) return;
+  const uint8_t* const weights = ops.w;
+  const float* const scales = ops.scales;
+  const float* const x = ops.x;
+  float* const y = ops.y;
 
   // The stream of (tile, 64-column block) items, loads running two stages ahead of use.
   int next_item = 0, next_cb = 0;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/cuda/cuda_graph.h"
 #include "engine/model/cuda/cuda_model_impl.h"
 #include "engine/model/mtp_test_model.h"
 #include "engine/model/weights.h"
@@ -788,16 +789,8 @@ absl::Status CudaDeepseekModel::Impl::RunGraph(const StepPlan& plan, const Deeps
     // The first step of a shape runs eagerly (warms cuBLAS and kernel attributes); the
     // second is captured.
     if (graph_seen_[key]++ == 0) return EnqueueStep(p, fo);
-    TANDEM_CUDA_RETURN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capturing a decode step");
-    const absl::Status s = EnqueueStep(p, fo);
-    cudaGraph_t graph = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    RETURN_IF_ERROR(s);
-    TANDEM_CUDA_RETURN(end, "capturing a decode step");
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    TANDEM_CUDA_RETURN(inst, "instantiating a decode graph");
+    ASSIGN_OR_RETURN(cudaGraphExec_t exec, cuda_model::CaptureGraph(
+                                               stream, [&] { return EnqueueStep(p, fo); }, "capturing a decode step"));
     it = graphs_.emplace(key, exec).first;
   }
   TANDEM_CUDA_RETURN(cudaGraphLaunch(it->second, stream), "replaying a decode step");

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/cuda/cuda_graph.h"
 #include "engine/model/deepseek_v4/v4_kv_streams.h"
 #include "engine/util/status_macros.h"
 #include "kernels/common/check.h"
@@ -975,16 +976,8 @@ absl::Status CudaV4Model::RunGraph() {
     // a capture); the second is captured.
     if (graph_seen_[key]++ == 0) return EnqueuePass();
     if (graphs_.size() >= kMaxGraphs) DropGraphs();
-    TANDEM_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capturing a pass");
-    const absl::Status enqueued = EnqueuePass();
-    cudaGraph_t graph = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
-    RETURN_IF_ERROR(enqueued);
-    TANDEM_CUDA_RETURN(end, "capturing a pass");
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    TANDEM_CUDA_RETURN(made, "instantiating a pass's graph");
+    ASSIGN_OR_RETURN(cudaGraphExec_t exec,
+                     cuda_model::CaptureGraph(stream_, [&] { return EnqueuePass(); }, "capturing a pass"));
     it = graphs_.emplace(std::move(key), exec).first;
   }
   TANDEM_CUDA_RETURN(cudaGraphLaunch(it->second, stream_), "replaying a pass");
