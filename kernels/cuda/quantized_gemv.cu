@@ -13,8 +13,13 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kWarps = 16;
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+// Blocks of one- and two-row products a multiprocessor keeps resident (registers capped to
+// fit; more rows would spill): one 512-thread block (100 registers a thread) left 16 warps
+// a multiprocessor and the DRAM at 39 % of its peak (ncu, H100, docs/performance.md).
+template <int M>
+inline constexpr int kMinBlocks = M <= 2 ? 3 : 1;
 constexpr int kDepth = 4;  // 16-byte weight loads per lane per pipeline stage (two stages in flight)
 
 // x lives in shared memory as float4s, row r's float4 f at xs[r * stride + Swizzle(f)]
@@ -96,7 +101,7 @@ struct Cursor {
 };
 
 template <int M, QuantizedWeight F>
-__global__ void __launch_bounds__(kThreads) QuantizedGemvKernel(QuantizedGemvParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks<M>) QuantizedGemvKernel(QuantizedGemvParams p) {
   extern __shared__ float4 xs[];
   constexpr int kValues = Format<F>::kValues;
   constexpr int kQuads = kValues / 4;  // float4s of x per load
@@ -217,7 +222,9 @@ cudaError_t LaunchRows(const QuantizedGemvParams& p, size_t shared, cudaStream_t
   // The shared-memory limit raised and the register-limited residency read once.
   static int resident = [] {
     if (cudaFuncSetAttribute(QuantizedGemvKernel<M, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kQuantizedGemvMaxSharedBytes)) != cudaSuccess) {
+                             static_cast<int>(kQuantizedGemvMaxSharedBytes)) != cudaSuccess ||
+        cudaFuncSetAttribute(QuantizedGemvKernel<M, F>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
       return 0;
     }
     int blocks = 0;
