@@ -512,6 +512,7 @@ absl::Status CudaV4Model::RunGraph() {
   if (it == graphs_.end()) {
     // The first pass of a layout runs eagerly (kernel attributes and cuBLAS set up outside
     // a capture); the second is captured.
+    if (graph_seen_.size() >= 16 * kMaxGraphs) graph_seen_.clear();  // layouts seen once stay bounded
     if (graph_seen_[key]++ == 0) return EnqueuePass();
     if (graphs_.size() >= kMaxGraphs) DropGraphs();
     ASSIGN_OR_RETURN(cudaGraphExec_t exec,
