@@ -9,9 +9,8 @@
 #   There: scripts/device/batch_invariance.sh   (run tool: carry .carry/device.tgz; JSON under $OUT)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-[ -d "$root/.carry/device" ] || tar -xzf "$root/.carry/device.tgz" -C "$root/.carry"
-export LD_LIBRARY_PATH="$root/.carry/device/lib"
-bin="$root/.carry/device/bin"
+# shellcheck source=carried.sh
+source "$root/scripts/device/carried.sh"
 out="${OUT:-/tmp}"
 TANDEM_CACHE_DIR=/tmp/tc "$bin/engine_runtime_engine_cuda_batch_invariance_test" || exit 1
 "$bin/tandem" make-model --config "$root/bench/configs/deepseek_v2_lite_full.json" --weights-on-gpu --out /tmp/v2lite \

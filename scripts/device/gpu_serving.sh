@@ -25,9 +25,8 @@ if [ "${1:-}" = pack ]; then
   exit 0
 fi
 [ "${1:-}" = run ] || { sed -n '2,13p' "$0"; exit 2; }
-[ -d "$root/.carry/device" ] || tar -xzf "$root/.carry/device.tgz" -C "$root/.carry"
-export LD_LIBRARY_PATH="$root/.carry/device/lib"
-bin="$root/.carry/device/bin"
+# shellcheck source=carried.sh
+source "$root/scripts/device/carried.sh"
 out="${OUT:-/tmp}"
 export UCX_TLS=tcp UCX_NET_DEVICES=lo TANDEM_CACHE_DIR=/tmp/tc TANDEM_BINARY_DIR="$root/.carry/device"
 . "$root/scripts/device/check.sh"

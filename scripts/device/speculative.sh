@@ -12,9 +12,8 @@
 #   existing GPU model and engine tests.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-[ -d "$root/.carry/device" ] || tar -xzf "$root/.carry/device.tgz" -C "$root/.carry"
-export LD_LIBRARY_PATH="$root/.carry/device/lib"
-bin="$root/.carry/device/bin"
+# shellcheck source=carried.sh
+source "$root/scripts/device/carried.sh"
 out="${OUT:-/tmp}"
 export TANDEM_CACHE_DIR=/tmp/tc TANDEM_SOURCE_DIR="$root"
 # shellcheck source=check.sh

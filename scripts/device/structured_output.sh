@@ -9,9 +9,8 @@
 #   There: scripts/device/structured_output.sh   (run tool: carry .carry/device.tgz; JSON under $OUT)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-[ -d "$root/.carry/device" ] || tar -xzf "$root/.carry/device.tgz" -C "$root/.carry"
-export LD_LIBRARY_PATH="$root/.carry/device/lib"
-bin="$root/.carry/device/bin"
+# shellcheck source=carried.sh
+source "$root/scripts/device/carried.sh"
 out="${OUT:-/tmp}"
 # The engine's constrained rows on the GPU give the host path's tokens.
 TANDEM_CACHE_DIR=/tmp/tc "$bin/engine_runtime_engine_cuda_test" \

@@ -8,9 +8,8 @@
 #   There: scripts/device/v4_decode_bench.sh   (run tool: carry .carry/device.tgz)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-[ -d "$root/.carry/device" ] || tar -xzf "$root/.carry/device.tgz" -C "$root/.carry"
-export LD_LIBRARY_PATH="$root/.carry/device/lib"
-bin="$root/.carry/device/bin"
+# shellcheck source=carried.sh
+source "$root/scripts/device/carried.sh"
 out="${OUT:-/tmp}"
 cd "$root" || exit 1
 # shellcheck source=check.sh

@@ -8,9 +8,8 @@
 #   There: LAYERS=2 CONTEXT=1024 scripts/device/v4_decode_profile.sh   (run tool: carry .carry/device.tgz)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-[ -d "$root/.carry/device" ] || tar -xzf "$root/.carry/device.tgz" -C "$root/.carry"
-export LD_LIBRARY_PATH="$root/.carry/device/lib"
-bin="$root/.carry/device/bin"
+# shellcheck source=carried.sh
+source "$root/scripts/device/carried.sh"
 out="${OUT:-/tmp}"
 cd "$root" || exit 1
 args=(--layers "${LAYERS:-2}" --contexts "${CONTEXT:-1024}" --steps 4 --profile)

@@ -14,10 +14,9 @@
 #   There: scripts/device/v4_kernels.sh   (run tool: carry .carry/device.tgz; logs under $OUT)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-[ -d "$root/.carry/device" ] || tar -xzf "$root/.carry/device.tgz" -C "$root/.carry"
-export LD_LIBRARY_PATH="$root/.carry/device/lib"
+# shellcheck source=carried.sh
+source "$root/scripts/device/carried.sh"
 export TANDEM_CACHE_DIR=/tmp/tc TANDEM_SOURCE_DIR="$root"
-bin="$root/.carry/device/bin"
 # shellcheck source=check.sh
 source "$root/scripts/device/check.sh"
 # KERNELS="a b" limits the kernel tests to those named (a short run after one kernel changed).

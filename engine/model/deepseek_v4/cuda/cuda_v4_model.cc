@@ -11,7 +11,6 @@
 #include "engine/util/status_macros.h"
 #include "kernels/common/check.h"
 #include "kernels/cuda/convert.h"
-#include "kernels/cuda/fp4_tiled.h"
 #include "kernels/cuda/hyper_connections.h"
 #include "kernels/cuda/quantized_gemv.h"
 #include "kernels/cuda/rms_norm.h"
@@ -234,11 +233,8 @@ absl::Status CudaV4Model::Linear(const float* x, int64_t ldx, const DeviceMatrix
                                           .dst = wide, .rows = rows, .cols = w.cols},
                                          stream_);
           break;
-        case cuda::QuantizedWeight::kFp4Tiled:  // slabs of whole 16-row tiles
-          err = cuda::DequantizeFp4TiledToF32({.src = w.codes + (r0 / 16) * (w.cols / 64) * 512,
-                                               .scales = w.scales + (r0 / 16) * (w.cols / 64) * 32, .dst = wide,
-                                               .rows = rows, .cols = w.cols},
-                                              stream_);
+        case cuda::QuantizedWeight::kFp4Tiled:
+          TANDEM_CHECK(false) << "cuda_v4_weights.cc uploads no tiled FP4";
           break;
         case cuda::QuantizedWeight::kBf16:
           err = cuda::ConvertBf16ToF32({.src = w.codes + r0 * w.cols * 2, .src_stride = w.cols, .dst = wide,

@@ -25,9 +25,7 @@ namespace tandem::v4::cuda_v4 {
 
 // Float32 (data), or narrow (codes and scales in `format`, as kernels/cuda/quantized_gemv.h
 // reads them: FP8 [rows][cols] with [ceil(rows / 128)][ceil(cols / 128)] scales, FP4
-// [rows][cols / 2] with [rows][cols / 32] power-of-two scales (or, not produced by the
-// uploader now, those tiled for the tensor-core GEMV, kernels/cuda/fp4_tiled.h), bf16
-// [rows][cols] without).
+// [rows][cols / 2] with [rows][cols / 32] power-of-two scales, bf16 [rows][cols] without).
 struct DeviceMatrix {
   const float* data = nullptr;
   const uint8_t* codes = nullptr;
