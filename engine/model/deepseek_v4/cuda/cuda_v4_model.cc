@@ -538,9 +538,8 @@ absl::StatusOr<std::vector<float>> CudaV4Model::Forward(std::span<const ForwardS
   const StepPlan plan = BuildStepPlan(config_, *weights_, batch, *pool_, {.x_proj = st.xp, .kv = st.kv});
   RETURN_IF_ERROR(Stage(plan));
   // A pass without host round trips (every MoE layer routed on the device) can replay.
-  bool replayable = graphs_on_ && !options.after_layer_kv &&
-                    st.rows * config_.num_experts_per_tok <= kDeviceRoutedProblems;
-  for (const CudaV4Layer& l : weights_->layers) replayable = replayable && l.down_table != nullptr;
+  const bool replayable = graphs_on_ && !options.after_layer_kv && weights_->experts_routed_on_device &&
+                          st.rows * config_.num_experts_per_tok <= kDeviceRoutedProblems;
   RETURN_IF_ERROR(replayable ? RunGraph() : EnqueuePass());
   std::vector<float> logits(static_cast<size_t>(st.logits_rows * config_.vocab_size));
   if (!logits.empty()) {

@@ -283,6 +283,8 @@ absl::StatusOr<std::unique_ptr<CudaV4Weights>> UploadV4Weights(const DeepseekV4C
     ASSIGN_OR_RETURN(CudaV4Layer layer, Layer(c, c.layer_types[l], w.layers[static_cast<size_t>(l)], up));
     out->layers.push_back(std::move(layer));
   }
+  out->experts_routed_on_device = std::all_of(out->layers.begin(), out->layers.end(),
+                                              [](const CudaV4Layer& l) { return l.down_table != nullptr; });
   return out;
 }
 

@@ -109,6 +109,7 @@ struct CudaV4Weights {
   int64_t fp8_matrices = 0;
   int64_t fp4_matrices = 0;
   int64_t bf16_matrices = 0;
+  bool experts_routed_on_device = false;  // every layer has the routed GEMV's tables
   const int32_t* iota = nullptr;  // device [0, 1, ..., 63]: the o_a groups' "expert" ids
   int64_t max_narrow_elements = 0;  // the largest narrow matrix (bounds the widening scratch)
   std::vector<cuda_model::DeviceBuffer> buffers;
