@@ -1,16 +1,18 @@
-// DeepSeek-V4's attention on the GPU, first form: every query head of a token attends
+// DeepSeek-V4's attention on the GPU: every query head of a token attends
 // to one list of keys that are also the values (the sliding window's rows, then the
 // compressed entries the indexer chose, or all of them for HCA layers), with a per-head
-// "sink" logit that only enlarges the softmax's denominator. The arithmetic of
+// "sink" logit that only enlarges the softmax's denominator. The function of
 // engine/model/deepseek_v4/v4_math.cc AttendWithSink: out = sum_j p_j key_j in list
 // order, p = softmax([q . key_j * scale ..., sink]) without its last entry. Keys are named
 // per token by pointer (v4_key_select.h builds the lists), so the window's ring, the
 // pass's new rows and the compressed entries of a paged cache are read in place, wherever
 // each lives.
 //
-// A correctness-first kernel: one block per (token, head), each key read once per head.
-// V4-Flash's 64 heads share every key; the fast form (keys staged once for all heads, on
-// tensor cores, split over the key list as the MLA decode kernel is) is still to come.
+// Each block serves several heads of one token from one read of each key (V4-Flash's 64
+// heads share every key), folding the keys into a running softmax per head; at small
+// batches the key list is also split over blocks, whose states a second kernel merges
+// with the sink (as split-KV decode attention does). Sums therefore run in another order
+// than the CPU's: outputs agree to rounding, not bitwise.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +38,17 @@ struct SinkAttentionParams {
   // pointers is null or not 16-byte aligned (its heads' outputs are then zero); may be
   // null.
   int32_t* bad_input = nullptr;
+  // Scratch for the key list's splits (SinkAttentionPartialFloats floats); with less (or
+  // none) the launch splits less (or not at all).
+  float* partials = nullptr;
+  int64_t partial_floats = 0;
 };
 
 inline constexpr int kMaxSinkAttentionKeys = 8192;
+
+// The scratch a launch of this shape splits its key lists into on the current device
+// (0 where it would not split).
+int64_t SinkAttentionPartialFloats(int64_t tokens, int heads, int head_dim, int max_keys);
 
 cudaError_t SinkAttention(const SinkAttentionParams& p, cudaStream_t stream);
 

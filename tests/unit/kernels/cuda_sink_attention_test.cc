@@ -1,9 +1,10 @@
 // DeepSeek-V4's sink attention on the GPU against the CPU engine's (v4::AttendWithSink),
 // over V4-Flash's shape (64 heads of 512, a 128-row window plus 512 chosen entries) and odd
 // ones: empty key lists, repeated keys, large and very negative sinks, null keys and
-// overlong lists refused.
+// overlong lists refused; each with and without scratch for splitting the key lists.
 // The dot products sum in another order than the CPU's, so outputs agree to a relative
 // 1e-5 of the values' scale, not bitwise. Skips, saying why, where no GPU is usable.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -26,8 +27,9 @@ struct Case {
 };
 
 TEST_F(CudaSinkAttentionTest, MatchesTheCpuOverShapes) {
-  for (const Case c : {Case{3, 64, 512, 2000, 640, 1.0f}, Case{20, 4, 64, 50, 40, 3.0f}, Case{5, 2, 4, 7, 9, 30.0f},
-                       Case{2, 8, 128, 300, 3000, 1.0f}}) {
+  for (const Case c : {Case{3, 64, 512, 2000, 640, 1.0f}, Case{1, 64, 512, 2000, 640, 1.0f},
+                       Case{20, 4, 64, 50, 40, 3.0f}, Case{5, 2, 4, 7, 9, 30.0f}, Case{2, 8, 128, 300, 3000, 1.0f},
+                       Case{2, 5, 1024, 900, 700, 1.0f}, Case{1, 3, 260, 400, 8192, 2.0f}}) {
     const std::string what = std::to_string(c.heads) + " heads of " + std::to_string(c.head_dim) + ", " +
                              std::to_string(c.max_keys) + " keys";
     std::mt19937 rng(c.heads * 1000 + c.head_dim);
@@ -65,16 +67,27 @@ TEST_F(CudaSinkAttentionTest, MatchesTheCpuOverShapes) {
       }
     }
     Dev<const float*> dkeys(key_ptrs);
-    const cuda::SinkAttentionParams p{.q = dq.get(), .keys = dkeys.get(), .num_keys = dnum.get(), .max_keys = c.max_keys,
-                                      .sinks = dsinks.get(), .tokens = c.tokens, .heads = c.heads,
-                                      .head_dim = c.head_dim, .scale = scale, .out = dout.get(),
-                                      .bad_input = dbad.get()};
-    ASSERT_EQ(cuda::SinkAttention(p, nullptr), cudaSuccess) << what;
-    const std::vector<float> got = dout.Download();
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_NEAR(got[i], want[i], 1e-5f * (1.0f + std::fabs(want[i]))) << what << " @" << i;
+    // Without scratch every block takes a whole key list; with it, small batches split
+    // their lists over blocks and merge the splits.
+    const int64_t partial_floats = cuda::SinkAttentionPartialFloats(c.tokens, c.heads, c.head_dim, c.max_keys);
+    if (c.tokens == 1 && c.max_keys >= 640) {
+      EXPECT_GT(partial_floats, 0) << what << ": a lone token splits";
     }
-    EXPECT_EQ(dbad.Download()[0], 0) << what;
+    Dev<float> dpartials(static_cast<size_t>(std::max<int64_t>(partial_floats, 1)));
+    for (const bool split : {false, true}) {
+      const cuda::SinkAttentionParams p{
+          .q = dq.get(), .keys = dkeys.get(), .num_keys = dnum.get(), .max_keys = c.max_keys,
+          .sinks = dsinks.get(), .tokens = c.tokens, .heads = c.heads, .head_dim = c.head_dim, .scale = scale,
+          .out = dout.get(), .bad_input = dbad.get(), .partials = split ? dpartials.get() : nullptr,
+          .partial_floats = split ? partial_floats : 0};
+      ASSERT_EQ(cuda::SinkAttention(p, nullptr), cudaSuccess) << what;
+      const std::vector<float> got = dout.Download();
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 1e-5f * (1.0f + std::fabs(want[i]))) << what << (split ? " split" : "") << " @"
+                                                                         << i;
+      }
+      EXPECT_EQ(dbad.Download()[0], 0) << what;
+    }
   }
 }
 
@@ -102,6 +115,33 @@ TEST_F(CudaSinkAttentionTest, NullKeysAndOverlongListsAreRefusedPerToken) {
   for (int i = heads * d; i < 3 * heads * d; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], 0.0f) << i;
 }
 
+TEST_F(CudaSinkAttentionTest, ABadListIsRefusedByEverySplit) {
+  // One token, lists long enough to split: a null key in the last split still zeroes every
+  // head's output; the next token (no split of its own list is bad) attends.
+  const int heads = 4, d = 128, max_keys = 1024;
+  std::vector<float> q(static_cast<size_t>(2 * heads * d), 0.01f), kv(static_cast<size_t>(d), 1.0f);
+  Dev<float> dq(q), dkv(kv), dsinks(std::vector<float>(heads, 0.0f)), dout(std::vector<float>(q.size(), 7.0f));
+  std::vector<const float*> keys(static_cast<size_t>(2 * max_keys), dkv.get());
+  keys[1000] = nullptr;
+  Dev<const float*> dkeys(keys);
+  Dev<int32_t> dnum(std::vector<int32_t>{max_keys, max_keys}), dbad(std::vector<int32_t>{0});
+  const int64_t partial_floats = cuda::SinkAttentionPartialFloats(2, heads, d, max_keys);
+  ASSERT_GT(partial_floats, 0);
+  Dev<float> dpartials(static_cast<size_t>(partial_floats));
+  ASSERT_EQ(cuda::SinkAttention({.q = dq.get(), .keys = dkeys.get(), .num_keys = dnum.get(), .max_keys = max_keys,
+                                 .sinks = dsinks.get(), .tokens = 2, .heads = heads, .head_dim = d, .scale = 1.0f,
+                                 .out = dout.get(), .bad_input = dbad.get(), .partials = dpartials.get(),
+                                 .partial_floats = partial_floats},
+                                nullptr),
+            cudaSuccess);
+  const std::vector<float> got = dout.Download();
+  EXPECT_EQ(dbad.Download()[0], 1);
+  // Token 1: every score 1.28, so each channel is 1024 e^1.28 / (1024 e^1.28 + 1).
+  const float want = 1024.0f * std::exp(1.28f) / (1024.0f * std::exp(1.28f) + 1.0f);
+  for (int i = 0; i < heads * d; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], 0.0f) << i;
+  for (int i = heads * d; i < 2 * heads * d; ++i) EXPECT_NEAR(got[static_cast<size_t>(i)], want, 1e-6f) << i;
+}
+
 TEST_F(CudaSinkAttentionTest, BadParamsAreRefused) {
   Dev<float> f(64);
   Dev<int32_t> i(64);
@@ -115,6 +155,9 @@ TEST_F(CudaSinkAttentionTest, BadParamsAreRefused) {
   p.max_keys = 4;
   p.keys = nullptr;
   EXPECT_EQ(cuda::SinkAttention(p, nullptr), cudaErrorInvalidValue) << "no key lists";
+  p.keys = k.get();
+  p.partial_floats = 100;
+  EXPECT_EQ(cuda::SinkAttention(p, nullptr), cudaErrorInvalidValue) << "scratch claimed, none given";
 }
 
 }  // namespace

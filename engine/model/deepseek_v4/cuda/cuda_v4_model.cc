@@ -407,7 +407,9 @@ absl::Status CudaV4Model::Attention(int64_t layer) {
                                               .max_keys = st.max_keys, .sinks = lw.sinks, .tokens = rows,
                                               .heads = static_cast<int>(heads), .head_dim = static_cast<int>(d),
                                               .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))),
-                                              .out = st.o, .bad_input = st.bad + 1},
+                                              .out = st.o, .bad_input = st.bad + 1,
+                                              .partials = st.attention_partials,
+                                              .partial_floats = st.attention_partial_floats},
                                              stream_),
                          "the attention"));
   if (rot > 0) {

@@ -51,6 +51,9 @@ absl::Status CudaV4Model::Allocate(const PassShape& shape) {
     st.index_w = a.Take<float>(rows * c.index_n_heads);
     st.scores = a.Take<float>(rows * st.max_entries_csa);
     st.keys = a.Take<const float*>(rows * st.max_keys);
+    st.attention_partial_floats = cuda::SinkAttentionPartialFloats(rows, static_cast<int>(c.num_attention_heads),
+                                                                   static_cast<int>(c.head_dim), st.max_keys);
+    st.attention_partials = a.Take<float>(st.attention_partial_floats);
     st.num_keys = a.Take<int32_t>(rows);
     st.bad = a.Take<int32_t>(2);
     st.router = a.Take<float>(rows * e);
