@@ -55,6 +55,18 @@ class PeerKvWriter {
   virtual int64_t bytes() const = 0;
   virtual uint64_t checksum() const = 0;
   virtual std::string path() const = 0;  // "cuda-ipc (cuda:0 -> peer GPU)", for logs
+  // Layouts other than one latent stream (DeepSeek-V4), whose sequences move whole once
+  // their prompt is computed: whether this writer takes WriteRanges (then never
+  // WriteLayer).
+  virtual bool writes_ranges() const { return false; }
+  // Engine thread, after the step that computed the prompt's last token: copies each of
+  // `src` (ranges of this backend's device pool, KvPool::SequenceExtents) to its
+  // counterpart in `dst` (the same list over the peer's pool: equal lengths and layers),
+  // complete and visible to the peer when it returns; bytes() and checksum() then cover
+  // them (the checksum of kernels/cuda/kv_extent_copy.h).
+  virtual absl::Status WriteRanges(std::span<const KvExtent> /*src*/, std::span<const KvExtent> /*dst*/) {
+    return absl::UnimplementedError("this writer copies layers, not ranges");
+  }
 };
 
 class ModelBackend {
@@ -166,6 +178,16 @@ class ModelBackend {
   virtual absl::StatusOr<uint64_t> DeviceKvChecksum(std::span<const int32_t> /*blocks*/, int64_t /*num_tokens*/) {
     return absl::UnimplementedError("no device KV pool");
   }
+  // Decode side, layouts other than one latent stream: the checksum of `ranges` of the
+  // device pool (a sequence's KvPool::SequenceExtents; PeerKvWriter::WriteRanges's
+  // function).
+  virtual absl::StatusOr<uint64_t> DeviceRangesChecksum(std::span<const KvExtent> /*ranges*/) {
+    return absl::UnimplementedError("no device KV pool");
+  }
+  // A backend that computes in a device pool mirroring the host pool's layout (DeepSeek-V4
+  // on a GPU) allocates it now, with the host pool's geometry, rather than at the first
+  // Forward: ShareKvPool offers it before any step. Engine::Create calls it once.
+  virtual absl::Status PrepareDevicePool(const KvPool::Geometry& /*geometry*/) { return absl::OkStatus(); }
 
  private:
   absl::StatusOr<std::vector<int32_t>> launched_ = absl::FailedPreconditionError("no step launched");

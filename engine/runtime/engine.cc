@@ -179,6 +179,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   // KV export and import read and write the one latent stream through LatentKvCache, a
   // view of the pool with the same geometry (kv_pool.h).
   if (e->latent_layout_) e->cache_ = std::make_unique<LatentKvCache>(LatentKvCache::Of(*e->pool_));
+  // The device pool that mirrors it, now: a decode replica offers it to prefill replicas
+  // (ShareKvPool) before any step.
+  if (e->device_streams_) RETURN_IF_ERROR(e->backend_->PrepareDevicePool(geometry));
 
   e->layout_fingerprint_ = LayoutFingerprint(layout);
   e->layout_ = layout;

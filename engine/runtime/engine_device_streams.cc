@@ -18,16 +18,24 @@ void AppendRanges(KvPool& pool, const std::vector<std::span<std::byte>>& spans, 
   }
 }
 
+size_t TotalBytes(const std::vector<KvExtent>& ranges) {
+  size_t n = 0;
+  for (const KvExtent& r : ranges) n += r.bytes;
+  return n;
+}
+
 }  // namespace
 
 absl::Status Engine::ExportedSequencesToHost(const StepPlan& plan) {
   if (!device_streams_) return absl::OkStatus();
   for (const ScheduledChunk& c : plan.chunks) {
     const Sequence& s = *c.seq;
-    if (s.kv_sink == nullptr || !c.reaches_end()) continue;
+    // (A sink that writes device to device reads the GPU pool itself.)
+    if (s.kv_sink == nullptr || !s.kv_sink->wants_host_kv() || !c.reaches_end()) continue;
     absl::StatusOr<std::vector<KvExtent>> ranges = pool_->SequenceExtents(s.blocks, s.state_slot, c.start + c.num_tokens);
     if (!ranges.ok()) return ranges.status();
     if (absl::Status st = backend_->PoolRangesToHost(*ranges, *pool_); !st.ok()) return st;
+    counters_.kv_host_staged_bytes += static_cast<int64_t>(TotalBytes(*ranges));
   }
   return absl::OkStatus();
 }
@@ -35,6 +43,7 @@ absl::Status Engine::ExportedSequencesToHost(const StepPlan& plan) {
 absl::Status Engine::SequenceFromHost(const Sequence& s, int64_t num_tokens) {
   absl::StatusOr<std::vector<KvExtent>> ranges = pool_->SequenceExtents(s.blocks, s.state_slot, num_tokens);
   if (!ranges.ok()) return ranges.status();
+  counters_.kv_host_staged_bytes += static_cast<int64_t>(TotalBytes(*ranges));
   return backend_->PoolRangesFromHost(*ranges, *pool_);
 }
 

@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/kv_checksum_mix.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -13,18 +14,12 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kCtasPerSm = 8;               // 1024 threads per SM: registers <= 64 per thread
 constexpr int kUnroll = 4;                  // vectors in flight per lane
 constexpr int64_t kMaxTileBytes = 32 << 10;  // a warp's tile, when there are enough tiles
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
 
-__host__ __device__ __forceinline__ uint64_t Mix(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xbf58476d1ce4e5b9ull;
-  z ^= z >> 27;
-  z *= 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+using internal::kGolden;
+using internal::Mix;
 
 __host__ __device__ __forceinline__ uint64_t EntrySeed(int64_t layer, int64_t position) {
-  return Mix((static_cast<uint64_t>(layer) << 48) ^ static_cast<uint64_t>(position) ^ kGolden);
+  return internal::LayerSeed(static_cast<uint64_t>(layer), static_cast<uint64_t>(position));
 }
 
 // Terms of words 2 * vec and 2 * vec + 1 of an entry whose seed is `seed`.

@@ -4,9 +4,10 @@
 # peer-copy benchmark; the TTFT of an 8K-token prompt through P/D on two GPUs vs an
 # aggregated worker on one; serving throughput with tokens chosen on the GPU vs on the CPU
 # (the last two on a DeepSeek-V2-Lite-shaped random model whose weights are generated on
-# the GPU at load); one stream's time per output token, greedy and sampled (tpot1).
+# the GPU at load); one stream's time per output token, greedy and sampled (tpot1);
+# DeepSeek-V4 served with its KV over CUDA IPC (v4).
 #   Here:  scripts/device/gpu_serving.sh pack [BUILD_DIR]
-#   There: scripts/device/gpu_serving.sh run [all|tests|serving|ttft|sampling|tpot1]
+#   There: scripts/device/gpu_serving.sh run [all|tests|serving|v4|ttft|sampling|tpot1]
 #          (run tool: kind nvidia-h200-x2 for the two-GPU parts, carry .carry/device.tgz
 #          .carry/e2e; results under $OUT)
 set -uo pipefail
@@ -15,8 +16,10 @@ if [ "${1:-}" = pack ]; then
   build="${2:-$root/build}"
   rm -rf "$root/.carry/e2e" "$root/.carry/device" && mkdir -p "$root/.carry/e2e"
   "$build/bin/tandem" make-model --preset tiny --generated-tokenizer --vocab-size 4096 --seed 3 --out "$root/.carry/e2e/model"
+  "$build/bin/tandem" make-model --preset tiny-v4 --out "$root/.carry/e2e/v4" >/dev/null
   "$root/scripts/device/pack.sh" "$build/bin/tandem" "$build/bin/tandem-router" "$build/bin/tandem-prefill" \
     "$build/bin/tandem-decode" "$build/bin/tandem-kvstore" "$build/tests/integration_gpu_serving_test" "$build/tests/kernels_cuda_kv_block_copy_test" \
+    "$build/tests/kernels_cuda_kv_extent_copy_test" \
     "$build/tests/engine_model_cuda_ipc_test" "$build/bin/kv_peer_copy_bench" \
     "$build/tests/engine_runtime_engine_cuda_test" || exit 1
   # Compressed: with the working tree it must fit the device tool's 64 MiB.
@@ -69,6 +72,17 @@ fi
 if want serving; then
   SHOW='^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|actual|exited|differ|^request' \
     check gpu_serving_test env TANDEM_GPU_TEST_MODEL="$root/.carry/e2e/model" "$bin/integration_gpu_serving_test"
+fi
+# DeepSeek-V4 (tiny-v4) served on the GPU: its KV, whole sequences of several streams,
+# moves by CUDA IPC between two processes of one GPU (and over the host path), with the
+# aggregated worker's output.
+if want v4; then
+  check kv_extent_copy_test "$bin/kernels_cuda_kv_extent_copy_test"
+  check memcheck_kv_extent_copy compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/kernels_cuda_kv_extent_copy_test"
+  expect_in memcheck_kv_extent_copy "ERROR SUMMARY: 0 errors"
+  SHOW='^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|actual|exited|differ|^request' \
+    check gpu_serving_v4 env TANDEM_GPU_TEST_MODEL="$root/.carry/e2e/v4" "$bin/integration_gpu_serving_test" \
+    --gtest_filter='*OneGpuTwoProcessesMoveKvByCudaIpc*:*HostPathOnTheGpuGivesTheSameOutput*'
 fi
 if [ "$what" = all ]; then
   SHOW='GB/s|ratio|size' check kv_peer_copy_bench "$bin/kv_peer_copy_bench" --json "$out/kv_peer_copy_h200x2.json"

@@ -268,7 +268,8 @@ void DecodeServiceImpl::CheckAndSubmit(std::shared_ptr<const v1::DecodeRequest> 
   const Engine::KvMemory m = engine_->kv_memory();
   uint64_t sum = 0;
   if (device) {
-    absl::StatusOr<uint64_t> s = engine_->backend().DeviceKvChecksum(res.blocks, res.num_tokens);
+    absl::StatusOr<uint64_t> s = m.entry_dim == 0 ? engine_->backend().DeviceRangesChecksum(extents)
+                                                  : engine_->backend().DeviceKvChecksum(res.blocks, res.num_tokens);
     if (!s.ok()) return fail(s.status());
     sum = *s;
   } else if (m.entry_dim == 0) {

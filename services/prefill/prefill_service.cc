@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<OutgoingKvSink>> MakeSink(Engine& engine, KvTrans
     if (d.has_device_pool()) {
       absl::StatusOr<std::unique_ptr<PeerKvWriter>> w = engine.backend().OpenPeerKv(
           PoolFromProto(d.device_pool()), std::vector<int32_t>(d.block_ids().begin(), d.block_ids().end()));
-      if (w.ok()) return std::make_unique<DeviceKvSink>(std::move(*w), write_deadline, gate);
+      if (w.ok()) return std::make_unique<DeviceKvSink>(std::move(*w), d, write_deadline, gate);
       why = w.status();
     } else {
       why = absl::FailedPreconditionError(

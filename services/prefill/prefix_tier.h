@@ -71,7 +71,8 @@ class OffloadSequenceKvSink : public KvSink {
     if (inner_ != nullptr) inner_->OnLayerKv(slice);
   }
   PeerKvWriter* peer_writer() override { return inner_ != nullptr ? inner_->peer_writer() : nullptr; }
-  bool wants_host_kv() const override { return inner_ != nullptr && inner_->wants_host_kv(); }
+  // OnSequenceKv reads the host pool's blocks, whatever the inner sink reads.
+  bool wants_host_kv() const override { return true; }
   bool takes_sequence_kv() const override { return true; }
   void OnSequenceKv(const KvSequenceKv& kv) override;
 

@@ -1,9 +1,6 @@
 #include "engine/model/cuda/cuda_peer_kv.h"
 
-#include <signal.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -14,7 +11,6 @@ namespace tandem::cuda_model {
 namespace {
 
 constexpr int64_t kBlock = 64;
-constexpr size_t kMaxCachedMappings = 16;
 
 absl::Status CheckTable(std::span<const int32_t> table, int64_t num_blocks, int64_t max_blocks, const char* what) {
   if (static_cast<int64_t>(table.size()) > max_blocks) {
@@ -173,35 +169,6 @@ absl::StatusOr<DeviceKvPool> CudaPeerKv::Share() {
   return *shared_;
 }
 
-absl::StatusOr<std::shared_ptr<IpcMapping>> CudaPeerKv::Map(const DeviceKvPool& peer) {
-  auto it = mappings_.find(peer.ipc_handle);
-  if (it != mappings_.end()) return it->second.mapping;
-  // A new pool: first let go of those of processes that are gone (a restarted decode
-  // replica), which the mapping would otherwise keep allocated on their GPU. A process in
-  // another PID namespace may look gone: its pool is then just mapped again on next use.
-  for (auto m = mappings_.begin(); m != mappings_.end();) {
-    if (m->second.mapping.use_count() == 1 && ::kill(m->second.pid, 0) != 0 && errno == ESRCH) {
-      std::erase(mapping_order_, m->first);
-      m = mappings_.erase(m);
-    } else {
-      ++m;
-    }
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<IpcMapping> m,
-                   OpenIpcPool({.host_id = peer.host_id, .device_uuid = peer.device_uuid, .handle = peer.ipc_handle,
-                                .bytes = peer.bytes, .pid = peer.pid},
-                               pool_.device));
-  std::shared_ptr<IpcMapping> shared(std::move(m));
-  mappings_[peer.ipc_handle] = {shared, peer.pid};
-  mapping_order_.push_back(peer.ipc_handle);
-  if (mapping_order_.size() > kMaxCachedMappings) {
-    // Writers still using the oldest keep it mapped until they end.
-    mappings_.erase(mapping_order_.front());
-    mapping_order_.pop_front();
-  }
-  return shared;
-}
-
 absl::StatusOr<std::unique_ptr<PeerKvWriter>> CudaPeerKv::Open(const DeviceKvPool& peer,
                                                                std::vector<int32_t> dst_blocks) {
   if (peer.bytes_per_value != 2) {
@@ -212,7 +179,10 @@ absl::StatusOr<std::unique_ptr<PeerKvWriter>> CudaPeerKv::Open(const DeviceKvPoo
   RETURN_IF_ERROR(CheckTable(dst_blocks, peer.num_blocks, pool_.max_blocks_per_seq, "destination block table"));
   std::lock_guard<std::mutex> lock(mu_);
   TANDEM_CUDA_RETURN(cudaSetDevice(pool_.device), "selecting the GPU");
-  ASSIGN_OR_RETURN(std::shared_ptr<IpcMapping> mapping, Map(peer));
+  ASSIGN_OR_RETURN(std::shared_ptr<IpcMapping> mapping,
+                   mappings_.Map({.host_id = peer.host_id, .device_uuid = peer.device_uuid, .handle = peer.ipc_handle,
+                                  .bytes = peer.bytes, .pid = peer.pid},
+                                 pool_.device));
   // Again against the mapping's real extent (cuMemGetAddressRange, cuda_ipc.h): the copies
   // address dst + ((layer * num_blocks + block) * 64 + slot) * entry_bytes, so num_blocks
   // blocks of every layer must lie inside what is mapped, whatever the message said.

@@ -6,14 +6,10 @@
 // Each writer holds a slot: device block tables and a device checksum word, with a pinned
 // host mirror the stream updates after every layer (so the checksum is readable on the
 // host once the Forward that wrote has returned, without another synchronization).
-// Mappings of peer pools are cached (opening a handle costs milliseconds, and the driver
-// maps one allocation once per process); those of processes that are gone are closed when
-// a new pool is mapped, and beyond 16 the oldest go.
+// Mappings of peer pools are cached (ipc_mapping_cache.h).
 #pragma once
 
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +21,7 @@
 #include "engine/model/cuda/cuda_deepseek_model.h"
 #include "engine/model/cuda/cuda_ipc.h"
 #include "engine/model/cuda/device_memory.h"
+#include "engine/model/cuda/ipc_mapping_cache.h"
 #include "engine/model/model_backend.h"
 
 namespace tandem::cuda_model {
@@ -45,7 +42,6 @@ class CudaPeerKv {
   class Writer;
   CudaPeerKv(const CudaDeepseekModel::KvPool& pool, cudaStream_t model_stream)
       : pool_(pool), model_stream_(model_stream) {}
-  absl::StatusOr<std::shared_ptr<IpcMapping>> Map(const DeviceKvPool& peer);
   void ReleaseSlot(int slot);
   // INVALID_ARGUMENT unless `num_blocks` blocks of every layer fit in `bytes`.
   absl::Status CheckPeerGeometry(int64_t num_blocks, uint64_t bytes) const;
@@ -66,12 +62,7 @@ class CudaPeerKv {
 
   std::mutex mu_;  // everything below; Checksum's buffers
   std::vector<int> free_slots_;
-  struct Mapped {
-    std::shared_ptr<IpcMapping> mapping;
-    int32_t pid = 0;  // the process that exported it
-  };
-  std::map<std::string, Mapped> mappings_;  // by IPC handle
-  std::deque<std::string> mapping_order_;                        // oldest first
+  IpcMappingCache mappings_;
   std::optional<DeviceKvPool> shared_;
 };
 

@@ -197,19 +197,6 @@ class DevBytes {
   size_t n_;
 };
 
-// A stream that synchronizes with the legacy default stream (the tests' copies).
-class Stream {
- public:
-  Stream() { EXPECT_EQ(cudaStreamCreate(&s_), cudaSuccess); }
-  ~Stream() { cudaStreamDestroy(s_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-
 struct Shape {
   int64_t pool_layers, entry_bytes, block_size;
   int64_t layer_begin, layer_end, begin, end;
@@ -299,7 +286,7 @@ class CudaKvBlockCopyTest : public testing::GpuTest {
   static void Check(const Shape& s, uint64_t seed, bool programmatic_launch) {
     SCOPED_TRACE(Describe(s) + (programmatic_launch ? ", PDL" : ""));
     cuda::ScopedProgrammaticLaunch pdl(programmatic_launch);
-    Stream stream;  // a blocking stream: ordered after the uploads on the default stream
+    testing::DevStream stream;  // a blocking stream: ordered after the uploads on the default stream
     const Case c = MakeCase(s, seed);
     DevBytes src(c.src.bytes.size()), dst(c.dst_before.bytes.size()), sum(8);
     DevBytes src_table(c.src_table.size() * 4), dst_table(c.dst_table.size() * 4);

@@ -77,4 +77,18 @@ class DevEvent {
   cudaEvent_t e_ = nullptr;
 };
 
+// A stream that synchronizes with the legacy default stream (the tests' copies), destroyed
+// with the object.
+class DevStream {
+ public:
+  DevStream() { EXPECT_EQ(cudaStreamCreate(&s_), cudaSuccess); }
+  ~DevStream() { cudaStreamDestroy(s_); }
+  DevStream(const DevStream&) = delete;
+  DevStream& operator=(const DevStream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
 }  // namespace tandem::testing

@@ -65,6 +65,10 @@ class CudaV4Model {
   // again when `g` changes.
   absl::Status EnsurePool(const KvPool::Geometry& g);
   KvPool* pool() { return pool_.get(); }
+  int device() const { return device_; }
+  // The stream every pass runs on (a cudaStream_t): what reads the pool after a pass
+  // goes on it too.
+  void* stream() const { return stream_; }
 
   // PagedV4Model::Forward's contract over the GPU pool (EnsurePool first). Speculative
   // decoding's fields (mtp, keep_hidden, first_kv_cached, num_drafts) are UNIMPLEMENTED.
