@@ -175,6 +175,14 @@ __device__ __forceinline__ int2 RopePair(int i, int half, bool interleaved) {
   return interleaved ? make_int2(2 * i, 2 * i + 1) : make_int2(i, i + half);
 }
 
+// Rotates the pair (v[idx.x], v[idx.y]) by the angle whose cos and sin are c and s: one
+// definition, so that every kernel applying a rope rounds alike.
+__device__ __forceinline__ void RotatePair(float* v, int2 idx, float c, float s) {
+  const float x0 = v[idx.x], x1 = v[idx.y];
+  v[idx.x] = x0 * c - x1 * s;
+  v[idx.y] = x1 * c + x0 * s;
+}
+
 __device__ __forceinline__ float SiluMulValue(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent

@@ -10,6 +10,7 @@ constexpr int kThreads = 128;
 // One block per row; cos/sin computed once per row in shared memory.
 __global__ void RopeKernel(RopeParams p) {
   __shared__ float cos_s[128], sin_s[128];
+  internal::WaitAndTrigger();
   const int64_t row = blockIdx.x;
   const int half = p.rope_dim / 2;
   const int64_t position = p.positions[row];
@@ -22,10 +23,7 @@ __global__ void RopeKernel(RopeParams p) {
   for (int job = threadIdx.x; job < p.num_heads * half; job += kThreads) {
     const int h = job / half, i = job % half;
     float* head = base + h * p.head_stride;
-    const int2 idx = internal::RopePair(i, half, p.interleaved);
-    const float x0 = head[idx.x], x1 = head[idx.y];
-    head[idx.x] = x0 * cos_s[i] - x1 * sin_s[i];
-    head[idx.y] = x1 * cos_s[i] + x0 * sin_s[i];
+    internal::RotatePair(head, internal::RopePair(i, half, p.interleaved), cos_s[i], sin_s[i]);
   }
 }
 
@@ -38,8 +36,7 @@ cudaError_t Rope(const RopeParams& p, cudaStream_t stream) {
       (p.num_heads > 1 && p.head_stride < p.rope_dim)) {
     return cudaErrorInvalidValue;
   }
-  RopeKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return internal::Launch(RopeKernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace tandem::cuda

@@ -1,5 +1,6 @@
 // DeepSeek-V4's elementwise GPU ops against the CPU engine's (v4_math.h): the clamped
-// SwiGLU and the compressor's window pooling, over V4-Flash's widths and odd ones. The
+// SwiGLU and the compressor's window pooling, over V4-Flash's widths and odd ones; the
+// query heads' norm with its rope in one launch against the two launches. The
 // GPU's expf is within 2 ulp of the host's exp, so values agree to a few ulp, not
 // bitwise. Skips, saying why, where no GPU is usable.
 #include <cmath>
@@ -10,6 +11,8 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/clamped_swiglu.h"
 #include "kernels/cuda/pool_window.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/unit_rms_norm.h"
 #include "tests/unit/kernels/cuda_test_support.h"
 
 namespace tandem {
@@ -84,6 +87,49 @@ TEST_F(CudaV4OpsTest, PoolWindowMatchesTheCpu) {
                               .out = d.get(), .out_stride = 4},
                              nullptr),
             cudaErrorInvalidValue);
+}
+
+TEST_F(CudaV4OpsTest, UnitRmsNormWithRopeEqualsNormThenRope) {
+  // A block per head; the heads of a token share its position. Bit for bit: the same
+  // arithmetic in one launch.
+  for (const bool interleaved : {true, false}) {
+    const int64_t tokens = 3, heads = 5, width = 200, stride = 208, rope = 64;
+    const std::vector<float> x = NormalValues(static_cast<size_t>(tokens * heads * stride), 3.0f, 11);
+    std::vector<float> inv_freq(static_cast<size_t>(rope / 2));
+    for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / rope);
+    Dev<float> dx(x), dfreq(inv_freq), fused(x.size()), twice(x.size());
+    Dev<int32_t> dpos(std::vector<int32_t>{0, 7, 123456});
+    const cuda::UnitRmsNormParams norm{.x = dx.get(), .x_stride = stride, .out = twice.get(), .out_stride = stride,
+                                       .rows = tokens * heads, .width = width, .eps = 1e-6f};
+    ASSERT_EQ(cuda::UnitRmsNorm(norm, nullptr), cudaSuccess);
+    ASSERT_EQ(cuda::Rope({.x = twice.get() + width - rope, .rows = tokens, .num_heads = static_cast<int>(heads),
+                          .row_stride = heads * stride, .head_stride = stride, .rope_dim = static_cast<int>(rope),
+                          .positions = dpos.get(), .inv_freq = dfreq.get(), .attention_factor = 1.25f,
+                          .interleaved = interleaved},
+                         nullptr),
+              cudaSuccess);
+    cuda::UnitRmsNormParams both = norm;
+    both.out = fused.get();
+    both.rope_dim = static_cast<int>(rope);
+    both.positions = dpos.get();
+    both.rows_per_position = heads;
+    both.inv_freq = dfreq.get();
+    both.attention_factor = 1.25f;
+    both.interleaved = interleaved;
+    ASSERT_EQ(cuda::UnitRmsNorm(both, nullptr), cudaSuccess);
+    const std::vector<float> got = fused.Download(), want = twice.Download();
+    for (int64_t r = 0; r < tokens * heads; ++r) {
+      for (int64_t i = 0; i < width; ++i) {
+        ASSERT_EQ(got[static_cast<size_t>(r * stride + i)], want[static_cast<size_t>(r * stride + i)])
+            << "row " << r << " @" << i << (interleaved ? " interleaved" : "");
+      }
+    }
+    both.rope_dim = 3;
+    EXPECT_EQ(cuda::UnitRmsNorm(both, nullptr), cudaErrorInvalidValue) << "an odd rope";
+    both.rope_dim = static_cast<int>(rope);
+    both.positions = nullptr;
+    EXPECT_EQ(cuda::UnitRmsNorm(both, nullptr), cudaErrorInvalidValue) << "no positions";
+  }
 }
 
 }  // namespace

@@ -328,16 +328,14 @@ absl::Status CudaV4Model::Attention(int64_t layer) {
                                        stream_),
                          "kv_norm"));
   RETURN_IF_ERROR(Linear(st.cq, c.q_lora_rank, lw.q_b, st.q, hd, rows));
+  // The query heads' norm and rope in one launch (a block per head).
   RETURN_IF_ERROR(Kernel(cuda::UnitRmsNorm({.x = st.q, .x_stride = d, .out = st.q, .out_stride = d,
-                                            .rows = rows * heads, .width = d, .eps = eps},
+                                            .rows = rows * heads, .width = d, .eps = eps, .rope_dim = rot,
+                                            .positions = st.positions, .rows_per_position = heads,
+                                            .inv_freq = inv_freq, .attention_factor = af, .interleaved = true},
                                            stream_),
-                         "the query heads' norm"));
+                         "the query heads' norm and rope"));
   if (rot > 0) {
-    RETURN_IF_ERROR(Kernel(cuda::Rope({.x = st.q + d - rot, .rows = rows, .num_heads = static_cast<int>(heads),
-                                       .row_stride = hd, .head_stride = d, .rope_dim = rot, .positions = st.positions,
-                                       .inv_freq = inv_freq, .attention_factor = af, .interleaved = true},
-                                      stream_),
-                           "the queries' rope"));
     RETURN_IF_ERROR(Kernel(cuda::Rope({.x = st.kv + d - rot, .rows = rows, .num_heads = 1, .row_stride = d,
                                        .head_stride = d, .rope_dim = rot, .positions = st.positions,
                                        .inv_freq = inv_freq, .attention_factor = af, .interleaved = true},
