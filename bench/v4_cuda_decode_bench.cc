@@ -1,7 +1,7 @@
 // DeepSeek-V4 decode on the GPU (engine/model/deepseek_v4/cuda) at a config's real widths,
 // against the memory roofline measured in the same run (bench/cuda_copy_rate.h).
 //
-//   v4_cuda_decode_bench [--config FILE] [--layers N] [--experts E] [--contexts 1024,32768,...]
+//   v4_cuda_decode_bench [--config FILE] [--layers N|fit] [--experts E] [--contexts 1024,32768,...]
 //                        [--steps S] [--json FILE]
 //
 // The weights are synthetic, built in host memory in DeepSeek's FP8 checkpoint formats (FP8
@@ -39,6 +39,7 @@
 #include "bench/read_bandwidth.h"
 #include "bench/v4_decode_bytes.h"
 #include "engine/model/deepseek_v4/cuda/cuda_v4_model.h"
+#include "engine/model/deepseek_v4/v4_kv_streams.h"
 #include "kernels/common/dtype.h"
 #include "nlohmann/json.hpp"
 
@@ -181,12 +182,62 @@ uint64_t EngineBytes(const DeepseekV4Config& c, const ModelWeights& w) {
   return bytes + m(w.hc_head.fn) + m(w.head);
 }
 
+// What layer `l` of `w` takes on the GPU, every stored expert included (CudaV4Model's
+// forms, as EngineBytes counts them).
+uint64_t StoredLayerBytes(const LayerWeights& l) {
+  const auto m = [](const WeightMatrix& x) -> uint64_t {
+    const uint64_t n = static_cast<uint64_t>(x.rows) * x.cols;
+    if (x.fp4_codes != nullptr) return n / 2 + n / 32 * 4;
+    if (x.dtype == DType::kF8E4M3) return bench::MatrixBytes(x);
+    return x.dtype == DType::kBF16 && x.cols % 8 == 0 ? n * 2 : n * 4;
+  };
+  const AttentionWeights& a = l.attention;
+  uint64_t bytes = m(a.q_a_proj) + m(a.q_b_proj) + m(a.kv_proj) + m(a.o_b_proj);
+  for (const WeightMatrix& g : a.o_a_groups) bytes += m(g);
+  if (a.compressor) bytes += m(a.compressor->kv_proj) + m(a.compressor->gate_proj);
+  if (a.indexer) {
+    bytes += m(a.indexer->compressor.kv_proj) + m(a.indexer->compressor.gate_proj) + m(a.indexer->q_b_proj) +
+             m(a.indexer->weights_proj);
+  }
+  bytes += m(l.attn_hc.fn) + m(l.ffn_hc.fn) + m(l.moe.router);
+  for (const ExpertWeights& e : l.moe.experts) bytes += m(e.gate) + m(e.up) + m(e.down);
+  return bytes + m(l.moe.shared.gate) + m(l.moe.shared.up) + m(l.moe.shared.down);
+}
+
+// The decoder layers of `c` that fit the GPU's free memory with `experts` stored a layer,
+// after the embedding and head, a KV pool for `tokens` positions and a margin for the
+// activations, cuBLAS and the captured graphs (the acceptance's "as many layers as fit one
+// GPU with a useful KV cache"). At least 1, at most the config's.
+int64_t LayersThatFit(const DeepseekV4Config& c, int64_t experts, int64_t tokens) {
+  size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return 1;
+  constexpr double kMargin = 6.0 * (1 << 30);
+  const double fixed = 2.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size) * 2.0 + kMargin;
+  SyntheticWeights all(c, experts);
+  int64_t fit = 0;
+  double used = fixed;
+  for (const LayerWeights& l : all.weights().layers) {
+    DeepseekV4Config cut = c;
+    cut.num_hidden_layers = fit + 1;
+    const int64_t blocks = (tokens + 63) / 64;
+    absl::StatusOr<size_t> kv = KvPool::BytesFor(KvStreamsFor(cut), {.num_layers = static_cast<int32_t>(fit + 1),
+                                                                      .block_size = 64, .num_blocks = blocks,
+                                                                      .num_sequence_slots = 1});
+    const double next = used + static_cast<double>(StoredLayerBytes(l));
+    if (!kv.ok() || next + static_cast<double>(*kv) > static_cast<double>(free_bytes)) break;
+    used = next;
+    ++fit;
+  }
+  return std::max<int64_t>(fit, 1);
+}
+
 int Usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s [--config FILE] [--layers N] [--experts E] [--contexts N,N,...] [--steps S] [--eager-too] [--profile] [--json FILE]\n"
+               "usage: %s [--config FILE] [--layers N|fit] [--experts E] [--contexts N,N,...] [--steps S] [--eager-too] [--profile] [--json FILE]\n"
                "  DeepSeek-V4 GPU decode at batch 1 against a same-run copy (bench/README.md)\n"
                "  --config    a deepseek_v4 config.json (default bench/configs/v4_flash_widths.json)\n"
-               "  --layers    decoder layers to build (default: the config's)\n"
+               "  --layers    decoder layers to build (default: the config's); `fit`: as many as the GPU's\n"
+               "              free memory holds beside the head and a KV pool for the longest context\n"
                "  --experts   routed experts to store per layer (default: the config's)\n"
                "  --contexts  context lengths to decode at (default 1024,32768,131072)\n"
                "  --steps     timed decode steps per context (default 24)\n"
@@ -201,6 +252,7 @@ int Usage(const char* argv0) {
 int Main(int argc, char** argv) {
   std::string config_path = "bench/configs/v4_flash_widths.json", json_path;
   int64_t layers = 0, experts = 0;
+  bool fit_layers = false;
   int steps = 24;
   bool profile = false, eager_too = false;
   std::vector<int64_t> contexts = {1024, 32768, 131072};
@@ -208,7 +260,11 @@ int Main(int argc, char** argv) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
     if (a == "--config") config_path = next();
-    else if (a == "--layers") layers = std::stoll(next());
+    else if (a == "--layers") {
+      const std::string v = next();
+      if (v == "fit") fit_layers = true;
+      else if (!absl::SimpleAtoi(v, &layers) || layers < 1) return Usage(argv[0]);
+    }
     else if (a == "--experts") experts = std::stoll(next());
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--json") json_path = next();
@@ -233,6 +289,17 @@ int Main(int argc, char** argv) {
   if (cj.is_discarded()) {
     std::fprintf(stderr, "v4_cuda_decode_bench: %s is not JSON\n", config_path.c_str());
     return 2;
+  }
+  if (fit_layers) {
+    absl::StatusOr<DeepseekV4Config> full = ParseDeepseekV4Config(cj.dump());
+    if (!full.ok()) {
+      std::fprintf(stderr, "v4_cuda_decode_bench: %s\n", std::string(full.status().message()).c_str());
+      return 2;
+    }
+    const int64_t stored = experts <= 0 || experts > full->n_routed_experts ? full->n_routed_experts : experts;
+    layers = LayersThatFit(*full, stored, *std::max_element(contexts.begin(), contexts.end()) + steps + 8);
+    std::fprintf(stderr, "--layers fit: %lld of the config's %lld layers fit the GPU\n", static_cast<long long>(layers),
+                 static_cast<long long>(full->num_hidden_layers));
   }
   if (layers > 0) {
     cj["num_hidden_layers"] = layers;

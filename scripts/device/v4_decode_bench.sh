@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # DeepSeek-V4 GPU decode at V4-Flash's widths (issue 22): v4_cuda_decode_bench on synthetic
-# weights (bench/configs/v4_flash_widths.json, LAYERS layers, default 8) at 1K, 32K and 128K
+# weights (bench/configs/v4_flash_widths.json, LAYERS layers, default 8; LAYERS=fit: as many
+# as the GPU holds beside the head and the KV pool, the acceptance's setting) at 1K, 32K and 128K
 # tokens of context, batch 1, against the same run's device copy, with CUDA graphs and
 # without (--eager-too). JSON under $OUT.
 #   Here:  scripts/device/pack.sh build/bin/v4_cuda_decode_bench [...] &&
