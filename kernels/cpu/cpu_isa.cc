@@ -61,4 +61,12 @@ CpuIsa ActiveCpuIsa() {
   return active;
 }
 
+bool CpuIsaFromEnvironment() {
+  static const bool set = [] {
+    const char* v = std::getenv("TANDEM_CPU_ISA");
+    return v != nullptr && *v != '\0';
+  }();
+  return set;
+}
+
 }  // namespace tandem::cpu

@@ -25,5 +25,7 @@ CpuIsa DetectedCpuIsa();
 // What the kernels use: DetectedCpuIsa(), or TANDEM_CPU_ISA clamped to what is supported.
 // Read once per process.
 CpuIsa ActiveCpuIsa();
+// Whether TANDEM_CPU_ISA named the variant (then every matrix uses it, for A/B runs).
+bool CpuIsaFromEnvironment();
 
 }  // namespace tandem::cpu

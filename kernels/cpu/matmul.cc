@@ -142,7 +142,7 @@ Bf16RowsKernel Bf16RowsKernelFor(CpuIsa isa) {
   }
 }
 
-void Matmul(const MatmulParams& p, ThreadPool& pool) { Matmul(p, pool, ActiveCpuIsa()); }
+
 
 namespace {
 
@@ -174,26 +174,48 @@ constexpr int64_t kGrainRows = 32;
 
 }  // namespace
 
-void Matmul(const MatmulParams& p, ThreadPool& pool, CpuIsa isa) {
+namespace {
+
+// Decode rows of at most this many bytes run the portable kernel by default: one row at a
+// time is one sequential stream for the hardware prefetcher, where the vector kernels'
+// eight interleaved short rows leave it behind (cpu_matmul_bench, docs/performance.md).
+// The same bits either way (matmul_bf16.h's contract); TANDEM_CPU_ISA still forces one.
+constexpr int64_t kShortRowBytes = 2048;
+
+Bf16RowsKernel DefaultKernel(const MatmulParams& p) {
+  if (!CpuIsaFromEnvironment() && p.m == 1 && p.w->cols * 2 <= kShortRowBytes) return Bf16RowsGeneric;
+  return Bf16RowsKernelFor(ActiveCpuIsa());
+}
+
+void RunMatmul(const MatmulParams& p, ThreadPool& pool, Bf16RowsKernel kernel) {
   CheckParams(p);
   if (p.m == 0) return;
-  const Bf16RowsKernel kernel = Bf16RowsKernelFor(isa);
   pool.ParallelFor(Blocks(p), kGrainRows / RowsPerBlock(p), [&](int64_t b0, int64_t b1) { RunBlocks(p, kernel, b0, b1); });
 }
 
+}  // namespace
+
+void Matmul(const MatmulParams& p, ThreadPool& pool) {
+  CheckParams(p);
+  RunMatmul(p, pool, DefaultKernel(p));
+}
+
+void Matmul(const MatmulParams& p, ThreadPool& pool, CpuIsa isa) { RunMatmul(p, pool, Bf16RowsKernelFor(isa)); }
+
 void MatmulBatch(std::span<const MatmulParams> jobs, ThreadPool& pool) {
-  const Bf16RowsKernel kernel = Bf16RowsKernelFor(ActiveCpuIsa());
   // first[j]: the first block of job j in one index space over all of them.
   std::vector<int64_t> first(jobs.size() + 1, 0);
+  std::vector<Bf16RowsKernel> kernels(jobs.size());
   for (size_t j = 0; j < jobs.size(); ++j) {
     CheckParams(jobs[j]);
     first[j + 1] = first[j] + Blocks(jobs[j]);
+    kernels[j] = DefaultKernel(jobs[j]);
   }
   pool.ParallelFor(first.back(), kGrainRows / kBf16RowsPerBlock, [&](int64_t b0, int64_t b1) {
     size_t j = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), b0) - first.begin()) - 1;
     for (int64_t b = b0; b < b1; ++j) {
       const int64_t end = std::min(b1, first[j + 1]);
-      if (end > b) RunBlocks(jobs[j], kernel, b - first[j], end - first[j]);
+      if (end > b) RunBlocks(jobs[j], kernels[j], b - first[j], end - first[j]);
       b = std::max(b, end);
     }
   });
