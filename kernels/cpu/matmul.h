@@ -28,8 +28,10 @@ struct MatmulParams {
   bool accumulate = false;  // y += instead of y =
 };
 
-// BF16 weights use the ActiveCpuIsa() variant (kernels/cpu/matmul_bf16.h: every variant
-// gives the same bits); the overload names one, for tests and A/B runs.
+// BF16 weights use the ActiveCpuIsa() variant, but decode products (m = 1) of rows of at
+// most 2 KB the portable one, which streams them faster (kernels/cpu/matmul.cc), unless
+// TANDEM_CPU_ISA names a variant (kernels/cpu/matmul_bf16.h: every variant gives the same
+// bits); the overload names one, for tests and A/B runs.
 void Matmul(const MatmulParams& p, ThreadPool& pool);
 void Matmul(const MatmulParams& p, ThreadPool& pool, CpuIsa isa);
 
