@@ -155,42 +155,18 @@ class SyntheticWeights {
   ModelWeights w_;
 };
 
-// What this engine's GPU form reads for a step: bf16 and FP8 as stored, FP4 scales as
-// floats, float32 as float32.
-uint64_t EngineBytes(const DeepseekV4Config& c, const ModelWeights& w) {
-  const auto m = [](const WeightMatrix& x) -> uint64_t {
-    const uint64_t n = static_cast<uint64_t>(x.rows) * x.cols;
-    if (x.fp4_codes != nullptr) return n / 2 + n / 32 * 4;
-    if (x.dtype == DType::kF8E4M3) return bench::MatrixBytes(x);
-    return x.dtype == DType::kBF16 && x.cols % 8 == 0 ? n * 2 : n * 4;
-  };
-  uint64_t bytes = static_cast<uint64_t>(c.hidden_size) * 4;
-  for (const LayerWeights& l : w.layers) {
-    const AttentionWeights& a = l.attention;
-    bytes += m(a.q_a_proj) + m(a.q_b_proj) + m(a.kv_proj) + m(a.o_b_proj);
-    for (const WeightMatrix& g : a.o_a_groups) bytes += m(g);
-    if (a.compressor) bytes += m(a.compressor->kv_proj) + m(a.compressor->gate_proj);
-    if (a.indexer) {
-      bytes += m(a.indexer->compressor.kv_proj) + m(a.indexer->compressor.gate_proj) + m(a.indexer->q_b_proj) +
-               m(a.indexer->weights_proj);
-    }
-    bytes += m(l.attn_hc.fn) + m(l.ffn_hc.fn) + m(l.moe.router);
-    const ExpertWeights& e = l.moe.experts[0];
-    bytes += c.num_experts_per_tok * (m(e.gate) + m(e.up) + m(e.down));
-    bytes += m(l.moe.shared.gate) + m(l.moe.shared.up) + m(l.moe.shared.down);
-  }
-  return bytes + m(w.hc_head.fn) + m(w.head);
+// A matrix as this engine's GPU form holds and reads it: bf16 and FP8 as stored, FP4
+// scales as floats, float32 as float32.
+uint64_t EngineMatrixBytes(const WeightMatrix& x) {
+  const uint64_t n = static_cast<uint64_t>(x.rows) * x.cols;
+  if (x.fp4_codes != nullptr) return n / 2 + n / 32 * 4;
+  if (x.dtype == DType::kF8E4M3) return bench::MatrixBytes(x);
+  return x.dtype == DType::kBF16 && x.cols % 8 == 0 ? n * 2 : n * 4;
 }
 
-// What layer `l` of `w` takes on the GPU, every stored expert included (CudaV4Model's
-// forms, as EngineBytes counts them).
-uint64_t StoredLayerBytes(const LayerWeights& l) {
-  const auto m = [](const WeightMatrix& x) -> uint64_t {
-    const uint64_t n = static_cast<uint64_t>(x.rows) * x.cols;
-    if (x.fp4_codes != nullptr) return n / 2 + n / 32 * 4;
-    if (x.dtype == DType::kF8E4M3) return bench::MatrixBytes(x);
-    return x.dtype == DType::kBF16 && x.cols % 8 == 0 ? n * 2 : n * 4;
-  };
+// Layer `l`'s matrices but its routed experts: every step reads all of them.
+uint64_t DenseLayerBytes(const LayerWeights& l) {
+  const auto m = EngineMatrixBytes;
   const AttentionWeights& a = l.attention;
   uint64_t bytes = m(a.q_a_proj) + m(a.q_b_proj) + m(a.kv_proj) + m(a.o_b_proj);
   for (const WeightMatrix& g : a.o_a_groups) bytes += m(g);
@@ -200,8 +176,27 @@ uint64_t StoredLayerBytes(const LayerWeights& l) {
              m(a.indexer->weights_proj);
   }
   bytes += m(l.attn_hc.fn) + m(l.ffn_hc.fn) + m(l.moe.router);
-  for (const ExpertWeights& e : l.moe.experts) bytes += m(e.gate) + m(e.up) + m(e.down);
   return bytes + m(l.moe.shared.gate) + m(l.moe.shared.up) + m(l.moe.shared.down);
+}
+
+uint64_t ExpertBytes(const ExpertWeights& e) {
+  return EngineMatrixBytes(e.gate) + EngineMatrixBytes(e.up) + EngineMatrixBytes(e.down);
+}
+
+// What this engine's GPU form reads for a step: the routed experts a token touches.
+uint64_t EngineBytes(const DeepseekV4Config& c, const ModelWeights& w) {
+  uint64_t bytes = static_cast<uint64_t>(c.hidden_size) * 4;
+  for (const LayerWeights& l : w.layers) {
+    bytes += DenseLayerBytes(l) + c.num_experts_per_tok * ExpertBytes(l.moe.experts[0]);
+  }
+  return bytes + EngineMatrixBytes(w.hc_head.fn) + EngineMatrixBytes(w.head);
+}
+
+// What layer `l` takes on the GPU, every stored expert included.
+uint64_t StoredLayerBytes(const LayerWeights& l) {
+  uint64_t bytes = DenseLayerBytes(l);
+  for (const ExpertWeights& e : l.moe.experts) bytes += ExpertBytes(e);
+  return bytes;
 }
 
 // The decoder layers of `c` that fit the GPU's free memory with `experts` stored a layer,

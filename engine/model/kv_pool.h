@@ -29,6 +29,13 @@ struct KvExtent {
   size_t bytes = 0;
 };
 
+// The bytes of `extents` together.
+inline size_t KvExtentsBytes(std::span<const KvExtent> extents) {
+  size_t n = 0;
+  for (const KvExtent& e : extents) n += e.bytes;
+  return n;
+}
+
 // Copies the concatenation of `from` over the concatenation of `to`; their total lengths
 // must be equal (checked). For images split differently at both ends (KvPool::BlockImage,
 // a store's fixed-size chunks).

@@ -18,12 +18,6 @@ void AppendRanges(KvPool& pool, const std::vector<std::span<std::byte>>& spans, 
   }
 }
 
-size_t TotalBytes(const std::vector<KvExtent>& ranges) {
-  size_t n = 0;
-  for (const KvExtent& r : ranges) n += r.bytes;
-  return n;
-}
-
 }  // namespace
 
 absl::Status Engine::ExportedSequencesToHost(const StepPlan& plan) {
@@ -35,7 +29,7 @@ absl::Status Engine::ExportedSequencesToHost(const StepPlan& plan) {
     absl::StatusOr<std::vector<KvExtent>> ranges = pool_->SequenceExtents(s.blocks, s.state_slot, c.start + c.num_tokens);
     if (!ranges.ok()) return ranges.status();
     if (absl::Status st = backend_->PoolRangesToHost(*ranges, *pool_); !st.ok()) return st;
-    counters_.kv_host_staged_bytes += static_cast<int64_t>(TotalBytes(*ranges));
+    counters_.kv_host_staged_bytes += static_cast<int64_t>(KvExtentsBytes(*ranges));
   }
   return absl::OkStatus();
 }
@@ -43,7 +37,7 @@ absl::Status Engine::ExportedSequencesToHost(const StepPlan& plan) {
 absl::Status Engine::SequenceFromHost(const Sequence& s, int64_t num_tokens) {
   absl::StatusOr<std::vector<KvExtent>> ranges = pool_->SequenceExtents(s.blocks, s.state_slot, num_tokens);
   if (!ranges.ok()) return ranges.status();
-  counters_.kv_host_staged_bytes += static_cast<int64_t>(TotalBytes(*ranges));
+  counters_.kv_host_staged_bytes += static_cast<int64_t>(KvExtentsBytes(*ranges));
   return backend_->PoolRangesFromHost(*ranges, *pool_);
 }
 

@@ -188,7 +188,6 @@ Bf16RowsKernel DefaultKernel(const MatmulParams& p) {
 }
 
 void RunMatmul(const MatmulParams& p, ThreadPool& pool, Bf16RowsKernel kernel) {
-  CheckParams(p);
   if (p.m == 0) return;
   pool.ParallelFor(Blocks(p), kGrainRows / RowsPerBlock(p), [&](int64_t b0, int64_t b1) { RunBlocks(p, kernel, b0, b1); });
 }
@@ -200,7 +199,10 @@ void Matmul(const MatmulParams& p, ThreadPool& pool) {
   RunMatmul(p, pool, DefaultKernel(p));
 }
 
-void Matmul(const MatmulParams& p, ThreadPool& pool, CpuIsa isa) { RunMatmul(p, pool, Bf16RowsKernelFor(isa)); }
+void Matmul(const MatmulParams& p, ThreadPool& pool, CpuIsa isa) {
+  CheckParams(p);
+  RunMatmul(p, pool, Bf16RowsKernelFor(isa));
+}
 
 void MatmulBatch(std::span<const MatmulParams> jobs, ThreadPool& pool) {
   // first[j]: the first block of job j in one index space over all of them.

@@ -237,8 +237,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Decode(grpc::
     absl::StatusOr<std::vector<KvExtent>> e = ExtentsOf(*res);
     if (!e.ok()) return fail(e.status());
     extents = *std::move(e);
-    expected_bytes = 0;
-    for (const KvExtent& x : extents) expected_bytes += static_cast<int64_t>(x.bytes);
+    expected_bytes = static_cast<int64_t>(KvExtentsBytes(extents));
   }
   if (r->kv_bytes() != expected_bytes) {
     return fail(absl::AbortedError(absl::StrCat("KV transfer incomplete: ", r->kv_bytes(), " bytes reported, ",

@@ -81,9 +81,7 @@ void TransferKvSink::OnSequenceKv(const KvSequenceKv& kv) {
         src.ok() ? dst.status().ToString() : src.status().ToString()));
     return;
   }
-  size_t total = 0;
-  for (const KvExtent& e : *src) total += e.bytes;
-  std::vector<std::byte>& stage = byte_staging_.emplace_back(total);
+  std::vector<std::byte>& stage = byte_staging_.emplace_back(KvExtentsBytes(*src));
   const std::byte* base = kv.pool->memory().data();
   size_t at = 0;
   for (size_t i = 0; i < src->size(); ++i) {

@@ -76,7 +76,6 @@ class CudaV4PeerKv::Writer : public PeerKvWriter {
     }
     std::vector<cuda::KvExtentPair> pairs;
     pairs.reserve(src.size());
-    int64_t bytes = 0;
     for (size_t i = 0; i < src.size(); ++i) {
       if (src[i].bytes != dst[i].bytes || src[i].layer != dst[i].layer) {
         return absl::InvalidArgumentError(absl::StrCat("KV range ", i, ": ", src[i].bytes, " bytes of layer ",
@@ -85,7 +84,6 @@ class CudaV4PeerKv::Writer : public PeerKvWriter {
       }
       pairs.push_back({.src_offset = src[i].offset, .dst_offset = dst[i].offset, .bytes = src[i].bytes,
                        .layer = src[i].layer});
-      bytes += static_cast<int64_t>(src[i].bytes);
     }
     // On the model's stream: after the pass that wrote these ranges, before any that
     // reuses them. The kernel bounds every range by the pools' real extents (the mapping's
@@ -95,7 +93,7 @@ class CudaV4PeerKv::Writer : public PeerKvWriter {
                                                      static_cast<std::byte*>(mapping_->base()), mapping_->bytes(),
                                                      owner_->model_stream_));
     checksum_ = sum;
-    bytes_ = bytes;
+    bytes_ = static_cast<int64_t>(KvExtentsBytes(src));
     return absl::OkStatus();
   }
   int64_t bytes() const override { return bytes_; }
