@@ -31,7 +31,11 @@ using step_detail::kMaxWidenedElements;
 
 CudaV4Model::~CudaV4Model() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (side_stream_ != nullptr) cudaStreamSynchronize(side_stream_);
   DropGraphs();
+  if (fork_ != nullptr) cudaEventDestroy(fork_);
+  if (join_ != nullptr) cudaEventDestroy(join_);
+  if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -66,6 +70,7 @@ absl::StatusOr<std::unique_ptr<CudaV4Model>> CudaV4Model::Create(const DeepseekV
   std::unique_ptr<CudaV4Model> m(new CudaV4Model());
   m->device_ = options.device;
   m->graphs_on_ = options.cuda_graphs;
+  m->shared_beside_on_ = options.shared_expert_beside;
   m->config_ = config;
   ASSIGN_OR_RETURN(m->weights_, UploadV4Weights(m->config_, weights));
   if (m->weights_->max_narrow_elements > 0) {
@@ -74,6 +79,9 @@ absl::StatusOr<std::unique_ptr<CudaV4Model>> CudaV4Model::Create(const DeepseekV
                                          "the narrow matrices' widening scratch"));
   }
   TANDEM_CUDA_RETURN(cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking), "creating a CUDA stream");
+  TANDEM_CUDA_RETURN(cudaStreamCreateWithFlags(&m->side_stream_, cudaStreamNonBlocking), "creating a CUDA stream");
+  TANDEM_CUDA_RETURN(cudaEventCreateWithFlags(&m->fork_, cudaEventDisableTiming), "creating a CUDA event");
+  TANDEM_CUDA_RETURN(cudaEventCreateWithFlags(&m->join_, cudaEventDisableTiming), "creating a CUDA event");
   TANDEM_CUBLAS_RETURN(m->gemm_.Init(), "creating the cuBLAS handle");
   auto upload = [&](const std::vector<float>& v, const float** out) -> absl::Status {
     DeviceBuffer b;

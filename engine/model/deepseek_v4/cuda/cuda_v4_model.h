@@ -40,6 +40,9 @@ class CudaV4Model {
   struct Options {
     int device = 0;
     bool cuda_graphs = true;  // replay decode-sized passes from captured graphs
+    // Run the shared expert beside the routing and the routed experts (a second stream)
+    // where its products are narrow GEMVs; off: after them on the one stream (tests).
+    bool shared_expert_beside = true;
   };
   // Loads config.json and the weights of `dir` onto the GPU. Errors: the loaders'
   // (config, weights); FAILED_PRECONDITION for a device that does not exist;
@@ -58,6 +61,8 @@ class CudaV4Model {
   int64_t bf16_matrices() const { return weights_->bf16_matrices; }
   // Passes replayed from a graph so far (tests; the benchmark's report).
   int64_t graph_replays() const { return graph_replays_; }
+  // Layers whose shared expert was enqueued beside the routed experts so far (tests).
+  int64_t shared_expert_branches() const { return shared_expert_branches_; }
   void set_cuda_graphs(bool on) { graphs_on_ = on; }
 
   // The GPU pool, of this model's streams and geometry `g` (a host pool's, so that block
@@ -98,6 +103,10 @@ class CudaV4Model {
   absl::Status Moe(int64_t layer);
   absl::Status RoutedOnDevice(int64_t layer);
   absl::Status SharedExpertAndCombine(int64_t layer, const float* const* routed);
+  // The shared expert into Step::sub on `stream` when its products are narrow GEMVs (no
+  // shared scratch: it may run beside the routed experts); false when it is not.
+  bool SharedExpertBeside(int64_t layer) const;
+  absl::Status SharedExpert(int64_t layer, cudaStream_t stream);
   absl::Status EnqueuePass();  // the embedding, the layers and the logits rows, on the stream
   absl::Status RunGraph();
   void DropGraphs();
@@ -108,6 +117,11 @@ class CudaV4Model {
   std::unique_ptr<CudaV4Weights> weights_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  // A second stream for work that may run beside the main chain (the shared expert beside
+  // the routing and the routed experts), forked from and joined back to stream_ with these
+  // events: a parallel branch of a captured graph.
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   cuda::CublasGemm gemm_;
   const float* main_inv_freq_ = nullptr;
   const float* compress_inv_freq_ = nullptr;
@@ -122,6 +136,8 @@ class CudaV4Model {
   std::map<std::vector<int64_t>, cudaGraphExec_t> graphs_;  // by launch layout (Step::GraphKey)
   std::map<std::vector<int64_t>, int> graph_seen_;
   int64_t graph_replays_ = 0;
+  bool shared_beside_on_ = true;
+  int64_t shared_expert_branches_ = 0;
 
   // Per pass: the plan, its arrays on the device, and the activations.
   struct Step;

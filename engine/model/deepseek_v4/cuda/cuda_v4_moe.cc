@@ -22,6 +22,19 @@ absl::Status CudaV4Model::Moe(int64_t layer) {
   const int64_t rows = st.rows, d = c.hidden_size, k = c.num_experts_per_tok, inter = c.moe_intermediate_size;
   const int64_t e = c.n_routed_experts;
   const float limit = static_cast<float>(c.swiglu_limit);
+  // The shared expert reads only u: on the side stream, beside the routing and the routed
+  // experts, when the routed experts stay on the device (RoutedOnDevice joins it).
+  if (shared_beside_on_ && lw.down_table != nullptr && rows * k <= kDeviceRoutedProblems &&
+      SharedExpertBeside(layer)) {
+    TANDEM_CUDA_RETURN(cudaEventRecord(fork_, stream_), "forking the shared expert");
+    TANDEM_CUDA_RETURN(cudaStreamWaitEvent(side_stream_, fork_, 0), "forking the shared expert");
+    RETURN_IF_ERROR(SharedExpert(layer, side_stream_));
+    TANDEM_CUDA_RETURN(cudaEventRecord(join_, side_stream_), "joining the shared expert");
+    st.shared_beside = true;
+    ++shared_expert_branches_;
+  } else {
+    st.shared_beside = false;
+  }
   RETURN_IF_ERROR(Linear(st.u, d, lw.router, st.router, e, rows));
   RETURN_IF_ERROR(Kernel(cuda::V4MoeRouting({.logits = st.router, .logits_stride = e,
                                              .num_tokens = static_cast<int>(rows), .num_experts = static_cast<int>(e),
@@ -118,20 +131,57 @@ absl::Status CudaV4Model::RoutedOnDevice(int64_t layer) {
   return SharedExpertAndCombine(layer, st.routed_rows);
 }
 
-// The shared expert of every row into sub, then the routed outputs (`routed`: a row per
-// token and slot, null for none) weighted and added to it.
-absl::Status CudaV4Model::SharedExpertAndCombine(int64_t layer, const float* const* routed) {
+bool CudaV4Model::SharedExpertBeside(int64_t layer) const {
+  const CudaV4Layer& lw = weights_->layers[static_cast<size_t>(layer)];
+  const int64_t rows = step_->rows;
+  auto narrow_gemv = [&](const DeviceMatrix& w) {
+    return w.narrow() && rows <= cuda::kQuantizedGemvMaxRows &&
+           cuda::QuantizedGemvSharedBytes(rows, w.cols) <= cuda::kQuantizedGemvMaxSharedBytes;
+  };
+  return narrow_gemv(lw.shared.gate_up) && narrow_gemv(lw.shared.down);
+}
+
+absl::Status CudaV4Model::SharedExpert(int64_t layer, cudaStream_t stream) {
   const DeepseekV4Config& c = config_;
   Step& st = *step_;
   const CudaV4Layer& lw = weights_->layers[static_cast<size_t>(layer)];
   const int64_t rows = st.rows, d = c.hidden_size, inter = c.moe_intermediate_size;
-  RETURN_IF_ERROR(Linear(st.u, d, lw.shared.gate_up, st.shared_hidden, 2 * inter, rows));
+  if (stream == stream_) {
+    RETURN_IF_ERROR(Linear(st.u, d, lw.shared.gate_up, st.shared_hidden, 2 * inter, rows));
+  } else {  // (SharedExpertBeside: a narrow GEMV, no scratch shared with the main stream)
+    const DeviceMatrix& w = lw.shared.gate_up;
+    RETURN_IF_ERROR(Kernel(cuda::QuantizedGemv({.format = w.format, .w = w.codes, .scales = w.scales, .x = st.u,
+                                                .ldx = d, .y = st.shared_hidden, .ldy = 2 * inter,
+                                                .m = static_cast<int>(rows), .n = w.rows, .k = w.cols},
+                                               stream),
+                           "the shared expert's gate and up projections"));
+  }
   RETURN_IF_ERROR(Kernel(cuda::ClampedSwiGlu({.x = st.shared_hidden, .x_stride = 2 * inter, .rows = rows,
                                               .cols = inter, .limit = static_cast<float>(c.swiglu_limit),
                                               .out = st.shared_act, .out_stride = inter},
-                                             stream_),
+                                             stream),
                          "the shared expert's activation"));
-  RETURN_IF_ERROR(Linear(st.shared_act, inter, lw.shared.down, st.sub, d, rows));
+  if (stream == stream_) return Linear(st.shared_act, inter, lw.shared.down, st.sub, d, rows);
+  const DeviceMatrix& w = lw.shared.down;
+  return Kernel(cuda::QuantizedGemv({.format = w.format, .w = w.codes, .scales = w.scales, .x = st.shared_act,
+                                     .ldx = inter, .y = st.sub, .ldy = d, .m = static_cast<int>(rows), .n = w.rows,
+                                     .k = w.cols},
+                                    stream),
+                "the shared expert's down projection");
+}
+
+// The shared expert of every row into sub (or its branch joined, when it ran beside the
+// routed experts), then the routed outputs (`routed`: a row per token and slot, null for
+// none) weighted and added to it.
+absl::Status CudaV4Model::SharedExpertAndCombine(int64_t layer, const float* const* routed) {
+  const DeepseekV4Config& c = config_;
+  Step& st = *step_;
+  const int64_t rows = st.rows, d = c.hidden_size;
+  if (st.shared_beside) {
+    TANDEM_CUDA_RETURN(cudaStreamWaitEvent(stream_, join_, 0), "joining the shared expert");
+  } else {
+    RETURN_IF_ERROR(SharedExpert(layer, stream_));
+  }
   return Kernel(cuda::WeightedRowSum({.rows = routed, .weights = st.route_w,
                                       .k = static_cast<int>(c.num_experts_per_tok), .tokens = rows, .width = d,
                                       .add = st.sub, .add_stride = d, .out = st.sub, .out_stride = d},

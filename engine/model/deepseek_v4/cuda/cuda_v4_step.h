@@ -146,6 +146,7 @@ struct CudaV4Model::Step {
   float *streams = nullptr, *flat = nullptr, *mix = nullptr, *pre = nullptr, *post = nullptr, *comb = nullptr;
   float *u = nullptr, *sub = nullptr, *xp = nullptr, *cq = nullptr, *kv = nullptr, *q = nullptr, *o = nullptr;
   float *grouped = nullptr, *index_q = nullptr, *index_w = nullptr, *scores = nullptr;
+  bool shared_beside = false;  // this layer's shared expert runs on the side stream
   float* attention_partials = nullptr;  // the sink attention's split key lists
   int64_t attention_partial_floats = 0;
   const float** keys = nullptr;

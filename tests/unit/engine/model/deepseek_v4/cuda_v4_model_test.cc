@@ -47,6 +47,7 @@ class CudaV4ModelTest : public tandem::testing::GpuTest, public ::testing::WithP
     nlohmann::json wide = TinyV4Json(kVocab);
     wide["q_lora_rank"] = 128;
     wide["o_lora_rank"] = 128;
+    wide["moe_intermediate_size"] = 128;  // the shared expert's gate and up stay FP8 too
     (*dirs_)[Checkpoint::kFp8WholeBlocks] = MakeV4Model(*tmp_, "tiny-v4-fp8-blocks", wide.dump(), DType::kF8E4M3);
   }
   static void TearDownTestSuite() {
@@ -71,9 +72,8 @@ class CudaV4ModelTest : public tandem::testing::GpuTest, public ::testing::WithP
           << "the FP8 checkpoint's bf16 matrices should stay bf16 on the GPU";
     }
     if (GetParam() == Checkpoint::kFp8WholeBlocks) {
-      // A layer's q_a + kv, q_b, 2 o_a groups, o_b and the shared expert's down (its gate
-      // and up, of 32 rows each, stack as float32).
-      ASSERT_GE(gpu_->fp8_matrices(), 6 * cpu_->config().num_hidden_layers);
+      // A layer's q_a + kv, q_b, 2 o_a groups, o_b and the shared expert's gate + up and down.
+      ASSERT_GE(gpu_->fp8_matrices(), 7 * cpu_->config().num_hidden_layers);
     }
     const KvPool::Geometry g{.num_layers = static_cast<int32_t>(cpu_->config().num_hidden_layers),
                              .block_size = 64, .num_blocks = 32, .num_sequence_slots = 12};
@@ -204,12 +204,15 @@ TEST_P(CudaV4ModelTest, GreedyContinuationsMatchTheCpu) {
 }
 
 // A decode pass replayed from a captured graph runs the eager pass's kernels in the same
-// order on the same data: its logits are the eager model's bit for bit, across steps that
+// order on the same data (the shared expert on a second branch beside the routed experts,
+// the eager model's after them): its logits are the eager model's bit for bit, across steps that
 // close compressor windows (new launch layouts) and steps that replay. Passes with a host
 // round trip (float32 experts) never replay.
 TEST_P(CudaV4ModelTest, GraphReplaysEqualEagerPasses) {
+  // The eager model also runs its shared experts after the routed ones, on one stream: the
+  // graphs' second branch changes no bit either.
   absl::StatusOr<std::unique_ptr<cuda_v4::CudaV4Model>> eager =
-      cuda_v4::CudaV4Model::Load(dirs_->at(GetParam()), {.cuda_graphs = false});
+      cuda_v4::CudaV4Model::Load(dirs_->at(GetParam()), {.cuda_graphs = false, .shared_expert_beside = false});
   ASSERT_TRUE(eager.ok()) << eager.status();
   ASSERT_TRUE((*eager)->EnsurePool(pool_->geometry()).ok());
   std::vector<int32_t> tokens = Tokens(30, 77);
@@ -237,6 +240,13 @@ TEST_P(CudaV4ModelTest, GraphReplaysEqualEagerPasses) {
     EXPECT_EQ(gpu_->graph_replays(), 37);
   }
   EXPECT_EQ((*eager)->graph_replays(), 0);
+  EXPECT_EQ((*eager)->shared_expert_branches(), 0);
+  if (GetParam() == Checkpoint::kFp8WholeBlocks) {
+    // Every layer (each an MoE layer) of every pass but the prompt's (30 rows x top-k: its
+    // experts' rows go through the host).
+    EXPECT_EQ(gpu_->shared_expert_branches(), 40 * cpu_->config().num_hidden_layers)
+        << "the shared expert should run beside the routed experts";
+  }
 }
 
 TEST_P(CudaV4ModelTest, RefusesBadBatches) {
