@@ -32,6 +32,13 @@
 // Idle time: from CUDA events at each step's first and last GPU operation, the gaps
 // between one step's end and the next one's beginning, over the step period.
 //
+// FP8 checkpoints (or an FP8 config, e.g. bench/configs/deepseek_v2_lite_fp8.json: the
+// make-model values quantized on the GPU): batches up to 4 also run on the bf16 copies
+// of the same weights right after the default row (LoadOptions::fp8_decode off; the ratio
+// is the FP8 forms' speed-up, the roofline counts the bytes each form reads), and 5
+// greedy continuations of 32 tokens on each are held to vLLM's closeness check
+// (fp8_greedy_closeness).
+//
 // Prefill: one prompt of N tokens (logits of its last token), FLOPs counted from the
 // config (projections, expanded attention with its causal half, MLPs or routed + shared
 // experts, one LM-head row) over the wall time, against the cuBLAS rate. Then the same
@@ -125,6 +132,7 @@ Json ProfileJson(const std::vector<std::pair<std::string, double>>& profile) {
 
 struct DecodeResult {
   Json json;
+  double step_ms = 0;
   double roofline_fraction = 0;
   double idle_fraction = 0;
 };
@@ -139,7 +147,64 @@ struct DecodeVariant {
   bool moe_shared_experts_early = true;
   bool split_decode_queries = true;
   bool sample = false;
+  bool fp8_decode = true;  // FP8 checkpoints: the decode steps on the FP8 forms
 };
+
+// vLLM's closeness check between an FP8 checkpoint's decode on its FP8 forms and on its
+// bf16 copies: greedy continuations of `prompts` prompts, `tokens` tokens each, batch 1;
+// where two part, each token must be within the other's top 5 at that position.
+Json Fp8Closeness(CudaDeepseekModel& model, int prompts, int tokens) {
+  const ModelConfig& c = model.config();
+  const int64_t vocab = c.vocab_size;
+  const auto argmax = [&](const float* row) {
+    return static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+  };
+  const auto in_top5 = [&](const float* row, int32_t t) {
+    int above = 0;
+    for (int64_t i = 0; i < vocab; ++i) above += row[i] > row[t];
+    return above < 5;
+  };
+  int identical = 0, close = 0;
+  Json parts = Json::array();
+  for (int p = 0; p < prompts; ++p) {
+    std::vector<int32_t> prompt(static_cast<size_t>(16 + p));
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      prompt[i] = static_cast<int32_t>(3 + (i * 7919 + static_cast<size_t>(p) * 104729) % static_cast<size_t>(vocab - 3));
+    }
+    std::vector<int32_t> table((prompt.size() + tokens + 63) / 64);
+    std::iota(table.begin(), table.end(), 0);
+    std::vector<int32_t> out[2];
+    std::vector<std::vector<float>> logits[2];
+    for (int m = 0; m < 2; ++m) {
+      model.set_fp8_decode(m == 0);
+      ForwardSequence s{.tokens = prompt, .start_position = 0, .block_table = table};
+      std::vector<float> l = OrDie(model.Forward({&s, 1}), "closeness prefill");
+      for (int t = 0; t < tokens; ++t) {
+        out[m].push_back(argmax(l.data()));
+        logits[m].push_back(std::move(l));
+        ForwardSequence d{.tokens = {&out[m].back(), 1},
+                          .start_position = static_cast<int64_t>(prompt.size()) + t, .block_table = table};
+        l = OrDie(model.Forward({&d, 1}), "closeness decode");
+      }
+    }
+    model.set_fp8_decode(true);
+    const auto part = std::mismatch(out[0].begin(), out[0].end(), out[1].begin());
+    if (part.first == out[0].end()) {
+      ++identical;
+      ++close;
+      continue;
+    }
+    const size_t at = static_cast<size_t>(part.first - out[0].begin());
+    const bool ok = in_top5(logits[1][at].data(), out[0][at]) && in_top5(logits[0][at].data(), out[1][at]);
+    close += ok;
+    parts.push_back({{"prompt", p}, {"parts_at", at}, {"fp8_token", out[0][at]}, {"bf16_token", out[1][at]},
+                     {"within_top5", ok}});
+  }
+  std::printf("FP8 forms vs bf16 copies, greedy %d tokens: %d of %d prompts identical, %d within the closeness check\n",
+              tokens, identical, prompts, close);
+  return {{"prompts", prompts}, {"tokens", tokens}, {"identical", identical}, {"within_closeness", close},
+          {"partings", parts}, {"passed", close == prompts}};
+}
 
 DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps, const DecodeVariant& variant,
                     double copy_bw, bool profile, bool timeline = false) {
@@ -162,6 +227,7 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
   model.set_deterministic_moe_down(variant.deterministic_moe_down);
   model.set_moe_shared_experts_early(variant.moe_shared_experts_early);
   model.set_split_decode_queries(variant.split_decode_queries);
+  model.set_fp8_decode(variant.fp8_decode);
   int64_t sample_step = 0;
   auto step = [&]() {
     std::vector<ForwardSequence> seqs(batch);
@@ -207,6 +273,7 @@ DecodeResult Decode(CudaDeepseekModel& model, int batch, int context, int steps,
   const double roofline_ms = (weight_bytes + kv_bytes) / copy_bw * 1e3;
   DecodeResult r;
   r.roofline_fraction = roofline_ms / step_ms;
+  r.step_ms = step_ms;
   r.idle_fraction = Mean(gaps) / Mean(periods);
   r.json = {{"batch", batch},
             {"variant", variant.name},
@@ -371,14 +438,38 @@ int Main(int argc, char** argv) {
                                       : "generated on the GPU from " + config_file + " (make-model values, seed " +
                                             std::to_string(seed) + ")";
   out["weight_bytes"] = model->weight_bytes();
+  const bool fp8_model = model->fp8_linears() > 0;
+  out["fp8_linears"] = model->fp8_linears();
+  out["fp8_weight_bytes"] = model->fp8_weight_bytes();
+  Json closeness;
+  if (fp8_model) {
+    closeness = Fp8Closeness(*model, 5, 32);
+    out["fp8_greedy_closeness"] = closeness;
+  }
   out["reference"] = {{"copy_bandwidth_gbs", copy_bw / 1e9}, {"cublas_bf16_gemm_tflops", gemm_rate / 1e12}};
 
   Json decode = Json::array();
   Json acceptance = Json::object();
+  if (fp8_model) acceptance["fp8_greedy_within_closeness_of_bf16"] = closeness["passed"];
   for (int b : batches) {
     const DecodeResult r = Decode(*model, b, context, steps, DecodeVariant{}, copy_bw, profile, timeline);
     decode.push_back(r.json);
     if (b == 1) acceptance["batch1_roofline_fraction_ge_0.6"] = r.roofline_fraction >= 0.6;
+    // An FP8 checkpoint's decode on its bf16 copies, right after the FP8 row (same model,
+    // same run): the FP8 forms' speed-up.
+    if (fp8_model && b <= 4) {
+      const DecodeResult bf = Decode(*model, b, context, steps,
+                                     DecodeVariant{.name = "bf16 copies of the FP8 weights", .fp8_decode = false},
+                                     copy_bw, false);
+      decode.push_back(bf.json);
+      const double ratio = bf.step_ms / r.step_ms;
+      std::printf("batch %d: FP8 forms %.3f ms a step, bf16 copies %.3f ms: %.2fx as fast\n", b, r.step_ms,
+                  bf.step_ms, ratio);
+      if (b == 1) {
+        acceptance["batch1_fp8_faster_than_bf16"] = ratio > 1.0;
+        out["fp8_vs_bf16_batch1_speedup"] = ratio;
+      }
+    }
     if (b == 256) acceptance["batch256_roofline_fraction_ge_0.5"] = r.roofline_fraction >= 0.5;
     if (b == 64) acceptance["batch64_idle_fraction_lt_0.05"] = r.idle_fraction < 0.05;
     // The grouped GEMM for the experts instead of the GEMVs (a difference only where the

@@ -228,15 +228,17 @@ int64_t LayersThatFit(const DeepseekV4Config& c, int64_t experts, int64_t tokens
 
 int Usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s [--config FILE] [--layers N|fit] [--experts E] [--contexts N,N,...] [--steps S] [--eager-too] [--profile] [--json FILE]\n"
+               "usage: %s [--config FILE] [--layers N|fit] [--experts E] [--contexts N,N,...] [--steps S] [--eager-too] [--shared-expert-serial] [--profile] [--json FILE]\n"
                "  DeepSeek-V4 GPU decode at batch 1 against a same-run copy (bench/README.md)\n"
                "  --config    a deepseek_v4 config.json (default bench/configs/v4_flash_widths.json)\n"
-               "  --layers    decoder layers to build (default: the config's); `fit`: as many as the GPU's\n"
-               "              free memory holds beside the head and a KV pool for the longest context\n"
+               "  --layers    decoder layers to build (default: the config's); `fit`: as many of V4-Flash's 43 as\n"
+               "              the GPU's free memory holds beside the head and a KV pool for the longest context\n"
                "  --experts   routed experts to store per layer (default: the config's)\n"
                "  --contexts  context lengths to decode at (default 1024,32768,131072)\n"
                "  --steps     timed decode steps per context (default 24)\n"
                "  --eager-too also time each context without CUDA graphs (the same model, same run)\n"
+               "  --shared-expert-serial  the shared expert after the routed experts on the one stream\n"
+               "              (default: beside them on a second stream where its products are GEMVs)\n"
                "  --profile   bracket the first context's last step with cudaProfilerStart/Stop (for nsys\n"
                "              --capture-range=cudaProfilerApi or ncu --profile-from-start off)\n"
                "  --json      also write the JSON here\n",
@@ -249,7 +251,7 @@ int Main(int argc, char** argv) {
   int64_t layers = 0, experts = 0;
   bool fit_layers = false;
   int steps = 24;
-  bool profile = false, eager_too = false;
+  bool profile = false, eager_too = false, shared_serial = false;
   std::vector<int64_t> contexts = {1024, 32768, 131072};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -265,6 +267,7 @@ int Main(int argc, char** argv) {
     else if (a == "--json") json_path = next();
     else if (a == "--profile") profile = true;
     else if (a == "--eager-too") eager_too = true;
+    else if (a == "--shared-expert-serial") shared_serial = true;
     else if (a == "--contexts") {
       contexts.clear();
       for (absl::string_view s : absl::StrSplit(next(), ',')) {
@@ -285,27 +288,32 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "v4_cuda_decode_bench: %s is not JSON\n", config_path.c_str());
     return 2;
   }
+  // The config with n decoder layers, its per-layer type lists repeated to that length.
+  const auto with_layers = [](nlohmann::json j, int64_t n) {
+    j["num_hidden_layers"] = n;
+    for (const char* key : {"layer_types", "mlp_layer_types"}) {
+      if (j.contains(key) && j[key].is_array() && !j[key].empty()) {
+        nlohmann::json cut = nlohmann::json::array();
+        for (int64_t l = 0; l < n; ++l) cut.push_back(j[key][static_cast<size_t>(l % j[key].size())]);
+        j[key] = cut;
+      }
+    }
+    return j;
+  };
   if (fit_layers) {
-    absl::StatusOr<DeepseekV4Config> full = ParseDeepseekV4Config(cj.dump());
+    // Up to V4-Flash's 43 decoder layers (the widths config keeps 8 for the default runs).
+    constexpr int64_t kV4FlashLayers = 43;
+    absl::StatusOr<DeepseekV4Config> full = ParseDeepseekV4Config(with_layers(cj, kV4FlashLayers).dump());
     if (!full.ok()) {
       std::fprintf(stderr, "v4_cuda_decode_bench: %s\n", std::string(full.status().message()).c_str());
       return 2;
     }
     const int64_t stored = experts <= 0 || experts > full->n_routed_experts ? full->n_routed_experts : experts;
     layers = LayersThatFit(*full, stored, *std::max_element(contexts.begin(), contexts.end()) + steps + 8);
-    std::fprintf(stderr, "--layers fit: %lld of the config's %lld layers fit the GPU\n", static_cast<long long>(layers),
-                 static_cast<long long>(full->num_hidden_layers));
+    std::fprintf(stderr, "--layers fit: %lld of V4-Flash's %lld layers fit the GPU\n", static_cast<long long>(layers),
+                 static_cast<long long>(kV4FlashLayers));
   }
-  if (layers > 0) {
-    cj["num_hidden_layers"] = layers;
-    for (const char* key : {"layer_types", "mlp_layer_types"}) {
-      if (cj.contains(key) && cj[key].is_array()) {
-        nlohmann::json cut = nlohmann::json::array();
-        for (int64_t l = 0; l < layers; ++l) cut.push_back(cj[key][static_cast<size_t>(l % cj[key].size())]);
-        cj[key] = cut;
-      }
-    }
-  }
+  if (layers > 0) cj = with_layers(cj, layers);
   absl::StatusOr<DeepseekV4Config> parsed = ParseDeepseekV4Config(cj.dump());
   if (!parsed.ok()) {
     std::fprintf(stderr, "v4_cuda_decode_bench: %s\n", std::string(parsed.status().message()).c_str());
@@ -318,7 +326,8 @@ int Main(int argc, char** argv) {
                c.Summary().c_str(), static_cast<long long>(experts), copy_gbs);
   const auto t0 = Clock::now();
   SyntheticWeights synthetic(c, experts);
-  absl::StatusOr<std::unique_ptr<cuda_v4::CudaV4Model>> model = cuda_v4::CudaV4Model::Create(c, synthetic.weights(), {});
+  absl::StatusOr<std::unique_ptr<cuda_v4::CudaV4Model>> model = cuda_v4::CudaV4Model::Create(
+      c, synthetic.weights(), {.shared_expert_beside = !shared_serial});
   if (!model.ok()) {
     std::fprintf(stderr, "v4_cuda_decode_bench: %s\n", std::string(model.status().message()).c_str());
     return 1;
@@ -399,6 +408,8 @@ int Main(int argc, char** argv) {
       {"config", config_path},
       {"model_summary", c.Summary()},
       {"routed_experts_stored", experts},
+      {"shared_expert", shared_serial ? "serial" : "beside"},
+      {"shared_expert_branches", m.shared_expert_branches()},
       {"weights_on_gpu_bytes", m.weight_bytes()},
       {"checkpoint_bytes_per_step", checkpoint_bytes},
       {"engine_bytes_per_step", engine_bytes},

@@ -155,6 +155,28 @@ cudaError_t LaunchDequantizeFp8(const P& p, cudaStream_t stream) {
   return internal::Launch(DequantizeFp8Kernel<P>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, p);
 }
 
+// One block per 128x128 block of the matrix: the block's absolute maximum, then its codes.
+__global__ void QuantizeFp8Kernel(QuantizeFp8Params p) {
+  __shared__ float warp_max[kThreads / 32];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * 128, c0 = static_cast<int64_t>(blockIdx.x) * 128;
+  const int64_t rows = p.rows - r0 < 128 ? p.rows - r0 : 128, cols = p.cols - c0 < 128 ? p.cols - c0 : 128;
+  float amax = 0.0f;
+  for (int64_t i = threadIdx.x; i < rows * cols; i += kThreads) {
+    amax = fmaxf(amax, fabsf(p.src[(r0 + i / cols) * p.cols + c0 + i % cols]));
+  }
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+  const float scale = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+  if (threadIdx.x == 0) p.scales[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = scale;
+  for (int64_t i = threadIdx.x; i < rows * cols; i += kThreads) {
+    const int64_t at = (r0 + i / cols) * p.cols + c0 + i % cols;
+    p.codes[at] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(p.src[at], scale), __NV_SATFINITE, __NV_E4M3));
+  }
+}
+
 }  // namespace
 
 cudaError_t ConvertF32ToBf16(const ConvertParams& p, cudaStream_t stream) {
@@ -191,6 +213,17 @@ cudaError_t DequantizeFp4ToF32(const DequantizeFp4ToF32Params& p, cudaStream_t s
   }
   const int64_t blocks = std::min<int64_t>((p.rows * p.cols / 2 + kThreads - 1) / kThreads, 65536);
   return internal::Launch(DequantizeFp4Kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, p);
+}
+
+cudaError_t QuantizeFp8Block(const QuantizeFp8Params& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  if (p.src == nullptr || p.codes == nullptr || p.scales == nullptr || p.rows < 0 || p.cols < 0 ||
+      (p.rows + 127) / 128 > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(static_cast<unsigned>((p.cols + 127) / 128), static_cast<unsigned>((p.rows + 127) / 128));
+  QuantizeFp8Kernel<<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace tandem::cuda

@@ -62,6 +62,20 @@ struct DequantizeFp8ToF32Params {
 
 cudaError_t DequantizeFp8ToF32(const DequantizeFp8ToF32Params& p, cudaStream_t stream);
 
+// float32 weights quantized to FP8 E4M3 with 128x128 block scales, as `tandem make-model
+// --dtype fp8` writes them (engine/model/model_generator.cc): per block, scale = amax / 448
+// (1 for an all-zero block), code = e4m3(value / scale) rounded to nearest even and
+// saturated to +-448. For weights generated on the GPU in the form an FP8 checkpoint has.
+struct QuantizeFp8Params {
+  const float* src = nullptr;  // [rows][cols]
+  uint8_t* codes = nullptr;    // [rows][cols]
+  float* scales = nullptr;     // [ceil(rows / 128)][ceil(cols / 128)]
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+cudaError_t QuantizeFp8Block(const QuantizeFp8Params& p, cudaStream_t stream);
+
 // FP4 e2m1 (two codes a byte, low nibble first) with one float scale per 32 along a row,
 // widened to float32: e2m1 value times its scale, rounded once (exact for DeepSeek's
 // power-of-two ue8m0 scales). cols a multiple of 32.

@@ -662,7 +662,8 @@ cudaError_t MoeFusedRoute(const MoeFusedRouteParams& p, cudaStream_t stream) {
       reinterpret_cast<uintptr_t>(p.router) % 16 != 0 || r.expert_ids == nullptr || r.weights == nullptr ||
       r.num_experts <= 0 || r.num_experts > 1024 || r.num_groups <= 0 || r.num_groups > 32 ||
       r.num_experts % r.num_groups != 0 || r.topk_groups <= 0 || r.topk_groups > r.num_groups || r.top_k <= 0 ||
-      r.top_k > 32 || r.top_k > r.num_experts || q.expert_ids != r.expert_ids || q.weights != r.weights ||
+      r.top_k > 32 || r.top_k > r.num_experts || (r.out_stride != 0 && r.out_stride != r.top_k) ||
+      q.expert_ids != r.expert_ids || q.weights != r.weights ||
       q.num_tokens != r.num_tokens || q.top_k != r.top_k || q.num_experts != r.num_experts ||
       q.group_offsets == nullptr || q.active_groups == nullptr || q.num_active == nullptr ||
       q.sorted_token == nullptr || q.sorted_weight == nullptr || q.entry_row == nullptr || q.tile_rows < 0 ||

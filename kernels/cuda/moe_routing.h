@@ -30,8 +30,12 @@ struct MoeRoutingParams {
   bool normalize = false;
   bool scale_normalized = true;
   float routed_scaling_factor = 1.0f;
-  int32_t* expert_ids = nullptr;  // [num_tokens][top_k] out, best first
-  float* weights = nullptr;       // [num_tokens][top_k] out
+  int32_t* expert_ids = nullptr;  // [num_tokens][out_stride] out, best first (the first top_k of a row)
+  float* weights = nullptr;       // [num_tokens][out_stride] out
+  // Elements between tokens' rows of expert_ids and weights: 0 for top_k; more leaves
+  // the columns after top_k untouched (a caller's fixed entries, e.g. shared experts').
+  // MoeRouting only: MoeFusedRoute's permutation reads rows of top_k.
+  int out_stride = 0;
 };
 
 cudaError_t MoeRouting(const MoeRoutingParams& p, cudaStream_t stream);

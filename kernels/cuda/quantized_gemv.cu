@@ -188,7 +188,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<M>) QuantizedGemvKernel(Q
             float v = acc[r];
 #pragma unroll
             for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0) y[r * p.ldy + use.row] = v;
+            if (lane == 0) {
+              float* out = y + r * p.ldy + use.row;
+              *out = p.accumulate ? *out + v : v;
+            }
             acc[r] = 0.0f;
           }
           use.j = 0;

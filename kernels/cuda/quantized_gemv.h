@@ -73,6 +73,9 @@ struct QuantizedGemvParams {
   const int32_t* ids = nullptr;  // device, [problems]: written by an earlier kernel
   int problems = 1;              // 1 .. 65535
   int x_group = 1;               // e.g. top-k, when the problems of one token share its row
+  // y += the products instead of y = (a residual stream); each element is written by one
+  // thread, so no atomics.
+  bool accumulate = false;
   // FP8 with k a multiple of 64 runs on tensor cores (quantized_gemv_mma.cu) unless this is
   // set (benchmarks and tests compare the two).
   bool scalar = false;

@@ -178,8 +178,9 @@ __global__ void __launch_bounds__(kThreads, 3) MmaGemvKernel(QuantizedGemvParams
           for (int j = 0; j < 2; ++j) {
             const int r = 2 * t + j;
             if (r < p.m) {
-              if (row < p.n) y[r * p.ldy + row] = acc[j] * y_scale[r];
-              if (row + 8 < p.n) y[r * p.ldy + row + 8] = acc[2 + j] * y_scale[r];
+              float* out = y + r * p.ldy + row;
+              if (row < p.n) out[0] = p.accumulate ? out[0] + acc[j] * y_scale[r] : acc[j] * y_scale[r];
+              if (row + 8 < p.n) out[8] = p.accumulate ? out[8] + acc[2 + j] * y_scale[r] : acc[2 + j] * y_scale[r];
             }
           }
 #pragma unroll

@@ -16,6 +16,6 @@ cd "$root" || exit 1
 # shellcheck source=check.sh
 source "$root/scripts/device/check.sh"
 SHOW='context|weights on|model:|finite' check v4_decode "$bin/v4_cuda_decode_bench" \
-  --layers "${LAYERS:-8}" --contexts "${CONTEXTS:-1024,32768,131072}" --steps "${STEPS:-24}" --eager-too \
+  --layers "${LAYERS:-8}" --contexts "${CONTEXTS:-1024,32768,131072}" --steps "${STEPS:-24}" --eager-too ${BENCH_ARGS:-} \
   --json "$out/v4_cuda_decode_bench.json"
 finish

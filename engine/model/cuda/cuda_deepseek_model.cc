@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/checkpoint.h"
@@ -17,8 +18,8 @@
 #include "kernels/cuda/moe_expert_gemv.h"
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/sampling.h"
-#include "kernels/cuda/token_mask.h"
 #include "kernels/cuda/small_gemv.h"
+#include "kernels/cuda/token_mask.h"
 #include "kernels/cuda/timestamp.h"
 
 namespace tandem {
@@ -136,7 +137,8 @@ absl::Status CudaDeepseekModel::Impl::Init(const ModelConfig& c, const ModelWeig
       TANDEM_CUBLAS_RETURN(side_gemm_[i].Init(size_t{32} << 20), "creating a cuBLAS handle");
     }
   }
-  ASSIGN_OR_RETURN(weights, cuda_model::UploadWeights(c, host, seed, stream, o.mtp, test));
+  ASSIGN_OR_RETURN(weights, cuda_model::UploadWeights(c, host, seed, stream, o.mtp, test,
+                                                      /*fp8_forms=*/o.fp8_decode && !o.batch_invariant));
   kv_layers = static_cast<int64_t>(weights->layers.size());
 
   const std::vector<float> inv_freq = c.RopeInverseFrequencies();
@@ -235,6 +237,16 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     a->argmax = ar.Take<int32_t>(max_logit_rows);
     a->final_bf16 = ar.Take<__nv_bfloat16>(max_logit_rows * hidden);
     a->dense_plan = ar.Take<cuda_model::DenseMlpPlan>(1);
+    if (weights->fp8_linears > 0) {
+      const int64_t f = cuda::kSmallGemvMaxRows, k = c.num_experts_per_tok + c.n_shared_experts;
+      if (c.q_lora_rank) a->qa_f32 = ar.Take<float>(f * *c.q_lora_rank);
+      a->act_f32 = ar.Take<float>(std::max(f * inter, f * k * moe_inter));
+      if (groups_ > 0) {
+        a->fp8_ids = ar.Take<int32_t>(f * k);
+        a->fp8_weights = ar.Take<float>(f * k);
+        a->fp8_rows = ar.Take<const float*>(f * k);
+      }
+    }
     a->argmax_scratch = ar.Take<char>(cuda::SmallGemvArgmaxScratchBytes());
     a->argmax_counter = ar.Take<uint32_t>(1);
     return ar.used();
@@ -253,6 +265,27 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     }
     TANDEM_CUDA_RETURN(cudaMemcpy(act_.dense_plan, &plan, sizeof(plan), cudaMemcpyHostToDevice), "dense MLP plan");
     TANDEM_CUDA_RETURN(cudaMemset(act_.argmax_counter, 0, sizeof(uint32_t)), "clearing the arg-max counter");
+  }
+  if (act_.fp8_ids != nullptr) {
+    // The shared experts' fixed slots after each token's routed ones, and where each
+    // (token, slot) product lands (act_.y rows in slot order).
+    const int64_t f = cuda::kSmallGemvMaxRows, top_k = c.num_experts_per_tok, k = top_k + c.n_shared_experts;
+    std::vector<int32_t> ids(static_cast<size_t>(f * k), 0);
+    std::vector<float> wts(static_cast<size_t>(f * k), 0.0f);
+    std::vector<const float*> rows(static_cast<size_t>(f * k));
+    for (int64_t i = 0; i < f * k; ++i) {
+      if (i % k >= top_k) {
+        ids[static_cast<size_t>(i)] = static_cast<int32_t>(c.n_routed_experts + i % k - top_k);
+        wts[static_cast<size_t>(i)] = 1.0f;
+      }
+      rows[static_cast<size_t>(i)] = act_.y + i * c.hidden_size;
+    }
+    TANDEM_CUDA_RETURN(cudaMemcpy(act_.fp8_ids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+                       "FP8 expert slots");
+    TANDEM_CUDA_RETURN(cudaMemcpy(act_.fp8_weights, wts.data(), wts.size() * sizeof(float), cudaMemcpyHostToDevice),
+                       "FP8 expert slots");
+    TANDEM_CUDA_RETURN(cudaMemcpy(act_.fp8_rows, rows.data(), rows.size() * sizeof(float*), cudaMemcpyHostToDevice),
+                       "FP8 expert slots");
   }
   if (groups_ > 0) {
     TANDEM_CUDA_RETURN(cudaMemset(act_.group_offsets, 0, kv_layers * (groups_ + 1) * sizeof(int32_t)),
@@ -625,6 +658,7 @@ absl::Status CudaDeepseekModel::Impl::Run(std::span<const ForwardSequence> batch
   if (AllGreedy(sample)) sample = {};  // the LM head's arg-max
   last_rows_ = plan.rows;
   last_out_rows_ = plan.out_rows;
+  last_fp8_ = Fp8Decode(plan);
   if (step_events_) {
     step_begin_.push_back(NextEvent());
     TANDEM_CUDA_RETURN(cudaEventRecord(step_begin_.back(), stream), "recording a step event");
@@ -863,15 +897,34 @@ absl::StatusOr<uint64_t> CudaDeepseekModel::Impl::LastForwardWeightBytes() {
                                   cudaMemcpyDeviceToHost),
                        "reading expert counts");
   }
+  // A linear's bytes as the last step read it: its FP8 form (codes and scales) on an FP8
+  // step where it has one, else its bf16 copy.
+  const auto linear = [&](const cuda_model::DeviceMatrix& bf16, const cuda_model::Fp8Linear& fp8) -> uint64_t {
+    if (!last_fp8_ || !fp8.present()) return bf16.bytes();
+    uint64_t b = 0;
+    for (const cuda_model::Fp8Matrix& m : fp8.parts) {
+      b += static_cast<uint64_t>(m.rows * m.cols + ((m.rows + 127) / 128) * ((m.cols + 127) / 128) * 4);
+    }
+    return b;
+  };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const cuda_model::CudaLayerWeights& layer = w.layers[l];
     const cuda_model::CudaAttentionWeights& a = layer.attention;
     bytes += 2 * c.hidden_size * 4 + c.kv_lora_rank * 4;  // norms
-    bytes += a.qkv_a.bytes() + a.q_b.bytes() + a.kv_b.bytes() + a.o_proj.bytes();
-    if (layer.mlp) bytes += layer.mlp->gate_up.bytes() + layer.mlp->down.bytes();
+    bytes += linear(a.qkv_a, a.qkv_a_fp8) + linear(a.q_b, a.q_b_fp8) + a.kv_b.bytes() + linear(a.o_proj, a.o_proj_fp8);
+    if (layer.mlp) bytes += linear(layer.mlp->gate_up, layer.mlp->gate_up_fp8) + linear(layer.mlp->down, layer.mlp->down_fp8);
     if (layer.moe) {
       const cuda_model::CudaMoeWeights& m = *layer.moe;
       bytes += static_cast<uint64_t>(c.n_routed_experts) * c.hidden_size * 4;
+      if (last_fp8_ && m.fp8) {
+        // The FP8 path does not count its experts (no permutation): top_k distinct experts a
+        // token, so exact for one row and an upper bound for more.
+        const int64_t touched = std::min<int64_t>(c.n_routed_experts, last_rows_ * c.num_experts_per_tok) +
+                                c.n_shared_experts;
+        const int64_t scales = (3 * m.inter / 128) * ((c.hidden_size + 127) / 128);
+        bytes += static_cast<uint64_t>(touched * (3 * m.inter * c.hidden_size + 4 * scales));
+        continue;
+      }
       const int32_t* off = &offsets[l * (groups_ + 1)];
       for (int g = 0; g < groups_; ++g) {
         if (off[g + 1] > off[g]) bytes += static_cast<uint64_t>(3 * m.inter * c.hidden_size) * 2;
@@ -922,6 +975,10 @@ int64_t CudaDeepseekModel::max_context() const { return impl_->max_context; }
 uint64_t CudaDeepseekModel::weight_bytes() const { return impl_->weights->bytes; }
 uint64_t CudaDeepseekModel::kv_cache_bytes() const { return impl_->kv_bytes; }
 uint64_t CudaDeepseekModel::activation_bytes() const { return impl_->activation_bytes; }
+int64_t CudaDeepseekModel::fp8_linears() const {
+  return impl_->options.fp8_decode && !impl_->options.batch_invariant ? impl_->weights->fp8_linears : 0;
+}
+uint64_t CudaDeepseekModel::fp8_weight_bytes() const { return impl_->weights->fp8_bytes; }
 
 absl::StatusOr<std::vector<float>> CudaDeepseekModel::Forward(std::span<const ForwardSequence> batch,
                                                               const DeepseekForwardOptions& options) {
@@ -1025,6 +1082,7 @@ void CudaDeepseekModel::set_moe_shared_experts_early(bool on) {
   impl_->SetOption(&LoadOptions::moe_shared_experts_early, on);
 }
 void CudaDeepseekModel::set_split_decode_queries(bool on) { impl_->SetOption(&LoadOptions::split_decode_queries, on); }
+void CudaDeepseekModel::set_fp8_decode(bool on) { impl_->SetOption(&LoadOptions::fp8_decode, on); }
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {
   return impl_->TakeStepTimes();

@@ -101,6 +101,13 @@ class CudaDeepseekModel {
     // kernel with one KV split and a fixed tile shape, the MoE combine without atomics, no
     // fused small-batch kernels.
     bool batch_invariant = false;
+    // FP8 checkpoints (block-scaled E4M3, `make-model --dtype fp8`, DeepSeek-V3's layout):
+    // the fused decode steps multiply the attention, MLP and expert linears in their stored
+    // FP8 form (cuda::QuantizedGemv: a byte a weight read instead of the bf16 copy's two;
+    // the experts routed on the device, the shared experts as extra routed slots), the
+    // other steps the bf16 copies (cuda_weights.h: both forms are kept). Off, or a model
+    // without FP8 weights: every step on the bf16 copies. Not with batch_invariant.
+    bool fp8_decode = true;
     // Speculative decoding (docs/speculative-decoding.md): the checkpoint's first MTP layer
     // loaded, its KV one layer after the decoder layers' (ForwardSequence::mtp, Draft).
     bool mtp = false;
@@ -128,6 +135,10 @@ class CudaDeepseekModel {
   uint64_t weight_bytes() const;      // GPU bytes of the weights
   uint64_t kv_cache_bytes() const;    // GPU bytes of the KV cache
   uint64_t activation_bytes() const;  // GPU bytes of the preallocated activations
+  // Linear layers (a MoE layer's experts counted once) whose FP8 form the decode steps use
+  // (LoadOptions::fp8_decode on an FP8 checkpoint), and their GPU bytes.
+  int64_t fp8_linears() const;
+  uint64_t fp8_weight_bytes() const;
 
   // DeepseekModel::Forward on the GPU's own cache. Errors: INVALID_ARGUMENT as the CPU
   // model, plus batches beyond max_batch_tokens / max_seqs / max_context; INTERNAL for
@@ -184,6 +195,8 @@ class CudaDeepseekModel {
   void set_deterministic_moe_down(bool on);
   void set_moe_shared_experts_early(bool on);
   void set_split_decode_queries(bool on);
+  // Off: FP8 checkpoints' decode steps on the bf16 copies (the forms stay loaded).
+  void set_fp8_decode(bool on);
   // For benchmarks: with step events on, each Forward records a CUDA event when its GPU
   // work begins (before the batch upload) and when it ends (after the results are read
   // back); TakeStepTimes returns {begin, end} per recorded step in ms since the first

@@ -16,11 +16,19 @@ namespace {
 
 using cuda::RandomInit;
 
+// Where Builder::Fill leaves a tensor's FP8 form: codes [rows][cols], then its block scales.
+struct Fp8Dest {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+};
+
 class Builder {
  public:
   Builder(const ModelConfig& c, const ModelWeights* host, uint64_t seed, cudaStream_t stream, bool mtp,
-          const MtpTestWeights* test)
+          const MtpTestWeights* test, bool fp8_forms)
       : c_(c), host_(host), seed_(seed), stream_(stream), mtp_(mtp), test_(host == nullptr ? test : nullptr),
+        fp8_forms_(fp8_forms),
+        generate_fp8_(host == nullptr && test_ == nullptr && c.fp8_block_quantized),
         out_(std::make_unique<CudaModelWeights>()) {}
 
   absl::StatusOr<std::unique_ptr<CudaModelWeights>> Build() {
@@ -115,21 +123,28 @@ class Builder {
     CudaAttentionWeights& a = l.attention;
     const int64_t q_rows = c_.q_lora_rank ? *c_.q_lora_rank : heads * c_.qk_head_dim();
     ASSIGN_OR_RETURN(a.qkv_a, NewMatrix(q_rows + rank + rope, hidden, "q/kv_a projection"));
+    const std::string q_name = s + (c_.q_lora_rank ? "q_a_proj.weight" : "q_proj.weight");
+    const WeightMatrix* q_host = ha ? (c_.q_lora_rank ? &ha->q_a_proj : &ha->q_proj) : nullptr;
+    const std::string kv_a_name = s + "kv_a_proj_with_mqa.weight";
+    std::vector<Fp8Dest> qkv_fp8;
+    ASSIGN_OR_RETURN(a.qkv_a_fp8, StackFp8({{q_name, q_host, q_rows}, {kv_a_name, ha ? &ha->kv_a_proj : nullptr,
+                                                                       rank + rope}},
+                                           hidden, &qkv_fp8));
+    RETURN_IF_ERROR(Fill(q_name, q_host, q_rows, hidden, RandomInit::kLinear, a.qkv_a.data, Fp8Or(qkv_fp8[0])));
     if (c_.q_lora_rank) {
       const int64_t qr = *c_.q_lora_rank;
-      RETURN_IF_ERROR(Fill(s + "q_a_proj.weight", ha ? &ha->q_a_proj : nullptr, qr, hidden, RandomInit::kLinear,
-                           a.qkv_a.data));
       ASSIGN_OR_RETURN(a.q_a_norm, Vector(s + "q_a_layernorm.weight", ha ? ha->q_a_norm : nullptr, qr,
                                           RandomInit::kNorm, true));
       ASSIGN_OR_RETURN(a.q_b, NewMatrix(heads * c_.qk_head_dim(), qr, "q_b_proj"));
+      std::vector<Fp8Dest> q_b_fp8;
+      ASSIGN_OR_RETURN(a.q_b_fp8, StackFp8({{s + "q_b_proj.weight", ha ? &ha->q_b_proj : nullptr,
+                                             heads * c_.qk_head_dim()}},
+                                           qr, &q_b_fp8));
       RETURN_IF_ERROR(Fill(s + "q_b_proj.weight", ha ? &ha->q_b_proj : nullptr, heads * c_.qk_head_dim(), qr,
-                           RandomInit::kLinear, a.q_b.data));
-    } else {
-      RETURN_IF_ERROR(Fill(s + "q_proj.weight", ha ? &ha->q_proj : nullptr, q_rows, hidden, RandomInit::kLinear,
-                           a.qkv_a.data));
+                           RandomInit::kLinear, a.q_b.data, Fp8Or(q_b_fp8[0])));
     }
-    RETURN_IF_ERROR(Fill(s + "kv_a_proj_with_mqa.weight", ha ? &ha->kv_a_proj : nullptr, rank + rope, hidden,
-                         RandomInit::kLinear, a.qkv_a.data + q_rows * hidden));
+    RETURN_IF_ERROR(Fill(kv_a_name, ha ? &ha->kv_a_proj : nullptr, rank + rope, hidden, RandomInit::kLinear,
+                         a.qkv_a.data + q_rows * hidden, Fp8Or(qkv_fp8[1])));
     ASSIGN_OR_RETURN(a.kv_a_norm, Vector(s + "kv_a_layernorm.weight", ha ? ha->kv_a_norm : nullptr, rank,
                                          RandomInit::kNorm, true));
     ASSIGN_OR_RETURN(a.kv_b, NewMatrix(heads * (nope + v), rank, "kv_b_proj"));
@@ -165,8 +180,11 @@ class Builder {
       a.w_uk = w_uk;
     }
     ASSIGN_OR_RETURN(a.o_proj, NewMatrix(hidden, heads * v, "o_proj"));
+    std::vector<Fp8Dest> o_fp8;
+    ASSIGN_OR_RETURN(a.o_proj_fp8, StackFp8({{s + "o_proj.weight", ha ? &ha->o_proj : nullptr, hidden}}, heads * v,
+                                            &o_fp8));
     RETURN_IF_ERROR(Fill(s + "o_proj.weight", ha ? &ha->o_proj : nullptr, hidden, heads * v, RandomInit::kLinear,
-                         a.o_proj.data));
+                         a.o_proj.data, Fp8Or(o_fp8[0])));
 
     const std::string m = p + "mlp.";
     if (c_.IsMoeLayer(i)) {
@@ -186,26 +204,67 @@ class Builder {
       }
       ASSIGN_OR_RETURN(moe.gate_up, Alloc<__nv_bfloat16>(moe.groups * 2 * inter * hidden, "expert gate_up"));
       ASSIGN_OR_RETURN(moe.down, Alloc<__nv_bfloat16>(moe.groups * hidden * inter, "expert down"));
+      ASSIGN_OR_RETURN(ExpertsFp8 fp8, NewExpertsFp8(m, hm, moe.groups));
       for (int64_t e = 0; e < experts; ++e) {
         const std::string ep = absl::StrCat(m, "experts.", e, ".");
         const MlpWeights* he = hm ? &hm->experts[e] : nullptr;
-        RETURN_IF_ERROR(GateUp(ep, he, inter, 1, moe.gate_up + e * 2 * inter * hidden));
+        const Fp8Dest gate = fp8.GateUp(e, 0), up = fp8.GateUp(e, inter), down = fp8.Down(e);
+        RETURN_IF_ERROR(GateUp(ep, he, inter, 1, moe.gate_up + e * 2 * inter * hidden, fp8.on ? &gate : nullptr,
+                               fp8.on ? &up : nullptr));
         RETURN_IF_ERROR(Fill(ep + "down_proj.weight", he ? &he->down : nullptr, hidden, inter, RandomInit::kLinear,
-                             moe.down + e * hidden * inter));
+                             moe.down + e * hidden * inter, fp8.on ? &down : nullptr));
       }
       if (shared > 0) {
         const std::string sp = m + "shared_experts.";
         const MlpWeights* hs = hm && hm->shared ? &*hm->shared : nullptr;
-        RETURN_IF_ERROR(GateUp(sp, hs, inter, static_cast<int>(shared), moe.gate_up + experts * 2 * inter * hidden));
+        // The shared experts' FP8 forms whole first (scratch), then split like the bf16 ones.
+        DeviceBuffer shared_codes, shared_scales;
+        const int64_t hb = (hidden + 127) / 128, ib = inter / 128;
+        Fp8Dest sg, su, sd;
+        if (fp8.on) {
+          RETURN_IF_ERROR(shared_codes.Allocate(static_cast<size_t>(3 * shared * inter * hidden), "FP8 scratch"));
+          RETURN_IF_ERROR(shared_scales.Allocate(static_cast<size_t>(3 * shared * ib * hb) * 4, "FP8 scratch"));
+          uint8_t* sc = shared_codes.get<uint8_t>();
+          float* ss = shared_scales.get<float>();
+          sg = {sc, ss};
+          su = {sc + shared * inter * hidden, ss + shared * ib * hb};
+          sd = {sc + 2 * shared * inter * hidden, ss + 2 * shared * ib * hb};
+        }
+        RETURN_IF_ERROR(GateUp(sp, hs, inter, static_cast<int>(shared), moe.gate_up + experts * 2 * inter * hidden,
+                               fp8.on ? &sg : nullptr, fp8.on ? &su : nullptr));
         // down [hidden][shared * inter]: column range s becomes group experts + s.
         ASSIGN_OR_RETURN(__nv_bfloat16 * tmp, Temp(0, hidden * shared * inter));
         RETURN_IF_ERROR(Fill(sp + "down_proj.weight", hs ? &hs->down : nullptr, hidden, shared * inter,
-                             RandomInit::kLinear, tmp));
+                             RandomInit::kLinear, tmp, fp8.on ? &sd : nullptr));
         for (int64_t j = 0; j < shared; ++j) {
           TANDEM_CUDA_RETURN(cudaMemcpy2DAsync(moe.down + (experts + j) * hidden * inter, inter * 2, tmp + j * inter,
                                                shared * inter * 2, inter * 2, hidden, cudaMemcpyDeviceToDevice, stream_),
                              "splitting shared experts");
+          if (!fp8.on) continue;
+          // Rows [j inter, (j + 1) inter) of gate and up (whole scale rows: inter % 128 == 0),
+          // columns [j inter, (j + 1) inter) of down (whole scale columns).
+          const int64_t g = experts + j;
+          for (const auto& [src, at] : {std::pair{sg, int64_t{0}}, std::pair{su, inter}}) {
+            const Fp8Dest dst = fp8.GateUp(g, at);
+            TANDEM_CUDA_RETURN(cudaMemcpyAsync(dst.codes, src.codes + j * inter * hidden, inter * hidden,
+                                               cudaMemcpyDeviceToDevice, stream_),
+                               "splitting shared experts");
+            TANDEM_CUDA_RETURN(cudaMemcpyAsync(dst.scales, src.scales + j * ib * hb, ib * hb * 4,
+                                               cudaMemcpyDeviceToDevice, stream_),
+                               "splitting shared experts");
+          }
+          const Fp8Dest dst = fp8.Down(g);
+          TANDEM_CUDA_RETURN(cudaMemcpy2DAsync(dst.codes, inter, sd.codes + j * inter, shared * inter, inter, hidden,
+                                               cudaMemcpyDeviceToDevice, stream_),
+                             "splitting shared experts");
+          TANDEM_CUDA_RETURN(cudaMemcpy2DAsync(dst.scales, ib * 4, sd.scales + j * ib, shared * ib * 4, ib * 4, hb,
+                                               cudaMemcpyDeviceToDevice, stream_),
+                             "splitting shared experts");
         }
+        if (fp8.on) TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "splitting shared experts");
+      }
+      if (fp8.on) {
+        ASSIGN_OR_RETURN(moe.fp8, fp8.Tables(*this));
       }
       l.moe = moe;
     } else {
@@ -213,10 +272,16 @@ class Builder {
       const int64_t inter = c_.intermediate_size;
       CudaMlpWeights mlp;
       ASSIGN_OR_RETURN(mlp.gate_up, NewMatrix(2 * inter, hidden, "gate_up"));
-      RETURN_IF_ERROR(GateUp(m, hm, inter, 1, mlp.gate_up.data));
+      std::vector<Fp8Dest> gu_fp8, down_fp8;
+      ASSIGN_OR_RETURN(mlp.gate_up_fp8, StackFp8({{m + "gate_proj.weight", hm ? &hm->gate : nullptr, inter},
+                                                  {m + "up_proj.weight", hm ? &hm->up : nullptr, inter}},
+                                                 hidden, &gu_fp8));
+      RETURN_IF_ERROR(GateUp(m, hm, inter, 1, mlp.gate_up.data, Fp8Or(gu_fp8[0]), Fp8Or(gu_fp8[1])));
       ASSIGN_OR_RETURN(mlp.down, NewMatrix(hidden, inter, "down"));
+      ASSIGN_OR_RETURN(mlp.down_fp8, StackFp8({{m + "down_proj.weight", hm ? &hm->down : nullptr, hidden}}, inter,
+                                              &down_fp8));
       RETURN_IF_ERROR(Fill(m + "down_proj.weight", hm ? &hm->down : nullptr, hidden, inter, RandomInit::kLinear,
-                           mlp.down.data));
+                           mlp.down.data, Fp8Or(down_fp8[0])));
       l.mlp = mlp;
     }
     return l;
@@ -225,7 +290,7 @@ class Builder {
   // gate_proj/up_proj [chunks * inter][hidden] into `chunks` consecutive [2 * inter][hidden]
   // matrices, each interleaving its gate and up rows in blocks of kGateUpInterleave.
   absl::Status GateUp(const std::string& prefix, const MlpWeights* host, int64_t inter, int chunks,
-                      __nv_bfloat16* dst) {
+                      __nv_bfloat16* dst, const Fp8Dest* gate_fp8 = nullptr, const Fp8Dest* up_fp8 = nullptr) {
     const int64_t hidden = c_.hidden_size, total = inter * chunks;
     if (inter % kGateUpInterleave != 0) {
       return absl::InvalidArgumentError(absl::StrCat("intermediate size ", inter, " is not a multiple of ",
@@ -234,9 +299,9 @@ class Builder {
     ASSIGN_OR_RETURN(__nv_bfloat16 * gate, Temp(0, total * hidden));
     ASSIGN_OR_RETURN(__nv_bfloat16 * up, Temp(1, total * hidden));
     RETURN_IF_ERROR(Fill(prefix + "gate_proj.weight", host ? &host->gate : nullptr, total, hidden,
-                         RandomInit::kLinear, gate));
+                         RandomInit::kLinear, gate, gate_fp8));
     RETURN_IF_ERROR(Fill(prefix + "up_proj.weight", host ? &host->up : nullptr, total, hidden, RandomInit::kLinear,
-                         up));
+                         up, up_fp8));
     const size_t block = static_cast<size_t>(kGateUpInterleave) * hidden * 2;  // bytes of 8 rows
     for (int j = 0; j < chunks; ++j) {
       __nv_bfloat16* d = dst + static_cast<int64_t>(j) * 2 * inter * hidden;
@@ -275,11 +340,147 @@ class Builder {
     return absl::OkStatus();
   }
 
-  // Tensor `name` as bf16 into dst [rows][cols].
+  // The tensors make-model stores in FP8 when asked (not the embeddings and LM heads; the
+  // router is not filled here).
+  static bool Quantizable(const std::string& name) {
+    return !name.ends_with("embed_tokens.weight") && name != "lm_head.weight" &&
+           !name.ends_with("shared_head.head.weight");
+  }
+  // Whether Fill can keep the tensor's FP8 form.
+  bool WillBeFp8(const std::string& name, const WeightMatrix* host) const {
+    if (!fp8_forms_) return false;
+    if (host == nullptr) return generate_fp8_ && Quantizable(name);
+    return host->dtype == DType::kF8E4M3 && host->block_scales != nullptr;
+  }
+  // Generated, FP8 config: the make-model values in float32, quantized as make-model does,
+  // the bf16 copy their dequantization.
+  absl::Status FillGeneratedFp8(const std::string& name, int64_t rows, int64_t cols, __nv_bfloat16* dst,
+                                const Fp8Dest* fp8) {
+    const int64_t n = rows * cols, num_scales = ((rows + 127) / 128) * ((cols + 127) / 128);
+    ASSIGN_OR_RETURN(void* raw, Raw(n * 5));  // float32 values, then the codes
+    if (scales_.bytes() < static_cast<size_t>(num_scales) * 4) {
+      TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "generating weights");
+      RETURN_IF_ERROR(scales_.Allocate(num_scales * 4, "weight scales"));
+    }
+    float* values = static_cast<float*>(raw);
+    uint8_t* codes = fp8 != nullptr ? fp8->codes : static_cast<uint8_t*>(raw) + n * 4;
+    float* scales = fp8 != nullptr ? fp8->scales : scales_.get<float>();
+    TANDEM_CUDA_RETURN(cuda::RandomInitFill({.key = Key(name), .n = n, .fan_in = cols, .init = RandomInit::kLinear,
+                                             .out_f32 = values},
+                                            stream_),
+                       "generating weights");
+    TANDEM_CUDA_RETURN(cuda::QuantizeFp8Block({.src = values, .codes = codes, .scales = scales, .rows = rows, .cols = cols},
+                                              stream_),
+                       "quantizing generated weights");
+    return CudaStatus(cuda::DequantizeFp8ToBf16({.src = codes, .scales = scales, .dst = dst, .rows = rows, .cols = cols},
+                                                stream_),
+                      "dequantizing fp8");
+  }
+
+  static const Fp8Dest* Fp8Or(const Fp8Dest& d) { return d.codes != nullptr ? &d : nullptr; }
+
+  // A MoE layer's FP8 expert storage: per group, gate_up [2 inter][hidden] (gate rows, then
+  // up rows) and down [hidden][inter], each followed in its own array by its block scales.
+  struct ExpertsFp8 {
+    bool on = false;
+    int64_t groups = 0, inter = 0, hidden = 0;
+    uint8_t* gu_codes = nullptr;
+    float* gu_scales = nullptr;
+    uint8_t* down_codes = nullptr;
+    float* down_scales = nullptr;
+    int64_t GuScales() const { return (2 * inter / 128) * ((hidden + 127) / 128); }
+    int64_t DownScales() const { return ((hidden + 127) / 128) * (inter / 128); }
+    // Group g's gate_up rows from `row` on (0: gate, inter: up).
+    Fp8Dest GateUp(int64_t g, int64_t row) const {
+      if (!on) return {};
+      return {gu_codes + (g * 2 * inter + row) * hidden, gu_scales + g * GuScales() + (row / 128) * ((hidden + 127) / 128)};
+    }
+    Fp8Dest Down(int64_t g) const {
+      if (!on) return {};
+      return {down_codes + g * hidden * inter, down_scales + g * DownScales()};
+    }
+    absl::StatusOr<Fp8Experts> Tables(Builder& b) const {
+      std::vector<cuda::QuantizedMatrixRef> gu(static_cast<size_t>(groups)), dn(static_cast<size_t>(groups));
+      for (int64_t g = 0; g < groups; ++g) {
+        gu[static_cast<size_t>(g)] = {GateUp(g, 0).codes, GateUp(g, 0).scales};
+        dn[static_cast<size_t>(g)] = {Down(g).codes, Down(g).scales};
+      }
+      ASSIGN_OR_RETURN(cuda::QuantizedMatrixRef * dgu, b.Alloc<cuda::QuantizedMatrixRef>(groups, "FP8 expert table"));
+      ASSIGN_OR_RETURN(cuda::QuantizedMatrixRef * ddn, b.Alloc<cuda::QuantizedMatrixRef>(groups, "FP8 expert table"));
+      TANDEM_CUDA_RETURN(cudaMemcpy(dgu, gu.data(), gu.size() * sizeof(gu[0]), cudaMemcpyHostToDevice),
+                         "uploading the FP8 expert table");
+      TANDEM_CUDA_RETURN(cudaMemcpy(ddn, dn.data(), dn.size() * sizeof(dn[0]), cudaMemcpyHostToDevice),
+                         "uploading the FP8 expert table");
+      return Fp8Experts{.gate_up = dgu, .down = ddn};
+    }
+  };
+  // Allocates a MoE layer's FP8 expert storage when fp8_forms, every expert tensor will be
+  // FP8 and moe_intermediate_size is a multiple of 128 (the shared experts split on whole
+  // scale blocks); else `on` is false.
+  absl::StatusOr<ExpertsFp8> NewExpertsFp8(const std::string& m, const MoeWeights* hm, int64_t groups) {
+    ExpertsFp8 x{.groups = groups, .inter = c_.moe_intermediate_size, .hidden = c_.hidden_size};
+    if (!fp8_forms_ || x.inter % 128 != 0 || x.hidden % 16 != 0) return x;
+    auto fp8 = [&](const std::string& prefix, const MlpWeights* w) {
+      return WillBeFp8(prefix + "gate_proj.weight", w ? &w->gate : nullptr) &&
+             WillBeFp8(prefix + "up_proj.weight", w ? &w->up : nullptr) &&
+             WillBeFp8(prefix + "down_proj.weight", w ? &w->down : nullptr);
+    };
+    for (int64_t e = 0; e < c_.n_routed_experts; ++e) {
+      if (!fp8(absl::StrCat(m, "experts.", e, "."), hm ? &hm->experts[e] : nullptr)) return x;
+    }
+    if (c_.n_shared_experts > 0 && !fp8(m + "shared_experts.", hm && hm->shared ? &*hm->shared : nullptr)) return x;
+    ASSIGN_OR_RETURN(x.gu_codes, Alloc<uint8_t>(groups * 2 * x.inter * x.hidden, "FP8 expert gate_up"));
+    ASSIGN_OR_RETURN(x.gu_scales, Alloc<float>(groups * x.GuScales(), "FP8 expert scales"));
+    ASSIGN_OR_RETURN(x.down_codes, Alloc<uint8_t>(groups * x.hidden * x.inter, "FP8 expert down"));
+    ASSIGN_OR_RETURN(x.down_scales, Alloc<float>(groups * x.DownScales(), "FP8 expert scales"));
+    out_->fp8_bytes += static_cast<uint64_t>(groups * (3 * x.inter * x.hidden + 4 * (x.GuScales() + x.DownScales())));
+    ++out_->fp8_linears;
+    x.on = true;
+    return x;
+  }
+
+  // Allocates the FP8 form of a linear stacked from parts (name, host tensor, rows) of
+  // `cols` columns, when every part will be FP8 (else returns an empty Fp8Linear and null
+  // destinations); dest[i]: where Fill leaves part i.
+  struct Part {
+    std::string name;
+    const WeightMatrix* host;
+    int64_t rows;
+  };
+  absl::StatusOr<Fp8Linear> StackFp8(const std::vector<Part>& parts, int64_t cols, std::vector<Fp8Dest>* dest) {
+    dest->assign(parts.size(), Fp8Dest{});
+    int64_t rows = 0, scale_rows = 0;
+    bool one = true;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (!WillBeFp8(parts[i].name, parts[i].host) || cols % 16 != 0) return Fp8Linear{};
+      rows += parts[i].rows;
+      scale_rows += (parts[i].rows + 127) / 128;
+      one = one && (i + 1 == parts.size() || parts[i].rows % 128 == 0);
+    }
+    const int64_t scale_cols = (cols + 127) / 128;
+    ASSIGN_OR_RETURN(uint8_t* codes, Alloc<uint8_t>(rows * cols, "FP8 weights"));
+    ASSIGN_OR_RETURN(float* scales, Alloc<float>(scale_rows * scale_cols, "FP8 weight scales"));
+    out_->fp8_bytes += static_cast<uint64_t>(rows * cols + scale_rows * scale_cols * 4);
+    ++out_->fp8_linears;
+    Fp8Linear linear;
+    int64_t at = 0, scale_at = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      (*dest)[i] = {codes + at * cols, scales + scale_at * scale_cols};
+      if (!one) linear.parts.push_back({codes + at * cols, scales + scale_at * scale_cols, parts[i].rows, cols});
+      at += parts[i].rows;
+      scale_at += (parts[i].rows + 127) / 128;
+    }
+    if (one) linear.parts.push_back({codes, scales, rows, cols});
+    return linear;
+  }
+
+  // Tensor `name` as bf16 into dst [rows][cols]; with `fp8` (for a tensor WillBeFp8) its
+  // FP8 codes and block scales there as well.
   absl::Status Fill(const std::string& name, const WeightMatrix* host, int64_t rows, int64_t cols, RandomInit init,
-                    __nv_bfloat16* dst) {
+                    __nv_bfloat16* dst, const Fp8Dest* fp8 = nullptr) {
     const int64_t n = rows * cols;
     if (host == nullptr && test_ != nullptr && ConstructedOnHost(name)) return FillConstructed(name, rows, cols, dst);
+    if (host == nullptr && generate_fp8_ && Quantizable(name)) return FillGeneratedFp8(name, rows, cols, dst, fp8);
     if (host == nullptr) {
       // The construction scales what each block adds to the residual stream.
       const bool scaled = test_ != nullptr && (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight"));
@@ -314,6 +515,11 @@ class Builder {
         TANDEM_CUDA_RETURN(cudaMemcpyAsync(scales_.get(), host->block_scales, num_scales * 4, cudaMemcpyHostToDevice,
                                            stream_),
                            "uploading scales");
+        if (fp8 != nullptr) {
+          TANDEM_CUDA_RETURN(cudaMemcpyAsync(fp8->codes, raw, n, cudaMemcpyDeviceToDevice, stream_), "keeping FP8 codes");
+          TANDEM_CUDA_RETURN(cudaMemcpyAsync(fp8->scales, scales_.get(), num_scales * 4, cudaMemcpyDeviceToDevice, stream_),
+                             "keeping FP8 scales");
+        }
         return CudaStatus(cuda::DequantizeFp8ToBf16({.src = static_cast<const uint8_t*>(raw),
                                                      .scales = scales_.get<float>(), .dst = dst, .rows = rows,
                                                      .cols = cols},
@@ -404,6 +610,10 @@ class Builder {
   cudaStream_t stream_;
   bool mtp_;
   const MtpTestWeights* test_;
+  const bool fp8_forms_;
+  // Generated weights of an FP8 config: the quantizable tensors as make-model writes them
+  // (quantized), their bf16 copies dequantized from that.
+  const bool generate_fp8_;
   std::unique_ptr<CudaModelWeights> out_;
   std::vector<float> ones_;
   DeviceBuffer temp_[2], raw_, scales_;
@@ -413,8 +623,8 @@ class Builder {
 
 absl::StatusOr<std::unique_ptr<CudaModelWeights>> UploadWeights(const ModelConfig& config, const ModelWeights* host,
                                                                 uint64_t seed, cudaStream_t stream, bool mtp,
-                                                                const MtpTestWeights* test) {
-  return Builder(config, host, seed, stream, mtp, test).Build();
+                                                                const MtpTestWeights* test, bool fp8_forms) {
+  return Builder(config, host, seed, stream, mtp, test, fp8_forms).Build();
 }
 
 }  // namespace tandem::cuda_model

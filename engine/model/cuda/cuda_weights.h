@@ -12,6 +12,14 @@
 // Loaded from a checkpoint's LoadedWeights (BF16 copied, F32 and block-scaled FP8
 // converted on the GPU) or generated on the GPU with the values `tandem make-model`
 // writes for a seed (random_init.h).
+//
+// FP8 checkpoints (block-scaled E4M3, DeepSeek-V3's layout) also keep the linears' stored
+// form (with `fp8_forms`): codes and 128x128 block scales as in the checkpoint, for the
+// decode steps' matrix-vector products (cuda::QuantizedGemv reads a byte a weight instead
+// of the bf16 copy's two). The bf16 copies stay for the larger steps' GEMMs, so such a
+// model takes 1.5x the memory of its checkpoint. Generated with an FP8 config, the
+// make-model values are quantized on the GPU as make-model quantizes them and the bf16
+// copies are their dequantization (what loading that checkpoint gives).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/quantized_gemv.h"
 #include "engine/model/cuda/device_memory.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
@@ -46,6 +55,30 @@ struct DeviceMatrix {
   uint64_t bytes() const { return static_cast<uint64_t>(rows * cols) * 2; }
 };
 
+// One matrix in FP8 with its block scales (cuda::QuantizedGemv's kFp8Block128 form).
+struct Fp8Matrix {
+  const uint8_t* codes = nullptr;  // [rows][cols] E4M3
+  const float* scales = nullptr;   // [ceil(rows / 128)][ceil(cols / 128)]
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// A linear layer's FP8 form: consecutive parts along the output rows, each one product
+// (the checkpoint's tensors stacked as the bf16 copy stacks them, e.g. qkv_a's q then
+// kv_a; one part when every part but the last has a multiple of 128 rows, so that the
+// stacked scales index as one matrix's). Empty: the layer has no FP8 form.
+struct Fp8Linear {
+  std::vector<Fp8Matrix> parts;
+  bool present() const { return !parts.empty(); }
+};
+
+// A MoE layer's experts in FP8 for the routed GEMV (the routed experts, then the shared
+// experts split into n_shared experts of moe_intermediate_size each, as the bf16 groups).
+struct Fp8Experts {
+  const cuda::QuantizedMatrixRef* gate_up = nullptr;  // device [groups]: [2 * inter][hidden], gate rows then up rows
+  const cuda::QuantizedMatrixRef* down = nullptr;     // device [groups]: [hidden][inter]
+};
+
 struct CudaAttentionWeights {
   DeviceMatrix qkv_a;  // [q_dim + kv_lora_rank + rope][hidden], q_dim = q_lora_rank or heads * qk
   const float* q_a_norm = nullptr;
@@ -58,11 +91,16 @@ struct CudaAttentionWeights {
   // of at most kSplitQueryMaxHeads heads whose decode kernel splits queries; else null).
   const float* w_uk = nullptr;
   DeviceMatrix o_proj;      // [hidden][heads * v]
+  Fp8Linear qkv_a_fp8;       // FP8 forms (fp8_forms; empty otherwise)
+  Fp8Linear q_b_fp8;
+  Fp8Linear o_proj_fp8;
 };
 
 struct CudaMlpWeights {
   DeviceMatrix gate_up;  // [2 * inter][hidden], interleaved by kGateUpInterleave
   DeviceMatrix down;     // [hidden][inter]
+  Fp8Linear gate_up_fp8;  // gate rows then up rows (not interleaved)
+  Fp8Linear down_fp8;
 };
 
 struct CudaMoeWeights {
@@ -72,6 +110,9 @@ struct CudaMoeWeights {
   int64_t inter = 0;                       // moe_intermediate_size
   __nv_bfloat16* gate_up = nullptr;        // [groups][2 * inter][hidden], interleaved
   __nv_bfloat16* down = nullptr;           // [groups][hidden][inter]
+  // FP8 forms (fp8_forms, every expert tensor FP8, moe_intermediate_size a multiple of
+  // 128 so that the shared experts split on scale blocks); null otherwise.
+  std::optional<Fp8Experts> fp8;
 };
 
 struct CudaLayerWeights {
@@ -100,15 +141,20 @@ struct CudaModelWeights {
   std::vector<CudaLayerWeights> layers;  // the decoder layers, then the MTP layer's block when loaded
   std::optional<CudaMtpWeights> mtp;
   uint64_t bytes = 0;  // GPU bytes of all weights
+  uint64_t fp8_bytes = 0;  // of which the FP8 forms (codes and scales)
+  int64_t fp8_linears = 0;  // linear layers (or MoE layers' expert sets) with an FP8 form
   std::vector<DeviceBuffer> buffers;
 };
 
 // host == nullptr: generate the weights make-model would write with `seed` (bf16), with
 // `test` the make-model --mtp-acceptance construction's (engine/model/mtp_test_model.h).
 // mtp: also the first MTP layer (FAILED_PRECONDITION when the checkpoint has none).
+// fp8_forms: keep FP8 tensors' stored form too (above); generated: when the config says
+// FP8 (quantization_config fp8).
 // Errors: RESOURCE_EXHAUSTED when the GPU lacks memory, INTERNAL for CUDA failures.
 absl::StatusOr<std::unique_ptr<CudaModelWeights>> UploadWeights(const ModelConfig& config, const ModelWeights* host,
                                                                 uint64_t seed, cudaStream_t stream, bool mtp = false,
-                                                                const MtpTestWeights* test = nullptr);
+                                                                const MtpTestWeights* test = nullptr,
+                                                                bool fp8_forms = false);
 
 }  // namespace tandem::cuda_model

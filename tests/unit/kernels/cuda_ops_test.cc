@@ -239,6 +239,36 @@ TEST_F(CudaOpsTest, MoeRoutingMatchesCpu) {
         ASSERT_EQ(got_ids[i], ids[i]) << "case " << ci << " tokens " << tokens << " @" << i;
         ASSERT_NEAR(got_w[i], weights[i], 1e-5f * (1.0f + std::fabs(weights[i]))) << "case " << ci << " @" << i;
       }
+      // out_stride: the same rows, two columns after each left as they were (fixed entries).
+      const int stride = c.top_k + 2;
+      Dev<int32_t> di2(std::vector<int32_t>(static_cast<size_t>(tokens * stride), -7));
+      Dev<float> dw2(std::vector<float>(static_cast<size_t>(tokens * stride), 0.5f));
+      ASSERT_EQ(cuda::MoeRouting(
+                    {.logits = dl.get(), .logits_stride = c.experts, .num_tokens = tokens, .num_experts = c.experts,
+                     .num_groups = c.groups, .topk_groups = c.topk_groups, .top_k = c.top_k,
+                     .scoring = c.scoring == S::kSoftmax ? cuda::MoeScoring::kSoftmax : cuda::MoeScoring::kSigmoid,
+                     .method = c.method == M::kGreedy           ? cuda::MoeTopk::kGreedy
+                               : c.method == M::kNoauxTc        ? cuda::MoeTopk::kNoauxTc
+                                                                : cuda::MoeTopk::kGroupLimitedGreedy,
+                     .correction_bias = c.bias ? db.get() : nullptr, .normalize = c.normalize,
+                     .scale_normalized = c.scale_normalized, .routed_scaling_factor = 2.5f,
+                     .expert_ids = di2.get(), .weights = dw2.get(), .out_stride = stride},
+                    nullptr),
+                cudaSuccess);
+      const std::vector<int32_t> strided_ids = di2.Download();
+      const std::vector<float> strided_w = dw2.Download();
+      for (int t = 0; t < tokens; ++t) {
+        for (int j = 0; j < stride; ++j) {
+          const size_t at = static_cast<size_t>(t * stride + j);
+          if (j < c.top_k) {
+            ASSERT_EQ(strided_ids[at], got_ids[static_cast<size_t>(t * c.top_k + j)]) << "token " << t;
+            ASSERT_EQ(strided_w[at], got_w[static_cast<size_t>(t * c.top_k + j)]) << "token " << t;
+          } else {
+            ASSERT_EQ(strided_ids[at], -7) << "token " << t;
+            ASSERT_EQ(strided_w[at], 0.5f) << "token " << t;
+          }
+        }
+      }
     }
   }
 }
@@ -750,6 +780,40 @@ TEST_F(CudaOpsTest, EmbeddingArgmaxConvertDequantize) {
     } else {
       ASSERT_EQ(wide[i], expected[i]) << i;
     }
+  }
+
+  // float32 quantized to FP8 blocks as make-model --dtype fp8 writes them: scale = amax /
+  // 448 per 128x128 block (1 for zeros), codes rounded to nearest even, saturated.
+  {
+    const int qrows = 300, qcols = 200;
+    std::vector<float> src = Random(qrows * qcols, 77, 0.05f);
+    for (int c = 0; c < qcols; ++c) src[c] = 0.0f;                      // a row of zeros
+    for (int r = 130; r < qrows; ++r)
+      for (int c = 130; c < qcols; ++c) src[r * qcols + c] = 0.0f;      // an all-zero block
+    src[5] = 1e6f;                                                       // a large block maximum
+    const int sr = (qrows + 127) / 128, sc = (qcols + 127) / 128;
+    std::vector<float> want_scales(sr * sc);
+    std::vector<uint8_t> want_codes(qrows * qcols);
+    for (int br = 0; br < sr; ++br) {
+      for (int bc = 0; bc < sc; ++bc) {
+        float amax = 0.0f;
+        for (int r = br * 128; r < std::min(qrows, br * 128 + 128); ++r)
+          for (int c = bc * 128; c < std::min(qcols, bc * 128 + 128); ++c) amax = std::max(amax, std::fabs(src[r * qcols + c]));
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        want_scales[br * sc + bc] = scale;
+        for (int r = br * 128; r < std::min(qrows, br * 128 + 128); ++r)
+          for (int c = bc * 128; c < std::min(qcols, bc * 128 + 128); ++c)
+            want_codes[r * qcols + c] = F32ToF8E4M3(src[r * qcols + c] / scale);
+      }
+    }
+    Dev<float> dsrc(src), dscales(sr * sc);
+    Dev<uint8_t> dcodes(qrows * qcols);
+    ASSERT_EQ(cuda::QuantizeFp8Block({.src = dsrc.get(), .codes = dcodes.get(), .scales = dscales.get(), .rows = qrows,
+                                      .cols = qcols},
+                                     nullptr),
+              cudaSuccess);
+    EXPECT_EQ(dscales.Download(), want_scales);
+    EXPECT_EQ(dcodes.Download(), want_codes);
   }
 
   // FP4 e2m1 with a power-of-two scale per 32, against the table of e2m1 values.

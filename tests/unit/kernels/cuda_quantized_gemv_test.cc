@@ -4,6 +4,7 @@
 // blocks and 1 to 8 rows. The GPU multiplies a scale into each group's partial sum once,
 // so results agree to float32 rounding of the terms (1e-5 of their magnitudes' sum), not
 // bitwise. Skips, saying why, where no GPU is usable.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -247,6 +248,51 @@ TEST_F(CudaQuantizedGemvTest, TiledFp4WidensToThePlainValues) {
                   {.src = dt.get(), .scales = dts.get(), .dst = got.get(), .rows = n, .cols = k}, nullptr),
               cudaSuccess);
     EXPECT_EQ(got.Download(), plain.Download());
+  }
+}
+
+// accumulate adds the products into y: exactly the stored form's result plus y's old
+// values (one float32 addition each), on the tensor-core and the scalar FP8 kernels and
+// the routed form.
+TEST_F(CudaQuantizedGemvTest, AccumulateAddsIntoTheOutput) {
+  for (const auto& [format, scalar] : std::vector<std::pair<cuda::QuantizedWeight, bool>>{
+           {cuda::QuantizedWeight::kFp8Block128, false}, {cuda::QuantizedWeight::kFp8Block128, true},
+           {cuda::QuantizedWeight::kFp4Group32, false}, {cuda::QuantizedWeight::kBf16, false}}) {
+    for (const bool routed : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << Name(format) << (scalar ? " scalar" : "") << (routed ? " routed" : ""));
+      const bool fp8 = format == cuda::QuantizedWeight::kFp8Block128;
+      const int m = routed ? 1 : 3;
+      const int64_t n = 2048 + 48, k = 1024;
+      std::mt19937 rng(5);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      const std::vector<uint8_t> w = RandomWeights(format, n, k, rng);
+      std::vector<float> scales(static_cast<size_t>(fp8 ? ((n + 127) / 128) * ((k + 127) / 128) : n * (k / 32)));
+      for (float& v : scales) v = std::ldexp(1.0f, static_cast<int>(rng() % 6) - 4);
+      const int problems = routed ? 3 : 1;
+      std::vector<float> x(static_cast<size_t>(std::max(m, problems) * k)), old(static_cast<size_t>(std::max(m, problems) * n));
+      for (float& v : x) v = normal(rng);
+      for (float& v : old) v = normal(rng);
+      Dev<uint8_t> dw(w);
+      Dev<float> ds(scales), dx(x), plain(std::vector<float>(old.size(), 0.0f)), acc(old);
+      const cuda::QuantizedMatrixRef ref{.w = dw.get(), .scales = ds.get()};
+      Dev<cuda::QuantizedMatrixRef> drefs(std::vector<cuda::QuantizedMatrixRef>{ref});
+      Dev<int32_t> dids(std::vector<int32_t>(static_cast<size_t>(problems), 0));
+      cuda::QuantizedGemvParams p{.format = format, .w = dw.get(), .scales = format == cuda::QuantizedWeight::kBf16 ? nullptr : ds.get(),
+                                  .x = dx.get(), .ldx = k, .y = plain.get(), .ldy = n, .m = m, .n = n, .k = k,
+                                  .scalar = scalar};
+      if (routed) {
+        p.experts = drefs.get();
+        p.num_experts = 1;
+        p.ids = dids.get();
+        p.problems = problems;
+      }
+      ASSERT_EQ(cuda::QuantizedGemv(p, nullptr), cudaSuccess);
+      p.y = acc.get();
+      p.accumulate = true;
+      ASSERT_EQ(cuda::QuantizedGemv(p, nullptr), cudaSuccess);
+      const std::vector<float> want = plain.Download(), got = acc.Download();
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], old[i] + want[i]) << "element " << i;
+    }
   }
 }
 

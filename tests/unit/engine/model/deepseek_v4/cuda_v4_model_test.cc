@@ -242,9 +242,10 @@ TEST_P(CudaV4ModelTest, GraphReplaysEqualEagerPasses) {
   EXPECT_EQ((*eager)->graph_replays(), 0);
   EXPECT_EQ((*eager)->shared_expert_branches(), 0);
   if (GetParam() == Checkpoint::kFp8WholeBlocks) {
-    // Every layer (each an MoE layer) of every pass but the prompt's (30 rows x top-k: its
-    // experts' rows go through the host).
-    EXPECT_EQ(gpu_->shared_expert_branches(), 40 * cpu_->config().num_hidden_layers)
+    // Enqueued (a replay reuses its graph's branch): every layer (each an MoE layer) of
+    // each decode layout's eager first pass and of its capture, 3 layouts; not the
+    // prompt's (30 rows x top-k: its experts' rows go through the host).
+    EXPECT_EQ(gpu_->shared_expert_branches(), 2 * 3 * cpu_->config().num_hidden_layers)
         << "the shared expert should run beside the routed experts";
   }
 }

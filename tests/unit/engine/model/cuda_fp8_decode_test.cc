@@ -1,0 +1,248 @@
+// CudaDeepseekModel's FP8 decode path (LoadOptions::fp8_decode) on FP8 checkpoints of the
+// built-in shapes (`make-model --dtype fp8`; moe_intermediate_size 128 so that the experts
+// take it too): the decode steps multiply the stored FP8 codes and block scales, the
+// other steps the bf16 copies. Against the CPU engine (which widens the FP8 weights to
+// float32 exactly) and the GPU's bf16 copies in the same run. Skips, saying why, where no
+// GPU is usable.
+//
+// Criteria as cuda_deepseek_model_test.cc's (routing near-ties on random weights move a
+// few rows by whole units): >= 97 % of teacher-forced decode rows within 2e-2 of the CPU's
+// logits with its top-1; greedy continuations against the bf16 copies' by vLLM's
+// closeness check (where they part, each token within the other's top 5).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "engine/model/cuda/cuda_deepseek_model.h"
+#include "engine/model/deepseek_model.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/device_info.h"
+#include "nlohmann/json.hpp"
+#include "tests/unit/engine/model/test_models.h"
+
+namespace tandem {
+namespace {
+
+using testing::MakeModel;
+using testing::PresetJson;
+using testing::TempDir;
+
+constexpr int64_t kVocab = 512;
+
+bool HaveGpu(std::string* why) {
+  std::vector<cuda::DeviceInfo> devices;
+  *why = cuda::QueryDevices(&devices);
+  return why->empty();
+}
+
+std::vector<int32_t> Tokens(int n, int salt) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t x = 0x9e3779b97f4a7c15ull * (salt + 1);
+  for (int i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    t[static_cast<size_t>(i)] = static_cast<int32_t>(3 + x % static_cast<uint64_t>(kVocab - 3));
+  }
+  return t;
+}
+
+std::vector<int32_t> Table(int first, int n) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+int32_t Argmax(const float* row) { return static_cast<int32_t>(std::max_element(row, row + kVocab) - row); }
+
+bool InTop5(const float* row, int32_t token) {
+  int above = 0;
+  for (int64_t i = 0; i < kVocab; ++i) above += row[i] > row[token];
+  return above < 5;
+}
+
+double RowError(const float* gpu, const float* cpu) {
+  double d = 0, m = 0;
+  for (int64_t i = 0; i < kVocab; ++i) {
+    d = std::max(d, std::fabs(static_cast<double>(gpu[i]) - cpu[i]));
+    m = std::max(m, std::fabs(static_cast<double>(cpu[i])));
+  }
+  return d / m;
+}
+
+CudaDeepseekModel::LoadOptions Options(bool fp8) {
+  CudaDeepseekModel::LoadOptions o;
+  o.max_batch_tokens = 512;
+  o.max_seqs = 16;
+  o.max_context = 1024;
+  o.kv_blocks = 128;
+  o.fp8_decode = fp8;
+  return o;
+}
+
+// The preset at widths whose every linear has whole 128-row FP8 blocks where the path
+// needs them (experts), FP8 config.
+std::string Fp8Config(const std::string& preset) {
+  nlohmann::json j = nlohmann::json::parse(PresetJson(preset));
+  j["vocab_size"] = kVocab;
+  j["hidden_size"] = 256;
+  j["intermediate_size"] = 384;
+  j["moe_intermediate_size"] = 128;
+  j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+  return j.dump();
+}
+
+// Linear layers with an FP8 form: per layer qkv_a, q_b (q_lora models) and o_proj, then the
+// dense MLP's gate_up and down or the MoE layer's experts (one).
+int64_t ExpectedFp8Linears(const ModelConfig& c) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) n += (c.q_lora_rank ? 3 : 2) + (c.IsMoeLayer(l) ? 1 : 2);
+  return n;
+}
+
+class CudaFp8DecodeTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!HaveGpu(&why)) GTEST_SKIP() << "no usable GPU: " << why;
+    dir_ = MakeModel(tmp_, GetParam() + "-fp8", Fp8Config(GetParam()), /*seed=*/11, DType::kF8E4M3);
+    auto cpu = DeepseekModel::Load(dir_);
+    auto fp8 = CudaDeepseekModel::Load(dir_, Options(true));
+    auto bf16 = CudaDeepseekModel::Load(dir_, Options(false));
+    ASSERT_TRUE(cpu.ok() && fp8.ok() && bf16.ok()) << cpu.status() << " " << fp8.status() << " " << bf16.status();
+    cpu_ = std::move(*cpu);
+    fp8_ = std::move(*fp8);
+    bf16_ = std::move(*bf16);
+  }
+
+  TempDir tmp_;
+  std::string dir_;
+  std::unique_ptr<DeepseekModel> cpu_;
+  std::unique_ptr<CudaDeepseekModel> fp8_, bf16_;
+};
+
+TEST_P(CudaFp8DecodeTest, EveryLinearHasItsFp8Form) {
+  EXPECT_EQ(fp8_->fp8_linears(), ExpectedFp8Linears(cpu_->config()));
+  EXPECT_GT(fp8_->fp8_weight_bytes(), 0u);
+  EXPECT_EQ(bf16_->fp8_linears(), 0);
+  EXPECT_EQ(bf16_->fp8_weight_bytes(), 0u);
+}
+
+// Teacher-forced decode steps of 1 and 3 sequences (graph-captured after the first).
+TEST_P(CudaFp8DecodeTest, DecodeStepsMatchTheCpu) {
+  for (int seqs : {1, 3}) {
+    std::vector<std::vector<int32_t>> tokens, tables;
+    for (int i = 0; i < seqs; ++i) {
+      tokens.push_back(Tokens(80, 30 + i));
+      tables.push_back(Table(8 * i, 2));
+    }
+    LatentKvCache cache = cpu_->MakeKvCache(64);
+    std::vector<ForwardSequence> prefill(static_cast<size_t>(seqs));
+    for (int i = 0; i < seqs; ++i) {
+      prefill[static_cast<size_t>(i)] = {.tokens = {tokens[i].data(), static_cast<size_t>(20 + 5 * i)},
+                                         .start_position = 0, .block_table = tables[i]};
+    }
+    ASSERT_TRUE(cpu_->Forward(prefill, cache).ok());
+    ASSERT_TRUE(fp8_->Forward(prefill).ok());
+    ASSERT_TRUE(bf16_->Forward(prefill).ok());
+    int rows = 0, within = 0, same_top1 = 0;
+    double fp8_error = 0, bf16_error = 0;
+    for (int step = 0; step < 40; ++step) {
+      std::vector<ForwardSequence> batch(static_cast<size_t>(seqs));
+      for (int i = 0; i < seqs; ++i) {
+        const int64_t pos = 20 + 5 * i + step;
+        batch[static_cast<size_t>(i)] = {.tokens = {&tokens[i][pos], 1}, .start_position = pos,
+                                         .block_table = tables[i]};
+      }
+      auto c = cpu_->Forward(batch, cache);
+      auto f = fp8_->Forward(batch);
+      auto b = bf16_->Forward(batch);
+      ASSERT_TRUE(c.ok() && f.ok() && b.ok()) << c.status() << " " << f.status() << " " << b.status();
+      for (int i = 0; i < seqs; ++i) {
+        const float* fr = &(*f)[i * kVocab];
+        const float* cr = &(*c)[i * kVocab];
+        ++rows;
+        const double e = RowError(fr, cr);
+        within += e <= 2e-2;
+        same_top1 += Argmax(fr) == Argmax(cr);
+        fp8_error += e;
+        bf16_error += RowError(&(*b)[i * kVocab], cr);
+      }
+    }
+    std::printf("%s, %d sequences, %d decode rows: %d within 2e-2 of the CPU, %d same top-1; mean error vs the CPU: "
+                "FP8 path %.2e, bf16 copies %.2e\n",
+                GetParam().c_str(), seqs, rows, within, same_top1, fp8_error / rows, bf16_error / rows);
+    EXPECT_GE(within, rows * 97 / 100);
+    EXPECT_GE(same_top1, rows * 97 / 100);
+  }
+}
+
+// Free-running greedy continuations of the FP8 path and the bf16 copies, 10 prompts.
+TEST_P(CudaFp8DecodeTest, GreedyOutputPassesTheClosenessCheckAgainstBf16) {
+  int identical = 0;
+  for (int prompt = 0; prompt < 10; ++prompt) {
+    const std::vector<int32_t> p = Tokens(12 + prompt, 100 + prompt), table = Table(0, 2);
+    std::vector<int32_t> out[2];
+    std::vector<std::vector<float>> logits[2];
+    CudaDeepseekModel* models[2] = {fp8_.get(), bf16_.get()};
+    for (int m = 0; m < 2; ++m) {
+      ForwardSequence s{.tokens = p, .start_position = 0, .block_table = table};
+      auto l = models[m]->Forward({&s, 1});
+      ASSERT_TRUE(l.ok()) << l.status();
+      for (int step = 0; step < 32; ++step) {
+        logits[m].push_back(*l);
+        out[m].push_back(Argmax(l->data()));
+        ForwardSequence d{.tokens = {&out[m].back(), 1},
+                          .start_position = static_cast<int64_t>(p.size()) + step, .block_table = table};
+        l = models[m]->Forward({&d, 1});
+        ASSERT_TRUE(l.ok()) << l.status();
+      }
+    }
+    const auto part = std::mismatch(out[0].begin(), out[0].end(), out[1].begin());
+    if (part.first == out[0].end()) {
+      ++identical;
+      continue;
+    }
+    const size_t at = static_cast<size_t>(part.first - out[0].begin());
+    EXPECT_TRUE(InTop5(logits[1][at].data(), out[0][at]) && InTop5(logits[0][at].data(), out[1][at]))
+        << "prompt " << prompt << " parts at token " << at << ": FP8 " << out[0][at] << ", bf16 " << out[1][at];
+  }
+  std::printf("%s: %d of 10 greedy continuations (32 tokens) identical to the bf16 copies'\n", GetParam().c_str(),
+              identical);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, CudaFp8DecodeTest, ::testing::Values("tiny", "tiny-v2"));
+
+// Generated on the GPU from an FP8 config: the values, codes and scales make-model writes
+// for the seed (the same weights, to float32 summation order).
+TEST(CudaFp8GeneratedTest, GeneratedFp8WeightsEqualTheCheckpoint) {
+  std::string why;
+  if (!HaveGpu(&why)) GTEST_SKIP() << "no usable GPU: " << why;
+  TempDir tmp;
+  const std::string config = Fp8Config("tiny");
+  const std::string dir = MakeModel(tmp, "tiny-fp8", config, /*seed=*/7, DType::kF8E4M3);
+  auto loaded = CudaDeepseekModel::Load(dir, Options(true));
+  auto generated = CudaDeepseekModel::CreateGenerated(config, 7, Options(true));
+  ASSERT_TRUE(loaded.ok() && generated.ok()) << loaded.status() << " " << generated.status();
+  EXPECT_EQ((*loaded)->weight_bytes(), (*generated)->weight_bytes());
+  EXPECT_EQ((*loaded)->fp8_linears(), (*generated)->fp8_linears());
+  const std::vector<int32_t> p = Tokens(20, 3), t = Table(0, 1);
+  ForwardSequence s{.tokens = p, .start_position = 0, .block_table = t, .all_logits = true};
+  auto a = (*loaded)->Forward({&s, 1});
+  auto b = (*generated)->Forward({&s, 1});
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (size_t i = 0; i < a->size(); i += kVocab) EXPECT_LE(RowError(&(*b)[i], &(*a)[i]), 1e-3) << i / kVocab;
+  // And a decode step (the FP8 forms).
+  int32_t next = Argmax(&(*a)[19 * kVocab]);
+  ForwardSequence d{.tokens = {&next, 1}, .start_position = 20, .block_table = t};
+  auto da = (*loaded)->Forward({&d, 1});
+  auto db = (*generated)->Forward({&d, 1});
+  ASSERT_TRUE(da.ok() && db.ok());
+  EXPECT_LE(RowError(db->data(), da->data()), 1e-3);
+}
+
+}  // namespace
+}  // namespace tandem
