@@ -460,7 +460,7 @@ int Main(int argc, char** argv) {
     if (fp8_model && b <= 4) {
       const DecodeResult bf = Decode(*model, b, context, steps,
                                      DecodeVariant{.name = "bf16 copies of the FP8 weights", .fp8_decode = false},
-                                     copy_bw, false);
+                                     copy_bw, false, timeline);
       decode.push_back(bf.json);
       const double ratio = bf.step_ms / r.step_ms;
       std::printf("batch %d: FP8 forms %.3f ms a step, bf16 copies %.3f ms: %.2fx as fast\n", b, r.step_ms,

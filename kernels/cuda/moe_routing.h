@@ -34,7 +34,7 @@ struct MoeRoutingParams {
   float* weights = nullptr;       // [num_tokens][out_stride] out
   // Elements between tokens' rows of expert_ids and weights: 0 for top_k; more leaves
   // the columns after top_k untouched (a caller's fixed entries, e.g. shared experts').
-  // MoeRouting only: MoeFusedRoute's permutation reads rows of top_k.
+  // (MoeFusedRoute's permutation reads its own copy of the choices.)
   int out_stride = 0;
 };
 

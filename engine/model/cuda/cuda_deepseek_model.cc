@@ -239,8 +239,6 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     a->dense_plan = ar.Take<cuda_model::DenseMlpPlan>(1);
     if (weights->fp8_linears > 0) {
       const int64_t f = cuda::kSmallGemvMaxRows, k = c.num_experts_per_tok + c.n_shared_experts;
-      if (c.q_lora_rank) a->qa_f32 = ar.Take<float>(f * *c.q_lora_rank);
-      a->act_f32 = ar.Take<float>(std::max(f * inter, f * k * moe_inter));
       if (groups_ > 0) {
         a->fp8_ids = ar.Take<int32_t>(f * k);
         a->fp8_weights = ar.Take<float>(f * k);
@@ -916,18 +914,14 @@ absl::StatusOr<uint64_t> CudaDeepseekModel::Impl::LastForwardWeightBytes() {
     if (layer.moe) {
       const cuda_model::CudaMoeWeights& m = *layer.moe;
       bytes += static_cast<uint64_t>(c.n_routed_experts) * c.hidden_size * 4;
-      if (last_fp8_ && m.fp8) {
-        // The FP8 path does not count its experts (no permutation): top_k distinct experts a
-        // token, so exact for one row and an upper bound for more.
-        const int64_t touched = std::min<int64_t>(c.n_routed_experts, last_rows_ * c.num_experts_per_tok) +
-                                c.n_shared_experts;
-        const int64_t scales = (3 * m.inter / 128) * ((c.hidden_size + 127) / 128);
-        bytes += static_cast<uint64_t>(touched * (3 * m.inter * c.hidden_size + 4 * scales));
-        continue;
-      }
+      // An expert's FP8 form: codes and the scales of gate_up and down.
+      const uint64_t fp8_expert = static_cast<uint64_t>(3 * m.inter * c.hidden_size) +
+                                  4 * static_cast<uint64_t>((3 * m.inter / 128) * ((c.hidden_size + 127) / 128));
       const int32_t* off = &offsets[l * (groups_ + 1)];
       for (int g = 0; g < groups_; ++g) {
-        if (off[g + 1] > off[g]) bytes += static_cast<uint64_t>(3 * m.inter * c.hidden_size) * 2;
+        if (off[g + 1] > off[g]) {
+          bytes += last_fp8_ && m.fp8 ? fp8_expert : static_cast<uint64_t>(3 * m.inter * c.hidden_size) * 2;
+        }
       }
     }
   }

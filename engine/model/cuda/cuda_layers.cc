@@ -3,13 +3,11 @@
 // model's stream; host synchronization happens only where the MoE layer of a large batch
 // reads its expert counts (never in a captured decode step).
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "engine/model/cuda/cuda_model_impl.h"
 #include "engine/util/status_macros.h"
 #include "kernels/cuda/argmax.h"
-#include "kernels/cuda/clamped_swiglu.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/grouped_gemm.h"
@@ -22,11 +20,9 @@
 #include "kernels/cuda/moe_expert_gemv.h"
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/moe_routing.h"
-#include "kernels/cuda/quantized_gemv.h"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/silu_mul.h"
 #include "kernels/cuda/small_gemv.h"
-#include "kernels/cuda/weighted_row_sum.h"
 
 namespace tandem {
 
@@ -119,26 +115,6 @@ bool CudaDeepseekModel::Impl::Fused(const StepPlan& plan) const {
          plan.rows <= std::min<int64_t>(options.fused_decode_max_tokens, cuda::kSmallGemvMaxRows) &&
          plan.rows <= options.moe_grouped_max_tokens && plan.rows <= options.split_activations_max_tokens &&
          c.hidden_size % 32 == 0;
-}
-
-bool CudaDeepseekModel::Impl::Fp8Decode(const StepPlan& plan) const {
-  return options.fp8_decode && !options.batch_invariant && weights->fp8_linears > 0 && Fused(plan);
-}
-
-absl::Status CudaDeepseekModel::Impl::Fp8Product(const cuda_model::Fp8Linear& w, const float* x, int64_t ldx,
-                                                 int64_t rows, float* y, int64_t ldy, bool accumulate,
-                                                 const char* what) {
-  int64_t at = 0;
-  for (const cuda_model::Fp8Matrix& part : w.parts) {
-    TANDEM_CUDA_RETURN(cuda::QuantizedGemv({.format = cuda::QuantizedWeight::kFp8Block128, .w = part.codes,
-                                            .scales = part.scales, .x = x, .ldx = ldx, .y = y + at, .ldy = ldy,
-                                            .m = static_cast<int>(rows), .n = part.rows, .k = part.cols,
-                                            .accumulate = accumulate},
-                                           stream),
-                       what);
-    at += part.rows;
-  }
-  return Mark(what);
 }
 
 absl::Status CudaDeepseekModel::Impl::EnqueueStep(const StepPlan& plan, const DeepseekForwardOptions& fo) {
@@ -410,13 +386,9 @@ absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPl
   const bool split_q = SplitQueries();
   const bool fp8 = Fp8Decode(plan);
   if (fp8 && w.qkv_a_fp8.present()) {
-    TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = lw.input_norm, .out = act_.h_f32, .rows = t,
-                                      .dim = hidden, .x_stride = hidden, .out_stride = hidden,
-                                      .eps = static_cast<float>(c.rms_norm_eps)},
-                                     stream),
-                       "input norm");
-    RETURN_IF_ERROR(Mark("attention norm"));
-    RETURN_IF_ERROR(Fp8Product(w.qkv_a_fp8, act_.h_f32, hidden, t, act_.qkv, qkv_cols, false, "q/kv_a projection (FP8)"));
+    RETURN_IF_ERROR(Fp8Product(w.qkv_a_fp8, act_.x, hidden, t, act_.qkv, qkv_cols, false,
+                               "q/kv_a projection (FP8, norm fused)", lw.input_norm,
+                               static_cast<float>(c.rms_norm_eps)));
   } else {
     TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.x, .ldx = hidden, .norm_weight = lw.input_norm,
                                         .norm_eps = static_cast<float>(c.rms_norm_eps), .w = w.qkv_a.data,
@@ -432,12 +404,8 @@ absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPl
   if (c.q_lora_rank) {
     const int64_t qr = *c.q_lora_rank;
     if (fp8 && w.q_b_fp8.present()) {
-      TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.qkv, .weight = w.q_a_norm, .out = act_.qa_f32, .rows = t, .dim = qr,
-                                        .x_stride = qkv_cols, .out_stride = qr, .eps = kLatentNormEps},
-                                       stream),
-                         "q_a norm");
-      RETURN_IF_ERROR(Mark("q_a norm"));
-      RETURN_IF_ERROR(Fp8Product(w.q_b_fp8, act_.qa_f32, qr, t, act_.q_f32, heads * qk, false, "q_b projection (FP8)"));
+      RETURN_IF_ERROR(Fp8Product(w.q_b_fp8, act_.qkv, qkv_cols, t, act_.q_f32, heads * qk, false,
+                                 "q_b projection (FP8, norm fused)", w.q_a_norm, kLatentNormEps));
     } else {
       TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.qkv, .ldx = qkv_cols, .norm_weight = w.q_a_norm,
                                           .norm_eps = kLatentNormEps, .w = w.q_b.data,
@@ -602,7 +570,11 @@ absl::Status CudaDeepseekModel::Impl::Moe(int64_t layer, const StepPlan& plan) {
       .tile_rows = grouped ? kTileRows : 0, .tile_group = act_.tile_group, .tile_row = act_.tile_row,
       .num_tiles = act_.num_tiles, .scratch = act_.permute_scratch};
 
-  if (Fp8Decode(plan) && w.fp8) return Fp8Moe(layer, plan, routing);
+  if (Fp8Decode(plan) && w.fp8 &&
+      cuda::MoeFusedRouteSupports(permute.num_tokens, permute.num_experts, permute.top_k, permute.num_shared,
+                                  permute.tile_rows)) {
+    return Fp8Moe(layer, plan, routing, permute);
+  }
   if (Fused(plan) && cuda::MoeFusedRouteSupports(permute.num_tokens, permute.num_experts, permute.top_k,
                                                  permute.num_shared, permute.tile_rows)) {
     TANDEM_CUDA_RETURN(cuda::MoeFusedRoute({.x = act_.x, .x_stride = hidden, .norm_weight = lw.post_attention_norm,
@@ -803,84 +775,6 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
                      "MoE combine");
   RETURN_IF_ERROR(Mark("MoE combine"));
   return absl::OkStatus();
-}
-
-// The dense MLP of an Fp8Decode step: norm, gate and up (FP8, float32 activations),
-// SwiGLU, down added into the residual.
-absl::Status CudaDeepseekModel::Impl::Fp8Mlp(int64_t layer, const StepPlan& plan) {
-  const ModelConfig& c = config;
-  const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
-  const cuda_model::CudaMlpWeights& w = *lw.mlp;
-  const int64_t t = plan.rows, hidden = c.hidden_size, inter = w.down.cols;
-  TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = lw.post_attention_norm, .out = act_.h_f32, .rows = t,
-                                    .dim = hidden, .x_stride = hidden, .out_stride = hidden,
-                                    .eps = static_cast<float>(c.rms_norm_eps)},
-                                   stream),
-                     "post-attention norm");
-  RETURN_IF_ERROR(Mark("MLP norm"));
-  RETURN_IF_ERROR(Fp8Product(w.gate_up_fp8, act_.h_f32, hidden, t, act_.gu, 2 * inter, false, "MLP gate_up (FP8)"));
-  // DeepSeek's SwiGLU has no clamp: V4's kernel with an infinite limit is silu(gate) * up.
-  TANDEM_CUDA_RETURN(cuda::ClampedSwiGlu({.x = act_.gu, .x_stride = 2 * inter, .rows = t, .cols = inter,
-                                          .limit = INFINITY, .out = act_.act_f32, .out_stride = inter},
-                                         stream),
-                     "SiLU");
-  RETURN_IF_ERROR(Mark("SiLU"));
-  return Fp8Product(w.down_fp8, act_.act_f32, inter, t, act_.x, hidden, true, "MLP down (FP8)");
-}
-
-// The MoE layer of an Fp8Decode step: every (token, slot) a problem of the routed FP8
-// GEMV, which reads the expert ids the routing kernel writes (the shared experts are
-// fixed slots after the routed ones, act_.fp8_ids); then the weighted sum into the residual.
-absl::Status CudaDeepseekModel::Impl::Fp8Moe(int64_t layer, const StepPlan& plan, cuda::MoeRoutingParams routing) {
-  const ModelConfig& c = config;
-  const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
-  const cuda_model::CudaMoeWeights& w = *lw.moe;
-  const int64_t t = plan.rows, hidden = c.hidden_size, experts = c.n_routed_experts, inter = w.inter;
-  const int64_t slots = c.num_experts_per_tok + c.n_shared_experts;
-  const int problems = static_cast<int>(t * slots);
-  TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = act_.x, .weight = lw.post_attention_norm, .out = act_.h_f32, .rows = t,
-                                    .dim = hidden, .x_stride = hidden, .out_stride = hidden,
-                                    .eps = static_cast<float>(c.rms_norm_eps)},
-                                   stream),
-                     "post-attention norm");
-  RETURN_IF_ERROR(Mark("MoE norm"));
-  TANDEM_CUBLAS_RETURN(gemm_.LinearF32({.x = act_.h_f32, .ldx = hidden, .w = w.router, .ldw = hidden,
-                                        .y = act_.router_logits, .ldy = experts, .m = t, .n = experts, .k = hidden},
-                                       stream),
-                       "router");
-  RETURN_IF_ERROR(Mark("router"));
-  routing.expert_ids = act_.fp8_ids;
-  routing.weights = act_.fp8_weights;
-  routing.out_stride = static_cast<int>(slots);
-  TANDEM_CUDA_RETURN(cuda::MoeRouting(routing, stream), "routing");
-  RETURN_IF_ERROR(Mark("routing"));
-  TANDEM_CUDA_RETURN(cuda::QuantizedGemv({.format = cuda::QuantizedWeight::kFp8Block128, .x = act_.h_f32,
-                                          .ldx = hidden, .y = act_.gu, .ldy = 2 * inter, .m = 1, .n = 2 * inter,
-                                          .k = hidden, .experts = w.fp8->gate_up, .num_experts = w.groups,
-                                          .ids = act_.fp8_ids, .problems = problems,
-                                          .x_group = static_cast<int>(slots)},
-                                         stream),
-                     "experts gate_up (FP8)");
-  RETURN_IF_ERROR(Mark("experts gate_up (FP8)"));
-  TANDEM_CUDA_RETURN(cuda::ClampedSwiGlu({.x = act_.gu, .x_stride = 2 * inter, .rows = problems, .cols = inter,
-                                          .limit = INFINITY, .out = act_.act_f32, .out_stride = inter},
-                                         stream),
-                     "SiLU");
-  RETURN_IF_ERROR(Mark("SiLU"));
-  TANDEM_CUDA_RETURN(cuda::QuantizedGemv({.format = cuda::QuantizedWeight::kFp8Block128, .x = act_.act_f32,
-                                          .ldx = inter, .y = act_.y, .ldy = hidden, .m = 1, .n = hidden,
-                                          .k = inter, .experts = w.fp8->down, .num_experts = w.groups,
-                                          .ids = act_.fp8_ids, .problems = problems, .x_group = 1},
-                                         stream),
-                     "experts down (FP8)");
-  RETURN_IF_ERROR(Mark("experts down (FP8)"));
-  TANDEM_CUDA_RETURN(cuda::WeightedRowSum({.rows = act_.fp8_rows, .weights = act_.fp8_weights,
-                                           .k = static_cast<int>(slots), .tokens = t, .width = hidden,
-                                           .add = act_.x, .add_stride = hidden, .out = act_.x,
-                                           .out_stride = hidden},
-                                          stream),
-                     "MoE combine");
-  return Mark("MoE combine");
 }
 
 }  // namespace tandem

@@ -135,8 +135,6 @@ struct Activations {
   DenseMlpPlan* dense_plan = nullptr;
   __nv_bfloat16* final_bf16 = nullptr;  // [max_logit_rows][hidden]
   // The FP8 decode path (LoadOptions::fp8_decode), sized for kSmallGemvMaxRows tokens:
-  float* qa_f32 = nullptr;   // [F][q_lora_rank] the q_a norm's output
-  float* act_f32 = nullptr;  // [max(F inter, F K moe_inter)] the SwiGLU outputs
   // [F][K] with K = top_k + n_shared: the routing's choices in the first top_k columns, the
   // shared experts (groups n_routed + s, weight 1) fixed in the others; and the rows of
   // act_.y each (token, slot) product lands in.
@@ -235,11 +233,14 @@ class CudaDeepseekModel::Impl {
   // Whether a step multiplies the FP8 forms (LoadOptions::fp8_decode, fused decode steps).
   bool Fp8Decode(const cuda_model::StepPlan& plan) const;
   // y (+)= x . w^T for `rows` rows (1..8) of float32 x, each of w's parts one QuantizedGemv.
+  // norm_weight: x's rows RMS-normalized first (in the same launch).
   absl::Status Fp8Product(const cuda_model::Fp8Linear& w, const float* x, int64_t ldx, int64_t rows, float* y,
-                          int64_t ldy, bool accumulate, const char* what);
+                          int64_t ldy, bool accumulate, const char* what, const float* norm_weight = nullptr,
+                          float norm_eps = 0.0f);
   // The dense MLP and the MoE layer of an Fp8Decode step (the FP8 forms present).
   absl::Status Fp8Mlp(int64_t layer, const cuda_model::StepPlan& plan);
-  absl::Status Fp8Moe(int64_t layer, const cuda_model::StepPlan& plan, cuda::MoeRoutingParams routing);
+  absl::Status Fp8Moe(int64_t layer, const cuda_model::StepPlan& plan, cuda::MoeRoutingParams routing,
+                      cuda::MoePermuteParams permute);
   // The MoE layer's norm, router, routing and permutation as separate launches; then the
   // expert GEMMs (and the combine).
   absl::Status MoeFrontEnd(int64_t layer, const cuda_model::StepPlan& plan, const cuda::MoeRoutingParams& routing,

@@ -7,8 +7,9 @@
 //
 // Criteria as cuda_deepseek_model_test.cc's (routing near-ties on random weights move a
 // few rows by whole units): >= 97 % of teacher-forced decode rows within 2e-2 of the CPU's
-// logits with its top-1; greedy continuations against the bf16 copies' by vLLM's
-// closeness check (where they part, each token within the other's top 5).
+// logits with its top-1; greedy continuations identical to the CPU's at the GPU's KV
+// cache precision. (The acceptance's closeness check against the bf16 copies runs at
+// DeepSeek-V2-Lite's shapes in cuda_model_bench.)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -57,12 +58,6 @@ std::vector<int32_t> Table(int first, int n) {
 }
 
 int32_t Argmax(const float* row) { return static_cast<int32_t>(std::max_element(row, row + kVocab) - row); }
-
-bool InTop5(const float* row, int32_t token) {
-  int above = 0;
-  for (int64_t i = 0; i < kVocab; ++i) above += row[i] > row[token];
-  return above < 5;
-}
 
 double RowError(const float* gpu, const float* cpu) {
   double d = 0, m = 0;
@@ -180,38 +175,55 @@ TEST_P(CudaFp8DecodeTest, DecodeStepsMatchTheCpu) {
   }
 }
 
-// Free-running greedy continuations of the FP8 path and the bf16 copies, 10 prompts.
-TEST_P(CudaFp8DecodeTest, GreedyOutputPassesTheClosenessCheckAgainstBf16) {
-  int identical = 0;
+// Free-running greedy continuations (32 tokens, 10 prompts, one at a time: decode steps of
+// one row) against the CPU engine at the GPU's KV cache precision (entries rounded to bf16),
+// which multiplies the FP8 weights widened exactly, as the FP8 path does: identical, as
+// cuda_deepseek_model_test.cc requires of a bf16 checkpoint's GPU path. The bf16 copies
+// round the weights and may part (printed: on random tiny weights a routing near-tie
+// flips and the logits are flat, so even the closeness check fails there at times).
+TEST_P(CudaFp8DecodeTest, GreedyDecodeMatchesTheCpuAtTheGpusKvPrecision) {
+  auto cpu = DeepseekModel::Load(dir_, {.bf16_kv_cache = true});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  int identical[2] = {0, 0};
   for (int prompt = 0; prompt < 10; ++prompt) {
-    const std::vector<int32_t> p = Tokens(12 + prompt, 100 + prompt), table = Table(0, 2);
-    std::vector<int32_t> out[2];
-    std::vector<std::vector<float>> logits[2];
-    CudaDeepseekModel* models[2] = {fp8_.get(), bf16_.get()};
-    for (int m = 0; m < 2; ++m) {
+    const std::vector<int32_t> p = Tokens(5 + 6 * prompt, 100 + prompt), table = Table(0, 2);
+    LatentKvCache cache = (*cpu)->MakeKvCache(4);
+    std::vector<int32_t> want;
+    {
       ForwardSequence s{.tokens = p, .start_position = 0, .block_table = table};
-      auto l = models[m]->Forward({&s, 1});
+      auto l = (*cpu)->Forward({&s, 1}, cache);
       ASSERT_TRUE(l.ok()) << l.status();
       for (int step = 0; step < 32; ++step) {
-        logits[m].push_back(*l);
-        out[m].push_back(Argmax(l->data()));
-        ForwardSequence d{.tokens = {&out[m].back(), 1},
+        want.push_back(Argmax(l->data()));
+        ForwardSequence d{.tokens = {&want.back(), 1},
                           .start_position = static_cast<int64_t>(p.size()) + step, .block_table = table};
-        l = models[m]->Forward({&d, 1});
+        l = (*cpu)->Forward({&d, 1}, cache);
         ASSERT_TRUE(l.ok()) << l.status();
       }
     }
-    const auto part = std::mismatch(out[0].begin(), out[0].end(), out[1].begin());
-    if (part.first == out[0].end()) {
-      ++identical;
-      continue;
+    CudaDeepseekModel* models[2] = {fp8_.get(), bf16_.get()};
+    for (int m = 0; m < 2; ++m) {
+      std::vector<int32_t> got;
+      ForwardSequence s{.tokens = p, .start_position = 0, .block_table = table};
+      auto l = models[m]->ForwardGreedy({&s, 1});
+      ASSERT_TRUE(l.ok()) << l.status();
+      for (int step = 0; step < 32; ++step) {
+        got.push_back(l->front());
+        ForwardSequence d{.tokens = {&got.back(), 1},
+                          .start_position = static_cast<int64_t>(p.size()) + step, .block_table = table};
+        l = models[m]->ForwardGreedy({&d, 1});
+        ASSERT_TRUE(l.ok()) << l.status();
+      }
+      identical[m] += got == want;
+      if (m == 0 && got != want) {
+        const size_t at = static_cast<size_t>(std::mismatch(got.begin(), got.end(), want.begin()).first - got.begin());
+        ADD_FAILURE() << "prompt " << prompt << ": the FP8 path parts from the CPU at token " << at;
+      }
     }
-    const size_t at = static_cast<size_t>(part.first - out[0].begin());
-    EXPECT_TRUE(InTop5(logits[1][at].data(), out[0][at]) && InTop5(logits[0][at].data(), out[1][at]))
-        << "prompt " << prompt << " parts at token " << at << ": FP8 " << out[0][at] << ", bf16 " << out[1][at];
   }
-  std::printf("%s: %d of 10 greedy continuations (32 tokens) identical to the bf16 copies'\n", GetParam().c_str(),
-              identical);
+  std::printf("%s: 32 greedy tokens identical to the CPU's (bf16 KV cache) on %d of 10 prompts (FP8 forms), %d of "
+              "10 (bf16 copies)\n",
+              GetParam().c_str(), identical[0], identical[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaFp8DecodeTest, ::testing::Values("tiny", "tiny-v2"));
