@@ -239,6 +239,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     a->dense_plan = ar.Take<cuda_model::DenseMlpPlan>(1);
     if (weights->fp8_linears > 0) {
       const int64_t f = cuda::kSmallGemvMaxRows, k = c.num_experts_per_tok + c.n_shared_experts;
+      a->act_f32 = ar.Take<float>(std::max(f * inter, f * k * moe_inter));
       if (groups_ > 0) {
         a->fp8_ids = ar.Take<int32_t>(f * k);
         a->fp8_weights = ar.Take<float>(f * k);
@@ -1077,6 +1078,10 @@ void CudaDeepseekModel::set_moe_shared_experts_early(bool on) {
 }
 void CudaDeepseekModel::set_split_decode_queries(bool on) { impl_->SetOption(&LoadOptions::split_decode_queries, on); }
 void CudaDeepseekModel::set_fp8_decode(bool on) { impl_->SetOption(&LoadOptions::fp8_decode, on); }
+void CudaDeepseekModel::set_fp8_tensor_cores(bool on) { impl_->SetOption(&LoadOptions::fp8_tensor_cores, on); }
+void CudaDeepseekModel::set_fp8_staged_activations(bool on) {
+  impl_->SetOption(&LoadOptions::fp8_staged_activations, on);
+}
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {
   return impl_->TakeStepTimes();

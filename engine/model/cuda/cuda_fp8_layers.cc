@@ -3,11 +3,15 @@
 // float32 activations with cuda::QuantizedGemv, one byte a weight read instead of the
 // bf16 copies' two. The attention's projections branch here from FusedAttention; the
 // dense MLP and the MoE layer run whole here.
+#include <cmath>
+
 #include "engine/model/cuda/cuda_model_impl.h"
 #include "engine/util/status_macros.h"
+#include "kernels/cuda/clamped_swiglu.h"
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/moe_routing.h"
 #include "kernels/cuda/quantized_gemv.h"
+#include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/weighted_row_sum.h"
 
 namespace tandem {
@@ -18,16 +22,36 @@ bool CudaDeepseekModel::Impl::Fp8Decode(const StepPlan& plan) const {
   return options.fp8_decode && !options.batch_invariant && weights->fp8_linears > 0 && Fused(plan);
 }
 
-absl::Status CudaDeepseekModel::Impl::Fp8Product(const cuda_model::Fp8Linear& w, const float* x, int64_t ldx,
-                                                 int64_t rows, float* y, int64_t ldy, bool accumulate,
-                                                 const char* what, const float* norm_weight, float norm_eps) {
+absl::StatusOr<CudaDeepseekModel::Impl::Fp8Input> CudaDeepseekModel::Impl::Fp8Activations(const Fp8Input& in,
+                                                                                           int64_t rows, int64_t k) {
+  if (options.fp8_staged_activations || (in.norm_weight == nullptr && !in.swiglu)) return in;
+  if (in.norm_weight != nullptr) {
+    TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = in.x, .weight = in.norm_weight, .out = act_.h_f32, .rows = rows, .dim = k,
+                                      .x_stride = in.ldx, .out_stride = k, .eps = in.norm_eps},
+                                     stream),
+                       "norm");
+    RETURN_IF_ERROR(Mark("norm (FP8 path)"));
+    return Fp8Input{.x = act_.h_f32, .ldx = k};
+  }
+  TANDEM_CUDA_RETURN(cuda::ClampedSwiGlu({.x = in.x, .x_stride = in.ldx, .rows = rows, .cols = k, .limit = INFINITY,
+                                          .out = act_.act_f32, .out_stride = k},
+                                         stream),
+                     "SiLU");
+  RETURN_IF_ERROR(Mark("SiLU (FP8 path)"));
+  return Fp8Input{.x = act_.act_f32, .ldx = k};
+}
+
+absl::Status CudaDeepseekModel::Impl::Fp8Product(const cuda_model::Fp8Linear& w, const Fp8Input& input, int64_t rows,
+                                                 float* y, int64_t ldy, bool accumulate, const char* what) {
+  ASSIGN_OR_RETURN(const Fp8Input in, Fp8Activations(input, rows, w.parts.front().cols));
   int64_t at = 0;
   for (const cuda_model::Fp8Matrix& part : w.parts) {
     TANDEM_CUDA_RETURN(cuda::QuantizedGemv({.format = cuda::QuantizedWeight::kFp8Block128, .w = part.codes,
-                                            .scales = part.scales, .x = x, .ldx = ldx, .y = y + at, .ldy = ldy,
+                                            .scales = part.scales, .x = in.x, .ldx = in.ldx, .y = y + at, .ldy = ldy,
                                             .m = static_cast<int>(rows), .n = part.rows, .k = part.cols,
-                                            .accumulate = accumulate, .norm_weight = norm_weight,
-                                            .norm_eps = norm_eps},
+                                            .accumulate = accumulate, .norm_weight = in.norm_weight,
+                                            .norm_eps = in.norm_eps, .swiglu = in.swiglu,
+                                            .scalar = !options.fp8_tensor_cores},
                                            stream),
                        what);
     at += part.rows;
@@ -35,26 +59,20 @@ absl::Status CudaDeepseekModel::Impl::Fp8Product(const cuda_model::Fp8Linear& w,
   return Mark(what);
 }
 
-// The dense MLP of an Fp8Decode step: gate and up (FP8, the post-attention norm applied
-// while the activations are staged), then down over their SwiGLU (likewise), added into
-// the residual.
+// The dense MLP of an Fp8Decode step: the post-attention norm, gate and up (FP8), their
+// SwiGLU, down (FP8) added into the residual; the norm and the SwiGLU made while the
+// GEMVs stage their activations (fp8_staged_activations) or by kernels of their own.
 absl::Status CudaDeepseekModel::Impl::Fp8Mlp(int64_t layer, const StepPlan& plan) {
   const ModelConfig& c = config;
   const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
   const cuda_model::CudaMlpWeights& w = *lw.mlp;
   const int64_t t = plan.rows, hidden = c.hidden_size, inter = w.down.cols;
-  RETURN_IF_ERROR(Fp8Product(w.gate_up_fp8, act_.x, hidden, t, act_.gu, 2 * inter, false,
-                             "MLP norm + gate_up (FP8)", lw.post_attention_norm, static_cast<float>(c.rms_norm_eps)));
-  // DeepSeek's SwiGLU: silu(gate) * up, made from the gate/up products as they are staged.
-  for (const cuda_model::Fp8Matrix& part : w.down_fp8.parts) {
-    TANDEM_CUDA_RETURN(cuda::QuantizedGemv({.format = cuda::QuantizedWeight::kFp8Block128, .w = part.codes,
-                                            .scales = part.scales, .x = act_.gu, .ldx = 2 * inter, .y = act_.x,
-                                            .ldy = hidden, .m = static_cast<int>(t), .n = part.rows, .k = part.cols,
-                                            .accumulate = true, .swiglu = true},
-                                           stream),
-                       "MLP SiLU + down (FP8)");
-  }
-  return Mark("MLP SiLU + down (FP8)");
+  RETURN_IF_ERROR(Fp8Product(w.gate_up_fp8,
+                             {.x = act_.x, .ldx = hidden, .norm_weight = lw.post_attention_norm,
+                              .norm_eps = static_cast<float>(c.rms_norm_eps)},
+                             t, act_.gu, 2 * inter, false, "MLP gate_up (FP8)"));
+  return Fp8Product(w.down_fp8, {.x = act_.gu, .ldx = 2 * inter, .swiglu = true}, t, act_.x, hidden, true,
+                    "MLP down (FP8)");
 }
 
 // The MoE layer of an Fp8Decode step: MoeFusedRoute (norm, router, routing, into rows of
@@ -87,17 +105,19 @@ absl::Status CudaDeepseekModel::Impl::Fp8Moe(int64_t layer, const StepPlan& plan
                                           .ldx = hidden, .y = act_.gu, .ldy = 2 * inter, .m = 1, .n = 2 * inter,
                                           .k = hidden, .experts = w.fp8->gate_up, .num_experts = w.groups,
                                           .ids = act_.fp8_ids, .problems = problems,
-                                          .x_group = static_cast<int>(slots)},
+                                          .x_group = static_cast<int>(slots), .scalar = !options.fp8_tensor_cores},
                                          stream),
                      "experts gate_up (FP8)");
   RETURN_IF_ERROR(Mark("experts gate_up (FP8)"));
-  TANDEM_CUDA_RETURN(cuda::QuantizedGemv({.format = cuda::QuantizedWeight::kFp8Block128, .x = act_.gu,
-                                          .ldx = 2 * inter, .y = act_.y, .ldy = hidden, .m = 1, .n = hidden,
-                                          .k = inter, .experts = w.fp8->down, .num_experts = w.groups,
-                                          .ids = act_.fp8_ids, .problems = problems, .x_group = 1, .swiglu = true},
+  ASSIGN_OR_RETURN(const Fp8Input act, Fp8Activations({.x = act_.gu, .ldx = 2 * inter, .swiglu = true}, problems, inter));
+  TANDEM_CUDA_RETURN(cuda::QuantizedGemv({.format = cuda::QuantizedWeight::kFp8Block128, .x = act.x, .ldx = act.ldx,
+                                          .y = act_.y, .ldy = hidden, .m = 1, .n = hidden, .k = inter,
+                                          .experts = w.fp8->down, .num_experts = w.groups, .ids = act_.fp8_ids,
+                                          .problems = problems, .x_group = 1, .swiglu = act.swiglu,
+                                          .scalar = !options.fp8_tensor_cores},
                                          stream),
-                     "experts SiLU + down (FP8)");
-  RETURN_IF_ERROR(Mark("experts SiLU + down (FP8)"));
+                     "experts down (FP8)");
+  RETURN_IF_ERROR(Mark("experts down (FP8)"));
   TANDEM_CUDA_RETURN(cuda::WeightedRowSum({.rows = act_.fp8_rows, .weights = act_.fp8_weights,
                                            .k = static_cast<int>(slots), .tokens = t, .width = hidden,
                                            .add = act_.x, .add_stride = hidden, .out = act_.x,

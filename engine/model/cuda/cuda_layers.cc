@@ -386,9 +386,10 @@ absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPl
   const bool split_q = SplitQueries();
   const bool fp8 = Fp8Decode(plan);
   if (fp8 && w.qkv_a_fp8.present()) {
-    RETURN_IF_ERROR(Fp8Product(w.qkv_a_fp8, act_.x, hidden, t, act_.qkv, qkv_cols, false,
-                               "q/kv_a projection (FP8, norm fused)", lw.input_norm,
-                               static_cast<float>(c.rms_norm_eps)));
+    RETURN_IF_ERROR(Fp8Product(w.qkv_a_fp8,
+                               {.x = act_.x, .ldx = hidden, .norm_weight = lw.input_norm,
+                                .norm_eps = static_cast<float>(c.rms_norm_eps)},
+                               t, act_.qkv, qkv_cols, false, "q/kv_a projection (FP8)"));
   } else {
     TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.x, .ldx = hidden, .norm_weight = lw.input_norm,
                                         .norm_eps = static_cast<float>(c.rms_norm_eps), .w = w.qkv_a.data,
@@ -404,8 +405,9 @@ absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPl
   if (c.q_lora_rank) {
     const int64_t qr = *c.q_lora_rank;
     if (fp8 && w.q_b_fp8.present()) {
-      RETURN_IF_ERROR(Fp8Product(w.q_b_fp8, act_.qkv, qkv_cols, t, act_.q_f32, heads * qk, false,
-                                 "q_b projection (FP8, norm fused)", w.q_a_norm, kLatentNormEps));
+      RETURN_IF_ERROR(Fp8Product(w.q_b_fp8,
+                                 {.x = act_.qkv, .ldx = qkv_cols, .norm_weight = w.q_a_norm, .norm_eps = kLatentNormEps},
+                                 t, act_.q_f32, heads * qk, false, "q_b projection (FP8)"));
     } else {
       TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.qkv, .ldx = qkv_cols, .norm_weight = w.q_a_norm,
                                           .norm_eps = kLatentNormEps, .w = w.q_b.data,
@@ -452,7 +454,7 @@ absl::Status CudaDeepseekModel::Impl::FusedAttention(int64_t layer, const StepPl
       "MLA decode attention");
   RETURN_IF_ERROR(Mark("decode attention + W_UV"));
   if (fp8 && w.o_proj_fp8.present()) {
-    return Fp8Product(w.o_proj_fp8, act_.attn_f32, heads * v, t, act_.x, hidden, true, "o_proj (FP8)");
+    return Fp8Product(w.o_proj_fp8, {.x = act_.attn_f32, .ldx = heads * v}, t, act_.x, hidden, true, "o_proj (FP8)");
   }
   TANDEM_CUDA_RETURN(cuda::SmallGemv({.x = act_.attn_f32, .ldx = heads * v, .w = w.o_proj.data,
                                       .n = static_cast<int>(hidden), .k = static_cast<int>(heads * v),

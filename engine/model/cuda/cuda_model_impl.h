@@ -135,6 +135,7 @@ struct Activations {
   DenseMlpPlan* dense_plan = nullptr;
   __nv_bfloat16* final_bf16 = nullptr;  // [max_logit_rows][hidden]
   // The FP8 decode path (LoadOptions::fp8_decode), sized for kSmallGemvMaxRows tokens:
+  float* act_f32 = nullptr;  // [max(F inter, F K moe_inter)] SwiGLU outputs (not staged)
   // [F][K] with K = top_k + n_shared: the routing's choices in the first top_k columns, the
   // shared experts (groups n_routed + s, weight 1) fixed in the others; and the rows of
   // act_.y each (token, slot) product lands in.
@@ -232,11 +233,22 @@ class CudaDeepseekModel::Impl {
   absl::Status Moe(int64_t layer, const cuda_model::StepPlan& plan);
   // Whether a step multiplies the FP8 forms (LoadOptions::fp8_decode, fused decode steps).
   bool Fp8Decode(const cuda_model::StepPlan& plan) const;
-  // y (+)= x . w^T for `rows` rows (1..8) of float32 x, each of w's parts one QuantizedGemv.
-  // norm_weight: x's rows RMS-normalized first (in the same launch).
-  absl::Status Fp8Product(const cuda_model::Fp8Linear& w, const float* x, int64_t ldx, int64_t rows, float* y,
-                          int64_t ldy, bool accumulate, const char* what, const float* norm_weight = nullptr,
-                          float norm_eps = 0.0f);
+  // What an FP8 product multiplies: x, or its rows' RMSNorm (norm_weight), or the SwiGLU of
+  // its halves (swiglu; x [rows][2k]) (cuda::QuantizedGemvParams).
+  struct Fp8Input {
+    const float* x = nullptr;
+    int64_t ldx = 0;
+    const float* norm_weight = nullptr;
+    float norm_eps = 0.0f;
+    bool swiglu = false;
+  };
+  // `in` as the GEMV takes it: unchanged when the GEMVs stage the norm and the SwiGLU
+  // (LoadOptions::fp8_staged_activations), else made by RmsNorm (into act_.h_f32) or
+  // ClampedSwiGlu without a clamp (into act_.act_f32) first.
+  absl::StatusOr<Fp8Input> Fp8Activations(const Fp8Input& in, int64_t rows, int64_t k);
+  // y (+)= in . w^T for `rows` rows (1..8), each of w's parts one QuantizedGemv.
+  absl::Status Fp8Product(const cuda_model::Fp8Linear& w, const Fp8Input& in, int64_t rows, float* y, int64_t ldy,
+                          bool accumulate, const char* what);
   // The dense MLP and the MoE layer of an Fp8Decode step (the FP8 forms present).
   absl::Status Fp8Mlp(int64_t layer, const cuda_model::StepPlan& plan);
   absl::Status Fp8Moe(int64_t layer, const cuda_model::StepPlan& plan, cuda::MoeRoutingParams routing,
