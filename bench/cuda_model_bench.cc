@@ -411,6 +411,7 @@ int Main(int argc, char** argv) {
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   CudaDeepseekModel::LoadOptions o;
   o.max_batch_tokens = std::max({prefill, max_batch, 64});  // the closeness check's prompts too
+  o.fp8_decode = true;  // an FP8 checkpoint's FP8 forms loaded (compared with its bf16 copies below)
   if (moe_grouped_max_tokens >= 0) o.moe_grouped_max_tokens = moe_grouped_max_tokens;
   o.max_seqs = max_batch;
   o.max_context = std::max(prefill, context + steps + 8) + 64;

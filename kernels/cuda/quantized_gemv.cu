@@ -14,6 +14,8 @@ namespace tandem::cuda {
 namespace {
 
 constexpr int kWarps = 8;
+// FP8 products of fewer activation rows take the scalar kernel.
+constexpr int kFp8MmaMinRows = 2;
 constexpr int kThreads = kWarps * 32;
 // Blocks of one- and two-row products a multiprocessor keeps resident (registers capped to
 // fit; more rows would spill): one 512-thread block (100 registers a thread) left 16 warps
@@ -298,10 +300,12 @@ cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream) {
   }
   if (p.format == QuantizedWeight::kFp8Block128) {
     // The tensor-core form streams whole 16-row tiles a warp: it needs many tiles to keep
-    // the memory busy (measured on an H100: 2048 tiles beat the scalar kernel at 1-8 rows,
-    // 448 tiles of k 7168 reached half its rate).
+    // the memory busy (measured on an H100: 2048 tiles beat the scalar kernel at 2-8 rows,
+    // 448 tiles of k 7168 reached half its rate). At one row the scalar kernel is as fast
+    // or faster (docs/performance.md, FP8 decode of V2/V3 checkpoints).
     const int64_t tiles = (p.n + 15) / 16 * (p.experts != nullptr ? p.problems : 1);
-    return p.k % 64 == 0 && !p.scalar && tiles >= 8 * static_cast<int64_t>(CurrentDeviceMultiprocessors())
+    return p.k % 64 == 0 && !p.scalar && p.m >= kFp8MmaMinRows &&
+                   tiles >= 8 * static_cast<int64_t>(CurrentDeviceMultiprocessors())
                ? internal::LaunchFp8MmaGemv(p, stream)
                : LaunchFormat<QuantizedWeight::kFp8Block128>(p, stream);
   }

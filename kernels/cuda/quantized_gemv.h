@@ -5,7 +5,7 @@
 // with W one of DeepSeek's stored forms:
 //   - kFp8Block128: FP8 e4m3 ("fn": no infinities) [n][k] with one float scale per 128 x
 //     128 block, W = fp8 * scales[i / 128][c / 128] (V3/R1 and V4's attention weights);
-//     on tensor cores where k is a multiple of 64;
+//     on tensor cores where k is a multiple of 64 and there are 2 to 8 rows;
 //   - kFp4Group32: FP4 e2m1 two a byte, low nibble first ([n][k / 2] bytes), with one float
 //     scale per 32 along the input, W = e2m1 * scales[i][c / 32] (V4's routed experts;
 //     ue8m0 scales as their float values). Hopper has no FP4 tensor cores: the codes are

@@ -105,9 +105,11 @@ class CudaDeepseekModel {
     // the fused decode steps multiply the attention, MLP and expert linears in their stored
     // FP8 form (cuda::QuantizedGemv: a byte a weight read instead of the bf16 copy's two;
     // the experts routed on the device, the shared experts as extra routed slots), the
-    // other steps the bf16 copies (cuda_weights.h: both forms are kept). Off, or a model
-    // without FP8 weights: every step on the bf16 copies. Not with batch_invariant.
-    bool fp8_decode = true;
+    // other steps the bf16 copies (cuda_weights.h: both forms kept, 1.5x the memory). Off
+    // (the default until it beats the bf16 copies: at DeepSeek-V2-Lite's shapes on an H100
+    // its batch-1 step is 3-13 % slower, docs/performance.md), or a model without FP8
+    // weights: every step on the bf16 copies, no FP8 forms loaded. Not with batch_invariant.
+    bool fp8_decode = false;
     // Those FP8 products on the tensor-core GEMV where it applies (k a multiple of 64 and
     // enough 16-row tiles, quantized_gemv.h); off: the scalar kernel (benchmarks compare).
     bool fp8_tensor_cores = true;

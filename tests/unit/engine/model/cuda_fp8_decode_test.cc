@@ -113,6 +113,8 @@ class CudaFp8DecodeTest : public ::testing::TestWithParam<std::string> {
     bf16_ = std::move(*bf16);
   }
 
+  void CheckDecodeSteps();
+
   TempDir tmp_;
   std::string dir_;
   std::unique_ptr<DeepseekModel> cpu_;
@@ -127,7 +129,7 @@ TEST_P(CudaFp8DecodeTest, EveryLinearHasItsFp8Form) {
 }
 
 // Teacher-forced decode steps of 1 and 3 sequences (graph-captured after the first).
-TEST_P(CudaFp8DecodeTest, DecodeStepsMatchTheCpu) {
+void CudaFp8DecodeTest::CheckDecodeSteps() {
   for (int seqs : {1, 3}) {
     std::vector<std::vector<int32_t>> tokens, tables;
     for (int i = 0; i < seqs; ++i) {
@@ -173,6 +175,16 @@ TEST_P(CudaFp8DecodeTest, DecodeStepsMatchTheCpu) {
     EXPECT_GE(within, rows * 97 / 100);
     EXPECT_GE(same_top1, rows * 97 / 100);
   }
+}
+
+TEST_P(CudaFp8DecodeTest, DecodeStepsMatchTheCpu) { CheckDecodeSteps(); }
+
+// The other kernel choices: RmsNorm and ClampedSwiGlu launches instead of the GEMVs' staged
+// activations, the tensor-core GEMV off (scalar at every row count).
+TEST_P(CudaFp8DecodeTest, DecodeStepsMatchTheCpuWithTheOtherKernels) {
+  fp8_->set_fp8_staged_activations(false);
+  fp8_->set_fp8_tensor_cores(false);
+  CheckDecodeSteps();
 }
 
 // Free-running greedy continuations (32 tokens, 10 prompts, one at a time: decode steps of
