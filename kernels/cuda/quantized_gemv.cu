@@ -207,21 +207,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<M>) QuantizedGemvKernel(Q
   float sa[kDepth], sb[kDepth];
   fetch(wa, sa);  // plain weights need no wait: in flight while the previous kernel finishes
   if (p.experts == nullptr) internal::GridDependencyWait();
-  if (p.norm_weight == nullptr && !p.swiglu) {
-    for (int i = threadIdx.x; i < M * k4; i += kThreads) {
-      const int r = i / k4, f = i - r * k4;
-      const float* src = x + r * p.ldx + 4 * f;
-      xs[r * stride + Swizzle(f)] = make_float4(src[0], src[1], src[2], src[3]);
-    }
-  } else {
-    __shared__ float inv[kQuantizedGemvMaxRows];
-    internal::RowInverseRms(p, x, kWarps, inv);
-    for (int i = threadIdx.x; i < M * k4; i += kThreads) {
-      const int r = i / k4, f = i - r * k4;
-      xs[r * stride + Swizzle(f)] = make_float4(internal::XAt(p, x, r, 4 * f, inv), internal::XAt(p, x, r, 4 * f + 1, inv),
-                                                internal::XAt(p, x, r, 4 * f + 2, inv),
-                                                internal::XAt(p, x, r, 4 * f + 3, inv));
-    }
+  for (int i = threadIdx.x; i < M * k4; i += kThreads) {
+    const int r = i / k4, f = i - r * k4;
+    const float* src = x + r * p.ldx + 4 * f;
+    xs[r * stride + Swizzle(f)] = make_float4(src[0], src[1], src[2], src[3]);
   }
   __syncthreads();
   internal::TriggerDependentLaunch();
@@ -290,8 +279,7 @@ cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream) {
   const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   if ((p.experts == nullptr && (p.w == nullptr || (scaled && p.scales == nullptr))) || p.x == nullptr || p.y == nullptr || p.m < 1 ||
       p.m > kQuantizedGemvMaxRows || p.n < 0 || p.n > (int64_t{1} << 30) || p.k <= 0 || p.k % vec != 0 ||
-      p.ldx < (p.swiglu ? 2 * p.k : p.k) || p.ldy < p.n || (p.experts == nullptr && !aligned(p.w)) ||
-      (p.swiglu && p.norm_weight != nullptr) ||
+      p.ldx < p.k || p.ldy < p.n || (p.experts == nullptr && !aligned(p.w)) ||
       (p.format == QuantizedWeight::kFp4Tiled && p.experts == nullptr && !aligned(p.scales)) ||
       (p.experts != nullptr && (p.m != 1 || p.ids == nullptr || p.num_experts < 1 || p.problems < 1 ||
                                 p.problems > 65535 || p.x_group < 1)) ||

@@ -76,15 +76,6 @@ struct QuantizedGemvParams {
   // y += the products instead of y = (a residual stream); each element is written by one
   // thread, so no atomics.
   bool accumulate = false;
-  // What multiplies the weights, made from x while it is staged (one launch fewer than a
-  // kernel of its own), at most one of:
-  //   norm_weight: x's rows RMS-normalized, weight[c] * (x[c] / sqrt(mean(x^2) + norm_eps))
-  //                (RMSNorm; the sum of squares in this kernel's order);
-  //   swiglu:      silu(x[c]) * x[k + c], c < k (a gate/up product's halves; ldx >= 2k),
-  //                ClampedSwiGlu's arithmetic without the clamp.
-  const float* norm_weight = nullptr;  // [k]
-  float norm_eps = 1e-6f;
-  bool swiglu = false;
   // FP8 with k a multiple of 64 runs on tensor cores (quantized_gemv_mma.cu) unless this is
   // set (benchmarks and tests compare the two).
   bool scalar = false;

@@ -195,12 +195,10 @@ __global__ void __launch_bounds__(kThreads, 3) MmaGemvKernel(QuantizedGemvParams
   Loaded la[kDepth], lb[kDepth];
   fetch(la);  // plain weights need no wait: in flight while the previous kernel finishes
   if (p.experts == nullptr) GridDependencyWait();
-  __shared__ float inv[kQuantizedGemvMaxRows];
-  RowInverseRms(p, x, kWarps, inv);
   // Each activation row's power-of-two scale, then its split f16 pairs.
   for (int r = warp; r < p.m; r += kWarps) {
     float most = 0.0f;
-    for (int64_t i = lane; i < p.k; i += 32) most = fmaxf(most, fabsf(XAt(p, x, r, i, inv)));
+    for (int64_t i = lane; i < p.k; i += 32) most = fmaxf(most, fabsf(x[r * p.ldx + i]));
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, o));
     if (lane == 0) {
@@ -213,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 3) MmaGemvKernel(QuantizedGemvParams
   const int64_t pairs = p.k / 2;
   for (int64_t i = threadIdx.x; i < p.m * pairs; i += kThreads) {
     const int64_t r = i / pairs, q = i - r * pairs;
-    const float v0 = XAt(p, x, r, 2 * q, inv) * x_scale[r], v1 = XAt(p, x, r, 2 * q + 1, inv) * x_scale[r];
+    const float v0 = x[r * p.ldx + 2 * q] * x_scale[r], v1 = x[r * p.ldx + 2 * q + 1] * x_scale[r];
     const __half2 hi = __floats2half2_rn(v0, v1);
     const float2 back = __half22float2(hi);
     xs[r * stride + q] = make_uint2(HalfBits(hi), HalfBits(__floats2half2_rn(v0 - back.x, v1 - back.y)));

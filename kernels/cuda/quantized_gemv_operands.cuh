@@ -40,35 +40,4 @@ __device__ __forceinline__ bool BlockOperands(const QuantizedGemvParams& p, int 
   return true;
 }
 
-// Row r's inverse RMS into inv[r] for every row (norm_weight set; warps of a block of
-// `warps` warps, then a barrier): before the staging reads XAt.
-__device__ __forceinline__ void RowInverseRms(const QuantizedGemvParams& p, const float* x, int warps, float* inv) {
-  if (p.norm_weight == nullptr) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < p.m; r += warps) {
-    float s = 0.0f;
-    for (int64_t c = lane; c < p.k; c += 32) {
-      const float v = x[r * p.ldx + c];
-      s = fmaf(v, v, s);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) inv[r] = rsqrtf(s / static_cast<float>(p.k) + p.norm_eps);
-  }
-  __syncthreads();
-}
-
-// Activation c of row r as the kernel multiplies it (QuantizedGemvParams: x, or its RMSNorm
-// with inv from RowInverseRms, or the SwiGLU of its halves).
-__device__ __forceinline__ float XAt(const QuantizedGemvParams& p, const float* x, int64_t r, int64_t c,
-                                     const float* inv) {
-  const float* row = x + r * p.ldx;
-  if (p.swiglu) {
-    const float g = row[c], u = row[p.k + c];
-    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-  }
-  if (p.norm_weight != nullptr) return p.norm_weight[c] * (row[c] * inv[r]);
-  return row[c];
-}
-
 }  // namespace tandem::cuda::internal

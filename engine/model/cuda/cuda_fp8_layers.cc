@@ -24,7 +24,6 @@ bool CudaDeepseekModel::Impl::Fp8Decode(const StepPlan& plan) const {
 
 absl::StatusOr<CudaDeepseekModel::Impl::Fp8Input> CudaDeepseekModel::Impl::Fp8Activations(const Fp8Input& in,
                                                                                            int64_t rows, int64_t k) {
-  if (options.fp8_staged_activations || (in.norm_weight == nullptr && !in.swiglu)) return in;
   if (in.norm_weight != nullptr) {
     TANDEM_CUDA_RETURN(cuda::RmsNorm({.x = in.x, .weight = in.norm_weight, .out = act_.h_f32, .rows = rows, .dim = k,
                                       .x_stride = in.ldx, .out_stride = k, .eps = in.norm_eps},
@@ -33,6 +32,8 @@ absl::StatusOr<CudaDeepseekModel::Impl::Fp8Input> CudaDeepseekModel::Impl::Fp8Ac
     RETURN_IF_ERROR(Mark("norm (FP8 path)"));
     return Fp8Input{.x = act_.h_f32, .ldx = k};
   }
+  if (!in.swiglu) return in;
+  // DeepSeek's SwiGLU, silu(gate) * up: V4's kernel without a clamp.
   TANDEM_CUDA_RETURN(cuda::ClampedSwiGlu({.x = in.x, .x_stride = in.ldx, .rows = rows, .cols = k, .limit = INFINITY,
                                           .out = act_.act_f32, .out_stride = k},
                                          stream),
@@ -49,9 +50,7 @@ absl::Status CudaDeepseekModel::Impl::Fp8Product(const cuda_model::Fp8Linear& w,
     TANDEM_CUDA_RETURN(cuda::QuantizedGemv({.format = cuda::QuantizedWeight::kFp8Block128, .w = part.codes,
                                             .scales = part.scales, .x = in.x, .ldx = in.ldx, .y = y + at, .ldy = ldy,
                                             .m = static_cast<int>(rows), .n = part.rows, .k = part.cols,
-                                            .accumulate = accumulate, .norm_weight = in.norm_weight,
-                                            .norm_eps = in.norm_eps, .swiglu = in.swiglu,
-                                            .scalar = !options.fp8_tensor_cores},
+                                            .accumulate = accumulate, .scalar = !options.fp8_tensor_cores},
                                            stream),
                        what);
     at += part.rows;
@@ -60,8 +59,7 @@ absl::Status CudaDeepseekModel::Impl::Fp8Product(const cuda_model::Fp8Linear& w,
 }
 
 // The dense MLP of an Fp8Decode step: the post-attention norm, gate and up (FP8), their
-// SwiGLU, down (FP8) added into the residual; the norm and the SwiGLU made while the
-// GEMVs stage their activations (fp8_staged_activations) or by kernels of their own.
+// SwiGLU, down (FP8) added into the residual.
 absl::Status CudaDeepseekModel::Impl::Fp8Mlp(int64_t layer, const StepPlan& plan) {
   const ModelConfig& c = config;
   const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
@@ -113,8 +111,7 @@ absl::Status CudaDeepseekModel::Impl::Fp8Moe(int64_t layer, const StepPlan& plan
   TANDEM_CUDA_RETURN(cuda::QuantizedGemv({.format = cuda::QuantizedWeight::kFp8Block128, .x = act.x, .ldx = act.ldx,
                                           .y = act_.y, .ldy = hidden, .m = 1, .n = hidden, .k = inter,
                                           .experts = w.fp8->down, .num_experts = w.groups, .ids = act_.fp8_ids,
-                                          .problems = problems, .x_group = 1, .swiglu = act.swiglu,
-                                          .scalar = !options.fp8_tensor_cores},
+                                          .problems = problems, .x_group = 1, .scalar = !options.fp8_tensor_cores},
                                          stream),
                      "experts down (FP8)");
   RETURN_IF_ERROR(Mark("experts down (FP8)"));

@@ -135,7 +135,7 @@ struct Activations {
   DenseMlpPlan* dense_plan = nullptr;
   __nv_bfloat16* final_bf16 = nullptr;  // [max_logit_rows][hidden]
   // The FP8 decode path (LoadOptions::fp8_decode), sized for kSmallGemvMaxRows tokens:
-  float* act_f32 = nullptr;  // [max(F inter, F K moe_inter)] SwiGLU outputs (not staged)
+  float* act_f32 = nullptr;  // [max(F inter, F K moe_inter)] SwiGLU outputs
   // [F][K] with K = top_k + n_shared: the routing's choices in the first top_k columns, the
   // shared experts (groups n_routed + s, weight 1) fixed in the others; and the rows of
   // act_.y each (token, slot) product lands in.
@@ -234,7 +234,7 @@ class CudaDeepseekModel::Impl {
   // Whether a step multiplies the FP8 forms (LoadOptions::fp8_decode, fused decode steps).
   bool Fp8Decode(const cuda_model::StepPlan& plan) const;
   // What an FP8 product multiplies: x, or its rows' RMSNorm (norm_weight), or the SwiGLU of
-  // its halves (swiglu; x [rows][2k]) (cuda::QuantizedGemvParams).
+  // its halves (swiglu; x [rows][2k]).
   struct Fp8Input {
     const float* x = nullptr;
     int64_t ldx = 0;
@@ -242,9 +242,8 @@ class CudaDeepseekModel::Impl {
     float norm_eps = 0.0f;
     bool swiglu = false;
   };
-  // `in` as the GEMV takes it: unchanged when the GEMVs stage the norm and the SwiGLU
-  // (LoadOptions::fp8_staged_activations), else made by RmsNorm (into act_.h_f32) or
-  // ClampedSwiGlu without a clamp (into act_.act_f32) first.
+  // `in` as the GEMV takes it (plain float32 rows): x itself, or made by RmsNorm (into
+  // act_.h_f32) or ClampedSwiGlu without a clamp (into act_.act_f32).
   absl::StatusOr<Fp8Input> Fp8Activations(const Fp8Input& in, int64_t rows, int64_t k);
   // y (+)= in . w^T for `rows` rows (1..8), each of w's parts one QuantizedGemv.
   absl::Status Fp8Product(const cuda_model::Fp8Linear& w, const Fp8Input& in, int64_t rows, float* y, int64_t ldy,

@@ -15,11 +15,9 @@
 #include "gtest/gtest.h"
 #include "kernels/common/dtype.h"
 #include "kernels/cpu/weight_matrix.h"
-#include "kernels/cuda/clamped_swiglu.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/fp4_tiled.h"
 #include "kernels/cuda/quantized_gemv.h"
-#include "kernels/cuda/rms_norm.h"
 #include "tests/unit/kernels/cuda_test_support.h"
 
 namespace tandem {
@@ -298,75 +296,6 @@ TEST_F(CudaQuantizedGemvTest, AccumulateAddsIntoTheOutput) {
   }
 }
 
-// The activations made while staged: swiglu gives exactly ClampedSwiGlu's values with no
-// clamp (the same products, bitwise); norm_weight RMSNorm's within float32 rounding of the
-// sum of squares' order. Tensor-core and scalar FP8 kernels, plain and routed forms.
-TEST_F(CudaQuantizedGemvTest, StagedSwigluAndNormMatchTheSeparateKernels) {
-  for (const bool scalar : {false, true}) {
-    for (const bool routed : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << (scalar ? "scalar" : "tensor cores") << (routed ? ", routed" : ""));
-      const int m = routed ? 1 : 3, problems = routed ? 4 : 1;
-      const int64_t n = 2048, k = 1408;
-      std::mt19937 rng(9);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      const std::vector<uint8_t> w = RandomWeights(cuda::QuantizedWeight::kFp8Block128, n, k, rng);
-      std::vector<float> scales(static_cast<size_t>(((n + 127) / 128) * ((k + 127) / 128)));
-      for (float& v : scales) v = std::ldexp(1.0f, static_cast<int>(rng() % 6) - 8);
-      const int rows = std::max(m, problems);
-      std::vector<float> gu(static_cast<size_t>(rows * 2 * k)), norm_w(static_cast<size_t>(k));
-      for (float& v : gu) v = 2.0f * normal(rng);
-      for (float& v : norm_w) v = 1.0f + 0.25f * normal(rng);
-      Dev<uint8_t> dw(w);
-      Dev<float> ds(scales), dgu(gu), dnw(norm_w), act(static_cast<size_t>(rows * k)),
-          want(static_cast<size_t>(rows * n)), got(static_cast<size_t>(rows * n));
-      const cuda::QuantizedMatrixRef ref{.w = dw.get(), .scales = ds.get()};
-      Dev<cuda::QuantizedMatrixRef> drefs(std::vector<cuda::QuantizedMatrixRef>{ref});
-      Dev<int32_t> dids(std::vector<int32_t>(static_cast<size_t>(problems), 0));
-      cuda::QuantizedGemvParams p{.format = cuda::QuantizedWeight::kFp8Block128, .w = dw.get(), .scales = ds.get(),
-                                  .m = m, .n = n, .k = k, .scalar = scalar};
-      if (routed) {
-        p.experts = drefs.get();
-        p.num_experts = 1;
-        p.ids = dids.get();
-        p.problems = problems;
-      }
-      // SwiGLU: the separate kernel, then the plain product; against the staged form.
-      ASSERT_EQ(cuda::ClampedSwiGlu({.x = dgu.get(), .x_stride = 2 * k, .rows = rows, .cols = k, .limit = INFINITY,
-                                     .out = act.get(), .out_stride = k},
-                                    nullptr),
-                cudaSuccess);
-      cuda::QuantizedGemvParams separate = p;
-      separate.x = act.get();
-      separate.ldx = k;
-      separate.y = want.get();
-      separate.ldy = n;
-      ASSERT_EQ(cuda::QuantizedGemv(separate, nullptr), cudaSuccess);
-      cuda::QuantizedGemvParams staged = p;
-      staged.x = dgu.get();
-      staged.ldx = 2 * k;
-      staged.y = got.get();
-      staged.ldy = n;
-      staged.swiglu = true;
-      ASSERT_EQ(cuda::QuantizedGemv(staged, nullptr), cudaSuccess);
-      EXPECT_EQ(got.Download(), want.Download());
-      // RMSNorm of the first k columns of each row.
-      ASSERT_EQ(cuda::RmsNorm({.x = dgu.get(), .weight = dnw.get(), .out = act.get(), .rows = rows, .dim = k,
-                               .x_stride = 2 * k, .out_stride = k, .eps = 1e-6f},
-                              nullptr),
-                cudaSuccess);
-      ASSERT_EQ(cuda::QuantizedGemv(separate, nullptr), cudaSuccess);
-      staged.swiglu = false;
-      staged.norm_weight = dnw.get();
-      staged.norm_eps = 1e-6f;
-      ASSERT_EQ(cuda::QuantizedGemv(staged, nullptr), cudaSuccess);
-      const std::vector<float> a = got.Download(), b = want.Download();
-      double largest = 0;
-      for (float v : b) largest = std::max(largest, static_cast<double>(std::fabs(v)));
-      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5 * largest) << "element " << i;
-    }
-  }
-}
-
 TEST_F(CudaQuantizedGemvTest, RefusesBadShapes) {
   Dev<uint8_t> w(std::vector<uint8_t>(4096, 0));
   Dev<float> s(std::vector<float>(64, 1.0f)), x(std::vector<float>(1024, 1.0f)), y(std::vector<float>(1024, 0.0f));
@@ -378,8 +307,6 @@ TEST_F(CudaQuantizedGemvTest, RefusesBadShapes) {
            [](cuda::QuantizedGemvParams& p) { p.format = cuda::QuantizedWeight::kFp4Group32; p.k = 48; },
            [](cuda::QuantizedGemvParams& p) { p.ldy = 10; }, [](cuda::QuantizedGemvParams& p) { p.w = nullptr; },
            [](cuda::QuantizedGemvParams& p) { p.m = 8; p.k = 8192; p.ldx = 8192; },
-           [](cuda::QuantizedGemvParams& p) { p.swiglu = true; },  // ldx < 2k
-           [](cuda::QuantizedGemvParams& p) { p.swiglu = true; p.ldx = 128; p.norm_weight = p.x; },
            [](cuda::QuantizedGemvParams& p) { p.format = cuda::QuantizedWeight::kBf16; p.k = 60; },
            [](cuda::QuantizedGemvParams& p) { p.format = cuda::QuantizedWeight::kFp4Tiled; p.k = 32; p.ldx = 64; },
            [](cuda::QuantizedGemvParams& p) { p.format = static_cast<cuda::QuantizedWeight>(7); }}) {

@@ -26,7 +26,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <numeric>
 #include <span>
 #include <string>
 
@@ -34,55 +33,22 @@
 #include "engine/model/deepseek_model.h"
 #include "engine/model/model_resolver.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/device_info.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/engine/model/cuda_model_test_support.h"
 #include "tests/unit/engine/model/routing_near_ties.h"
 #include "tests/unit/engine/model/test_models.h"
 
 namespace tandem {
 namespace {
 
+using testing::Argmax;
+using testing::HaveGpu;
 using testing::MakeModel;
 using testing::PresetJson;
+using testing::RowError;
+using testing::Table;
 using testing::TempDir;
-
-bool HaveGpu(std::string* why) {
-  std::vector<cuda::DeviceInfo> devices;
-  *why = cuda::QueryDevices(&devices);
-  return why->empty();
-}
-
-std::vector<int32_t> Tokens(int n, int64_t vocab, int salt) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint64_t x = 0x9e3779b97f4a7c15ull * (salt + 1);
-  for (int i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    t[i] = static_cast<int32_t>(3 + x % static_cast<uint64_t>(vocab - 3));
-  }
-  return t;
-}
-
-std::vector<int32_t> Table(int first, int n) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
-
-int32_t Argmax(const float* row, int64_t vocab) {
-  return static_cast<int32_t>(std::max_element(row, row + vocab) - row);
-}
-
-// Largest |gpu - cpu| of a row relative to the row's largest |cpu|.
-double RowError(const float* gpu, const float* cpu, int64_t vocab) {
-  double d = 0, m = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    d = std::max(d, std::fabs(static_cast<double>(gpu[i]) - cpu[i]));
-    m = std::max(m, std::fabs(static_cast<double>(cpu[i])));
-  }
-  return d / m;
-}
+using testing::Tokens;
 
 // Production defaults, but small buffers.
 CudaDeepseekModel::LoadOptions DefaultOptions() {
