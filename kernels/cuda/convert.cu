@@ -177,6 +177,21 @@ __global__ void QuantizeFp8Kernel(QuantizeFp8Params p) {
   }
 }
 
+__global__ void ExpandRowScalesKernel(ExpandRowScalesParams p) {
+  const int64_t total = p.groups * p.rows * p.cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t c = i % p.cols, r = (i / p.cols) % p.rows, g = i / (p.cols * p.rows);
+    int64_t o = r;
+    if (p.gate_up_interleaved) {
+      const int64_t block = r / 16, at = r % 16;
+      o = at < 8 ? block * 8 + at : p.rows / 2 + block * 8 + (at - 8);
+    }
+    const int64_t src_rows = (p.rows + 127) / 128;
+    p.dst[i] = p.src[(g * src_rows + o / 128) * p.cols + c];
+  }
+}
+
 }  // namespace
 
 cudaError_t ConvertF32ToBf16(const ConvertParams& p, cudaStream_t stream) {
@@ -223,6 +238,17 @@ cudaError_t QuantizeFp8Block(const QuantizeFp8Params& p, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>((p.cols + 127) / 128), static_cast<unsigned>((p.rows + 127) / 128));
   QuantizeFp8Kernel<<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t ExpandRowScales(const ExpandRowScalesParams& p, cudaStream_t stream) {
+  if (p.groups == 0 || p.rows == 0 || p.cols == 0) return cudaSuccess;
+  if (p.src == nullptr || p.dst == nullptr || p.groups < 0 || p.rows < 0 || p.cols < 0 ||
+      (p.gate_up_interleaved && (p.rows % 16 != 0 || (p.rows / 2) % 128 != 0))) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t blocks = std::min<int64_t>((p.groups * p.rows * p.cols + kThreads - 1) / kThreads, 65536);
+  ExpandRowScalesKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

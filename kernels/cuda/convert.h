@@ -76,6 +76,22 @@ struct QuantizeFp8Params {
 
 cudaError_t QuantizeFp8Block(const QuantizeFp8Params& p, cudaStream_t stream);
 
+// 128 x 128 block scales expanded to one row of scales per weight row (what
+// MoeExpertGemvParams::b_row_scales holds): dst[g][r][c] = src[g][o(r) / 128][c] over
+// `groups` matrices of `rows` rows, with o(r) = r, or, for a gate/up matrix whose rows are
+// interleaved in blocks of 8 (8 gate rows, then their 8 up rows) and whose scales are the
+// gate's then the up's (rows / 2 a multiple of 128), the row's place in [gate rows | up rows].
+struct ExpandRowScalesParams {
+  const float* src = nullptr;  // [groups][ceil(rows / 128)][cols]
+  float* dst = nullptr;        // [groups][rows][cols]
+  int64_t groups = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;  // scale columns: ceil(k / 128)
+  bool gate_up_interleaved = false;
+};
+
+cudaError_t ExpandRowScales(const ExpandRowScalesParams& p, cudaStream_t stream);
+
 // FP4 e2m1 (two codes a byte, low nibble first) with one float scale per 32 along a row,
 // widened to float32: e2m1 value times its scale, rounded once (exact for DeepSeek's
 // power-of-two ue8m0 scales). cols a multiple of 32.

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <type_traits>
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
@@ -13,8 +17,14 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileRows = 2 * kWarps;      // weight rows of a block's tile: two per warp
-constexpr int kUnroll = 8;                 // 16-byte weight chunks per lane and row in flight
-constexpr int kPassChunks = 32 * kUnroll;  // chunks of a weight row per pass (2048 elements)
+// A chunk is 8 weights of a row: 16 bytes in bf16, 8 in FP8. Chunks per lane and row in
+// flight: the same registers (and twice the chunks) for FP8.
+template <bool kFp8>
+inline constexpr int kUnroll = kFp8 ? 16 : 8;
+template <bool kFp8>
+inline constexpr int kPassChunks = 32 * kUnroll<kFp8>;  // chunks of a weight row per pass
+template <bool kFp8>
+using Word = std::conditional_t<kFp8, uint2, uint4>;  // one chunk's weights
 constexpr int kMaxActive = kMoeExpertGemvMaxActive;
 constexpr int kMaxRows = kMoeExpertGemvMaxRows;
 constexpr size_t kStagedBytes = 96 * 1024;  // staged_rows up to this: still two blocks per SM
@@ -41,6 +51,28 @@ __device__ __forceinline__ uint4 LoadStreamed(const uint4* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
+}
+
+__device__ __forceinline__ uint2 LoadStreamed(const uint2* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// Eight E4M3 codes (low byte first) as floats (exact).
+__device__ __forceinline__ void Unpack(uint2 w, float* f) {
+  const uint32_t u[2] = {w.x, w.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2_raw raw =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[i] >> (16 * h)), __NV_E4M3);
+      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&raw));
+      f[4 * i + 2 * h] = v.x;
+      f[4 * i + 2 * h + 1] = v.y;
+    }
+  }
 }
 
 __device__ __forceinline__ void Unpack(uint4 w, float* f) {
@@ -72,50 +104,83 @@ __device__ __forceinline__ int2 WarpRows(bool silu, int tile, int warp) {
 }
 
 // Issues this warp's loads of one pass over its two rows of (group, tile).
+template <bool kFp8>
 __device__ __forceinline__ void LoadPass(const MoeExpertGemvParams& p, int group, int tile, int pass, bool silu,
-                                         uint4 (&wv)[2][kUnroll]) {
+                                         Word<kFp8> (&wv)[2][kUnroll<kFp8>]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int2 r = WarpRows(silu, tile, warp);
-  const __nv_bfloat16* base = p.b + static_cast<int64_t>(group) * p.b_group_stride;
-  const uint4* w0 = reinterpret_cast<const uint4*>(base + static_cast<int64_t>(r.x) * p.k);
-  const uint4* w1 = reinterpret_cast<const uint4*>(base + static_cast<int64_t>(r.y) * p.k);
+  const Word<kFp8>* w0;
+  const Word<kFp8>* w1;
+  if constexpr (kFp8) {
+    const uint8_t* base = p.b_fp8 + static_cast<int64_t>(group) * p.b_group_stride;
+    w0 = reinterpret_cast<const uint2*>(base + static_cast<int64_t>(r.x) * p.k);
+    w1 = reinterpret_cast<const uint2*>(base + static_cast<int64_t>(r.y) * p.k);
+  } else {
+    const __nv_bfloat16* base = p.b + static_cast<int64_t>(group) * p.b_group_stride;
+    w0 = reinterpret_cast<const uint4*>(base + static_cast<int64_t>(r.x) * p.k);
+    w1 = reinterpret_cast<const uint4*>(base + static_cast<int64_t>(r.y) * p.k);
+  }
   const int kc = p.k / 8;
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int ch = pass * kPassChunks + u * 32 + lane;
+  for (int u = 0; u < kUnroll<kFp8>; ++u) {
+    const int ch = pass * kPassChunks<kFp8> + u * 32 + lane;
     if (ch < kc) {
       wv[0][u] = LoadStreamed(w0 + ch);
       wv[1][u] = LoadStreamed(w1 + ch);
     } else {
-      wv[0][u] = make_uint4(0, 0, 0, 0);
-      wv[1][u] = make_uint4(0, 0, 0, 0);
+      wv[0][u] = Word<kFp8>{};
+      wv[1][u] = Word<kFp8>{};
     }
   }
 }
 
 // acc[c][m] += this lane's part of row c's product with A row m over one pass. xs holds
-// the A rows as float4 halves of 16-byte chunks, [m][half][kc] (conflict-free reads).
-template <int kRows>
+// the A rows as float4 halves of 8-weight chunks, [m][half][kc] (conflict-free reads).
+// FP8: each chunk's sum times its row's scale for its 128 columns (scales[c][ch / 16]).
+template <int kRows, bool kFp8>
 __device__ __forceinline__ void ComputePass(const float4* xs, int kc, int pass, int rows,
-                                            const uint4 (&wv)[2][kUnroll], float (&acc)[2][kRows]) {
+                                            const Word<kFp8> (&wv)[2][kUnroll<kFp8>], const float* const (&scales)[2],
+                                            float (&acc)[2][kRows]) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int ch = pass * kPassChunks + u * 32 + lane;
+  for (int u = 0; u < kUnroll<kFp8>; ++u) {
+    const int ch = pass * kPassChunks<kFp8> + u * 32 + lane;
     if (ch < kc) {
       float w0[8], w1[8];
       Unpack(wv[0][u], w0);
       Unpack(wv[1][u], w1);
+      float s0 = 1.0f, s1 = 1.0f;
+      if constexpr (kFp8) {
+        s0 = __ldg(scales[0] + ch / 16);
+        s1 = __ldg(scales[1] + ch / 16);
+      }
 #pragma unroll
       for (int m = 0; m < kRows; ++m) {
         if (m < rows) {
           const float4 a = xs[(2 * m) * kc + ch], b = xs[(2 * m + 1) * kc + ch];
-          acc[0][m] += Dot8(w0, a, b);
-          acc[1][m] += Dot8(w1, a, b);
+          if constexpr (kFp8) {
+            acc[0][m] = fmaf(s0, Dot8(w0, a, b), acc[0][m]);
+            acc[1][m] = fmaf(s1, Dot8(w1, a, b), acc[1][m]);
+          } else {
+            acc[0][m] += Dot8(w0, a, b);
+            acc[1][m] += Dot8(w1, a, b);
+          }
         }
       }
     }
   }
+}
+
+// FP8: the scale rows of this warp's two weight rows of (group, tile); bf16: unused.
+__device__ __forceinline__ void ScaleRows(const MoeExpertGemvParams& p, int group, int tile, bool silu,
+                                          const float* (&rows)[2]) {
+  rows[0] = rows[1] = nullptr;
+  if (p.b_fp8 == nullptr) return;
+  const int2 r = WarpRows(silu, tile, threadIdx.x / 32);
+  const int64_t kb = (p.k + 127) / 128;
+  const float* base = p.b_row_scales + (static_cast<int64_t>(group) * p.n) * kb;
+  rows[0] = base + r.x * kb;
+  rows[1] = base + r.y * kb;
 }
 
 template <int kRows>
@@ -292,7 +357,7 @@ __device__ __forceinline__ void FillSlots(const MoeExpertGemvParams& p, bool sil
   }
 }
 
-template <int kRows>
+template <int kRows, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemvParams p) {
   extern __shared__ float4 xs[];  // [kRows][2][kc]: the staged A rows, float32
   __shared__ Entry table[kMaxActive];
@@ -304,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   const bool all_rows = p.a_row_count > 0;
   const bool staged = !all_rows && p.staged_rows > 0;  // every group's rows staged up front
   const int kc = p.k / 8;
-  const int passes = (kc + kPassChunks - 1) / kPassChunks;
+  const int passes = (kc + kPassChunks<kFp8> - 1) / kPassChunks<kFp8>;
   const int tiles = p.n / kTileRows;
   const int first_static = p.num_groups - p.num_static;
   const int static_tiles = p.num_static * tiles;
@@ -313,10 +378,10 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   // Before the wait: the first tile's loads if it is a static group's. (Also asking the
   // block's later static tiles into L2 slowed the step: their traffic delays the routing
   // kernel that runs meanwhile, 12 us a step at batch 1 on the H200.)
-  uint4 wv[2][kUnroll];
+  Word<kFp8> wv[2][kUnroll<kFp8>];
   int j = static_cast<int>(blockIdx.x);
   bool loaded = j < static_tiles;  // wv holds tile j's first pass
-  if (loaded) LoadPass(p, first_static + j / tiles, j % tiles, 0, silu, wv);
+  if (loaded) LoadPass<kFp8>(p, first_static + j / tiles, j % tiles, 0, silu, wv);
   // Early static tiles (norm_x): every static tile of this block (the tiles j, j + stride,
   // ... below static_tiles come first in its list) before the wait, from rows it stages
   // itself; the static entries of the table are known.
@@ -398,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
       }
       routed = __syncthreads_count(tid < active && g < first_static);
       total = min(p.num_static + routed, kMaxActive) * tiles;
-      if (j < total && !loaded) LoadPass(p, group_of(j / tiles), j % tiles, 0, silu, wv);
+      if (j < total && !loaded) LoadPass<kFp8>(p, group_of(j / tiles), j % tiles, 0, silu, wv);
     }
     if (j >= total) break;
     const int v = j / tiles, tile = j % tiles;
@@ -425,14 +490,16 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
         staged_rows = rows;
       }
     }
-    ComputePass<kRows>(xt, kc, pass, rows, wv, acc);
+    const float* scale_rows[2];
+    ScaleRows(p, group_of(v), tile, silu, scale_rows);
+    ComputePass<kRows, kFp8>(xt, kc, pass, rows, wv, scale_rows, acc);
     // The registers are free: the next loads go out before this tile's reduction.
     int next = j, next_pass = pass + 1;
     if (next_pass == passes) {
       next_pass = 0;
       next = j + stride;
     }
-    if (next < total) LoadPass(p, group_of(next / tiles), next % tiles, next_pass, silu, wv);
+    if (next < total) LoadPass<kFp8>(p, group_of(next / tiles), next % tiles, next_pass, silu, wv);
     loaded = next < total;
     if (next_pass == 0) {
       if (waited) complete_table();  // before the wait: an early static tile, its entry set
@@ -447,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   if (!silu && p.partial != nullptr) FinishColumnTiles(p, last_tiles);
 }
 
-template <int kRows>
+template <int kRows, bool kFp8>
 cudaError_t LaunchRows(MoeExpertGemvParams p, cudaStream_t stream) {
   if (p.a_row_count > 0 || p.a_rows != nullptr ||
       static_cast<size_t>(p.staged_rows) * p.k * sizeof(float) > kStagedBytes) {
@@ -456,7 +523,7 @@ cudaError_t LaunchRows(MoeExpertGemvParams p, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(std::max(kRows, p.staged_rows)) * p.k * sizeof(float);
   static std::atomic<size_t> configured{0};  // the kernel's dynamic shared memory limit, raised as needed
   if (smem > configured.load(std::memory_order_relaxed)) {
-    const cudaError_t e = cudaFuncSetAttribute(MoeExpertGemvKernel<kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const cudaError_t e = cudaFuncSetAttribute(MoeExpertGemvKernel<kRows, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem));
     if (e != cudaSuccess) return e;
     configured.store(smem, std::memory_order_relaxed);
@@ -468,7 +535,7 @@ cudaError_t LaunchRows(MoeExpertGemvParams p, cudaStream_t stream) {
   const unsigned blocks =
       static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(per_sm) * CurrentDeviceMultiprocessors()));
   if (p.partial != nullptr && (tiles + blocks - 1) / blocks > kMaxLastTiles) return cudaErrorInvalidValue;
-  return internal::Launch(MoeExpertGemvKernel<kRows>, dim3(blocks), dim3(kThreads), smem, stream, p);
+  return internal::Launch(MoeExpertGemvKernel<kRows, kFp8>, dim3(blocks), dim3(kThreads), smem, stream, p);
 }
 
 }  // namespace
@@ -476,14 +543,17 @@ cudaError_t LaunchRows(MoeExpertGemvParams p, cudaStream_t stream) {
 cudaError_t MoeExpertGemv(const MoeExpertGemvParams& p, cudaStream_t stream) {
   const bool silu = p.epilogue == GemmEpilogue::kSiluMulBf16;
   const bool scatter = p.epilogue == GemmEpilogue::kScatterAddF32;
-  if (p.a == nullptr || p.b == nullptr || p.out == nullptr || p.group_offsets == nullptr ||
+  const bool fp8 = p.b_fp8 != nullptr;
+  if (p.a == nullptr || (p.b == nullptr) == !fp8 || (fp8 && p.b_row_scales == nullptr) || p.out == nullptr ||
+      p.group_offsets == nullptr ||
       p.active_groups == nullptr || p.num_active == nullptr || p.a_row_count < 0 || p.staged_rows < 0 ||
       p.a_row_count > p.max_rows || (p.a_row_count > 0 && p.a_rows == nullptr) ||
       !MoeExpertGemvSupports(p.n, p.k, p.max_rows, p.max_active, p.num_static) || p.num_groups <= 0 ||
       p.num_static > p.num_groups || p.lda < p.k || p.lda % 8 != 0 || p.b_group_stride % 8 != 0 ||
       p.b_group_stride < 0 || reinterpret_cast<uintptr_t>(p.a) % 16 != 0 ||
       (p.a_lo != nullptr && reinterpret_cast<uintptr_t>(p.a_lo) % 16 != 0) ||
-      reinterpret_cast<uintptr_t>(p.b) % 16 != 0 || (!silu && !scatter) || (silu && p.ldo < p.n / 2) ||
+      reinterpret_cast<uintptr_t>(fp8 ? static_cast<const void*>(p.b_fp8) : p.b) % (fp8 ? 8 : 16) != 0 ||
+      (!silu && !scatter) || (silu && p.ldo < p.n / 2) ||
       (!silu && p.out_lo != nullptr) ||
       (scatter && (p.ldo < p.n || p.ldo % 2 != 0 || reinterpret_cast<uintptr_t>(p.out) % 8 != 0)) ||
       (p.partial != nullptr && (!scatter || p.tile_counters == nullptr || p.out_row_count < 1 ||
@@ -494,10 +564,17 @@ cudaError_t MoeExpertGemv(const MoeExpertGemvParams& p, cudaStream_t stream) {
                                reinterpret_cast<uintptr_t>(p.norm_weight) % 16 != 0))) {
     return cudaErrorInvalidValue;
   }
+  if (p.b_fp8 != nullptr) {
+    switch (p.max_rows) {
+      case 1: return LaunchRows<1, true>(p, stream);
+      case 2: return LaunchRows<2, true>(p, stream);
+      default: return LaunchRows<4, true>(p, stream);
+    }
+  }
   switch (p.max_rows) {
-    case 1: return LaunchRows<1>(p, stream);
-    case 2: return LaunchRows<2>(p, stream);
-    default: return LaunchRows<4>(p, stream);
+    case 1: return LaunchRows<1, false>(p, stream);
+    case 2: return LaunchRows<2, false>(p, stream);
+    default: return LaunchRows<4, false>(p, stream);
   }
 }
 

@@ -73,6 +73,13 @@ struct MoeExpertGemvParams {
   int staged_rows = 0;
   const __nv_bfloat16* b = nullptr;  // [num_groups][n][k]
   int64_t b_group_stride = 0;        // elements between groups' matrices
+  // Instead of b: FP8 E4M3 codes [num_groups][n][k] (b_group_stride elements = bytes apart,
+  // 8-byte aligned rows), each multiplied by its row's scale for its 128 columns,
+  // b_row_scales [num_groups][n][ceil(k / 128)] (a checkpoint's 128 x 128 block scales
+  // expanded to rows, so that interleaved gate/up rows keep theirs). A chunk's 8 products
+  // are summed, then scaled once.
+  const uint8_t* b_fp8 = nullptr;
+  const float* b_row_scales = nullptr;
   int n = 0;
   int k = 0;
   const int32_t* group_offsets = nullptr;  // [num_groups + 1]

@@ -1079,6 +1079,7 @@ void CudaDeepseekModel::set_moe_shared_experts_early(bool on) {
 void CudaDeepseekModel::set_split_decode_queries(bool on) { impl_->SetOption(&LoadOptions::split_decode_queries, on); }
 void CudaDeepseekModel::set_fp8_decode(bool on) { impl_->SetOption(&LoadOptions::fp8_decode, on); }
 void CudaDeepseekModel::set_fp8_tensor_cores(bool on) { impl_->SetOption(&LoadOptions::fp8_tensor_cores, on); }
+void CudaDeepseekModel::set_fp8_expert_gemv(bool on) { impl_->SetOption(&LoadOptions::fp8_expert_gemv, on); }
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {
   return impl_->TakeStepTimes();

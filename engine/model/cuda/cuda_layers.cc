@@ -572,7 +572,7 @@ absl::Status CudaDeepseekModel::Impl::Moe(int64_t layer, const StepPlan& plan) {
       .tile_rows = grouped ? kTileRows : 0, .tile_group = act_.tile_group, .tile_row = act_.tile_row,
       .num_tiles = act_.num_tiles, .scratch = act_.permute_scratch};
 
-  if (Fp8Decode(plan) && w.fp8 &&
+  if (Fp8Decode(plan) && w.fp8 && !options.fp8_expert_gemv &&
       cuda::MoeFusedRouteSupports(permute.num_tokens, permute.num_experts, permute.top_k, permute.num_shared,
                                   permute.tile_rows)) {
     return Fp8Moe(layer, plan, routing, permute);
@@ -688,9 +688,13 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
                                   max_active, static_cast<int>(shared)) &&
       cuda::MoeExpertGemvSupports(static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(t), max_active,
                                   static_cast<int>(shared))) {
+    // An FP8 checkpoint's decode steps (fp8_expert_gemv): the experts' FP8 forms.
+    const bool fp8 = Fp8Decode(plan) && w.fp8 && options.fp8_expert_gemv;
     return ExpertProjections(
         {.a = act_.h_bf16, .a_lo = split ? act_.h_lo : nullptr, .lda = hidden, .a_rows = act_.sorted_token,
-         .a_row_count = static_cast<int>(t), .b = w.gate_up, .b_group_stride = 2 * inter * hidden,
+         .a_row_count = static_cast<int>(t), .b = fp8 ? nullptr : w.gate_up, .b_group_stride = 2 * inter * hidden,
+         .b_fp8 = fp8 ? w.fp8->gate_up_interleaved : nullptr,
+         .b_row_scales = fp8 ? w.fp8->gate_up_row_scales : nullptr,
          .n = static_cast<int>(2 * inter), .k = static_cast<int>(hidden), .group_offsets = offsets,
          .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,
          .num_static = static_cast<int>(shared), .max_active = max_active, .max_rows = static_cast<int>(t),
@@ -699,7 +703,8 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
          .norm_weight = lw.post_attention_norm, .norm_eps = static_cast<float>(c.rms_norm_eps),
          .static_begin = static_cast<int>(t * top_k)},
         {.a = act_.act_bf16, .a_lo = split ? act_.act_lo : nullptr, .lda = inter,
-         .staged_rows = static_cast<int>(rows), .b = w.down, .b_group_stride = hidden * inter,
+         .staged_rows = static_cast<int>(rows), .b = fp8 ? nullptr : w.down, .b_group_stride = hidden * inter,
+         .b_fp8 = fp8 ? w.fp8->down_codes : nullptr, .b_row_scales = fp8 ? w.fp8->down_row_scales : nullptr,
          .n = static_cast<int>(hidden), .k = static_cast<int>(inter), .group_offsets = offsets,
          .active_groups = act_.active_groups, .num_active = act_.num_active, .num_groups = groups_,
          .num_static = static_cast<int>(shared), .max_active = max_active, .max_rows = static_cast<int>(t),

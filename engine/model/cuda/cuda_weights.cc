@@ -411,7 +411,33 @@ class Builder {
                          "uploading the FP8 expert table");
       TANDEM_CUDA_RETURN(cudaMemcpy(ddn, dn.data(), dn.size() * sizeof(dn[0]), cudaMemcpyHostToDevice),
                          "uploading the FP8 expert table");
-      return Fp8Experts{.gate_up = dgu, .down = ddn};
+      // MoeExpertGemv's form: gate and up rows interleaved in blocks of 8, scales per row.
+      const int64_t hb = (hidden + 127) / 128, ib = inter / 128;
+      ASSIGN_OR_RETURN(uint8_t * il, b.Alloc<uint8_t>(groups * 2 * inter * hidden, "FP8 expert gate_up"));
+      ASSIGN_OR_RETURN(float* gu_rows, b.Alloc<float>(groups * 2 * inter * hb, "FP8 expert row scales"));
+      ASSIGN_OR_RETURN(float* down_rows, b.Alloc<float>(groups * hidden * ib, "FP8 expert row scales"));
+      b.out_->fp8_bytes += static_cast<uint64_t>(groups * (2 * inter * hidden + 4 * (2 * inter * hb + hidden * ib)));
+      const size_t block = static_cast<size_t>(kGateUpInterleave * hidden);  // bytes of 8 rows
+      for (int64_t g = 0; g < groups; ++g) {
+        uint8_t* d = il + g * 2 * inter * hidden;
+        const uint8_t* src = gu_codes + g * 2 * inter * hidden;
+        TANDEM_CUDA_RETURN(cudaMemcpy2DAsync(d, 2 * block, src, block, block, inter / kGateUpInterleave,
+                                             cudaMemcpyDeviceToDevice, b.stream_),
+                           "interleaving FP8 gate_up");
+        TANDEM_CUDA_RETURN(cudaMemcpy2DAsync(d + block, 2 * block, src + inter * hidden, block, block,
+                                             inter / kGateUpInterleave, cudaMemcpyDeviceToDevice, b.stream_),
+                           "interleaving FP8 gate_up");
+      }
+      TANDEM_CUDA_RETURN(cuda::ExpandRowScales({.src = gu_scales, .dst = gu_rows, .groups = groups, .rows = 2 * inter,
+                                                .cols = hb, .gate_up_interleaved = true},
+                                               b.stream_),
+                         "expanding FP8 scales");
+      TANDEM_CUDA_RETURN(cuda::ExpandRowScales({.src = down_scales, .dst = down_rows, .groups = groups, .rows = hidden,
+                                                .cols = ib},
+                                               b.stream_),
+                         "expanding FP8 scales");
+      return Fp8Experts{.gate_up = dgu, .down = ddn, .gate_up_interleaved = il, .gate_up_row_scales = gu_rows,
+                        .down_codes = down_codes, .down_row_scales = down_rows};
     }
   };
   // Allocates a MoE layer's FP8 expert storage when fp8_forms, every expert tensor will be

@@ -77,6 +77,12 @@ struct Fp8Linear {
 struct Fp8Experts {
   const cuda::QuantizedMatrixRef* gate_up = nullptr;  // device [groups]: [2 * inter][hidden], gate rows then up rows
   const cuda::QuantizedMatrixRef* down = nullptr;     // device [groups]: [hidden][inter]
+  // The same for cuda::MoeExpertGemv (MoeExpertGemvParams::b_fp8): gate_up interleaved in
+  // blocks of kGateUpInterleave rows as the bf16 groups, the scales expanded to rows.
+  const uint8_t* gate_up_interleaved = nullptr;  // [groups][2 * inter][hidden]
+  const float* gate_up_row_scales = nullptr;     // [groups][2 * inter][ceil(hidden / 128)]
+  const uint8_t* down_codes = nullptr;           // [groups][hidden][inter]
+  const float* down_row_scales = nullptr;        // [groups][hidden][inter / 128]
 };
 
 struct CudaAttentionWeights {

@@ -316,6 +316,72 @@ TEST_F(CudaMoeExpertGemvTest, ScatterAddFromStagedTokenRows) {
   }
 }
 
+// FP8 weights (b_fp8, b_row_scales): the scatter-add of each expert's product with its
+// tokens, against float64 over the widened codes times their row's scale per 128 columns;
+// k of one FP8 pass (4096 columns a pass), two passes (4608) and widths off the blocks.
+TEST_F(CudaMoeExpertGemvTest, Fp8WeightsMatchFloat64) {
+  const Shape two_passes{"two FP8 passes", 4608, 64, 8, 1, 2};
+  for (const Shape& s : {kShapes[0], kShapes[5], two_passes}) {
+    const int H = s.hidden, N = 48, groups = s.experts + s.shared, kb = (H + 127) / 128;
+    std::mt19937 rng(static_cast<uint32_t>(H));
+    std::vector<uint8_t> codes(static_cast<size_t>(groups) * N * H);
+    for (uint8_t& c : codes) {
+      c = static_cast<uint8_t>(rng());
+      if ((c & 0x7f) == 0x7f) c ^= 1;  // no NaN codes
+    }
+    std::vector<float> scales(static_cast<size_t>(groups) * N * kb);
+    for (float& v : scales) v = std::ldexp(1.0f, static_cast<int>(rng() % 5) - 10);
+    Dev<uint8_t> dcodes(codes);
+    Dev<float> dscales(scales);
+    for (int tokens = 1; tokens <= cuda::kMoeExpertGemvMaxRows; ++tokens) {
+      std::vector<int32_t> ids;
+      std::vector<float> route_weights;
+      Route(tokens, s, 11 * tokens, &ids, &route_weights);
+      const Permutation perm(ids, route_weights, tokens, s);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<uint16_t> x(static_cast<size_t>(tokens) * H);
+      for (uint16_t& v : x) v = F32ToBf16(normal(rng));
+      std::vector<float> base(static_cast<size_t>(tokens) * N);
+      for (float& v : base) v = normal(rng);
+      Dev<uint16_t> dx(x);
+      Dev<float> out(base);
+      ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(dx), .lda = H, .a_rows = perm.d_token.get(), .a_row_count = tokens,
+                                     .b_group_stride = static_cast<int64_t>(N) * H, .b_fp8 = dcodes.get(),
+                                     .b_row_scales = dscales.get(), .n = N, .k = H,
+                                     .group_offsets = perm.d_offsets.get(), .active_groups = perm.d_active.get(),
+                                     .num_active = perm.d_num.get(), .num_groups = groups, .num_static = s.shared,
+                                     .max_active = std::min(groups, tokens * s.top_k + s.shared), .max_rows = tokens,
+                                     .epilogue = cuda::GemmEpilogue::kScatterAddF32, .out = out.get(), .ldo = N,
+                                     .out_rows = perm.d_token.get(), .row_scale = perm.d_weight.get()},
+                                    nullptr),
+                cudaSuccess);
+      const std::vector<float> got = out.Download();
+      std::vector<double> want(base.begin(), base.end()), mag(base.size());
+      for (size_t i = 0; i < base.size(); ++i) mag[i] = std::fabs(base[i]);
+      for (int g = 0; g < groups; ++g) {
+        for (int p = perm.offsets[g]; p < perm.offsets[g + 1]; ++p) {
+          const int t = perm.token[p];
+          for (int c = 0; c < N; ++c) {
+            const size_t row = static_cast<size_t>(g) * N + c;
+            double sum = 0, sum_mag = 0;
+            for (int k = 0; k < H; ++k) {
+              const double w = static_cast<double>(F8E4M3ToF32(codes[row * H + k])) * scales[row * kb + k / 128];
+              const double prod = static_cast<double>(Bf16ToF32(x[t * H + k])) * w;
+              sum += prod;
+              sum_mag += std::fabs(prod);
+            }
+            want[t * N + c] += perm.weight[p] * sum;
+            mag[t * N + c] += perm.weight[p] * sum_mag;
+          }
+        }
+      }
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 2e-5 * mag[i] + 1e-30) << s.name << ", " << tokens << " tokens @" << i;
+      }
+    }
+  }
+}
+
 TEST_F(CudaMoeExpertGemvTest, ProgrammaticLaunchInAGraph) {
   // Permutation, gate_up and down chained by programmatic dependent launch and captured in
   // a graph (the shared experts' weights then load before the permutation has finished):
