@@ -16,13 +16,21 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileRows = 2 * kWarps;      // weight rows of a block's tile: two per warp
 // A chunk is 8 weights of a row: 16 bytes in bf16, 8 in FP8. Chunks per lane and row in
 // flight: the same registers (and twice the chunks) for FP8.
 template <bool kFp8>
 inline constexpr int kUnroll = kFp8 ? 16 : 8;
+// A row pair's lanes: a warp in bf16, a half-warp in FP8. (A warp's 16 chunks of 8 codes a
+// lane would span 4096 columns, twice a decode expert's width: half of them idle. A
+// half-warp's span, 2048, is one pass of a 2048-wide row with every load in use.)
 template <bool kFp8>
-inline constexpr int kPassChunks = 32 * kUnroll<kFp8>;  // chunks of a weight row per pass
+inline constexpr int kLanes = kFp8 ? 16 : 32;
+template <bool kFp8>
+inline constexpr int kPairs = kThreads / kLanes<kFp8>;  // row pairs of a block
+template <bool kFp8>
+inline constexpr int kTileRows = 2 * kPairs<kFp8>;  // weight rows of a block's tile: two per pair
+template <bool kFp8>
+inline constexpr int kPassChunks = kLanes<kFp8> * kUnroll<kFp8>;  // chunks of a weight row per pass
 template <bool kFp8>
 using Word = std::conditional_t<kFp8, uint2, uint4>;  // one chunk's weights
 constexpr int kMaxActive = kMoeExpertGemvMaxActive;
@@ -96,19 +104,31 @@ __device__ __forceinline__ float Dot8(const float* w, float4 a, float4 b) {
   return s;
 }
 
-// The two weight rows of `warp` in tile `tile`: a gate row and its up row (interleave
-// blocks of 8), or two adjacent rows (adjacent output columns of the scatter-add).
-__device__ __forceinline__ int2 WarpRows(bool silu, int tile, int warp) {
-  const int r0 = tile * kTileRows;
-  return silu ? make_int2(r0 + warp, r0 + kWarps + warp) : make_int2(r0 + 2 * warp, r0 + 2 * warp + 1);
+// The sum over a row pair's lanes (all of the warp's lanes call it).
+template <bool kFp8>
+__device__ __forceinline__ float PairSum(float v) {
+  for (int offset = kLanes<kFp8> / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The two weight rows of row pair `pair` in tile `tile`: a gate row and its up row
+// (interleave blocks of 8: pair 8b + i has gate row 16b + i, up row 16b + 8 + i, i.e. the
+// output column tile * kTileRows / 2 + pair), or two adjacent rows (adjacent output columns
+// of the scatter-add).
+template <bool kFp8>
+__device__ __forceinline__ int2 PairRows(bool silu, int tile, int pair) {
+  const int r0 = tile * kTileRows<kFp8>;
+  if (!silu) return make_int2(r0 + 2 * pair, r0 + 2 * pair + 1);
+  const int gate = r0 + 16 * (pair / 8) + pair % 8;
+  return make_int2(gate, gate + 8);
 }
 
 // Issues this warp's loads of one pass over its two rows of (group, tile).
 template <bool kFp8>
 __device__ __forceinline__ void LoadPass(const MoeExpertGemvParams& p, int group, int tile, int pass, bool silu,
                                          Word<kFp8> (&wv)[2][kUnroll<kFp8>]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int2 r = WarpRows(silu, tile, warp);
+  const int pair = threadIdx.x / kLanes<kFp8>, lane = threadIdx.x % kLanes<kFp8>;
+  const int2 r = PairRows<kFp8>(silu, tile, pair);
   const Word<kFp8>* w0;
   const Word<kFp8>* w1;
   if constexpr (kFp8) {
@@ -123,7 +143,7 @@ __device__ __forceinline__ void LoadPass(const MoeExpertGemvParams& p, int group
   const int kc = p.k / 8;
 #pragma unroll
   for (int u = 0; u < kUnroll<kFp8>; ++u) {
-    const int ch = pass * kPassChunks<kFp8> + u * 32 + lane;
+    const int ch = pass * kPassChunks<kFp8> + u * kLanes<kFp8> + lane;
     if (ch < kc) {
       wv[0][u] = LoadStreamed(w0 + ch);
       wv[1][u] = LoadStreamed(w1 + ch);
@@ -141,10 +161,10 @@ template <int kRows, bool kFp8>
 __device__ __forceinline__ void ComputePass(const float4* xs, int kc, int pass, int rows,
                                             const Word<kFp8> (&wv)[2][kUnroll<kFp8>], const float* const (&scales)[2],
                                             float (&acc)[2][kRows]) {
-  const int lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % kLanes<kFp8>;
 #pragma unroll
   for (int u = 0; u < kUnroll<kFp8>; ++u) {
-    const int ch = pass * kPassChunks<kFp8> + u * 32 + lane;
+    const int ch = pass * kPassChunks<kFp8> + u * kLanes<kFp8> + lane;
     if (ch < kc) {
       float w0[8], w1[8];
       Unpack(wv[0][u], w0);
@@ -171,41 +191,43 @@ __device__ __forceinline__ void ComputePass(const float4* xs, int kc, int pass, 
   }
 }
 
-// FP8: the scale rows of this warp's two weight rows of (group, tile); bf16: unused.
+// FP8: the scale rows of this pair's two weight rows of (group, tile); bf16: unused.
+template <bool kFp8>
 __device__ __forceinline__ void ScaleRows(const MoeExpertGemvParams& p, int group, int tile, bool silu,
                                           const float* (&rows)[2]) {
   rows[0] = rows[1] = nullptr;
-  if (p.b_fp8 == nullptr) return;
-  const int2 r = WarpRows(silu, tile, threadIdx.x / 32);
+  if constexpr (!kFp8) return;
+  const int2 r = PairRows<kFp8>(silu, tile, threadIdx.x / kLanes<kFp8>);
   const int64_t kb = (p.k + 127) / 128;
   const float* base = p.b_row_scales + (static_cast<int64_t>(group) * p.n) * kb;
   rows[0] = base + r.x * kb;
   rows[1] = base + r.y * kb;
 }
 
-template <int kRows>
+template <int kRows, bool kFp8>
 __device__ __forceinline__ void Epilogue(const MoeExpertGemvParams& p, const Entry& e, int tile, bool silu,
                                          float (&acc)[2][kRows]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int kTile = kTileRows<kFp8>;
+  const int pair = threadIdx.x / kLanes<kFp8>, lane = threadIdx.x % kLanes<kFp8>;
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int row = e.row_of[m];
     if (row < 0) continue;  // warp-uniform
-    const float v0 = internal::WarpSum(acc[0][m]), v1 = internal::WarpSum(acc[1][m]);
+    const float v0 = PairSum<kFp8>(acc[0][m]), v1 = PairSum<kFp8>(acc[1][m]);
     if (lane != m) continue;
     if (silu) {
-      const int64_t at = static_cast<int64_t>(row) * p.ldo + tile * (kTileRows / 2) + warp;
+      const int64_t at = static_cast<int64_t>(row) * p.ldo + tile * (kTile / 2) + pair;
       const float v = internal::SiluMulValue(v0, v1);
       const __nv_bfloat16 hi = __float2bfloat16_rn(v);
       static_cast<__nv_bfloat16*>(p.out)[at] = hi;
       if (p.out_lo != nullptr) p.out_lo[at] = __float2bfloat16_rn(v - __bfloat162float(hi));
     } else if (p.partial != nullptr) {  // summed in order by FinishColumnTiles
       const float s = e.scale[m];
-      *reinterpret_cast<float2*>(p.partial + static_cast<int64_t>(row) * p.ldo + tile * kTileRows + 2 * warp) =
+      *reinterpret_cast<float2*>(p.partial + static_cast<int64_t>(row) * p.ldo + tile * kTile + 2 * pair) =
           make_float2(s * v0, s * v1);
     } else {
       float* dst =
-          static_cast<float*>(p.out) + static_cast<int64_t>(e.dst_row[m]) * p.ldo + tile * kTileRows + 2 * warp;
+          static_cast<float*>(p.out) + static_cast<int64_t>(e.dst_row[m]) * p.ldo + tile * kTile + 2 * pair;
       const float s = e.scale[m];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       atomicAdd(reinterpret_cast<float2*>(dst), make_float2(s * v0, s * v1));
@@ -241,15 +263,17 @@ __device__ __forceinline__ void CountColumnTile(const MoeExpertGemvParams& p, in
   }
 }
 
+template <bool kFp8>
 __device__ __forceinline__ void FinishColumnTiles(const MoeExpertGemvParams& p, LastTiles& last) {
+  constexpr int kTile = kTileRows<kFp8>;
   __syncthreads();
   const int n = last.count;
   if (n == 0) return;
   const int rows = __ldcg(p.group_offsets + p.num_groups);
-  for (int i = threadIdx.x; i < n * p.out_row_count * kTileRows; i += kThreads) {
-    const int tile = last.tile[i / (p.out_row_count * kTileRows)];
-    const int at = i % (p.out_row_count * kTileRows);
-    const int t = at / kTileRows, c = tile * kTileRows + at % kTileRows;
+  for (int i = threadIdx.x; i < n * p.out_row_count * kTile; i += kThreads) {
+    const int tile = last.tile[i / (p.out_row_count * kTile)];
+    const int at = i % (p.out_row_count * kTile);
+    const int t = at / kTile, c = tile * kTile + at % kTile;
     float s = 0.0f;
     // Eight rows' loads in flight at once (a decode step's token has 8 or so: one round
     // trip, where a load per addition cost 8), then their sums in ascending row order.
@@ -370,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   const bool staged = !all_rows && p.staged_rows > 0;  // every group's rows staged up front
   const int kc = p.k / 8;
   const int passes = (kc + kPassChunks<kFp8> - 1) / kPassChunks<kFp8>;
-  const int tiles = p.n / kTileRows;
+  const int tiles = p.n / kTileRows<kFp8>;
   const int first_static = p.num_groups - p.num_static;
   const int static_tiles = p.num_static * tiles;
   const int stride = static_cast<int>(gridDim.x);
@@ -491,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
       }
     }
     const float* scale_rows[2];
-    ScaleRows(p, group_of(v), tile, silu, scale_rows);
+    ScaleRows<kFp8>(p, group_of(v), tile, silu, scale_rows);
     ComputePass<kRows, kFp8>(xt, kc, pass, rows, wv, scale_rows, acc);
     // The registers are free: the next loads go out before this tile's reduction.
     int next = j, next_pass = pass + 1;
@@ -503,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
     loaded = next < total;
     if (next_pass == 0) {
       if (waited) complete_table();  // before the wait: an early static tile, its entry set
-      Epilogue<kRows>(p, table[v], tile, silu, acc);
+      Epilogue<kRows, kFp8>(p, table[v], tile, silu, acc);
 #pragma unroll
       for (int m = 0; m < kRows; ++m) acc[0][m] = acc[1][m] = 0.0f;
       if (!silu && p.partial != nullptr) CountColumnTile(p, tile, min(p.num_static + routed, kMaxActive), last_tiles);
@@ -511,7 +535,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
     j = next;
     pass = next_pass;
   }
-  if (!silu && p.partial != nullptr) FinishColumnTiles(p, last_tiles);
+  if (!silu && p.partial != nullptr) FinishColumnTiles<kFp8>(p, last_tiles);
 }
 
 template <int kRows, bool kFp8>
@@ -531,7 +555,7 @@ cudaError_t LaunchRows(MoeExpertGemvParams p, cudaStream_t stream) {
   // Two blocks per multiprocessor (the register bound of __launch_bounds__) where shared
   // memory allows: every block of the grid is resident at once, none waits for a second wave.
   const int per_sm = smem <= 96 * 1024 ? 2 : 1;
-  const int64_t tiles = static_cast<int64_t>(p.max_active) * (p.n / kTileRows);
+  const int64_t tiles = static_cast<int64_t>(p.max_active) * (p.n / kTileRows<kFp8>);
   const unsigned blocks =
       static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(per_sm) * CurrentDeviceMultiprocessors()));
   if (p.partial != nullptr && (tiles + blocks - 1) / blocks > kMaxLastTiles) return cudaErrorInvalidValue;
@@ -553,6 +577,7 @@ cudaError_t MoeExpertGemv(const MoeExpertGemvParams& p, cudaStream_t stream) {
       p.b_group_stride < 0 || reinterpret_cast<uintptr_t>(p.a) % 16 != 0 ||
       (p.a_lo != nullptr && reinterpret_cast<uintptr_t>(p.a_lo) % 16 != 0) ||
       reinterpret_cast<uintptr_t>(fp8 ? static_cast<const void*>(p.b_fp8) : p.b) % (fp8 ? 8 : 16) != 0 ||
+      (fp8 && p.n % kTileRows<true> != 0) ||
       (!silu && !scatter) || (silu && p.ldo < p.n / 2) ||
       (!silu && p.out_lo != nullptr) ||
       (scatter && (p.ldo < p.n || p.ldo % 2 != 0 || reinterpret_cast<uintptr_t>(p.out) % 8 != 0)) ||

@@ -77,7 +77,7 @@ struct MoeExpertGemvParams {
   // 8-byte aligned rows), each multiplied by its row's scale for its 128 columns,
   // b_row_scales [num_groups][n][ceil(k / 128)] (a checkpoint's 128 x 128 block scales
   // expanded to rows, so that interleaved gate/up rows keep theirs). A chunk's 8 products
-  // are summed, then scaled once.
+  // are summed, then scaled once. FP8 tiles are 32 rows: n a multiple of 32.
   const uint8_t* b_fp8 = nullptr;
   const float* b_row_scales = nullptr;
   int n = 0;

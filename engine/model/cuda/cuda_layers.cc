@@ -689,7 +689,7 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
       cuda::MoeExpertGemvSupports(static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(t), max_active,
                                   static_cast<int>(shared))) {
     // An FP8 checkpoint's decode steps (fp8_expert_gemv): the experts' FP8 forms.
-    const bool fp8 = Fp8Decode(plan) && w.fp8 && options.fp8_expert_gemv;
+    const bool fp8 = Fp8Decode(plan) && w.fp8 && options.fp8_expert_gemv && hidden % 32 == 0 && (2 * inter) % 32 == 0;
     return ExpertProjections(
         {.a = act_.h_bf16, .a_lo = split ? act_.h_lo : nullptr, .lda = hidden, .a_rows = act_.sorted_token,
          .a_row_count = static_cast<int>(t), .b = fp8 ? nullptr : w.gate_up, .b_group_stride = 2 * inter * hidden,

@@ -320,9 +320,12 @@ TEST_F(CudaMoeExpertGemvTest, ScatterAddFromStagedTokenRows) {
 // tokens, against float64 over the widened codes times their row's scale per 128 columns;
 // k of one FP8 pass (4096 columns a pass), two passes (4608) and widths off the blocks.
 TEST_F(CudaMoeExpertGemvTest, Fp8WeightsMatchFloat64) {
-  const Shape two_passes{"two FP8 passes", 4608, 64, 8, 1, 2};
-  for (const Shape& s : {kShapes[0], kShapes[5], two_passes}) {
-    const int H = s.hidden, N = 48, groups = s.experts + s.shared, kb = (H + 127) / 128;
+  // FP8 rows run on half-warps, 16 chunks of 8 codes a lane: 2048 columns a pass (V2-Lite's
+  // gate_up: one full pass), 1408 (its down: 11 of 16 loads), 4608 (three passes, the last
+  // partial), 144 (a partial scale block). N: three tiles of 32 rows.
+  const Shape two_passes{"three FP8 passes", 4608, 64, 8, 1, 2}, short_rows{"k 1408", 1408, 64, 16, 2, 6};
+  for (const Shape& s : {kShapes[0], kShapes[5], two_passes, short_rows}) {
+    const int H = s.hidden, N = 96, groups = s.experts + s.shared, kb = (H + 127) / 128;
     std::mt19937 rng(static_cast<uint32_t>(H));
     std::vector<uint8_t> codes(static_cast<size_t>(groups) * N * H);
     for (uint8_t& c : codes) {
@@ -377,6 +380,44 @@ TEST_F(CudaMoeExpertGemvTest, Fp8WeightsMatchFloat64) {
       }
       for (size_t i = 0; i < want.size(); ++i) {
         ASSERT_NEAR(got[i], want[i], 2e-5 * mag[i] + 1e-30) << s.name << ", " << tokens << " tokens @" << i;
+      }
+
+      // The same codes as interleaved gate/up rows (blocks of 8): SiLU(gate) * up in bf16,
+      // a row per permuted row.
+      const int I = N / 2;
+      Dev<uint16_t> act(static_cast<size_t>(perm.rows) * I);
+      ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(dx), .lda = H, .a_rows = perm.d_token.get(), .a_row_count = tokens,
+                                     .b_group_stride = static_cast<int64_t>(N) * H, .b_fp8 = dcodes.get(),
+                                     .b_row_scales = dscales.get(), .n = N, .k = H,
+                                     .group_offsets = perm.d_offsets.get(), .active_groups = perm.d_active.get(),
+                                     .num_active = perm.d_num.get(), .num_groups = groups, .num_static = s.shared,
+                                     .max_active = std::min(groups, tokens * s.top_k + s.shared), .max_rows = tokens,
+                                     .epilogue = cuda::GemmEpilogue::kSiluMulBf16, .out = act.get(), .ldo = I},
+                                    nullptr),
+                cudaSuccess);
+      const std::vector<uint16_t> got_act = act.Download();
+      for (int g = 0; g < groups; ++g) {
+        for (int p = perm.offsets[g]; p < perm.offsets[g + 1]; ++p) {
+          const int t = perm.token[p];
+          for (int i = 0; i < I; ++i) {
+            const size_t gate_row = static_cast<size_t>(g) * N + (i / 8) * 16 + i % 8, up_row = gate_row + 8;
+            double gate = 0, up = 0, gate_mag = 0, up_mag = 0;
+            for (int k = 0; k < H; ++k) {
+              const double xv = Bf16ToF32(x[t * H + k]);
+              const double pg = xv * F8E4M3ToF32(codes[gate_row * H + k]) * scales[gate_row * kb + k / 128];
+              const double pu = xv * F8E4M3ToF32(codes[up_row * H + k]) * scales[up_row * kb + k / 128];
+              gate += pg;
+              up += pu;
+              gate_mag += std::fabs(pg);
+              up_mag += std::fabs(pu);
+            }
+            const double want_act = Silu(gate) * up;
+            const double tol = 2e-5 * (1.1 * gate_mag * std::fabs(up) + up_mag * std::fabs(Silu(gate))) +
+                               0x1p-8 * std::fabs(want_act) + 1e-30;
+            ASSERT_NEAR(Bf16ToF32(got_act[static_cast<size_t>(p) * I + i]), want_act, tol)
+                << s.name << ", " << tokens << " tokens: row " << p << " column " << i;
+          }
+        }
       }
     }
   }
