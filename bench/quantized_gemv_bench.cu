@@ -176,12 +176,21 @@ int main(int argc, char** argv) {
       const char* name;
       int64_t n, k;
       bool tiled;  // the same bytes read as the tiled layout (fp4_tiled.h): the tensor-core form
+      bool expert_tiles = true;  // QuantizedGemvParams::expert_tiles (false: a grid column per problem)
+      int tokens = 1;            // tokens * 6 problems
     };
     for (const Routed& r :
          {Routed{"fp4 routed gate+up (6 of 64 experts, 4096 x 4096 each)", 2 * inter, d, false},
           Routed{"fp4 routed down (6 of 64 experts, 4096 x 2048 each)", d, inter, false},
+          Routed{"fp4 routed gate+up, a grid column per problem", 2 * inter, d, false, false},
+          Routed{"fp4 routed down, a grid column per problem", d, inter, false, false},
+          Routed{"fp4 routed gate+up, 4 tokens (24 problems)", 2 * inter, d, false, true, 4},
+          Routed{"fp4 routed down, 4 tokens (24 problems)", d, inter, false, true, 4},
+          Routed{"fp4 routed gate+up, 4 tokens, a grid column per problem", 2 * inter, d, false, false, 4},
+          Routed{"fp4 routed down, 4 tokens, a grid column per problem", d, inter, false, false, 4},
           Routed{"fp4 tiled routed gate+up (6 of 64 experts)", 2 * inter, d, true},
           Routed{"fp4 tiled routed down (6 of 64 experts)", d, inter, true}}) {
+      const int problems = kTopK * r.tokens;
       const size_t wbytes = static_cast<size_t>(r.n * r.k / 2), nscales = static_cast<size_t>(r.n * (r.k / 32));
       uint8_t* w = nullptr;
       float *scales = nullptr, *x = nullptr, *y = nullptr;
@@ -189,20 +198,20 @@ int main(int argc, char** argv) {
       int32_t* ids = nullptr;
       CHECK_CUDA(cudaMalloc(&w, wbytes * kExperts));
       CHECK_CUDA(cudaMalloc(&scales, nscales * kExperts * sizeof(float)));
-      CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(kTopK * r.k) * sizeof(float)));
-      CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(kTopK * r.n) * sizeof(float)));
+      CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(problems * r.k) * sizeof(float)));
+      CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(problems * r.n) * sizeof(float)));
       CHECK_CUDA(cudaMalloc(&table, kExperts * sizeof(tandem::cuda::QuantizedMatrixRef)));
-      CHECK_CUDA(cudaMalloc(&ids, kIdSets * kTopK * sizeof(int32_t)));
+      CHECK_CUDA(cudaMalloc(&ids, kIdSets * problems * sizeof(int32_t)));
       FillBytes<<<1024, 256>>>(w, wbytes * kExperts, 11);
       FillFloats<<<256, 256>>>(scales, nscales * kExperts, 0.01f);
-      FillFloats<<<256, 256>>>(x, static_cast<size_t>(kTopK * r.k), 0.5f);
+      FillFloats<<<256, 256>>>(x, static_cast<size_t>(problems * r.k), 0.5f);
       CHECK_CUDA(cudaGetLastError());
       std::vector<tandem::cuda::QuantizedMatrixRef> refs(kExperts);
       for (int e = 0; e < kExperts; ++e) refs[e] = {.w = w + e * wbytes, .scales = scales + e * nscales};
       CHECK_CUDA(cudaMemcpy(table, refs.data(), kExperts * sizeof(refs[0]), cudaMemcpyHostToDevice));
       std::vector<int32_t> host_ids;
       uint32_t state = 12345;
-      for (int set = 0; set < kIdSets; ++set) {
+      for (int set = 0; set < kIdSets * r.tokens; ++set) {  // a token's 6 distinct experts
         std::vector<int32_t> chosen;
         while (static_cast<int>(chosen.size()) < kTopK) {
           state = state * 1664525u + 1013904223u;
@@ -216,14 +225,21 @@ int main(int argc, char** argv) {
                                                             : tandem::cuda::QuantizedWeight::kFp4Group32,
                                           .x = x, .ldx = r.k,
                                           .y = y, .ldy = r.n, .m = 1, .n = r.n, .k = r.k, .experts = table,
-                                          .num_experts = kExperts, .problems = kTopK,
-                                          .x_group = r.n == 2 * inter ? kTopK : 1};
+                                          .num_experts = kExperts, .problems = problems,
+                                          .x_group = r.n == 2 * inter ? kTopK : 1, .expert_tiles = r.expert_tiles};
       size_t next = 0;
       const double ms = MedianMs(iters, 20, [&] {
-        p.ids = ids + (next++ % kIdSets) * kTopK;
+        p.ids = ids + (next++ % kIdSets) * problems;
         CHECK_CUDA(tandem::cuda::QuantizedGemv(p, nullptr));
       });
-      report(r.name, 1, r.n, r.k, static_cast<double>(wbytes) * kTopK, ms);
+      // Bytes: the distinct experts' codes (a 4-token batch shares some; scales not counted).
+      double experts_read = 0;  // the mean over the id sets the launches cycle through
+      for (int set = 0; set < kIdSets; ++set) {
+        std::vector<int32_t> distinct(host_ids.begin() + set * problems, host_ids.begin() + (set + 1) * problems);
+        std::sort(distinct.begin(), distinct.end());
+        experts_read += static_cast<double>(std::unique(distinct.begin(), distinct.end()) - distinct.begin()) / kIdSets;
+      }
+      report(r.name, r.tokens, r.n, r.k, static_cast<double>(wbytes) * experts_read, ms);
       CHECK_CUDA(cudaFree(w));
       CHECK_CUDA(cudaFree(scales));
       CHECK_CUDA(cudaFree(x));

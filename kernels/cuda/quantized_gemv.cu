@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/fp4_expert_gemv.h"
 #include "kernels/cuda/quantized_gemv_mma.h"
 #include "kernels/cuda/quantized_gemv_operands.cuh"
 
@@ -31,13 +32,6 @@ constexpr int kDepth = 4;  // 16-byte weight loads per lane per pipeline stage (
 // would hit the same four banks).
 __device__ __forceinline__ int Swizzle(int f) { return f ^ ((f >> 3) & 7); }
 
-__device__ __forceinline__ float2 Half2Bits(uint32_t bits) {
-  __half2_raw raw;
-  raw.x = static_cast<unsigned short>(bits & 0xffffu);
-  raw.y = static_cast<unsigned short>(bits >> 16);
-  return __half22float2(__half2(raw));
-}
-
 // 16 FP8 values of one 16-byte load (two a time through the hardware's e4m3x2 -> f16x2).
 __device__ __forceinline__ void WidenFp8(const uint4& wv, float* w) {
   const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
@@ -50,26 +44,6 @@ __device__ __forceinline__ void WidenFp8(const uint4& wv, float* w) {
       const float2 f = __half22float2(__half2(raw));
       w[q * 4 + h * 2] = f.x;
       w[q * 4 + h * 2 + 1] = f.y;
-    }
-  }
-}
-
-// 32 FP4 e2m1 values of one 16-byte load, low nibble first, as 2^-14 times their value:
-// codes i and i + 4 of a word sit 16 bits apart, as the halves of an f16x2 do, so one shift
-// puts both codes' exponent and mantissa bits (e1 e0 m) at an f16's bits 11..9 (exponent
-// 0..3, the e2m1 subnormal 0.5 becoming f16's subnormal 2^-15) and their signs at bit 12,
-// which a masked add moves to bit 15. The 2^14 is multiplied back with the scale.
-__device__ __forceinline__ void WidenFp4(const uint4& wv, float* w) {
-  const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t t = i < 3 ? words[q] << (9 - 4 * i) : words[q] >> 3;
-      const uint32_t sign = t & 0x10001000u;
-      const float2 f = Half2Bits((t & 0x0e000e00u) | (sign << 3));
-      w[q * 8 + i] = f.x;
-      w[q * 8 + i + 4] = f.y;
     }
   }
 }
@@ -164,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<M>) QuantizedGemvKernel(Q
           if constexpr (F == QuantizedWeight::kFp8Block128) {
             WidenFp8(w[d], wf);
           } else if constexpr (F == QuantizedWeight::kFp4Group32) {
-            WidenFp4(w[d], wf);
+            internal::WidenFp4(w[d], wf);
           } else {
             WidenBf16(w[d], wf);
           }
@@ -297,7 +271,10 @@ cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream) {
                ? internal::LaunchFp8MmaGemv(p, stream)
                : LaunchFormat<QuantizedWeight::kFp8Block128>(p, stream);
   }
-  if (p.format == QuantizedWeight::kFp4Group32) return LaunchFormat<QuantizedWeight::kFp4Group32>(p, stream);
+  if (p.format == QuantizedWeight::kFp4Group32) {
+    return internal::Fp4ExpertGemvApplies(p) ? internal::LaunchFp4ExpertGemv(p, stream)
+                                              : LaunchFormat<QuantizedWeight::kFp4Group32>(p, stream);
+  }
   if (p.format == QuantizedWeight::kBf16) return LaunchFormat<QuantizedWeight::kBf16>(p, stream);
   if (p.format == QuantizedWeight::kFp4Tiled) return internal::LaunchFp4TiledGemv(p, stream);
   return cudaErrorInvalidValue;

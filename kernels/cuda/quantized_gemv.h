@@ -66,8 +66,8 @@ struct QuantizedGemvParams {
   // The routed form (a MoE layer's experts, chosen on the device, no host round trip):
   // when `experts` is set, w and scales are unused and the kernel runs `problems`
   // products with m = 1, problem p multiplying x row p / x_group by the matrix of expert
-  // ids[p] into y row p. An id outside [0, num_experts) gives a row of zeros. Every
-  // expert's matrix is [n][k] of `format`.
+  // ids[p] into y row p. An id outside [0, num_experts) gives a row of zeros (with
+  // accumulate: adds nothing). Every expert's matrix is [n][k] of `format`.
   const QuantizedMatrixRef* experts = nullptr;  // device, [num_experts]
   int num_experts = 0;
   const int32_t* ids = nullptr;  // device, [problems]: written by an earlier kernel
@@ -79,6 +79,9 @@ struct QuantizedGemvParams {
   // FP8 with k a multiple of 64 runs on tensor cores (quantized_gemv_mma.cu) unless this is
   // set (benchmarks and tests compare the two).
   bool scalar = false;
+  // The routed FP4 form on expert tiles (fp4_expert_gemv.h) where it applies; false: a grid
+  // column per problem (benchmarks and tests compare the two).
+  bool expert_tiles = true;
 };
 
 cudaError_t QuantizedGemv(const QuantizedGemvParams& p, cudaStream_t stream);

@@ -42,14 +42,6 @@ constexpr int kDepth = 2;  // items per lane per pipeline stage (two stages in f
 // rows' reads of one step in different banks.
 __host__ __device__ constexpr int64_t XStride(int64_t k) { return k / 2 + 4; }
 
-// Nibbles i and i + 4 of w as an f16x2, each 2^-14 times its e2m1 value: one shift puts
-// both codes' exponent and mantissa bits at an f16's bits 11..9 (the e2m1 subnormal 0.5
-// becoming f16's subnormal 2^-15) and their signs at bit 12, which moves to bit 15.
-__device__ __forceinline__ uint32_t Fp4PairToHalf2(uint32_t w, int i) {
-  const uint32_t t = i < 3 ? w << (9 - 4 * i) : w >> 3;
-  return (t & 0x0e000e00u) | ((t & 0x10001000u) << 3);
-}
-
 // Bytes h * 2, h * 2 + 1 of w (e4m3) as an f16x2 (exact).
 __device__ __forceinline__ uint32_t Fp8PairToHalf2(uint32_t w, int h) {
   const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> (16 * h)), __NV_E4M3);

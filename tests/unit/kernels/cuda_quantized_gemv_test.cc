@@ -229,6 +229,82 @@ TEST_F(CudaQuantizedGemvTest, RoutedProblemsMatchThePlainForm) {
   }
 }
 
+// The routed FP4 form on expert tiles (fp4_expert_gemv.h: row pairs of 16, 8 and 4 lanes,
+// one to five passes, x rows shared by x_group problems, an id outside the experts)
+// against the CPU's dequantization and a double-precision sum, and accumulate adding the
+// same products into y's old values.
+TEST_F(CudaQuantizedGemvTest, RoutedFp4ExpertTilesMatchFloat64) {
+  struct Shape {
+    int64_t n, k;
+    int x_group;
+  };
+  // (4096 columns: two passes of 16 lanes; 2048: one; 1024: 8 lanes; 96: 4; 9216: five
+  // passes, the last half full; 9216 with a row per problem: x too large to stage, the
+  // per-problem kernel; n 48 with 4096 columns: not whole 32-row tiles, the per-problem kernel)
+  for (const Shape& sh : std::vector<Shape>{{256, 4096, 6}, {128, 2048, 1}, {256, 1024, 2}, {64, 9216, 12},
+                                            {64, 9216, 1}, {128, 96, 3}, {48, 4096, 6}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << sh.n << " k " << sh.k << " x_group " << sh.x_group);
+    const int64_t n = sh.n, k = sh.k, experts = 4;
+    const std::vector<int32_t> ids = {3, 0, 2, 2, -1, 1, 9, 3, 0, 1, 2, 3};
+    const int problems = static_cast<int>(ids.size());
+    std::mt19937 rng(static_cast<uint32_t>(n + k));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int> exponent(-8, 4);
+    std::vector<std::vector<uint8_t>> w;
+    std::vector<std::vector<float>> scales;
+    std::vector<std::unique_ptr<Dev<uint8_t>>> dw;
+    std::vector<std::unique_ptr<Dev<float>>> ds;
+    std::vector<cuda::QuantizedMatrixRef> refs;
+    for (int64_t e = 0; e < experts; ++e) {
+      w.push_back(RandomWeights(cuda::QuantizedWeight::kFp4Group32, n, k, rng));
+      scales.emplace_back(static_cast<size_t>(n * (k / 32)));
+      for (float& v : scales.back()) v = std::ldexp(1.0f, exponent(rng));
+      dw.push_back(std::make_unique<Dev<uint8_t>>(w.back()));
+      ds.push_back(std::make_unique<Dev<float>>(scales.back()));
+      refs.push_back({.w = dw.back()->get(), .scales = ds.back()->get()});
+    }
+    const int x_rows = (problems + sh.x_group - 1) / sh.x_group;
+    std::vector<float> x(static_cast<size_t>(x_rows * k)), old(static_cast<size_t>(problems * n));
+    for (float& v : x) v = normal(rng);
+    for (float& v : old) v = normal(rng);
+    Dev<cuda::QuantizedMatrixRef> drefs(refs);
+    Dev<int32_t> dids(ids);
+    Dev<float> dx(x), dy(std::vector<float>(old.size(), 7.0f)), dacc(old);
+    cuda::QuantizedGemvParams p{.format = cuda::QuantizedWeight::kFp4Group32, .x = dx.get(), .ldx = k, .y = dy.get(),
+                                .ldy = n, .m = 1, .n = n, .k = k, .experts = drefs.get(),
+                                .num_experts = static_cast<int>(experts), .ids = dids.get(), .problems = problems,
+                                .x_group = sh.x_group};
+    ASSERT_EQ(cuda::QuantizedGemv(p, nullptr), cudaSuccess);
+    p.y = dacc.get();
+    p.accumulate = true;
+    ASSERT_EQ(cuda::QuantizedGemv(p, nullptr), cudaSuccess);
+    const std::vector<float> got = dy.Download(), acc = dacc.Download();
+    int bad = 0;
+    for (int q = 0; q < problems; ++q) {
+      const bool valid = ids[q] >= 0 && ids[q] < experts;
+      for (int64_t i = 0; i < n; ++i) {
+        double want = 0.0, magnitude = 0.0;
+        for (int64_t col = 0; valid && col < k; ++col) {
+          const uint8_t byte = w[ids[q]][static_cast<size_t>(i * (k / 2) + col / 2)];
+          const uint8_t code = col % 2 == 0 ? (byte & 0x0f) : (byte >> 4);
+          const double t = static_cast<double>(x[static_cast<size_t>((q / sh.x_group) * k + col)]) *
+                           v4::Fp4E2m1ToF32(code) * scales[ids[q]][static_cast<size_t>(i * (k / 32) + col / 32)];
+          want += t;
+          magnitude += std::fabs(t);
+        }
+        const size_t at = static_cast<size_t>(q * n + i);
+        if (!(std::fabs(got[at] - want) <= 1e-5 * magnitude + 1e-30) || acc[at] != old[at] + got[at]) {
+          if (bad++ < 5) {
+            ADD_FAILURE() << "problem " << q << ", row " << i << ": " << got[at] << " vs " << want << "; accumulated "
+                          << acc[at] << " vs " << old[at] << " + " << got[at];
+          }
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
 // The tiled FP4 layout widens to the plain layout's values exactly (the prefill path of
 // the V4 model widens tiled experts).
 TEST_F(CudaQuantizedGemvTest, TiledFp4WidensToThePlainValues) {
