@@ -237,6 +237,9 @@ struct BackendOptions {
   // prompt is chunked (docs/batch-invariance.md). The CPU backend always is; a backend that
   // cannot be refuses to load (FAILED_PRECONDITION naming --batch-invariant).
   bool batch_invariant = false;
+  // cuda, FP8 checkpoints: decode steps multiply the stored FP8 weights
+  // (CudaDeepseekModel::LoadOptions::fp8_decode).
+  bool fp8_decode = false;
   // Speculative decoding: load the checkpoint's MTP layer (ModelBackend::has_mtp); the
   // engine's pool then has its KV as one more layer (KvStreamOptions::mtp).
   bool mtp = false;

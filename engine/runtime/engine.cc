@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
                                                           .max_running = options.max_running,
                                                           .kv_blocks = options.num_kv_blocks,
                                                           .batch_invariant = options.batch_invariant,
+                                                          .fp8_decode = options.fp8_decode,
                                                           .mtp = mtp}));
   }
   if (mtp && !e->backend_->has_mtp()) {

@@ -100,6 +100,9 @@ struct EngineOptions {
   // batch companions and of prefill chunking (BackendOptions::batch_invariant), so seeded
   // sampling gives the same tokens whatever the load (docs/batch-invariance.md).
   bool batch_invariant = false;
+  // --fp8-decode: an FP8 checkpoint's decode steps on the GPU multiply its stored FP8
+  // weights (BackendOptions::fp8_decode).
+  bool fp8_decode = false;
   // Structured output: a request's constraint is compiled off the engine thread
   // (constraint_compiler.h) within this many seconds (--grammar-compile-timeout-ms), or
   // the request fails with INVALID_ARGUMENT.

@@ -64,6 +64,7 @@ struct WorkerFlags {
   bool no_device_sampling = false;
   bool no_pipeline_steps = false;
   bool batch_invariant = false;
+  bool fp8_decode = false;
   int32_t speculative_tokens = 0;
   float speculative_min_confidence = 0.0f;
   bool no_speculative_adaptive = false;
@@ -179,6 +180,12 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                "replicas, migration and the kvstore (every worker of a cluster needs it). The CPU backend always "
                "computes this way at no cost; on the GPU it takes one slower kernel path for every step "
                "(docs/batch-invariance.md)");
+  app.add_flag("--fp8-decode", f.fp8_decode,
+               "cuda, DeepSeek-V2/V3 checkpoints stored in FP8 (block-scaled E4M3, DeepSeek-V3's layout): decode "
+               "steps of up to 4 sequences multiply the stored FP8 weights, a byte a weight read instead of the bf16 "
+               "copy's two (docs/performance.md); the bf16 copies stay for prefill, so the weights take 1.5x the "
+               "bf16 memory. Not with --batch-invariant (ignored there). No effect on other checkpoints or the CPU "
+               "(which always multiplies FP8 weights widened exactly)");
   app.add_option("--speculative-tokens", f.speculative_tokens,
                  "Speculative decoding with the checkpoint's MTP layer (docs/speculative-decoding.md): up to N draft "
                  "tokens per sequence and step, verified by the next step (greedy outputs unchanged, sampled ones "
@@ -276,6 +283,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.sample_on_device = !f.no_device_sampling;
   eo.pipeline_steps = !f.no_pipeline_steps;
   eo.batch_invariant = f.batch_invariant;
+  eo.fp8_decode = f.fp8_decode;
   eo.speculative_tokens = f.speculative_tokens;
   eo.speculative_min_confidence = f.speculative_min_confidence;
   eo.speculative_adaptive = !f.no_speculative_adaptive;

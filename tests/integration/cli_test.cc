@@ -35,7 +35,7 @@ TEST(CliTest, HelpDocumentsEveryCommandAndFlag) {
 
 TEST(CliTest, ServeLocalPlacesReplicasOnDevicesAndRefusesBadOnes) {
   auto help = RunProcess({BinaryPath("tandem"), "serve-local", "--help"});
-  for (const char* flag : {"--device", "--prefill-devices", "--decode-devices", "--aggregated"}) {
+  for (const char* flag : {"--device", "--prefill-devices", "--decode-devices", "--aggregated", "--fp8-decode"}) {
     EXPECT_NE(help.out.find(flag), std::string::npos) << flag;
   }
   auto bad = RunProcess({BinaryPath("tandem"), "serve-local", "--prefill-devices", "cuda:0,gpu1"});
@@ -43,7 +43,8 @@ TEST(CliTest, ServeLocalPlacesReplicasOnDevicesAndRefusesBadOnes) {
   EXPECT_NE(bad.err.find("'gpu1' is not a device"), std::string::npos) << bad.err;
   if (!std::filesystem::exists(BinaryPath("tandem-prefill"))) return;  // an engine-only build
   auto worker = RunProcess({BinaryPath("tandem-prefill"), "--help"});
-  for (const char* flag : {"--kv-transfer", "--no-device-sampling", "--no-pipeline-steps", "--gpu-memory-utilization"}) {
+  for (const char* flag :
+       {"--kv-transfer", "--no-device-sampling", "--no-pipeline-steps", "--gpu-memory-utilization", "--fp8-decode"}) {
     EXPECT_NE(worker.out.find(flag), std::string::npos) << flag;
   }
   auto mode = RunProcess({BinaryPath("tandem-prefill"), "--kv-transfer", "nvlink"});

@@ -103,11 +103,10 @@ class CudaDeepseekModel {
     bool batch_invariant = false;
     // FP8 checkpoints (block-scaled E4M3, `make-model --dtype fp8`, DeepSeek-V3's layout):
     // the fused decode steps multiply the attention, MLP and expert linears in their stored
-    // FP8 form (cuda::QuantizedGemv: a byte a weight read instead of the bf16 copy's two;
-    // the experts routed on the device, the shared experts as extra routed slots), the
-    // other steps the bf16 copies (cuda_weights.h: both forms kept, 1.5x the memory). Off
-    // (the default until it beats the bf16 copies: at DeepSeek-V2-Lite's shapes on an H100
-    // its batch-1 step is 3-13 % slower, docs/performance.md), or a model without FP8
+    // FP8 form (a byte a weight read instead of the bf16 copy's two), the other steps the
+    // bf16 copies (cuda_weights.h: both forms kept, 1.5x the bf16 memory; worker
+    // --fp8-decode). Off by default for that memory (at DeepSeek-V2-Lite's shapes on an H100
+    // the decode step is 1.11x as fast, docs/performance.md), or a model without FP8
     // weights: every step on the bf16 copies, no FP8 forms loaded. Not with batch_invariant.
     bool fp8_decode = false;
     // Those FP8 products on the tensor-core GEMV where it applies (k a multiple of 64 and
@@ -116,7 +115,7 @@ class CudaDeepseekModel {
     // Those steps' experts through cuda::MoeExpertGemv on FP8 weights (the bf16 path's
     // kernels: MoeFusedRoute, each expert read once for all its tokens, the shared experts'
     // weights before the routing); off: the routed QuantizedGemv (a problem per token and
-    // slot). WIP: not yet run on a GPU.
+    // slot; benchmarks compare).
     bool fp8_expert_gemv = true;
     // Speculative decoding (docs/speculative-decoding.md): the checkpoint's first MTP layer
     // loaded, its KV one layer after the decoder layers' (ForwardSequence::mtp, Draft).
