@@ -237,15 +237,7 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     a->argmax = ar.Take<int32_t>(max_logit_rows);
     a->final_bf16 = ar.Take<__nv_bfloat16>(max_logit_rows * hidden);
     a->dense_plan = ar.Take<cuda_model::DenseMlpPlan>(1);
-    if (weights->fp8_linears > 0) {
-      const int64_t f = cuda::kSmallGemvMaxRows, k = c.num_experts_per_tok + c.n_shared_experts;
-      a->act_f32 = ar.Take<float>(std::max(f * inter, f * k * moe_inter));
-      if (groups_ > 0) {
-        a->fp8_ids = ar.Take<int32_t>(f * k);
-        a->fp8_weights = ar.Take<float>(f * k);
-        a->fp8_rows = ar.Take<const float*>(f * k);
-      }
-    }
+    if (weights->fp8_linears > 0) a->act_f32 = ar.Take<float>(cuda::kSmallGemvMaxRows * std::max<int64_t>(inter, 1));
     a->argmax_scratch = ar.Take<char>(cuda::SmallGemvArgmaxScratchBytes());
     a->argmax_counter = ar.Take<uint32_t>(1);
     return ar.used();
@@ -264,27 +256,6 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     }
     TANDEM_CUDA_RETURN(cudaMemcpy(act_.dense_plan, &plan, sizeof(plan), cudaMemcpyHostToDevice), "dense MLP plan");
     TANDEM_CUDA_RETURN(cudaMemset(act_.argmax_counter, 0, sizeof(uint32_t)), "clearing the arg-max counter");
-  }
-  if (act_.fp8_ids != nullptr) {
-    // The shared experts' fixed slots after each token's routed ones, and where each
-    // (token, slot) product lands (act_.y rows in slot order).
-    const int64_t f = cuda::kSmallGemvMaxRows, top_k = c.num_experts_per_tok, k = top_k + c.n_shared_experts;
-    std::vector<int32_t> ids(static_cast<size_t>(f * k), 0);
-    std::vector<float> wts(static_cast<size_t>(f * k), 0.0f);
-    std::vector<const float*> rows(static_cast<size_t>(f * k));
-    for (int64_t i = 0; i < f * k; ++i) {
-      if (i % k >= top_k) {
-        ids[static_cast<size_t>(i)] = static_cast<int32_t>(c.n_routed_experts + i % k - top_k);
-        wts[static_cast<size_t>(i)] = 1.0f;
-      }
-      rows[static_cast<size_t>(i)] = act_.y + i * c.hidden_size;
-    }
-    TANDEM_CUDA_RETURN(cudaMemcpy(act_.fp8_ids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
-                       "FP8 expert slots");
-    TANDEM_CUDA_RETURN(cudaMemcpy(act_.fp8_weights, wts.data(), wts.size() * sizeof(float), cudaMemcpyHostToDevice),
-                       "FP8 expert slots");
-    TANDEM_CUDA_RETURN(cudaMemcpy(act_.fp8_rows, rows.data(), rows.size() * sizeof(float*), cudaMemcpyHostToDevice),
-                       "FP8 expert slots");
   }
   if (groups_ > 0) {
     TANDEM_CUDA_RETURN(cudaMemset(act_.group_offsets, 0, kv_layers * (groups_ + 1) * sizeof(int32_t)),
@@ -1079,7 +1050,6 @@ void CudaDeepseekModel::set_moe_shared_experts_early(bool on) {
 void CudaDeepseekModel::set_split_decode_queries(bool on) { impl_->SetOption(&LoadOptions::split_decode_queries, on); }
 void CudaDeepseekModel::set_fp8_decode(bool on) { impl_->SetOption(&LoadOptions::fp8_decode, on); }
 void CudaDeepseekModel::set_fp8_tensor_cores(bool on) { impl_->SetOption(&LoadOptions::fp8_tensor_cores, on); }
-void CudaDeepseekModel::set_fp8_expert_gemv(bool on) { impl_->SetOption(&LoadOptions::fp8_expert_gemv, on); }
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {
   return impl_->TakeStepTimes();

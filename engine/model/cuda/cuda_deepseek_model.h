@@ -112,11 +112,6 @@ class CudaDeepseekModel {
     // Those FP8 products on the tensor-core GEMV where it applies (k a multiple of 64 and
     // enough 16-row tiles, quantized_gemv.h); off: the scalar kernel (benchmarks compare).
     bool fp8_tensor_cores = true;
-    // Those steps' experts through cuda::MoeExpertGemv on FP8 weights (the bf16 path's
-    // kernels: MoeFusedRoute, each expert read once for all its tokens, the shared experts'
-    // weights before the routing); off: the routed QuantizedGemv (a problem per token and
-    // slot; benchmarks compare).
-    bool fp8_expert_gemv = true;
     // Speculative decoding (docs/speculative-decoding.md): the checkpoint's first MTP layer
     // loaded, its KV one layer after the decoder layers' (ForwardSequence::mtp, Draft).
     bool mtp = false;
@@ -207,7 +202,6 @@ class CudaDeepseekModel {
   // Off: FP8 checkpoints' decode steps on the bf16 copies (the forms stay loaded).
   void set_fp8_decode(bool on);
   void set_fp8_tensor_cores(bool on);
-  void set_fp8_expert_gemv(bool on);
   // For benchmarks: with step events on, each Forward records a CUDA event when its GPU
   // work begins (before the batch upload) and when it ends (after the results are read
   // back); TakeStepTimes returns {begin, end} per recorded step in ms since the first

@@ -572,11 +572,6 @@ absl::Status CudaDeepseekModel::Impl::Moe(int64_t layer, const StepPlan& plan) {
       .tile_rows = grouped ? kTileRows : 0, .tile_group = act_.tile_group, .tile_row = act_.tile_row,
       .num_tiles = act_.num_tiles, .scratch = act_.permute_scratch};
 
-  if (Fp8Decode(plan) && w.fp8 && !options.fp8_expert_gemv &&
-      cuda::MoeFusedRouteSupports(permute.num_tokens, permute.num_experts, permute.top_k, permute.num_shared,
-                                  permute.tile_rows)) {
-    return Fp8Moe(layer, plan, routing, permute);
-  }
   if (Fused(plan) && cuda::MoeFusedRouteSupports(permute.num_tokens, permute.num_experts, permute.top_k,
                                                  permute.num_shared, permute.tile_rows)) {
     TANDEM_CUDA_RETURN(cuda::MoeFusedRoute({.x = act_.x, .x_stride = hidden, .norm_weight = lw.post_attention_norm,
@@ -688,8 +683,9 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
                                   max_active, static_cast<int>(shared)) &&
       cuda::MoeExpertGemvSupports(static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(t), max_active,
                                   static_cast<int>(shared))) {
-    // An FP8 checkpoint's decode steps (fp8_expert_gemv): the experts' FP8 forms.
-    const bool fp8 = Fp8Decode(plan) && w.fp8 && options.fp8_expert_gemv && hidden % 32 == 0 && (2 * inter) % 32 == 0;
+    // An FP8 checkpoint's decode steps (fp8_decode): the experts' FP8 forms. (Elsewhere, or
+    // at widths whose rows do not make whole 32-row FP8 tiles, the bf16 copies.)
+    const bool fp8 = Fp8Decode(plan) && w.fp8 && hidden % 32 == 0 && (2 * inter) % 32 == 0;
     return ExpertProjections(
         {.a = act_.h_bf16, .a_lo = split ? act_.h_lo : nullptr, .lda = hidden, .a_rows = act_.sorted_token,
          .a_row_count = static_cast<int>(t), .b = fp8 ? nullptr : w.gate_up, .b_group_stride = 2 * inter * hidden,

@@ -135,13 +135,7 @@ struct Activations {
   DenseMlpPlan* dense_plan = nullptr;
   __nv_bfloat16* final_bf16 = nullptr;  // [max_logit_rows][hidden]
   // The FP8 decode path (LoadOptions::fp8_decode), sized for kSmallGemvMaxRows tokens:
-  float* act_f32 = nullptr;  // [max(F inter, F K moe_inter)] SwiGLU outputs
-  // [F][K] with K = top_k + n_shared: the routing's choices in the first top_k columns, the
-  // shared experts (groups n_routed + s, weight 1) fixed in the others; and the rows of
-  // act_.y each (token, slot) product lands in.
-  int32_t* fp8_ids = nullptr;
-  float* fp8_weights = nullptr;
-  const float** fp8_rows = nullptr;
+  float* act_f32 = nullptr;  // [F inter] the dense MLP's SwiGLU outputs
 };
 
 }  // namespace cuda_model
@@ -250,8 +244,6 @@ class CudaDeepseekModel::Impl {
                           bool accumulate, const char* what);
   // The dense MLP and the MoE layer of an Fp8Decode step (the FP8 forms present).
   absl::Status Fp8Mlp(int64_t layer, const cuda_model::StepPlan& plan);
-  absl::Status Fp8Moe(int64_t layer, const cuda_model::StepPlan& plan, cuda::MoeRoutingParams routing,
-                      cuda::MoePermuteParams permute);
   // The MoE layer's norm, router, routing and permutation as separate launches; then the
   // expert GEMMs (and the combine).
   absl::Status MoeFrontEnd(int64_t layer, const cuda_model::StepPlan& plan, const cuda::MoeRoutingParams& routing,

@@ -264,7 +264,7 @@ class Builder {
         if (fp8.on) TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "splitting shared experts");
       }
       if (fp8.on) {
-        ASSIGN_OR_RETURN(moe.fp8, fp8.Tables(*this));
+        ASSIGN_OR_RETURN(moe.fp8, fp8.Finish(*this));
       }
       l.moe = moe;
     } else {
@@ -379,11 +379,14 @@ class Builder {
 
   static const Fp8Dest* Fp8Or(const Fp8Dest& d) { return d.codes != nullptr ? &d : nullptr; }
 
-  // A MoE layer's FP8 expert storage: per group, gate_up [2 inter][hidden] (gate rows, then
-  // up rows) and down [hidden][inter], each followed in its own array by its block scales.
+  // A MoE layer's FP8 expert storage while it loads: per group, gate_up [2 inter][hidden]
+  // (gate rows, then up rows) and down [hidden][inter], each with its block scales in its own
+  // array. Only the down codes stay; gate_up and the block scales are scratch, turned into
+  // MoeExpertGemv's form (interleaved rows, row scales) by Finish.
   struct ExpertsFp8 {
     bool on = false;
     int64_t groups = 0, inter = 0, hidden = 0;
+    DeviceBuffer gu_buffer, gu_scale_buffer, down_scale_buffer;  // scratch
     uint8_t* gu_codes = nullptr;
     float* gu_scales = nullptr;
     uint8_t* down_codes = nullptr;
@@ -399,19 +402,9 @@ class Builder {
       if (!on) return {};
       return {down_codes + g * hidden * inter, down_scales + g * DownScales()};
     }
-    absl::StatusOr<Fp8Experts> Tables(Builder& b) const {
-      std::vector<cuda::QuantizedMatrixRef> gu(static_cast<size_t>(groups)), dn(static_cast<size_t>(groups));
-      for (int64_t g = 0; g < groups; ++g) {
-        gu[static_cast<size_t>(g)] = {GateUp(g, 0).codes, GateUp(g, 0).scales};
-        dn[static_cast<size_t>(g)] = {Down(g).codes, Down(g).scales};
-      }
-      ASSIGN_OR_RETURN(cuda::QuantizedMatrixRef * dgu, b.Alloc<cuda::QuantizedMatrixRef>(groups, "FP8 expert table"));
-      ASSIGN_OR_RETURN(cuda::QuantizedMatrixRef * ddn, b.Alloc<cuda::QuantizedMatrixRef>(groups, "FP8 expert table"));
-      TANDEM_CUDA_RETURN(cudaMemcpy(dgu, gu.data(), gu.size() * sizeof(gu[0]), cudaMemcpyHostToDevice),
-                         "uploading the FP8 expert table");
-      TANDEM_CUDA_RETURN(cudaMemcpy(ddn, dn.data(), dn.size() * sizeof(dn[0]), cudaMemcpyHostToDevice),
-                         "uploading the FP8 expert table");
-      // MoeExpertGemv's form: gate and up rows interleaved in blocks of 8, scales per row.
+    // Once every group is written: the interleaved gate_up and the row scales, then the
+    // scratch released (after the stream has used it).
+    absl::StatusOr<Fp8Experts> Finish(Builder& b) {
       const int64_t hb = (hidden + 127) / 128, ib = inter / 128;
       ASSIGN_OR_RETURN(uint8_t * il, b.Alloc<uint8_t>(groups * 2 * inter * hidden, "FP8 expert gate_up"));
       ASSIGN_OR_RETURN(float* gu_rows, b.Alloc<float>(groups * 2 * inter * hb, "FP8 expert row scales"));
@@ -436,8 +429,12 @@ class Builder {
                                                 .cols = ib},
                                                b.stream_),
                          "expanding FP8 scales");
-      return Fp8Experts{.gate_up = dgu, .down = ddn, .gate_up_interleaved = il, .gate_up_row_scales = gu_rows,
-                        .down_codes = down_codes, .down_row_scales = down_rows};
+      TANDEM_CUDA_RETURN(cudaStreamSynchronize(b.stream_), "expanding FP8 scales");
+      gu_buffer = DeviceBuffer();
+      gu_scale_buffer = DeviceBuffer();
+      down_scale_buffer = DeviceBuffer();
+      return Fp8Experts{.gate_up_interleaved = il, .gate_up_row_scales = gu_rows, .down_codes = down_codes,
+                        .down_row_scales = down_rows};
     }
   };
   // Allocates a MoE layer's FP8 expert storage when fp8_forms, every expert tensor will be
@@ -455,11 +452,14 @@ class Builder {
       if (!fp8(absl::StrCat(m, "experts.", e, "."), hm ? &hm->experts[e] : nullptr)) return x;
     }
     if (c_.n_shared_experts > 0 && !fp8(m + "shared_experts.", hm && hm->shared ? &*hm->shared : nullptr)) return x;
-    ASSIGN_OR_RETURN(x.gu_codes, Alloc<uint8_t>(groups * 2 * x.inter * x.hidden, "FP8 expert gate_up"));
-    ASSIGN_OR_RETURN(x.gu_scales, Alloc<float>(groups * x.GuScales(), "FP8 expert scales"));
+    RETURN_IF_ERROR(x.gu_buffer.Allocate(static_cast<size_t>(groups * 2 * x.inter * x.hidden), "FP8 expert gate_up"));
+    RETURN_IF_ERROR(x.gu_scale_buffer.Allocate(static_cast<size_t>(groups * x.GuScales()) * 4, "FP8 expert scales"));
+    RETURN_IF_ERROR(x.down_scale_buffer.Allocate(static_cast<size_t>(groups * x.DownScales()) * 4, "FP8 expert scales"));
+    x.gu_codes = x.gu_buffer.get<uint8_t>();
+    x.gu_scales = x.gu_scale_buffer.get<float>();
+    x.down_scales = x.down_scale_buffer.get<float>();
     ASSIGN_OR_RETURN(x.down_codes, Alloc<uint8_t>(groups * x.hidden * x.inter, "FP8 expert down"));
-    ASSIGN_OR_RETURN(x.down_scales, Alloc<float>(groups * x.DownScales(), "FP8 expert scales"));
-    out_->fp8_bytes += static_cast<uint64_t>(groups * (3 * x.inter * x.hidden + 4 * (x.GuScales() + x.DownScales())));
+    out_->fp8_bytes += static_cast<uint64_t>(groups * x.inter * x.hidden);
     ++out_->fp8_linears;
     x.on = true;
     return x;

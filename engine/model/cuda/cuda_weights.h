@@ -74,11 +74,10 @@ struct Fp8Linear {
 
 // A MoE layer's experts in FP8 for the routed GEMV (the routed experts, then the shared
 // experts split into n_shared experts of moe_intermediate_size each, as the bf16 groups).
+// A MoE layer's experts (routed, then shared) in FP8 as cuda::MoeExpertGemv reads them
+// (MoeExpertGemvParams::b_fp8): gate_up interleaved in blocks of kGateUpInterleave rows as
+// the bf16 groups, the checkpoint's 128 x 128 block scales expanded to rows.
 struct Fp8Experts {
-  const cuda::QuantizedMatrixRef* gate_up = nullptr;  // device [groups]: [2 * inter][hidden], gate rows then up rows
-  const cuda::QuantizedMatrixRef* down = nullptr;     // device [groups]: [hidden][inter]
-  // The same for cuda::MoeExpertGemv (MoeExpertGemvParams::b_fp8): gate_up interleaved in
-  // blocks of kGateUpInterleave rows as the bf16 groups, the scales expanded to rows.
   const uint8_t* gate_up_interleaved = nullptr;  // [groups][2 * inter][hidden]
   const float* gate_up_row_scales = nullptr;     // [groups][2 * inter][ceil(hidden / 128)]
   const uint8_t* down_codes = nullptr;           // [groups][hidden][inter]

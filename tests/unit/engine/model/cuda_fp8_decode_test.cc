@@ -155,13 +155,6 @@ TEST_P(CudaFp8DecodeTest, DecodeStepsMatchTheCpuWithTheScalarGemv) {
   CheckDecodeSteps();
 }
 
-// The experts through the routed QuantizedGemv (a problem per token and slot) instead of
-// MoeExpertGemv on FP8 weights.
-TEST_P(CudaFp8DecodeTest, DecodeStepsMatchTheCpuWithRoutedGemvExperts) {
-  fp8_->set_fp8_expert_gemv(false);
-  CheckDecodeSteps();
-}
-
 // Free-running greedy continuations (32 tokens, 10 prompts, one at a time: decode steps of
 // one row) against the CPU engine at the GPU's KV cache precision (entries rounded to bf16),
 // which multiplies the FP8 weights widened exactly, as the FP8 path does, by vLLM's
