@@ -49,6 +49,7 @@ struct GenerateArgs {
   bool compact_json = false;
   int grammar_compile_timeout_ms = 5000;
   bool batch_invariant = false;
+  bool fp8_decode = false;
   int speculative_tokens = 0;
   double speculative_min_confidence = 0.0;
   bool no_speculative_adaptive = false;
@@ -126,6 +127,7 @@ int RunLocal(const GenerateArgs& a) {
   options.gpu_memory_utilization = a.gpu_memory_utilization;
   options.grammar_compile_timeout_s = a.grammar_compile_timeout_ms / 1000.0;
   options.batch_invariant = a.batch_invariant;
+  options.fp8_decode = a.fp8_decode;
   options.speculative_tokens = a.speculative_tokens;
   options.speculative_min_confidence = static_cast<float>(a.speculative_min_confidence);
   options.speculative_adaptive = !a.no_speculative_adaptive;
@@ -253,6 +255,9 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_flag("--batch-invariant", args->batch_invariant,
                 "--local: logits bitwise independent of batching and prefill chunking (docs/batch-invariance.md); "
                 "for a cluster, start its workers with --batch-invariant");
+  cmd->add_flag("--fp8-decode", args->fp8_decode,
+                "--local --device cuda, an FP8 DeepSeek-V2/V3 checkpoint: decode steps on its stored FP8 weights "
+                "(1.5x the bf16 weight memory); for a cluster, start its workers with --fp8-decode");
   cmd->add_option("--speculative-tokens", args->speculative_tokens,
                   "--local: speculative decoding with the model's MTP layer, up to N drafts per step (0 = off; "
                   "docs/speculative-decoding.md); for a cluster, start its workers with --speculative-tokens")
@@ -303,6 +308,12 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
       *exit_code = Fail(absl::InvalidArgumentError(
           "--data-parallel, --expert-parallel and --tensor-parallel need --local: the served workers do not start "
           "rank groups yet (docs/parallel.md)"));
+      return;
+    }
+    if (args->fp8_decode) {
+      *exit_code = Fail(absl::InvalidArgumentError(
+          "--fp8-decode needs --local: for a cluster, start its workers with --fp8-decode (tandem serve-local "
+          "--fp8-decode)"));
       return;
     }
     if (args->batch_invariant) {

@@ -26,9 +26,13 @@ TEST(CliTest, HelpDocumentsEveryCommandAndFlag) {
   auto gen = RunProcess({BinaryPath("tandem"), "generate", "--help"});
   for (const char* flag : {"--local", "--addr", "--model", "--max-tokens", "--temperature", "--top-p", "--top-k",
                            "--seed", "--stop", "--ignore-eos", "--expert-parallel", "--tensor-parallel",
-                           "--data-parallel"}) {
+                           "--data-parallel", "--fp8-decode"}) {
     EXPECT_NE(gen.out.find(flag), std::string::npos) << flag;
   }
+  // A local engine's option asked of a cluster: refused, saying where it belongs.
+  auto fp8 = RunProcess({BinaryPath("tandem"), "generate", "--fp8-decode", "hi"});
+  EXPECT_NE(fp8.exit_code, 0);
+  EXPECT_NE(fp8.err.find("--fp8-decode needs --local"), std::string::npos) << fp8.err;
   auto none = RunProcess({BinaryPath("tandem")});
   EXPECT_NE(none.exit_code, 0);
 }
