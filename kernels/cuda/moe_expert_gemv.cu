@@ -33,6 +33,13 @@ template <bool kFp8>
 inline constexpr int kPassChunks = kLanes<kFp8> * kUnroll<kFp8>;  // chunks of a weight row per pass
 template <bool kFp8>
 using Word = std::conditional_t<kFp8, uint2, uint4>;  // one chunk's weights
+// A pass's loads in parts: FP8 in two, so that one part's loads are in flight while the
+// other's products are made (the FP8 kernel was latency-bound, ncu: no pipe busy, DRAM at
+// 37-47 %); bf16 in one (it reads at the copy rate as it is).
+template <bool kFp8>
+inline constexpr int kParts = kFp8 ? 2 : 1;
+template <bool kFp8>
+inline constexpr int kPartChunks = kUnroll<kFp8> / kParts<kFp8>;
 constexpr int kMaxActive = kMoeExpertGemvMaxActive;
 constexpr int kMaxRows = kMoeExpertGemvMaxRows;
 constexpr size_t kStagedBytes = 96 * 1024;  // staged_rows up to this: still two blocks per SM
@@ -123,10 +130,10 @@ __device__ __forceinline__ int2 PairRows(bool silu, int tile, int pair) {
   return make_int2(gate, gate + 8);
 }
 
-// Issues this warp's loads of one pass over its two rows of (group, tile).
-template <bool kFp8>
+// Issues this row pair's loads of part `part` of one pass over its two rows of (group, tile).
+template <bool kFp8, int kPart>
 __device__ __forceinline__ void LoadPass(const MoeExpertGemvParams& p, int group, int tile, int pass, bool silu,
-                                         Word<kFp8> (&wv)[2][kUnroll<kFp8>]) {
+                                         Word<kFp8> (&wv)[2][kPartChunks<kFp8>]) {
   const int pair = threadIdx.x / kLanes<kFp8>, lane = threadIdx.x % kLanes<kFp8>;
   const int2 r = PairRows<kFp8>(silu, tile, pair);
   const Word<kFp8>* w0;
@@ -142,8 +149,8 @@ __device__ __forceinline__ void LoadPass(const MoeExpertGemvParams& p, int group
   }
   const int kc = p.k / 8;
 #pragma unroll
-  for (int u = 0; u < kUnroll<kFp8>; ++u) {
-    const int ch = pass * kPassChunks<kFp8> + u * kLanes<kFp8> + lane;
+  for (int u = 0; u < kPartChunks<kFp8>; ++u) {
+    const int ch = pass * kPassChunks<kFp8> + (kPart * kPartChunks<kFp8> + u) * kLanes<kFp8> + lane;
     if (ch < kc) {
       wv[0][u] = LoadStreamed(w0 + ch);
       wv[1][u] = LoadStreamed(w1 + ch);
@@ -157,14 +164,14 @@ __device__ __forceinline__ void LoadPass(const MoeExpertGemvParams& p, int group
 // acc[c][m] += this lane's part of row c's product with A row m over one pass. xs holds
 // the A rows as float4 halves of 8-weight chunks, [m][half][kc] (conflict-free reads).
 // FP8: each chunk's sum times its row's scale for its 128 columns (scales[c][ch / 16]).
-template <int kRows, bool kFp8>
+template <int kRows, bool kFp8, int kPart>
 __device__ __forceinline__ void ComputePass(const float4* xs, int kc, int pass, int rows,
-                                            const Word<kFp8> (&wv)[2][kUnroll<kFp8>], const float* const (&scales)[2],
-                                            float (&acc)[2][kRows]) {
+                                            const Word<kFp8> (&wv)[2][kPartChunks<kFp8>],
+                                            const float* const (&scales)[2], float (&acc)[2][kRows]) {
   const int lane = threadIdx.x % kLanes<kFp8>;
 #pragma unroll
-  for (int u = 0; u < kUnroll<kFp8>; ++u) {
-    const int ch = pass * kPassChunks<kFp8> + u * kLanes<kFp8> + lane;
+  for (int u = 0; u < kPartChunks<kFp8>; ++u) {
+    const int ch = pass * kPassChunks<kFp8> + (kPart * kPartChunks<kFp8> + u) * kLanes<kFp8> + lane;
     if (ch < kc) {
       float w0[8], w1[8];
       Unpack(wv[0][u], w0);
@@ -402,10 +409,10 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
   // Before the wait: the first tile's loads if it is a static group's. (Also asking the
   // block's later static tiles into L2 slowed the step: their traffic delays the routing
   // kernel that runs meanwhile, 12 us a step at batch 1 on the H200.)
-  Word<kFp8> wv[2][kUnroll<kFp8>];
+  Word<kFp8> wv[2][kPartChunks<kFp8>], wv1[2][kPartChunks<kFp8>];  // parts 0 and 1 of a pass
   int j = static_cast<int>(blockIdx.x);
-  bool loaded = j < static_tiles;  // wv holds tile j's first pass
-  if (loaded) LoadPass<kFp8>(p, first_static + j / tiles, j % tiles, 0, silu, wv);
+  bool loaded = j < static_tiles;  // wv holds part 0 of tile j's first pass
+  if (loaded) LoadPass<kFp8, 0>(p, first_static + j / tiles, j % tiles, 0, silu, wv);
   // Early static tiles (norm_x): every static tile of this block (the tiles j, j + stride,
   // ... below static_tiles come first in its list) before the wait, from rows it stages
   // itself; the static entries of the table are known.
@@ -487,10 +494,12 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
       }
       routed = __syncthreads_count(tid < active && g < first_static);
       total = min(p.num_static + routed, kMaxActive) * tiles;
-      if (j < total && !loaded) LoadPass<kFp8>(p, group_of(j / tiles), j % tiles, 0, silu, wv);
+      if (j < total && !loaded) LoadPass<kFp8, 0>(p, group_of(j / tiles), j % tiles, 0, silu, wv);
     }
     if (j >= total) break;
     const int v = j / tiles, tile = j % tiles;
+    // Part 1's loads in flight during part 0's staging and products.
+    if constexpr (kParts<kFp8> == 2) LoadPass<kFp8, 1>(p, group_of(v), tile, pass, silu, wv1);
     int rows = p.a_row_count;
     const float4* xt = xs;  // the tile's group's staged rows
     if (staged) {
@@ -516,15 +525,17 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertGemvKernel(MoeExpertGemv
     }
     const float* scale_rows[2];
     ScaleRows<kFp8>(p, group_of(v), tile, silu, scale_rows);
-    ComputePass<kRows, kFp8>(xt, kc, pass, rows, wv, scale_rows, acc);
-    // The registers are free: the next loads go out before this tile's reduction.
+    ComputePass<kRows, kFp8, 0>(xt, kc, pass, rows, wv, scale_rows, acc);
+    // Part 0's registers are free: the next pass's first loads go out before part 1's
+    // products (FP8) and this tile's reduction.
     int next = j, next_pass = pass + 1;
     if (next_pass == passes) {
       next_pass = 0;
       next = j + stride;
     }
-    if (next < total) LoadPass<kFp8>(p, group_of(next / tiles), next % tiles, next_pass, silu, wv);
+    if (next < total) LoadPass<kFp8, 0>(p, group_of(next / tiles), next % tiles, next_pass, silu, wv);
     loaded = next < total;
+    if constexpr (kParts<kFp8> == 2) ComputePass<kRows, kFp8, 1>(xt, kc, pass, rows, wv1, scale_rows, acc);
     if (next_pass == 0) {
       if (waited) complete_table();  // before the wait: an early static tile, its entry set
       Epilogue<kRows, kFp8>(p, table[v], tile, silu, acc);
