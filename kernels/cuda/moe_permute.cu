@@ -502,7 +502,6 @@ __global__ void __launch_bounds__(kFusedThreads) MoeFusedRouteKernel(MoeFusedRou
       const float v = weight * (dyn[t * K + i] * inv);
       dyn[t * K + i] = v;
       if (blockIdx.x == 0) {
-        if (p.h_f32 != nullptr) p.h_f32[t * p.h_stride + i] = v;
         const __nv_bfloat16 hi = __float2bfloat16_rn(v);
         p.h_bf16[t * p.h_stride + i] = hi;
         if (p.h_lo != nullptr) p.h_lo[t * p.h_stride + i] = __float2bfloat16_rn(v - __bfloat162float(hi));
@@ -663,8 +662,7 @@ cudaError_t MoeFusedRoute(const MoeFusedRouteParams& p, cudaStream_t stream) {
       reinterpret_cast<uintptr_t>(p.router) % 16 != 0 || r.expert_ids == nullptr || r.weights == nullptr ||
       r.num_experts <= 0 || r.num_experts > 1024 || r.num_groups <= 0 || r.num_groups > 32 ||
       r.num_experts % r.num_groups != 0 || r.topk_groups <= 0 || r.topk_groups > r.num_groups || r.top_k <= 0 ||
-      r.top_k > 32 || r.top_k > r.num_experts || (r.out_stride != 0 && r.out_stride < r.top_k) ||
-      q.expert_ids != r.expert_ids || q.weights != r.weights ||
+      r.top_k > 32 || r.top_k > r.num_experts || q.expert_ids != r.expert_ids || q.weights != r.weights ||
       q.num_tokens != r.num_tokens || q.top_k != r.top_k || q.num_experts != r.num_experts ||
       q.group_offsets == nullptr || q.active_groups == nullptr || q.num_active == nullptr ||
       q.sorted_token == nullptr || q.sorted_weight == nullptr || q.entry_row == nullptr || q.tile_rows < 0 ||

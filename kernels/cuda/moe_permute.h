@@ -83,7 +83,6 @@ struct MoeFusedRouteParams {
   const float* router = nullptr;  // [num_experts][hidden]
   __nv_bfloat16* h_bf16 = nullptr;  // [num_tokens][h_stride]
   __nv_bfloat16* h_lo = nullptr;    // optional, same layout
-  float* h_f32 = nullptr;           // optional: the normalized rows in float32, same layout
   int64_t h_stride = 0;
   float* router_logits = nullptr;  // [num_tokens][num_experts] scratch
   uint32_t* counter = nullptr;

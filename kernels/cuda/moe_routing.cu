@@ -24,8 +24,7 @@ cudaError_t MoeRouting(const MoeRoutingParams& p, cudaStream_t stream) {
   if (p.logits == nullptr || p.expert_ids == nullptr || p.weights == nullptr || p.num_tokens < 0 ||
       p.num_experts <= 0 || p.num_experts > 1024 || p.logits_stride < p.num_experts || p.num_groups <= 0 ||
       p.num_groups > 32 || p.num_experts % p.num_groups != 0 || p.topk_groups <= 0 ||
-      p.topk_groups > p.num_groups || p.top_k <= 0 || p.top_k > 32 || p.top_k > p.num_experts ||
-      (p.out_stride != 0 && p.out_stride < p.top_k)) {
+      p.topk_groups > p.num_groups || p.top_k <= 0 || p.top_k > 32 || p.top_k > p.num_experts) {
     return cudaErrorInvalidValue;
   }
   const size_t smem = static_cast<size_t>(kWarps) * internal::RouteScratchFloats(p.num_experts) * sizeof(float);

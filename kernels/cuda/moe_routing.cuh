@@ -129,7 +129,7 @@ __device__ __forceinline__ void RouteTokenWarpByRank(const MoeRoutingParams& p, 
     r1 += Beats(c.x, j, c1, i1) + Beats(c.y, j + 1, c1, i1) + Beats(c.z, j + 2, c1, i1) + Beats(c.w, j + 3, c1, i1);
   }
   const bool pick0 = v0 && r0 < top_k, pick1 = v1 && r1 < top_k;
-  int32_t* ids = p.expert_ids + static_cast<int64_t>(t) * (p.out_stride > 0 ? p.out_stride : top_k);
+  int32_t* ids = p.expert_ids + static_cast<int64_t>(t) * top_k;
   if (pick0) {
     ids[r0] = i0;
     picked[r0] = s0;
@@ -147,7 +147,7 @@ __device__ __forceinline__ void RouteTokenWarpByRank(const MoeRoutingParams& p, 
   for (int k = 0; k < top_k; ++k) sum += picked[k];
   if (lane < top_k) {
     const float v = RoutingWeight(p, picked[lane], sum);
-    p.weights[static_cast<int64_t>(t) * (p.out_stride > 0 ? p.out_stride : top_k) + lane] = v;
+    p.weights[static_cast<int64_t>(t) * top_k + lane] = v;
     if (weights_s != nullptr) weights_s[lane] = v;
   }
   __syncwarp();
@@ -185,7 +185,7 @@ __device__ __forceinline__ void RouteTokenWarpIterative(const MoeRoutingParams& 
   uint32_t taken = 0;  // bit j: expert lane + 32 j chosen
   float sum = 0.0f;
   float mine = 0.0f;  // lane k: the score of the k-th choice (top_k <= 32)
-  int32_t* ids = p.expert_ids + static_cast<int64_t>(t) * (p.out_stride > 0 ? p.out_stride : p.top_k);
+  int32_t* ids = p.expert_ids + static_cast<int64_t>(t) * p.top_k;
   for (int k = 0; k < p.top_k; ++k) {
     float bv = -INFINITY;
     int bi = INT_MAX;
@@ -208,7 +208,7 @@ __device__ __forceinline__ void RouteTokenWarpIterative(const MoeRoutingParams& 
   // Each lane its own choice's weight: no read back of what was just written.
   if (lane < p.top_k) {
     const float v = RoutingWeight(p, mine, sum);
-    p.weights[static_cast<int64_t>(t) * (p.out_stride > 0 ? p.out_stride : p.top_k) + lane] = v;
+    p.weights[static_cast<int64_t>(t) * p.top_k + lane] = v;
     if (weights_s != nullptr) weights_s[lane] = v;
   }
   __syncwarp();

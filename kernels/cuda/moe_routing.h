@@ -30,12 +30,8 @@ struct MoeRoutingParams {
   bool normalize = false;
   bool scale_normalized = true;
   float routed_scaling_factor = 1.0f;
-  int32_t* expert_ids = nullptr;  // [num_tokens][out_stride] out, best first (the first top_k of a row)
-  float* weights = nullptr;       // [num_tokens][out_stride] out
-  // Elements between tokens' rows of expert_ids and weights: 0 for top_k; more leaves
-  // the columns after top_k untouched (a caller's fixed entries, e.g. shared experts').
-  // (MoeFusedRoute's permutation reads its own copy of the choices.)
-  int out_stride = 0;
+  int32_t* expert_ids = nullptr;  // [num_tokens][top_k] out, best first
+  float* weights = nullptr;       // [num_tokens][top_k] out
 };
 
 cudaError_t MoeRouting(const MoeRoutingParams& p, cudaStream_t stream);
