@@ -70,6 +70,24 @@ __device__ __forceinline__ float LoadWeight(const float* p) {
   return __uint_as_float(LoadWeight(reinterpret_cast<const uint32_t*>(p)));
 }
 
+// A streamed weight chunk: read once, not worth L1. Non-coherent, unlike LoadWeight (ptxas
+// may move such loads below GridDependencyWait): a kernel that issues them before its wait
+// keeps them in a branch of their own, where ptxas leaves them (moe_expert_gemv.cu, checked
+// in the SASS).
+__device__ __forceinline__ uint4 LoadStreamed(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint2 LoadStreamed(const uint2* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
 // A hint to bring the 128-byte line holding p into L2.
 __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
@@ -134,6 +152,15 @@ __device__ __forceinline__ void BlockArgmax(const float* row, int64_t n, float* 
   __syncthreads();
   *value = best_v[0];
   *index = best_i[0];
+}
+
+// The sum over each group of kLanes consecutive lanes (a power of two up to 32), in every
+// lane of the group; every lane of the warp calls it.
+template <int kLanes>
+__device__ __forceinline__ float LaneGroupSum(float v) {
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
 }
 
 __device__ __forceinline__ float WarpSum(float v) {

@@ -5,7 +5,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
-#include "kernels/cuda/quantized_gemv_operands.cuh"
+#include "kernels/cuda/narrow_widen.cuh"
 
 namespace tandem::cuda::internal {
 namespace {
@@ -22,22 +22,6 @@ template <int kLanes>
 inline constexpr int kTileRows = 2 * kPairs<kLanes>;
 template <int kLanes>
 inline constexpr int kPassChunks = kLanes * kUnroll;  // loads of a row a pass
-
-// Weights are read once, after the wait: no L1 allocation, the non-coherent path.
-__device__ __forceinline__ uint4 LoadStreamed(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-template <int kLanes>
-__device__ __forceinline__ float PairSum(float v) {
-#pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 // A tile's expert matrix (codes and scales), or null codes for an id outside the experts.
 struct TileMatrix {
@@ -164,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 2) Fp4ExpertGemvKernel(QuantizedGemv
   auto finish = [&](const Stage& s, const uint4 (&w)[2][kUnroll], const float (&sc)[2][kUnroll]) {
     ComputePass<kLanes>(xs, kc, s.t.problem / p.x_group, s.pass, w, sc, acc);
     if (s.pass + 1 < passes) return;
-    const float v0 = PairSum<kLanes>(acc[0]), v1 = PairSum<kLanes>(acc[1]);
+    const float v0 = LaneGroupSum<kLanes>(acc[0]), v1 = LaneGroupSum<kLanes>(acc[1]);
     if (lane == 0) {
       float2* out = reinterpret_cast<float2*>(p.y + static_cast<int64_t>(s.t.problem) * p.ldy +
                                               static_cast<int64_t>(s.t.tile) * kTileRows<kLanes> + 2 * pair);

@@ -5,11 +5,9 @@
 #include <climits>
 #include <type_traits>
 
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/narrow_widen.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -56,48 +54,14 @@ struct Entry {
   float scale[kMaxRows];
 };
 
-// A streamed weight chunk: read once, not worth L1. Non-coherent, unlike
-// internal::LoadWeight (cuda_common.cuh: ptxas may move such loads below the wait): the
-// loads issued before this kernel's wait sit in a branch of their own, where ptxas keeps
-// them (checked in the SASS).
-__device__ __forceinline__ uint4 LoadStreamed(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint2 LoadStreamed(const uint2* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-
 // Eight E4M3 codes (low byte first) as floats (exact).
 __device__ __forceinline__ void Unpack(uint2 w, float* f) {
-  const uint32_t u[2] = {w.x, w.y};
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2_raw raw =
-          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[i] >> (16 * h)), __NV_E4M3);
-      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&raw));
-      f[4 * i + 2 * h] = v.x;
-      f[4 * i + 2 * h + 1] = v.y;
-    }
-  }
+  internal::WidenFp8Word(w.x, f);
+  internal::WidenFp8Word(w.y, f + 4);
 }
 
-__device__ __forceinline__ void Unpack(uint4 w, float* f) {
-  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(u[i] << 16);
-    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-  }
-}
+// Eight bf16 weights as floats.
+__device__ __forceinline__ void Unpack(uint4 w, float* f) { internal::WidenBf16(w, f); }
 
 __device__ __forceinline__ float Dot8(const float* w, float4 a, float4 b) {
   float s = a.x * w[0];
@@ -109,13 +73,6 @@ __device__ __forceinline__ float Dot8(const float* w, float4 a, float4 b) {
   s = fmaf(b.z, w[6], s);
   s = fmaf(b.w, w[7], s);
   return s;
-}
-
-// The sum over a row pair's lanes (all of the warp's lanes call it).
-template <bool kFp8>
-__device__ __forceinline__ float PairSum(float v) {
-  for (int offset = kLanes<kFp8> / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
 }
 
 // The two weight rows of row pair `pair` in tile `tile`: a gate row and its up row
@@ -152,8 +109,8 @@ __device__ __forceinline__ void LoadPass(const MoeExpertGemvParams& p, int group
   for (int u = 0; u < kPartChunks<kFp8>; ++u) {
     const int ch = pass * kPassChunks<kFp8> + (kPart * kPartChunks<kFp8> + u) * kLanes<kFp8> + lane;
     if (ch < kc) {
-      wv[0][u] = LoadStreamed(w0 + ch);
-      wv[1][u] = LoadStreamed(w1 + ch);
+      wv[0][u] = internal::LoadStreamed(w0 + ch);
+      wv[1][u] = internal::LoadStreamed(w1 + ch);
     } else {
       wv[0][u] = Word<kFp8>{};
       wv[1][u] = Word<kFp8>{};
@@ -220,7 +177,8 @@ __device__ __forceinline__ void Epilogue(const MoeExpertGemvParams& p, const Ent
   for (int m = 0; m < kRows; ++m) {
     const int row = e.row_of[m];
     if (row < 0) continue;  // warp-uniform
-    const float v0 = PairSum<kFp8>(acc[0][m]), v1 = PairSum<kFp8>(acc[1][m]);
+    const float v0 = internal::LaneGroupSum<kLanes<kFp8>>(acc[0][m]);
+    const float v1 = internal::LaneGroupSum<kLanes<kFp8>>(acc[1][m]);
     if (lane != m) continue;
     if (silu) {
       const int64_t at = static_cast<int64_t>(row) * p.ldo + tile * (kTile / 2) + pair;

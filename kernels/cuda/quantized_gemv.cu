@@ -1,13 +1,11 @@
 #include "kernels/cuda/quantized_gemv.h"
 
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/fp4_expert_gemv.h"
+#include "kernels/cuda/narrow_widen.cuh"
 #include "kernels/cuda/quantized_gemv_mma.h"
 #include "kernels/cuda/quantized_gemv_operands.cuh"
 
@@ -36,26 +34,7 @@ __device__ __forceinline__ int Swizzle(int f) { return f ^ ((f >> 3) & 7); }
 __device__ __forceinline__ void WidenFp8(const uint4& wv, float* w) {
   const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2_raw raw =
-          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[q] >> (16 * h)), __NV_E4M3);
-      const float2 f = __half22float2(__half2(raw));
-      w[q * 4 + h * 2] = f.x;
-      w[q * 4 + h * 2 + 1] = f.y;
-    }
-  }
-}
-
-// 8 bf16 values of one 16-byte load: a bf16 is a float32's upper half.
-__device__ __forceinline__ void WidenBf16(const uint4& wv, float* w) {
-  const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    w[2 * q] = __uint_as_float(words[q] << 16);
-    w[2 * q + 1] = __uint_as_float(words[q] & 0xffff0000u);
-  }
+  for (int q = 0; q < 4; ++q) internal::WidenFp8Word(words[q], w + 4 * q);
 }
 
 template <QuantizedWeight F>
@@ -140,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<M>) QuantizedGemvKernel(Q
           } else if constexpr (F == QuantizedWeight::kFp4Group32) {
             internal::WidenFp4(w[d], wf);
           } else {
-            WidenBf16(w[d], wf);
+            internal::WidenBf16(w[d], wf);
           }
           const float scale = s[d] * Format<F>::kUnscale;
 #pragma unroll

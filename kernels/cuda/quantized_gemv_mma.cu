@@ -22,13 +22,13 @@
 #include "kernels/cuda/quantized_gemv_mma.h"
 
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/mma_sync.cuh"
+#include "kernels/cuda/narrow_widen.cuh"
 #include "kernels/cuda/quantized_gemv_operands.cuh"
 
 namespace tandem::cuda::internal {
@@ -41,12 +41,6 @@ constexpr int kDepth = 2;  // items per lane per pipeline stage (two stages in f
 // Row stride of the staged activations, in (hi, lo) pairs: 32 bytes of padding put the
 // rows' reads of one step in different banks.
 __host__ __device__ constexpr int64_t XStride(int64_t k) { return k / 2 + 4; }
-
-// Bytes h * 2, h * 2 + 1 of w (e4m3) as an f16x2 (exact).
-__device__ __forceinline__ uint32_t Fp8PairToHalf2(uint32_t w, int h) {
-  const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> (16 * h)), __NV_E4M3);
-  return static_cast<uint32_t>(raw.x) | (static_cast<uint32_t>(raw.y) << 16);
-}
 
 __device__ __forceinline__ uint32_t HalfBits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 
