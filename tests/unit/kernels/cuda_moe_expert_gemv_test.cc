@@ -13,6 +13,7 @@
 // (at most top_k + shared adds per element, in any order).
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -260,6 +261,88 @@ TEST_F(CudaMoeExpertGemvTest, MatchesFloat64) {
   }
 }
 
+// `tokens` tokens routed by Route (seed route_seed) over the shape's experts, their bf16
+// rows drawn from rng: what a scatter-add or SiLU launch over staged token rows reads.
+struct RoutedTokens {
+  RoutedTokens(const Shape& s, int tokens, uint32_t route_seed, std::mt19937& rng)
+      : tokens(tokens), perm(Routed(s, tokens, route_seed)), x(static_cast<size_t>(tokens) * s.hidden) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (uint16_t& v : x) v = F32ToBf16(normal(rng));
+    dx = std::make_unique<Dev<uint16_t>>(x);
+  }
+  static Permutation Routed(const Shape& s, int tokens, uint32_t seed) {
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    Route(tokens, s, seed, &ids, &weights);
+    return Permutation(ids, weights, tokens, s);
+  }
+  // MoeExpertGemv's params over these rows with `weights`' b / b_fp8 / b_row_scales and
+  // b_group_stride (n = N, k = hidden).
+  cuda::MoeExpertGemvParams Params(const Shape& s, int N, cuda::MoeExpertGemvParams weights) const {
+    const int groups = s.experts + s.shared;
+    weights.a = Bf(*dx);
+    weights.lda = s.hidden;
+    weights.a_rows = perm.d_token.get();
+    weights.a_row_count = tokens;
+    weights.n = N;
+    weights.k = s.hidden;
+    weights.group_offsets = perm.d_offsets.get();
+    weights.active_groups = perm.d_active.get();
+    weights.num_active = perm.d_num.get();
+    weights.num_groups = groups;
+    weights.num_static = s.shared;
+    weights.max_active = std::min(groups, tokens * s.top_k + s.shared);
+    weights.max_rows = tokens;
+    return weights;
+  }
+  int tokens;
+  Permutation perm;
+  std::vector<uint16_t> x;
+  std::unique_ptr<Dev<uint16_t>> dx;
+};
+
+// The scatter-add epilogue (scaled by the routing weights, into token rows holding base
+// values drawn from rng) against float64: weight(row, k) is the exact value of row `row`
+// (group * N + column) of the weights.
+template <typename Weight>
+void ExpectScatterAddMatches(const Shape& s, int N, const RoutedTokens& rt, cuda::MoeExpertGemvParams weights,
+                             std::mt19937& rng, Weight weight) {
+  const int H = s.hidden, groups = s.experts + s.shared;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> base(static_cast<size_t>(rt.tokens) * N);
+  for (float& v : base) v = normal(rng);
+  Dev<float> out(base);
+  cuda::MoeExpertGemvParams p = rt.Params(s, N, weights);
+  p.epilogue = cuda::GemmEpilogue::kScatterAddF32;
+  p.out = out.get();
+  p.ldo = N;
+  p.out_rows = rt.perm.d_token.get();
+  p.row_scale = rt.perm.d_weight.get();
+  ASSERT_EQ(cuda::MoeExpertGemv(p, nullptr), cudaSuccess);
+  const std::vector<float> got = out.Download();
+  std::vector<double> want(base.begin(), base.end()), mag(base.size());
+  for (size_t i = 0; i < base.size(); ++i) mag[i] = std::fabs(base[i]);
+  for (int g = 0; g < groups; ++g) {
+    for (int q = rt.perm.offsets[g]; q < rt.perm.offsets[g + 1]; ++q) {
+      const int t = rt.perm.token[q];
+      for (int c = 0; c < N; ++c) {
+        const size_t row = static_cast<size_t>(g) * N + c;
+        double sum = 0, sum_mag = 0;
+        for (int k = 0; k < H; ++k) {
+          const double prod = static_cast<double>(Bf16ToF32(rt.x[static_cast<size_t>(t) * H + k])) * weight(row, k);
+          sum += prod;
+          sum_mag += std::fabs(prod);
+        }
+        want[t * N + c] += rt.perm.weight[q] * sum;
+        mag[t * N + c] += rt.perm.weight[q] * sum_mag;
+      }
+    }
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 2e-5 * mag[i] + 1e-30) << s.name << ", " << rt.tokens << " tokens @" << i;
+  }
+}
+
 TEST_F(CudaMoeExpertGemvTest, ScatterAddFromStagedTokenRows) {
   // The scatter-add epilogue with the token rows staged once (a_row_count): each expert's
   // product with the tokens routed to it, scaled and added into the token rows.
@@ -269,60 +352,22 @@ TEST_F(CudaMoeExpertGemvTest, ScatterAddFromStagedTokenRows) {
     FillWeights(w, H, 31);
     const std::vector<uint16_t> hw = w.Download();
     for (int tokens = 1; tokens <= cuda::kMoeExpertGemvMaxRows; ++tokens) {
-      std::vector<int32_t> ids;
-      std::vector<float> route_weights;
-      Route(tokens, s, 7 * tokens, &ids, &route_weights);
-      const Permutation perm(ids, route_weights, tokens, s);
       std::mt19937 rng(tokens);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      std::vector<uint16_t> x(static_cast<size_t>(tokens) * H);
-      for (uint16_t& v : x) v = F32ToBf16(normal(rng));
-      std::vector<float> base(static_cast<size_t>(tokens) * N);
-      for (float& v : base) v = normal(rng);
-      Dev<uint16_t> dx(x);
-      Dev<float> out(base);
-      ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(dx), .lda = H, .a_rows = perm.d_token.get(), .a_row_count = tokens,
-                                     .b = Bf(w), .b_group_stride = static_cast<int64_t>(N) * H, .n = N, .k = H,
-                                     .group_offsets = perm.d_offsets.get(), .active_groups = perm.d_active.get(),
-                                     .num_active = perm.d_num.get(), .num_groups = groups, .num_static = s.shared,
-                                     .max_active = std::min(groups, tokens * s.top_k + s.shared), .max_rows = tokens,
-                                     .epilogue = cuda::GemmEpilogue::kScatterAddF32, .out = out.get(), .ldo = N,
-                                     .out_rows = perm.d_token.get(), .row_scale = perm.d_weight.get()},
-                                    nullptr),
-                cudaSuccess);
-      const std::vector<float> got = out.Download();
-      std::vector<double> want(base.begin(), base.end()), mag(base.size());
-      for (size_t i = 0; i < base.size(); ++i) mag[i] = std::fabs(base[i]);
-      for (int g = 0; g < groups; ++g) {
-        for (int p = perm.offsets[g]; p < perm.offsets[g + 1]; ++p) {
-          const int t = perm.token[p];
-          for (int c = 0; c < N; ++c) {
-            double sum = 0, sum_mag = 0;
-            for (int k = 0; k < H; ++k) {
-              const double prod = static_cast<double>(Bf16ToF32(x[t * H + k])) *
-                                  Bf16ToF32(hw[(static_cast<size_t>(g) * N + c) * H + k]);
-              sum += prod;
-              sum_mag += std::fabs(prod);
-            }
-            want[t * N + c] += perm.weight[p] * sum;
-            mag[t * N + c] += perm.weight[p] * sum_mag;
-          }
-        }
-      }
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_NEAR(got[i], want[i], 2e-5 * mag[i] + 1e-30) << s.name << ", " << tokens << " tokens @" << i;
-      }
+      const RoutedTokens rt(s, tokens, 7 * tokens, rng);
+      ExpectScatterAddMatches(s, N, rt, {.b = Bf(w), .b_group_stride = static_cast<int64_t>(N) * H}, rng,
+                              [&](size_t row, int k) { return static_cast<double>(Bf16ToF32(hw[row * H + k])); });
     }
   }
 }
 
-// FP8 weights (b_fp8, b_row_scales): the scatter-add of each expert's product with its
-// tokens, against float64 over the widened codes times their row's scale per 128 columns;
-// k of one FP8 pass (4096 columns a pass), two passes (4608) and widths off the blocks.
+// FP8 weights (b_fp8, b_row_scales) against float64 over the widened codes times their
+// row's scale per 128 columns: the scatter-add, and the SiLU epilogue over the same codes
+// read as interleaved gate/up rows.
 TEST_F(CudaMoeExpertGemvTest, Fp8WeightsMatchFloat64) {
-  // FP8 rows run on half-warps, 16 chunks of 8 codes a lane: 2048 columns a pass (V2-Lite's
-  // gate_up: one full pass), 1408 (its down: 11 of 16 loads), 4608 (three passes, the last
-  // partial), 144 (a partial scale block). N: three tiles of 32 rows.
+  // FP8 rows run on half-warps, 16 chunks of 8 codes a lane in two parts: 2048 columns a
+  // pass (V2-Lite's gate_up: one full pass), 1408 (its down: 11 of 16 loads), 4608 (three
+  // passes, the last partial), 144 (a partial scale block; the second part empty). N: three
+  // tiles of 32 rows.
   const Shape two_passes{"three FP8 passes", 4608, 64, 8, 1, 2}, short_rows{"k 1408", 1408, 64, 16, 2, 6};
   for (const Shape& s : {kShapes[0], kShapes[5], two_passes, short_rows}) {
     const int H = s.hidden, N = 96, groups = s.experts + s.shared, kb = (H + 127) / 128;
@@ -336,76 +381,34 @@ TEST_F(CudaMoeExpertGemvTest, Fp8WeightsMatchFloat64) {
     for (float& v : scales) v = std::ldexp(1.0f, static_cast<int>(rng() % 5) - 10);
     Dev<uint8_t> dcodes(codes);
     Dev<float> dscales(scales);
+    const cuda::MoeExpertGemvParams fp8{.b_group_stride = static_cast<int64_t>(N) * H, .b_fp8 = dcodes.get(),
+                                        .b_row_scales = dscales.get()};
+    auto weight = [&](size_t row, int k) {
+      return static_cast<double>(F8E4M3ToF32(codes[row * H + k])) * scales[row * kb + k / 128];
+    };
     for (int tokens = 1; tokens <= cuda::kMoeExpertGemvMaxRows; ++tokens) {
-      std::vector<int32_t> ids;
-      std::vector<float> route_weights;
-      Route(tokens, s, 11 * tokens, &ids, &route_weights);
-      const Permutation perm(ids, route_weights, tokens, s);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      std::vector<uint16_t> x(static_cast<size_t>(tokens) * H);
-      for (uint16_t& v : x) v = F32ToBf16(normal(rng));
-      std::vector<float> base(static_cast<size_t>(tokens) * N);
-      for (float& v : base) v = normal(rng);
-      Dev<uint16_t> dx(x);
-      Dev<float> out(base);
-      ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(dx), .lda = H, .a_rows = perm.d_token.get(), .a_row_count = tokens,
-                                     .b_group_stride = static_cast<int64_t>(N) * H, .b_fp8 = dcodes.get(),
-                                     .b_row_scales = dscales.get(), .n = N, .k = H,
-                                     .group_offsets = perm.d_offsets.get(), .active_groups = perm.d_active.get(),
-                                     .num_active = perm.d_num.get(), .num_groups = groups, .num_static = s.shared,
-                                     .max_active = std::min(groups, tokens * s.top_k + s.shared), .max_rows = tokens,
-                                     .epilogue = cuda::GemmEpilogue::kScatterAddF32, .out = out.get(), .ldo = N,
-                                     .out_rows = perm.d_token.get(), .row_scale = perm.d_weight.get()},
-                                    nullptr),
-                cudaSuccess);
-      const std::vector<float> got = out.Download();
-      std::vector<double> want(base.begin(), base.end()), mag(base.size());
-      for (size_t i = 0; i < base.size(); ++i) mag[i] = std::fabs(base[i]);
-      for (int g = 0; g < groups; ++g) {
-        for (int p = perm.offsets[g]; p < perm.offsets[g + 1]; ++p) {
-          const int t = perm.token[p];
-          for (int c = 0; c < N; ++c) {
-            const size_t row = static_cast<size_t>(g) * N + c;
-            double sum = 0, sum_mag = 0;
-            for (int k = 0; k < H; ++k) {
-              const double w = static_cast<double>(F8E4M3ToF32(codes[row * H + k])) * scales[row * kb + k / 128];
-              const double prod = static_cast<double>(Bf16ToF32(x[t * H + k])) * w;
-              sum += prod;
-              sum_mag += std::fabs(prod);
-            }
-            want[t * N + c] += perm.weight[p] * sum;
-            mag[t * N + c] += perm.weight[p] * sum_mag;
-          }
-        }
-      }
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_NEAR(got[i], want[i], 2e-5 * mag[i] + 1e-30) << s.name << ", " << tokens << " tokens @" << i;
-      }
+      const RoutedTokens rt(s, tokens, 11 * tokens, rng);
+      ExpectScatterAddMatches(s, N, rt, fp8, rng, weight);
 
-      // The same codes as interleaved gate/up rows (blocks of 8): SiLU(gate) * up in bf16,
-      // a row per permuted row.
+      // SiLU(gate) * up in bf16, a row per permuted row, gate and up rows interleaved in
+      // blocks of 8.
       const int I = N / 2;
-      Dev<uint16_t> act(static_cast<size_t>(perm.rows) * I);
-      ASSERT_EQ(cuda::MoeExpertGemv({.a = Bf(dx), .lda = H, .a_rows = perm.d_token.get(), .a_row_count = tokens,
-                                     .b_group_stride = static_cast<int64_t>(N) * H, .b_fp8 = dcodes.get(),
-                                     .b_row_scales = dscales.get(), .n = N, .k = H,
-                                     .group_offsets = perm.d_offsets.get(), .active_groups = perm.d_active.get(),
-                                     .num_active = perm.d_num.get(), .num_groups = groups, .num_static = s.shared,
-                                     .max_active = std::min(groups, tokens * s.top_k + s.shared), .max_rows = tokens,
-                                     .epilogue = cuda::GemmEpilogue::kSiluMulBf16, .out = act.get(), .ldo = I},
-                                    nullptr),
-                cudaSuccess);
+      Dev<uint16_t> act(static_cast<size_t>(rt.perm.rows) * I);
+      cuda::MoeExpertGemvParams p = rt.Params(s, N, fp8);
+      p.epilogue = cuda::GemmEpilogue::kSiluMulBf16;
+      p.out = act.get();
+      p.ldo = I;
+      ASSERT_EQ(cuda::MoeExpertGemv(p, nullptr), cudaSuccess);
       const std::vector<uint16_t> got_act = act.Download();
       for (int g = 0; g < groups; ++g) {
-        for (int p = perm.offsets[g]; p < perm.offsets[g + 1]; ++p) {
-          const int t = perm.token[p];
+        for (int q = rt.perm.offsets[g]; q < rt.perm.offsets[g + 1]; ++q) {
+          const int t = rt.perm.token[q];
           for (int i = 0; i < I; ++i) {
             const size_t gate_row = static_cast<size_t>(g) * N + (i / 8) * 16 + i % 8, up_row = gate_row + 8;
             double gate = 0, up = 0, gate_mag = 0, up_mag = 0;
             for (int k = 0; k < H; ++k) {
-              const double xv = Bf16ToF32(x[t * H + k]);
-              const double pg = xv * F8E4M3ToF32(codes[gate_row * H + k]) * scales[gate_row * kb + k / 128];
-              const double pu = xv * F8E4M3ToF32(codes[up_row * H + k]) * scales[up_row * kb + k / 128];
+              const double xv = Bf16ToF32(rt.x[static_cast<size_t>(t) * H + k]);
+              const double pg = xv * weight(gate_row, k), pu = xv * weight(up_row, k);
               gate += pg;
               up += pu;
               gate_mag += std::fabs(pg);
@@ -414,14 +417,15 @@ TEST_F(CudaMoeExpertGemvTest, Fp8WeightsMatchFloat64) {
             const double want_act = Silu(gate) * up;
             const double tol = 2e-5 * (1.1 * gate_mag * std::fabs(up) + up_mag * std::fabs(Silu(gate))) +
                                0x1p-8 * std::fabs(want_act) + 1e-30;
-            ASSERT_NEAR(Bf16ToF32(got_act[static_cast<size_t>(p) * I + i]), want_act, tol)
-                << s.name << ", " << tokens << " tokens: row " << p << " column " << i;
+            ASSERT_NEAR(Bf16ToF32(got_act[static_cast<size_t>(q) * I + i]), want_act, tol)
+                << s.name << ", " << tokens << " tokens: row " << q << " column " << i;
           }
         }
       }
     }
   }
 }
+
 
 TEST_F(CudaMoeExpertGemvTest, ProgrammaticLaunchInAGraph) {
   // Permutation, gate_up and down chained by programmatic dependent launch and captured in
