@@ -49,9 +49,15 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Load(const std::st
     if (options.mtp) {
       return absl::FailedPreconditionError("speculative decoding (the MTP layer) does not run split over ranks yet");
     }
+    if (options.data_parallel && options.tensor_parallel && options.group->world_size() > 1) {
+      return absl::UnimplementedError(
+          "tensor parallelism under data-parallel attention is not implemented: the split LM head and dense "
+          "MLPs need every rank's rows (docs/parallel.md)");
+    }
     model->group_ = options.group;
     model->layout_ = {.rank = options.group->rank(), .world = options.group->world_size(),
-                      .expert_parallel = options.expert_parallel, .tensor_parallel = options.tensor_parallel};
+                      .expert_parallel = options.expert_parallel, .tensor_parallel = options.tensor_parallel,
+                      .data_parallel = options.data_parallel};
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
   ASSIGN_OR_RETURN(model->loaded_, LoadedWeights::Load(model->config_, std::move(ckpt), model->layout_));
@@ -77,21 +83,19 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Load(const std::st
   return model;
 }
 
-absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const ForwardSequence> batch,
-                                                          LatentKvCache& cache, const DeepseekForwardOptions& options) {
+absl::Status DeepseekModel::CheckBatch(std::span<const ForwardSequence> batch, const LatentKvCache& cache) const {
+  FlatBatch flat;
+  return Flatten(batch, cache, &flat);
+}
+
+absl::Status DeepseekModel::Flatten(std::span<const ForwardSequence> batch, const LatentKvCache& cache,
+                                    FlatBatch* flat) const {
   const ModelConfig& c = config_;
-  const ModelWeights& w = weights();
-  const int64_t hidden = c.hidden_size;
   if (mtp_ != nullptr && cache.num_layers() != c.num_hidden_layers + 1) {
     return absl::InvalidArgumentError(absl::StrCat("a model with its MTP layer needs a KV cache of ",
                                                    c.num_hidden_layers + 1, " layers, not ", cache.num_layers()));
   }
-
-  // Validate and flatten the batch: row r of the activations is token r.
-  std::vector<int32_t> tokens;
-  std::vector<int64_t> logit_rows;
-  std::vector<AttentionRows> seqs;
-  seqs.reserve(batch.size());
+  flat->seqs.reserve(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     const ForwardSequence& s = batch[i];
     if (s.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " has no new tokens"));
@@ -127,15 +131,28 @@ absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const Forwar
                                                        c.vocab_size, ")"));
       }
       if (!s.no_logits && (s.all_logits || j + 1 == s.tokens.size())) {
-        logit_rows.push_back(static_cast<int64_t>(tokens.size()));
+        flat->logit_rows.push_back(static_cast<int64_t>(flat->tokens.size()));
       }
-      tokens.push_back(t);
+      flat->tokens.push_back(t);
     }
-    seqs.push_back({.first_position = s.start_position,
-                    .num_tokens = static_cast<int64_t>(s.tokens.size()),
-                    .block_table = s.block_table,
-                    .skip_first_write = s.first_kv_cached});
+    flat->seqs.push_back({.first_position = s.start_position,
+                          .num_tokens = static_cast<int64_t>(s.tokens.size()),
+                          .block_table = s.block_table,
+                          .skip_first_write = s.first_kv_cached});
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> DeepseekModel::Forward(std::span<const ForwardSequence> batch,
+                                                          LatentKvCache& cache, const DeepseekForwardOptions& options) {
+  const ModelConfig& c = config_;
+  const ModelWeights& w = weights();
+  const int64_t hidden = c.hidden_size;
+  FlatBatch flat;
+  RETURN_IF_ERROR(Flatten(batch, cache, &flat));
+  const std::vector<int32_t>& tokens = flat.tokens;
+  const std::vector<int64_t>& logit_rows = flat.logit_rows;
+  const std::vector<AttentionRows>& seqs = flat.seqs;
   const int64_t rows = static_cast<int64_t>(tokens.size());
 
   std::vector<float> x(static_cast<size_t>(rows * hidden));
@@ -388,6 +405,18 @@ void DeepseekModel::ExpertParallelRoutedExperts(const MoeWeights& w, const float
   if (!parallel_status_.ok()) return;
   const int64_t hidden = config_.hidden_size;
   const int64_t top_k = config_.num_experts_per_tok;
+  const ExpertFn run_expert = [&](int64_t e, const float* x, int64_t n, float* y) {
+    DenseMlp(w.experts[e], x, n, y, false);
+  };
+  if (layout_.data_parallel) {
+    // The rows are this rank's sequences' and no other rank has them: all of them go
+    // through the exchange, and their outputs are this rank's result (each expert output
+    // is one row's dot products, whatever rows an expert runs with it).
+    const RoutedRows in{.x = h, .rows = rows, .hidden = hidden, .top_k = top_k, .expert_ids = ids,
+                        .weights = weights};
+    parallel_status_ = expert_parallel_->Run(in, run_expert, out);
+    return;
+  }
   // Every rank has the whole batch: each dispatches its block of rows (so every expert
   // runs each row once, in batch order), and the blocks' outputs are gathered.
   const int64_t begin = RowBlockBegin(rows, layout_.world, layout_.rank);
@@ -395,9 +424,7 @@ void DeepseekModel::ExpertParallelRoutedExperts(const MoeWeights& w, const float
   std::vector<float> local(static_cast<size_t>(mine * hidden));
   const RoutedRows in{.x = h + begin * hidden, .rows = mine, .hidden = hidden, .top_k = top_k,
                       .expert_ids = ids + begin * top_k, .weights = weights + begin * top_k};
-  parallel_status_ = expert_parallel_->Run(
-      in, [&](int64_t e, const float* x, int64_t n, float* y) { DenseMlp(w.experts[e], x, n, y, false); },
-      local.data());
+  parallel_status_ = expert_parallel_->Run(in, run_expert, local.data());
   if (!parallel_status_.ok()) return;
   parallel_status_ = GatherRowBlocks(*group_, local.data(), rows, hidden, out, gather_scratch_);
 }

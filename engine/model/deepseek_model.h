@@ -72,10 +72,15 @@ class DeepseekModel {
     // head and of the dense MLPs (tensor_parallel). Every rank then calls Forward with
     // the same batch and cache contents, collectively; attention and the shared experts
     // run whole on every rank. The logits are bitwise those of one rank.
-    // FAILED_PRECONDITION with mtp (not split yet).
+    // With data_parallel, each rank calls Forward with its own sequences only (any
+    // number, zero included) over its own cache, still collectively (the MoE layers'
+    // expert exchange); data_parallel.h gathers the logits. FAILED_PRECONDITION with mtp
+    // (not split yet); UNIMPLEMENTED for data_parallel with tensor_parallel (the dense
+    // parts' split needs every rank's rows: not done).
     parallel::Collectives* group = nullptr;
     bool expert_parallel = false;
     bool tensor_parallel = false;
+    bool data_parallel = false;
   };
   // Loads config.json and the safetensors weights of a checkpoint directory.
   static absl::StatusOr<std::unique_ptr<DeepseekModel>> Load(const std::string& dir,
@@ -104,6 +109,9 @@ class DeepseekModel {
   // In a parallel group also the group's errors (after which the group is unusable).
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, LatentKvCache& cache,
                                              const DeepseekForwardOptions& options = {});
+  // Forward's checks of the batch alone (no collective, nothing computed): OK when Forward
+  // would not return INVALID_ARGUMENT or FAILED_PRECONDITION for the batch.
+  absl::Status CheckBatch(std::span<const ForwardSequence> batch, const LatentKvCache& cache) const;
 
   // Speculative decoding (docs/speculative-decoding.md): the MTP layer over each
   // sequence's slots, then its chained drafts; per sequence its drafts in order (fewer than
@@ -128,6 +136,14 @@ class DeepseekModel {
   };
 
   DeepseekModel() = default;
+  // The batch checked and flattened: row r of the activations is tokens[r]; logit_rows
+  // are the rows whose logits Forward returns; seqs the rows of each sequence.
+  struct FlatBatch {
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> logit_rows;
+    std::vector<AttentionRows> seqs;
+  };
+  absl::Status Flatten(std::span<const ForwardSequence> batch, const LatentKvCache& cache, FlatBatch* flat) const;
   // A decoder layer over rows `x` ([rows][hidden], updated in place); its KV in cache layer
   // `cache_layer` at position + slot_offset.
   void DecoderLayer(const DecoderLayerWeights& layer, int64_t layer_index, int64_t cache_layer, int64_t slot_offset,
@@ -150,7 +166,8 @@ class DeepseekModel {
   // intermediate features, gathered, then its output features, gathered.
   void TensorParallelMlp(const MlpWeights& w, const float* h, int64_t rows, float* out);
   // The routed experts of a MoE layer under expert parallelism: the rank runs its block
-  // of the batch's rows through ExpertParallelMoe, then the blocks are gathered.
+  // of the batch's rows through ExpertParallelMoe, then the blocks are gathered; under
+  // data parallelism its rows are its own sequences', run as they are.
   void ExpertParallelRoutedExperts(const MoeWeights& w, const float* h, int64_t rows, const int32_t* ids,
                                    const float* weights, float* out);
   // logits[rows][vocab] of the final-normed rows `last`, the LM head split or whole.

@@ -39,6 +39,10 @@ struct ForwardSequence {
   // DeepSeek-V4) keeps the sequence's state as after the tokens before them and what it
   // needs to move it past the accepted ones (ModelBackend::AcceptDrafts).
   int32_t num_drafts = 0;
+  // Data-parallel attention (docs/parallel.md): the rank of the replica's group whose KV
+  // pool holds this sequence, and whose pool block_table indexes. That rank alone runs the
+  // sequence's rows; 0 without data parallelism (backends of one rank ignore it).
+  int32_t dp_rank = 0;
 };
 
 // One sequence of a draft pass (ModelBackend::Draft): the MTP layer over its slots

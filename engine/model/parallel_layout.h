@@ -46,6 +46,11 @@ struct ParallelLayout {
   int world = 1;
   bool expert_parallel = false;  // routed experts split by id
   bool tensor_parallel = false;  // the LM head and the dense MLPs split by rows
+  // Data-parallel attention: each rank runs the rows of its own sequences only (attention
+  // over its own KV pool, the dense parts whole), and a MoE layer's expert exchange takes
+  // those rows as they are, where without it every rank has the whole batch and
+  // dispatches one block of it.
+  bool data_parallel = false;
 
   bool experts_split() const { return expert_parallel && world > 1; }
   bool dense_split() const { return tensor_parallel && world > 1; }

@@ -68,6 +68,7 @@ std::vector<std::byte> EncodeRankStep(std::span<const ForwardSequence> batch, in
     Put(out, s.state_slot);
     Put(out, s.mtp_next_token);
     Put(out, s.num_drafts);
+    Put(out, s.dp_rank);
     PutInts(out, s.tokens);
     PutInts(out, s.block_table);
   }
@@ -89,7 +90,7 @@ absl::StatusOr<RankStep> DecodeRankStep(std::span<const std::byte> bytes) {
     ForwardSequence& s = plan.batch[i];
     uint8_t flags = 0;
     if (!in.Get(flags) || !in.Get(s.start_position) || !in.Get(s.state_slot) || !in.Get(s.mtp_next_token) ||
-        !in.Get(s.num_drafts) ||
+        !in.Get(s.num_drafts) || !in.Get(s.dp_rank) ||
         !in.GetInts(plan.tokens[i]) || !in.GetInts(plan.block_tables[i])) {
       return malformed();
     }

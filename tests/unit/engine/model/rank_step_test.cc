@@ -13,7 +13,7 @@ TEST(RankStepTest, RoundTripsEveryField) {
   const std::vector<int32_t> t0 = {5, 6, 7}, b0 = {3, 1}, t1 = {9}, b1 = {};
   std::vector<ForwardSequence> batch = {
       {.tokens = t0, .start_position = 12, .block_table = b0, .all_logits = true, .state_slot = 4,
-       .mtp = true, .mtp_next_token = 77, .first_kv_cached = true, .num_drafts = 2},
+       .mtp = true, .mtp_next_token = 77, .first_kv_cached = true, .num_drafts = 2, .dp_rank = 3},
       {.tokens = t1, .start_position = 0, .block_table = b1, .no_logits = true, .keep_hidden = true},
   };
   const std::vector<std::byte> bytes = EncodeRankStep(batch, 321);
@@ -37,6 +37,7 @@ TEST(RankStepTest, RoundTripsEveryField) {
     EXPECT_EQ(a.keep_hidden, b.keep_hidden);
     EXPECT_EQ(a.first_kv_cached, b.first_kv_cached);
     EXPECT_EQ(a.num_drafts, b.num_drafts);
+    EXPECT_EQ(a.dp_rank, b.dp_rank);
   }
   // The views stay valid when the plan moves.
   RankStep moved = std::move(*plan);
