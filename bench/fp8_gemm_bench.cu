@@ -1,0 +1,345 @@
+// Block-scaled FP8 GEMM (kernels/cuda/fp8_gemm.h) at prefill shapes against, in the same run
+// and on the same operands: cuBLASLt's FP8 GEMM with the same block scaling (1 x 128 for the
+// activations, 128 x 128 for the weights; cuBLAS 12.9+ on Hopper), cuBLASLt's FP8 GEMM with
+// one scale per tensor (its fastest FP8 form, a looser reference), and cuBLAS's bf16 GEMM
+// (what the engine runs today). Output bf16 [m][n] in every case. Also the activation
+// quantizer's time (bf16 [m][k] -> e4m3 + scales), which an FP8 linear adds. Shapes:
+// DeepSeek-V3's linears (N x K as DeepGEMM's benchmarks list them) and V2-Lite's, at 4096
+// and 8192 tokens. Rounds of back-to-back launches, the variants interleaved round by round,
+// median per variant. cuBLASLt's block-scaled output is compared with ours (relative L2):
+// the two must compute the same product. JSON on stdout and to --json FILE.
+//
+//   fp8_gemm_bench [--json FILE] [--rounds N] [--tokens 4096,8192]
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/cuda_check.h"
+#include "kernels/cuda/cublas_gemm.h"
+#include "kernels/cuda/fp8_gemm.h"
+
+namespace {
+
+#define CHECK_LT(expr)                                                                          \
+  do {                                                                                          \
+    const cublasStatus_t st_ = (expr);                                                          \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #expr, int(st_)); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+__global__ void FillFp8(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    // |value| in [2^-3, 2^5): spread like quantized data, no NaN codes.
+    p[i] = static_cast<uint8_t>((x & 0x80) | (0x20 + (x >> 8) % 0x40));
+  }
+}
+
+__global__ void FillBf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    p[i] = __float2bfloat16((static_cast<float>(x % 2001) - 1000.0f) / 500.0f);
+  }
+}
+
+__global__ void FillFloats(float* p, size_t n, float value) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    p[i] = value * (1.0f + static_cast<float>(i % 7) * 0.125f);
+  }
+}
+
+struct Shape {
+  const char* model;
+  const char* name;
+  int n, k;
+};
+
+// cuBLASLt FP8 GEMM, y[m][n] bf16 = x[m][k] . w[n][k]^T, column-major D[n][m] = W^T' X.
+class LtFp8 {
+ public:
+  enum class Scaling { kBlock, kTensor };
+  LtFp8(cublasLtHandle_t lt, Scaling scaling, int m, int n, int k, const uint8_t* x, const float* x_scales,
+        const uint8_t* w, const float* w_scales, __nv_bfloat16* y, void* workspace, size_t workspace_bytes)
+      : lt_(lt), x_(x), w_(w), y_(y), workspace_(workspace), workspace_bytes_(workspace_bytes) {
+    CHECK_LT(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
+    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)));
+    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)));
+    if (scaling == Scaling::kBlock) {
+      const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
+      CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+    }
+    CHECK_LT(cublasLtMatrixLayoutCreate(&a_, CUDA_R_8F_E4M3, k, n, k));
+    CHECK_LT(cublasLtMatrixLayoutCreate(&b_, CUDA_R_8F_E4M3, k, m, k));
+    CHECK_LT(cublasLtMatrixLayoutCreate(&d_, CUDA_R_16BF, n, m, n));
+    cublasLtMatmulPreference_t pref;
+    CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
+    CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                                  sizeof(workspace_bytes_)));
+    int found = 0;
+    status_ = cublasLtMatmulAlgoGetHeuristic(lt_, desc_, a_, b_, d_, d_, pref, 1, &heuristic_, &found);
+    if (status_ == CUBLAS_STATUS_SUCCESS && found == 0) status_ = CUBLAS_STATUS_NOT_SUPPORTED;
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  ~LtFp8() {
+    cublasLtMatrixLayoutDestroy(a_);
+    cublasLtMatrixLayoutDestroy(b_);
+    cublasLtMatrixLayoutDestroy(d_);
+    cublasLtMatmulDescDestroy(desc_);
+  }
+  LtFp8(const LtFp8&) = delete;
+  LtFp8& operator=(const LtFp8&) = delete;
+  bool ok() const { return status_ == CUBLAS_STATUS_SUCCESS; }
+  int status() const { return static_cast<int>(status_); }
+  void Run() {
+    const float alpha = 1.0f, beta = 0.0f;
+    CHECK_LT(cublasLtMatmul(lt_, desc_, &alpha, w_, a_, x_, b_, &beta, y_, d_, y_, d_, &heuristic_.algo, workspace_,
+                            workspace_bytes_, nullptr));
+  }
+
+ private:
+  cublasLtHandle_t lt_;
+  const uint8_t* x_;
+  const uint8_t* w_;
+  __nv_bfloat16* y_;
+  void* workspace_;
+  size_t workspace_bytes_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
+  cublasLtMatmulHeuristicResult_t heuristic_{};
+  cublasStatus_t status_ = CUBLAS_STATUS_NOT_INITIALIZED;
+};
+
+template <typename Fn>
+double BatchMs(int reps, Fn&& fn, cudaEvent_t a, cudaEvent_t b) {
+  CHECK_CUDA(cudaEventRecord(a));
+  for (int i = 0; i < reps; ++i) fn();
+  CHECK_CUDA(cudaEventRecord(b));
+  CHECK_CUDA(cudaEventSynchronize(b));
+  float ms = 0.0f;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+  return ms / reps;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double RelativeL2(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+  double e2 = 0.0, r2 = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    uint32_t gb = static_cast<uint32_t>(got[i]) << 16, wb = static_cast<uint32_t>(want[i]) << 16;
+    float g, w;
+    std::memcpy(&g, &gb, 4);
+    std::memcpy(&w, &wb, 4);
+    e2 += (static_cast<double>(g) - w) * (static_cast<double>(g) - w);
+    r2 += static_cast<double>(w) * w;
+  }
+  return std::sqrt(e2 / std::max(r2, 1e-300));
+}
+
+std::string Num(double v) {
+  if (!std::isfinite(v)) return "null";
+  char b[64];
+  std::snprintf(b, sizeof(b), "%.4g", v);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  int rounds = 7;
+  std::vector<int> token_counts = {4096, 8192};
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) {
+      rounds = std::max(3, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
+      token_counts.clear();
+      for (const char* s = argv[++i]; *s;) {
+        token_counts.push_back(std::atoi(s));
+        while (*s && *s != ',') ++s;
+        if (*s == ',') ++s;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: fp8_gemm_bench [--json FILE] [--rounds N] [--tokens M1,M2,...]\n"
+                   "  --json FILE    also write the JSON report to FILE\n"
+                   "  --rounds N     timed rounds per variant, interleaved (default 7, at least 3)\n"
+                   "  --tokens LIST  row counts m to run every shape at (default 4096,8192)\n");
+      return std::strcmp(argv[i], "--help") == 0 ? 0 : 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  if (!tandem::cuda::Fp8GemmSupported()) {
+    std::fprintf(stderr, "fp8_gemm_bench: Fp8Gemm needs an sm_90 GPU (this is %s)\n", prop.name);
+    return 1;
+  }
+  const Shape shapes[] = {
+      {"deepseek-v3", "q_a+kv_a 2112x7168", 2112, 7168}, {"deepseek-v3", "q_b 24576x1536", 24576, 1536},
+      {"deepseek-v3", "kv_b 32768x512", 32768, 512},     {"deepseek-v3", "o_proj 7168x16384", 7168, 16384},
+      {"deepseek-v3", "shared gate_up 4096x7168", 4096, 7168}, {"deepseek-v3", "shared down 7168x2048", 7168, 2048},
+      {"deepseek-v3", "dense gate_up 36864x7168", 36864, 7168}, {"deepseek-v3", "dense down 7168x18432", 7168, 18432},
+      {"deepseek-v2-lite", "q 3072x2048", 3072, 2048},   {"deepseek-v2-lite", "o_proj 2048x2048", 2048, 2048},
+      {"deepseek-v2-lite", "dense gate_up 21888x2048", 21888, 2048}, {"deepseek-v2-lite", "dense down 2048x10944", 2048, 10944},
+  };
+  int max_m = 0;
+  int64_t max_nk = 0, max_mk = 0, max_mn = 0;
+  for (int m : token_counts) max_m = std::max(max_m, m);
+  for (const Shape& s : shapes) {
+    max_nk = std::max<int64_t>(max_nk, int64_t{s.n} * s.k);
+    max_mk = std::max<int64_t>(max_mk, int64_t{max_m} * s.k);
+    max_mn = std::max<int64_t>(max_mn, int64_t{max_m} * s.n);
+  }
+  uint8_t *x8, *w8;
+  __nv_bfloat16 *xb, *wb, *y_ours, *y_lt, *y_bf16;
+  float *x_scales, *w_scales, *ones;
+  CHECK_CUDA(cudaMalloc(&x8, max_mk));
+  CHECK_CUDA(cudaMalloc(&w8, max_nk));
+  CHECK_CUDA(cudaMalloc(&xb, max_mk * 2));
+  CHECK_CUDA(cudaMalloc(&wb, max_nk * 2));
+  CHECK_CUDA(cudaMalloc(&y_ours, max_mn * 2));
+  CHECK_CUDA(cudaMalloc(&y_lt, max_mn * 2));
+  CHECK_CUDA(cudaMalloc(&y_bf16, max_mn * 2));
+  CHECK_CUDA(cudaMalloc(&x_scales, (max_mk / 128 + 128) * 4));
+  CHECK_CUDA(cudaMalloc(&w_scales, (max_nk / 128 / 128 + 1024) * 4));
+  CHECK_CUDA(cudaMalloc(&ones, 2 * 4));
+  FillFp8<<<1024, 256>>>(x8, max_mk, 1);
+  FillFp8<<<1024, 256>>>(w8, max_nk, 2);
+  FillBf16<<<1024, 256>>>(xb, max_mk, 3);
+  FillBf16<<<1024, 256>>>(wb, max_nk, 4);
+  FillFloats<<<256, 256>>>(x_scales, max_mk / 128 + 128, 1.0f / 64);
+  FillFloats<<<256, 256>>>(w_scales, max_nk / 128 / 128 + 1024, 1.0f / 256);
+  FillFloats<<<1, 32>>>(ones, 2, 1.0f);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const size_t workspace_bytes = size_t{64} << 20;
+  void* workspace;
+  CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  cublasLtHandle_t lt;
+  CHECK_LT(cublasLtCreate(&lt));
+  tandem::cuda::CublasGemm cublas;
+  CHECK_LT(cublas.Init());
+  cudaEvent_t ev_a, ev_b;
+  CHECK_CUDA(cudaEventCreate(&ev_a));
+  CHECK_CUDA(cudaEventCreate(&ev_b));
+
+  std::string json = "{\"bench\": \"fp8_gemm\", \"device\": \"" + std::string(prop.name) +
+                     "\", \"sms\": " + std::to_string(prop.multiProcessorCount) + ", \"rounds\": " +
+                     std::to_string(rounds) + ", \"output\": \"bf16\", \"shapes\": [";
+  bool first = true;
+  std::vector<double> ratios_block, ratios_tensor, ratios_bf16;
+  for (int m : token_counts) {
+    for (const Shape& s : shapes) {
+      const int n = s.n, k = s.k;
+      const double flops = 2.0 * m * n * k;
+      tandem::cuda::Fp8GemmParams ours{.a = x8, .lda = k, .a_scales = x_scales, .a_scales_stride = m, .b = w8,
+                                       .ldb = k, .b_scales = w_scales, .y = y_ours, .ldy = n, .y_bf16 = true,
+                                       .m = m, .n = n, .k = k};
+      auto run_ours = [&] { CHECK_CUDA(tandem::cuda::Fp8Gemm(ours, nullptr)); };
+      LtFp8 lt_block(lt, LtFp8::Scaling::kBlock, m, n, k, x8, x_scales, w8, w_scales, y_lt, workspace, workspace_bytes);
+      LtFp8 lt_tensor(lt, LtFp8::Scaling::kTensor, m, n, k, x8, ones, w8, ones + 1, y_lt, workspace, workspace_bytes);
+      auto run_bf16 = [&] {
+        CHECK_LT(cublas.Linear({.x = xb, .ldx = k, .w = wb, .ldw = k, .y = y_bf16, .ldy = n, .y_bf16 = true,
+                                .m = m, .n = n, .k = k},
+                               nullptr));
+      };
+      tandem::cuda::Fp8QuantizeRowsParams quant{.x = xb, .x_bf16 = true, .ldx = k, .q = x8, .ldq = k,
+                                                .scales = x_scales, .scales_stride = m, .m = m, .k = k};
+      // Agreement first (the quantizer's output then stands for the activations).
+      CHECK_CUDA(tandem::cuda::Fp8QuantizeRows(quant, nullptr));
+      run_ours();
+      double agreement = NAN;
+      if (lt_block.ok()) {
+        lt_block.Run();
+        CHECK_CUDA(cudaDeviceSynchronize());
+        std::vector<uint16_t> a(static_cast<size_t>(m) * n), b(a.size());
+        CHECK_CUDA(cudaMemcpy(a.data(), y_ours, a.size() * 2, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(b.data(), y_lt, b.size() * 2, cudaMemcpyDeviceToHost));
+        agreement = RelativeL2(a, b);
+      }
+      const int reps = std::max(3, static_cast<int>(2e12 / flops));  // ~ a few ms per batch
+      for (int i = 0; i < 2; ++i) {
+        run_ours();
+        run_bf16();
+        if (lt_block.ok()) lt_block.Run();
+        if (lt_tensor.ok()) lt_tensor.Run();
+      }
+      std::vector<double> t_ours, t_block, t_tensor, t_bf16, t_quant;
+      for (int r = 0; r < rounds; ++r) {
+        t_ours.push_back(BatchMs(reps, run_ours, ev_a, ev_b));
+        if (lt_block.ok()) t_block.push_back(BatchMs(reps, [&] { lt_block.Run(); }, ev_a, ev_b));
+        if (lt_tensor.ok()) t_tensor.push_back(BatchMs(reps, [&] { lt_tensor.Run(); }, ev_a, ev_b));
+        t_bf16.push_back(BatchMs(reps, run_bf16, ev_a, ev_b));
+        t_quant.push_back(BatchMs(reps, [&] { CHECK_CUDA(tandem::cuda::Fp8QuantizeRows(quant, nullptr)); }, ev_a, ev_b));
+      }
+      const double ms_ours = Median(t_ours), ms_bf16 = Median(t_bf16), ms_quant = Median(t_quant);
+      const double ms_block = t_block.empty() ? NAN : Median(t_block);
+      const double ms_tensor = t_tensor.empty() ? NAN : Median(t_tensor);
+      auto tflops = [&](double ms) { return flops / (ms * 1e-3) / 1e12; };
+      if (std::isfinite(ms_block)) ratios_block.push_back(ms_block / ms_ours);
+      if (std::isfinite(ms_tensor)) ratios_tensor.push_back(ms_tensor / ms_ours);
+      ratios_bf16.push_back(ms_bf16 / ms_ours);
+      std::fprintf(stderr,
+                   "m %5d %-18s %-26s ours %7.1f TF/s | cuBLASLt block %7.1f (ours/it %.2f, rel.diff %.2g) | "
+                   "cuBLASLt tensor %7.1f (%.2f) | bf16 %7.1f (%.2f) | quantize %.1f us\n",
+                   m, s.model, s.name, tflops(ms_ours), tflops(ms_block), ms_block / ms_ours, agreement,
+                   tflops(ms_tensor), ms_tensor / ms_ours, tflops(ms_bf16), ms_bf16 / ms_ours, ms_quant * 1e3);
+      json += std::string(first ? "" : ", ") + "{\"model\": \"" + s.model + "\", \"shape\": \"" + s.name +
+              "\", \"m\": " + std::to_string(m) + ", \"n\": " + std::to_string(n) + ", \"k\": " + std::to_string(k) +
+              ", \"ours_tflops\": " + Num(tflops(ms_ours)) + ", \"cublaslt_block_tflops\": " + Num(tflops(ms_block)) +
+              ", \"cublaslt_block_status\": " + std::to_string(lt_block.status()) +
+              ", \"cublaslt_tensor_tflops\": " + Num(tflops(ms_tensor)) + ", \"cublas_bf16_tflops\": " +
+              Num(tflops(ms_bf16)) + ", \"ours_over_cublaslt_block\": " + Num(ms_block / ms_ours) +
+              ", \"ours_over_cublaslt_tensor\": " + Num(ms_tensor / ms_ours) + ", \"ours_over_cublas_bf16\": " +
+              Num(ms_bf16 / ms_ours) + ", \"quantize_us\": " + Num(ms_quant * 1e3) +
+              ", \"ours_with_quantize_over_cublas_bf16\": " + Num(ms_bf16 / (ms_ours + ms_quant)) +
+              ", \"relative_l2_vs_cublaslt_block\": " + Num(agreement) + "}";
+      first = false;
+    }
+  }
+  auto min_of = [](const std::vector<double>& v) { return v.empty() ? NAN : *std::min_element(v.begin(), v.end()); };
+  auto median_of = [](const std::vector<double>& v) { return v.empty() ? NAN : Median(v); };
+  json += "], \"min_ours_over_cublaslt_block\": " + Num(min_of(ratios_block)) +
+          ", \"median_ours_over_cublaslt_block\": " + Num(median_of(ratios_block)) +
+          ", \"min_ours_over_cublaslt_tensor\": " + Num(min_of(ratios_tensor)) +
+          ", \"median_ours_over_cublaslt_tensor\": " + Num(median_of(ratios_tensor)) +
+          ", \"min_ours_over_cublas_bf16\": " + Num(min_of(ratios_bf16)) + "}\n";
+  std::fputs(json.c_str(), stdout);
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f == nullptr) {
+      std::perror(json_path.c_str());
+      return 1;
+    }
+    std::fputs(json.c_str(), f);
+    std::fclose(f);
+  }
+  return 0;
+}

@@ -1,0 +1,296 @@
+#include "kernels/cuda/fp8_gemm.h"
+
+#include <cuda.h>
+#include <cuda_fp8.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/mma_sync.cuh"
+#include "kernels/cuda/tma.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+using internal::WarpMax;
+
+constexpr int kTile = 128;                 // rows of a and of b per tile, and k per stage
+constexpr int kTileBytes = kTile * kTile;  // one operand's stage: 16 KiB of e4m3
+constexpr int kStages = 6;
+constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+constexpr int kSmemBytes = kStages * 2 * kTileBytes + 2 * kStages * 8 + 1024;
+constexpr float kE4m3Max = 448.0f;
+
+struct GemmArgs {
+  const float* a_scales;
+  int64_t a_scales_stride;
+  const float* b_scales;
+  void* y;
+  int64_t ldy;
+  int y_bf16;
+  int accumulate;
+  int m, n, k_blocks;
+  int m_blocks, n_blocks;
+};
+
+#ifdef TANDEM_HAS_WGMMA
+using namespace wgmma;  // NOLINT: the kernel below is written in these building blocks
+
+constexpr int kGroupRows = 8;  // tiles of 8 row blocks walk the columns together (L2 reuse)
+
+// Tile t's row and column blocks: groups of kGroupRows row blocks, row block fastest.
+__device__ __forceinline__ void TileBlocks(int t, const GemmArgs& g, int* mb, int* nb) {
+  const int per_group = kGroupRows * g.n_blocks;
+  const int first = (t / per_group) * kGroupRows;
+  const int rows = min(kGroupRows, g.m_blocks - first);
+  const int in = t % per_group;
+  *mb = first + in % rows;
+  *nb = in / rows;
+}
+
+
+// d (+)= A . B^T, A 64x32 and B 128x32 e4m3 from shared memory (K-major), float32 out.
+__device__ __forceinline__ void WgmmaM64N128K32E4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+#endif  // TANDEM_HAS_WGMMA
+
+__global__ void __launch_bounds__(kThreads, 1)
+    Fp8GemmKernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map, GemmArgs g) {
+#ifdef TANDEM_HAS_WGMMA
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t raw = mma::SmemAddr(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;  // 128-byte swizzle atoms are 1 KiB aligned
+  const uint32_t a_smem = base;
+  const uint32_t b_smem = base + kStages * kTileBytes;
+  const uint32_t full_bar = base + 2 * kStages * kTileBytes;  // [kStages] x 8 bytes
+  const uint32_t empty_bar = full_bar + kStages * 8;
+  const int wg = threadIdx.x / 128;
+  const int tiles = g.m_blocks * g.n_blocks;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::MbarInit(full_bar + 8 * s, 1);
+      tma::MbarInit(empty_bar + 8 * s, 8);  // one arrival per consumer warp
+    }
+    tma::MbarInitFence();
+    tma::PrefetchDescriptor(&a_map);
+    tma::PrefetchDescriptor(&b_map);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    tma::ShrinkRegisters<40>();
+    if (threadIdx.x != 0) return;
+    int it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int mb, nb;
+      TileBlocks(t, g, &mb, &nb);
+      for (int kb = 0; kb < g.k_blocks; ++kb, ++it) {
+        const int s = it % kStages;
+        const uint32_t round = it / kStages;
+        tma::MbarWait(empty_bar + 8 * s, (round & 1) ^ 1);
+        tma::MbarArriveExpectTx(full_bar + 8 * s, 2 * kTileBytes);
+        tma::Load2d(a_smem + s * kTileBytes, &a_map, kb * kTile, mb * kTile, full_bar + 8 * s);
+        tma::Load2d(b_smem + s * kTileBytes, &b_map, kb * kTile, nb * kTile, full_bar + 8 * s);
+      }
+    }
+    return;
+  }
+
+  tma::GrowRegisters<232>();
+  const int cw = wg - 1;  // consumer: rows [64 cw, 64 cw + 64) of each tile
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, gq = lane / 4, tq = lane % 4;
+  int it = 0;
+  float part[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) part[i] = 0.0f;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int mb, nb;
+    TileBlocks(t, g, &mb, &nb);
+    const int row0 = mb * kTile + 64 * cw + 16 * warp + gq, row1 = row0 + 8;
+    const float* sa0 = g.a_scales + min(row0, g.m - 1);
+    const float* sa1 = g.a_scales + min(row1, g.m - 1);
+    const float* sb = g.b_scales + static_cast<int64_t>(nb) * g.k_blocks;
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int kb = 0; kb < g.k_blocks; ++kb, ++it) {
+      const int s = it % kStages;
+      const uint32_t round = it / kStages;
+      // The scales load while the tile arrives.
+      const float scale_b = __ldg(sb + kb);
+      const float scale_a0 = __ldg(sa0 + kb * g.a_scales_stride), scale_a1 = __ldg(sa1 + kb * g.a_scales_stride);
+      tma::MbarWait(full_bar + 8 * s, round & 1);
+      const uint32_t a_addr = a_smem + s * kTileBytes + cw * 64 * kTile;
+      const uint32_t b_addr = b_smem + s * kTileBytes;
+      WgmmaFence();
+#pragma unroll
+      for (int j = 0; j < kTile / 32; ++j) {
+        WgmmaM64N128K32E4m3(part, SmemDesc(a_addr + 32 * j, 16, 1024), SmemDesc(b_addr + 32 * j, 16, 1024), j > 0);
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) FenceReg(part[i]);
+      if (lane == 0) tma::MbarArrive(empty_bar + 8 * s);  // this warp is done with the stage
+      const float s0 = scale_a0 * scale_b, s1 = scale_a1 * scale_b;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[i] = fmaf(part[i], (i & 2) ? s1 : s0, acc[i]);
+    }
+    // Value 4 j + e is row row0 (+8 for e >= 2), column 8 j + 2 tq + (e & 1) of the tile.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = h ? row1 : row0;
+      if (row >= g.m) continue;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int col = nb * kTile + 8 * j + 2 * tq;
+        if (col >= g.n) continue;
+        const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+        const bool pair = col + 1 < g.n;
+        if (g.y_bf16) {
+          __nv_bfloat16* y = static_cast<__nv_bfloat16*>(g.y) + static_cast<int64_t>(row) * g.ldy + col;
+          if (pair) {
+            *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
+          } else {
+            *y = __float2bfloat16_rn(v0);
+          }
+        } else {
+          float* y = static_cast<float*>(g.y) + static_cast<int64_t>(row) * g.ldy + col;
+          if (pair) {
+            float2 v = make_float2(v0, v1);
+            if (g.accumulate) {
+              const float2 old = *reinterpret_cast<float2*>(y);
+              v.x += old.x;
+              v.y += old.y;
+            }
+            *reinterpret_cast<float2*>(y) = v;
+          } else {
+            y[0] = g.accumulate ? y[0] + v0 : v0;
+          }
+        }
+      }
+    }
+  }
+#else
+  __trap();  // built only for sm_90a; the launcher refuses other devices
+#endif
+}
+
+// One warp per (row, 128-column block): 4 values a lane.
+template <typename T>
+__global__ void Fp8QuantizeRowsKernel(Fp8QuantizeRowsParams p, int k_blocks) {
+  const int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (w >= static_cast<int64_t>(p.m) * k_blocks) return;
+  const int row = static_cast<int>(w / k_blocks), kb = static_cast<int>(w % k_blocks);
+  const int c = kb * kTile + 4 * lane;
+  const T* x = static_cast<const T*>(p.x) + static_cast<int64_t>(row) * p.ldx + c;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (c < p.k) {  // k is a multiple of 4: a lane's four are all in range or all out
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = static_cast<float>(x[e]);
+  }
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  amax = WarpMax(amax);
+  const float scale = fmaxf(amax, 1e-4f) / kE4m3Max;
+  if (lane == 0) p.scales[static_cast<int64_t>(kb) * p.scales_stride + row] = scale;
+  if (c >= p.k) return;
+  uint32_t packed = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const uint32_t code = __nv_cvt_float_to_fp8(__fdiv_rn(v[e], scale), __NV_SATFINITE, __NV_E4M3);
+    packed |= code << (8 * e);
+  }
+  *reinterpret_cast<uint32_t*>(p.q + static_cast<int64_t>(row) * p.ldq + c) = packed;
+}
+
+bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+int DeviceMajor() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    return 0;
+  }
+  return major;
+}
+
+}  // namespace
+
+bool Fp8GemmSupported() { return DeviceMajor() == 9; }
+
+cudaError_t Fp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
+  if (p.m < 0 || p.n < 0 || p.k < 0) return cudaErrorInvalidValue;
+  if (p.m == 0 || p.n == 0) return cudaSuccess;
+  const int k_blocks = (p.k + kTile - 1) / kTile;
+  if (p.k == 0 || p.k % 16 != 0 || p.a == nullptr || p.b == nullptr || p.a_scales == nullptr ||
+      p.b_scales == nullptr || p.y == nullptr || p.lda < p.k || p.lda % 16 != 0 || p.ldb < p.k || p.ldb % 16 != 0 ||
+      p.a_scales_stride < p.m || p.ldy < p.n || p.ldy % 2 != 0 || !Aligned(p.y, 8) || (p.accumulate && p.y_bf16)) {
+    return cudaErrorInvalidValue;
+  }
+  if (!Fp8GemmSupported()) return cudaErrorNotSupported;
+  CUtensorMap a_map, b_map;
+  cudaError_t err = tma::EncodeBytes2d(&a_map, p.a, p.m, p.k, p.lda, kTile, kTile);
+  if (err == cudaSuccess) err = tma::EncodeBytes2d(&b_map, p.b, p.n, p.k, p.ldb, kTile, kTile);
+  if (err != cudaSuccess) return err;
+  static const cudaError_t smem_set =
+      cudaFuncSetAttribute(Fp8GemmKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (smem_set != cudaSuccess) return smem_set;
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    return cudaGetLastError();
+  }
+  GemmArgs g{};
+  g.a_scales = p.a_scales;
+  g.a_scales_stride = p.a_scales_stride;
+  g.b_scales = p.b_scales;
+  g.y = p.y;
+  g.ldy = p.ldy;
+  g.y_bf16 = p.y_bf16 ? 1 : 0;
+  g.accumulate = p.accumulate ? 1 : 0;
+  g.m = p.m;
+  g.n = p.n;
+  g.k_blocks = k_blocks;
+  g.m_blocks = (p.m + kTile - 1) / kTile;
+  g.n_blocks = (p.n + kTile - 1) / kTile;
+  const int tiles = g.m_blocks * g.n_blocks;
+  Fp8GemmKernel<<<std::min(tiles, sms), kThreads, kSmemBytes, stream>>>(a_map, b_map, g);
+  return cudaGetLastError();
+}
+
+cudaError_t Fp8QuantizeRows(const Fp8QuantizeRowsParams& p, cudaStream_t stream) {
+  if (p.m < 0 || p.k < 0) return cudaErrorInvalidValue;
+  if (p.m == 0 || p.k == 0) return cudaSuccess;
+  const int elem = p.x_bf16 ? 2 : 4;
+  if (p.x == nullptr || p.q == nullptr || p.scales == nullptr || p.k % 4 != 0 || p.ldx < p.k || p.ldx % 4 != 0 ||
+      p.ldq < p.k || p.ldq % 4 != 0 || p.scales_stride < p.m || !Aligned(p.x, 4 * elem) || !Aligned(p.q, 4)) {
+    return cudaErrorInvalidValue;
+  }
+  const int k_blocks = (p.k + kTile - 1) / kTile;
+  const int64_t threads = static_cast<int64_t>(p.m) * k_blocks * 32;
+  const int block = 256;
+  const int64_t grid = (threads + block - 1) / block;
+  if (grid > 0x7fffffff) return cudaErrorInvalidValue;
+  if (p.x_bf16) {
+    Fp8QuantizeRowsKernel<__nv_bfloat16><<<static_cast<unsigned>(grid), block, 0, stream>>>(p, k_blocks);
+  } else {
+    Fp8QuantizeRowsKernel<float><<<static_cast<unsigned>(grid), block, 0, stream>>>(p, k_blocks);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::cuda
