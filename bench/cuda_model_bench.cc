@@ -410,6 +410,7 @@ int Main(int argc, char** argv) {
   CudaDeepseekModel::LoadOptions o;
   o.max_batch_tokens = std::max({prefill, max_batch, 64});  // the closeness check's prompts too
   o.fp8_decode = true;  // an FP8 checkpoint's FP8 forms loaded (compared with its bf16 copies below)
+  o.fp8_prefill = true;  // and its prefill's dense GEMMs in FP8 (compared below too)
   if (moe_grouped_max_tokens >= 0) o.moe_grouped_max_tokens = moe_grouped_max_tokens;
   o.max_seqs = max_batch;
   o.max_context = std::max(prefill, context + steps + 8) + 64;
@@ -530,13 +531,17 @@ int Main(int argc, char** argv) {
     for (int i = 0; i < prefill; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 104729) % (c.vocab_size - 3));
     std::iota(table.begin(), table.end(), static_cast<int32_t>(model->num_blocks() - table.size()));
     ForwardSequence s{.tokens = prompt, .start_position = 0, .block_table = table};
-    OrDie(model->ForwardGreedy({&s, 1}), "prefill");  // warm-up
-    std::vector<double> ms;
-    for (int i = 0; i < 3; ++i) {
-      const auto a = Clock::now();
-      OrDie(model->ForwardGreedy({&s, 1}), "prefill");
-      ms.push_back(Ms(a, Clock::now()));
-    }
+    auto time_prefill = [&] {
+      OrDie(model->ForwardGreedy({&s, 1}), "prefill");  // warm-up
+      std::vector<double> ms;
+      for (int i = 0; i < 3; ++i) {
+        const auto a = Clock::now();
+        OrDie(model->ForwardGreedy({&s, 1}), "prefill");
+        ms.push_back(Ms(a, Clock::now()));
+      }
+      return ms;
+    };
+    const std::vector<double> ms = time_prefill();
     const double flops = PrefillFlops(c, prefill);
     const double best = *std::min_element(ms.begin(), ms.end());
     const double rate = flops / (best * 1e-3);
@@ -555,6 +560,17 @@ int Main(int argc, char** argv) {
     }
     std::printf("prefill %d tokens: %.1f ms (%.0f tok/s), %.1f TFLOP/s = %.1f%% of cuBLAS\n", prefill, best,
                 prefill / (best * 1e-3), rate / 1e12, 100 * rate / gemm_rate);
+    if (fp8_model) {
+      // The same prefill with every GEMM on the bf16 copies (LoadOptions::fp8_prefill off).
+      model->set_fp8_prefill(false);
+      const std::vector<double> bms = time_prefill();
+      model->set_fp8_prefill(true);
+      const double bbest = *std::min_element(bms.begin(), bms.end());
+      p["bf16_copies_ms_best"] = bbest;
+      p["fp8_over_bf16_copies_speedup"] = bbest / best;
+      std::printf("prefill %d tokens on the bf16 copies: %.1f ms: the FP8 GEMMs %.2fx as fast\n", prefill, bbest,
+                  bbest / best);
+    }
     if (prefill_chunk > 0 && prefill_chunk < prefill) {
       // The same prompt in chunks of prefill_chunk tokens, one forward pass each (what a
       // worker does with --max-batch-tokens prefill_chunk): later chunks attend to the

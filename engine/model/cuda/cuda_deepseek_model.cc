@@ -12,6 +12,7 @@
 #include "engine/model/weights.h"
 #include "engine/util/status_macros.h"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/kv_cache_write.h"
 #include "kernels/cuda/kv_gather.h"
 #include "kernels/cuda/mla_decode_attention.h"
@@ -138,7 +139,7 @@ absl::Status CudaDeepseekModel::Impl::Init(const ModelConfig& c, const ModelWeig
     }
   }
   ASSIGN_OR_RETURN(weights, cuda_model::UploadWeights(c, host, seed, stream, o.mtp, test,
-                                                      /*fp8_forms=*/o.fp8_decode && !o.batch_invariant));
+                                                      /*fp8_forms=*/(o.fp8_decode || o.fp8_prefill) && !o.batch_invariant));
   kv_layers = static_cast<int64_t>(weights->layers.size());
 
   const std::vector<float> inv_freq = c.RopeInverseFrequencies();
@@ -238,6 +239,12 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     a->final_bf16 = ar.Take<__nv_bfloat16>(max_logit_rows * hidden);
     a->dense_plan = ar.Take<cuda_model::DenseMlpPlan>(1);
     if (weights->fp8_linears > 0) a->act_f32 = ar.Take<float>(cuda::kSmallGemvMaxRows * std::max<int64_t>(inter, 1));
+    if (weights->fp8_linears > 0 && options.fp8_prefill && cuda::Fp8GemmSupported()) {
+      // The FP8 GEMMs' quantized activations: as wide as any input they take.
+      const int64_t widest = std::max({hidden, c.q_lora_rank.value_or(0), heads * c.v_head_dim, inter});
+      a->x_fp8 = ar.Take<uint8_t>(t * widest);
+      a->x_fp8_scales = ar.Take<float>(t * ((widest + 127) / 128));
+    }
     a->argmax_scratch = ar.Take<char>(cuda::SmallGemvArgmaxScratchBytes());
     a->argmax_counter = ar.Take<uint32_t>(1);
     return ar.used();
@@ -945,6 +952,7 @@ int64_t CudaDeepseekModel::fp8_linears() const {
   return impl_->options.fp8_decode && !impl_->options.batch_invariant ? impl_->weights->fp8_linears : 0;
 }
 uint64_t CudaDeepseekModel::fp8_weight_bytes() const { return impl_->weights->fp8_bytes; }
+int64_t CudaDeepseekModel::fp8_gemms() const { return impl_->fp8_gemms_; }
 
 absl::StatusOr<std::vector<float>> CudaDeepseekModel::Forward(std::span<const ForwardSequence> batch,
                                                               const DeepseekForwardOptions& options) {
@@ -1049,6 +1057,7 @@ void CudaDeepseekModel::set_moe_shared_experts_early(bool on) {
 }
 void CudaDeepseekModel::set_split_decode_queries(bool on) { impl_->SetOption(&LoadOptions::split_decode_queries, on); }
 void CudaDeepseekModel::set_fp8_decode(bool on) { impl_->SetOption(&LoadOptions::fp8_decode, on); }
+void CudaDeepseekModel::set_fp8_prefill(bool on) { impl_->SetOption(&LoadOptions::fp8_prefill, on); }
 void CudaDeepseekModel::set_fp8_tensor_cores(bool on) { impl_->SetOption(&LoadOptions::fp8_tensor_cores, on); }
 void CudaDeepseekModel::set_step_events(bool on) { impl_->step_events_ = on; }
 absl::StatusOr<std::vector<std::pair<double, double>>> CudaDeepseekModel::TakeStepTimes() {

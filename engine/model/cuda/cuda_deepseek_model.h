@@ -112,6 +112,12 @@ class CudaDeepseekModel {
     // Those FP8 products on the tensor-core GEMV where it applies (k a multiple of 64 and
     // enough 16-row tiles, quantized_gemv.h); off: the scalar kernel (benchmarks compare).
     bool fp8_tensor_cores = true;
+    // FP8 checkpoints: prefill steps of at least 128 tokens multiply the
+    // attention projections (q/kv_a, q_b, o_proj) and the dense MLPs in FP8 on the tensor
+    // cores (cuda::Fp8Gemm, sm_90 only), their activations quantized per token and 128
+    // columns as DeepSeek's inference code does; the MoE layers' experts and kv_b stay on
+    // the bf16 copies. Loads the FP8 forms as fp8_decode does. Not with batch_invariant.
+    bool fp8_prefill = false;
     // Speculative decoding (docs/speculative-decoding.md): the checkpoint's first MTP layer
     // loaded, its KV one layer after the decoder layers' (ForwardSequence::mtp, Draft).
     bool mtp = false;
@@ -143,6 +149,8 @@ class CudaDeepseekModel {
   // (LoadOptions::fp8_decode on an FP8 checkpoint), and their GPU bytes.
   int64_t fp8_linears() const;
   uint64_t fp8_weight_bytes() const;
+  // FP8 GEMMs run so far (LoadOptions::fp8_prefill): one per linear layer and step.
+  int64_t fp8_gemms() const;
 
   // DeepseekModel::Forward on the GPU's own cache. Errors: INVALID_ARGUMENT as the CPU
   // model, plus batches beyond max_batch_tokens / max_seqs / max_context; INTERNAL for
@@ -202,6 +210,9 @@ class CudaDeepseekModel {
   // Off: FP8 checkpoints' decode steps on the bf16 copies (the forms stay loaded).
   void set_fp8_decode(bool on);
   void set_fp8_tensor_cores(bool on);
+  // Off after a load with LoadOptions::fp8_prefill: the bf16 copies again (benchmarks
+  // compare); on without that load option: no effect (no buffers for it).
+  void set_fp8_prefill(bool on);
   // For benchmarks: with step events on, each Forward records a CUDA event when its GPU
   // work begins (before the batch upload) and when it ends (after the results are read
   // back); TakeStepTimes returns {begin, end} per recorded step in ms since the first

@@ -10,6 +10,7 @@
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/invariant_gemm.h"
 #include "kernels/cuda/kv_gather.h"
@@ -39,6 +40,9 @@ constexpr int64_t kBlock = 64;
 // MoE down projections of at most this many routed rows add straight into the residual
 // stream (fp32 atomics); more rows go through a buffer and a combine pass, cheaper then.
 constexpr int64_t kScatterMaxRows = 512;
+// Fp8Gemm's tiles are 128 rows: fewer rows stay on the bf16 copies (cuBLAS or the grouped
+// kernel), which waste no tile rows.
+constexpr int64_t kFp8GemmMinRows = 128;
 
 cuda::MoeScoring Scoring(ScoringFunc f) {
   return f == ScoringFunc::kSigmoid ? cuda::MoeScoring::kSigmoid : cuda::MoeScoring::kSoftmax;
@@ -63,10 +67,41 @@ int MChunks(int64_t rows, int split) {
 
 }  // namespace
 
+bool CudaDeepseekModel::Impl::UseFp8Gemm(const cuda_model::Fp8Linear& w, int64_t rows) const {
+  return options.fp8_prefill && !options.batch_invariant && act_.x_fp8 != nullptr && w.present() &&
+         rows >= kFp8GemmMinRows && rows <= options.max_batch_tokens && w.parts.front().cols % 16 == 0;
+}
+
+absl::Status CudaDeepseekModel::Impl::DenseFp8(const cuda_model::Fp8Linear& w, const __nv_bfloat16* x, int64_t ldx,
+                                               int64_t rows, void* y, int64_t ldy, Out out) {
+  const int64_t k = w.parts.front().cols, t = options.max_batch_tokens;
+  TANDEM_CUDA_RETURN(cuda::Fp8QuantizeRows({.x = x, .x_bf16 = true, .ldx = ldx, .q = act_.x_fp8, .ldq = k,
+                                            .scales = act_.x_fp8_scales, .scales_stride = t,
+                                            .m = static_cast<int>(rows), .k = static_cast<int>(k)},
+                                           stream),
+                     "quantizing a GEMM's input to FP8");
+  ++fp8_gemms_;
+  int64_t at = 0;  // the parts' outputs side by side along y's columns
+  for (const cuda_model::Fp8Matrix& part : w.parts) {
+    void* yp = out == Out::kBf16 ? static_cast<void*>(static_cast<__nv_bfloat16*>(y) + at)
+                                 : static_cast<void*>(static_cast<float*>(y) + at);
+    TANDEM_CUDA_RETURN(cuda::Fp8Gemm({.a = act_.x_fp8, .lda = k, .a_scales = act_.x_fp8_scales, .a_scales_stride = t,
+                                      .b = part.codes, .ldb = part.cols, .b_scales = part.scales, .y = yp,
+                                      .ldy = ldy, .y_bf16 = out == Out::kBf16,
+                                      .accumulate = out == Out::kAccumulate, .m = static_cast<int>(rows),
+                                      .n = static_cast<int>(part.rows), .k = static_cast<int>(part.cols)},
+                                     stream),
+                       "dense GEMM (FP8)");
+    at += part.rows;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaDeepseekModel::Impl::Dense(const DeviceMatrix& w, const __nv_bfloat16* x,
                                             const __nv_bfloat16* x_lo, int64_t ldx, int64_t rows, void* y,
-                                            int64_t ldy, Out out) {
+                                            int64_t ldy, Out out, const cuda_model::Fp8Linear* fp8) {
   if (rows == 0) return absl::OkStatus();
+  if (fp8 != nullptr && UseFp8Gemm(*fp8, rows)) return DenseFp8(*fp8, x, ldx, rows, y, ldy, out);
   const bool custom = rows <= options.small_gemm_max_rows && w.rows % 8 == 0 && w.cols % 8 == 0 && ldx % 8 == 0 &&
                       ldy % 2 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   if (!custom) {
@@ -210,7 +245,8 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
                                    stream),
                      "input norm");
   RETURN_IF_ERROR(Mark("attention norm"));
-  RETURN_IF_ERROR(Dense(w.qkv_a, act_.h_bf16, split ? act_.h_lo : nullptr, hidden, t, act_.qkv, qkv_cols, Out::kF32));
+  RETURN_IF_ERROR(
+      Dense(w.qkv_a, act_.h_bf16, split ? act_.h_lo : nullptr, hidden, t, act_.qkv, qkv_cols, Out::kF32, &w.qkv_a_fp8));
   RETURN_IF_ERROR(Mark("q/kv_a projection"));
   const float* q = act_.qkv;
   int64_t q_stride = qkv_cols;
@@ -223,7 +259,8 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
                                      stream),
                        "q_a norm");
     RETURN_IF_ERROR(Mark("q_a norm"));
-    RETURN_IF_ERROR(Dense(w.q_b, act_.qa_bf16, split ? act_.qa_lo : nullptr, qr, t, act_.q_f32, heads * qk, Out::kF32));
+    RETURN_IF_ERROR(Dense(w.q_b, act_.qa_bf16, split ? act_.qa_lo : nullptr, qr, t, act_.q_f32, heads * qk,
+                          Out::kF32, &w.q_b_fp8));
     RETURN_IF_ERROR(Mark("q_b projection"));
     q = act_.q_f32;
     q_stride = heads * qk;
@@ -369,7 +406,7 @@ absl::Status CudaDeepseekModel::Impl::Attention(int64_t layer, const StepPlan& p
                      "attention output");
   RETURN_IF_ERROR(Mark("attention output convert"));
   RETURN_IF_ERROR(Dense(w.o_proj, act_.attn_bf16, split ? act_.attn_lo : nullptr, heads * v, t, act_.x, hidden,
-                        Out::kAccumulate));
+                        Out::kAccumulate, &w.o_proj_fp8));
   return Mark("o_proj");
 }
 
@@ -526,10 +563,13 @@ absl::Status CudaDeepseekModel::Impl::Mlp(int64_t layer, const StepPlan& plan) {
                        "MLP gate_up");
     RETURN_IF_ERROR(Mark("MLP gate_up"));
   } else {
-    RETURN_IF_ERROR(Dense(w.gate_up, act_.h_bf16, nullptr, hidden, t, act_.gu, 2 * inter, Out::kF32));
+    // The FP8 form has gate rows then up rows; the bf16 copy interleaves them.
+    const bool fp8 = UseFp8Gemm(w.gate_up_fp8, t);
+    RETURN_IF_ERROR(Dense(w.gate_up, act_.h_bf16, nullptr, hidden, t, act_.gu, 2 * inter, Out::kF32,
+                          fp8 ? &w.gate_up_fp8 : nullptr));
     RETURN_IF_ERROR(Mark("MLP gate_up"));
     TANDEM_CUDA_RETURN(cuda::SiluMul({.x = act_.gu, .x_stride = 2 * inter, .rows = t, .cols = inter,
-                                      .interleave = cuda_model::kGateUpInterleave, .out_bf16 = act_.act_bf16,
+                                      .interleave = fp8 ? 0 : cuda_model::kGateUpInterleave, .out_bf16 = act_.act_bf16,
                                       .out_stride = inter},
                                      stream),
                        "SiLU");
@@ -537,7 +577,7 @@ absl::Status CudaDeepseekModel::Impl::Mlp(int64_t layer, const StepPlan& plan) {
   }
   const bool split_act = split && t <= options.small_gemm_max_rows;  // the SiLU epilogue wrote act_lo
   RETURN_IF_ERROR(Dense(w.down, act_.act_bf16, split_act ? act_.act_lo : nullptr, inter, t, act_.x, hidden,
-                        Out::kAccumulate));
+                        Out::kAccumulate, &w.down_fp8));
   return Mark("MLP down");
 }
 

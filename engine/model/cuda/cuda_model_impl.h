@@ -136,6 +136,10 @@ struct Activations {
   __nv_bfloat16* final_bf16 = nullptr;  // [max_logit_rows][hidden]
   // The FP8 decode path (LoadOptions::fp8_decode), sized for kSmallGemvMaxRows tokens:
   float* act_f32 = nullptr;  // [F inter] the dense MLP's SwiGLU outputs
+  // The FP8 prefill path (LoadOptions::fp8_prefill): a GEMM's input quantized, e4m3
+  // [T][k] and its scales [ceil(k / 128)][T]; null without that option.
+  uint8_t* x_fp8 = nullptr;
+  float* x_fp8_scales = nullptr;
 };
 
 }  // namespace cuda_model
@@ -257,8 +261,13 @@ class CudaDeepseekModel::Impl {
                                    const __nv_bfloat16* w, int64_t w_group_stride, float* y, int64_t n,
                                    const char* what);
   // y (+)= x . w^T for `rows` rows: the grouped kernel for small row counts, cuBLAS else.
+  // With `fp8` (the layer's FP8 form) where UseFp8Gemm: that form on cuda::Fp8Gemm instead.
   absl::Status Dense(const DeviceMatrix& w, const __nv_bfloat16* x, const __nv_bfloat16* x_lo, int64_t ldx,
-                     int64_t rows, void* y, int64_t ldy, Out out);
+                     int64_t rows, void* y, int64_t ldy, Out out, const cuda_model::Fp8Linear* fp8 = nullptr);
+  // Whether a step of `rows` tokens multiplies `w` on cuda::Fp8Gemm (LoadOptions::fp8_prefill).
+  bool UseFp8Gemm(const cuda_model::Fp8Linear& w, int64_t rows) const;
+  absl::Status DenseFp8(const cuda_model::Fp8Linear& w, const __nv_bfloat16* x, int64_t ldx, int64_t rows, void* y,
+                        int64_t ldy, Out out);
   absl::Status RunGraph(const cuda_model::StepPlan& plan, const DeepseekForwardOptions& options);
   // Whether a step takes the fused small-batch kernels (cuda_deepseek_model.h).
   bool Fused(const cuda_model::StepPlan& plan) const;
@@ -366,6 +375,7 @@ class CudaDeepseekModel::Impl {
   int64_t last_rows_ = 0;
   int64_t last_out_rows_ = 0;
   bool last_fp8_ = false;  // the last step multiplied the FP8 forms (Fp8Decode)
+  int64_t fp8_gemms_ = 0;  // DenseFp8 calls (CudaDeepseekModel::fp8_gemms)
 
   friend class CudaDeepseekModel;
 };

@@ -19,6 +19,7 @@
 #include "engine/model/cuda/cuda_deepseek_model.h"
 #include "engine/model/deepseek_model.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/engine/model/cuda_model_test_support.h"
 #include "tests/unit/engine/model/test_models.h"
@@ -214,6 +215,60 @@ TEST_P(CudaFp8DecodeTest, GreedyDecodePassesTheClosenessCheckAgainstTheCpu) {
   std::printf("%s, 32 greedy tokens against the CPU (bf16 KV cache): FP8 forms %d of 10 identical, %d within the "
               "closeness check; bf16 copies %d and %d\n",
               GetParam().c_str(), identical[0], close[0], identical[1], close[1]);
+}
+
+// LoadOptions::fp8_prefill: a 300-token prompt's prefill (every row's logits) with the
+// attention projections and the dense MLPs on cuda::Fp8Gemm, their inputs quantized to e4m3
+// per token and 128 columns (DeepSeek's inference numerics: up to 2^-4 relative rounding an
+// element, about 2 % RMS on each layer's outputs), against the CPU (the same FP8 weights
+// widened exactly, float32 activations). A wiring fault (a wrong part, scale grid or
+// gate/up layout) gives errors of the logits' own size; the bounds are several times the
+// activation rounding's. Below 128 rows, and with the option turned off, the bf16 copies.
+TEST_P(CudaFp8DecodeTest, Fp8PrefillMatchesTheCpuWithinTheActivationRounding) {
+  if (!cuda::Fp8GemmSupported()) GTEST_SKIP() << "Fp8Gemm runs on sm_90 only";
+  CudaDeepseekModel::LoadOptions o = Options(false);
+  o.fp8_prefill = true;
+  auto loaded = CudaDeepseekModel::Load(dir_, o);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  CudaDeepseekModel& fp8 = **loaded;
+  const std::vector<int32_t> p = Tokens(300, 7), table = Table(0, 5);
+  ForwardSequence s{.tokens = p, .start_position = 0, .block_table = table, .all_logits = true};
+  LatentKvCache cache = cpu_->MakeKvCache(8);
+  auto c = cpu_->Forward({&s, 1}, cache);
+  auto g = fp8.Forward({&s, 1});
+  auto b = bf16_->Forward({&s, 1});
+  ASSERT_TRUE(c.ok() && g.ok() && b.ok()) << c.status() << " " << g.status() << " " << b.status();
+  EXPECT_EQ(fp8.fp8_gemms(), ExpectedFp8Linears(cpu_->config()) - [&] {
+    int64_t moe = 0;  // the MoE layers' experts stay on the bf16 copies
+    for (int64_t l = 0; l < cpu_->config().num_hidden_layers; ++l) moe += cpu_->config().IsMoeLayer(l);
+    return moe;
+  }());
+  const int rows = static_cast<int>(p.size());
+  int same_top1 = 0;
+  double worst = 0, mean = 0, bf16_mean = 0;
+  for (int r = 0; r < rows; ++r) {
+    const double e = RowError(&(*g)[r * kVocab], &(*c)[r * kVocab]);
+    worst = std::max(worst, e);
+    mean += e / rows;
+    bf16_mean += RowError(&(*b)[r * kVocab], &(*c)[r * kVocab]) / rows;
+    same_top1 += Argmax(&(*g)[r * kVocab]) == Argmax(&(*c)[r * kVocab]);
+  }
+  std::printf("%s, FP8 prefill of %d tokens vs the CPU: mean row error %.2e (bf16 copies %.2e), worst %.2e, same "
+              "top-1 %d of %d\n",
+              GetParam().c_str(), rows, mean, bf16_mean, worst, same_top1, rows);
+  EXPECT_LE(mean, 0.05);
+  EXPECT_LE(worst, 0.15);
+  EXPECT_GE(same_top1, rows * 90 / 100);
+
+  const int64_t before = fp8.fp8_gemms();
+  const std::vector<int32_t> short_prompt = Tokens(100, 8), short_table = Table(5, 2);
+  ForwardSequence short_s{.tokens = short_prompt, .start_position = 0, .block_table = short_table};
+  ASSERT_TRUE(fp8.Forward({&short_s, 1}).ok());
+  EXPECT_EQ(fp8.fp8_gemms(), before) << "a 100-token step took the FP8 GEMMs";
+  fp8.set_fp8_prefill(false);
+  ForwardSequence again{.tokens = p, .start_position = 0, .block_table = table};
+  ASSERT_TRUE(fp8.Forward({&again, 1}).ok());
+  EXPECT_EQ(fp8.fp8_gemms(), before) << "fp8_prefill turned off";
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaFp8DecodeTest, ::testing::Values("tiny", "tiny-v2"));
