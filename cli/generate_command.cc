@@ -48,6 +48,7 @@ struct GenerateArgs {
   bool json_object = false;
   bool compact_json = false;
   int grammar_compile_timeout_ms = 5000;
+  int grammar_mask_threads = 0;
   bool batch_invariant = false;
   bool fp8_decode = false;
   int speculative_tokens = 0;
@@ -126,6 +127,7 @@ int RunLocal(const GenerateArgs& a) {
   options.device = a.device;
   options.gpu_memory_utilization = a.gpu_memory_utilization;
   options.grammar_compile_timeout_s = a.grammar_compile_timeout_ms / 1000.0;
+  options.grammar_mask_threads = a.grammar_mask_threads;
   options.batch_invariant = a.batch_invariant;
   options.fp8_decode = a.fp8_decode;
   options.speculative_tokens = a.speculative_tokens;
@@ -252,6 +254,11 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
                   "--local: a constraint that takes longer to compile is refused")
       ->check(CLI::Range(1, 600000))
       ->capture_default_str();
+  cmd->add_option("--grammar-mask-threads", args->grammar_mask_threads,
+                  "--local on a GPU: threads that fill the token masks while the GPU runs a step (0: a quarter of the "
+                  "hardware threads, 1 to 8)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
   cmd->add_flag("--batch-invariant", args->batch_invariant,
                 "--local: logits bitwise independent of batching and prefill chunking (docs/batch-invariance.md); "
                 "for a cluster, start its workers with --batch-invariant");
@@ -285,8 +292,9 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_option("--data-parallel", args->data_parallel,
-                  "--local: data-parallel attention (each rank its own sequences and KV): not implemented yet, "
-                  "only 1 is accepted; every rank runs the whole batch")
+                  "--local, cpu: data-parallel attention on N ranks: each sequence runs on one rank, whose own KV "
+                  "pool holds it (rank 0 places it and gathers the logits); with --expert-parallel the same N. "
+                  "Not with --tensor-parallel. Outputs are bitwise one rank's")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_option("--device", args->device, "--local: where the model runs: cpu, cuda or cuda:N")

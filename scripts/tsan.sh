@@ -6,7 +6,8 @@
 # replica registry, the kvstore's block store, the transfer layer in one
 # process, the router's metrics history, the decode replica's prober of quarantined
 # leases' writers (its timers and answers on other threads), the CPU kernels' thread pool (its
-# job hand-over through atomics). Every process writes its reports under
+# job hand-over through atomics), token masks filled on that pool (matchers sharing a compiled
+# grammar). Every process writes its reports under
 # build-tsan/tsan-reports; any report fails the run (0 reports is the bar).
 #   scripts/tsan.sh            (scripts/test.sh runs it after ctest)
 # Not the real binaries: Debian's gRPC is not instrumented, and the synchronization that
@@ -22,7 +23,8 @@ targets=(services_router_replica_registry_test services_router_metrics_history_t
          services_kvstore_core_test
          services_transfer_test
          services_api_request_core_test engine_runtime_kv_wait_test
-         services_decode_kv_writer_prober_test kernels_cpu_thread_pool_test)
+         services_decode_kv_writer_prober_test kernels_cpu_thread_pool_test
+         engine_grammar_matcher_threads_test)
 echo "tsan.sh: building ${#targets[@]} targets with ThreadSanitizer in $build"
 start=$(date +%s)
 cmake --build "$build" --target "${targets[@]}"

@@ -198,7 +198,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
                       .num_prefix_states = static_cast<int32_t>(snapshots),
                       .decode_state_snapshots = options.decode_state_snapshots,
                       .mtp = mtp,
-                      .speculative_tokens = options.speculative_tokens};
+                      .speculative_tokens = options.speculative_tokens,
+                      .data_parallel_ranks = e->backend_->data_parallel_ranks()};
+  if (so.data_parallel_ranks > 1 && (running_slots > 0 || mtp)) {
+    return absl::FailedPreconditionError(
+        "data-parallel attention runs layouts of one latent stream without speculative decoding only "
+        "(docs/parallel.md)");
+  }
   e->counters_.spec_accepted_by_position.assign(static_cast<size_t>(options.speculative_tokens), 0);
   e->counters_.spec_accepted_length.assign(static_cast<size_t>(options.speculative_tokens + (mtp ? 1 : 0)), 0);
   if (so.max_batch_tokens <= 0 || so.max_running <= 0 || options.max_waiting <= 0) {
@@ -214,6 +220,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   e->constraints_ = std::make_unique<ConstraintCompiler>(
       e->tokenizer_.get(), e->eos_ids_,
       ConstraintCompilerOptions{.timeout = absl::Seconds(options.grammar_compile_timeout_s)});
+  int mask_threads = options.grammar_mask_threads;
+  if (mask_threads <= 0) mask_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 8);
+  e->mask_pool_ = std::make_unique<cpu::ThreadPool>(mask_threads);
   e->PublishStats();
   e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
   return e;
@@ -679,7 +688,8 @@ Engine::StepBatch Engine::AssembleBatch(const StepPlan& plan) {
                       .block_table = s.blocks,
                       .no_logits = !c.reaches_end(),
                       .state_slot = s.state_slot,
-                      .first_kv_cached = c.first_kv_cached};
+                      .first_kv_cached = c.first_kv_cached,
+                      .dp_rank = s.dp_rank};
     if (options_.speculative_tokens > 0) {
       // The MTP layer's slots: with the chunk's own tokens for a prompt chunk; by the draft
       // pass after sampling for a chunk reaching the end (its hidden states kept for it);

@@ -40,6 +40,7 @@
 #include "engine/runtime/sampling_params.h"
 #include "engine/runtime/scheduler.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace tandem {
 
@@ -107,6 +108,11 @@ struct EngineOptions {
   // (constraint_compiler.h) within this many seconds (--grammar-compile-timeout-ms), or
   // the request fails with INVALID_ARGUMENT.
   double grammar_compile_timeout_s = 5.0;
+  // Device-sampling steps fill their constrained rows' token masks on this many threads
+  // (the engine thread and grammar_mask_threads - 1 others), while the device runs the
+  // step's forward pass (--grammar-mask-threads). 0: a quarter of the hardware threads,
+  // 1 to 8.
+  int32_t grammar_mask_threads = 0;
   // Speculative decoding with the checkpoint's MTP layer (docs/speculative-decoding.md):
   // up to this many drafts per sequence and step (0: off), verified by the next step; a
   // sequence stops drafting at a draft whose probability under the MTP layer is below
@@ -486,6 +492,7 @@ class Engine {
   bool device_streams_ = false;
   std::unique_ptr<KvLeases> leases_;                 // engine thread only
   std::unique_ptr<ConstraintCompiler> constraints_;
+  std::unique_ptr<cpu::ThreadPool> mask_pool_;  // FillDeviceMasks' threads (engine thread's calls only)
   std::map<std::string, std::function<void(Compiled)>> compiling_;  // engine thread only
   std::vector<uint32_t> constraint_mask_;             // engine thread only (scratch)
   std::vector<std::vector<uint32_t>> device_masks_;  // engine thread only: per sampling row

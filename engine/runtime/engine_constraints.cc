@@ -59,11 +59,16 @@ ForwardOptions Engine::WithMaskFill(ForwardOptions fo) {
 
 void Engine::FillDeviceMasks() {
   const double start = Now();
-  for (const auto& [s, row] : pending_masks_) {
-    std::vector<uint32_t>& m = device_masks_[row];
-    std::fill(m.begin(), m.end(), 0u);
-    s->matcher->FillNextTokenBitmask(m);
-  }
+  // Rows apart: each its own matcher (its own scratch) and mask; the compiled grammars they
+  // share are read-only.
+  mask_pool_->ParallelFor(static_cast<int64_t>(pending_masks_.size()), 1, [this](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const auto& [s, row] = pending_masks_[static_cast<size_t>(i)];
+      std::vector<uint32_t>& m = device_masks_[row];
+      std::fill(m.begin(), m.end(), 0u);
+      s->matcher->FillNextTokenBitmask(m);
+    }
+  });
   pending_masks_.clear();
   counters_.constraint_mask_seconds += Now() - start;
 }

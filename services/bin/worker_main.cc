@@ -58,6 +58,7 @@ struct WorkerFlags {
   int64_t kv_lease_ms = 30000;
   int64_t kv_quarantine_warn_ms = 0;
   int64_t grammar_compile_timeout_ms = 5000;
+  int grammar_mask_threads = 0;
   std::string kv_transfer = "auto";
   bool no_prefix_cache = false;
   int32_t prefix_state_snapshots = -1;  // -1: max_running
@@ -151,6 +152,11 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                  "Structured output: a request's constraint (JSON schema, regex, grammar) that takes longer to "
                  "compile is refused with INVALID_ARGUMENT; compiles run on their own thread, never the engine's")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}))
+      ->capture_default_str();
+  app.add_option("--grammar-mask-threads", f.grammar_mask_threads,
+                 "Structured output on the GPU: threads that fill the constrained requests' token masks while the "
+                 "GPU runs the step (0: a quarter of the hardware threads, 1 to 8)")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   app.add_option("--kv-transfer", f.kv_transfer,
                  "How KV goes from prefill to decode replicas: auto (GPU to GPU over CUDA IPC when both models are "
@@ -291,6 +297,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   const int64_t quarantine_warn_ms = f.kv_quarantine_warn_ms > 0 ? f.kv_quarantine_warn_ms : 2 * f.kv_lease_ms;
   eo.kv_quarantine_stuck_seconds = quarantine_warn_ms / 1000.0;
   eo.grammar_compile_timeout_s = f.grammar_compile_timeout_ms / 1000.0;
+  eo.grammar_mask_threads = f.grammar_mask_threads;
   eo.kv_memory = static_cast<float*>(pool.base);
   eo.kv_memory_bytes = pool.bytes;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);

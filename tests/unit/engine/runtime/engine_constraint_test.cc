@@ -360,5 +360,34 @@ TEST(EngineConstraintTest, ConstrainedBesidePipelinedRequests) {
   EXPECT_EQ(mixed->Stats().device_sampled_tokens, static_cast<int64_t>(all_tokens));
 }
 
+TEST(EngineConstraintTest, MasksFilledOnSeveralThreadsGiveTheSameTokens) {
+  // Device-sampling steps fill their constrained rows' masks on grammar_mask_threads
+  // threads: eight seeded constrained requests sharing steps give the tokens they give with
+  // one thread.
+  auto run = [](int threads) {
+    EngineOptions o;
+    o.grammar_mask_threads = threads;
+    auto e = MakeEngine(o, /*pipelined=*/true);
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    for (int i = 0; i < 8; ++i) {
+      OutputConstraint c = i % 2 ? Regex("[a-z]{2,5}(-[0-9]{1,3}){1,4}")
+                                 : OutputConstraint{.kind = OutputConstraint::Kind::kJsonObject};
+      streams.push_back(*e->Submit(Req("m" + std::to_string(i), 400 + i, std::move(c), 21 + i, 64)));
+    }
+    std::vector<Result> results;
+    for (auto& s : streams) results.push_back(Drain(*s));
+    EXPECT_GT(e->Stats().device_sampled_tokens, 0);
+    return results;
+  };
+  const std::vector<Result> one = run(1), four = run(4);
+  for (size_t i = 0; i < one.size(); ++i) {
+    ASSERT_TRUE(four[i].final.status.ok()) << four[i].final.status;
+    EXPECT_EQ(four[i].tokens, one[i].tokens) << i;
+    if (i % 2 && four[i].final.finish_reason != FinishReason::kLength) {
+      EXPECT_TRUE(std::regex_match(four[i].text, std::regex("[a-z]{2,5}(-[0-9]{1,3}){1,4}"))) << four[i].text;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem
