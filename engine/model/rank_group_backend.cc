@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/data_parallel.h"
 #include "engine/model/rank_step.h"
 #include "engine/parallel/rank_processes.h"
 #include "engine/parallel/shm_collectives.h"
@@ -57,6 +58,9 @@ class RankGroupBackend : public ModelBackend {
     return absl::StrCat("cpu (rank 0 of ", group_->world_size(), ")");
   }
   bool kv_in_host_pool() const override { return true; }
+  int data_parallel_ranks() const override {
+    return local_->model().layout().data_parallel ? group_->world_size() : 1;
+  }
 
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, KvPool& host,
                                              const ForwardOptions& options) override {
@@ -69,8 +73,16 @@ class RankGroupBackend : public ModelBackend {
       group_ok_ = false;
       return s;
     }
-    absl::StatusOr<std::vector<float>> logits = local_->Forward(batch, host, options);
-    // A collective's error inside the pass leaves the group unusable.
+    absl::StatusOr<std::vector<float>> logits;
+    if (data_parallel_ranks() > 1) {
+      // This rank's sequences over the engine's pool (rank 0's), the others' logits gathered.
+      LatentKvCache cache = LatentKvCache::Of(host);
+      logits = ForwardDataParallel(*group_, local_->model(), batch, cache, ForDeepseek(options));
+    } else {
+      logits = local_->Forward(batch, host, options);
+    }
+    // A collective's error inside the pass leaves the group unusable; an invalid batch
+    // was refused by every rank alike before any collective of the pass.
     if (!logits.ok() && logits.status().code() != absl::StatusCode::kInvalidArgument) group_ok_ = false;
     return logits;
   }
@@ -92,6 +104,7 @@ DeepseekModel::LoadOptions RankLoadOptions(const BackendOptions& backend, const 
   o.group = &group;
   o.expert_parallel = g.expert_parallel > 1;
   o.tensor_parallel = g.tensor_parallel > 1;
+  o.data_parallel = g.data_parallel > 1;
   return o;
 }
 
@@ -116,10 +129,16 @@ absl::StatusOr<int> RankGroupWorld(const RankGroupOptions& g, const BackendOptio
   if (world > parallel::kShmMaxWorld) {
     return absl::InvalidArgumentError(absl::StrCat("at most ", parallel::kShmMaxWorld, " ranks, not ", world));
   }
-  if (d > 1) {
+  if (d > 1 && t > 1) {
     return absl::UnimplementedError(
-        "--data-parallel: data-parallel attention is not implemented yet (docs/parallel.md); --expert-parallel "
-        "and --tensor-parallel run every rank over the whole batch");
+        "--tensor-parallel with --data-parallel: the split LM head and dense MLPs would need every rank's rows "
+        "gathered first, which is not implemented (docs/parallel.md); use --data-parallel with "
+        "--expert-parallel");
+  }
+  if (d > 1 && e > 1 && d != e) {
+    return absl::InvalidArgumentError(absl::StrCat("--data-parallel ", d, " and --expert-parallel ", e,
+                                                   " run over the same ranks: give them the same count, or one "
+                                                   "of them 1"));
   }
   if (e > 1 && t > 1 && e != t) {
     return absl::InvalidArgumentError(absl::StrCat("--expert-parallel ", e, " and --tensor-parallel ", t,
@@ -185,7 +204,8 @@ absl::Status RunFollowerRank(parallel::Collectives& group, DeepseekModel& model)
     bytes.resize(static_cast<size_t>(h.bytes));
     RETURN_IF_ERROR(group.Broadcast(bytes, /*root=*/0));
     ASSIGN_OR_RETURN(const RankStep plan, DecodeRankStep(bytes));
-    // The same pool as rank 0's: the same block ids hold the same KV on every rank.
+    // A pool of rank 0's size: without data parallelism a copy of rank 0's (the same
+    // block ids hold the same KV on every rank); with it, this rank's own.
     if (!cache || cache->num_blocks() != plan.kv_blocks) {
       const ModelConfig& c = model.config();
       cache.reset();
@@ -196,7 +216,9 @@ absl::Status RunFollowerRank(parallel::Collectives& group, DeepseekModel& model)
       memory = std::shared_ptr<void>(m, [n](void* p) { ::munmap(p, n); });
       cache.emplace(static_cast<float*>(m), c.num_hidden_layers, plan.kv_blocks, c.kv_entry_dim());
     }
-    absl::StatusOr<std::vector<float>> logits = model.Forward(plan.batch, *cache);
+    absl::StatusOr<std::vector<float>> logits = model.layout().data_parallel
+                                                    ? ForwardDataParallel(group, model, plan.batch, *cache)
+                                                    : model.Forward(plan.batch, *cache);
     if (!logits.ok() && logits.status().code() != absl::StatusCode::kInvalidArgument) return logits.status();
   }
 }

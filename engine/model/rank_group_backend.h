@@ -1,12 +1,14 @@
 // A replica whose ranks are processes of this machine running the CPU model together
 // (docs/parallel.md): rank 0, this process, is the engine's backend; each Forward
 // broadcasts the step's plan (rank_step.h) and then runs rank 0's part, while ranks 1..W-1
-// run the same pass from the plan (RunFollowerRank). Every rank runs the whole batch:
-// attention runs whole on every rank over its own copy of the KV (data-parallel attention,
-// each rank its own sequences, is the next step), the routed experts and/or the LM head and
-// dense MLPs are split (DeepseekModel::LoadOptions). The logits are bitwise one rank's.
+// run their part of the same step from the plan (RunFollowerRank). Without data
+// parallelism every rank runs the whole batch, attention over its own copy of the KV; with
+// it (--data-parallel W) each rank runs only the sequences it holds (ForwardSequence::
+// dp_rank), over its own pool, and the logits are gathered to rank 0 (data_parallel.h).
+// The routed experts and/or the LM head and dense MLPs are split (DeepseekModel::
+// LoadOptions). The logits are bitwise one rank's.
 //
-// Only KV the engine computes reaches the other ranks' copies: KV imported into rank 0's
+// Only KV the engine computes reaches the other ranks' pools: KV imported into rank 0's
 // pool from outside (a prefill replica's transfer, the kvstore tier) would not, so the
 // served workers do not start rank groups yet.
 #pragma once
@@ -36,10 +38,9 @@ struct RankGroupOptions {
 };
 
 // The ranks the flags ask for (max of the three; 1: no group). Errors: INVALID_ARGUMENT
-// for a count below 1, above the backend's limit, or --expert-parallel and
-// --tensor-parallel both above 1 and different (they split over the same ranks);
-// UNIMPLEMENTED, saying so, for --data-parallel above 1, a device other than the CPU, or
-// speculative decoding with ranks.
+// for a count below 1, above the backend's limit, or two counts above 1 and different
+// (they split over the same ranks); UNIMPLEMENTED, saying so, for --tensor-parallel with
+// --data-parallel, a device other than the CPU, or speculative decoding with ranks.
 absl::StatusOr<int> RankGroupWorld(const RankGroupOptions& group, const BackendOptions& backend);
 
 // Forks ranks 1..W-1, each loading its part of the DeepSeek-V2/V3 checkpoint in `dir` and
@@ -53,8 +54,8 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> StartCpuRankGroup(const std::strin
                                                                 const RankGroupOptions& group);
 
 // Ranks 1..W-1: runs every step rank 0 broadcasts over a KV cache of its own, until rank 0
-// ends the group (OK) or the group fails (its error). A step whose Forward fails before
-// any collective (an invalid batch) failed on rank 0 alike and is skipped.
+// ends the group (OK) or the group fails (its error). A step refused as invalid before any
+// collective of the pass was refused by rank 0 alike and is skipped.
 absl::Status RunFollowerRank(parallel::Collectives& group, DeepseekModel& model);
 
 }  // namespace tandem

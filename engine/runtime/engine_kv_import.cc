@@ -273,7 +273,7 @@ void Engine::AdmitImported(std::unique_ptr<Sequence> seq_ptr, int32_t first_toke
       o.finished = true;
       o.finish_reason = r.reason;
       o.matched_stop = r.matched_stop;
-      scheduler_->blocks().Release(s.blocks);
+      scheduler_->PoolOf(s).Release(s.blocks);
       s.blocks.clear();
       if (s.state_slot >= 0) scheduler_->state_slots().Release(s.state_slot);
       s.state_slot = -1;

@@ -221,7 +221,7 @@ bool Engine::DraftAfterImport(std::unique_ptr<Sequence>& seq) {
   if (!drafts.ok()) {
     RequestOutput o;
     o.status = absl::InternalError(absl::StrCat("draft pass failed: ", drafts.status().message()));
-    scheduler_->blocks().Release(s.blocks);
+    scheduler_->PoolOf(s).Release(s.blocks);
     s.blocks.clear();
     Finish(std::move(seq), std::move(o));
     return false;

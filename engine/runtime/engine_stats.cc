@@ -26,14 +26,27 @@ Engine::KvEvents Engine::TakeKvEvents(bool want_full) {
 }
 
 void Engine::PublishStats() {
-  // Prefix-cache changes since the last call, into the thread-safe mirror.
-  KvCacheEvents ev = scheduler_->blocks().TakeEvents();
+  // Prefix-cache changes since the last call, into the thread-safe mirror. With
+  // data-parallel attention the replica's pools together (a hash two ranks hold counts
+  // as removed when one of them evicts it: the mirror is a routing hint).
+  KvCacheEvents ev;
   EngineStats s = counters_;
+  BlockManagerStats bs;
+  for (int32_t r = 0; r < scheduler_->num_pools(); ++r) {
+    BlockManager& pool = scheduler_->pool(r);
+    KvCacheEvents pool_ev = pool.TakeEvents();
+    ev.events.insert(ev.events.end(), pool_ev.events.begin(), pool_ev.events.end());
+    ev.dropped += pool_ev.dropped;
+    s.kv_blocks_total += pool.num_blocks();
+    s.kv_blocks_in_use += pool.num_in_use();
+    bs.prefix_queries += pool.stats().prefix_queries;
+    bs.queried_blocks += pool.stats().queried_blocks;
+    bs.hit_blocks += pool.stats().hit_blocks;
+    bs.evictions += pool.stats().evictions;
+  }
   s.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.num_running = static_cast<int64_t>(scheduler_->num_running());
-  s.kv_blocks_total = scheduler_->blocks().num_blocks();
-  s.kv_blocks_in_use = scheduler_->blocks().num_in_use();
-  s.kv_usage = scheduler_->blocks().usage();
+  s.kv_usage = s.kv_blocks_total == 0 ? 0.0 : static_cast<double>(s.kv_blocks_in_use) / s.kv_blocks_total;
   const KvLeaseStats ls = leases_->stats();
   s.kv_leases_expired = ls.expired;
   s.kv_writers_refused = ls.writers_refused;
@@ -45,7 +58,6 @@ void Engine::PublishStats() {
   s.kv_quarantine_ends_decoded = ls.ends_decoded;
   s.kv_quarantine_ends_no_writer = ls.ends_no_writer;
   s.kv_reserve_waiting = static_cast<int64_t>(kv_waiters_.size());
-  const BlockManagerStats& bs = scheduler_->blocks().stats();
   s.prefix_cache_queries = bs.prefix_queries;
   s.prefix_cache_queried_blocks = bs.queried_blocks;
   s.prefix_cache_hit_blocks = bs.hit_blocks;
@@ -62,8 +74,10 @@ void Engine::PublishStats() {
   constexpr size_t kMaxPendingEvents = 1 << 16;
   if (ev.dropped > 0) {
     // The block manager lost events: rebuild the mirror from its current contents.
-    std::vector<uint64_t> all = scheduler_->blocks().CachedHashes();
-    cached_hashes_ = std::unordered_set<uint64_t>(all.begin(), all.end());
+    cached_hashes_.clear();
+    for (int32_t r = 0; r < scheduler_->num_pools(); ++r) {
+      for (uint64_t h : scheduler_->pool(r).CachedHashes()) cached_hashes_.insert(h);
+    }
     events_full_ = true;
     return;
   }

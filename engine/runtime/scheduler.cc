@@ -10,9 +10,11 @@ namespace tandem {
 Scheduler::Scheduler(const SchedulerOptions& options, int32_t num_blocks)
     : options_(options),
       state_slots_(options.num_state_slots),
-      prefix_states_(options.num_state_slots, options.num_state_slots > 0 ? options.num_prefix_states : 0),
-      blocks_(num_blocks) {
+      prefix_states_(options.num_state_slots, options.num_state_slots > 0 ? options.num_prefix_states : 0) {
   TANDEM_CHECK(options_.block_size > 0 && options_.max_batch_tokens > 0 && options_.max_running > 0);
+  TANDEM_CHECK_GE(options_.data_parallel_ranks, 1);
+  TANDEM_CHECK(options_.data_parallel_ranks == 1 || options_.num_state_slots == 0);
+  for (int32_t r = 0; r < options_.data_parallel_ranks; ++r) pools_.push_back(std::make_unique<BlockManager>(num_blocks));
   TANDEM_CHECK(options_.num_state_slots == 0 || options_.num_state_slots >= options_.max_running);
   TANDEM_CHECK_GE(options_.num_prefix_states, 0);
 }
@@ -82,7 +84,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::TakeAll() {
 }
 
 void Scheduler::ReleaseBlocks(Sequence& seq) {
-  blocks_.Release(seq.blocks);
+  PoolOf(seq).Release(seq.blocks);
   seq.blocks.clear();
   seq.num_published = 0;
   seq.num_computed = 0;
@@ -103,8 +105,9 @@ void Scheduler::ReleaseBlocks(Sequence& seq) {
 bool Scheduler::EnsureBlocks(Sequence& seq, int64_t positions) {
   const int32_t need = BlocksFor(positions) - static_cast<int32_t>(seq.blocks.size());
   if (need <= 0) return true;
-  if (!blocks_.CanAllocate(need)) return false;
-  absl::StatusOr<std::vector<int32_t>> got = blocks_.Allocate(need);
+  BlockManager& blocks = PoolOf(seq);
+  if (!blocks.CanAllocate(need)) return false;
+  absl::StatusOr<std::vector<int32_t>> got = blocks.Allocate(need);
   TANDEM_CHECK(got.ok()) << got.status();
   seq.blocks.insert(seq.blocks.end(), got->begin(), got->end());
   return true;
@@ -126,23 +129,61 @@ void Scheduler::Preempt(Sequence& seq) {
   TANDEM_CHECK(false) << "preempting a sequence that is not running: " << seq.id;
 }
 
+bool Scheduler::SharesRank(const Sequence& seq) const {
+  for (const auto& s : running_) {
+    if (s.get() != &seq && s->dp_rank == seq.dp_rank) return true;
+  }
+  return false;
+}
+
+void Scheduler::Place(Sequence& seq, std::span<const uint64_t> hashes) {
+  TANDEM_CHECK(seq.blocks.empty());
+  // KV that crosses the replica's boundary (a prefix imported with the request, a prefill
+  // exported to a decode replica) is copied through the host pool, which is rank 0's.
+  if (pools_.size() == 1 || seq.prefix_kv || seq.kv_sink != nullptr) {
+    seq.dp_rank = 0;
+    return;
+  }
+  // The rank that would hold the fewest blocks once this sequence's prompt is in: its
+  // blocks in use plus those the prompt would take there (less the cached prefix it would
+  // share there, so that a repeated prefix tends to return to its rank while the ranks'
+  // loads stay close); then the fewest running sequences; then the lowest rank. Load is
+  // known here without asking the ranks, and the choice is the same for the same history.
+  std::vector<int32_t> running(pools_.size(), 0);
+  for (const auto& s : running_) ++running[s->dp_rank];
+  const int64_t prompt_blocks = BlocksFor(static_cast<int64_t>(seq.tokens.size()));
+  int32_t best = 0;
+  int64_t best_load = INT64_MAX;
+  for (int32_t r = 0; r < num_pools(); ++r) {
+    const int64_t cached = prefix_cache_usable() ? pools_[r]->CachedPrefixLength(hashes) : 0;
+    const int64_t load = pools_[r]->num_in_use() + prompt_blocks - cached;
+    if (load < best_load || (load == best_load && running[r] < running[best])) {
+      best = r;
+      best_load = load;
+    }
+  }
+  seq.dp_rank = best;
+}
+
 void Scheduler::LookUpPrefix(Sequence& seq) {
   seq.prefix_looked_up = true;
   TANDEM_CHECK(seq.blocks.empty() && seq.num_computed == 0);
   // At least the last token is computed: its logits are what the step is for.
   const size_t usable = std::min(seq.block_hashes.size(), (seq.tokens.size() - 1) / options_.block_size);
   const std::span<const uint64_t> hashes(seq.block_hashes.data(), usable);
+  Place(seq, hashes);
+  BlockManager& pool = PoolOf(seq);
   if (prefix_cache_usable() && options_.num_state_slots == 0) {
-    seq.blocks = blocks_.AcquireCachedPrefix(hashes);
+    seq.blocks = pool.AcquireCachedPrefix(hashes);
   } else if (prefix_cache_usable()) {
     // The longest cached prefix whose last block has a state snapshot. Where the cached
     // blocks reach further, this sequence's state is snapshotted where they end.
-    const size_t cached = static_cast<size_t>(blocks_.CachedPrefixLength(hashes));
+    const size_t cached = static_cast<size_t>(pool.CachedPrefixLength(hashes));
     size_t k = cached;
     while (k > 0 && !prefix_states_.Contains(hashes[k - 1])) --k;
     if (!ImportWithState(seq, hashes, cached, k)) {
       seq.shared_prefix_end = cached > k ? static_cast<int32_t>(cached) * options_.block_size : 0;
-      seq.blocks = blocks_.AcquireCachedPrefix(hashes, k);
+      seq.blocks = pool.AcquireCachedPrefix(hashes, k);
       TANDEM_CHECK_EQ(seq.blocks.size(), k);
       if (k > 0) seq.restore_state_from = prefix_states_.Acquire(hashes[k - 1]);
       seq.num_published = static_cast<int32_t>(seq.blocks.size());
@@ -169,8 +210,9 @@ void Scheduler::ImportPrefix(Sequence& seq, int32_t usable) {
   const PrefixKv& p = *seq.prefix_kv;
   const int32_t have = static_cast<int32_t>(seq.blocks.size());
   const int32_t end = std::min(p.first_block + static_cast<int32_t>(p.hashes.size()), usable);
-  if (have < p.first_block || end <= have || !blocks_.CanAllocate(end - have)) return;
-  absl::StatusOr<std::vector<int32_t>> got = blocks_.Allocate(end - have);
+  BlockManager& pool = PoolOf(seq);
+  if (have < p.first_block || end <= have || !pool.CanAllocate(end - have)) return;
+  absl::StatusOr<std::vector<int32_t>> got = pool.Allocate(end - have);
   TANDEM_CHECK(got.ok()) << got.status();
   seq.blocks.insert(seq.blocks.end(), got->begin(), got->end());
   seq.import_begin = have;
@@ -188,14 +230,15 @@ bool Scheduler::ImportWithState(Sequence& seq, std::span<const uint64_t> hashes,
   const size_t end = static_cast<size_t>(p.end_block());
   if (end <= local || end > hashes.size() || cached < static_cast<size_t>(p.first_block)) return false;
   const size_t shared = std::min(cached, end);
-  std::vector<int32_t> blocks = blocks_.AcquireCachedPrefix(hashes, shared);
+  BlockManager& pool = PoolOf(seq);
+  std::vector<int32_t> blocks = pool.AcquireCachedPrefix(hashes, shared);
   TANDEM_CHECK_EQ(blocks.size(), shared);
   const int32_t fresh = static_cast<int32_t>(end - shared);
-  if (!blocks_.CanAllocate(fresh)) {
-    blocks_.Release(blocks);
+  if (!pool.CanAllocate(fresh)) {
+    pool.Release(blocks);
     return false;
   }
-  absl::StatusOr<std::vector<int32_t>> got = blocks_.Allocate(fresh);
+  absl::StatusOr<std::vector<int32_t>> got = pool.Allocate(fresh);
   TANDEM_CHECK(got.ok()) << got.status();
   blocks.insert(blocks.end(), got->begin(), got->end());
   seq.blocks = std::move(blocks);
@@ -277,16 +320,16 @@ StepPlan Scheduler::Schedule() {
     TANDEM_CHECK_GE(n, 1);
     bool fits = EnsureBlocks(seq, BlocksNeeded(seq, n));
     for (size_t j = order.size(); !fits && j-- > i + 1;) {
-      if (gone[j]) continue;
+      // (Only a sequence of the same pool makes room in it.)
+      if (gone[j] || order[j]->dp_rank != seq.dp_rank) continue;
       Preempt(*order[j]);
       gone[j] = true;
       ++plan.num_preempted;
       fits = EnsureBlocks(seq, BlocksNeeded(seq, n));
     }
     if (!fits) {
-      const bool alone = running_.size() == 1;
       const int32_t needed = BlocksFor(BlocksNeeded(seq, n));
-      if (alone && needed > blocks_.num_blocks()) {
+      if (!SharesRank(seq) && needed > PoolOf(seq).num_blocks()) {
         // It can never fit, even with the cache to itself.
         std::unique_ptr<Sequence> s = Remove(seq.id);
         plan.rejected.push_back(std::move(s));
@@ -313,7 +356,7 @@ StepPlan Scheduler::Schedule() {
     const int32_t n = ChunkLength(seq, budget);
     if (n < 1) break;  // (a recomputed cached position took the last of the budget)
     if (!EnsureBlocks(seq, BlocksNeeded(seq, n))) {
-      if (running_.empty() && BlocksFor(BlocksNeeded(seq, n)) > blocks_.num_blocks()) {
+      if (!SharesRank(seq) && BlocksFor(BlocksNeeded(seq, n)) > PoolOf(seq).num_blocks()) {
         std::unique_ptr<Sequence> s = std::move(waiting_.front());
         waiting_.pop_front();
         ReleaseBlocks(*s);
@@ -360,7 +403,7 @@ void Scheduler::PublishComputed(Sequence& seq) {
   const int32_t full = seq.num_computed / options_.block_size;
   while (seq.num_published < full && seq.num_published < static_cast<int32_t>(seq.block_hashes.size())) {
     if (prefix_cache_usable()) {
-      blocks_.Publish(seq.blocks[seq.num_published], seq.block_hashes[seq.num_published]);
+      PoolOf(seq).Publish(seq.blocks[seq.num_published], seq.block_hashes[seq.num_published]);
     }
     ++seq.num_published;
   }

@@ -7,6 +7,11 @@
 // released (published ones stay findable in the prefix cache) and they go back to the
 // front of the waiting queue, to be recomputed from their tokens later.
 //
+// Data-parallel attention (docs/parallel.md): one block manager per rank of the replica's
+// group, each over that rank's KV pool. A sequence is placed on a rank when it is admitted
+// without blocks (Sequence::dp_rank); its blocks, its prefix-cache hits and the
+// preemptions that make room for it stay within that rank's pool.
+//
 // Pure bookkeeping on the engine thread: no model, no threads, no clock.
 #pragma once
 
@@ -59,6 +64,9 @@ struct SchedulerOptions {
   // MTP slot after the cached prefix needs.
   bool mtp = false;
   int32_t speculative_tokens = 0;
+  // Data-parallel attention: the ranks holding KV pools of num_blocks blocks each (rank 0's
+  // is the engine's host pool). Not with state slots (checked): no such layout runs on ranks.
+  int32_t data_parallel_ranks = 1;
 };
 
 // A copy of one sequence slot's rows over another (KvPool::CopySequenceSlot).
@@ -127,7 +135,14 @@ class Scheduler {
   bool empty() const { return running_.empty() && waiting_.empty(); }
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
-  BlockManager& blocks() { return blocks_; }
+  // Rank 0's pool: the only one without data parallelism, and the one KV imported from
+  // outside the replica goes to (the host pool's).
+  BlockManager& blocks() { return *pools_[0]; }
+  int32_t num_pools() const { return static_cast<int32_t>(pools_.size()); }
+  BlockManager& pool(int32_t rank) { return *pools_[rank]; }
+  const BlockManager& pool(int32_t rank) const { return *pools_[rank]; }
+  // The pool holding seq's blocks.
+  BlockManager& PoolOf(const Sequence& seq) { return *pools_[seq.dp_rank]; }
   StateSlots& state_slots() { return state_slots_; }
   PrefixStates& prefix_states() { return prefix_states_; }
   // A cached prefix can be shared: the layout has no per-sequence streams, or their
@@ -135,7 +150,7 @@ class Scheduler {
   bool prefix_cache_usable() const {
     return options_.enable_prefix_cache && (options_.num_state_slots == 0 || options_.num_prefix_states > 0);
   }
-  const BlockManager& blocks() const { return blocks_; }
+  const BlockManager& blocks() const { return *pools_[0]; }
   const SchedulerOptions& options() const { return options_; }
 
   // Blocks needed to hold `tokens` positions.
@@ -145,6 +160,10 @@ class Scheduler {
 
  private:
   bool EnsureBlocks(Sequence& seq, int64_t positions);
+  // Chooses seq's rank (it holds no blocks); `hashes` are the blocks its prompt may share.
+  void Place(Sequence& seq, std::span<const uint64_t> hashes);
+  // Another running sequence is on seq's rank.
+  bool SharesRank(const Sequence& seq) const;
   void Preempt(Sequence& seq);
   void LookUpPrefix(Sequence& seq);
   // Allocates blocks for the part of seq.prefix_kv that continues its cached prefix
@@ -173,7 +192,7 @@ class Scheduler {
   StateSlots state_slots_;
   PrefixStates prefix_states_;
   std::vector<StateCopy> state_snapshots_;
-  BlockManager blocks_;
+  std::vector<std::unique_ptr<BlockManager>> pools_;  // one per data-parallel rank
   std::list<std::unique_ptr<Sequence>> running_;  // oldest first
   std::deque<std::unique_ptr<Sequence>> waiting_;
   uint64_t next_arrival_ = 0;

@@ -32,6 +32,9 @@ struct Sequence {
   // Tokens whose KV is in the cache, from position 0. Drops to 0 on preemption.
   int32_t num_computed = 0;
   std::vector<int32_t> blocks;        // block table: KV blocks of positions [0, 64 * size)
+  // Data-parallel attention: the rank whose KV pool `blocks` index (Scheduler::Place),
+  // chosen anew whenever the sequence is admitted without blocks; 0 without.
+  int32_t dp_rank = 0;
   int32_t state_slot = -1;            // the KV pool's per-sequence slot while running (or -1)
   // A prefix-cache hit on a layout with per-sequence streams: the snapshot slot
   // (prefix_states.h, pinned) the engine copies into state_slot before the next forward.

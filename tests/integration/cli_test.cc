@@ -107,7 +107,9 @@ TEST(CliTest, LocalGenerationStreamsTextAndIsReproducible) {
 }
 
 // Ranks forked by `generate --local` (docs/parallel.md), with the experts and/or the dense
-// parts split: the text of one rank, sampled with a seed.
+// parts split, or the sequences spread over the ranks (data-parallel attention; one
+// prompt: the other ranks run every step with no rows): the text of one rank, sampled
+// with a seed.
 TEST(CliTest, LocalGenerationOnRanksIsOneRanks) {
   TempDir tmp;
   const std::vector<std::string> env = {"TANDEM_CACHE_DIR=" + tmp.Sub("cache")};
@@ -117,24 +119,38 @@ TEST(CliTest, LocalGenerationOnRanksIsOneRanks) {
   auto one = RunProcess(cmd, env);
   ASSERT_EQ(one.exit_code, 0) << one.err;
   for (const std::vector<std::string>& flags : std::vector<std::vector<std::string>>{
-           {"--expert-parallel", "2"}, {"--expert-parallel", "4", "--tensor-parallel", "4"}}) {
+           {"--expert-parallel", "2"},
+           {"--expert-parallel", "4", "--tensor-parallel", "4"},
+           {"--data-parallel", "2"},
+           {"--data-parallel", "4", "--expert-parallel", "4"}}) {
     std::vector<std::string> c = cmd;
     c.insert(c.end() - 1, flags.begin(), flags.end());
     auto ranks = RunProcess(c, env);
     ASSERT_EQ(ranks.exit_code, 0) << ranks.err;
-    EXPECT_EQ(ranks.out, one.out) << flags[1];
+    std::string named;
+    for (const std::string& f : flags) named += f + " ";
+    EXPECT_EQ(ranks.out, one.out) << named;
     EXPECT_NE(ranks.err.find("generated tokens: 12"), std::string::npos) << ranks.err;
   }
-  auto dp = RunProcess({BinaryPath("tandem"), "generate", "--local", "--data-parallel", "2", "hi"}, env);
-  EXPECT_NE(dp.exit_code, 0);
-  EXPECT_NE(dp.err.find("not implemented yet"), std::string::npos) << dp.err;
+  // TP under DP would need every rank's rows gathered before the split parts: refused.
+  auto dp_tp = RunProcess(
+      {BinaryPath("tandem"), "generate", "--local", "--data-parallel", "2", "--tensor-parallel", "2", "hi"}, env);
+  EXPECT_NE(dp_tp.exit_code, 0);
+  EXPECT_NE(dp_tp.err.find("not implemented"), std::string::npos) << dp_tp.err;
+  auto dp_ep = RunProcess(
+      {BinaryPath("tandem"), "generate", "--local", "--data-parallel", "2", "--expert-parallel", "4", "hi"}, env);
+  EXPECT_NE(dp_ep.exit_code, 0);
+  EXPECT_NE(dp_ep.err.find("same count"), std::string::npos) << dp_ep.err;
   auto mixed = RunProcess(
       {BinaryPath("tandem"), "generate", "--local", "--expert-parallel", "2", "--tensor-parallel", "4", "hi"}, env);
   EXPECT_NE(mixed.exit_code, 0);
   EXPECT_NE(mixed.err.find("same count"), std::string::npos) << mixed.err;
-  auto remote = RunProcess({BinaryPath("tandem"), "generate", "--expert-parallel", "2", "hi"}, env);
-  EXPECT_NE(remote.exit_code, 0);
-  EXPECT_NE(remote.err.find("need --local"), std::string::npos) << remote.err;
+  // The served workers start no rank groups yet.
+  for (const char* flag : {"--expert-parallel", "--data-parallel"}) {
+    auto remote = RunProcess({BinaryPath("tandem"), "generate", flag, "2", "hi"}, env);
+    EXPECT_NE(remote.exit_code, 0) << flag;
+    EXPECT_NE(remote.err.find("need --local"), std::string::npos) << remote.err;
+  }
 }
 
 TEST(CliTest, GenerationErrorsAreClear) {

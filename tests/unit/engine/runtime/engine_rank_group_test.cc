@@ -1,7 +1,9 @@
 // The engine over a rank group (engine/model/rank_group_backend.h): rank 0's scheduler
 // broadcasts each step and forked ranks run it with the model's experts and/or dense parts
-// split; concurrent requests with chunked prefills, a shared prefix and seeded sampling
-// give exactly the one-rank engine's tokens. And the flags' combinations that do not run.
+// split, or with each sequence on one rank over that rank's own KV pool (data-parallel
+// attention); concurrent requests with chunked prefills, a shared prefix, seeded sampling
+// and, in a crowded pool, preemptions give exactly the one-rank engine's tokens. And the
+// flags' combinations that do not run.
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,6 +40,39 @@ std::vector<EngineRequest> Requests() {
   return rs;
 }
 
+// Four prompts of 60 tokens (one sampled with a seed) that fill a block each and cross
+// into a second one while decoding: with two blocks per rank and two sequences on each of
+// two ranks, the older takes the newer's block (a preemption) and the newer is recomputed.
+std::vector<EngineRequest> CrowdedRequests() {
+  std::vector<EngineRequest> rs = Requests();
+  for (int i = 0; i < 4; ++i) rs[i].prompt = Tokens(60, 10 + i);
+  return rs;
+}
+
+// The tokens of `rs`, all submitted at once; the engine's stats once they are done.
+std::vector<std::vector<int32_t>> RunAtOnce(EngineOptions o, const std::vector<EngineRequest>& rs,
+                                            EngineStats* stats) {
+  o.num_threads = 1;
+  o.max_batch_tokens = 32;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(testing::SmallTinyModelDir(), o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (!e.ok()) return {};
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (const EngineRequest& r : rs) {
+    absl::StatusOr<std::shared_ptr<OutputStream>> s = (*e)->Submit(r);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) streams.push_back(*s);
+  }
+  std::vector<std::vector<int32_t>> out;
+  for (auto& s : streams) {
+    Result r = Drain(*s);
+    EXPECT_TRUE(r.final.status.ok()) << r.final.status;
+    out.push_back(r.tokens);
+  }
+  if (stats != nullptr) *stats = (*e)->Stats();
+  return out;
+}
+
 // Every request's tokens, the first two submitted together and the others after them.
 std::vector<std::vector<int32_t>> RunRequests(EngineOptions o) {
   o.num_threads = 1;
@@ -67,32 +102,67 @@ class EngineRankGroupTest : public ::testing::Test {
  protected:
   // One rank's tokens, computed before any rank is forked (the engine's threads are gone
   // by then).
-  static void SetUpTestSuite() { want_ = new std::vector<std::vector<int32_t>>(RunRequests({})); }
-  static void TearDownTestSuite() { delete want_; }
+  static void SetUpTestSuite() {
+    want_ = new std::vector<std::vector<int32_t>>(RunRequests({}));
+    crowded_ = new std::vector<std::vector<int32_t>>(RunAtOnce({}, CrowdedRequests(), nullptr));
+  }
+  static void TearDownTestSuite() {
+    delete want_;
+    delete crowded_;
+  }
 
-  void ExpectRanksMatch(RankGroupOptions g) {
-    ASSERT_EQ(want_->size(), 4u);
+  // Engine options whose backend is a fresh group of `g`'s ranks.
+  static EngineOptions OnRanks(RankGroupOptions g) {
     static int counter = 0;
     g.name = "test-" + std::to_string(::getpid()) + "-engine-" + std::to_string(counter++);
     absl::StatusOr<std::unique_ptr<ModelBackend>> backend =
         StartCpuRankGroup(testing::SmallTinyModelDir(), {.num_threads = 1}, g);
-    ASSERT_TRUE(backend.ok()) << backend.status();
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    if (!backend.ok()) return {};
     EXPECT_NE((*backend)->device_name().find("rank 0 of"), std::string::npos);
+    EXPECT_EQ((*backend)->data_parallel_ranks(), g.data_parallel);
     auto holder = std::make_shared<std::unique_ptr<ModelBackend>>(std::move(*backend));
     EngineOptions o;
     o.backend_factory = [holder](const std::string&) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
       return std::move(*holder);
     };
-    EXPECT_EQ(RunRequests(o), *want_);
+    return o;
+  }
+
+  void ExpectRanksMatch(RankGroupOptions g) {
+    ASSERT_EQ(want_->size(), 4u);
+    EXPECT_EQ(RunRequests(OnRanks(g)), *want_);
   }
   static std::vector<std::vector<int32_t>>* want_;
+  static std::vector<std::vector<int32_t>>* crowded_;
 };
 std::vector<std::vector<int32_t>>* EngineRankGroupTest::want_ = nullptr;
+std::vector<std::vector<int32_t>>* EngineRankGroupTest::crowded_ = nullptr;
 
 TEST_F(EngineRankGroupTest, ExpertParallelTwoRanks) { ExpectRanksMatch({.expert_parallel = 2}); }
 TEST_F(EngineRankGroupTest, TensorParallelFourRanks) { ExpectRanksMatch({.tensor_parallel = 4}); }
 TEST_F(EngineRankGroupTest, BothOnFourRanks) { ExpectRanksMatch({.expert_parallel = 4, .tensor_parallel = 4}); }
 TEST_F(EngineRankGroupTest, ExpertParallelEightRanks) { ExpectRanksMatch({.expert_parallel = 8}); }
+TEST_F(EngineRankGroupTest, DataParallelTwoRanks) { ExpectRanksMatch({.data_parallel = 2}); }
+TEST_F(EngineRankGroupTest, DataParallelFourRanks) { ExpectRanksMatch({.data_parallel = 4}); }
+TEST_F(EngineRankGroupTest, DataParallelEightRanks) { ExpectRanksMatch({.data_parallel = 8}); }
+TEST_F(EngineRankGroupTest, DataAndExpertParallelFourRanks) {
+  ExpectRanksMatch({.data_parallel = 4, .expert_parallel = 4});
+}
+
+// Two blocks per rank's pool: the sequences are spread over both ranks, each rank's pool
+// runs out while decoding and preempts within itself, and every token is still one rank's
+// (computed above with a pool that never runs out).
+TEST_F(EngineRankGroupTest, DataParallelPreemptsWithinARanksPool) {
+  ASSERT_EQ(crowded_->size(), 4u);
+  EngineOptions o = OnRanks({.data_parallel = 2, .expert_parallel = 2});
+  o.num_kv_blocks = 2;
+  EngineStats stats;
+  EXPECT_EQ(RunAtOnce(o, CrowdedRequests(), &stats), *crowded_);
+  EXPECT_EQ(stats.kv_blocks_total, 4);  // two pools of two blocks
+  EXPECT_GT(stats.preemptions, 0);
+  EXPECT_EQ(stats.kv_blocks_in_use, 0);
+}
 
 // This process's children (the ranks a group forked), from /proc.
 std::vector<pid_t> Children() {
@@ -103,11 +173,15 @@ std::vector<pid_t> Children() {
 }
 
 // A rank that dies ends the requests of the step with an error, promptly, and the next
-// request too: never a hang.
-TEST(EngineRankGroupFailureTest, ADeadRankFailsRequestsWithoutHanging) {
-  const std::string name = "test-" + std::to_string(::getpid()) + "-engine-dead";
+// request too: never a hang. (Under data parallelism the request runs on rank 0 and the
+// dead rank held none.)
+class EngineRankGroupFailureTest : public ::testing::TestWithParam<RankGroupOptions> {};
+
+TEST_P(EngineRankGroupFailureTest, ADeadRankFailsRequestsWithoutHanging) {
+  RankGroupOptions g = GetParam();
+  g.name = "test-" + std::to_string(::getpid()) + "-engine-dead-" + std::to_string(g.data_parallel);
   absl::StatusOr<std::unique_ptr<ModelBackend>> backend =
-      StartCpuRankGroup(testing::SmallTinyModelDir(), {.num_threads = 1}, {.expert_parallel = 2, .name = name});
+      StartCpuRankGroup(testing::SmallTinyModelDir(), {.num_threads = 1}, g);
   ASSERT_TRUE(backend.ok()) << backend.status();
   const std::vector<pid_t> children = Children();
   ASSERT_EQ(children.size(), 1u);
@@ -132,6 +206,11 @@ TEST(EngineRankGroupFailureTest, ADeadRankFailsRequestsWithoutHanging) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
 }
 
+INSTANTIATE_TEST_SUITE_P(Groups, EngineRankGroupFailureTest,
+                         ::testing::Values(RankGroupOptions{.expert_parallel = 2},
+                                           RankGroupOptions{.data_parallel = 2}),
+                         [](const auto& info) { return info.param.data_parallel > 1 ? "DataParallel" : "Expert"; });
+
 TEST(RankGroupWorldTest, CombinationsThatDoNotRunSaySo) {
   const BackendOptions cpu;
   EXPECT_EQ(*RankGroupWorld({}, cpu), 1);
@@ -141,7 +220,15 @@ TEST(RankGroupWorldTest, CombinationsThatDoNotRunSaySo) {
   EXPECT_EQ(RankGroupWorld({.expert_parallel = 2, .tensor_parallel = 4}, cpu).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RankGroupWorld({.expert_parallel = 100}, cpu).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RankGroupWorld({.data_parallel = 2}, cpu).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(*RankGroupWorld({.data_parallel = 2}, cpu), 2);
+  EXPECT_EQ(*RankGroupWorld({.data_parallel = 4, .expert_parallel = 4}, cpu), 4);
+  EXPECT_EQ(RankGroupWorld({.data_parallel = 2, .expert_parallel = 4}, cpu).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // The split dense parts would need every rank's rows: not implemented under DP.
+  EXPECT_EQ(RankGroupWorld({.data_parallel = 2, .tensor_parallel = 2}, cpu).status().code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(RankGroupWorld({.data_parallel = 2}, {.device = "cuda"}).status().code(),
+            absl::StatusCode::kUnimplemented);
   EXPECT_EQ(RankGroupWorld({.tensor_parallel = 2}, {.device = "cuda"}).status().code(),
             absl::StatusCode::kUnimplemented);
   EXPECT_EQ(RankGroupWorld({.tensor_parallel = 2}, {.mtp = true}).status().code(), absl::StatusCode::kUnimplemented);

@@ -9,24 +9,18 @@
 #include <numeric>
 
 #include "gtest/gtest.h"
+#include "tests/unit/engine/runtime/scheduler_test_support.h"
 
 namespace tandem {
 namespace {
+
+using testing::Seq;
 
 constexpr int32_t kBlock = 4;
 
 SchedulerOptions StateOptions(int32_t snapshots) {
   return {.block_size = kBlock, .max_batch_tokens = 100, .max_running = 4, .enable_prefix_cache = true,
           .layout_fingerprint = 42, .num_state_slots = 8, .num_prefix_states = snapshots};
-}
-
-std::unique_ptr<Sequence> Seq(const std::string& id, int n, int first = 1) {
-  auto s = std::make_unique<Sequence>();
-  s->id = id;
-  s->tokens.resize(static_cast<size_t>(n));
-  std::iota(s->tokens.begin(), s->tokens.end(), first);
-  s->prompt_len = n;
-  return s;
 }
 
 // One step: the chunks planned (start, length) by id.
