@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -74,27 +75,36 @@ struct Shape {
   int n, k;
 };
 
-// cuBLASLt FP8 GEMM, y[m][n] bf16 = x[m][k] . w[n][k]^T, column-major D[n][m] = W^T' X.
+// cuBLASLt FP8 GEMM of x[m][k] and w[n][k] (both K-major, "TN"), bf16 out. Weights as A:
+// D[n][m] column-major = y[m][n] row-major; activations as A (transposed_output): D[m][n]
+// column-major = y^T. cuBLASLt's block-scaled modes accept only some pairings of A and B
+// scale modes; the benchmark takes the first form that runs.
 class LtFp8 {
  public:
   enum class Scaling { kBlock, kTensor };
-  LtFp8(cublasLtHandle_t lt, Scaling scaling, int m, int n, int k, const uint8_t* x, const float* x_scales,
-        const uint8_t* w, const float* w_scales, __nv_bfloat16* y, void* workspace, size_t workspace_bytes)
-      : lt_(lt), x_(x), w_(w), y_(y), workspace_(workspace), workspace_bytes_(workspace_bytes) {
+  LtFp8(cublasLtHandle_t lt, Scaling scaling, bool transposed_output, int m, int n, int k, const uint8_t* x,
+        const float* x_scales, const uint8_t* w, const float* w_scales, __nv_bfloat16* y, void* workspace,
+        size_t workspace_bytes)
+      : lt_(lt), transposed_(transposed_output), x_(x), w_(w), y_(y), workspace_(workspace),
+        workspace_bytes_(workspace_bytes) {
     CHECK_LT(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
     CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
     CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
-    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)));
-    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)));
+    const float* a_scales = transposed_ ? x_scales : w_scales;
+    const float* b_scales = transposed_ ? w_scales : x_scales;
+    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(a_scales)));
+    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales)));
     if (scaling == Scaling::kBlock) {
-      const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      const int32_t w_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, x_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      const int32_t a_mode = transposed_ ? x_mode : w_mode, b_mode = transposed_ ? w_mode : x_mode;
       CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
       CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
     }
-    CHECK_LT(cublasLtMatrixLayoutCreate(&a_, CUDA_R_8F_E4M3, k, n, k));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&b_, CUDA_R_8F_E4M3, k, m, k));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&d_, CUDA_R_16BF, n, m, n));
+    const int a_cols = transposed_ ? m : n, b_cols = transposed_ ? n : m;
+    CHECK_LT(cublasLtMatrixLayoutCreate(&a_, CUDA_R_8F_E4M3, k, a_cols, k));
+    CHECK_LT(cublasLtMatrixLayoutCreate(&b_, CUDA_R_8F_E4M3, k, b_cols, k));
+    CHECK_LT(cublasLtMatrixLayoutCreate(&d_, CUDA_R_16BF, a_cols, b_cols, a_cols));
     cublasLtMatmulPreference_t pref;
     CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
     CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
@@ -103,6 +113,10 @@ class LtFp8 {
     status_ = cublasLtMatmulAlgoGetHeuristic(lt_, desc_, a_, b_, d_, d_, pref, 1, &heuristic_, &found);
     if (status_ == CUBLAS_STATUS_SUCCESS && found == 0) status_ = CUBLAS_STATUS_NOT_SUPPORTED;
     cublasLtMatmulPreferenceDestroy(pref);
+    if (status_ == CUBLAS_STATUS_SUCCESS) {  // a heuristic's algorithm may still refuse to run
+      status_ = Matmul();
+      CHECK_CUDA(cudaDeviceSynchronize());
+    }
   }
   ~LtFp8() {
     cublasLtMatrixLayoutDestroy(a_);
@@ -114,14 +128,20 @@ class LtFp8 {
   LtFp8& operator=(const LtFp8&) = delete;
   bool ok() const { return status_ == CUBLAS_STATUS_SUCCESS; }
   int status() const { return static_cast<int>(status_); }
-  void Run() {
-    const float alpha = 1.0f, beta = 0.0f;
-    CHECK_LT(cublasLtMatmul(lt_, desc_, &alpha, w_, a_, x_, b_, &beta, y_, d_, y_, d_, &heuristic_.algo, workspace_,
-                            workspace_bytes_, nullptr));
-  }
+  bool transposed() const { return transposed_; }
+  void Run() { CHECK_LT(Matmul()); }
 
  private:
+  cublasStatus_t Matmul() {
+    const float alpha = 1.0f, beta = 0.0f;
+    const void* a = transposed_ ? x_ : w_;
+    const void* b = transposed_ ? w_ : x_;
+    return cublasLtMatmul(lt_, desc_, &alpha, a, a_, b, b_, &beta, y_, d_, y_, d_, &heuristic_.algo, workspace_,
+                          workspace_bytes_, nullptr);
+  }
+
   cublasLtHandle_t lt_;
+  bool transposed_;
   const uint8_t* x_;
   const uint8_t* w_;
   __nv_bfloat16* y_;
@@ -263,8 +283,14 @@ int main(int argc, char** argv) {
                                        .ldb = k, .b_scales = w_scales, .y = y_ours, .ldy = n, .y_bf16 = true,
                                        .m = m, .n = n, .k = k};
       auto run_ours = [&] { CHECK_CUDA(tandem::cuda::Fp8Gemm(ours, nullptr)); };
-      LtFp8 lt_block(lt, LtFp8::Scaling::kBlock, m, n, k, x8, x_scales, w8, w_scales, y_lt, workspace, workspace_bytes);
-      LtFp8 lt_tensor(lt, LtFp8::Scaling::kTensor, m, n, k, x8, ones, w8, ones + 1, y_lt, workspace, workspace_bytes);
+      std::unique_ptr<LtFp8> block_forms[2];
+      for (int form = 0; form < 2; ++form) {
+        block_forms[form] = std::make_unique<LtFp8>(lt, LtFp8::Scaling::kBlock, form == 1, m, n, k, x8, x_scales, w8,
+                                                    w_scales, y_lt, workspace, workspace_bytes);
+      }
+      LtFp8& lt_block = block_forms[0]->ok() ? *block_forms[0] : *block_forms[1];
+      LtFp8 lt_tensor(lt, LtFp8::Scaling::kTensor, false, m, n, k, x8, ones, w8, ones + 1, y_lt, workspace,
+                      workspace_bytes);
       auto run_bf16 = [&] {
         CHECK_LT(cublas.Linear({.x = xb, .ldx = k, .w = wb, .ldw = k, .y = y_bf16, .ldy = n, .y_bf16 = true,
                                 .m = m, .n = n, .k = k},
@@ -282,6 +308,13 @@ int main(int argc, char** argv) {
         std::vector<uint16_t> a(static_cast<size_t>(m) * n), b(a.size());
         CHECK_CUDA(cudaMemcpy(a.data(), y_ours, a.size() * 2, cudaMemcpyDeviceToHost));
         CHECK_CUDA(cudaMemcpy(b.data(), y_lt, b.size() * 2, cudaMemcpyDeviceToHost));
+        if (lt_block.transposed()) {  // y^T [n][m]
+          std::vector<uint16_t> t(b.size());
+          for (int i = 0; i < m; ++i) {
+            for (int j = 0; j < n; ++j) t[static_cast<size_t>(i) * n + j] = b[static_cast<size_t>(j) * m + i];
+          }
+          b.swap(t);
+        }
         agreement = RelativeL2(a, b);
       }
       const int reps = std::max(3, static_cast<int>(2e12 / flops));  // ~ a few ms per batch
@@ -315,6 +348,7 @@ int main(int argc, char** argv) {
               "\", \"m\": " + std::to_string(m) + ", \"n\": " + std::to_string(n) + ", \"k\": " + std::to_string(k) +
               ", \"ours_tflops\": " + Num(tflops(ms_ours)) + ", \"cublaslt_block_tflops\": " + Num(tflops(ms_block)) +
               ", \"cublaslt_block_status\": " + std::to_string(lt_block.status()) +
+              ", \"cublaslt_block_activations_as_a\": " + (lt_block.transposed() ? "true" : "false") +
               ", \"cublaslt_tensor_tflops\": " + Num(tflops(ms_tensor)) + ", \"cublas_bf16_tflops\": " +
               Num(tflops(ms_bf16)) + ", \"ours_over_cublaslt_block\": " + Num(ms_block / ms_ours) +
               ", \"ours_over_cublaslt_tensor\": " + Num(ms_tensor / ms_ours) + ", \"ours_over_cublas_bf16\": " +

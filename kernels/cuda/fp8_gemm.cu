@@ -1,5 +1,7 @@
 #include "kernels/cuda/fp8_gemm.h"
 
+#include <algorithm>
+
 #include <cuda.h>
 #include <cuda_fp8.h>
 
@@ -20,6 +22,8 @@ constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int kSmemBytes = kStages * 2 * kTileBytes + 2 * kStages * 8 + 1024;
 constexpr float kE4m3Max = 448.0f;
 
+constexpr int kMaxGroups = kFp8GemmMaxGroups;
+
 struct GemmArgs {
   const float* a_scales;
   int64_t a_scales_stride;
@@ -30,6 +34,18 @@ struct GemmArgs {
   int accumulate;
   int m, n, k_blocks;
   int m_blocks, n_blocks;
+  int groups;                    // 0: one product
+  const int32_t* group_offsets;  // grouped: [groups + 1]
+  int b_row_scales;
+};
+
+// Where one 128 x 128 output tile reads and writes.
+struct Tile {
+  int a_row;     // first row of a (and of y)
+  int rows_end;  // rows of a from here on belong to others
+  int b_row;     // first row of b's 2-D view (groups stacked)
+  int nb;        // column block of y
+  int group;
 };
 
 #ifdef TANDEM_HAS_WGMMA
@@ -37,16 +53,38 @@ using namespace wgmma;  // NOLINT: the kernel below is written in these building
 
 constexpr int kGroupRows = 8;  // tiles of 8 row blocks walk the columns together (L2 reuse)
 
-// Tile t's row and column blocks: groups of kGroupRows row blocks, row block fastest.
-__device__ __forceinline__ void TileBlocks(int t, const GemmArgs& g, int* mb, int* nb) {
-  const int per_group = kGroupRows * g.n_blocks;
-  const int first = (t / per_group) * kGroupRows;
-  const int rows = min(kGroupRows, g.m_blocks - first);
-  const int in = t % per_group;
-  *mb = first + in % rows;
-  *nb = in / rows;
+// One product: groups of kGroupRows row blocks, row block fastest, walk the column blocks.
+// Grouped: the groups' tiles one group after another (tile_start: each group's first tile),
+// row block fastest within a group, so tiles in flight together share b's tile.
+__device__ __forceinline__ Tile TileAt(int t, const GemmArgs& g, const int* tile_start) {
+  Tile tile;
+  if (g.groups == 0) {
+    const int per_group = kGroupRows * g.n_blocks;
+    const int first = (t / per_group) * kGroupRows;
+    const int rows = min(kGroupRows, g.m_blocks - first);
+    const int in = t % per_group;
+    const int mb = first + in % rows;
+    tile.nb = in / rows;
+    tile.a_row = mb * kTile;
+    tile.rows_end = g.m;
+    tile.b_row = tile.nb * kTile;
+    tile.group = 0;
+    return tile;
+  }
+  int lo = 0, hi = g.groups - 1;  // the last group whose first tile is at or before t
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_start[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  const int begin = g.group_offsets[lo], end = g.group_offsets[lo + 1];
+  const int m_blocks = (end - begin + kTile - 1) / kTile, in = t - tile_start[lo];
+  tile.nb = in / m_blocks;
+  tile.a_row = begin + (in % m_blocks) * kTile;
+  tile.rows_end = end;
+  tile.b_row = lo * g.n + tile.nb * kTile;
+  tile.group = lo;
+  return tile;
 }
-
 
 // d (+)= A . B^T, A 64x32 and B 128x32 e4m3 from shared memory (K-major), float32 out.
 __device__ __forceinline__ void WgmmaM64N128K32E4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -79,7 +117,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t full_bar = base + 2 * kStages * kTileBytes;  // [kStages] x 8 bytes
   const uint32_t empty_bar = full_bar + kStages * 8;
   const int wg = threadIdx.x / 128;
-  const int tiles = g.m_blocks * g.n_blocks;
+  __shared__ int tile_start[kMaxGroups + 1];
+  int tiles = g.m_blocks * g.n_blocks;
+  if (g.groups > 0) {
+    if (threadIdx.x == 0) {
+      int total = 0;
+      for (int i = 0; i < g.groups; ++i) {
+        tile_start[i] = total;
+        total += (g.group_offsets[i + 1] - g.group_offsets[i] + kTile - 1) / kTile * g.n_blocks;
+      }
+      tile_start[g.groups] = total;
+    }
+    __syncthreads();
+    tiles = tile_start[g.groups];
+  }
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -97,15 +148,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x != 0) return;
     int it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      int mb, nb;
-      TileBlocks(t, g, &mb, &nb);
+      const Tile tile = TileAt(t, g, tile_start);
       for (int kb = 0; kb < g.k_blocks; ++kb, ++it) {
         const int s = it % kStages;
         const uint32_t round = it / kStages;
         tma::MbarWait(empty_bar + 8 * s, (round & 1) ^ 1);
         tma::MbarArriveExpectTx(full_bar + 8 * s, 2 * kTileBytes);
-        tma::Load2d(a_smem + s * kTileBytes, &a_map, kb * kTile, mb * kTile, full_bar + 8 * s);
-        tma::Load2d(b_smem + s * kTileBytes, &b_map, kb * kTile, nb * kTile, full_bar + 8 * s);
+        tma::Load2d(a_smem + s * kTileBytes, &a_map, kb * kTile, tile.a_row, full_bar + 8 * s);
+        tma::Load2d(b_smem + s * kTileBytes, &b_map, kb * kTile, tile.b_row, full_bar + 8 * s);
       }
     }
     return;
@@ -119,12 +169,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 64; ++i) part[i] = 0.0f;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    int mb, nb;
-    TileBlocks(t, g, &mb, &nb);
-    const int row0 = mb * kTile + 64 * cw + 16 * warp + gq, row1 = row0 + 8;
-    const float* sa0 = g.a_scales + min(row0, g.m - 1);
-    const float* sa1 = g.a_scales + min(row1, g.m - 1);
-    const float* sb = g.b_scales + static_cast<int64_t>(nb) * g.k_blocks;
+    const Tile tile = TileAt(t, g, tile_start);
+    const int row0 = tile.a_row + 64 * cw + 16 * warp + gq, row1 = row0 + 8;
+    const float* sa0 = g.a_scales + min(row0, tile.rows_end - 1);
+    const float* sa1 = g.a_scales + min(row1, tile.rows_end - 1);
+    // b's scales: the tile's block (one product), or the rows of its first even and odd
+    // octets (row scales).
+    const float* sb_even;
+    const float* sb_odd;
+    if (g.b_row_scales) {
+      const int64_t first = static_cast<int64_t>(tile.group) * g.n + tile.nb * kTile;
+      const int64_t odd = static_cast<int64_t>(tile.group) * g.n + min(tile.nb * kTile + 8, g.n - 1);
+      sb_even = g.b_scales + first * g.k_blocks;
+      sb_odd = g.b_scales + odd * g.k_blocks;
+    } else {
+      sb_even = sb_odd = g.b_scales + (static_cast<int64_t>(tile.group) * g.n_blocks + tile.nb) * g.k_blocks;
+    }
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
@@ -132,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int s = it % kStages;
       const uint32_t round = it / kStages;
       // The scales load while the tile arrives.
-      const float scale_b = __ldg(sb + kb);
+      const float scale_be = __ldg(sb_even + kb), scale_bo = __ldg(sb_odd + kb);
       const float scale_a0 = __ldg(sa0 + kb * g.a_scales_stride), scale_a1 = __ldg(sa1 + kb * g.a_scales_stride);
       tma::MbarWait(full_bar + 8 * s, round & 1);
       const uint32_t a_addr = a_smem + s * kTileBytes + cw * 64 * kTile;
@@ -147,18 +207,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) FenceReg(part[i]);
       if (lane == 0) tma::MbarArrive(empty_bar + 8 * s);  // this warp is done with the stage
-      const float s0 = scale_a0 * scale_b, s1 = scale_a1 * scale_b;
+      // Value i is row row0 or row1 ((i >> 1) & 1) of column octet i >> 2.
+      const float s0e = scale_a0 * scale_be, s0o = scale_a0 * scale_bo;
+      const float s1e = scale_a1 * scale_be, s1o = scale_a1 * scale_bo;
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[i] = fmaf(part[i], (i & 2) ? s1 : s0, acc[i]);
+      for (int i = 0; i < 64; ++i) {
+        const bool odd = (i >> 2) & 1;
+        acc[i] = fmaf(part[i], (i & 2) ? (odd ? s1o : s1e) : (odd ? s0o : s0e), acc[i]);
+      }
     }
     // Value 4 j + e is row row0 (+8 for e >= 2), column 8 j + 2 tq + (e & 1) of the tile.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = h ? row1 : row0;
-      if (row >= g.m) continue;
+      if (row >= tile.rows_end) continue;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const int col = nb * kTile + 8 * j + 2 * tq;
+        const int col = tile.nb * kTile + 8 * j + 2 * tq;
         if (col >= g.n) continue;
         const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
         const bool pair = col + 1 < g.n;
@@ -239,13 +304,15 @@ cudaError_t Fp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   const int k_blocks = (p.k + kTile - 1) / kTile;
   if (p.k == 0 || p.k % 16 != 0 || p.a == nullptr || p.b == nullptr || p.a_scales == nullptr ||
       p.b_scales == nullptr || p.y == nullptr || p.lda < p.k || p.lda % 16 != 0 || p.ldb < p.k || p.ldb % 16 != 0 ||
-      p.a_scales_stride < p.m || p.ldy < p.n || p.ldy % 2 != 0 || !Aligned(p.y, 8) || (p.accumulate && p.y_bf16)) {
+      p.a_scales_stride < p.m || p.ldy < p.n || p.ldy % 2 != 0 || !Aligned(p.y, 8) || (p.accumulate && p.y_bf16) ||
+      p.groups < 0 || p.groups > kFp8GemmMaxGroups || (p.groups > 0) != (p.group_offsets != nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (!Fp8GemmSupported()) return cudaErrorNotSupported;
   CUtensorMap a_map, b_map;
   cudaError_t err = tma::EncodeBytes2d(&a_map, p.a, p.m, p.k, p.lda, kTile, kTile);
-  if (err == cudaSuccess) err = tma::EncodeBytes2d(&b_map, p.b, p.n, p.k, p.ldb, kTile, kTile);
+  const uint64_t b_rows = static_cast<uint64_t>(p.n) * std::max(p.groups, 1);
+  if (err == cudaSuccess) err = tma::EncodeBytes2d(&b_map, p.b, b_rows, p.k, p.ldb, kTile, kTile);
   if (err != cudaSuccess) return err;
   static const cudaError_t smem_set =
       cudaFuncSetAttribute(Fp8GemmKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -267,7 +334,11 @@ cudaError_t Fp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   g.k_blocks = k_blocks;
   g.m_blocks = (p.m + kTile - 1) / kTile;
   g.n_blocks = (p.n + kTile - 1) / kTile;
-  const int tiles = g.m_blocks * g.n_blocks;
+  g.groups = p.groups;
+  g.group_offsets = p.group_offsets;
+  g.b_row_scales = p.b_row_scales ? 1 : 0;
+  // Grouped: the tile count is on the device; every multiprocessor takes part.
+  const int tiles = p.groups > 0 ? sms : g.m_blocks * g.n_blocks;
   Fp8GemmKernel<<<std::min(tiles, sms), kThreads, kSmemBytes, stream>>>(a_map, b_map, g);
   return cudaGetLastError();
 }

@@ -15,6 +15,15 @@
 // FP8 accumulation keeps fewer mantissa bits than float32 (DeepSeek-V3 report, 3.3.2), so a
 // sum over a whole row of k would lose precision with k. Other devices: cudaErrorNotSupported.
 //
+// Grouped (a MoE layer's experts at prefill, `groups` > 0): `groups` products in one launch.
+// a's rows are sorted by group, group g's being [group_offsets[g], group_offsets[g + 1])
+// (a device array, written by an earlier kernel; m is a's capacity), b holds the groups'
+// [n][ldb] matrices one after another, and y's rows are a's. The tiles of all groups share
+// one persistent grid. With b_row_scales, b's scales are per row ([groups][n][ceil(k / 128)]:
+// cuda_weights.h's expert row scales) and within each 128-row tile the rows of even 8-row
+// octets share one scale and those of odd octets another, as a 128 x 128-block-scaled matrix
+// expanded to rows does, or its gate and up rows interleaved by 8 (the expert gate_up).
+//
 // Requirements: a, b 16-byte aligned with row strides (bytes) multiples of 16; k a
 // multiple of 16; a k tail shorter than 128 and m, n tails are zero-filled by TMA.
 // y bf16 or float32 [m][ldy], ldy even, 8-byte aligned; accumulate (float32 only) adds to y.
@@ -35,7 +44,7 @@ struct Fp8GemmParams {
   int64_t a_scales_stride = 0;
   const uint8_t* b = nullptr;  // weights, e4m3 [n][ldb]
   int64_t ldb = 0;
-  const float* b_scales = nullptr;  // [ceil(n / 128)][ceil(k / 128)] (weight_scale_inv)
+  const float* b_scales = nullptr;  // [groups][ceil(n / 128)][ceil(k / 128)] (weight_scale_inv); row scales: below
   void* y = nullptr;                // [m][ldy]
   int64_t ldy = 0;
   bool y_bf16 = true;
@@ -43,7 +52,12 @@ struct Fp8GemmParams {
   int m = 0;
   int n = 0;
   int k = 0;
+  int groups = 0;  // 0: one product; else 1 .. kFp8GemmMaxGroups (above)
+  const int32_t* group_offsets = nullptr;  // device [groups + 1], non-decreasing, last <= m
+  bool b_row_scales = false;
 };
+
+inline constexpr int kFp8GemmMaxGroups = 1024;
 
 cudaError_t Fp8Gemm(const Fp8GemmParams& p, cudaStream_t stream);
 
