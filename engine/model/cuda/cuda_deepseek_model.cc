@@ -241,9 +241,11 @@ absl::Status CudaDeepseekModel::Impl::AllocateActivations() {
     if (weights->fp8_linears > 0) a->act_f32 = ar.Take<float>(cuda::kSmallGemvMaxRows * std::max<int64_t>(inter, 1));
     if (weights->fp8_linears > 0 && options.fp8_prefill && cuda::Fp8GemmSupported()) {
       // The FP8 GEMMs' quantized activations: as wide as any input they take.
-      const int64_t widest = std::max({hidden, c.q_lora_rank.value_or(0), heads * c.v_head_dim, inter});
-      a->x_fp8 = ar.Take<uint8_t>(t * widest);
-      a->x_fp8_scales = ar.Take<float>(t * ((widest + 127) / 128));
+      // The MoE layers' expert rows too (p of them, moe_inter wide at most after gate_up).
+      const int64_t widest = std::max({hidden, c.q_lora_rank.value_or(0), heads * c.v_head_dim, inter, moe_inter});
+      a->x_fp8_rows = std::max(t, p);
+      a->x_fp8 = ar.Take<uint8_t>(a->x_fp8_rows * widest);
+      a->x_fp8_scales = ar.Take<float>(a->x_fp8_rows * ((widest + 127) / 128));
     }
     a->argmax_scratch = ar.Take<char>(cuda::SmallGemvArgmaxScratchBytes());
     a->argmax_counter = ar.Take<uint32_t>(1);

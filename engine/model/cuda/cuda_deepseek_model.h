@@ -112,11 +112,13 @@ class CudaDeepseekModel {
     // Those FP8 products on the tensor-core GEMV where it applies (k a multiple of 64 and
     // enough 16-row tiles, quantized_gemv.h); off: the scalar kernel (benchmarks compare).
     bool fp8_tensor_cores = true;
-    // FP8 checkpoints: prefill steps of at least 128 tokens multiply the
-    // attention projections (q/kv_a, q_b, o_proj) and the dense MLPs in FP8 on the tensor
-    // cores (cuda::Fp8Gemm, sm_90 only), their activations quantized per token and 128
-    // columns as DeepSeek's inference code does; the MoE layers' experts and kv_b stay on
-    // the bf16 copies. Loads the FP8 forms as fp8_decode does. Not with batch_invariant.
+    // FP8 checkpoints: prefill steps of at least 128 tokens multiply the attention
+    // projections (q/kv_a, q_b, o_proj) and the dense MLPs in FP8 on the tensor cores
+    // (cuda::Fp8Gemm, sm_90 only), and steps above moe_grouped_max_tokens the MoE layers'
+    // experts too (one grouped launch per projection, no host round trip for the expert
+    // counts); their activations quantized per token and 128 columns as DeepSeek's
+    // inference code does. kv_b and the router stay on the bf16 / float32 copies. Loads
+    // the FP8 forms as fp8_decode does. Not with batch_invariant.
     bool fp8_prefill = false;
     // Speculative decoding (docs/speculative-decoding.md): the checkpoint's first MTP layer
     // loaded, its KV one layer after the decoder layers' (ForwardSequence::mtp, Draft).

@@ -137,9 +137,11 @@ struct Activations {
   // The FP8 decode path (LoadOptions::fp8_decode), sized for kSmallGemvMaxRows tokens:
   float* act_f32 = nullptr;  // [F inter] the dense MLP's SwiGLU outputs
   // The FP8 prefill path (LoadOptions::fp8_prefill): a GEMM's input quantized, e4m3
-  // [T][k] and its scales [ceil(k / 128)][T]; null without that option.
+  // [R][k] and its scales [ceil(k / 128)][R], R = x_fp8_rows (the step's tokens or the MoE
+  // layer's expert rows, whichever is more); null without that option.
   uint8_t* x_fp8 = nullptr;
   float* x_fp8_scales = nullptr;
+  int64_t x_fp8_rows = 0;
 };
 
 }  // namespace cuda_model
@@ -268,6 +270,10 @@ class CudaDeepseekModel::Impl {
   bool UseFp8Gemm(const cuda_model::Fp8Linear& w, int64_t rows) const;
   absl::Status DenseFp8(const cuda_model::Fp8Linear& w, const __nv_bfloat16* x, int64_t ldx, int64_t rows, void* y,
                         int64_t ldy, Out out);
+  // A MoE layer's experts on the grouped cuda::Fp8Gemm (LoadOptions::fp8_prefill, steps
+  // above moe_grouped_max_tokens): the permuted rows quantized, gate_up, SiLU, down into
+  // act_.y for the combine, the expert offsets read on the device (no host round trip).
+  absl::Status MoeExpertsFp8(int64_t layer, int64_t rows);
   absl::Status RunGraph(const cuda_model::StepPlan& plan, const DeepseekForwardOptions& options);
   // Whether a step takes the fused small-batch kernels (cuda_deepseek_model.h).
   bool Fused(const cuda_model::StepPlan& plan) const;
