@@ -74,6 +74,7 @@ absl::StatusOr<std::vector<float>> ForwardDataParallel(parallel::Collectives& gr
   std::byte* to = reinterpret_cast<std::byte*>(out.data());
   for (const ForwardSequence& s : batch) {
     const size_t n = static_cast<size_t>(LogitRows(s)) * row_bytes;
+    if (n == 0) continue;  // (a step without logits has no buffers: memcpy takes no null)
     std::memcpy(to, from + next[s.dp_rank], n);
     next[s.dp_rank] += n;
     to += n;
