@@ -1,6 +1,7 @@
 #include "engine/model/deepseek_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/tensor_parallel.h"
@@ -24,6 +25,23 @@ void Linear(const float* x, int64_t rows, int64_t x_stride, const WeightMatrix& 
   cpu::Matmul({.x = x, .m = rows, .x_stride = x_stride, .w = &w, .y = y, .y_stride = y_stride ? y_stride : w.rows,
                .accumulate = accumulate},
               pool);
+}
+
+// Fp8QuantizeRows then the GEMM's dequantization (kernels/cuda/fp8_gemm.h), of bf16 inputs.
+void RoundLikeFp8Gemm(const float* x, int64_t rows, int64_t stride, int64_t k, float* out) {
+  constexpr int64_t kBlock = 128;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < k; b += kBlock) {
+      const int64_t end = std::min(k, b + kBlock);
+      float amax = 0.0f;
+      for (int64_t c = b; c < end; ++c) {
+        out[r * k + c] = Bf16ToF32(F32ToBf16(x[r * stride + c]));
+        amax = std::max(amax, std::fabs(out[r * k + c]));
+      }
+      const float scale = std::max(amax, 1e-4f) / 448.0f;
+      for (int64_t c = b; c < end; ++c) out[r * k + c] = F8E4M3ToF32(F32ToF8E4M3(out[r * k + c] / scale)) * scale;
+    }
+  }
 }
 
 cpu::MoeScoring Scoring(ScoringFunc f) {
@@ -70,6 +88,7 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Load(const std::st
   model->rope_attention_factor_ = static_cast<float>(model->config_.RopeAttentionFactor());
   model->softmax_scale_ = static_cast<float>(model->config_.SoftmaxScale());
   model->bf16_kv_cache_ = options.bf16_kv_cache;
+  model->fp8_activation_rounding_ = options.fp8_activation_rounding;
   if (options.mtp) {
     const ModelWeights& w = model->weights();
     if (w.mtp_layers.empty()) {
@@ -225,6 +244,16 @@ void DeepseekModel::DecoderLayer(const DecoderLayerWeights& layer, int64_t layer
   for (size_t i = 0; i < n; ++i) x[i] += delta[i];
 }
 
+const float* DeepseekModel::Fp8Input(const float* x, int64_t rows, int64_t stride, const cpu::WeightMatrix& w,
+                                     std::vector<float>& buf, int64_t* used_stride) const {
+  *used_stride = stride;
+  if (!fp8_activation_rounding_ || w.dtype != DType::kF8E4M3 || rows == 0) return x;
+  buf.resize(static_cast<size_t>(rows * w.cols));
+  RoundLikeFp8Gemm(x, rows, stride, w.cols, buf.data());
+  *used_stride = w.cols;
+  return buf.data();
+}
+
 void DeepseekModel::Attention(const AttentionWeights& w, int64_t cache_layer, int64_t slot_offset,
                               std::span<const AttentionRows> seqs, const float* h, float* out,
                               LatentKvCache& cache, AttentionForm form) {
@@ -241,20 +270,26 @@ void DeepseekModel::Attention(const AttentionWeights& w, int64_t cache_layer, in
   std::vector<float> q(static_cast<size_t>(rows * heads * qk));
   const int64_t entry = c.kv_entry_dim();
   std::vector<float> kv(static_cast<size_t>(rows * entry));
-  const cpu::MatmulParams kv_job{.x = h, .m = rows, .x_stride = c.hidden_size, .w = &w.kv_a_proj, .y = kv.data(),
+  std::vector<float> rounded;  // fp8_activation_rounding: h as the FP8 products read it
+  int64_t h_stride = 0;
+  h = Fp8Input(h, rows, c.hidden_size, w.kv_a_proj, rounded, &h_stride);
+  const cpu::MatmulParams kv_job{.x = h, .m = rows, .x_stride = h_stride, .w = &w.kv_a_proj, .y = kv.data(),
                                  .y_stride = w.kv_a_proj.rows};
   if (c.q_lora_rank) {
     const int64_t qr = *c.q_lora_rank;
     std::vector<float> qa(static_cast<size_t>(rows * qr));
     const cpu::MatmulParams jobs[] = {
-        {.x = h, .m = rows, .x_stride = c.hidden_size, .w = &w.q_a_proj, .y = qa.data(), .y_stride = w.q_a_proj.rows},
+        {.x = h, .m = rows, .x_stride = h_stride, .w = &w.q_a_proj, .y = qa.data(), .y_stride = w.q_a_proj.rows},
         kv_job};
     cpu::MatmulBatch(jobs, *pool_);
     cpu::RmsNorm(qa.data(), rows, qr, qr, w.q_a_norm, kLatentNormEps, qa.data(), qr);
-    Linear(qa.data(), rows, qr, w.q_b_proj, q.data(), *pool_);
+    std::vector<float> qa_rounded;
+    int64_t qa_stride = 0;
+    const float* qa_in = Fp8Input(qa.data(), rows, qr, w.q_b_proj, qa_rounded, &qa_stride);
+    Linear(qa_in, rows, qa_stride, w.q_b_proj, q.data(), *pool_);
   } else {
     const cpu::MatmulParams jobs[] = {
-        {.x = h, .m = rows, .x_stride = c.hidden_size, .w = &w.q_proj, .y = q.data(), .y_stride = w.q_proj.rows},
+        {.x = h, .m = rows, .x_stride = h_stride, .w = &w.q_proj, .y = q.data(), .y_stride = w.q_proj.rows},
         kv_job};
     cpu::MatmulBatch(jobs, *pool_);
   }
@@ -302,7 +337,10 @@ void DeepseekModel::Attention(const AttentionWeights& w, int64_t cache_layer, in
     else cpu::MlaAttentionAbsorbed(p, *pool_);
     r += n;
   }
-  Linear(attn.data(), rows, heads * c.v_head_dim, w.o_proj, out, *pool_);
+  std::vector<float> attn_rounded;
+  int64_t attn_stride = 0;
+  const float* attn_in = Fp8Input(attn.data(), rows, heads * c.v_head_dim, w.o_proj, attn_rounded, &attn_stride);
+  Linear(attn_in, rows, attn_stride, w.o_proj, out, *pool_);
 }
 
 void DeepseekModel::DenseMlp(const MlpWeights& w, const float* h, int64_t rows, float* out, bool accumulate) {
@@ -320,19 +358,27 @@ void DeepseekModel::DenseMlp(const MlpWeights& w, const float* h, int64_t rows, 
 void DeepseekModel::RunMlps(std::span<MlpRun> runs) {
   const int64_t hidden = config_.hidden_size;
   std::vector<cpu::MatmulParams> jobs;
-  for (MlpRun& r : runs) {
+  // fp8_activation_rounding: each run's inputs as its FP8 products read them.
+  std::vector<std::vector<float>> rounded(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    MlpRun& r = runs[i];
     const int64_t inter = r.w->gate.rows;
     r.gate.resize(static_cast<size_t>(r.rows * inter));
     r.up.resize(r.gate.size());
-    jobs.push_back({.x = r.x, .m = r.rows, .x_stride = hidden, .w = &r.w->gate, .y = r.gate.data(), .y_stride = inter});
-    jobs.push_back({.x = r.x, .m = r.rows, .x_stride = hidden, .w = &r.w->up, .y = r.up.data(), .y_stride = inter});
+    int64_t stride = 0;
+    const float* x = Fp8Input(r.x, r.rows, hidden, r.w->gate, rounded[i], &stride);
+    jobs.push_back({.x = x, .m = r.rows, .x_stride = stride, .w = &r.w->gate, .y = r.gate.data(), .y_stride = inter});
+    jobs.push_back({.x = x, .m = r.rows, .x_stride = stride, .w = &r.w->up, .y = r.up.data(), .y_stride = inter});
   }
   cpu::MatmulBatch(jobs, *pool_);
   jobs.clear();
-  for (MlpRun& r : runs) {
+  for (size_t i = 0; i < runs.size(); ++i) {
+    MlpRun& r = runs[i];
     const int64_t inter = r.w->gate.rows;
     cpu::SiluMul(r.gate.data(), r.up.data(), r.gate.data(), r.rows * inter);
-    jobs.push_back({.x = r.gate.data(), .m = r.rows, .x_stride = inter, .w = &r.w->down, .y = r.y,
+    int64_t stride = 0;
+    const float* act = Fp8Input(r.gate.data(), r.rows, inter, r.w->down, rounded[i], &stride);
+    jobs.push_back({.x = act, .m = r.rows, .x_stride = stride, .w = &r.w->down, .y = r.y,
                     .y_stride = r.w->down.rows, .accumulate = r.accumulate});
   }
   cpu::MatmulBatch(jobs, *pool_);

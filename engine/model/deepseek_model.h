@@ -62,6 +62,12 @@ class DeepseekModel {
     // CUDA backend's) holds; storage stays float32. For comparing with a GPU at its cache
     // precision: on random-weight models that rounding alone flips near-tied routing.
     bool bf16_kv_cache = false;
+    // FP8 checkpoints: the input of every product with an FP8 weight (attention
+    // projections, MLPs, experts) rounded as the CUDA backend's FP8 GEMMs round theirs
+    // (CudaDeepseekModel::LoadOptions::fp8_prefill): to bf16, then to e4m3 per row and 128
+    // columns with DeepSeek's scale (fp8_gemm.h). A reference with the GPU's rounding for
+    // comparing its FP8 prefill; not with tensor_parallel.
+    bool fp8_activation_rounding = false;
     // Speculative decoding: run the checkpoint's first MTP layer (Draft, ForwardSequence::
     // mtp) over a cache with one layer more than the model (the MTP layer's KV).
     // FAILED_PRECONDITION when the checkpoint has none.
@@ -192,6 +198,11 @@ class DeepseekModel {
   float rope_attention_factor_ = 1.0f;
   float softmax_scale_ = 1.0f;
   bool bf16_kv_cache_ = false;
+  bool fp8_activation_rounding_ = false;
+  // x [rows][stride] as the product with `w` reads it: x itself, or (fp8_activation_rounding
+  // and an FP8 weight) its rounded copy in `buf`, [rows][w.cols].
+  const float* Fp8Input(const float* x, int64_t rows, int64_t stride, const cpu::WeightMatrix& w,
+                        std::vector<float>& buf, int64_t* used_stride) const;
   const MtpLayerWeights* mtp_ = nullptr;  // LoadOptions::mtp: the first MTP layer
   std::vector<float> kept_hidden_;
 

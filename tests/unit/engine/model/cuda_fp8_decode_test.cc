@@ -218,33 +218,31 @@ TEST_P(CudaFp8DecodeTest, GreedyDecodePassesTheClosenessCheckAgainstTheCpu) {
 }
 
 // LoadOptions::fp8_prefill: a 300-token prompt's prefill (every row's logits) with the
-// attention projections, the dense MLPs and the experts (grouped) on cuda::Fp8Gemm, their inputs quantized to e4m3
-// per token and 128 columns, against the CPU (the same FP8 weights widened exactly, float32
-// activations). That quantization is DeepSeek's inference numerics, not an approximation of
-// the CPU's: each element is rounded by up to 2^-4 relative (about 3.6 % RMS), so each FP8
-// linear's output moves by about 3.6 % RMS of its size, and five of them per layer compound
-// (measured on an H100 with the experts still bf16: mean row error 0.046 / 0.089 of the
-// largest logit on tiny-v2 / tiny against the bf16 copies' 0.006 / 0.009; same top-1 on
-// 88 % / 86 % of the rows, routing near-ties of the random weights flipping experts on a
-// few). So this checks the wiring
-// (the parts, scale grids and gate/up layout: a fault there gives errors the size of the
-// logits and chance-level top-1), not the rounding; a CPU reference with the same
-// activation rounding is still to do. Below 128 rows, and with the option turned off, the
-// bf16 copies.
-TEST_P(CudaFp8DecodeTest, Fp8PrefillMatchesTheCpuWithinTheActivationRounding) {
+// attention projections, the dense MLPs and the experts (grouped) on cuda::Fp8Gemm, their
+// inputs rounded to bf16 and then e4m3 per token and 128 columns (DeepSeek's inference
+// numerics), against the CPU with the same input rounding
+// (DeepseekModel::LoadOptions::fp8_activation_rounding): within the bounds the bf16 copies
+// meet against the plain CPU (the same weights, the attention's bf16 operands and the
+// rounding's boundaries the only differences). Against the plain CPU the rounding itself
+// shows (printed: 3.6 % RMS an element through every layer; on the first H100 run, with
+// the experts still bf16, mean row error 0.046 / 0.089). Below 128 rows, and with the
+// option turned off, the bf16 copies.
+TEST_P(CudaFp8DecodeTest, Fp8PrefillMatchesTheCpuWithTheSameRounding) {
   if (!cuda::Fp8GemmSupported()) GTEST_SKIP() << "Fp8Gemm runs on sm_90 only";
   CudaDeepseekModel::LoadOptions o = Options(false);
   o.fp8_prefill = true;
   auto loaded = CudaDeepseekModel::Load(dir_, o);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto rounded_cpu = DeepseekModel::Load(dir_, {.fp8_activation_rounding = true});
+  ASSERT_TRUE(loaded.ok() && rounded_cpu.ok()) << loaded.status() << " " << rounded_cpu.status();
   CudaDeepseekModel& fp8 = **loaded;
   const std::vector<int32_t> p = Tokens(300, 7), table = Table(0, 5);
   ForwardSequence s{.tokens = p, .start_position = 0, .block_table = table, .all_logits = true};
-  LatentKvCache cache = cpu_->MakeKvCache(8);
+  LatentKvCache cache = cpu_->MakeKvCache(8), rounded_cache = (*rounded_cpu)->MakeKvCache(8);
   auto c = cpu_->Forward({&s, 1}, cache);
+  auto rc = (*rounded_cpu)->Forward({&s, 1}, rounded_cache);
   auto g = fp8.Forward({&s, 1});
   auto b = bf16_->Forward({&s, 1});
-  ASSERT_TRUE(c.ok() && g.ok() && b.ok()) << c.status() << " " << g.status() << " " << b.status();
+  ASSERT_TRUE(c.ok() && rc.ok() && g.ok() && b.ok()) << c.status() << " " << rc.status() << " " << g.status();
   // Each dense linear once; a MoE layer's experts (counted once there) twice: gate_up and
   // down, grouped (300 rows is above moe_grouped_max_tokens).
   EXPECT_EQ(fp8.fp8_gemms(), ExpectedFp8Linears(cpu_->config()) + [&] {
@@ -253,20 +251,26 @@ TEST_P(CudaFp8DecodeTest, Fp8PrefillMatchesTheCpuWithinTheActivationRounding) {
     return moe;
   }());
   const int rows = static_cast<int>(p.size());
-  int same_top1 = 0;
-  double worst = 0, mean = 0, bf16_mean = 0;
+  int same_top1 = 0, bf16_same_top1 = 0, within = 0, bf16_within = 0;
+  double mean = 0, bf16_mean = 0, plain_mean = 0;
   for (int r = 0; r < rows; ++r) {
-    const double e = RowError(&(*g)[r * kVocab], &(*c)[r * kVocab]);
-    worst = std::max(worst, e);
+    const float* gr = &(*g)[r * kVocab];
+    const double e = RowError(gr, &(*rc)[r * kVocab]);
+    const double be = RowError(&(*b)[r * kVocab], &(*c)[r * kVocab]);
     mean += e / rows;
-    bf16_mean += RowError(&(*b)[r * kVocab], &(*c)[r * kVocab]) / rows;
-    same_top1 += Argmax(&(*g)[r * kVocab]) == Argmax(&(*c)[r * kVocab]);
+    bf16_mean += be / rows;
+    plain_mean += RowError(gr, &(*c)[r * kVocab]) / rows;
+    within += e <= 2e-2;
+    bf16_within += be <= 2e-2;
+    same_top1 += Argmax(gr) == Argmax(&(*rc)[r * kVocab]);
+    bf16_same_top1 += Argmax(&(*b)[r * kVocab]) == Argmax(&(*c)[r * kVocab]);
   }
-  std::printf("%s, FP8 prefill of %d tokens vs the CPU: mean row error %.2e (bf16 copies %.2e), worst %.2e, same "
-              "top-1 %d of %d\n",
-              GetParam().c_str(), rows, mean, bf16_mean, worst, same_top1, rows);
-  EXPECT_LE(mean, 0.15);
-  EXPECT_GE(same_top1, rows * 75 / 100);
+  std::printf("%s, prefill of %d tokens: FP8 GEMMs vs the CPU with their rounding: mean row error %.2e, %d within "
+              "2e-2, same top-1 %d; bf16 copies vs the plain CPU: %.2e, %d, %d; FP8 vs the plain CPU: %.2e\n",
+              GetParam().c_str(), rows, mean, within, same_top1, bf16_mean, bf16_within, bf16_same_top1, plain_mean);
+  // The criteria of the decode tests above (routing near-ties move a few rows by whole units).
+  EXPECT_GE(within, rows * 97 / 100);
+  EXPECT_GE(same_top1, rows * 97 / 100);
 
   const int64_t before = fp8.fp8_gemms();
   const std::vector<int32_t> short_prompt = Tokens(100, 8), short_table = Table(5, 2);

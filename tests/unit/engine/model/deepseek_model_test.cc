@@ -219,6 +219,19 @@ TEST(CheckpointFormatsTest, Fp8BlockScaledWeightsComputeWithTheirDequantizedValu
   EXPECT_EQ(b->weights().layers[0].attention.kv_a_proj.dtype, DType::kF32);
   const std::vector<int32_t> prompt = Prompt(30, 512);
   EXPECT_LE(RelDiff(RunPrompt(*a, prompt, AttentionForm::kAuto), RunPrompt(*b, prompt, AttentionForm::kAuto)), 1e-5);
+
+  // LoadOptions::fp8_activation_rounding (the GPU FP8 GEMMs' input rounding, the reference
+  // for their test): only products with FP8 weights read rounded inputs. The dequantized
+  // float32 checkpoint is untouched, bit for bit; the FP8 one moves (by 0.78 of the largest
+  // logit at worst here: 3.6 % RMS an element through every layer flips near-tied routing of
+  // the random weights, as on the GPU). Its agreement with the GPU is cuda_fp8_decode_test's.
+  auto rounded_fp8 = DeepseekModel::Load(fp8, {.fp8_activation_rounding = true});
+  auto rounded_f32 = DeepseekModel::Load(f32, {.fp8_activation_rounding = true});
+  ASSERT_TRUE(rounded_fp8.ok() && rounded_f32.ok());
+  EXPECT_EQ(RunPrompt(**rounded_f32, prompt, AttentionForm::kAuto), RunPrompt(*b, prompt, AttentionForm::kAuto));
+  const double moved =
+      RelDiff(RunPrompt(**rounded_fp8, prompt, AttentionForm::kAuto), RunPrompt(*a, prompt, AttentionForm::kAuto));
+  EXPECT_GT(moved, 3e-3);
 }
 
 void RewriteCheckpoint(const std::string& dir,
