@@ -220,12 +220,14 @@ TEST_P(CudaFp8DecodeTest, GreedyDecodePassesTheClosenessCheckAgainstTheCpu) {
 // LoadOptions::fp8_prefill: a 300-token prompt's prefill (every row's logits) with the
 // attention projections, the dense MLPs and the experts (grouped) on cuda::Fp8Gemm, their
 // inputs rounded to bf16 and then e4m3 per token and 128 columns (DeepSeek's inference
-// numerics), against the CPU with the same input rounding
-// (DeepseekModel::LoadOptions::fp8_activation_rounding): within the bounds the bf16 copies
-// meet against the plain CPU (the same weights, the attention's bf16 operands and the
-// rounding's boundaries the only differences). Against the plain CPU the rounding itself
-// shows (printed: 3.6 % RMS an element through every layer; on the first H100 run, with
-// the experts still bf16, mean row error 0.046 / 0.089). Below 128 rows, and with the
+// numerics). Row by row no reference can match it: with that rounding these random-weight
+// models are chaotic (on the CPU, with fp8_activation_rounding, a bf16 KV cache alone moves
+// the logits by 0.11 / 0.054 of the largest, mean per row on tiny / tiny-v2, where it moves
+// the unrounded model by 0.005 / 0.001). So the check is statistical, against the CPU with
+// the same rounding (DeepseekModel::LoadOptions::fp8_activation_rounding): the GPU's
+// distance from the plain CPU must be the rounded CPU's (mean row error within 1.5x + 0.01,
+// top-1 agreement within 5 % of the rows). A wiring fault (a wrong part, scale grid, group
+// or gate/up layout) moves the logits by their own size. Below 128 rows, and with the
 // option turned off, the bf16 copies.
 TEST_P(CudaFp8DecodeTest, Fp8PrefillMatchesTheCpuWithTheSameRounding) {
   if (!cuda::Fp8GemmSupported()) GTEST_SKIP() << "Fp8Gemm runs on sm_90 only";
@@ -251,26 +253,21 @@ TEST_P(CudaFp8DecodeTest, Fp8PrefillMatchesTheCpuWithTheSameRounding) {
     return moe;
   }());
   const int rows = static_cast<int>(p.size());
-  int same_top1 = 0, bf16_same_top1 = 0, within = 0, bf16_within = 0;
-  double mean = 0, bf16_mean = 0, plain_mean = 0;
+  int gpu_top1 = 0, rounded_top1 = 0;
+  double gpu_mean = 0, rounded_mean = 0, bf16_mean = 0;
   for (int r = 0; r < rows; ++r) {
-    const float* gr = &(*g)[r * kVocab];
-    const double e = RowError(gr, &(*rc)[r * kVocab]);
-    const double be = RowError(&(*b)[r * kVocab], &(*c)[r * kVocab]);
-    mean += e / rows;
-    bf16_mean += be / rows;
-    plain_mean += RowError(gr, &(*c)[r * kVocab]) / rows;
-    within += e <= 2e-2;
-    bf16_within += be <= 2e-2;
-    same_top1 += Argmax(gr) == Argmax(&(*rc)[r * kVocab]);
-    bf16_same_top1 += Argmax(&(*b)[r * kVocab]) == Argmax(&(*c)[r * kVocab]);
+    const float* plain = &(*c)[r * kVocab];
+    gpu_mean += RowError(&(*g)[r * kVocab], plain) / rows;
+    rounded_mean += RowError(&(*rc)[r * kVocab], plain) / rows;
+    bf16_mean += RowError(&(*b)[r * kVocab], plain) / rows;
+    gpu_top1 += Argmax(&(*g)[r * kVocab]) == Argmax(plain);
+    rounded_top1 += Argmax(&(*rc)[r * kVocab]) == Argmax(plain);
   }
-  std::printf("%s, prefill of %d tokens: FP8 GEMMs vs the CPU with their rounding: mean row error %.2e, %d within "
-              "2e-2, same top-1 %d; bf16 copies vs the plain CPU: %.2e, %d, %d; FP8 vs the plain CPU: %.2e\n",
-              GetParam().c_str(), rows, mean, within, same_top1, bf16_mean, bf16_within, bf16_same_top1, plain_mean);
-  // The criteria of the decode tests above (routing near-ties move a few rows by whole units).
-  EXPECT_GE(within, rows * 97 / 100);
-  EXPECT_GE(same_top1, rows * 97 / 100);
+  std::printf("%s, prefill of %d tokens against the plain CPU: GPU FP8 GEMMs mean row error %.3e, same top-1 %d; "
+              "CPU with their rounding %.3e, %d; GPU bf16 copies %.3e\n",
+              GetParam().c_str(), rows, gpu_mean, gpu_top1, rounded_mean, rounded_top1, bf16_mean);
+  EXPECT_LE(gpu_mean, 1.5 * rounded_mean + 0.01);
+  EXPECT_GE(gpu_top1, rounded_top1 - rows / 20);
 
   const int64_t before = fp8.fp8_gemms();
   const std::vector<int32_t> short_prompt = Tokens(100, 8), short_table = Table(5, 2);
