@@ -17,9 +17,7 @@ using internal::WarpMax;
 
 constexpr int kTile = 128;                 // rows of a and of b per tile, and k per stage
 constexpr int kTileBytes = kTile * kTile;  // one operand's stage: 16 KiB of e4m3
-constexpr int kStages = 6;
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
-constexpr int kSmemBytes = kStages * 2 * kTileBytes + 2 * kStages * 8 + 1024;
 constexpr float kE4m3Max = 448.0f;
 
 constexpr int kMaxGroups = kFp8GemmMaxGroups;
@@ -39,7 +37,7 @@ struct GemmArgs {
   int b_row_scales;
 };
 
-// Where one 128 x 128 output tile reads and writes.
+// Where one output tile (128 rows, kBn columns) reads and writes.
 struct Tile {
   int a_row;     // first row of a (and of y)
   int rows_end;  // rows of a from here on belong to others
@@ -56,6 +54,7 @@ constexpr int kGroupRows = 8;  // tiles of 8 row blocks walk the columns togethe
 // One product: groups of kGroupRows row blocks, row block fastest, walk the column blocks.
 // Grouped: the groups' tiles one group after another (tile_start: each group's first tile),
 // row block fastest within a group, so tiles in flight together share b's tile.
+template <int kBn>
 __device__ __forceinline__ Tile TileAt(int t, const GemmArgs& g, const int* tile_start) {
   Tile tile;
   if (g.groups == 0) {
@@ -67,7 +66,7 @@ __device__ __forceinline__ Tile TileAt(int t, const GemmArgs& g, const int* tile
     tile.nb = in / rows;
     tile.a_row = mb * kTile;
     tile.rows_end = g.m;
-    tile.b_row = tile.nb * kTile;
+    tile.b_row = tile.nb * kBn;
     tile.group = 0;
     return tile;
   }
@@ -81,7 +80,7 @@ __device__ __forceinline__ Tile TileAt(int t, const GemmArgs& g, const int* tile
   tile.nb = in / m_blocks;
   tile.a_row = begin + (in % m_blocks) * kTile;
   tile.rows_end = end;
-  tile.b_row = lo * g.n + tile.nb * kTile;
+  tile.b_row = lo * g.n + tile.nb * kBn;
   tile.group = lo;
   return tile;
 }
@@ -106,15 +105,26 @@ __device__ __forceinline__ void WgmmaM64N128K32E4m3(float (&d)[64], uint64_t des
 }
 #endif  // TANDEM_HAS_WGMMA
 
+// Shared-memory layout of a kernel whose tiles are 128 rows of a by kBn rows of b.
+template <int kBn>
+struct Layout {
+  static constexpr int kStages = kBn == 256 ? 4 : 6;
+  static constexpr int kBBytes = kBn * kTile;  // b's stage
+  static constexpr int kSmem = kStages * (kTileBytes + kBBytes) + 2 * kStages * 8 + 1024;
+};
+
+template <int kBn>
 __global__ void __launch_bounds__(kThreads, 1)
     Fp8GemmKernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map, GemmArgs g) {
 #ifdef TANDEM_HAS_WGMMA
+  using L = Layout<kBn>;
+  constexpr int kStages = L::kStages, kHalves = kBn / 128;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t raw = mma::SmemAddr(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;  // 128-byte swizzle atoms are 1 KiB aligned
   const uint32_t a_smem = base;
   const uint32_t b_smem = base + kStages * kTileBytes;
-  const uint32_t full_bar = base + 2 * kStages * kTileBytes;  // [kStages] x 8 bytes
+  const uint32_t full_bar = b_smem + kStages * L::kBBytes;  // [kStages] x 8 bytes
   const uint32_t empty_bar = full_bar + kStages * 8;
   const int wg = threadIdx.x / 128;
   __shared__ int tile_start[kMaxGroups + 1];
@@ -148,14 +158,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x != 0) return;
     int it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      const Tile tile = TileAt(t, g, tile_start);
+      const Tile tile = TileAt<kBn>(t, g, tile_start);
       for (int kb = 0; kb < g.k_blocks; ++kb, ++it) {
         const int s = it % kStages;
         const uint32_t round = it / kStages;
         tma::MbarWait(empty_bar + 8 * s, (round & 1) ^ 1);
-        tma::MbarArriveExpectTx(full_bar + 8 * s, 2 * kTileBytes);
+        tma::MbarArriveExpectTx(full_bar + 8 * s, kTileBytes + L::kBBytes);
         tma::Load2d(a_smem + s * kTileBytes, &a_map, kb * kTile, tile.a_row, full_bar + 8 * s);
-        tma::Load2d(b_smem + s * kTileBytes, &b_map, kb * kTile, tile.b_row, full_bar + 8 * s);
+        tma::Load2d(b_smem + s * L::kBBytes, &b_map, kb * kTile, tile.b_row, full_bar + 8 * s);
       }
     }
     return;
@@ -164,88 +174,108 @@ __global__ void __launch_bounds__(kThreads, 1)
   tma::GrowRegisters<232>();
   const int cw = wg - 1;  // consumer: rows [64 cw, 64 cw + 64) of each tile
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, gq = lane / 4, tq = lane % 4;
+  const int n_blocks128 = (g.n + kTile - 1) / kTile;
   int it = 0;
   float part[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) part[i] = 0.0f;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const Tile tile = TileAt(t, g, tile_start);
+    const Tile tile = TileAt<kBn>(t, g, tile_start);
     const int row0 = tile.a_row + 64 * cw + 16 * warp + gq, row1 = row0 + 8;
     const float* sa0 = g.a_scales + min(row0, tile.rows_end - 1);
     const float* sa1 = g.a_scales + min(row1, tile.rows_end - 1);
-    // b's scales: the tile's block (one product), or the rows of its first even and odd
-    // octets (row scales).
-    const float* sb_even;
-    const float* sb_odd;
-    if (g.b_row_scales) {
-      const int64_t first = static_cast<int64_t>(tile.group) * g.n + tile.nb * kTile;
-      const int64_t odd = static_cast<int64_t>(tile.group) * g.n + min(tile.nb * kTile + 8, g.n - 1);
-      sb_even = g.b_scales + first * g.k_blocks;
-      sb_odd = g.b_scales + odd * g.k_blocks;
-    } else {
-      sb_even = sb_odd = g.b_scales + (static_cast<int64_t>(tile.group) * g.n_blocks + tile.nb) * g.k_blocks;
-    }
-    float acc[64];
+    // b's scales per 128-row half of the tile: its block (one product's block scales), or
+    // the rows of its first even and odd octets (row scales).
+    const float* sb_even[kHalves];
+    const float* sb_odd[kHalves];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int h = 0; h < kHalves; ++h) {
+      const int first_row = min(tile.nb * kBn + h * kTile, g.n - 1);
+      if (g.b_row_scales) {
+        const int64_t group_row = static_cast<int64_t>(tile.group) * g.n;
+        sb_even[h] = g.b_scales + (group_row + first_row) * g.k_blocks;
+        sb_odd[h] = g.b_scales + (group_row + min(first_row + 8, g.n - 1)) * g.k_blocks;
+      } else {
+        sb_even[h] = sb_odd[h] =
+            g.b_scales + (static_cast<int64_t>(tile.group) * n_blocks128 + first_row / kTile) * g.k_blocks;
+      }
+    }
+    float acc[kHalves][64];
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
+    }
     for (int kb = 0; kb < g.k_blocks; ++kb, ++it) {
       const int s = it % kStages;
       const uint32_t round = it / kStages;
       // The scales load while the tile arrives.
-      const float scale_be = __ldg(sb_even + kb), scale_bo = __ldg(sb_odd + kb);
       const float scale_a0 = __ldg(sa0 + kb * g.a_scales_stride), scale_a1 = __ldg(sa1 + kb * g.a_scales_stride);
+      float scale_be[kHalves], scale_bo[kHalves];
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        scale_be[h] = __ldg(sb_even[h] + kb);
+        scale_bo[h] = __ldg(sb_odd[h] + kb);
+      }
       tma::MbarWait(full_bar + 8 * s, round & 1);
       const uint32_t a_addr = a_smem + s * kTileBytes + cw * 64 * kTile;
-      const uint32_t b_addr = b_smem + s * kTileBytes;
-      WgmmaFence();
 #pragma unroll
-      for (int j = 0; j < kTile / 32; ++j) {
-        WgmmaM64N128K32E4m3(part, SmemDesc(a_addr + 32 * j, 16, 1024), SmemDesc(b_addr + 32 * j, 16, 1024), j > 0);
-      }
-      WgmmaCommit();
-      WgmmaWait<0>();
+      for (int h = 0; h < kHalves; ++h) {
+        const uint32_t b_addr = b_smem + s * L::kBBytes + h * kTileBytes;
+        WgmmaFence();
 #pragma unroll
-      for (int i = 0; i < 64; ++i) FenceReg(part[i]);
-      if (lane == 0) tma::MbarArrive(empty_bar + 8 * s);  // this warp is done with the stage
-      // Value i is row row0 or row1 ((i >> 1) & 1) of column octet i >> 2.
-      const float s0e = scale_a0 * scale_be, s0o = scale_a0 * scale_bo;
-      const float s1e = scale_a1 * scale_be, s1o = scale_a1 * scale_bo;
+        for (int j = 0; j < kTile / 32; ++j) {
+          WgmmaM64N128K32E4m3(part, SmemDesc(a_addr + 32 * j, 16, 1024), SmemDesc(b_addr + 32 * j, 16, 1024), j > 0);
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();
 #pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const bool odd = (i >> 2) & 1;
-        acc[i] = fmaf(part[i], (i & 2) ? (odd ? s1o : s1e) : (odd ? s0o : s0e), acc[i]);
+        for (int i = 0; i < 64; ++i) FenceReg(part[i]);
+        // This warp is done with the stage once it has its last half's products.
+        if (h == kHalves - 1 && lane == 0) tma::MbarArrive(empty_bar + 8 * s);
+        // Value i is row row0 or row1 ((i >> 1) & 1) of column octet i >> 2.
+        const float s0e = scale_a0 * scale_be[h], s0o = scale_a0 * scale_bo[h];
+        const float s1e = scale_a1 * scale_be[h], s1o = scale_a1 * scale_bo[h];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+          const bool odd = (i >> 2) & 1;
+          acc[h][i] = fmaf(part[i], (i & 2) ? (odd ? s1o : s1e) : (odd ? s0o : s0e), acc[h][i]);
+        }
       }
     }
-    // Value 4 j + e is row row0 (+8 for e >= 2), column 8 j + 2 tq + (e & 1) of the tile.
+    // Value 4 j + e of a half is row row0 (+8 for e >= 2), column 8 j + 2 tq + (e & 1) of it.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = h ? row1 : row0;
-      if (row >= tile.rows_end) continue;
+    for (int hh = 0; hh < kHalves; ++hh) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int col = tile.nb * kTile + 8 * j + 2 * tq;
-        if (col >= g.n) continue;
-        const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-        const bool pair = col + 1 < g.n;
-        if (g.y_bf16) {
-          __nv_bfloat16* y = static_cast<__nv_bfloat16*>(g.y) + static_cast<int64_t>(row) * g.ldy + col;
-          if (pair) {
-            *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
-          } else {
-            *y = __float2bfloat16_rn(v0);
-          }
-        } else {
-          float* y = static_cast<float*>(g.y) + static_cast<int64_t>(row) * g.ldy + col;
-          if (pair) {
-            float2 v = make_float2(v0, v1);
-            if (g.accumulate) {
-              const float2 old = *reinterpret_cast<float2*>(y);
-              v.x += old.x;
-              v.y += old.y;
+      for (int h = 0; h < 2; ++h) {
+        const int row = h ? row1 : row0;
+        if (row >= tile.rows_end) continue;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int col = tile.nb * kBn + hh * kTile + 8 * j + 2 * tq;
+          if (col >= g.n) continue;
+          const float v0 = acc[hh][4 * j + 2 * h], v1 = acc[hh][4 * j + 2 * h + 1];
+          const bool pair = col + 1 < g.n;
+          if (g.y_bf16) {
+            __nv_bfloat16* y = static_cast<__nv_bfloat16*>(g.y) + static_cast<int64_t>(row) * g.ldy + col;
+            if (pair) {
+              *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
+            } else {
+              *y = __float2bfloat16_rn(v0);
             }
-            *reinterpret_cast<float2*>(y) = v;
           } else {
-            y[0] = g.accumulate ? y[0] + v0 : v0;
+            float* y = static_cast<float*>(g.y) + static_cast<int64_t>(row) * g.ldy + col;
+            if (pair) {
+              float2 v = make_float2(v0, v1);
+              if (g.accumulate) {
+                const float2 old = *reinterpret_cast<float2*>(y);
+                v.x += old.x;
+                v.y += old.y;
+              }
+              *reinterpret_cast<float2*>(y) = v;
+            } else {
+              y[0] = g.accumulate ? y[0] + v0 : v0;
+            }
           }
         }
       }
@@ -309,13 +339,19 @@ cudaError_t Fp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (!Fp8GemmSupported()) return cudaErrorNotSupported;
+  const int bn = p.wide_tiles ? 256 : 128;
   CUtensorMap a_map, b_map;
   cudaError_t err = tma::EncodeBytes2d(&a_map, p.a, p.m, p.k, p.lda, kTile, kTile);
   const uint64_t b_rows = static_cast<uint64_t>(p.n) * std::max(p.groups, 1);
-  if (err == cudaSuccess) err = tma::EncodeBytes2d(&b_map, p.b, b_rows, p.k, p.ldb, kTile, kTile);
+  if (err == cudaSuccess) err = tma::EncodeBytes2d(&b_map, p.b, b_rows, p.k, p.ldb, bn, kTile);
   if (err != cudaSuccess) return err;
-  static const cudaError_t smem_set =
-      cudaFuncSetAttribute(Fp8GemmKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  static const cudaError_t smem_set = [] {
+    const cudaError_t e = cudaFuncSetAttribute(Fp8GemmKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               Layout<128>::kSmem);
+    return e != cudaSuccess ? e
+                            : cudaFuncSetAttribute(Fp8GemmKernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   Layout<256>::kSmem);
+  }();
   if (smem_set != cudaSuccess) return smem_set;
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
@@ -333,13 +369,18 @@ cudaError_t Fp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   g.n = p.n;
   g.k_blocks = k_blocks;
   g.m_blocks = (p.m + kTile - 1) / kTile;
-  g.n_blocks = (p.n + kTile - 1) / kTile;
+  g.n_blocks = (p.n + bn - 1) / bn;
   g.groups = p.groups;
   g.group_offsets = p.group_offsets;
   g.b_row_scales = p.b_row_scales ? 1 : 0;
   // Grouped: the tile count is on the device; every multiprocessor takes part.
   const int tiles = p.groups > 0 ? sms : g.m_blocks * g.n_blocks;
-  Fp8GemmKernel<<<std::min(tiles, sms), kThreads, kSmemBytes, stream>>>(a_map, b_map, g);
+  const int grid = std::min(tiles, sms);
+  if (bn == 256) {
+    Fp8GemmKernel<256><<<grid, kThreads, Layout<256>::kSmem, stream>>>(a_map, b_map, g);
+  } else {
+    Fp8GemmKernel<128><<<grid, kThreads, Layout<128>::kSmem, stream>>>(a_map, b_map, g);
+  }
   return cudaGetLastError();
 }
 

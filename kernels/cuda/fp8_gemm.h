@@ -8,9 +8,9 @@
 //                                        * sum_{c in block b} a[i][c] * b[j][c]
 //
 // Fp8Gemm runs on Hopper (sm_90a) only: a persistent kernel of one producer warpgroup, whose
-// one thread moves 128 x 128 tiles of a and b into shared memory with TMA, six stages deep,
-// and two consumer warpgroups that multiply them on wgmma (m64n128k32, e4m3 in, float32
-// out), 128 x 128 outputs per tile. Each 128-wide k block's products are summed on the
+// one thread moves tiles of a (128 rows) and b (128 or 256 rows) into shared memory with
+// TMA, six or four stages deep, and two consumer warpgroups that multiply them on wgmma
+// (m64n128k32, e4m3 in, float32 out), 128 x 128 or 128 x 256 outputs per tile. Each 128-wide k block's products are summed on the
 // tensor cores alone and then scaled and added in float32 registers: the tensor cores'
 // FP8 accumulation keeps fewer mantissa bits than float32 (DeepSeek-V3 report, 3.3.2), so a
 // sum over a whole row of k would lose precision with k. Other devices: cudaErrorNotSupported.
@@ -55,6 +55,9 @@ struct Fp8GemmParams {
   int groups = 0;  // 0: one product; else 1 .. kFp8GemmMaxGroups (above)
   const int32_t* group_offsets = nullptr;  // device [groups + 1], non-decreasing, last <= m
   bool b_row_scales = false;
+  // Tiles of 128 x 256 outputs (four stages) instead of 128 x 128 (six): each byte loaded
+  // from L2 feeds more products; benchmarks compare the two.
+  bool wide_tiles = false;
 };
 
 inline constexpr int kFp8GemmMaxGroups = 1024;

@@ -137,7 +137,7 @@ struct Result {
   std::vector<uint16_t> y_bf16;
 };
 
-Result RunGemm(const GemmCase& c, const Operands& o) {
+Result RunGemm(const GemmCase& c, const Operands& o, bool wide) {
   Dev<uint8_t> da(o.a), db(o.b);
   Dev<float> dsa(o.sa), dsb(o.sb);
   Result r;
@@ -148,7 +148,8 @@ Result RunGemm(const GemmCase& c, const Operands& o) {
   EXPECT_EQ(cuda::Fp8Gemm({.a = da.get(), .lda = o.lda, .a_scales = dsa.get(), .a_scales_stride = o.a_stride,
                            .b = db.get(), .ldb = o.ldb, .b_scales = dsb.get(),
                            .y = bf16 ? static_cast<void*>(dyb.get()) : dy.get(), .ldy = o.ldy, .y_bf16 = bf16,
-                           .accumulate = c.out == GemmCase::kF32Accumulate, .m = c.m, .n = c.n, .k = c.k},
+                           .accumulate = c.out == GemmCase::kF32Accumulate, .m = c.m, .n = c.n, .k = c.k,
+                           .wide_tiles = wide},
                           nullptr),
             cudaSuccess);
   r.y = dy.Download();
@@ -163,7 +164,9 @@ class Fp8GemmTest : public Fp8Test, public ::testing::WithParamInterface<GemmCas
 TEST_P(Fp8GemmTest, SmallIntegerCodesEqualTheKernelsFloatStepsBitwise) {
   const GemmCase c = GetParam();
   const Operands o = MakeOperands(c, /*small_integers=*/true, 5);
-  const Result r = RunGemm(c, o);
+  for (bool wide : {false, true}) {
+  SCOPED_TRACE(wide ? "128 x 256 tiles" : "128 x 128 tiles");
+  const Result r = RunGemm(c, o, wide);
   const int kb_count = Blocks(c.k);
   int mismatches = 0;
   for (int i = 0; i < c.m; ++i) {
@@ -203,6 +206,7 @@ TEST_P(Fp8GemmTest, SmallIntegerCodesEqualTheKernelsFloatStepsBitwise) {
     }
   }
   EXPECT_EQ(touched, 0);
+  }
 }
 
 // Normal codes spanning e4m3's range: within the FP8 accumulation's error of a float64 sum.
@@ -210,7 +214,7 @@ TEST_P(Fp8GemmTest, NormalCodesWithinTheAccumulationErrorOfFloat64) {
   const GemmCase c = GetParam();
   if (c.out != GemmCase::kF32) GTEST_SKIP() << "float32 output only";
   const Operands o = MakeOperands(c, /*small_integers=*/false, 9);
-  const Result r = RunGemm(c, o);
+  const Result r = RunGemm(c, o, /*wide=*/c.n > 256);
   const int kb_count = Blocks(c.k);
   double err2 = 0.0, ref2 = 0.0, worst = 0.0;
   int outside = 0;
@@ -310,12 +314,15 @@ TEST_P(Fp8GroupedGemmTest, EachRowUsesItsGroupsMatrixBitwise) {
     }
   }
   Dev<uint8_t> da(a), db(b);
-  Dev<float> dsa(sa), dsb(b_scales), dy(static_cast<size_t>(m) * ldy);
+  Dev<float> dsa(sa), dsb(b_scales);
   Dev<int32_t> doff(offsets);
+  for (bool wide : {false, true}) {
+  SCOPED_TRACE(wide ? "128 x 256 tiles" : "128 x 128 tiles");
+  Dev<float> dy(static_cast<size_t>(m) * ldy);
   ASSERT_EQ(cuda::Fp8Gemm({.a = da.get(), .lda = lda, .a_scales = dsa.get(), .a_scales_stride = a_stride,
                            .b = db.get(), .ldb = ldb, .b_scales = dsb.get(), .y = dy.get(), .ldy = ldy,
                            .y_bf16 = false, .m = m, .n = c.n, .k = c.k, .groups = groups,
-                           .group_offsets = doff.get(), .b_row_scales = c.row_scales},
+                           .group_offsets = doff.get(), .b_row_scales = c.row_scales, .wide_tiles = wide},
                           nullptr),
             cudaSuccess);
   const std::vector<float> y = dy.Download();
@@ -349,6 +356,7 @@ TEST_P(Fp8GroupedGemmTest, EachRowUsesItsGroupsMatrixBitwise) {
   }
   EXPECT_EQ(mismatches, 0);
   EXPECT_EQ(touched, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8GroupedGemmTest,
