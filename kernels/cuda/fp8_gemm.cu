@@ -297,8 +297,16 @@ __global__ void Fp8QuantizeRowsKernel(Fp8QuantizeRowsParams p, int k_blocks) {
   const T* x = static_cast<const T*>(p.x) + static_cast<int64_t>(row) * p.ldx + c;
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (c < p.k) {  // k is a multiple of 4: a lane's four are all in range or all out
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = static_cast<float>(x[e]);
+    // One 8- or 16-byte load (x and ldx are aligned to four values).
+    if constexpr (sizeof(T) == 2) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(x);
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+      v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+    } else {
+      const float4 f = *reinterpret_cast<const float4*>(x);
+      v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    }
   }
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
   amax = WarpMax(amax);
