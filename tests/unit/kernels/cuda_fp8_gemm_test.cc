@@ -165,47 +165,47 @@ TEST_P(Fp8GemmTest, SmallIntegerCodesEqualTheKernelsFloatStepsBitwise) {
   const GemmCase c = GetParam();
   const Operands o = MakeOperands(c, /*small_integers=*/true, 5);
   for (bool wide : {false, true}) {
-  SCOPED_TRACE(wide ? "128 x 256 tiles" : "128 x 128 tiles");
-  const Result r = RunGemm(c, o, wide);
-  const int kb_count = Blocks(c.k);
-  int mismatches = 0;
-  for (int i = 0; i < c.m; ++i) {
-    for (int j = 0; j < c.n; ++j) {
-      float acc = 0.0f;
-      for (int kb = 0; kb < kb_count; ++kb) {
-        float block = 0.0f;  // exact: integers below 2^24
-        for (int col = kb * kBlock; col < std::min(c.k, (kb + 1) * kBlock); ++col) {
-          block += F8E4M3ToF32(o.a[static_cast<size_t>(i) * o.lda + col]) * F8E4M3ToF32(o.b[static_cast<size_t>(j) * o.ldb + col]);
+    SCOPED_TRACE(wide ? "128 x 256 tiles" : "128 x 128 tiles");
+    const Result r = RunGemm(c, o, wide);
+    const int kb_count = Blocks(c.k);
+    int mismatches = 0;
+    for (int i = 0; i < c.m; ++i) {
+      for (int j = 0; j < c.n; ++j) {
+        float acc = 0.0f;
+        for (int kb = 0; kb < kb_count; ++kb) {
+          float block = 0.0f;  // exact: integers below 2^24
+          for (int col = kb * kBlock; col < std::min(c.k, (kb + 1) * kBlock); ++col) {
+            block += F8E4M3ToF32(o.a[static_cast<size_t>(i) * o.lda + col]) * F8E4M3ToF32(o.b[static_cast<size_t>(j) * o.ldb + col]);
+          }
+          const float s = o.sa[static_cast<size_t>(kb) * o.a_stride + i] * o.sb[static_cast<size_t>(j / kBlock) * kb_count + kb];
+          acc = std::fmaf(block, s, acc);
         }
-        const float s = o.sa[static_cast<size_t>(kb) * o.a_stride + i] * o.sb[static_cast<size_t>(j / kBlock) * kb_count + kb];
-        acc = std::fmaf(block, s, acc);
+        const size_t at = static_cast<size_t>(i) * o.ldy + j;
+        bool bad;
+        float got, want;
+        if (c.out == GemmCase::kBf16) {
+          bad = r.y_bf16[at] != F32ToBf16(acc);
+          got = Bf16ToF32(r.y_bf16[at]);
+          want = Bf16ToF32(F32ToBf16(acc));
+        } else {
+          want = c.out == GemmCase::kF32Accumulate ? r.y0[at] + acc : acc;
+          got = r.y[at];
+          bad = std::memcmp(&got, &want, 4) != 0;
+        }
+        if (bad && mismatches < 8) ADD_FAILURE() << "y[" << i << "][" << j << "] = " << got << ", want " << want;
+        mismatches += bad;
       }
-      const size_t at = static_cast<size_t>(i) * o.ldy + j;
-      bool bad;
-      float got, want;
-      if (c.out == GemmCase::kBf16) {
-        bad = r.y_bf16[at] != F32ToBf16(acc);
-        got = Bf16ToF32(r.y_bf16[at]);
-        want = Bf16ToF32(F32ToBf16(acc));
-      } else {
-        want = c.out == GemmCase::kF32Accumulate ? r.y0[at] + acc : acc;
-        got = r.y[at];
-        bad = std::memcmp(&got, &want, 4) != 0;
+    }
+    EXPECT_EQ(mismatches, 0) << "of " << c.m * c.n;
+    // Columns past n are left alone.
+    int touched = 0;
+    for (int i = 0; i < c.m; ++i) {
+      for (int64_t j = c.n; j < o.ldy; ++j) {
+        const size_t at = static_cast<size_t>(i) * o.ldy + j;
+        touched += c.out == GemmCase::kBf16 ? r.y_bf16[at] != 0xffff : std::memcmp(&r.y[at], &r.y0[at], 4) != 0;
       }
-      if (bad && mismatches < 8) ADD_FAILURE() << "y[" << i << "][" << j << "] = " << got << ", want " << want;
-      mismatches += bad;
     }
-  }
-  EXPECT_EQ(mismatches, 0) << "of " << c.m * c.n;
-  // Columns past n are left alone.
-  int touched = 0;
-  for (int i = 0; i < c.m; ++i) {
-    for (int64_t j = c.n; j < o.ldy; ++j) {
-      const size_t at = static_cast<size_t>(i) * o.ldy + j;
-      touched += c.out == GemmCase::kBf16 ? r.y_bf16[at] != 0xffff : std::memcmp(&r.y[at], &r.y0[at], 4) != 0;
-    }
-  }
-  EXPECT_EQ(touched, 0);
+    EXPECT_EQ(touched, 0);
   }
 }
 
@@ -317,45 +317,45 @@ TEST_P(Fp8GroupedGemmTest, EachRowUsesItsGroupsMatrixBitwise) {
   Dev<float> dsa(sa), dsb(b_scales);
   Dev<int32_t> doff(offsets);
   for (bool wide : {false, true}) {
-  SCOPED_TRACE(wide ? "128 x 256 tiles" : "128 x 128 tiles");
-  Dev<float> dy(static_cast<size_t>(m) * ldy);
-  ASSERT_EQ(cuda::Fp8Gemm({.a = da.get(), .lda = lda, .a_scales = dsa.get(), .a_scales_stride = a_stride,
-                           .b = db.get(), .ldb = ldb, .b_scales = dsb.get(), .y = dy.get(), .ldy = ldy,
-                           .y_bf16 = false, .m = m, .n = c.n, .k = c.k, .groups = groups,
-                           .group_offsets = doff.get(), .b_row_scales = c.row_scales, .wide_tiles = wide},
-                          nullptr),
-            cudaSuccess);
-  const std::vector<float> y = dy.Download();
-  int mismatches = 0, touched = 0;
-  for (int g = 0; g < groups; ++g) {
-    for (int i = offsets[g]; i < offsets[g + 1]; ++i) {
-      for (int j = 0; j < c.n; ++j) {
-        float acc = 0.0f;
-        for (int kb = 0; kb < kb_count; ++kb) {
-          float block = 0.0f;
-          for (int col = kb * kBlock; col < std::min(c.k, (kb + 1) * kBlock); ++col) {
-            block += F8E4M3ToF32(a[static_cast<size_t>(i) * lda + col]) *
-                     F8E4M3ToF32(b[(static_cast<size_t>(g) * c.n + j) * ldb + col]);
+    SCOPED_TRACE(wide ? "128 x 256 tiles" : "128 x 128 tiles");
+    Dev<float> dy(static_cast<size_t>(m) * ldy);
+    ASSERT_EQ(cuda::Fp8Gemm({.a = da.get(), .lda = lda, .a_scales = dsa.get(), .a_scales_stride = a_stride,
+                             .b = db.get(), .ldb = ldb, .b_scales = dsb.get(), .y = dy.get(), .ldy = ldy,
+                             .y_bf16 = false, .m = m, .n = c.n, .k = c.k, .groups = groups,
+                             .group_offsets = doff.get(), .b_row_scales = c.row_scales, .wide_tiles = wide},
+                            nullptr),
+              cudaSuccess);
+    const std::vector<float> y = dy.Download();
+    int mismatches = 0, touched = 0;
+    for (int g = 0; g < groups; ++g) {
+      for (int i = offsets[g]; i < offsets[g + 1]; ++i) {
+        for (int j = 0; j < c.n; ++j) {
+          float acc = 0.0f;
+          for (int kb = 0; kb < kb_count; ++kb) {
+            float block = 0.0f;
+            for (int col = kb * kBlock; col < std::min(c.k, (kb + 1) * kBlock); ++col) {
+              block += F8E4M3ToF32(a[static_cast<size_t>(i) * lda + col]) *
+                       F8E4M3ToF32(b[(static_cast<size_t>(g) * c.n + j) * ldb + col]);
+            }
+            acc = std::fmaf(block, sa[static_cast<size_t>(kb) * a_stride + i] * sb(g, j, kb), acc);
           }
-          acc = std::fmaf(block, sa[static_cast<size_t>(kb) * a_stride + i] * sb(g, j, kb), acc);
+          const float got = y[static_cast<size_t>(i) * ldy + j];
+          const bool bad = std::memcmp(&got, &acc, 4) != 0;
+          if (bad && mismatches < 8) {
+            ADD_FAILURE() << "group " << g << " y[" << i << "][" << j << "] = " << got << ", want " << acc;
+          }
+          mismatches += bad;
         }
-        const float got = y[static_cast<size_t>(i) * ldy + j];
-        const bool bad = std::memcmp(&got, &acc, 4) != 0;
-        if (bad && mismatches < 8) {
-          ADD_FAILURE() << "group " << g << " y[" << i << "][" << j << "] = " << got << ", want " << acc;
-        }
-        mismatches += bad;
       }
     }
-  }
-  // Rows past the last group are not written (still the 0xff poison).
-  for (int64_t at = static_cast<int64_t>(offsets.back()) * ldy; at < static_cast<int64_t>(y.size()); ++at) {
-    uint32_t bits;
-    std::memcpy(&bits, &y[static_cast<size_t>(at)], 4);
-    touched += bits != 0xffffffffu;
-  }
-  EXPECT_EQ(mismatches, 0);
-  EXPECT_EQ(touched, 0);
+    // Rows past the last group are not written (still the 0xff poison).
+    for (int64_t at = static_cast<int64_t>(offsets.back()) * ldy; at < static_cast<int64_t>(y.size()); ++at) {
+      uint32_t bits;
+      std::memcpy(&bits, &y[static_cast<size_t>(at)], 4);
+      touched += bits != 0xffffffffu;
+    }
+    EXPECT_EQ(mismatches, 0);
+    EXPECT_EQ(touched, 0);
   }
 }
 
