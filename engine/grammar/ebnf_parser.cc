@@ -19,7 +19,7 @@ bool IsNameChar(char c) {
 
 class EbnfParser {
  public:
-  explicit EbnfParser(std::string_view text) : text_(text) {}
+  EbnfParser(std::string_view text, const EbnfOptions& options) : text_(text), options_(options) {}
 
   absl::Status Parse(GrammarBuilder* builder) {
     SkipSpace();
@@ -294,10 +294,12 @@ class EbnfParser {
     return Expr::Literal(bytes, pos);
   }
 
-  // <...>: the token whose content is the text from '<' to the first '>', both included.
+  // <...>: the token whose content is the text from '<' to the first '>', both included;
+  // <[N]>: the token of id N.
   absl::StatusOr<Expr> ParseTokenName() {
     const SourcePos pos = Pos();
     const size_t start = i_;
+    if (Peek(1) == '[') return ParseTokenId(pos);
     for (;;) {
       if (AtEnd() || Peek() == '\n' || Peek() == ' ' || Peek() == '\t' || Peek() == '\r' || Peek() == '"') {
         return FailAt(pos, "unterminated token name (<...> without whitespace or quotes; @\"...\" for others)");
@@ -308,6 +310,27 @@ class EbnfParser {
       if (c == '>') return FailAt(pos, "a token's name is empty");
     }
     return Expr::Token(text_.substr(start, i_ - start), pos);
+  }
+
+  absl::StatusOr<Expr> ParseTokenId(const SourcePos& pos) {
+    Advance();  // <
+    Advance();  // [
+    int64_t id = 0;
+    int digits = 0;
+    while (!AtEnd() && Peek() >= '0' && Peek() <= '9') {
+      if (++digits > 10) return FailAt(pos, "a token id has more than 10 digits");
+      id = id * 10 + (Peek() - '0');
+      Advance();
+    }
+    if (digits == 0 || AtEnd() || Peek() != ']' || Peek(1) != '>') {
+      return FailAt(pos, "expected a token id as <[N]>, N decimal digits");
+    }
+    Advance();  // ]
+    Advance();  // >
+    if (!options_.token_by_id) return FailAt(pos, "token ids (<[N]>) need the model's vocabulary");
+    absl::StatusOr<std::string> content = options_.token_by_id(id);
+    if (!content.ok()) return FailAt(pos, std::string(content.status().message()));
+    return Expr::Token(*content, pos);
   }
 
   absl::StatusOr<Expr> ParseClass() {
@@ -341,6 +364,7 @@ class EbnfParser {
   }
 
   std::string_view text_;
+  const EbnfOptions& options_;
   size_t i_ = 0;
   int line_ = 1;
   size_t line_start_ = 0;
@@ -348,14 +372,14 @@ class EbnfParser {
 
 }  // namespace
 
-absl::Status ParseEbnfRules(std::string_view text, GrammarBuilder* builder) {
-  EbnfParser parser(text);
+absl::Status ParseEbnfRules(std::string_view text, GrammarBuilder* builder, const EbnfOptions& options) {
+  EbnfParser parser(text, options);
   return parser.Parse(builder);
 }
 
-absl::StatusOr<Grammar> ParseEbnf(std::string_view text, std::string_view root) {
+absl::StatusOr<Grammar> ParseEbnf(std::string_view text, std::string_view root, const EbnfOptions& options) {
   GrammarBuilder builder;
-  if (absl::Status s = ParseEbnfRules(text, &builder); !s.ok()) return s;
+  if (absl::Status s = ParseEbnfRules(text, &builder, options); !s.ok()) return s;
   return std::move(builder).Build(root);
 }
 

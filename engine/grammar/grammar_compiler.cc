@@ -48,6 +48,25 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Cached(s
   return compiled;
 }
 
+EbnfOptions GrammarCompiler::TokenIds() const {
+  return {.token_by_id = [v = vocab_](int64_t id) -> absl::StatusOr<std::string> {
+    if (id >= v->size()) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is outside the vocabulary (", v->size(),
+                                                     " tokens)"));
+    }
+    const int32_t i = static_cast<int32_t>(id);
+    if (!v->is_special(i)) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is a text token: name it by its text"));
+    }
+    std::optional<std::string> name = v->SpecialTokenName(i);
+    if (!name) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is a special token a grammar cannot name "
+                                                     "(empty, or its content is an earlier token's)"));
+    }
+    return *std::move(name);
+  }};
+}
+
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileJsonSchema(
     std::string_view schema, const JsonSchemaOptions& options, absl::Time deadline) {
   return Cached(absl::StrCat("json_schema|", JsonOptionsKey(options), "|", std::string(schema)),
@@ -69,7 +88,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileE
                                                                                     std::string_view root,
                                                                                     absl::Time deadline) {
   return Cached(absl::StrCat("ebnf|", std::string(root), "|", std::string(text)),
-                [&] { return ParseEbnf(text, root); }, deadline);
+                [&] { return ParseEbnf(text, root, TokenIds()); }, deadline);
 }
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileEbnf(
@@ -83,7 +102,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileE
   }
   return Cached(std::move(key), [&]() -> absl::StatusOr<Grammar> {
     GrammarBuilder builder;
-    if (absl::Status s = ParseEbnfRules(text, &builder); !s.ok()) return s;
+    if (absl::Status s = ParseEbnfRules(text, &builder, TokenIds()); !s.ok()) return s;
     for (const JsonSchemaRule& r : json_rules) {
       JsonSchemaOptions o = json;
       o.strict = r.strict;

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/grammar/compiled_grammar.h"
+#include "engine/grammar/ebnf_parser.h"
 #include "engine/grammar/json_schema_to_grammar.h"
 #include "engine/grammar/vocabulary.h"
 
@@ -65,6 +66,8 @@ class GrammarCompiler {
   const std::shared_ptr<const GrammarVocabulary>& vocabulary() const { return vocab_; }
 
  private:
+  // EBNF's <[N]>: token N's content, from the vocabulary.
+  EbnfOptions TokenIds() const;
   template <typename Build>
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Cached(std::string key, Build build, absl::Time deadline);
 

@@ -57,6 +57,18 @@ std::optional<int32_t> GrammarVocabulary::SpecialTokenId(std::string_view name) 
   return it->second;
 }
 
+std::optional<std::string> GrammarVocabulary::SpecialTokenName(int32_t id) const {
+  if (id < 0 || id >= size() || !special_[id]) return std::nullopt;
+  std::string name = bytes_[id];
+  // Named special tokens other than end tokens hold their marker instead of their content.
+  if (name.size() >= 2 && static_cast<uint8_t>(name.front()) == kTokenMarkerOpen &&
+      static_cast<uint8_t>(name.back()) == kTokenMarkerClose) {
+    name = name.substr(1, name.size() - 2);
+  }
+  if (SpecialTokenId(name) != id) return std::nullopt;
+  return name;
+}
+
 void GrammarVocabulary::Build() {
   uint64_t h = 0xCBF29CE484222325ull;
   for (size_t id = 0; id < bytes_.size(); ++id) {

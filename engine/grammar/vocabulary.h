@@ -60,6 +60,10 @@ class GrammarVocabulary {
   bool matchable(int32_t id) const { return matchable_[id] != 0; }
   // The special token whose content is `name`, if there is one.
   std::optional<int32_t> SpecialTokenId(std::string_view name) const;
+  // The content by which a grammar names special token `id` (SpecialTokenId's inverse);
+  // none for text tokens and for special tokens no name reaches (empty, holding marker
+  // bytes, or sharing an earlier token's content).
+  std::optional<std::string> SpecialTokenName(int32_t id) const;
   const std::vector<int32_t>& end_tokens() const { return end_tokens_; }
   bool is_end_token(int32_t id) const;
 

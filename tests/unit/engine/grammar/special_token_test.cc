@@ -103,6 +103,57 @@ TEST(SpecialTokenTest, EbnfNamesTokensByContent) {
   }
 }
 
+// <[N]>: the token of id N, resolved through the vocabulary (GrammarCompiler's resolver)
+// to the content a grammar names it by: the same grammar as naming it by content. Text
+// tokens, ids outside the vocabulary, end tokens and malformed ids are refused, each
+// saying why; without a vocabulary ids are refused.
+TEST(SpecialTokenTest, EbnfNamesTokensById) {
+  const Vocab vocab = MakeVocab();
+  const GrammarVocabulary& v = *vocab.v;
+  EXPECT_EQ(v.SpecialTokenName(vocab.sep), std::string(kSep));
+  EXPECT_EQ(v.SpecialTokenName(vocab.inst), std::string("[INST]"));
+  EXPECT_EQ(v.SpecialTokenName(vocab.eos), std::string("</s>")) << "end tokens are named (to be refused by name)";
+  EXPECT_EQ(v.SpecialTokenName(IdOf(v, "tool")), std::nullopt);
+  EXPECT_EQ(v.SpecialTokenName(v.size()), std::nullopt);
+
+  GrammarCompiler compiler(vocab.v);
+  const absl::Time later = absl::Now() + absl::Seconds(30);
+  const std::string by_id = "root ::= \"x\" <[" + std::to_string(vocab.sep) + "]> <[" + std::to_string(vocab.inst) +
+                            "]>? \"y\"";
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> g = compiler.CompileEbnf(by_id, "root", later);
+  ASSERT_TRUE(g.ok()) << g.status();
+  GrammarMatcher m(*g);
+  ASSERT_TRUE(m.AcceptToken(IdOf(v, "x")));
+  EXPECT_EQ(Allowed(m), std::vector<int32_t>{vocab.sep});
+  ASSERT_TRUE(m.AcceptToken(vocab.sep));
+  EXPECT_EQ(Allowed(m), (std::vector<int32_t>{vocab.inst, IdOf(v, "y")}));
+  // The same as by content.
+  absl::StatusOr<Grammar> parsed = ParseEbnf(by_id, "root", {.token_by_id = [&](int64_t id) {
+                                               return absl::StatusOr<std::string>(*v.SpecialTokenName(id));
+                                             }});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->token_names(), (std::vector<std::string>{"<｜tool▁sep｜>", "[INST]"}));
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"root ::= <[" + std::to_string(IdOf(v, "tool")) + "]>", "is a text token"},
+      {"root ::= <[" + std::to_string(v.size()) + "]>", "outside the vocabulary"},
+      {"root ::= <[99999999999]>", "more than 10 digits"},
+      {"root ::= <[0]>", "ends generation"},
+      {"root ::= <[]>", "expected a token id"},
+      {"root ::= <[1x]>", "expected a token id"},
+      {"root ::= <[1]", "expected a token id"},
+  };
+  for (const auto& [text, why] : refused) {
+    absl::StatusOr<std::shared_ptr<const CompiledGrammar>> e = compiler.CompileEbnf(text, "root", later);
+    ASSERT_FALSE(e.ok()) << text;
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(std::string(e.status().message()).find(why), std::string::npos) << text << ": " << e.status();
+  }
+  absl::StatusOr<Grammar> no_vocab = ParseEbnf("root ::= <[1]>");
+  ASSERT_FALSE(no_vocab.ok());
+  EXPECT_NE(std::string(no_vocab.status().message()).find("need the model's vocabulary"), std::string::npos);
+}
+
 TEST(SpecialTokenTest, MarkerBytesAreOnlyForTokens) {
   GrammarBuilder b;
   b.AddRule("root", Expr::Literal("a\xFF"));
