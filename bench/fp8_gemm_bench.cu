@@ -24,28 +24,21 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_bench_support.cuh"
 #include "bench/cuda_check.h"
 #include "kernels/cuda/cublas_gemm.h"
 #include "kernels/cuda/fp8_gemm.h"
 
 namespace {
 
-#define CHECK_LT(expr)                                                                          \
-  do {                                                                                          \
-    const cublasStatus_t st_ = (expr);                                                          \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #expr, int(st_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+using tandem::bench::BatchMs;
+using tandem::bench::FillFloats;
+using tandem::bench::Median;
 
 __global__ void FillFp8(uint8_t* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t x = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
+    const uint32_t x = tandem::bench::FillHash(i, seed);
     // |value| in [2^-3, 2^5): spread like quantized data, no NaN codes.
     p[i] = static_cast<uint8_t>((x & 0x80) | (0x20 + (x >> 8) % 0x40));
   }
@@ -54,18 +47,7 @@ __global__ void FillFp8(uint8_t* p, size_t n, uint32_t seed) {
 __global__ void FillBf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t x = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    p[i] = __float2bfloat16((static_cast<float>(x % 2001) - 1000.0f) / 500.0f);
-  }
-}
-
-__global__ void FillFloats(float* p, size_t n, float value) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    p[i] = value * (1.0f + static_cast<float>(i % 7) * 0.125f);
+    p[i] = __float2bfloat16((static_cast<float>(tandem::bench::FillHash(i, seed) % 2001) - 1000.0f) / 500.0f);
   }
 }
 
@@ -87,27 +69,27 @@ class LtFp8 {
         size_t workspace_bytes)
       : lt_(lt), transposed_(transposed_output), x_(x), w_(w), y_(y), workspace_(workspace),
         workspace_bytes_(workspace_bytes) {
-    CHECK_LT(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
-    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
     const float* a_scales = transposed_ ? x_scales : w_scales;
     const float* b_scales = transposed_ ? w_scales : x_scales;
-    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(a_scales)));
-    CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales)));
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(a_scales)));
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales)));
     if (scaling == Scaling::kBlock) {
       const int32_t w_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, x_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
       const int32_t a_mode = transposed_ ? x_mode : w_mode, b_mode = transposed_ ? w_mode : x_mode;
-      CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
-      CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+      CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
+      CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
     }
     const int a_cols = transposed_ ? m : n, b_cols = transposed_ ? n : m;
-    CHECK_LT(cublasLtMatrixLayoutCreate(&a_, CUDA_R_8F_E4M3, k, a_cols, k));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&b_, CUDA_R_8F_E4M3, k, b_cols, k));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&d_, CUDA_R_16BF, a_cols, b_cols, a_cols));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&a_, CUDA_R_8F_E4M3, k, a_cols, k));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&b_, CUDA_R_8F_E4M3, k, b_cols, k));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&d_, CUDA_R_16BF, a_cols, b_cols, a_cols));
     cublasLtMatmulPreference_t pref;
-    CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
-    CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+    CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
                                                   sizeof(workspace_bytes_)));
     int found = 0;
     status_ = cublasLtMatmulAlgoGetHeuristic(lt_, desc_, a_, b_, d_, d_, pref, 1, &heuristic_, &found);
@@ -129,7 +111,7 @@ class LtFp8 {
   bool ok() const { return status_ == CUBLAS_STATUS_SUCCESS; }
   int status() const { return static_cast<int>(status_); }
   bool transposed() const { return transposed_; }
-  void Run() { CHECK_LT(Matmul()); }
+  void Run() { CHECK_CUBLAS(Matmul()); }
 
  private:
   cublasStatus_t Matmul() {
@@ -152,22 +134,6 @@ class LtFp8 {
   cublasLtMatmulHeuristicResult_t heuristic_{};
   cublasStatus_t status_ = CUBLAS_STATUS_NOT_INITIALIZED;
 };
-
-template <typename Fn>
-double BatchMs(int reps, Fn&& fn, cudaEvent_t a, cudaEvent_t b) {
-  CHECK_CUDA(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) fn();
-  CHECK_CUDA(cudaEventRecord(b));
-  CHECK_CUDA(cudaEventSynchronize(b));
-  float ms = 0.0f;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-  return ms / reps;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double RelativeL2(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
   double e2 = 0.0, r2 = 0.0;
@@ -263,9 +229,9 @@ int main(int argc, char** argv) {
   void* workspace;
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
   cublasLtHandle_t lt;
-  CHECK_LT(cublasLtCreate(&lt));
+  CHECK_CUBLAS(cublasLtCreate(&lt));
   tandem::cuda::CublasGemm cublas;
-  CHECK_LT(cublas.Init());
+  CHECK_CUBLAS(cublas.Init());
   cudaEvent_t ev_a, ev_b;
   CHECK_CUDA(cudaEventCreate(&ev_a));
   CHECK_CUDA(cudaEventCreate(&ev_b));
@@ -295,7 +261,7 @@ int main(int argc, char** argv) {
       LtFp8 lt_tensor(lt, LtFp8::Scaling::kTensor, false, m, n, k, x8, ones, w8, ones + 1, y_lt, workspace,
                       workspace_bytes);
       auto run_bf16 = [&] {
-        CHECK_LT(cublas.Linear({.x = xb, .ldx = k, .w = wb, .ldw = k, .y = y_bf16, .ldy = n, .y_bf16 = true,
+        CHECK_CUBLAS(cublas.Linear({.x = xb, .ldx = k, .w = wb, .ldw = k, .y = y_bf16, .ldy = n, .y_bf16 = true,
                                 .m = m, .n = n, .k = k},
                                nullptr));
       };

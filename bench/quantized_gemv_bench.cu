@@ -20,52 +20,22 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_bench_support.cuh"
 #include "bench/cuda_check.h"
 #include "kernels/cuda/quantized_gemv.h"
 
 namespace {
 
+using tandem::bench::FillFloats;
+using tandem::bench::MedianMs;
+
 __global__ void FillBytes(uint8_t* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t x = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    uint8_t b = static_cast<uint8_t>(x);
+    uint8_t b = static_cast<uint8_t>(tandem::bench::FillHash(i, seed));
     if ((b & 0x7f) == 0x7f) b ^= 1;  // no FP8 NaN codes
     p[i] = b;
   }
-}
-
-__global__ void FillFloats(float* p, size_t n, float value) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    p[i] = value * (1.0f + static_cast<float>(i % 7) * 0.125f);
-  }
-}
-
-template <typename Fn>
-double MedianMs(int iters, int reps, Fn&& fn) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < reps; ++i) fn();
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<double> ms;
-  for (int it = 0; it < iters; ++it) {
-    CHECK_CUDA(cudaEventRecord(a));
-    for (int i = 0; i < reps; ++i) fn();
-    CHECK_CUDA(cudaEventRecord(b));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0.0f;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(static_cast<double>(t) / reps);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms[ms.size() / 2];
 }
 
 struct Shape {

@@ -666,6 +666,24 @@ absl::Status CudaDeepseekModel::Impl::ExpertGemmsByCublas(const std::vector<int3
   return absl::OkStatus();
 }
 
+absl::Status CudaDeepseekModel::Impl::GatherExpertRows(int64_t rows) {
+  const int64_t hidden = config.hidden_size;
+  TANDEM_CUDA_RETURN(cuda::GatherRows({.src = act_.h_bf16, .src_stride = hidden, .rows = act_.sorted_token,
+                                       .num_rows = rows, .cols = hidden, .dst = act_.perm_bf16, .dst_stride = hidden},
+                                      stream),
+                     "permuting tokens");
+  return Mark("MoE gather rows");
+}
+
+absl::Status CudaDeepseekModel::Impl::ExpertSiluMul(int64_t rows, int64_t inter) {
+  TANDEM_CUDA_RETURN(cuda::SiluMul({.x = act_.gu, .x_stride = 2 * inter, .rows = rows, .cols = inter,
+                                    .interleave = cuda_model::kGateUpInterleave, .out_bf16 = act_.act_bf16,
+                                    .out_stride = inter},
+                                   stream),
+                     "SiLU");
+  return Mark("SiLU");
+}
+
 absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& plan, bool after_fused_route) {
   const ModelConfig& c = config;
   const cuda_model::CudaLayerWeights& lw = weights->layers[layer];
@@ -758,22 +776,13 @@ absl::Status CudaDeepseekModel::Impl::MoeExperts(int64_t layer, const StepPlan& 
     TANDEM_CUDA_RETURN(cudaMemcpyAsync(host_offsets, offsets, (groups_ + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                        stream),
                        "reading expert counts");
-    TANDEM_CUDA_RETURN(cuda::GatherRows({.src = act_.h_bf16, .src_stride = hidden, .rows = act_.sorted_token,
-                                         .num_rows = rows, .cols = hidden, .dst = act_.perm_bf16, .dst_stride = hidden},
-                                        stream),
-                       "permuting tokens");
-    RETURN_IF_ERROR(Mark("MoE gather rows"));
+    RETURN_IF_ERROR(GatherExpertRows(rows));
     TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream), "reading expert counts");
     const std::vector<int32_t> off(host_offsets, host_offsets + groups_ + 1);
     RETURN_IF_ERROR(ExpertGemmsByCublas(off, act_.perm_bf16, hidden, w.gate_up, 2 * inter * hidden, act_.gu,
                                         2 * inter, "expert gate_up"));
     RETURN_IF_ERROR(Mark("experts gate_up"));
-    TANDEM_CUDA_RETURN(cuda::SiluMul({.x = act_.gu, .x_stride = 2 * inter, .rows = rows, .cols = inter,
-                                      .interleave = cuda_model::kGateUpInterleave, .out_bf16 = act_.act_bf16,
-                                      .out_stride = inter},
-                                     stream),
-                       "SiLU");
-    RETURN_IF_ERROR(Mark("SiLU"));
+    RETURN_IF_ERROR(ExpertSiluMul(rows, inter));
     RETURN_IF_ERROR(
         ExpertGemmsByCublas(off, act_.act_bf16, inter, w.down, hidden * inter, act_.y, hidden, "expert down"));
     RETURN_IF_ERROR(Mark("experts down"));

@@ -21,6 +21,7 @@
 #include "engine/model/cuda/cuda_weights.h"
 #include "engine/model/cuda/device_memory.h"
 #include "kernels/cuda/cublas_gemm.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/moe_expert_gemv.h"
 
 namespace tandem {
@@ -270,6 +271,14 @@ class CudaDeepseekModel::Impl {
   bool UseFp8Gemm(const cuda_model::Fp8Linear& w, int64_t rows) const;
   absl::Status DenseFp8(const cuda_model::Fp8Linear& w, const __nv_bfloat16* x, int64_t ldx, int64_t rows, void* y,
                         int64_t ldy, Out out);
+  // x [rows][ldx] bf16 quantized into act_.x_fp8; the Fp8Gemm params with that input set
+  // (a, its scales, m, k), the weights and output left to the caller.
+  absl::StatusOr<cuda::Fp8GemmParams> QuantizeFp8Input(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t k);
+  // The large-step MoE path's pieces shared by its bf16 and FP8 forms: the token rows in
+  // permuted order into act_.perm_bf16; gate_up's outputs (act_.gu, interleaved) through
+  // SiLU into act_.act_bf16.
+  absl::Status GatherExpertRows(int64_t rows);
+  absl::Status ExpertSiluMul(int64_t rows, int64_t inter);
   // A MoE layer's experts on the grouped cuda::Fp8Gemm (LoadOptions::fp8_prefill, steps
   // above moe_grouped_max_tokens): the permuted rows quantized, gate_up, SiLU, down into
   // act_.y for the combine, the expert offsets read on the device (no host round trip).

@@ -14,6 +14,7 @@
 
 #include "engine/grammar/ebnf_parser.h"
 #include "engine/grammar/regex_to_grammar.h"
+#include "tests/unit/engine/grammar/test_grammars.h"
 #include "tests/unit/engine/grammar/test_vocabulary.h"
 
 namespace tandem::grammar {
@@ -62,16 +63,7 @@ struct GrammarCase {
 
 std::vector<GrammarCase> Cases() {
   return {
-      {"json", R"(
-root   ::= value
-value  ::= object | array | string | number | "true" | "false" | "null"
-object ::= "{" ws ( pair ( "," ws pair )* )? "}" ws
-pair   ::= string ws ":" ws value
-array  ::= "[" ws ( value ( "," ws value )* )? "]" ws
-string ::= "\"" ( [^"\\\x00-\x1f] | "\\" ["\\/bfnrtu] )* "\"" ws
-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )? ws
-ws     ::= [ \t\n]{0,2}
-)", ""},
+      {"json", testing::kJsonEbnf, ""},
       {"nested", "root ::= \"(\" root \")\" | \"x\" | \"[\" root (\",\" root)* \"]\"", ""},
       {"utf8", "root ::= ([\\u00e0-\\u00ff] | [\\u20ac] | [\\U0001F600-\\U0001F64F] | \"\xC3\xA9t\xC3\xA9\")+ \"!\"?", ""},
       {"literals", "root ::= \"{\\\"name\\\": \\\"\" [a-z ]{1,12} \"\\\", \\\"n\\\": \" [0-9]{1,3} \"}\"", ""},

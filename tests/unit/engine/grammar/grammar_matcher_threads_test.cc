@@ -14,6 +14,7 @@
 #include "engine/grammar/grammar_matcher.h"
 #include "engine/grammar/regex_to_grammar.h"
 #include "kernels/cpu/thread_pool.h"
+#include "tests/unit/engine/grammar/test_grammars.h"
 #include "tests/unit/engine/grammar/test_vocabulary.h"
 
 namespace tandem::grammar {
@@ -30,17 +31,7 @@ std::shared_ptr<const CompiledGrammar> Compile(const absl::StatusOr<Grammar>& g,
 TEST(GrammarMatcherThreadsTest, MasksFilledOnAPoolEqualSerialOnes) {
   const std::shared_ptr<const GrammarVocabulary> vocab = testing::MakeTestVocabulary(1500, 600, 5);
   const std::vector<std::shared_ptr<const CompiledGrammar>> grammars = {
-      Compile(ParseEbnf(R"(
-root   ::= value
-value  ::= object | array | string | number | "true" | "false" | "null"
-object ::= "{" ws ( pair ( "," ws pair )* )? "}" ws
-pair   ::= string ws ":" ws value
-array  ::= "[" ws ( value ( "," ws value )* )? "]" ws
-string ::= "\"" ( [^"\\\x00-\x1f] | "\\" ["\\/bfnrtu] )* "\"" ws
-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ws
-ws     ::= [ \t\n]{0,2}
-)"),
-              vocab),
+      Compile(ParseEbnf(testing::kJsonEbnf), vocab),
       Compile(RegexToGrammar("[a-z]+(,[0-9]{1,3})*(\\.[A-Z_]?)?"), vocab),
       Compile(ParseEbnf("root ::= \"(\" root \")\" | \"x\" | \"[\" root (\",\" root)* \"]\""), vocab)};
   // 48 matchers, 16 per grammar, each walked a different random number of tokens.
