@@ -249,9 +249,17 @@ int main(int argc, char** argv) {
                                        .ldb = k, .b_scales = w_scales, .y = y_ours, .ldy = n, .y_bf16 = true,
                                        .m = m, .n = n, .k = k};
       auto run_ours = [&] { CHECK_CUDA(tandem::cuda::Fp8Gemm(ours, nullptr)); };
-      tandem::cuda::Fp8GemmParams ours_wide = ours;
-      ours_wide.wide_tiles = true;
-      auto run_wide = [&] { CHECK_CUDA(tandem::cuda::Fp8Gemm(ours_wide, nullptr)); };
+      // The kernel's forms, all timed: 128x128 or 128x256 tiles, consumers issuing freely or
+      // taking turns, one block per tile or pairs of blocks sharing b's tiles.
+      constexpr int kForms = 8;
+      tandem::cuda::Fp8GemmParams forms[kForms];
+      for (int f = 0; f < kForms; ++f) {
+        forms[f] = ours;
+        forms[f].wide_tiles = (f & 1) != 0;
+        forms[f].take_turns = (f & 2) != 0;
+        forms[f].pair_multicast = (f & 4) != 0;
+      }
+      auto run_form = [&](int f) { CHECK_CUDA(tandem::cuda::Fp8Gemm(forms[f], nullptr)); };
       std::unique_ptr<LtFp8> block_forms[2];
       for (int form = 0; form < 2; ++form) {
         block_forms[form] = std::make_unique<LtFp8>(lt, LtFp8::Scaling::kBlock, form == 1, m, n, k, x8, x_scales, w8,
@@ -286,26 +294,42 @@ int main(int argc, char** argv) {
         }
         agreement = RelativeL2(a, b);
       }
+      // Every form computes the same bits (the same sums in the same order, other tiles).
+      int forms_differing = 0;
+      {
+        std::vector<uint16_t> want(static_cast<size_t>(m) * n), got(want.size());
+        CHECK_CUDA(cudaMemcpy(want.data(), y_ours, want.size() * 2, cudaMemcpyDeviceToHost));
+        for (int f = 1; f < kForms; ++f) {
+          CHECK_CUDA(cudaMemset(y_ours, 0xff, got.size() * 2));
+          run_form(f);
+          CHECK_CUDA(cudaMemcpy(got.data(), y_ours, got.size() * 2, cudaMemcpyDeviceToHost));
+          forms_differing += got != want;
+        }
+      }
+      if (forms_differing > 0) {
+        std::fprintf(stderr, "fp8_gemm_bench: %d forms of the kernel differ from the first at m %d, %s\n",
+                     forms_differing, m, s.name);
+        return 1;
+      }
       const int reps = std::max(3, static_cast<int>(2e12 / flops));  // ~ a few ms per batch
       for (int i = 0; i < 2; ++i) {
-        run_ours();
-        run_wide();
+        for (int f = 0; f < kForms; ++f) run_form(f);
         run_bf16();
         if (lt_block.ok()) lt_block.Run();
         if (lt_tensor.ok()) lt_tensor.Run();
       }
-      std::vector<double> t_ours, t_wide, t_block, t_tensor, t_bf16, t_quant;
+      std::vector<double> t_form[kForms], t_block, t_tensor, t_bf16, t_quant;
       for (int r = 0; r < rounds; ++r) {
-        t_ours.push_back(BatchMs(reps, run_ours, ev_a, ev_b));
-        t_wide.push_back(BatchMs(reps, run_wide, ev_a, ev_b));
+        for (int f = 0; f < kForms; ++f) t_form[f].push_back(BatchMs(reps, [&] { run_form(f); }, ev_a, ev_b));
         if (lt_block.ok()) t_block.push_back(BatchMs(reps, [&] { lt_block.Run(); }, ev_a, ev_b));
         if (lt_tensor.ok()) t_tensor.push_back(BatchMs(reps, [&] { lt_tensor.Run(); }, ev_a, ev_b));
         t_bf16.push_back(BatchMs(reps, run_bf16, ev_a, ev_b));
         t_quant.push_back(BatchMs(reps, [&] { CHECK_CUDA(tandem::cuda::Fp8QuantizeRows(quant, nullptr)); }, ev_a, ev_b));
       }
-      const double ms_narrow = Median(t_ours), ms_wide = Median(t_wide);
-      // "ours": the faster tile shape for this shape (both reported).
-      const double ms_ours = std::min(ms_narrow, ms_wide), ms_bf16 = Median(t_bf16), ms_quant = Median(t_quant);
+      double ms_form[kForms];
+      for (int f = 0; f < kForms; ++f) ms_form[f] = Median(t_form[f]);
+      // "ours": the fastest form for this shape (all reported).
+      const double ms_ours = *std::min_element(ms_form, ms_form + kForms), ms_bf16 = Median(t_bf16), ms_quant = Median(t_quant);
       const double ms_block = t_block.empty() ? NAN : Median(t_block);
       const double ms_tensor = t_tensor.empty() ? NAN : Median(t_tensor);
       auto tflops = [&](double ms) { return flops / (ms * 1e-3) / 1e12; };
@@ -313,14 +337,21 @@ int main(int argc, char** argv) {
       if (std::isfinite(ms_tensor)) ratios_tensor.push_back(ms_tensor / ms_ours);
       ratios_bf16.push_back(ms_bf16 / ms_ours);
       std::fprintf(stderr,
-                   "m %5d %-18s %-26s ours %7.1f TF/s (128x128 %.1f, 128x256 %.1f) | cuBLASLt block %7.1f (ours/it %.2f, rel.diff %.2g) | "
+                   "m %5d %-18s %-26s ours %7.1f TF/s (128x128 %.1f, 128x256 %.1f, turns %.1f, %.1f, pairs %.1f, %.1f, %.1f, %.1f) | cuBLASLt block %7.1f (ours/it %.2f, rel.diff %.2g) | "
                    "cuBLASLt tensor %7.1f (%.2f) | bf16 %7.1f (%.2f) | quantize %.1f us\n",
-                   m, s.model, s.name, tflops(ms_ours), tflops(ms_narrow), tflops(ms_wide), tflops(ms_block), ms_block / ms_ours, agreement,
+                   m, s.model, s.name, tflops(ms_ours), tflops(ms_form[0]), tflops(ms_form[1]), tflops(ms_form[2]), tflops(ms_form[3]), tflops(ms_form[4]),
+                   tflops(ms_form[5]), tflops(ms_form[6]), tflops(ms_form[7]), tflops(ms_block), ms_block / ms_ours, agreement,
                    tflops(ms_tensor), ms_tensor / ms_ours, tflops(ms_bf16), ms_bf16 / ms_ours, ms_quant * 1e3);
       json += std::string(first ? "" : ", ") + "{\"model\": \"" + s.model + "\", \"shape\": \"" + s.name +
               "\", \"m\": " + std::to_string(m) + ", \"n\": " + std::to_string(n) + ", \"k\": " + std::to_string(k) +
-              ", \"ours_tflops\": " + Num(tflops(ms_ours)) + ", \"ours_128x128_tflops\": " + Num(tflops(ms_narrow)) +
-              ", \"ours_128x256_tflops\": " + Num(tflops(ms_wide)) + ", \"cublaslt_block_tflops\": " + Num(tflops(ms_block)) +
+              ", \"ours_tflops\": " + Num(tflops(ms_ours)) + ", \"ours_128x128_tflops\": " + Num(tflops(ms_form[0])) +
+              ", \"ours_128x256_tflops\": " + Num(tflops(ms_form[1])) +
+              ", \"ours_128x128_turns_tflops\": " + Num(tflops(ms_form[2])) +
+              ", \"ours_128x256_turns_tflops\": " + Num(tflops(ms_form[3])) +
+              ", \"ours_pairs_128x128_tflops\": " + Num(tflops(ms_form[4])) +
+              ", \"ours_pairs_128x256_tflops\": " + Num(tflops(ms_form[5])) +
+              ", \"ours_pairs_128x128_turns_tflops\": " + Num(tflops(ms_form[6])) +
+              ", \"ours_pairs_128x256_turns_tflops\": " + Num(tflops(ms_form[7])) + ", \"cublaslt_block_tflops\": " + Num(tflops(ms_block)) +
               ", \"cublaslt_block_status\": " + std::to_string(lt_block.status()) +
               ", \"cublaslt_block_activations_as_a\": " + (lt_block.transposed() ? "true" : "false") +
               ", \"cublaslt_tensor_tflops\": " + Num(tflops(ms_tensor)) + ", \"cublas_bf16_tflops\": " +

@@ -58,6 +58,12 @@ struct Fp8GemmParams {
   // Tiles of 128 x 256 outputs (four stages) instead of 128 x 128 (six): each byte loaded
   // from L2 feeds more products; benchmarks compare the two.
   bool wide_tiles = false;
+  // The two consumer warpgroups issue their tensor-core work alternately (fp8_gemm.cu says
+  // why); benchmarks compare it with free issue.
+  bool take_turns = false;
+  // One product only (ignored when grouped): blocks in clusters of two share each tile of b,
+  // multicast (fp8_gemm.cu says why); benchmarks compare it with one block per tile.
+  bool pair_multicast = false;
 };
 
 inline constexpr int kFp8GemmMaxGroups = 1024;

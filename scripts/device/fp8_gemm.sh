@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
 timeout 180 "$bin/kernels_cuda_fp8_gemm_test" 2>&1 | grep -v '^\[ RUN\|^\[       OK' | tail -30
 timeout 240 compute-sanitizer --tool memcheck "$bin/kernels_cuda_fp8_gemm_test" \
   --gtest_filter='*Quantize*:*SmallInteger*/0:*SmallInteger*/3:*Grouped*/0:*Grouped*/1:*Refuses*' 2>&1 | tail -4
-timeout 240 "$bin/fp8_gemm_bench" --json "$out/fp8_gemm_bench.json" 2>&1 | grep -v '^{'
+timeout 300 "$bin/fp8_gemm_bench" --json "$out/fp8_gemm_bench.json" 2>&1 | grep -v '^{'
 [ -x "$bin/engine_model_cuda_fp8_decode_test" ] &&
   timeout 240 "$bin/engine_model_cuda_fp8_decode_test" 2>&1 | grep -E 'FAILED|PASSED|prefill|Failure|error' | head -20
 [ -x "$bin/cuda_model_bench" ] &&
