@@ -137,7 +137,8 @@ int RunLocal(const GenerateArgs& a) {
   // backend, this process's, goes to the engine.
   const RankGroupOptions ranks{.data_parallel = a.data_parallel, .expert_parallel = a.expert_parallel,
                                .tensor_parallel = a.tensor_parallel,
-                               .name = absl::StrCat("generate-", ::getpid())};
+                               .name = absl::StrCat("generate-", ::getpid()),
+                               .kv_cache_bytes = options.kv_cache_bytes};
   const BackendOptions backend{.device = a.device, .num_threads = a.threads, .mtp = a.speculative_tokens > 0};
   absl::StatusOr<int> world = RankGroupWorld(ranks, backend);
   if (!world.ok()) return Fail(world.status());

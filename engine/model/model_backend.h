@@ -82,11 +82,15 @@ class ModelBackend {
   virtual bool kv_in_host_pool() const = 0;
   // Blocks the backend's own pool holds (device backends); 0: no limit of its own.
   virtual int64_t device_kv_blocks() const { return 0; }
-  // Data-parallel attention (docs/parallel.md): how many ranks hold KV pools of their own,
-  // each with the host pool's geometry; the engine keeps the blocks of all of them and
-  // tells Forward which holds each sequence (ForwardSequence::dp_rank). Rank 0's pool is
-  // `host`; the others live in the ranks' processes. 1: one pool, `host`.
+  // Data-parallel attention (docs/parallel.md): how many ranks hold KV pools of their own;
+  // each is an equal range of the host pool's blocks (rank r: ids [r N, (r + 1) N) of D N),
+  // the engine keeps the blocks of all of them and tells Forward which rank holds each
+  // sequence (ForwardSequence::dp_rank). 1: one pool, `host`.
   virtual int data_parallel_ranks() const { return 1; }
+  // Memory the engine's host pool must be created over, from its start (the ranks of a
+  // group map it too, so that KV imported or exported by block ids is every rank's);
+  // empty: wherever the engine likes.
+  virtual std::span<std::byte> shared_host_pool() { return {}; }
 
   // DeepseekModel::Forward's contract; `host` is the engine's pool, holding the streams of
   // the model's KV layout (DeepSeek-V2/V3 view its one latent stream: LatentKvCache::Of).

@@ -30,11 +30,28 @@ absl::Status BroadcastHeader(parallel::Collectives& group, Header& h) {
   return group.Broadcast(std::as_writable_bytes(std::span<Header>(&h, 1)), /*root=*/0);
 }
 
+// The shared host pool: anonymous shared memory mapped before the fork, so that every
+// rank has it at its own address; pages exist once written.
+struct SharedPool {
+  std::shared_ptr<void> mapping;
+  std::span<std::byte> bytes;
+};
+
+absl::StatusOr<SharedPool> MapSharedPool(size_t n) {
+  void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("rank group: cannot map a shared KV pool of ", n, " bytes"));
+  }
+  return SharedPool{.mapping = std::shared_ptr<void>(m, [n](void* p) { ::munmap(p, n); }),
+                    .bytes = {static_cast<std::byte*>(m), n}};
+}
+
 class RankGroupBackend : public ModelBackend {
  public:
   RankGroupBackend(std::unique_ptr<parallel::Collectives> group, std::unique_ptr<CpuBackend> local,
-                   std::unique_ptr<parallel::RankProcesses> followers)
-      : group_(std::move(group)), local_(std::move(local)), followers_(std::move(followers)) {}
+                   std::unique_ptr<parallel::RankProcesses> followers, SharedPool pool)
+      : group_(std::move(group)), local_(std::move(local)), followers_(std::move(followers)),
+        pool_(std::move(pool)) {}
 
   ~RankGroupBackend() override {
     if (group_ok_) {
@@ -61,37 +78,65 @@ class RankGroupBackend : public ModelBackend {
   int data_parallel_ranks() const override {
     return local_->model().layout().data_parallel ? group_->world_size() : 1;
   }
+  std::span<std::byte> shared_host_pool() override { return pool_.bytes; }
 
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardSequence> batch, KvPool& host,
                                              const ForwardOptions& options) override {
-    if (!group_ok_) return absl::FailedPreconditionError("the rank group failed at an earlier step");
+    if (!group_ok_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the rank group failed at an earlier step (", group_error_, ")"));
+    }
+    // The ranks compute in the memory they share: a pool elsewhere would be rank 0's alone.
+    if (host.memory().data() + host.StreamOffset(0) != pool_.bytes.data()) {
+      return absl::InternalError("rank group: the engine's KV pool is not the memory the ranks share");
+    }
     std::vector<std::byte> plan = EncodeRankStep(batch, host.geometry().num_blocks);
     Header h{.kind = kStep, .bytes = static_cast<int64_t>(plan.size())};
     absl::Status s = BroadcastHeader(*group_, h);
     if (s.ok()) s = group_->Broadcast(plan, /*root=*/0);
-    if (!s.ok()) {
-      group_ok_ = false;
-      return s;
-    }
+    if (!s.ok()) return Failed(s);
     absl::StatusOr<std::vector<float>> logits;
     if (data_parallel_ranks() > 1) {
-      // This rank's sequences over the engine's pool (rank 0's), the others' logits gathered.
+      // This rank's sequences, the others' logits gathered. The gather ends the pass on
+      // every rank, so every rank's KV of the step is written when it returns: the
+      // per-layer hook (KV export) runs then, over every layer, since another rank's
+      // sequence's layer is not known to be written before.
       LatentKvCache cache = LatentKvCache::Of(host);
-      logits = ForwardDataParallel(*group_, local_->model(), batch, cache, ForDeepseek(options));
+      DeepseekForwardOptions o = ForDeepseek(options);
+      o.after_layer_kv = nullptr;
+      logits = ForwardDataParallel(*group_, local_->model(), batch, cache, o);
+      if (logits.ok() && options.after_layer_kv) {
+        for (int64_t layer = 0; layer < cache.num_layers(); ++layer) options.after_layer_kv(layer);
+      }
     } else {
       logits = local_->Forward(batch, host, options);
+      // EP alone ends its last collective in the last MoE layer: a rank could still be
+      // writing a later layer's KV into the shared pool when this returns.
+      if (logits.ok() && !local_->model().layout().tensor_parallel) {
+        if (absl::Status b = group_->Barrier(); !b.ok()) return Failed(b);
+      }
     }
     // A collective's error inside the pass leaves the group unusable; an invalid batch
     // was refused by every rank alike before any collective of the pass.
-    if (!logits.ok() && logits.status().code() != absl::StatusCode::kInvalidArgument) group_ok_ = false;
+    if (!logits.ok() && logits.status().code() != absl::StatusCode::kInvalidArgument) return Failed(logits.status());
     return logits;
   }
 
+  const std::vector<pid_t>& follower_pids() const { return followers_->pids(); }
+
  private:
+  absl::Status Failed(absl::Status s) {
+    group_ok_ = false;
+    group_error_ = s.ToString();
+    return s;
+  }
+
   std::unique_ptr<parallel::Collectives> group_;
   std::unique_ptr<CpuBackend> local_;
   std::unique_ptr<parallel::RankProcesses> followers_;
+  SharedPool pool_;
   bool group_ok_ = true;
+  std::string group_error_;
 };
 
 DeepseekModel::LoadOptions RankLoadOptions(const BackendOptions& backend, const RankGroupOptions& g, int world,
@@ -165,6 +210,9 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> StartCpuRankGroup(const std::strin
     return absl::FailedPreconditionError(absl::StrCat("ranks run DeepSeek-V2/V3 models only, not model_type '",
                                                       config.model_type, "'"));
   }
+  if (g.kv_cache_bytes <= 0) return absl::InvalidArgumentError("rank group: kv_cache_bytes must be positive");
+  const int64_t pools = g.data_parallel > 1 ? g.data_parallel : 1;
+  ASSIGN_OR_RETURN(SharedPool pool, MapSharedPool(static_cast<size_t>(pools * g.kv_cache_bytes)));
   ASSIGN_OR_RETURN(std::unique_ptr<parallel::RankProcesses> followers,
                    parallel::RankProcesses::Start(world - 1, [&](int i) {
                      const int rank = i + 1;
@@ -174,7 +222,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> StartCpuRankGroup(const std::strin
                      if (s.ok()) {
                        absl::StatusOr<std::unique_ptr<DeepseekModel>> model =
                            DeepseekModel::Load(dir, RankLoadOptions(backend, g, world, **group));
-                       s = model.ok() ? RunFollowerRank(**group, **model) : model.status();
+                       s = model.ok() ? RunFollowerRank(**group, **model, pool.bytes) : model.status();
                      }
                      if (s.ok()) return 0;
                      std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
@@ -185,14 +233,16 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> StartCpuRankGroup(const std::strin
   ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> model,
                    DeepseekModel::Load(dir, RankLoadOptions(backend, g, world, *group)));
   return std::unique_ptr<ModelBackend>(new RankGroupBackend(
-      std::move(group), std::make_unique<CpuBackend>(std::move(model)), std::move(followers)));
+      std::move(group), std::make_unique<CpuBackend>(std::move(model)), std::move(followers), std::move(pool)));
 }
 
-absl::Status RunFollowerRank(parallel::Collectives& group, DeepseekModel& model) {
+std::vector<pid_t> RankGroupPids(ModelBackend& backend) {
+  auto* group = dynamic_cast<RankGroupBackend*>(&backend);
+  return group != nullptr ? group->follower_pids() : std::vector<pid_t>{};
+}
+
+absl::Status RunFollowerRank(parallel::Collectives& group, DeepseekModel& model, std::span<std::byte> pool) {
   std::optional<LatentKvCache> cache;
-  // Over an anonymous mapping: its pages exist once written, where a zeroed vector of rank
-  // 0's pool size (512 MiB by default) would be written whole before the first step.
-  std::shared_ptr<void> memory;
   std::vector<std::byte> bytes;
   for (;;) {
     Header h;
@@ -204,22 +254,22 @@ absl::Status RunFollowerRank(parallel::Collectives& group, DeepseekModel& model)
     bytes.resize(static_cast<size_t>(h.bytes));
     RETURN_IF_ERROR(group.Broadcast(bytes, /*root=*/0));
     ASSIGN_OR_RETURN(const RankStep plan, DecodeRankStep(bytes));
-    // A pool of rank 0's size: without data parallelism a copy of rank 0's (the same
-    // block ids hold the same KV on every rank); with it, this rank's own.
+    // Rank 0's pool, in the memory shared with it.
     if (!cache || cache->num_blocks() != plan.kv_blocks) {
       const ModelConfig& c = model.config();
-      cache.reset();
-      const size_t n = static_cast<size_t>(c.num_hidden_layers * plan.kv_blocks * kKvBlockSize * c.kv_entry_dim()) *
-                       sizeof(float);
-      void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (m == MAP_FAILED) return absl::ResourceExhaustedError("rank group: cannot map the KV cache");
-      memory = std::shared_ptr<void>(m, [n](void* p) { ::munmap(p, n); });
-      cache.emplace(static_cast<float*>(m), c.num_hidden_layers, plan.kv_blocks, c.kv_entry_dim());
+      if (LatentKvCache::BytesFor(c.num_hidden_layers, plan.kv_blocks, c.kv_entry_dim()) > pool.size()) {
+        return absl::InternalError(absl::StrCat("rank group: a pool of ", plan.kv_blocks,
+                                                " blocks does not fit the shared memory of ", pool.size(), " bytes"));
+      }
+      cache.emplace(reinterpret_cast<float*>(pool.data()), c.num_hidden_layers, plan.kv_blocks, c.kv_entry_dim());
     }
-    absl::StatusOr<std::vector<float>> logits = model.layout().data_parallel
+    const ParallelLayout& layout = model.layout();
+    absl::StatusOr<std::vector<float>> logits = layout.data_parallel
                                                     ? ForwardDataParallel(group, model, plan.batch, *cache)
                                                     : model.Forward(plan.batch, *cache);
     if (!logits.ok() && logits.status().code() != absl::StatusCode::kInvalidArgument) return logits.status();
+    // (Rank 0's Forward says why.)
+    if (logits.ok() && !layout.data_parallel && !layout.tensor_parallel) RETURN_IF_ERROR(group.Barrier());
   }
 }
 

@@ -7,8 +7,10 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -112,6 +114,49 @@ absl::StatusOr<std::vector<RankExit>> RunRanks(int world, const std::function<in
   absl::StatusOr<std::unique_ptr<RankProcesses>> ranks = RankProcesses::Start(world, body);
   if (!ranks.ok()) return ranks.status();
   return (*ranks)->Wait(timeout);
+}
+
+struct RankWatch::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+};
+
+RankWatch::RankWatch(std::vector<pid_t> pids, int first_rank, std::function<void(const std::string&)> on_exit,
+                     absl::Duration period)
+    : state_(std::make_shared<State>()) {
+  thread_ = std::thread([state = state_, pids = std::move(pids), first_rank, on_exit = std::move(on_exit),
+                         wait = absl::ToChronoMilliseconds(period)] {
+    std::unique_lock<std::mutex> lock(state->mu);
+    while (!state->cv.wait_for(lock, wait, [&] { return state->stop; })) {
+      for (size_t i = 0; i < pids.size(); ++i) {
+        // WNOWAIT: the owner's Wait reaps it.
+        siginfo_t info{};
+        if (::waitid(P_PID, static_cast<id_t>(pids[i]), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+            info.si_pid == 0) {
+          continue;
+        }
+        RankExit e{.rank = first_rank + static_cast<int>(i), .pid = pids[i]};
+        if (info.si_code == CLD_EXITED) {
+          e.exit_code = info.si_status;
+        } else {
+          e.signal = info.si_status;
+        }
+        lock.unlock();
+        on_exit(e.ToString());
+        return;
+      }
+    }
+  });
+}
+
+RankWatch::~RankWatch() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  thread_.join();
 }
 
 }  // namespace tandem::parallel

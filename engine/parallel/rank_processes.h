@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,6 +55,25 @@ class RankProcesses {
   RankProcesses() = default;
   std::vector<pid_t> pids_;
   std::vector<bool> reaped_;
+};
+
+// Watches ranks this process started (their pids, in rank order, `first_rank` the first's
+// rank) on a thread of its own and calls `on_exit` once, from that thread, with a line
+// naming the first one found to have ended (exit code or signal), without reaping it
+// (RankProcesses::Wait still does). Polls every `period`; the destructor stops watching.
+// For a server whose replica cannot run without every rank.
+class RankWatch {
+ public:
+  RankWatch(std::vector<pid_t> pids, int first_rank, std::function<void(const std::string&)> on_exit,
+            absl::Duration period = absl::Milliseconds(50));
+  ~RankWatch();
+  RankWatch(const RankWatch&) = delete;
+  RankWatch& operator=(const RankWatch&) = delete;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+  std::thread thread_;
 };
 
 // Start, then Wait: the ranks' exits in rank order.

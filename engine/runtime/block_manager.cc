@@ -9,9 +9,10 @@
 
 namespace tandem {
 
-BlockManager::BlockManager(int32_t num_blocks, int32_t max_pending_events)
-    : num_blocks_(num_blocks), max_pending_events_(max_pending_events) {
+BlockManager::BlockManager(int32_t num_blocks, int32_t max_pending_events, int32_t first_id)
+    : num_blocks_(num_blocks), max_pending_events_(max_pending_events), first_id_(first_id) {
   TANDEM_CHECK_GE(num_blocks, 0);
+  TANDEM_CHECK_GE(first_id, 0);
   TANDEM_CHECK_GE(max_pending_events, 0);
   const size_t n = static_cast<size_t>(num_blocks);
   ref_counts_.assign(n, 0);
@@ -28,8 +29,11 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t max_pending_events)
   pending_events_.reserve(static_cast<size_t>(max_pending_events));
 }
 
-void BlockManager::CheckBlockId(int32_t block) const {
-  TANDEM_CHECK(block >= 0 && block < num_blocks_) << "block id " << block << " of " << num_blocks_;
+int32_t BlockManager::Local(int32_t id) const {
+  const int32_t block = id - first_id_;
+  TANDEM_CHECK(block >= 0 && block < num_blocks_)
+      << "block id " << id << " outside [" << first_id_ << ", " << first_id_ + num_blocks_ << ")";
+  return block;
 }
 
 void BlockManager::LruPushBack(int32_t block) {
@@ -106,17 +110,16 @@ absl::StatusOr<std::vector<int32_t>> BlockManager::Allocate(int32_t n) {
     states_[block] = State::kInUse;
     ref_counts_[block] = 1;
     ++num_in_use_;
-    blocks.push_back(block);
+    blocks.push_back(block + first_id_);
   }
   return blocks;
 }
 
 void BlockManager::Release(std::span<const int32_t> blocks) {
   for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
-    const int32_t block = *it;
-    CheckBlockId(block);
+    const int32_t block = Local(*it);
     TANDEM_CHECK(ref_counts_[block] > 0)
-        << "releasing block " << block << " that is not held (double free?)";
+        << "releasing block " << *it << " that is not held (double free?)";
     if (--ref_counts_[block] > 0) continue;
     --num_in_use_;
     if (published_[block]) {
@@ -129,8 +132,8 @@ void BlockManager::Release(std::span<const int32_t> blocks) {
   }
 }
 
-bool BlockManager::Publish(int32_t block, uint64_t hash) {
-  CheckBlockId(block);
+bool BlockManager::Publish(int32_t id, uint64_t hash) {
+  const int32_t block = Local(id);
   TANDEM_CHECK(ref_counts_[block] > 0) << "publishing block " << block << " that is not held";
   if (published_[block]) {
     TANDEM_CHECK(hashes_[block] == hash)
@@ -165,7 +168,7 @@ std::vector<int32_t> BlockManager::AcquireCachedPrefix(std::span<const uint64_t>
     }
     ++ref_counts_[block];
     if (blocks.empty()) blocks.reserve(hashes.size());
-    blocks.push_back(block);
+    blocks.push_back(block + first_id_);
   }
   stats_.hit_blocks += static_cast<int64_t>(blocks.size());
   return blocks;
@@ -180,15 +183,9 @@ int32_t BlockManager::CachedPrefixLength(std::span<const uint64_t> hashes) const
   return n;
 }
 
-int32_t BlockManager::ref_count(int32_t block) const {
-  CheckBlockId(block);
-  return ref_counts_[block];
-}
+int32_t BlockManager::ref_count(int32_t id) const { return ref_counts_[Local(id)]; }
 
-bool BlockManager::is_published(int32_t block) const {
-  CheckBlockId(block);
-  return published_[block] != 0;
-}
+bool BlockManager::is_published(int32_t id) const { return published_[Local(id)] != 0; }
 
 KvCacheEvents BlockManager::TakeEvents() {
   KvCacheEvents out;
@@ -237,7 +234,7 @@ void BlockManager::CheckInvariants() const {
   TANDEM_CHECK_EQ(published, static_cast<int32_t>(hash_to_block_.size()));
   std::vector<bool> on_free_list(static_cast<size_t>(num_blocks_), false);
   for (const int32_t b : free_list_) {
-    CheckBlockId(b);
+    (void)Local(b + first_id_);
     TANDEM_CHECK(states_[b] == State::kFree) << "block " << b << " on the free list";
     TANDEM_CHECK(!on_free_list[b]) << "block " << b << " twice on the free list";
     on_free_list[b] = true;
@@ -245,7 +242,7 @@ void BlockManager::CheckInvariants() const {
   // Walk the LRU both ways.
   int32_t count = 0, prev = kNone;
   for (int32_t b = lru_head_; b != kNone; b = lru_next_[b]) {
-    CheckBlockId(b);
+    (void)Local(b + first_id_);
     TANDEM_CHECK(states_[b] == State::kCached) << "block " << b << " in the LRU";
     TANDEM_CHECK_EQ(lru_prev_[b], prev);
     prev = b;

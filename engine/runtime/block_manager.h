@@ -5,7 +5,7 @@
 // Threads: a BlockManager is owned and used by one engine thread; it has no locks and
 // must not be shared.
 //
-// Every block id 0..num_blocks-1 is, at any time, exactly one of:
+// Every block id first_id..first_id+num_blocks-1 is, at any time, exactly one of:
 //   - in use:   refcount > 0 (held by one or more sequences); published or private;
 //   - cached:   refcount 0 and published: findable by hash, evictable (in the LRU);
 //   - free:     refcount 0 and unpublished (on the free list).
@@ -65,9 +65,13 @@ class BlockManager {
  public:
   static constexpr int32_t kDefaultMaxPendingEvents = 65536;
 
-  // Manages block ids 0..num_blocks-1, all free. At most max_pending_events events are
-  // kept between TakeEvents() calls (0 disables them). Both must be >= 0 (checked).
-  explicit BlockManager(int32_t num_blocks, int32_t max_pending_events = kDefaultMaxPendingEvents);
+  // Manages block ids first_id..first_id+num_blocks-1, all free. At most
+  // max_pending_events events are kept between TakeEvents() calls (0 disables them). All
+  // must be >= 0 (checked). A first_id above 0: one of several managers over disjoint
+  // ranges of one pool (the ranks of a data-parallel replica, scheduler.h), whose ids are
+  // then ids in that pool wherever they go.
+  explicit BlockManager(int32_t num_blocks, int32_t max_pending_events = kDefaultMaxPendingEvents,
+                        int32_t first_id = 0);
 
   BlockManager(const BlockManager&) = delete;
   BlockManager& operator=(const BlockManager&) = delete;
@@ -109,6 +113,8 @@ class BlockManager {
 
   // Queries.
   int32_t num_blocks() const { return num_blocks_; }
+  int32_t first_id() const { return first_id_; }
+  bool Owns(int32_t id) const { return id >= first_id_ && id - first_id_ < num_blocks_; }
   int32_t num_free() const { return static_cast<int32_t>(free_list_.size()) + lru_size_; }
   int32_t num_unused() const { return static_cast<int32_t>(free_list_.size()); }  // free, not cached
   int32_t num_evictable() const { return lru_size_; }  // cached and unheld
@@ -134,7 +140,8 @@ class BlockManager {
   enum class State : uint8_t { kFree, kInUse, kCached };
   static constexpr int32_t kNone = -1;
 
-  void CheckBlockId(int32_t block) const;
+  // The index of block `id` in the vectors below (checked to be one of ours).
+  int32_t Local(int32_t id) const;
   void LruPushBack(int32_t block);
   void LruRemove(int32_t block);
   int32_t EvictOldest();
@@ -142,6 +149,7 @@ class BlockManager {
 
   int32_t num_blocks_;
   int32_t max_pending_events_;
+  int32_t first_id_;
   std::vector<int32_t> ref_counts_;
   std::vector<State> states_;
   std::vector<uint64_t> hashes_;     // valid where published_

@@ -104,7 +104,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   // which mirrors the host pool's layout: what is exported, imported or snapshotted moves
   // between the two (engine_device_streams.cc).
   e->device_streams_ = !e->latent_layout_ && !e->backend_->kv_in_host_pool();
-  int64_t blocks = options.num_kv_blocks;
+  // Data-parallel ranks hold equal ranges of the pool's blocks; num_kv_blocks and
+  // kv_cache_bytes size one rank's (the group's shared memory is sized so).
+  const int64_t dp = e->backend_->data_parallel_ranks();
+  int64_t blocks = options.num_kv_blocks * dp;
   const int64_t block_bytes = BlockBytes(layout);
   // Rings and states (per-sequence streams) have a slot per running sequence, and as many
   // again for KV reservations that prefill replicas write into (state_slots.h); then the
@@ -128,6 +131,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
         state_bytes, " bytes (2 x max_running for running sequences and reservations, ", snapshots,
         " prefix state snapshots) and one block of ", block_bytes, " bytes: raise --kv-cache-mb or lower "
         "--max-running / --prefix-state-snapshots"));
+  }
+  // A rank group's host pool lives in memory its ranks share (model_backend.h): a decode
+  // replica's transport registers that memory and passes it back here.
+  const std::span<std::byte> shared = e->backend_->shared_host_pool();
+  if (!shared.empty()) {
+    if (options.kv_memory != nullptr && reinterpret_cast<std::byte*>(options.kv_memory) != shared.data()) {
+      return absl::InvalidArgumentError("the KV memory given is not the memory the rank group shares");
+    }
+    options.kv_memory = reinterpret_cast<float*>(shared.data());
+    options.kv_memory_bytes = shared.size();
   }
   if (options.kv_memory != nullptr) {
     // What does not grow with the blocks (the slots) comes off the memory first: the pool
@@ -153,9 +166,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
     // A device backend's pool is sized by the device's memory; the host pool mirrors it.
     // The host pool's budget holds the sequence slots too.
     blocks = device ? e->backend_->device_kv_blocks()
-                    : std::max<int64_t>(1, (options.kv_cache_bytes - slots * state_bytes) / block_bytes);
+                    : dp * std::max<int64_t>(1, (options.kv_cache_bytes - slots * state_bytes) / block_bytes);
   }
   if (device && e->backend_->device_kv_blocks() > 0) blocks = std::min(blocks, e->backend_->device_kv_blocks());
+  blocks -= blocks % dp;
   if (blocks < 1) return absl::ResourceExhaustedError("no room for a single KV cache block");
   if (blocks > (1 << 30)) return absl::InvalidArgumentError("KV cache too large");
   const KvPool::Geometry geometry{.num_layers = layout.num_layers, .block_size = layout.block_size,
@@ -210,10 +224,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
   if (so.max_batch_tokens <= 0 || so.max_running <= 0 || options.max_waiting <= 0) {
     return absl::InvalidArgumentError("max_batch_tokens, max_running and max_waiting must be positive");
   }
-  e->scheduler_ = std::make_unique<Scheduler>(so, static_cast<int32_t>(blocks));
+  e->scheduler_ = std::make_unique<Scheduler>(so, static_cast<int32_t>(blocks / dp));
   std::random_device random;
   const uint64_t first_token = (uint64_t{random()} << 32) | random();
-  e->leases_ = std::make_unique<KvLeases>(&e->scheduler_->blocks(), options.kv_lease_seconds,
+  // Reservations take the blocks of one rank's pool each (the sequence's rank once admitted).
+  std::vector<BlockManager*> pools;
+  for (int32_t r = 0; r < e->scheduler_->num_pools(); ++r) pools.push_back(&e->scheduler_->pool(r));
+  e->leases_ = std::make_unique<KvLeases>(std::move(pools), options.kv_lease_seconds,
                                           options.kv_quarantine_stuck_seconds, first_token,
                                           running_slots > 0 ? &e->scheduler_->state_slots() : nullptr);
   e->seed_counter_ = random();
@@ -636,7 +653,8 @@ void Engine::EndRejected(StepPlan& plan) {
     RequestOutput out;
     out.text = seq->stop->Flush();
     out.status = absl::ResourceExhaustedError(absl::StrCat(
-        "request '", seq->id, "' needs more KV cache blocks than the engine has (", pool_->geometry().num_blocks, ")"));
+        "request '", seq->id, "' needs more KV cache blocks than the engine has (", scheduler_->blocks().num_blocks(),
+        scheduler_->num_pools() > 1 ? " per data-parallel rank" : "", ")"));
     Finish(std::move(seq), std::move(out));
   }
   plan.rejected.clear();

@@ -166,6 +166,16 @@ struct EngineRequest {
 };
 
 struct EngineStats {
+  // Data-parallel attention (docs/parallel.md): each rank's share, in rank order; empty
+  // without. A request must fit one rank's pool, so the replica's free blocks together
+  // overstate the room for one.
+  struct RankLoad {
+    int64_t kv_blocks_total = 0;
+    int64_t kv_blocks_in_use = 0;
+    int64_t running = 0;
+    int64_t placed = 0;  // sequences placed there so far (Scheduler::placed)
+  };
+  std::vector<RankLoad> dp_ranks;
   int64_t num_waiting = 0;
   int64_t num_running = 0;
   int64_t kv_blocks_total = 0;
@@ -421,6 +431,8 @@ class Engine {
   void ExpireLeases();
   // ReserveKv's allocation (engine thread): the blocks, or RESOURCE_EXHAUSTED for now.
   absl::StatusOr<KvLeases::Reservation> ReserveNow(const std::string& id, int32_t num_tokens);
+  // The most blocks a reservation could take now (one rank's pool holds a reservation).
+  int32_t MostFreeOnARank() const;
   // Makes the waiting reservations that now fit (in order), ends those whose wait ran out.
   void AdmitKvWaiters();
   void PublishStats();

@@ -1,6 +1,7 @@
 // The engine's decode side of disaggregation (engine.h): KV reservations (leases, their
 // writers, waiting for room), writes into them, and the admission of a request whose
 // prompt KV was written there (SubmitImported).
+#include <algorithm>
 #include <future>
 #include <memory>
 #include <utility>
@@ -72,7 +73,8 @@ void Engine::ReserveKvAsync(const std::string& id, int32_t num_tokens, double wa
       // rather than waiting for room that will never appear.
       done(absl::OutOfRangeError(absl::StrCat("ReserveKv: ", num_tokens, " tokens need ", need,
                                               " KV blocks, more than this replica's whole KV pool (",
-                                              scheduler_->blocks().num_blocks(), " blocks)")));
+                                              scheduler_->blocks().num_blocks(), " blocks",
+                                              scheduler_->num_pools() > 1 ? " per data-parallel rank" : "", ")")));
       return;
     }
     // First fit: a reservation that fits now is made now (waiting ones do not fit).
@@ -95,14 +97,16 @@ absl::StatusOr<KvLeases::Reservation> Engine::ReserveNow(const std::string& id, 
   // the slots of the draft pass made at admission and of the first verify step.
   const int32_t need = scheduler_->BlocksFor(static_cast<int64_t>(num_tokens) + 1 +
                                              2 * int64_t{options_.speculative_tokens});
-  if (scheduler_->blocks().num_free() < need) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("ReserveKv: ", need, " KV blocks needed, ", scheduler_->blocks().num_free(), " free"));
+  if (scheduler_->PlaceReservation(need) < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("ReserveKv: ", need, " KV blocks needed, ", MostFreeOnARank(),
+                                                     scheduler_->num_pools() > 1 ? " free on any rank" : " free"));
   }
   // Blocks freed while a step computes may still be written by it (a sequence that ended
   // meanwhile): the peer writing into the reservation must come after it.
   SettleInFlight();
-  return leases_->Reserve(id, need, num_tokens, Now());
+  // With data-parallel ranks the KV goes straight into the blocks of the rank that will
+  // hold the sequence (every rank's are blocks of the one pool the transport registered).
+  return leases_->Reserve(id, need, num_tokens, Now(), scheduler_->PlaceReservation(need));
 }
 
 void Engine::AdmitKvWaiters() {
@@ -120,7 +124,7 @@ void Engine::AdmitKvWaiters() {
   // In arrival order, every waiter that fits now: a large reservation ahead waiting for
   // more room does not hold back smaller ones behind it (it keeps its place, and its wait
   // bounds how long it can be overtaken).
-  for (auto it = kv_waiters_.begin(); it != kv_waiters_.end() && scheduler_->blocks().num_free() > 0;) {
+  for (auto it = kv_waiters_.begin(); it != kv_waiters_.end() && MostFreeOnARank() > 0;) {
     absl::StatusOr<KvLeases::Reservation> blocks = ReserveNow(it->id, it->num_tokens);
     if (!blocks.ok() && absl::IsResourceExhausted(blocks.status())) {
       ++it;
@@ -130,6 +134,12 @@ void Engine::AdmitKvWaiters() {
     it = kv_waiters_.erase(it);
     done(std::move(blocks));
   }
+}
+
+int32_t Engine::MostFreeOnARank() const {
+  int32_t most = 0;
+  for (int32_t r = 0; r < scheduler_->num_pools(); ++r) most = std::max(most, scheduler_->pool(r).num_free());
+  return most;
 }
 
 absl::Status Engine::WriteKv(std::span<const int32_t> block_table, int64_t layer, int64_t first_position,
@@ -253,6 +263,7 @@ void Engine::AdmitImported(std::unique_ptr<Sequence> seq_ptr, int32_t first_toke
       return;
     }
     s.blocks = std::move(taken->blocks);
+    s.dp_rank = taken->rank;  // the rank whose blocks the KV was written into
     s.state_slot = taken->state_slot;  // its rings and states were written there
     s.num_computed = have;
     s.host_kv_upload_end = backend_->kv_in_host_pool() || where == ImportedKv::kDevicePool ? 0 : have;

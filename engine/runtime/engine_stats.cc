@@ -39,6 +39,10 @@ void Engine::PublishStats() {
     ev.dropped += pool_ev.dropped;
     s.kv_blocks_total += pool.num_blocks();
     s.kv_blocks_in_use += pool.num_in_use();
+    if (scheduler_->num_pools() > 1) {
+      s.dp_ranks.push_back({.kv_blocks_total = pool.num_blocks(), .kv_blocks_in_use = pool.num_in_use(),
+                            .running = scheduler_->running_on(r), .placed = scheduler_->placed(r)});
+    }
     bs.prefix_queries += pool.stats().prefix_queries;
     bs.queried_blocks += pool.stats().queried_blocks;
     bs.hit_blocks += pool.stats().hit_blocks;

@@ -3,35 +3,39 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/common/check.h"
 
 namespace tandem {
 
 absl::StatusOr<KvLeases::Reservation> KvLeases::Reserve(const std::string& id, int32_t num_blocks, int32_t num_tokens,
-                                                        double now) {
+                                                        double now, int32_t rank) {
   std::lock_guard<std::mutex> lock(mu_);
   if (ContainsLocked(id)) return absl::InvalidArgumentError(absl::StrCat("request id '", id, "' is already in use"));
-  absl::StatusOr<std::vector<int32_t>> got = blocks_->Allocate(num_blocks);
+  TANDEM_CHECK(rank >= 0 && rank < static_cast<int32_t>(pools_.size())) << "rank " << rank;
+  BlockManager& blocks = *pools_[rank];
+  absl::StatusOr<std::vector<int32_t>> got = blocks.Allocate(num_blocks);
   if (!got.ok()) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("ReserveKv: ", num_blocks, " KV blocks needed, ", blocks_->num_free(), " free",
+        absl::StrCat("ReserveKv: ", num_blocks, " KV blocks needed, ", blocks.num_free(), " free",
+                     pools_.size() > 1 ? absl::StrCat(" on rank ", rank) : "",
                      quarantined_blocks_ > 0 ? absl::StrCat(" (", quarantined_blocks_, " quarantined)") : ""));
   }
   int32_t slot = -1;
   if (slots_ != nullptr && (slot = slots_->Take()) < 0) {
-    blocks_->Release(*got);
+    blocks.Release(*got);
     return absl::ResourceExhaustedError(absl::StrCat("ReserveKv: no sequence slot free (", slots_->size(),
                                                      " slots for rings and states, all held)"));
   }
   if (next_token_ == 0) ++next_token_;
   const uint64_t token = next_token_++;
   Held& h = live_[id];
-  h = {.r = {.blocks = *got, .num_tokens = num_tokens, .token = token, .state_slot = slot},
+  h = {.r = {.blocks = *got, .num_tokens = num_tokens, .token = token, .state_slot = slot, .rank = rank},
        .until = now + lease_seconds_};
   return h.r;
 }
 
 void KvLeases::Free(const Reservation& r) {
-  blocks_->Release(r.blocks);
+  pools_[r.rank]->Release(r.blocks);
   if (r.state_slot >= 0) slots_->Release(r.state_slot);
 }
 

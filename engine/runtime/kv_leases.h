@@ -83,7 +83,12 @@ class KvLeases {
   // `slots` (null: the layout has no per-sequence streams) too.
   KvLeases(BlockManager* blocks, double lease_seconds, double stuck_seconds, uint64_t first_token = 1,
            StateSlots* slots = nullptr)
-      : blocks_(blocks), slots_(slots), lease_seconds_(lease_seconds), stuck_seconds_(stuck_seconds),
+      : KvLeases(std::vector<BlockManager*>{blocks}, lease_seconds, stuck_seconds, first_token, slots) {}
+  // Over the pools of a data-parallel replica's ranks (scheduler.h): each reservation is
+  // made in the pool of one rank, the sequence's rank once it takes the blocks.
+  KvLeases(std::vector<BlockManager*> pools, double lease_seconds, double stuck_seconds, uint64_t first_token = 1,
+           StateSlots* slots = nullptr)
+      : pools_(std::move(pools)), slots_(slots), lease_seconds_(lease_seconds), stuck_seconds_(stuck_seconds),
         next_token_(first_token) {}
 
   // Null: nobody is told. Called with this object's lock held (it must not call back), so
@@ -98,6 +103,7 @@ class KvLeases {
     int32_t num_tokens = 0;
     uint64_t token = 0;  // never 0
     int32_t state_slot = -1;  // the sequence slot its rings and states are written into (or -1)
+    int32_t rank = 0;  // the data-parallel rank whose pool holds the blocks
   };
 
   // Whether `id` holds a reservation, live or quarantined (an id in use).
@@ -108,7 +114,9 @@ class KvLeases {
   // Reserves `num_blocks` blocks for `num_tokens` tokens under `id` until now + the lease,
   // and a sequence slot when the leases have slots. RESOURCE_EXHAUSTED when the block
   // manager has too few blocks or no slot is free; INVALID_ARGUMENT for an id in use.
-  absl::StatusOr<Reservation> Reserve(const std::string& id, int32_t num_blocks, int32_t num_tokens, double now);
+  // `rank`: whose pool (the first's without data parallelism).
+  absl::StatusOr<Reservation> Reserve(const std::string& id, int32_t num_blocks, int32_t num_tokens, double now,
+                                      int32_t rank = 0);
   // The live reservation of `id` (null: none, or no longer live). Valid until the next call
   // on the owner thread.
   const Reservation* Find(const std::string& id) const;
@@ -172,7 +180,7 @@ class KvLeases {
   // Gives back a reservation's blocks and slot.
   void Free(const Reservation& r);
 
-  BlockManager* blocks_;
+  std::vector<BlockManager*> pools_;
   StateSlots* slots_;
   const double lease_seconds_;
   const double stuck_seconds_;

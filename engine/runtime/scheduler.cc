@@ -14,7 +14,12 @@ Scheduler::Scheduler(const SchedulerOptions& options, int32_t num_blocks)
   TANDEM_CHECK(options_.block_size > 0 && options_.max_batch_tokens > 0 && options_.max_running > 0);
   TANDEM_CHECK_GE(options_.data_parallel_ranks, 1);
   TANDEM_CHECK(options_.data_parallel_ranks == 1 || options_.num_state_slots == 0);
-  for (int32_t r = 0; r < options_.data_parallel_ranks; ++r) pools_.push_back(std::make_unique<BlockManager>(num_blocks));
+  placed_.assign(static_cast<size_t>(options_.data_parallel_ranks), 0);
+  // Rank r's blocks are ids [r * num_blocks, (r + 1) * num_blocks) of the one host pool.
+  for (int32_t r = 0; r < options_.data_parallel_ranks; ++r) {
+    pools_.push_back(
+        std::make_unique<BlockManager>(num_blocks, BlockManager::kDefaultMaxPendingEvents, r * num_blocks));
+  }
   TANDEM_CHECK(options_.num_state_slots == 0 || options_.num_state_slots >= options_.max_running);
   TANDEM_CHECK_GE(options_.num_prefix_states, 0);
 }
@@ -38,6 +43,7 @@ void Scheduler::AddRunning(std::unique_ptr<Sequence> seq) {
   seq->arrival = next_arrival_++;
   seq->prefix_looked_up = true;
   ExtendBlockHashes(seq->tokens, options_.block_size, options_.layout_fingerprint, &seq->block_hashes);
+  ++placed_[seq->dp_rank];
   running_.push_back(std::move(seq));
 }
 
@@ -136,33 +142,47 @@ bool Scheduler::SharesRank(const Sequence& seq) const {
   return false;
 }
 
-void Scheduler::Place(Sequence& seq, std::span<const uint64_t> hashes) {
-  TANDEM_CHECK(seq.blocks.empty());
-  // KV that crosses the replica's boundary (a prefix imported with the request, a prefill
-  // exported to a decode replica) is copied through the host pool, which is rank 0's.
-  if (pools_.size() == 1 || seq.prefix_kv || seq.kv_sink != nullptr) {
-    seq.dp_rank = 0;
-    return;
-  }
-  // The rank that would hold the fewest blocks once this sequence's prompt is in: its
-  // blocks in use plus those the prompt would take there (less the cached prefix it would
-  // share there, so that a repeated prefix tends to return to its rank while the ranks'
-  // loads stay close); then the fewest running sequences; then the lowest rank. Load is
-  // known here without asking the ranks, and the choice is the same for the same history.
+int32_t Scheduler::LeastLoaded(int64_t blocks, std::span<const uint64_t> hashes, bool needs_room) const {
+  // The rank that would hold the fewest blocks once these are in: its blocks in use plus
+  // those it would take there (less the cached prefix it would share there, so that a
+  // repeated prefix tends to return to its rank while the ranks' loads stay close); then
+  // the fewest running sequences; then the lowest rank. Load is known here without asking
+  // the ranks, and the choice is the same for the same history.
   std::vector<int32_t> running(pools_.size(), 0);
   for (const auto& s : running_) ++running[s->dp_rank];
-  const int64_t prompt_blocks = BlocksFor(static_cast<int64_t>(seq.tokens.size()));
-  int32_t best = 0;
+  int32_t best = -1;
   int64_t best_load = INT64_MAX;
   for (int32_t r = 0; r < num_pools(); ++r) {
+    if (needs_room && pools_[r]->num_free() < blocks) continue;
     const int64_t cached = prefix_cache_usable() ? pools_[r]->CachedPrefixLength(hashes) : 0;
-    const int64_t load = pools_[r]->num_in_use() + prompt_blocks - cached;
-    if (load < best_load || (load == best_load && running[r] < running[best])) {
+    const int64_t load = pools_[r]->num_in_use() + blocks - cached;
+    if (best < 0 || load < best_load || (load == best_load && running[r] < running[best])) {
       best = r;
       best_load = load;
     }
   }
-  seq.dp_rank = best;
+  return best;
+}
+
+void Scheduler::Place(Sequence& seq, std::span<const uint64_t> hashes) {
+  TANDEM_CHECK(seq.blocks.empty());
+  // (Every rank's blocks are ids in the one host pool: KV that crosses the replica's
+  // boundary, a prefix imported with the request or a prefill exported to a decode
+  // replica, is read and written by them whatever the rank.)
+  seq.dp_rank = pools_.size() == 1 ? 0 : LeastLoaded(BlocksFor(static_cast<int64_t>(seq.tokens.size())), hashes,
+                                                     /*needs_room=*/false);
+  ++placed_[seq.dp_rank];
+}
+
+int32_t Scheduler::running_on(int32_t rank) const {
+  int32_t n = 0;
+  for (const auto& s : running_) n += s->dp_rank == rank;
+  return n;
+}
+
+int32_t Scheduler::PlaceReservation(int32_t blocks) const {
+  return pools_.size() == 1 ? (pools_[0]->num_free() >= blocks ? 0 : -1)
+                            : LeastLoaded(blocks, {}, /*needs_room=*/true);
 }
 
 void Scheduler::LookUpPrefix(Sequence& seq) {

@@ -8,9 +8,11 @@
 // front of the waiting queue, to be recomputed from their tokens later.
 //
 // Data-parallel attention (docs/parallel.md): one block manager per rank of the replica's
-// group, each over that rank's KV pool. A sequence is placed on a rank when it is admitted
-// without blocks (Sequence::dp_rank); its blocks, its prefix-cache hits and the
-// preemptions that make room for it stay within that rank's pool.
+// group, each over that rank's range of the host pool's blocks (its KV pool). A sequence
+// is placed on a rank when it is admitted without blocks (Sequence::dp_rank); its blocks,
+// its prefix-cache hits and the preemptions that make room for it stay within that rank's
+// pool. Block ids are ids in the one host pool whatever the rank, so that what reads or
+// writes a sequence's KV by its block ids (export, import, the kvstore tier) needs no rank.
 //
 // Pure bookkeeping on the engine thread: no model, no threads, no clock.
 #pragma once
@@ -64,8 +66,9 @@ struct SchedulerOptions {
   // MTP slot after the cached prefix needs.
   bool mtp = false;
   int32_t speculative_tokens = 0;
-  // Data-parallel attention: the ranks holding KV pools of num_blocks blocks each (rank 0's
-  // is the engine's host pool). Not with state slots (checked): no such layout runs on ranks.
+  // Data-parallel attention: the ranks, each holding num_blocks blocks of the engine's host
+  // pool (rank r: ids [r * num_blocks, (r + 1) * num_blocks)). Not with state slots
+  // (checked): no such layout runs on ranks.
   int32_t data_parallel_ranks = 1;
 };
 
@@ -135,12 +138,15 @@ class Scheduler {
   bool empty() const { return running_.empty() && waiting_.empty(); }
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
-  // Rank 0's pool: the only one without data parallelism, and the one KV imported from
-  // outside the replica goes to (the host pool's).
+  // Rank 0's pool: the only one without data parallelism.
   BlockManager& blocks() { return *pools_[0]; }
   int32_t num_pools() const { return static_cast<int32_t>(pools_.size()); }
   BlockManager& pool(int32_t rank) { return *pools_[rank]; }
   const BlockManager& pool(int32_t rank) const { return *pools_[rank]; }
+  // Data-parallel attention: the sequences placed on `rank` so far (admitted there, imported
+  // into its blocks, placed again after a preemption), and those running there now.
+  int64_t placed(int32_t rank) const { return placed_[rank]; }
+  int32_t running_on(int32_t rank) const;
   // The pool holding seq's blocks.
   BlockManager& PoolOf(const Sequence& seq) { return *pools_[seq.dp_rank]; }
   StateSlots& state_slots() { return state_slots_; }
@@ -153,6 +159,11 @@ class Scheduler {
   const BlockManager& blocks() const { return *pools_[0]; }
   const SchedulerOptions& options() const { return options_; }
 
+  // The rank a KV reservation of `blocks` blocks goes to (its KV is written from outside
+  // the replica straight into that rank's blocks): the least loaded with room, by Place's
+  // measure; -1 when no rank has room.
+  int32_t PlaceReservation(int32_t blocks) const;
+
   // Blocks needed to hold `tokens` positions.
   int32_t BlocksFor(int64_t tokens) const {
     return static_cast<int32_t>((tokens + options_.block_size - 1) / options_.block_size);
@@ -162,6 +173,9 @@ class Scheduler {
   bool EnsureBlocks(Sequence& seq, int64_t positions);
   // Chooses seq's rank (it holds no blocks); `hashes` are the blocks its prompt may share.
   void Place(Sequence& seq, std::span<const uint64_t> hashes);
+  // The least loaded rank for `blocks` more blocks (of which the cached prefix of `hashes`
+  // would be shared), of those with that many free when `needs_room`; -1: none has.
+  int32_t LeastLoaded(int64_t blocks, std::span<const uint64_t> hashes, bool needs_room) const;
   // Another running sequence is on seq's rank.
   bool SharesRank(const Sequence& seq) const;
   void Preempt(Sequence& seq);
@@ -193,6 +207,7 @@ class Scheduler {
   PrefixStates prefix_states_;
   std::vector<StateCopy> state_snapshots_;
   std::vector<std::unique_ptr<BlockManager>> pools_;  // one per data-parallel rank
+  std::vector<int64_t> placed_;
   std::list<std::unique_ptr<Sequence>> running_;  // oldest first
   std::deque<std::unique_ptr<Sequence>> waiting_;
   uint64_t next_arrival_ = 0;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <numeric>
@@ -15,7 +16,10 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/model/model_resolver.h"
+#include "engine/model/rank_group_backend.h"
+#include "engine/parallel/rank_processes.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/kv_layout.h"
 #include "nlohmann/json.hpp"
@@ -28,6 +32,7 @@
 #include "services/common/ready_file.h"
 #include "services/common/service_flags.h"
 #include "services/common/shutdown_signal.h"
+#include "services/common/transfer/ucx_support.h"
 #include "services/common/transfer/ucx_transfer_engine.h"
 #include "services/kvstore/kvstore_client.h"
 #include "services/kvstore/kvstore_metrics.h"
@@ -75,6 +80,7 @@ struct WorkerFlags {
   int64_t kvstore_staging_mb = 256;
   int64_t drain_timeout_ms = 30000;
   int64_t max_prompt_bytes = kDefaultMaxPromptBytes;
+  int data_parallel = 1, expert_parallel = 1, tensor_parallel = 1;  // the replica's ranks
   security::InternalAuthFlags internal_auth;
 };
 
@@ -95,7 +101,7 @@ int Fail(const std::string& what, const absl::Status& s) {
 }  // namespace
 
 int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_name) {
-  service::InstallShutdownSignalHandling();
+  // (Signal handling starts a thread: it comes after the ranks are forked, below.)
   WorkerFlags f;
   f.role = RoleName(default_role);
   CLI::App app{std::string(binary_name) +
@@ -228,6 +234,24 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
       ->capture_default_str();
   app.add_option("--drain-timeout-ms", f.drain_timeout_ms, "On SIGTERM, how long in-flight requests may finish")
       ->capture_default_str();
+  app.add_option("--data-parallel", f.data_parallel,
+                 "cpu: this replica runs on N ranks (processes of this machine, forked at startup; rank 0, this "
+                 "process, registers and schedules), each holding the KV of its own sequences in its range of "
+                 "the KV pool (--kv-cache-mb each), rank 0 placing each sequence on the least loaded. With "
+                 "--expert-parallel the same N; not with --tensor-parallel. Outputs are bitwise one rank's "
+                 "(docs/parallel.md)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--expert-parallel", f.expert_parallel,
+                 "cpu: N ranks, each holding 1/N of every MoE layer's routed experts; tokens go to their experts' "
+                 "ranks and back")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--tensor-parallel", f.tensor_parallel,
+                 "cpu: N ranks, each holding 1/N of the LM head's vocabulary rows and of the dense MLPs' rows; "
+                 "with --expert-parallel the same N")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   service::BindEnvironment(app);
   if (int rc = service::ParseOrExit(app, argc, argv); rc != 0) return rc;
   const v1::Role role = f.role == "prefill" ? v1::ROLE_PREFILL : f.role == "decode" ? v1::ROLE_DECODE : v1::ROLE_BOTH;
@@ -236,13 +260,33 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
     return 2;
   }
 
+  // The replica's ranks (docs/parallel.md) are forked before anything starts a thread;
+  // rank 0's backend, this process's, goes to the engine.
+  absl::StatusOr<std::string> model_dir = ResolveModelDir(f.common.model);
+  if (!model_dir.ok()) return Fail("model", model_dir.status());
+  const RankGroupOptions rank_options{.data_parallel = f.data_parallel,
+                                      .expert_parallel = f.expert_parallel,
+                                      .tensor_parallel = f.tensor_parallel,
+                                      .name = absl::StrCat("worker-", getpid()),
+                                      .kv_cache_bytes = f.kv_cache_mb << 20};
+  const BackendOptions backend_options{.device = f.device, .num_threads = f.threads,
+                                       .mtp = f.speculative_tokens > 0};
+  absl::StatusOr<int> world = RankGroupWorld(rank_options, backend_options);
+  if (!world.ok()) return Fail("flags", world.status());
+  std::unique_ptr<ModelBackend> rank_group;
+  if (*world > 1) {
+    absl::StatusOr<std::unique_ptr<ModelBackend>> g = StartCpuRankGroup(*model_dir, backend_options, rank_options);
+    if (!g.ok()) return Fail("ranks", g.status());
+    rank_group = std::move(*g);
+  }
+  const std::vector<pid_t> rank_pids = rank_group ? RankGroupPids(*rank_group) : std::vector<pid_t>{};
+  service::InstallShutdownSignalHandling();
+
   absl::StatusOr<security::InternalCredentials> creds = security::InternalCredentials::Load(f.internal_auth);
   if (!creds.ok()) return Fail("flags", creds.status());
   if (absl::Status s = security::CheckInternalListen(f.common.listen, creds->authenticated(), "--listen"); !s.ok()) {
     return Fail("flags", s);
   }
-  absl::StatusOr<std::string> model_dir = ResolveModelDir(f.common.model);
-  if (!model_dir.ok()) return Fail("model", model_dir.status());
   // Chat prompts are formatted where they are tokenized: here only for --role both.
   std::unique_ptr<ModelChatTemplates> chat_templates;
   if (role == v1::ROLE_BOTH) {
@@ -265,8 +309,22 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
     if (!u.ok()) return Fail("UCX", u.status());
     ucx = std::move(*u);
     transport = std::make_unique<TransferKvTransport>(ucx.get());
+    if (role == v1::ROLE_DECODE && rank_group) {
+      const char* tls = std::getenv("UCX_TLS");
+      if (!transfer::internal::TlsIncludesTcp(tls == nullptr ? "" : tls)) {
+        return Fail("flags", absl::FailedPreconditionError(absl::StrCat(
+                                 "a decode replica on ranks receives KV into the memory its ranks share, which UCX "
+                                 "writes over tcp only, and UCX_TLS=", tls,
+                                 " leaves tcp out: use UCX_TLS=sm,tcp (or tcp)")));
+      }
+    }
     if (role == v1::ROLE_DECODE) {
-      absl::StatusOr<KvTransport::Pool> p = transport->AllocatePool(static_cast<size_t>(f.kv_cache_mb) << 20);
+      // A rank group's pool is the memory its ranks share (mapped before they were forked),
+      // registered as it is; else the transport allocates one (shared memory where it can).
+      const std::span<std::byte> shared = rank_group ? rank_group->shared_host_pool() : std::span<std::byte>();
+      absl::StatusOr<KvTransport::Pool> p = shared.empty()
+                                                ? transport->AllocatePool(static_cast<size_t>(f.kv_cache_mb) << 20)
+                                                : transport->RegisterPool(shared.data(), shared.size());
       if (!p.ok()) return Fail("allocating the KV pool", p.status());
       pool = *p;
     }
@@ -300,13 +358,22 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.grammar_mask_threads = f.grammar_mask_threads;
   eo.kv_memory = static_cast<float*>(pool.base);
   eo.kv_memory_bytes = pool.bytes;
+  if (rank_group) {
+    eo.backend_factory = [&rank_group](const std::string&) -> absl::StatusOr<std::unique_ptr<ModelBackend>> {
+      if (rank_group == nullptr) return absl::FailedPreconditionError("the rank group's backend was taken already");
+      return std::move(rank_group);
+    };
+  }
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*model_dir, eo);
   if (!engine.ok()) return Fail("engine", engine.status());
   // A layout other than one latent stream (DeepSeek-V4) moves whole sequences over the
   // transfer layer; no CUDA IPC for it yet.
   const bool stream_layout = (*engine)->kv_entry_dim() == 0;
-  spdlog::info("{} worker: model {} ({}), KV layout fingerprint {} ({}){}{}", RoleName(role), *model_dir,
-               (*engine)->config().summary, FingerprintHex((*engine)->layout_fingerprint()),
+  spdlog::info("{} worker{}: model {} ({}), KV layout fingerprint {} ({}){}{}", RoleName(role),
+               *world > 1 ? absl::StrCat(" on ", *world, " ranks (", (*engine)->backend().device_name(), ", pids ",
+                                         absl::StrJoin(rank_pids, " "), ")")
+                          : "",
+               *model_dir, (*engine)->config().summary, FingerprintHex((*engine)->layout_fingerprint()),
                DescribeKvStreams((*engine)->kv_layout().streams), f.batch_invariant ? ", batch-invariant" : "",
                f.speculative_tokens > 0
                    ? absl::StrCat(", speculative decoding: up to ", f.speculative_tokens, " MTP drafts, min confidence ",
@@ -432,7 +499,15 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   service::AdminServer admin(CombineCollectables(std::move(collectables)));
   if (absl::Status s = admin.Start(f.common.admin_listen); !s.ok()) return Fail("admin server", s);
   Engine* e = engine->get();
-  admin.AddHandler("/stats", [e, kv = kvstore_client.get(), dec = decode.get()](const service::HttpRequest&) {
+  // The replica's ranks (docs/parallel.md). Not in the layout fingerprint: no layout that
+  // exists changes a KV entry (each rank's blocks hold whole entries, bitwise one rank's),
+  // so replicas of different layouts exchange KV.
+  const nlohmann::json parallel = {{"ranks", *world},
+                                   {"data_parallel", f.data_parallel},
+                                   {"expert_parallel", f.expert_parallel},
+                                   {"tensor_parallel", f.tensor_parallel}};
+  admin.AddHandler("/stats", [e, kv = kvstore_client.get(), dec = decode.get(),
+                              parallel](const service::HttpRequest&) {
     const EngineStats s = e->Stats();
     nlohmann::json j = {{"waiting", s.num_waiting},         {"running", s.num_running},
                         {"kv_blocks_total", s.kv_blocks_total}, {"kv_blocks_in_use", s.kv_blocks_in_use},
@@ -455,6 +530,16 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                         {"spec_accepted_tokens", std::accumulate(s.spec_accepted_by_position.begin(),
                                                                  s.spec_accepted_by_position.end(), int64_t{0})},
                         {"layout_fingerprint", FingerprintHex(e->layout_fingerprint())}};
+    j["parallel"] = parallel;
+    if (!s.dp_ranks.empty()) {
+      // Each data-parallel rank's share (a request's KV must fit one rank's free blocks).
+      nlohmann::json ranks = nlohmann::json::array();
+      for (const EngineStats::RankLoad& r : s.dp_ranks) {
+        ranks.push_back({{"kv_blocks_total", r.kv_blocks_total}, {"kv_blocks_in_use", r.kv_blocks_in_use},
+                         {"running", r.running}, {"placed", r.placed}});
+      }
+      j["dp_ranks"] = ranks;
+    }
     if (dec != nullptr) {
       nlohmann::json writers = nlohmann::json::object();
       for (const auto& [address, n] : dec->QuarantineWriters()) writers[address] = n;
@@ -520,6 +605,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   nlohmann::json ready = {{"role", RoleName(role)}, {"pid", getpid()},       {"grpc", grpc_address},
                           {"admin", admin.bound_address()}, {"model", *model_dir},
                           {"transport", transport ? transport->name() : "none"}};
+  if (!rank_pids.empty()) ready["rank_pids"] = rank_pids;  // ranks 1..W-1
   if (registration) ready["replica_id"] = registration->replica_id();
   if (!f.common.ready_file.empty()) {
     if (absl::Status s = service::WriteReadyFile(f.common.ready_file, ready); !s.ok()) return Fail("ready file", s);
@@ -527,6 +613,18 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   spdlog::info("ready: gRPC {} ({}) admin {}{}", grpc_address, creds->Describe(), admin.bound_address(),
                registration ? " registered as " + registration->replica_id() : "");
 
+  // A rank that dies leaves the replica unable to run a step: every request from then on
+  // fails (the step's collectives report it), so the replica stops instead of staying
+  // registered.
+  std::atomic<bool> rank_died = false;
+  std::unique_ptr<parallel::RankWatch> rank_watch;
+  if (!rank_pids.empty()) {
+    rank_watch = std::make_unique<parallel::RankWatch>(rank_pids, /*first_rank=*/1, [&rank_died](const std::string& what) {
+      spdlog::error("{}: this replica cannot run steps any more; shutting down", what);
+      rank_died = true;
+      service::RequestShutdown();
+    });
+  }
   const int sig = service::WaitForShutdownSignal();
   spdlog::info("shutting down ({})", sig == 0 ? "requested" : strsignal(sig));
   admin.SetReady(false);
@@ -558,7 +656,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   admin.Stop();
-  return 0;
+  return rank_died ? 1 : 0;
 }
 
 }  // namespace tandem

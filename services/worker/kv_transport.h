@@ -43,6 +43,12 @@ class KvTransport {
     std::string descriptor;  // serialized, for KvDestination.memory_descriptor
   };
   virtual absl::StatusOr<Pool> AllocatePool(size_t bytes) = 0;
+  // Decode side, instead: registers memory the caller owns as the pool (a rank group's,
+  // which its ranks share). Over UCX peers write it over a tcp lane (UCX's shared-memory
+  // transports write only memory UCX allocated).
+  virtual absl::StatusOr<Pool> RegisterPool(void* /*base*/, size_t /*bytes*/) {
+    return absl::UnimplementedError("this transport cannot register memory it did not allocate");
+  }
   // Prefill side. No write of the session starts after `write_deadline` (the transport
   // checks it right before each put; later puts fail the session with DEADLINE_EXCEEDED).
   // Errors: INVALID_ARGUMENT (a descriptor that does not parse), UNAVAILABLE.

@@ -91,6 +91,13 @@ absl::StatusOr<KvTransport::Pool> TransferKvTransport::AllocatePool(size_t bytes
   return Pool{.base = pool_->base(), .bytes = pool_->length(), .descriptor = pool_->descriptor().Serialize()};
 }
 
+absl::StatusOr<KvTransport::Pool> TransferKvTransport::RegisterPool(void* base, size_t bytes) {
+  absl::StatusOr<std::unique_ptr<transfer::MemoryRegion>> region = engine_->RegisterMemory(base, bytes);
+  if (!region.ok()) return region.status();
+  pool_ = std::move(*region);
+  return Pool{.base = pool_->base(), .bytes = pool_->length(), .descriptor = pool_->descriptor().Serialize()};
+}
+
 absl::StatusOr<std::unique_ptr<KvWriteSession>> TransferKvTransport::OpenSession(
     const std::string& pool_descriptor, std::chrono::steady_clock::time_point write_deadline) {
   absl::StatusOr<transfer::RemoteMemoryDescriptor> dest = transfer::RemoteMemoryDescriptor::Parse(pool_descriptor);

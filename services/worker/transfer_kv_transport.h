@@ -17,6 +17,7 @@ class TransferKvTransport : public KvTransport {
       : engine_(engine), batch_timeout_(batch_timeout) {}
 
   absl::StatusOr<Pool> AllocatePool(size_t bytes) override;
+  absl::StatusOr<Pool> RegisterPool(void* base, size_t bytes) override;
   absl::StatusOr<std::unique_ptr<KvWriteSession>> OpenSession(
       const std::string& pool_descriptor, std::chrono::steady_clock::time_point write_deadline) override;
   std::string name() const override { return std::string(engine_->transport()); }

@@ -38,6 +38,24 @@ TEST(BlockManagerTest, StartsAllFree) {
   bm.CheckInvariants();
 }
 
+// A manager over a range of a larger pool (a data-parallel rank's): its ids are the
+// pool's, everywhere they go in and out.
+TEST(BlockManagerTest, IdsStartAtFirstId) {
+  BlockManager bm(4, BlockManager::kDefaultMaxPendingEvents, /*first_id=*/8);
+  EXPECT_TRUE(bm.Owns(8) && bm.Owns(11));
+  EXPECT_FALSE(bm.Owns(7) || bm.Owns(12));
+  const std::vector<int32_t> a = MustAllocate(bm, 3);
+  EXPECT_EQ(a, (std::vector<int32_t>{8, 9, 10}));
+  EXPECT_TRUE(bm.Publish(a[0], 77));
+  EXPECT_TRUE(bm.is_published(8));
+  EXPECT_EQ(bm.ref_count(9), 1);
+  bm.Release(a);
+  const uint64_t h = 77;
+  EXPECT_EQ(bm.AcquireCachedPrefix(std::span<const uint64_t>(&h, 1)), (std::vector<int32_t>{8}));
+  bm.CheckInvariants();
+  EXPECT_DEATH(bm.Release(std::vector<int32_t>{3}), "outside \\[8, 12\\)");
+}
+
 TEST(BlockManagerTest, AllocateAndReleaseTrackRefcounts) {
   BlockManager bm(8);
   const auto a = MustAllocate(bm, 3);

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -49,16 +50,18 @@ std::vector<EngineRequest> CrowdedRequests() {
   return rs;
 }
 
-// The tokens of `rs`, all submitted at once; the engine's stats once they are done.
+// The tokens of `rs`, all submitted at once (prefill-only with `sink`, which gets their
+// KV); the engine's stats once they are done.
 std::vector<std::vector<int32_t>> RunAtOnce(EngineOptions o, const std::vector<EngineRequest>& rs,
-                                            EngineStats* stats) {
+                                            EngineStats* stats, KvSink* sink = nullptr) {
   o.num_threads = 1;
   o.max_batch_tokens = 32;
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(testing::SmallTinyModelDir(), o);
   EXPECT_TRUE(e.ok()) << e.status();
   if (!e.ok()) return {};
   std::vector<std::shared_ptr<OutputStream>> streams;
-  for (const EngineRequest& r : rs) {
+  for (EngineRequest r : rs) {
+    r.kv_sink = sink;
     absl::StatusOr<std::shared_ptr<OutputStream>> s = (*e)->Submit(r);
     EXPECT_TRUE(s.ok()) << s.status();
     if (s.ok()) streams.push_back(*s);
@@ -162,6 +165,74 @@ TEST_F(EngineRankGroupTest, DataParallelPreemptsWithinARanksPool) {
   EXPECT_EQ(stats.kv_blocks_total, 4);  // two pools of two blocks
   EXPECT_GT(stats.preemptions, 0);
   EXPECT_EQ(stats.kv_blocks_in_use, 0);
+}
+
+// Exported KV: request -> layer -> the entries of positions 0.. in order.
+class KeepingSink : public KvSink {
+ public:
+  void OnLayerKv(const KvSlice& s) override {
+    std::vector<float>& l = kv_[*s.request_id][s.layer];
+    for (int64_t p = s.begin; p < s.end; ++p) l.insert(l.end(), s.Entry(p), s.Entry(p) + s.entry_dim);
+  }
+  std::map<std::string, std::map<int64_t, std::vector<float>>> kv_;
+};
+
+// Prefill-only requests on `o`'s engine: their first tokens; the KV in `sink`.
+std::vector<int32_t> Prefill(EngineOptions o, const std::vector<EngineRequest>& rs, KeepingSink& sink,
+                             EngineStats* stats) {
+  std::vector<int32_t> first;
+  for (const std::vector<int32_t>& t : RunAtOnce(std::move(o), rs, stats, &sink)) first.push_back(t.empty() ? -1 : t[0]);
+  return first;
+}
+
+// Disaggregation over data-parallel ranks: a DP prefill engine exports each sequence's KV
+// from the rank that computed it, bitwise one rank's; a DP decode engine places each
+// reservation on a rank (the less loaded), the KV is written into that rank's blocks of
+// the shared pool, and the imported sequences decode there into one rank's tokens.
+TEST_F(EngineRankGroupTest, DataParallelExportAndImportUseTheHoldingRanksBlocks) {
+  std::vector<EngineRequest> rs = Requests();
+  rs.resize(2);  // two sequences: one on each rank
+  KeepingSink one_rank;
+  const std::vector<int32_t> first = Prefill({}, rs, one_rank, nullptr);
+  // (One rank's engine, all tokens: the reference.)
+  const std::vector<std::vector<int32_t>> want = RunAtOnce({}, rs, nullptr);
+
+  KeepingSink on_ranks;
+  EngineStats stats;
+  EXPECT_EQ(Prefill(OnRanks({.data_parallel = 2}), rs, on_ranks, &stats), first);
+  EXPECT_EQ(on_ranks.kv_, one_rank.kv_);  // every entry of every layer, bitwise
+  ASSERT_EQ(stats.dp_ranks.size(), 2u);
+  EXPECT_EQ(stats.dp_ranks[0].placed, 1);
+  EXPECT_EQ(stats.dp_ranks[1].placed, 1);
+
+  EngineOptions o = OnRanks({.data_parallel = 2});
+  o.num_threads = 1;
+  absl::StatusOr<std::unique_ptr<Engine>> d = Engine::Create(testing::SmallTinyModelDir(), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const int64_t per_rank = (*d)->Stats().kv_blocks_total / 2;
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    absl::StatusOr<std::vector<int32_t>> blocks = (*d)->ReserveKv(rs[i].id, static_cast<int32_t>(rs[i].prompt.size()));
+    ASSERT_TRUE(blocks.ok()) << blocks.status();
+    // The first reservation on rank 0 (a tie goes to the lower rank), the second on rank 1
+    // (rank 0 holds the first's blocks): rank r's blocks are [r N, (r + 1) N).
+    for (int32_t b : *blocks) EXPECT_TRUE(b / per_rank == static_cast<int64_t>(i)) << rs[i].id << " block " << b;
+    for (const auto& [layer, entries] : one_rank.kv_[rs[i].id]) {
+      ASSERT_TRUE((*d)->WriteKv(*blocks, layer, 0, entries).ok());
+    }
+    absl::StatusOr<std::shared_ptr<OutputStream>> s = (*d)->SubmitImported(rs[i], first[i]);
+    ASSERT_TRUE(s.ok()) << s.status();
+    streams.push_back(*s);
+  }
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Result r = Drain(*streams[i]);
+    EXPECT_TRUE(r.final.status.ok()) << r.final.status;
+    EXPECT_EQ(r.tokens, want[i]) << rs[i].id;  // (the first token included)
+  }
+  const EngineStats ds = (*d)->Stats();
+  ASSERT_EQ(ds.dp_ranks.size(), 2u);
+  EXPECT_EQ(ds.dp_ranks[0].placed, 1);
+  EXPECT_EQ(ds.dp_ranks[1].placed, 1);
 }
 
 // This process's children (the ranks a group forked), from /proc.

@@ -65,8 +65,15 @@ TEST(SchedulerDataParallelTest, SequencesGoToTheLeastLoadedRankAndTakeBlocksTher
   // with fewer running sequences, then to the lower rank (s0, s2 and s4).
   EXPECT_EQ(ranks, (std::vector<int32_t>{0, 1, 2, 1, 2, 1}));
   ExpectPoolsHoldOnlyTheirSequences(s, {"long", "s0", "s1", "s2", "s3", "s4"});
-  // The same block ids are in use in several pools: each pool is its own rank's.
-  EXPECT_EQ(s.Find("s0")->blocks, s.Find("s1")->blocks);
+  // Each pool is its rank's range of the host pool's block ids: rank r's are [16 r, 16 r + 16).
+  for (const char* id : {"long", "s0", "s1", "s2", "s3", "s4"}) {
+    const Sequence* q = s.Find(id);
+    EXPECT_EQ(s.pool(q->dp_rank).first_id(), 16 * q->dp_rank);
+    for (int32_t b : q->blocks) EXPECT_TRUE(b >= 16 * q->dp_rank && b < 16 * q->dp_rank + 16) << id << " " << b;
+  }
+  // The first block each rank hands out is the first of its range.
+  EXPECT_EQ(s.Find("s0")->blocks[0], 16);
+  EXPECT_EQ(s.Find("s1")->blocks[0], 32);
   s.Remove("s0");
   ExpectPoolsHoldOnlyTheirSequences(s, {"long", "s1", "s2", "s3", "s4"});
   EXPECT_EQ(s.pool(1).num_in_use(), 4);
