@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/util/status_macros.h"
+#include "kernels/cpu/fp8_gemm_input.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/moe_routing.h"
@@ -25,23 +26,6 @@ void Linear(const float* x, int64_t rows, int64_t x_stride, const WeightMatrix& 
   cpu::Matmul({.x = x, .m = rows, .x_stride = x_stride, .w = &w, .y = y, .y_stride = y_stride ? y_stride : w.rows,
                .accumulate = accumulate},
               pool);
-}
-
-// Fp8QuantizeRows then the GEMM's dequantization (kernels/cuda/fp8_gemm.h), of bf16 inputs.
-void RoundLikeFp8Gemm(const float* x, int64_t rows, int64_t stride, int64_t k, float* out) {
-  constexpr int64_t kBlock = 128;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < k; b += kBlock) {
-      const int64_t end = std::min(k, b + kBlock);
-      float amax = 0.0f;
-      for (int64_t c = b; c < end; ++c) {
-        out[r * k + c] = Bf16ToF32(F32ToBf16(x[r * stride + c]));
-        amax = std::max(amax, std::fabs(out[r * k + c]));
-      }
-      const float scale = std::max(amax, 1e-4f) / 448.0f;
-      for (int64_t c = b; c < end; ++c) out[r * k + c] = F8E4M3ToF32(F32ToF8E4M3(out[r * k + c] / scale)) * scale;
-    }
-  }
 }
 
 cpu::MoeScoring Scoring(ScoringFunc f) {
@@ -249,7 +233,7 @@ const float* DeepseekModel::Fp8Input(const float* x, int64_t rows, int64_t strid
   *used_stride = stride;
   if (!fp8_activation_rounding_ || w.dtype != DType::kF8E4M3 || rows == 0) return x;
   buf.resize(static_cast<size_t>(rows * w.cols));
-  RoundLikeFp8Gemm(x, rows, stride, w.cols, buf.data());
+  cpu::RoundAsFp8GemmInput(x, rows, stride, w.cols, /*bf16_first=*/true, buf.data());
   *used_stride = w.cols;
   return buf.data();
 }

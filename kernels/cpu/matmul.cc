@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/common/check.h"
+#include "kernels/cpu/fp8_gemm_input.h"
 #include "kernels/cpu/matmul_bf16.h"
 #include "kernels/cpu/vec.h"
 
@@ -194,22 +195,45 @@ void RunMatmul(const MatmulParams& p, ThreadPool& pool, Bf16RowsKernel kernel) {
 
 }  // namespace
 
+namespace {
+
+// p itself, or (round_fp8_input on an FP8 matrix) p reading x rounded into `rounded`.
+MatmulParams WithRoundedInput(const MatmulParams& p, std::vector<float>& rounded) {
+  if (!p.round_fp8_input || p.w->dtype != DType::kF8E4M3 || p.m == 0) return p;
+  rounded.resize(static_cast<size_t>(p.m * p.w->cols));
+  RoundAsFp8GemmInput(p.x, p.m, p.x_stride, p.w->cols, /*bf16_first=*/false, rounded.data());
+  MatmulParams q = p;
+  q.x = rounded.data();
+  q.x_stride = p.w->cols;
+  return q;
+}
+
+}  // namespace
+
 void Matmul(const MatmulParams& p, ThreadPool& pool) {
   CheckParams(p);
-  RunMatmul(p, pool, DefaultKernel(p));
+  std::vector<float> rounded;
+  const MatmulParams q = WithRoundedInput(p, rounded);
+  RunMatmul(q, pool, DefaultKernel(q));
 }
 
 void Matmul(const MatmulParams& p, ThreadPool& pool, CpuIsa isa) {
   CheckParams(p);
-  RunMatmul(p, pool, Bf16RowsKernelFor(isa));
+  std::vector<float> rounded;
+  RunMatmul(WithRoundedInput(p, rounded), pool, Bf16RowsKernelFor(isa));
 }
 
-void MatmulBatch(std::span<const MatmulParams> jobs, ThreadPool& pool) {
+void MatmulBatch(std::span<const MatmulParams> given, ThreadPool& pool) {
+  std::vector<std::vector<float>> rounded(given.size());
+  std::vector<MatmulParams> jobs(given.size());
+  for (size_t j = 0; j < given.size(); ++j) {
+    CheckParams(given[j]);
+    jobs[j] = WithRoundedInput(given[j], rounded[j]);
+  }
   // first[j]: the first block of job j in one index space over all of them.
   std::vector<int64_t> first(jobs.size() + 1, 0);
   std::vector<Bf16RowsKernel> kernels(jobs.size());
   for (size_t j = 0; j < jobs.size(); ++j) {
-    CheckParams(jobs[j]);
     first[j + 1] = first[j] + Blocks(jobs[j]);
     kernels[j] = DefaultKernel(jobs[j]);
   }

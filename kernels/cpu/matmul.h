@@ -26,6 +26,9 @@ struct MatmulParams {
   float* y = nullptr;
   int64_t y_stride = 0;  // floats between rows of y (>= w.rows)
   bool accumulate = false;  // y += instead of y =
+  // FP8 weights only: x rounded as the GPU's block-scaled FP8 GEMM reads it first
+  // (fp8_gemm_input.h), the reference for that GEMM; other weights ignore it.
+  bool round_fp8_input = false;
 };
 
 // BF16 weights use the ActiveCpuIsa() variant, but decode products (m = 1) of rows of at

@@ -15,12 +15,15 @@
 namespace tandem::v4 {
 namespace {
 
-cpu::MatmulParams Projection(const WeightMatrix& w, const float* x, int64_t rows, int64_t x_stride, float* y) {
-  return {.x = x, .m = rows, .x_stride = x_stride, .w = &w, .y = y, .y_stride = w.rows};
+// round: AttentionParams::round_fp8_input.
+cpu::MatmulParams Projection(const WeightMatrix& w, const float* x, int64_t rows, int64_t x_stride, float* y,
+                             bool round) {
+  return {.x = x, .m = rows, .x_stride = x_stride, .w = &w, .y = y, .y_stride = w.rows, .round_fp8_input = round};
 }
 
-void Project(const WeightMatrix& w, const float* x, int64_t rows, int64_t x_stride, float* y, cpu::ThreadPool& pool) {
-  cpu::Matmul(Projection(w, x, rows, x_stride, y), pool);
+void Project(const WeightMatrix& w, const float* x, int64_t rows, int64_t x_stride, float* y, bool round,
+             cpu::ThreadPool& pool) {
+  cpu::Matmul(Projection(w, x, rows, x_stride, y, round), pool);
 }
 
 // Independent projections in one fork-join (cpu::MatmulBatch: the same bits).
@@ -147,10 +150,11 @@ struct Entries {
 // With `undo`, positions from undo_from on (the chunk starts at `start`) record what they
 // overwrite.
 Entries Compress(const Compressor& k, const float* x, int64_t rows, int64_t hidden, CompressorState* state,
-                 std::vector<float>& full_storage, cpu::ThreadPool& pool, int64_t start = 0,
+                 std::vector<float>& full_storage, bool round, cpu::ThreadPool& pool, int64_t start = 0,
                  std::vector<AppendUndo>* undo = nullptr, int64_t undo_from = 0) {
   std::vector<float> kv(static_cast<size_t>(rows * k.proj_width)), gate(kv.size());
-  ProjectAll({Projection(k.w->kv_proj, x, rows, hidden, kv.data()), Projection(k.w->gate_proj, x, rows, hidden, gate.data())},
+  ProjectAll({Projection(k.w->kv_proj, x, rows, hidden, kv.data(), round),
+              Projection(k.w->gate_proj, x, rows, hidden, gate.data(), round)},
              pool);
   if (state == nullptr) {
     full_storage = k.PoolAll(kv.data(), gate.data(), rows);
@@ -186,9 +190,12 @@ void RunAttention(const AttentionParams& p, cpu::ThreadPool& pool) {
   // q: low-rank, weighted norm, per-head weightless norm, RoPE. K = V: one head.
   std::vector<float> cq(static_cast<size_t>(s * c.q_lora_rank)), q(static_cast<size_t>(s * hd));
   std::vector<float> kv(static_cast<size_t>(s * d));
-  ProjectAll({Projection(w.q_a_proj, p.x, s, hidden, cq.data()), Projection(w.kv_proj, p.x, s, hidden, kv.data())}, pool);
+  const bool round = p.round_fp8_input;
+  ProjectAll({Projection(w.q_a_proj, p.x, s, hidden, cq.data(), round),
+              Projection(w.kv_proj, p.x, s, hidden, kv.data(), round)},
+             pool);
   cpu::RmsNorm(cq.data(), s, c.q_lora_rank, c.q_lora_rank, w.q_a_norm, eps, cq.data(), c.q_lora_rank);
-  Project(w.q_b_proj, cq.data(), s, c.q_lora_rank, q.data(), pool);
+  Project(w.q_b_proj, cq.data(), s, c.q_lora_rank, q.data(), round, pool);
   cpu::RmsNorm(kv.data(), s, d, d, w.kv_norm, eps, kv.data(), d);
   for (int64_t t = 0; t < s; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
@@ -216,19 +223,19 @@ void RunAttention(const AttentionParams& p, cpu::ThreadPool& pool) {
   if (p.type != AttentionType::kSliding) {
     const Compressor main = MainCompressor(c, p.type, &*w.compressor, p.compress_rope);
     rate = main.rate;
-    entries = Compress(main, p.x, s, hidden, p.state ? &*p.state->compressor : nullptr, full_entries, pool, p0,
+    entries = Compress(main, p.x, s, hidden, p.state ? &*p.state->compressor : nullptr, full_entries, round, pool, p0,
                        p.undo ? &p.undo->compressor : nullptr, p.undo_from);
   }
   const int64_t ni = c.index_n_heads, ci = c.index_head_dim;
   if (p.type == AttentionType::kCompressedSparse) {
     const IndexerWeights& ix = *w.indexer;
     const Compressor indexer = IndexerCompressor(c, &ix.compressor, p.compress_rope);
-    index_keys = Compress(indexer, p.x, s, hidden, p.state ? &*p.state->indexer : nullptr, full_index_keys, pool, p0,
+    index_keys = Compress(indexer, p.x, s, hidden, p.state ? &*p.state->indexer : nullptr, full_index_keys, round, pool, p0,
                           p.undo ? &p.undo->indexer : nullptr, p.undo_from);
     index_q.resize(static_cast<size_t>(s * ni * ci));
     index_w.resize(static_cast<size_t>(s * ni));
-    ProjectAll({Projection(ix.q_b_proj, cq.data(), s, c.q_lora_rank, index_q.data()),
-                Projection(ix.weights_proj, p.x, s, hidden, index_w.data())},
+    ProjectAll({Projection(ix.q_b_proj, cq.data(), s, c.q_lora_rank, index_q.data(), round),
+                Projection(ix.weights_proj, p.x, s, hidden, index_w.data(), round)},
                pool);
     for (int64_t t = 0; t < s; ++t) {
       for (int64_t h = 0; h < ni; ++h) p.compress_rope->Apply(&index_q[(t * ni + h) * ci], ci, p0 + t, false);
@@ -281,10 +288,10 @@ void RunAttention(const AttentionParams& p, cpu::ThreadPool& pool) {
   std::vector<cpu::MatmulParams> group_jobs;
   for (int64_t g = 0; g < groups; ++g) {
     group_jobs.push_back({.x = o.data() + g * in, .m = s, .x_stride = hd, .w = &w.o_a_groups[g],
-                          .y = grouped.data() + g * r, .y_stride = groups * r});
+                          .y = grouped.data() + g * r, .y_stride = groups * r, .round_fp8_input = round});
   }
   cpu::MatmulBatch(group_jobs, pool);
-  Project(w.o_b_proj, grouped.data(), s, groups * r, p.out, pool);
+  Project(w.o_b_proj, grouped.data(), s, groups * r, p.out, round, pool);
 
   if (p.state != nullptr) {  // the ring keeps the last win positions
     if (p.undo != nullptr) {

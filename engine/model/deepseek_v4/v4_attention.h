@@ -38,6 +38,9 @@ struct AttentionParams {
   // here (v4_state_undo.h); the chunk must then be at most sliding_window tokens.
   LayerUndo* undo = nullptr;
   int64_t undo_from = 0;
+  // The FP8 projections' inputs rounded as the GPU's FP8 GEMM reads them
+  // (cpu::MatmulParams::round_fp8_input): the CPU reference for the GPU's FP8 prefill.
+  bool round_fp8_input = false;
 };
 
 void RunAttention(const AttentionParams& p, cpu::ThreadPool& pool);

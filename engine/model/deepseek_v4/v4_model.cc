@@ -19,6 +19,7 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Model>> DeepseekV4Model::Load(const std
   ASSIGN_OR_RETURN(model->config_, LoadDeepseekV4Config(dir));
   ASSIGN_OR_RETURN(model->loaded_, LoadedWeights::Load(model->config_, dir));
   model->pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
+  model->fp8_activation_rounding_ = options.fp8_activation_rounding;
   model->main_rope_ = Rope(model->config_.main_rope);
   model->compress_rope_ = Rope(model->config_.compress_rope);
   return model;
@@ -105,13 +106,14 @@ void DeepseekV4Model::Block(const LayerWeights& lw, AttentionType type, MlpType 
   RunAttention({.config = &c, .weights = &lw.attention, .type = type,
                 .rope = type == AttentionType::kSliding ? &main_rope_ : &compress_rope_,
                 .compress_rope = &compress_rope_, .x = u.data(), .rows = s, .start_position = start,
-                .state = state, .out = sub.data(), .undo = undo, .undo_from = undo_from},
+                .state = state, .out = sub.data(), .undo = undo, .undo_from = undo_from,
+                .round_fp8_input = fp8_activation_rounding_},
                *pool_);
   expand();
   HyperPre(lw.ffn_hc, streams, s, post.data(), comb.data(), u.data());
   cpu::RmsNorm(u.data(), s, d, d, lw.ffn_norm, eps, u.data(), d);
   RunMoe({.config = &c, .weights = &lw.moe, .type = mlp, .x = u.data(), .tokens = tokens.data(), .rows = s,
-          .out = sub.data()},
+          .out = sub.data(), .round_fp8_input = fp8_activation_rounding_},
          *pool_);
   expand();
 }

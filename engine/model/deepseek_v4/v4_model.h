@@ -36,6 +36,10 @@ class DeepseekV4Model {
  public:
   struct LoadOptions {
     int num_threads = 0;  // 0: all hardware threads
+    // The decoder layers' FP8 products read their inputs rounded as the GPU's block-scaled
+    // FP8 GEMM does (cpu::MatmulParams::round_fp8_input): the reference for the GPU's
+    // passes that use it (cuda_v4_model.h, Options::fp8_gemm). Not the MTP layer.
+    bool fp8_activation_rounding = false;
   };
   // Loads config.json and the weights of a checkpoint directory. Errors: those of
   // LoadDeepseekV4Config and LoadedWeights::Load.
@@ -106,6 +110,7 @@ class DeepseekV4Model {
   DeepseekV4Config config_;
   std::unique_ptr<LoadedWeights> loaded_;
   std::unique_ptr<cpu::ThreadPool> pool_;
+  bool fp8_activation_rounding_ = false;  // LoadOptions::fp8_activation_rounding
   Rope main_rope_, compress_rope_;
 };
 

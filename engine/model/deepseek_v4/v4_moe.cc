@@ -24,21 +24,24 @@ struct ExpertRun {
 
 // The clamped SwiGLU experts in two fork-joins, every gate and up projection and then
 // every down projection (cpu::MatmulBatch: the bits of one matmul at a time).
-void Experts(std::vector<ExpertRun>& runs, int64_t hidden, float limit, cpu::ThreadPool& pool) {
+void Experts(std::vector<ExpertRun>& runs, int64_t hidden, float limit, bool round, cpu::ThreadPool& pool) {
   std::vector<cpu::MatmulParams> jobs;
   for (ExpertRun& r : runs) {
     const int64_t inter = r.w->gate.rows;
     r.gate.resize(static_cast<size_t>(r.rows * inter));
     r.up.resize(r.gate.size());
-    jobs.push_back({.x = r.x, .m = r.rows, .x_stride = hidden, .w = &r.w->gate, .y = r.gate.data(), .y_stride = inter});
-    jobs.push_back({.x = r.x, .m = r.rows, .x_stride = hidden, .w = &r.w->up, .y = r.up.data(), .y_stride = inter});
+    jobs.push_back({.x = r.x, .m = r.rows, .x_stride = hidden, .w = &r.w->gate, .y = r.gate.data(), .y_stride = inter,
+                    .round_fp8_input = round});
+    jobs.push_back({.x = r.x, .m = r.rows, .x_stride = hidden, .w = &r.w->up, .y = r.up.data(), .y_stride = inter,
+                    .round_fp8_input = round});
   }
   cpu::MatmulBatch(jobs, pool);
   jobs.clear();
   for (ExpertRun& r : runs) {
     const int64_t inter = r.w->gate.rows;
     ClampedSwiGlu(r.gate.data(), r.up.data(), limit, r.rows * inter, r.gate.data());
-    jobs.push_back({.x = r.gate.data(), .m = r.rows, .x_stride = inter, .w = &r.w->down, .y = r.y, .y_stride = hidden});
+    jobs.push_back({.x = r.gate.data(), .m = r.rows, .x_stride = inter, .w = &r.w->down, .y = r.y, .y_stride = hidden,
+                    .round_fp8_input = round});
   }
   cpu::MatmulBatch(jobs, pool);
 }
@@ -85,7 +88,7 @@ void RunMoe(const MoeParams& p, cpu::ThreadPool& pool) {
     runs.push_back({.w = &w.experts[x], .x = gathered[x].data(), .rows = n, .y = ys[x].data()});
   }
   runs.push_back({.w = &w.shared, .x = p.x, .rows = s, .y = p.out});
-  Experts(runs, hidden, limit, pool);
+  Experts(runs, hidden, limit, p.round_fp8_input, pool);
   for (int64_t x = 0; x < e; ++x) {
     for (size_t r = 0; r < slots[x].size(); ++r) {
       std::memcpy(&routed[slots[x][r] * hidden], &ys[x][r * hidden], hidden * sizeof(float));

@@ -22,6 +22,7 @@ struct MoeParams {
   const int32_t* tokens = nullptr;  // [rows]: the input ids (hash routing)
   int64_t rows = 0;
   float* out = nullptr;  // [rows][hidden_size]
+  bool round_fp8_input = false;  // as AttentionParams's, for FP8 experts and the shared expert
 };
 
 void RunMoe(const MoeParams& p, cpu::ThreadPool& pool);

@@ -9,7 +9,8 @@
 namespace tandem::v4 {
 
 absl::StatusOr<std::unique_ptr<PagedV4Model>> PagedV4Model::Load(const std::string& dir, const Options& options) {
-  absl::StatusOr<std::unique_ptr<DeepseekV4Model>> model = DeepseekV4Model::Load(dir, {.num_threads = options.num_threads});
+  absl::StatusOr<std::unique_ptr<DeepseekV4Model>> model = DeepseekV4Model::Load(
+      dir, {.num_threads = options.num_threads, .fp8_activation_rounding = options.fp8_activation_rounding});
   if (!model.ok()) return model.status();
   if (options.mtp) {
     const DeepseekV4Config& c = (*model)->config();

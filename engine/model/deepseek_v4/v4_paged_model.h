@@ -34,6 +34,7 @@ class PagedV4Model {
   struct Options {
     int num_threads = 0;  // 0: all hardware threads
     bool mtp = false;     // load for speculative decoding (the checkpoint's MTP layer)
+    bool fp8_activation_rounding = false;  // DeepseekV4Model::LoadOptions's
   };
   // Errors: DeepseekV4Model::Load's; FAILED_PRECONDITION for mtp without an MTP layer in
   // the checkpoint, UNIMPLEMENTED for an MTP layer whose attention is not a sliding window.

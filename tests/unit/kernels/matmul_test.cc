@@ -155,6 +155,50 @@ TEST(MatmulBatchTest, SameBitsAsOneAtATime) {
   }
 }
 
+// round_fp8_input: an FP8 matrix's product reads x as the GPU's FP8 GEMM does, i.e. the
+// product of x rounded by hand (per row and 128 columns: e4m3 of x / (amax / 448), times
+// that scale), bitwise, alone and in a batch; other matrices ignore it.
+TEST(MatmulRoundFp8InputTest, EqualsTheProductOfTheRoundedInput) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const int64_t m = 3, rows = 130, cols = 300, stride = 305;
+  std::vector<float> x(static_cast<size_t>(m * stride));
+  for (float& v : x) v = dist(rng) * 3.0f;
+  x[7] = 0.0f;
+  std::vector<float> rounded(static_cast<size_t>(m * cols));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t b = 0; b < cols; b += 128) {
+      const int64_t end = std::min(cols, b + 128);
+      float amax = 0.0f;
+      for (int64_t c = b; c < end; ++c) amax = std::max(amax, std::fabs(x[r * stride + c]));
+      const float scale = std::max(amax, 1e-4f) / 448.0f;
+      for (int64_t c = b; c < end; ++c) {
+        rounded[r * cols + c] = F8E4M3ToF32(F32ToF8E4M3(x[r * stride + c] / scale)) * scale;
+      }
+    }
+  }
+  ThreadPool pool(2);
+  for (DType dtype : {DType::kF8E4M3, DType::kBF16}) {
+    const Stored w = MakeWeights(dtype, rows, cols, rng);
+    std::vector<float> got(static_cast<size_t>(m * rows)), batched(got.size()), want(got.size()), plain(got.size());
+    Matmul({.x = x.data(), .m = m, .x_stride = stride, .w = &w.w, .y = got.data(), .y_stride = rows,
+            .round_fp8_input = true},
+           pool);
+    const MatmulParams job{.x = x.data(), .m = m, .x_stride = stride, .w = &w.w, .y = batched.data(),
+                           .y_stride = rows, .round_fp8_input = true};
+    MatmulBatch({&job, 1}, pool);
+    Matmul({.x = x.data(), .m = m, .x_stride = stride, .w = &w.w, .y = plain.data(), .y_stride = rows}, pool);
+    Matmul({.x = rounded.data(), .m = m, .x_stride = cols, .w = &w.w, .y = want.data(), .y_stride = rows}, pool);
+    EXPECT_EQ(got, batched) << DTypeName(dtype);
+    if (dtype == DType::kF8E4M3) {
+      EXPECT_EQ(got, want);
+      EXPECT_NE(got, plain) << "the rounding should change the products";
+    } else {
+      EXPECT_EQ(got, plain) << "only FP8 matrices read rounded inputs";
+    }
+  }
+}
+
 TEST(ThreadPoolTest, CoversEveryIndexOnce) {
   ThreadPool pool(4);
   for (int64_t n : {0, 1, 5, 64, 1001}) {

@@ -11,6 +11,7 @@
 #include "engine/util/status_macros.h"
 #include "kernels/common/check.h"
 #include "kernels/cuda/convert.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/hyper_connections.h"
 #include "kernels/cuda/quantized_gemv.h"
 #include "kernels/cuda/rms_norm.h"
@@ -71,6 +72,7 @@ absl::StatusOr<std::unique_ptr<CudaV4Model>> CudaV4Model::Create(const DeepseekV
   m->device_ = options.device;
   m->graphs_on_ = options.cuda_graphs;
   m->shared_beside_on_ = options.shared_expert_beside;
+  m->fp8_gemm_on_ = options.fp8_gemm;
   m->config_ = config;
   ASSIGN_OR_RETURN(m->weights_, UploadV4Weights(m->config_, weights));
   if (m->weights_->max_narrow_elements > 0) {
@@ -213,6 +215,10 @@ absl::Status CudaV4Model::Linear(const float* x, int64_t ldx, const DeviceMatrix
   if (m == 0) return absl::OkStatus();
   const float* const dense = w.data;
   if (w.narrow()) {
+    if (fp8_pass_ && w.format == cuda::QuantizedWeight::kFp8Block128) {
+      ASSIGN_OR_RETURN(const bool done, Fp8GemmLinear(x, ldx, w, y, ldy, m));
+      if (done) return absl::OkStatus();
+    }
     // Decode-sized products read the narrow codes directly (memory-bound on the weights);
     // larger ones widen the matrix and run the float32 GEMM.
     if (m <= cuda::kQuantizedGemvMaxRows &&
@@ -543,6 +549,8 @@ absl::StatusOr<std::vector<float>> CudaV4Model::Forward(std::span<const ForwardS
     shape.max_entries_hca = std::max(shape.max_entries_hca, end / config_.compress_rate_hca);
   }
   RETURN_IF_ERROR(Allocate(shape));
+  fp8_pass_ = fp8_gemm_on_ && shape.rows >= kFp8GemmMinRows && cuda::Fp8GemmSupported();
+  if (fp8_pass_) RETURN_IF_ERROR(EnsureFp8Scratch(shape.rows));
   const StepPlan plan = BuildStepPlan(config_, *weights_, batch, *pool_, {.x_proj = st.xp, .kv = st.kv});
   RETURN_IF_ERROR(Stage(plan));
   // A pass without host round trips (every MoE layer routed on the device) can replay.

@@ -43,7 +43,15 @@ class CudaV4Model {
     // Run the shared expert beside the routing and the routed experts (a second stream)
     // where its products are narrow GEMVs; off: after them on the one stream (tests).
     bool shared_expert_beside = true;
+    // Passes of at least kFp8GemmMinRows rows multiply the FP8 matrices on the FP8 tensor
+    // cores (cuda::Fp8Gemm, sm_90 only): each product's activations quantized per row and
+    // 128 columns as DeepSeek's inference code does (act_quant), the sums promoted to
+    // float32 per 128-wide block. Off: those matrices widened to float32 for cuBLAS's
+    // float32 GEMM, the CPU engine's arithmetic. The CPU reference with the same rounding:
+    // DeepseekV4Model::LoadOptions::fp8_activation_rounding.
+    bool fp8_gemm = false;
   };
+  static constexpr int64_t kFp8GemmMinRows = 128;
   // Loads config.json and the weights of `dir` onto the GPU. Errors: the loaders'
   // (config, weights); FAILED_PRECONDITION for a device that does not exist;
   // RESOURCE_EXHAUSTED when the GPU lacks memory.
@@ -63,6 +71,8 @@ class CudaV4Model {
   int64_t graph_replays() const { return graph_replays_; }
   // Layers whose shared expert was enqueued beside the routed experts so far (tests).
   int64_t shared_expert_branches() const { return shared_expert_branches_; }
+  // Products run on cuda::Fp8Gemm so far (Options::fp8_gemm; tests, the benchmark).
+  int64_t fp8_gemms() const { return fp8_gemms_; }
   void set_cuda_graphs(bool on) { graphs_on_ = on; }
 
   // The GPU pool, of this model's streams and geometry `g` (a host pool's, so that block
@@ -112,6 +122,12 @@ class CudaV4Model {
   void DropGraphs();
   absl::Status EnqueueLogits();
   absl::Status Linear(const float* x, int64_t ldx, const DeviceMatrix& w, float* y, int64_t ldy, int64_t m);
+  // Options::fp8_gemm (cuda_v4_fp8_gemm.cc): the quantized activations' scratch for a pass
+  // of `rows` rows, and Linear's FP8 GEMM (false: the operands do not meet its alignment
+  // needs, and Linear widens instead).
+  absl::Status EnsureFp8Scratch(int64_t rows);
+  absl::StatusOr<bool> Fp8GemmLinear(const float* x, int64_t ldx, const DeviceMatrix& w, float* y, int64_t ldy,
+                                     int64_t m);
 
   DeepseekV4Config config_;
   std::unique_ptr<CudaV4Weights> weights_;
@@ -138,6 +154,11 @@ class CudaV4Model {
   int64_t graph_replays_ = 0;
   bool shared_beside_on_ = true;
   int64_t shared_expert_branches_ = 0;
+  bool fp8_gemm_on_ = false;  // Options::fp8_gemm
+  bool fp8_pass_ = false;     // this pass's FP8 products on Fp8Gemm
+  cuda_model::DeviceBuffer fp8_scratch_;  // quantized activations, then their scales
+  int64_t fp8_scratch_rows_ = 0, fp8_scratch_cols_ = 0;
+  int64_t fp8_gemms_ = 0;
 
   // Per pass: the plan, its arrays on the device, and the activations.
   struct Step;

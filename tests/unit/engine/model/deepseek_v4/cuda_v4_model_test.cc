@@ -15,6 +15,7 @@
 
 #include "engine/model/deepseek_v4/cuda/cuda_v4_model.h"
 #include "engine/model/deepseek_v4/v4_paged_model.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "gtest/gtest.h"
 #include "tests/unit/engine/model/deepseek_v4/v4_test_models.h"
 #include "tests/unit/kernels/cuda_test_support.h"
@@ -248,6 +249,71 @@ TEST_P(CudaV4ModelTest, GraphReplaysEqualEagerPasses) {
     EXPECT_EQ(gpu_->shared_expert_branches(), 2 * 3 * cpu_->config().num_hidden_layers)
         << "the shared expert should run beside the routed experts";
   }
+}
+
+double RelativeL2(const float* got, const float* want) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t v = 0; v < kVocab; ++v) {
+    diff += (static_cast<double>(got[v]) - want[v]) * (static_cast<double>(got[v]) - want[v]);
+    norm += static_cast<double>(want[v]) * want[v];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+// Options::fp8_gemm: a prompt's pass of >= 128 rows multiplies the FP8 matrices on the FP8
+// tensor cores with e4m3 activations. A CPU engine given the same input rounding is the
+// reference; the two still differ in the order and precision of the block sums, and with
+// e4m3 inputs a small difference can move a value across a rounding boundary and grow
+// through the layers, so no row-by-row bound holds. What must hold: the GPU is as far from
+// the plain CPU as the rounded CPU is (its deviation is the rounding's, nothing more), and
+// picks the plain CPU's top-1 as often, within 5 % of the rows.
+TEST_P(CudaV4ModelTest, Fp8GemmPrefillMatchesTheCpuWithTheSameRounding) {
+  if (GetParam() == Checkpoint::kF32) GTEST_SKIP() << "no FP8 matrices";
+  if (!cuda::Fp8GemmSupported()) GTEST_SKIP() << "Fp8Gemm runs on sm_90 only";
+  const std::string& dir = dirs_->at(GetParam());
+  absl::StatusOr<std::unique_ptr<cuda_v4::CudaV4Model>> fp8 = cuda_v4::CudaV4Model::Load(dir, {.fp8_gemm = true});
+  absl::StatusOr<std::unique_ptr<PagedV4Model>> rounded =
+      PagedV4Model::Load(dir, {.num_threads = 2, .fp8_activation_rounding = true});
+  ASSERT_TRUE(fp8.ok() && rounded.ok()) << fp8.status() << " " << rounded.status();
+  ASSERT_TRUE((*fp8)->EnsurePool(pool_->geometry()).ok());
+  absl::StatusOr<std::unique_ptr<KvPool>> rounded_pool = KvPool::Create(cpu_->kv_streams(), pool_->geometry());
+  ASSERT_TRUE(rounded_pool.ok());
+  const std::vector<int32_t> prompt = Tokens(300, 11), blocks = {1, 2, 3, 4, 5};
+  const ForwardSequence s{.tokens = prompt, .start_position = 0, .block_table = blocks, .all_logits = true,
+                          .state_slot = 0};
+  absl::StatusOr<std::vector<float>> plain = cpu_->Forward({&s, 1}, *pool_);
+  absl::StatusOr<std::vector<float>> reference = (*rounded)->Forward({&s, 1}, **rounded_pool);
+  absl::StatusOr<std::vector<float>> got = (*fp8)->Forward({&s, 1});
+  ASSERT_TRUE(plain.ok() && reference.ok() && got.ok()) << plain.status() << " " << reference.status() << " "
+                                                         << got.status();
+  const int64_t gemms = (*fp8)->fp8_gemms();
+  EXPECT_GE(gemms, (GetParam() == Checkpoint::kFp8WholeBlocks ? 7 : 1) * cpu_->config().num_hidden_layers);
+  const int rows = static_cast<int>(prompt.size());
+  int gpu_top1 = 0, rounded_top1 = 0;
+  double gpu_mean = 0.0, rounded_mean = 0.0, between = 0.0;
+  for (int r = 0; r < rows; ++r) {
+    const float* p = &(*plain)[r * kVocab];
+    const float* g = &(*got)[r * kVocab];
+    const float* c = &(*reference)[r * kVocab];
+    gpu_mean += RelativeL2(g, p) / rows;
+    rounded_mean += RelativeL2(c, p) / rows;
+    between += RelativeL2(g, c) / rows;
+    gpu_top1 += Argmax(g) == Argmax(p);
+    rounded_top1 += Argmax(c) == Argmax(p);
+  }
+  std::printf("prefill of %d tokens, %lld FP8 GEMMs; against the plain CPU: GPU mean relative L2 %.3e, same top-1 %d; "
+              "CPU with the GPU's rounding %.3e, %d; GPU against that CPU %.3e\n",
+              rows, static_cast<long long>(gemms), gpu_mean, gpu_top1, rounded_mean, rounded_top1, between);
+  EXPECT_GT(rounded_mean, 0.0) << "the rounding should change the CPU's logits";
+  EXPECT_LE(gpu_mean, 1.5 * rounded_mean + 0.01);
+  EXPECT_GE(gpu_top1, rounded_top1 - rows / 20);
+
+  // Passes under 128 rows keep the float32 products.
+  const std::vector<int32_t> short_prompt = Tokens(100, 12), short_blocks = {6, 7};
+  const ForwardSequence short_s{.tokens = short_prompt, .start_position = 0, .block_table = short_blocks,
+                                .state_slot = 1};
+  ASSERT_TRUE((*fp8)->Forward({&short_s, 1}).ok());
+  EXPECT_EQ((*fp8)->fp8_gemms(), gemms) << "a 100-row pass took the FP8 GEMMs";
 }
 
 TEST_P(CudaV4ModelTest, RefusesBadBatches) {
