@@ -2,7 +2,7 @@
 // against the memory roofline measured in the same run (bench/cuda_copy_rate.h).
 //
 //   v4_cuda_decode_bench [--config FILE] [--layers N|fit] [--experts E] [--contexts 1024,32768,...]
-//                        [--steps S] [--json FILE]
+//                        [--steps S] [--prefill N [--prefill-chunk C]] [--json FILE]
 //
 // The weights are synthetic, built in host memory in DeepSeek's FP8 checkpoint formats (FP8
 // linears with 128x128 block scales, FP4 routed experts with power-of-two scales, bf16
@@ -18,6 +18,13 @@
 // the goal's roofline) and `engine_bytes` (what this engine's GPU form reads: bf16
 // matrices widened to float32, FP4 scales as floats).
 // The KV entries are float32 in both.
+//
+// --prefill N first times one sequence's N-token prompt from position 0 (in chunks of C),
+// with the FP8 matrices on the FP8 tensor cores (CudaV4Model::Options::fp8_gemm) and widened
+// to float32, the same model alternately; its rate is the linears' FLOPs (2 x the weight
+// elements a token multiplies: every dense matrix, num_experts_per_tok routed experts; not
+// the attention's own products) per second over cuBLASLt's block-scaled FP8 GEMM rate at
+// m = min(N, 8192), 4096 x 4096, measured in the same run.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -35,6 +42,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/cublaslt_fp8.h"
 #include "bench/cuda_copy_rate.h"
 #include "bench/read_bandwidth.h"
 #include "bench/v4_decode_bytes.h"
@@ -192,6 +200,87 @@ uint64_t EngineBytes(const DeepseekV4Config& c, const ModelWeights& w) {
   return bytes + EngineMatrixBytes(w.hc_head.fn) + EngineMatrixBytes(w.head);
 }
 
+uint64_t Elements(const WeightMatrix& x) { return static_cast<uint64_t>(x.rows) * x.cols; }
+
+// The weight elements one token multiplies in the decoder layers (the --prefill rate).
+uint64_t LinearElementsPerToken(const DeepseekV4Config& c, const ModelWeights& w) {
+  uint64_t n = 0;
+  for (const LayerWeights& l : w.layers) {
+    const AttentionWeights& a = l.attention;
+    n += Elements(a.q_a_proj) + Elements(a.q_b_proj) + Elements(a.kv_proj) + Elements(a.o_b_proj);
+    for (const WeightMatrix& g : a.o_a_groups) n += Elements(g);
+    if (a.compressor) n += Elements(a.compressor->kv_proj) + Elements(a.compressor->gate_proj);
+    if (a.indexer) {
+      n += Elements(a.indexer->compressor.kv_proj) + Elements(a.indexer->compressor.gate_proj) +
+           Elements(a.indexer->q_b_proj) + Elements(a.indexer->weights_proj);
+    }
+    n += Elements(l.attn_hc.fn) + Elements(l.ffn_hc.fn) + Elements(l.moe.router);
+    n += Elements(l.moe.shared.gate) + Elements(l.moe.shared.up) + Elements(l.moe.shared.down);
+    const ExpertWeights& e = l.moe.experts[0];
+    n += c.num_experts_per_tok * (Elements(e.gate) + Elements(e.up) + Elements(e.down));
+  }
+  return n;
+}
+
+// cuBLASLt's block-scaled FP8 GEMM rate (FLOP/s) at m x 4096 x 4096, bf16 out: the median
+// of 5 timed batches of 10.
+double CublasLtFp8Rate(int m) {
+  constexpr int n = 4096, k = 4096;
+  uint8_t *x, *w;
+  float *xs, *ws;
+  __nv_bfloat16* y;
+  void* workspace;
+  const size_t workspace_bytes = size_t{64} << 20;
+  CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(m) * k));
+  CHECK_CUDA(cudaMalloc(&w, static_cast<size_t>(n) * k));
+  CHECK_CUDA(cudaMalloc(&xs, static_cast<size_t>(m) * (k / 128) * 4));
+  CHECK_CUDA(cudaMalloc(&ws, static_cast<size_t>(n / 128) * (k / 128) * 4));
+  CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(m) * n * 2));
+  CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  CHECK_CUDA(cudaMemset(x, 0x38, static_cast<size_t>(m) * k));  // e4m3 1.0
+  CHECK_CUDA(cudaMemset(w, 0x30, static_cast<size_t>(n) * k));  // e4m3 0.5
+  const std::vector<float> ones(static_cast<size_t>(m) * (k / 128), 1.0f / 64);
+  CHECK_CUDA(cudaMemcpy(xs, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(ws, ones.data(), static_cast<size_t>(n / 128) * (k / 128) * 4, cudaMemcpyHostToDevice));
+  cublasLtHandle_t lt;
+  CHECK_CUBLAS(cublasLtCreate(&lt));
+  double rate = 0.0;
+  {
+    bench::LtFp8 gemm(lt, bench::LtFp8::Scaling::kBlock, false, m, n, k, x, xs, w, ws, y, workspace, workspace_bytes);
+    std::unique_ptr<bench::LtFp8> other;
+    bench::LtFp8* run = &gemm;
+    if (!gemm.ok()) {
+      other = std::make_unique<bench::LtFp8>(lt, bench::LtFp8::Scaling::kBlock, true, m, n, k, x, xs, w, ws, y,
+                                             workspace, workspace_bytes);
+      run = other->ok() ? other.get() : nullptr;
+    }
+    if (run != nullptr) {
+      cudaEvent_t a, b;
+      CHECK_CUDA(cudaEventCreate(&a));
+      CHECK_CUDA(cudaEventCreate(&b));
+      std::vector<double> ms;
+      for (int r = 0; r < 6; ++r) {
+        CHECK_CUDA(cudaEventRecord(a));
+        for (int i = 0; i < 10; ++i) run->Run();
+        CHECK_CUDA(cudaEventRecord(b));
+        CHECK_CUDA(cudaEventSynchronize(b));
+        float t = 0.0f;
+        CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+        if (r > 0) ms.push_back(t / 10.0);
+      }
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+      rate = 2.0 * m * n * k / (bench::Percentile(ms, 0.5) * 1e-3);
+    }
+  }
+  cublasLtDestroy(lt);
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(w), static_cast<void*>(xs), static_cast<void*>(ws),
+                  static_cast<void*>(y), workspace}) {
+    cudaFree(p);
+  }
+  return rate;
+}
+
 // What layer `l` takes on the GPU, every stored expert included.
 uint64_t StoredLayerBytes(const LayerWeights& l) {
   uint64_t bytes = DenseLayerBytes(l);
@@ -228,7 +317,7 @@ int64_t LayersThatFit(const DeepseekV4Config& c, int64_t experts, int64_t tokens
 
 int Usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s [--config FILE] [--layers N|fit] [--experts E] [--contexts N,N,...] [--steps S] [--eager-too] [--shared-expert-serial] [--profile] [--json FILE]\n"
+               "usage: %s [--config FILE] [--layers N|fit] [--experts E] [--contexts N,N,...] [--steps S] [--eager-too] [--shared-expert-serial] [--prefill N [--prefill-chunk C]] [--profile] [--json FILE]\n"
                "  DeepSeek-V4 GPU decode at batch 1 against a same-run copy (bench/README.md)\n"
                "  --config    a deepseek_v4 config.json (default bench/configs/v4_flash_widths.json)\n"
                "  --layers    decoder layers to build (default: the config's); `fit`: as many of V4-Flash's 43 as\n"
@@ -238,6 +327,8 @@ int Usage(const char* argv0) {
                "  --steps     timed decode steps per context (default 24)\n"
                "  --eager-too also time each context without CUDA graphs (the same model, same run)\n"
                "  --shared-expert-serial  the shared expert after the routed experts on the one stream\n"
+               "  --prefill   first time an N-token prompt's prefill, FP8 GEMMs against float32 (default 0: none)\n"
+               "  --prefill-chunk  tokens a pass during that prefill (default: all N in one)\n"
                "              (default: beside them on a second stream where its products are GEMVs)\n"
                "  --profile   bracket the first context's last step with cudaProfilerStart/Stop (for nsys\n"
                "              --capture-range=cudaProfilerApi or ncu --profile-from-start off)\n"
@@ -252,6 +343,7 @@ int Main(int argc, char** argv) {
   bool fit_layers = false;
   int steps = 24;
   bool profile = false, eager_too = false, shared_serial = false;
+  int64_t prefill = 0, prefill_chunk = 0;
   std::vector<int64_t> contexts = {1024, 32768, 131072};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -268,6 +360,11 @@ int Main(int argc, char** argv) {
     else if (a == "--profile") profile = true;
     else if (a == "--eager-too") eager_too = true;
     else if (a == "--shared-expert-serial") shared_serial = true;
+    else if (a == "--prefill") {
+      if (!absl::SimpleAtoi(next(), &prefill) || prefill < 0) return Usage(argv[0]);
+    } else if (a == "--prefill-chunk") {
+      if (!absl::SimpleAtoi(next(), &prefill_chunk) || prefill_chunk < 1) return Usage(argv[0]);
+    }
     else if (a == "--contexts") {
       contexts.clear();
       for (absl::string_view s : absl::StrSplit(next(), ',')) {
@@ -340,7 +437,8 @@ int Main(int argc, char** argv) {
   const uint64_t checkpoint_bytes = bench_bytes::WeightBytesPerToken(c, synthetic.weights(), /*fp4_as_stored=*/true);
   const uint64_t engine_bytes = EngineBytes(c, synthetic.weights());
 
-  const int64_t block = 64, most = *std::max_element(contexts.begin(), contexts.end()) + steps + 8;
+  const int64_t block = 64,
+                most = std::max(*std::max_element(contexts.begin(), contexts.end()) + steps + 8, prefill);
   const int64_t blocks = (most + block - 1) / block;
   absl::Status pooled = m.EnsurePool({.num_layers = static_cast<int32_t>(c.num_hidden_layers),
                                       .block_size = static_cast<int32_t>(block), .num_blocks = blocks,
@@ -353,6 +451,59 @@ int Main(int argc, char** argv) {
   std::iota(table.begin(), table.end(), 0);
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   bool finite = true;
+  nlohmann::ordered_json prefill_json;
+  if (prefill > 0) {
+    const int64_t chunk = prefill_chunk > 0 ? std::min(prefill_chunk, prefill) : prefill;
+    std::vector<int32_t> prompt(static_cast<size_t>(prefill));
+    for (int64_t i = 0; i < prefill; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % 50000 + 10);
+    // Seconds for the whole prompt, chunk after chunk; the last chunk's logits only.
+    auto run = [&](bool fp8) -> double {
+      m.set_fp8_gemm(fp8);
+      const auto t = Clock::now();
+      for (int64_t at = 0; at < prefill; at += chunk) {
+        const int64_t n = std::min(chunk, prefill - at);
+        const ForwardSequence q{.tokens = std::span(prompt).subspan(static_cast<size_t>(at), static_cast<size_t>(n)),
+                                .start_position = at, .block_table = table, .no_logits = at + n < prefill,
+                                .state_slot = 0};
+        absl::StatusOr<std::vector<float>> logits = m.Forward({&q, 1});
+        if (!logits.ok()) {
+          std::fprintf(stderr, "v4_cuda_decode_bench: prefill: %s\n", std::string(logits.status().message()).c_str());
+          return -1.0;
+        }
+        for (float v : *logits) finite = finite && std::isfinite(v);
+      }
+      return bench::SecondsBetween(t, Clock::now());
+    };
+    std::vector<double> f32_s, fp8_s;
+    const int64_t gemms_before = m.fp8_gemms();
+    for (int r = 0; r < 4; ++r) {  // the first of each untimed (allocation, cuBLAS's first calls)
+      const double a = run(false), b = run(true);
+      if (a < 0 || b < 0) return 1;
+      if (r > 0) {
+        f32_s.push_back(a);
+        fp8_s.push_back(b);
+      }
+    }
+    m.set_fp8_gemm(false);
+    const double lt_rate = CublasLtFp8Rate(static_cast<int>(std::min<int64_t>(prefill, 8192)));
+    const double flops = 2.0 * static_cast<double>(LinearElementsPerToken(c, synthetic.weights())) * prefill;
+    const double f32 = bench::Percentile(f32_s, 0.5), fp8 = bench::Percentile(fp8_s, 0.5);
+    std::fprintf(stderr,
+                 "prefill %lld tokens in chunks of %lld: FP8 GEMMs %.1f ms (%.0f tokens/s, %.3f of cuBLASLt's FP8 rate "
+                 "%.0f TFLOP/s), float32 %.1f ms (%.3f); %lld FP8 GEMMs a prefill\n",
+                 static_cast<long long>(prefill), static_cast<long long>(chunk), fp8 * 1e3, prefill / fp8,
+                 flops / fp8 / lt_rate, lt_rate / 1e12, f32 * 1e3, flops / f32 / lt_rate,
+                 static_cast<long long>((m.fp8_gemms() - gemms_before) / 4));
+    prefill_json = {{"tokens", prefill},
+                    {"chunk", chunk},
+                    {"linear_flops", flops},
+                    {"cublaslt_fp8_tflops", lt_rate / 1e12},
+                    {"fp8_gemm_ms_p50", fp8 * 1e3},
+                    {"float32_ms_p50", f32 * 1e3},
+                    {"fp8_gemm_fraction_of_cublaslt_fp8", flops / fp8 / lt_rate},
+                    {"float32_fraction_of_cublaslt_fp8", flops / f32 / lt_rate},
+                    {"fp8_gemms_per_prefill", (m.fp8_gemms() - gemms_before) / 4}};
+  }
   // Median seconds of `steps` decode steps at context n (after 3 untimed ones: the first
   // pass of a launch layout runs eagerly, the second is captured).
   auto measure = [&](int64_t n, bool graphs, std::vector<double>& step_s) -> bool {
@@ -416,6 +567,7 @@ int Main(int argc, char** argv) {
       {"reference_copy_gbs", copy_gbs},
       {"logits_finite", finite},
       {"results", results},
+      {"prefill", prefill_json},
       {"goal_reference", "roofline: (checkpoint-format weight bytes + float32 KV bytes a step reads) / the same run's "
                          "device copy rate (bytes read + written per second)"},
   };

@@ -74,6 +74,7 @@ class CudaV4Model {
   // Products run on cuda::Fp8Gemm so far (Options::fp8_gemm; tests, the benchmark).
   int64_t fp8_gemms() const { return fp8_gemms_; }
   void set_cuda_graphs(bool on) { graphs_on_ = on; }
+  void set_fp8_gemm(bool on) { fp8_gemm_on_ = on; }  // Options::fp8_gemm, from the next pass
 
   // The GPU pool, of this model's streams and geometry `g` (a host pool's, so that block
   // ids and state slots mean the same in both): allocated and zeroed at the first call,
