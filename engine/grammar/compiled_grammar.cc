@@ -8,6 +8,7 @@
 #include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/grammar/counted_repetition.h"
 #include "engine/grammar/earley_recognizer.h"
 #include "engine/grammar/stack_walker.h"
 #include "engine/grammar/token_walker.h"
@@ -53,11 +54,14 @@ namespace {
 class Precomputer {
  public:
   Precomputer(const RuleTable& table, const GrammarVocabulary& vocab, absl::Time deadline, bool stack_walker,
-              int64_t horizon)
+              bool counted_repetitions, int64_t horizon)
       : table_(table), vocab_(vocab), deadline_(deadline), rec_(table), any_context_(table),
         walker_(vocab, &rec_, deadline), any_walker_(vocab, &any_context_, deadline), machine_(table),
         stack_walker_(vocab, &machine_, deadline), use_stack_(stack_walker), token_stamp_(vocab.size(), 0) {
     horizon_ = horizon;
+    if (counted_repetitions) {
+      counted_ = std::make_unique<CountedRepetitions>(table, vocab, &machine_, &stack_walker_, horizon, deadline);
+    }
     // Every site of every rule, from set 0: completions with origin 0 reach them all.
     std::vector<EarleyRecognizer::Item> sites;
     for (int32_t p = 0; p < static_cast<int32_t>(table_.num_positions()); ++p) {
@@ -71,6 +75,7 @@ class Precomputer {
   bool used_stack_machine() const { return use_stack_; }
   size_t shared_walks() const { return level1_.size(); }
   size_t pruned() const { return pruned_; }
+  size_t derived() const { return counted_ ? counted_->derived() : 0; }
 
   // Fills entries for every position an item can hold after input.
   absl::Status Run(std::vector<int32_t>* entry_of, std::vector<CompiledGrammar::Entry>* entries,
@@ -197,8 +202,21 @@ class Precomputer {
     if (auto it = level1_.find(key); it != level1_.end()) return &it->second;
     std::vector<int32_t> accepted;
     std::vector<Pending> uncertain;
+    bool derived = false;
+    if (use_stack_ && counted_) {
+      // A counted repetition's positions: from shared per-token figures, not a walk each.
+      absl::StatusOr<bool> d = counted_->Derive(p, &accepted, &uncertain);
+      if (!d.ok() && !absl::IsFailedPrecondition(d.status())) return d.status();
+      derived = d.ok() && *d;
+      if (!derived) {
+        accepted.clear();
+        uncertain.clear();
+      }
+    }
     const int32_t root = 0;
-    if (absl::Status s = WalkFrom({&p, 1}, {&root, 1}, &accepted, &uncertain); !s.ok()) return s;
+    if (!derived) {
+      if (absl::Status s = WalkFrom({&p, 1}, {&root, 1}, &accepted, &uncertain); !s.ok()) return s;
+    }
     Level1 l{static_cast<int32_t>(level1_.size()), AddSet(std::move(accepted)), std::move(uncertain), {}};
     return &level1_.emplace(std::move(key), std::move(l)).first->second;
   }
@@ -213,7 +231,18 @@ class Precomputer {
     std::vector<int32_t> accepted;
     std::vector<Pending> uncertain;
     int32_t outer = -1;
-    if (absl::Status s = ThroughChain(p, *l1, &accepted, &uncertain, &outer); !s.ok()) return s;
+    std::string key;
+    const CompiledGrammar::Entry* same = nullptr;
+    if (absl::Status s = ThroughChain(p, *l1, &accepted, &uncertain, &outer, &key, &same); !s.ok()) return s;
+    if (same != nullptr) return *same;
+    absl::StatusOr<CompiledGrammar::Entry> done = Finish(std::move(e), std::move(accepted), std::move(uncertain), outer);
+    if (done.ok() && !key.empty()) entry_memo_.emplace(std::move(key), *done);
+    return done;
+  }
+
+  // An entry from step 2's outcome: the sets stored, the uncertain suffixes pruned.
+  absl::StatusOr<CompiledGrammar::Entry> Finish(CompiledGrammar::Entry e, std::vector<int32_t> accepted,
+                                                std::vector<Pending> uncertain, int32_t outer) {
     if (!accepted.empty()) e.extra = AddSet(std::move(accepted));
     if (uncertain.empty()) return e;
     std::sort(uncertain.begin(), uncertain.end());
@@ -313,8 +342,9 @@ class Precomputer {
     return result;
   }
 
+  // `key` and `same`: the entry memo's key, and its entry when it already holds it.
   absl::Status ThroughChain(int32_t p, Level1* l1, std::vector<int32_t>* accepted, std::vector<Pending>* uncertain,
-                            int32_t* outer) {
+                            int32_t* outer, std::string* key, const CompiledGrammar::Entry** same) {
     std::vector<int32_t> chain;
     *outer = Chain(p, use_stack_, &chain);
     if (chain.empty()) {
@@ -344,6 +374,22 @@ class Precomputer {
     const size_t segments = (chain.size() + kSegment - 1) / kSegment;
     std::vector<StackMachine::State> state(segments, StackMachine::kDead);
     std::vector<char> built(segments, 0);
+    // Positions with the same step 1, the same first segment's state and the same sites
+    // above it get the same entry (the copies of a repeated rule away from the
+    // repetition's bounds: thousands in a long bounded string), computed once. Off with
+    // counted repetitions, so that the general path stays what it was.
+    state[0] = SegmentState(chain, 0, std::min(chain.size(), kSegment));
+    built[0] = 1;
+    if (counted_ && state[0] != StackMachine::kDead) {
+      std::vector<int32_t> parts = {l1->id, state[0], *outer};
+      parts.insert(parts.end(), chain.begin() + static_cast<std::ptrdiff_t>(std::min(chain.size(), kSegment)),
+                   chain.end());
+      key->assign(reinterpret_cast<const char*>(parts.data()), parts.size() * sizeof(int32_t));
+      if (auto it = entry_memo_.find(*key); it != entry_memo_.end()) {
+        *same = &it->second;
+        return absl::OkStatus();
+      }
+    }
     const auto state_of = [&](size_t k) {
       if (!built[k]) {
         state[k] = SegmentState(chain, k * kSegment, std::min(chain.size(), (k + 1) * kSegment));
@@ -552,6 +598,7 @@ class Precomputer {
   StackMachine machine_;
   StackTrieWalker stack_walker_;
   bool use_stack_;
+  std::unique_ptr<CountedRepetitions> counted_;  // null when CompileOptions turns it off
   std::vector<TokenSet>* bases_ = nullptr;
   absl::node_hash_map<std::string, Level1> level1_;  // node: entries keep pointers
   absl::flat_hash_map<std::string, int32_t> horizon_representative_;  // RemainderKey -> first position
@@ -560,6 +607,7 @@ class Precomputer {
   absl::flat_hash_map<std::string, int32_t> set_index_;
   absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, Shifted> shifted_;
   absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, Shifted> group_memo_;
+  absl::flat_hash_map<std::string, CompiledGrammar::Entry> entry_memo_;  // ThroughChain's key
   std::vector<int32_t> representative_;  // per canonical rule: its first rule
   std::vector<std::pair<int32_t, int32_t>> hop_;  // per rule: Hop's answer ({-2, -1} until known)
   std::vector<uint32_t> token_stamp_;  // per token: appended to the current entry's extra
@@ -596,7 +644,8 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
     }
   }
   g->table_ = RuleTable::Build(grammar, table_options);
-  Precomputer pre(g->table_, *g->vocab_, options.deadline, options.stack_walker, table_options.repeat_horizon);
+  Precomputer pre(g->table_, *g->vocab_, options.deadline, options.stack_walker, options.counted_repetitions,
+                  table_options.repeat_horizon);
   if (absl::Status s = pre.Run(&g->entry_of_, &g->entries_, &g->sets_); !s.ok()) {
     if (absl::IsDeadlineExceeded(s)) {
       return absl::InvalidArgumentError(
@@ -609,6 +658,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
   st.positions = g->table_.num_positions();
   st.entries = g->entries_.size();
   st.shared_walks = pre.shared_walks();
+  st.derived = pre.derived();
   st.copies = g->table_.num_copies();
   st.pushes = pre.pushes();
   st.pruned = pre.pruned();

@@ -65,6 +65,10 @@ struct CompileOptions {
   // Walk with the stack machine (stack_walker.h) where it can run the grammar; the
   // Earley walker otherwise. The results are the same (tested); this is for tests.
   bool stack_walker = true;
+  // Derive step 1 at positions inside counted repetitions (X{m,n}, X*, X+ beside required
+  // copies) from per-token figures instead of a walk per position (counted_repetition.h).
+  // The results are the same (tested); off is the general path, for tests and benchmarks.
+  bool counted_repetitions = true;
 };
 
 class CompiledGrammar {
@@ -84,7 +88,8 @@ class CompiledGrammar {
   struct Stats {
     size_t positions = 0;         // in the rule table
     size_t entries = 0;           // positions with precomputed masks
-    size_t shared_walks = 0;      // step 1 walks (distinct rule bodies and positions)
+    size_t shared_walks = 0;      // step 1 results (distinct rule bodies and positions)
+    size_t derived = 0;           // of which derived from counted repetitions, not walked
     size_t copies = 0;            // rules added by site specialization
     size_t uncertain = 0;         // token suffixes left to run time, over all entries
     size_t pruned = 0;            // suffixes no context can consume, dropped

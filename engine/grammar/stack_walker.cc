@@ -131,6 +131,19 @@ StackMachine::State StackMachine::Initial(std::span<const int32_t> positions) {
   return Intern(std::move(out), exit, can_end);
 }
 
+StackMachine::State StackMachine::Enter(int32_t rule) {
+  std::vector<int32_t> out;
+  bool exit = false, can_end = false;
+  seen_.clear();
+  std::vector<int32_t> stack;
+  for (int32_t a : plain_alts_[rule]) {
+    stack.assign(1, a);
+    Expand(stack, &out, &exit, &can_end, kMaxExpansions);
+  }
+  if (failed_ || (out.empty() && !exit && !can_end)) return kDead;
+  return Intern(std::move(out), exit, can_end);
+}
+
 StackMachine::State StackMachine::Step(State s, uint8_t byte) {
   std::vector<State>& row = states_[s].next_state;
   if (row.empty()) row.assign(256, kUnknown);

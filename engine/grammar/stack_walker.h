@@ -41,6 +41,8 @@ class StackMachine {
   // exits, or, when it is $start, may end. nullopt-like kDead when the closure would
   // not terminate (see the header).
   State Initial(std::span<const int32_t> positions);
+  // The state at the start of `rule` alone, every alternative: its completion exits.
+  State Enter(int32_t rule);
   State Step(State s, uint8_t byte);
   bool HasExit(State s) const { return states_[s].exit; }
   bool CanEnd(State s) const { return states_[s].can_end; }

@@ -15,9 +15,8 @@
 namespace tandem::grammar::testing {
 
 // Ids: those of BuildByteLevelTokenizer(base_size) (0 BOS, 1 EOS, 2 pad: special), then
-// `extra` random tokens made of JSON and regex punctuation, letters, digits, spaces and
-// pieces of UTF-8. EOS is the end token.
-inline std::shared_ptr<const GrammarVocabulary> MakeTestVocabulary(int base_size, int extra, uint32_t seed) {
+// `extra`. EOS is the end token.
+inline std::shared_ptr<const GrammarVocabulary> MakeVocabularyWith(int base_size, std::vector<std::string> extra) {
   const GeneratedTokenizerFiles files = BuildByteLevelTokenizer(base_size);
   auto tokenizer = Tokenizer::FromJson(files.tokenizer_json, files.tokenizer_config_json);
   std::vector<std::string> bytes(tokenizer.value()->vocab_size());
@@ -26,20 +25,36 @@ inline std::shared_ptr<const GrammarVocabulary> MakeTestVocabulary(int base_size
     special[id] = (*tokenizer)->IsSpecial(id);
     bytes[id] = (*tokenizer)->TokenBytes(id);
   }
+  for (std::string& t : extra) {
+    bytes.push_back(std::move(t));
+    special.push_back(0);
+  }
+  return GrammarVocabulary::FromTokens(std::move(bytes), std::move(special), {*(*tokenizer)->eos_id()});
+}
+
+// Random concatenations of 1 to `max_pieces` of `pieces`.
+inline std::vector<std::string> RandomTokens(const std::vector<std::string>& pieces, int count, int max_pieces,
+                                             uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::string> out;
+  for (int i = 0; i < count; ++i) {
+    std::string t;
+    const int n = 1 + static_cast<int>(rng() % max_pieces);
+    for (int k = 0; k < n; ++k) t += pieces[rng() % pieces.size()];
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// MakeVocabularyWith `extra` random tokens made of JSON and regex punctuation, letters,
+// digits, spaces and pieces of UTF-8.
+inline std::shared_ptr<const GrammarVocabulary> MakeTestVocabulary(int base_size, int extra, uint32_t seed) {
   const std::vector<std::string> pieces = {
       "\"", "\",", "\":", "\"}", "\"]", ", ", ": ", "{", "}", "[", "]", ",", ":", "\\", "\\\"", "\\u00", "\\n",
       "0", "1", "9", "-", ".", "e", "E", "+", "a", "b", "z", "A", "_", " ", "  ", "\n", "\t", "null", "true",
       "false", "\xC3", "\xA9", "\xC3\xA9", "\xE2\x82", "\xAC", "\xF0\x9F\x98\x80", "\xF0\x9F", "\x80", "x", "y",
       "(", ")", "|", "*", "?", "#", "@", "/", "'"};
-  std::mt19937 rng(seed);
-  for (int i = 0; i < extra; ++i) {
-    std::string t;
-    const int n = 1 + static_cast<int>(rng() % 4);
-    for (int k = 0; k < n; ++k) t += pieces[rng() % pieces.size()];
-    bytes.push_back(t);
-    special.push_back(0);
-  }
-  return GrammarVocabulary::FromTokens(std::move(bytes), std::move(special), {*(*tokenizer)->eos_id()});
+  return MakeVocabularyWith(base_size, RandomTokens(pieces, extra, 4, seed));
 }
 
 }  // namespace tandem::grammar::testing
