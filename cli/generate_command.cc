@@ -51,6 +51,7 @@ struct GenerateArgs {
   int grammar_mask_threads = 0;
   bool batch_invariant = false;
   bool fp8_decode = false;
+  bool fp8_prefill = false;
   int speculative_tokens = 0;
   double speculative_min_confidence = 0.0;
   bool no_speculative_adaptive = false;
@@ -130,6 +131,7 @@ int RunLocal(const GenerateArgs& a) {
   options.grammar_mask_threads = a.grammar_mask_threads;
   options.batch_invariant = a.batch_invariant;
   options.fp8_decode = a.fp8_decode;
+  options.fp8_prefill = a.fp8_prefill;
   options.speculative_tokens = a.speculative_tokens;
   options.speculative_min_confidence = static_cast<float>(a.speculative_min_confidence);
   options.speculative_adaptive = !a.no_speculative_adaptive;
@@ -266,6 +268,9 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_flag("--fp8-decode", args->fp8_decode,
                 "--local --device cuda, an FP8 DeepSeek-V2/V3 checkpoint: decode steps on its stored FP8 weights "
                 "(1.5x the bf16 weight memory); for a cluster, start its workers with --fp8-decode");
+  cmd->add_flag("--fp8-prefill", args->fp8_prefill,
+                "--local --device cuda (Hopper), an FP8 DeepSeek checkpoint: passes of 128+ tokens multiply on the "
+                "FP8 tensor cores; for a cluster, start its workers with --fp8-prefill");
   cmd->add_option("--speculative-tokens", args->speculative_tokens,
                   "--local: speculative decoding with the model's MTP layer, up to N drafts per step (0 = off; "
                   "docs/speculative-decoding.md); for a cluster, start its workers with --speculative-tokens")
@@ -315,14 +320,14 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
     }
     if (args->data_parallel > 1 || args->expert_parallel > 1 || args->tensor_parallel > 1) {
       *exit_code = Fail(absl::InvalidArgumentError(
-          "--data-parallel, --expert-parallel and --tensor-parallel need --local: the served workers do not start "
-          "rank groups yet (docs/parallel.md)"));
+          "--data-parallel, --expert-parallel and --tensor-parallel need --local: for a cluster, start its workers "
+          "with them (docs/parallel.md)"));
       return;
     }
-    if (args->fp8_decode) {
-      *exit_code = Fail(absl::InvalidArgumentError(
-          "--fp8-decode needs --local: for a cluster, start its workers with --fp8-decode (tandem serve-local "
-          "--fp8-decode)"));
+    if (args->fp8_decode || args->fp8_prefill) {
+      const char* flag = args->fp8_decode ? "--fp8-decode" : "--fp8-prefill";
+      *exit_code = Fail(absl::InvalidArgumentError(absl::StrCat(
+          flag, " needs --local: for a cluster, start its workers with ", flag, " (tandem serve-local ", flag, ")")));
       return;
     }
     if (args->batch_invariant) {

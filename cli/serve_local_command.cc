@@ -45,6 +45,7 @@ struct ServeLocalArgs {
   int64_t kv_cache_mb = 512;
   bool batch_invariant = false;
   bool fp8_decode = false;
+  bool fp8_prefill = false;
   int speculative_tokens = 0;
   double speculative_min_confidence = 0.0;
   bool no_speculative_adaptive = false;
@@ -123,6 +124,7 @@ int Run(const ServeLocalArgs& a) {
   o.worker_args.push_back("--kv-cache-mb=" + std::to_string(a.kv_cache_mb));
   if (a.batch_invariant) o.worker_args.push_back("--batch-invariant");
   if (a.fp8_decode) o.worker_args.push_back("--fp8-decode");
+  if (a.fp8_prefill) o.worker_args.push_back("--fp8-prefill");
   if (a.speculative_tokens > 0) {
     // Every worker drafts; the router and the kvstores admit and store the KV layout with
     // the MTP layer's KV (another fingerprint).
@@ -255,6 +257,9 @@ void RegisterServeLocal(CLI::App& app, int* exit_code) {
   cmd->add_flag("--fp8-decode", a->fp8_decode,
                 "GPU workers of an FP8 DeepSeek-V2/V3 checkpoint decode on its stored FP8 weights (worker "
                 "--fp8-decode: faster decode steps, 1.5x the bf16 weight memory)");
+  cmd->add_flag("--fp8-prefill", a->fp8_prefill,
+                "GPU workers of an FP8 DeepSeek checkpoint multiply prefill passes of 128+ tokens on the FP8 tensor "
+                "cores (worker --fp8-prefill)");
   cmd->add_option("--speculative-tokens", a->speculative_tokens,
                   "Speculative decoding with the model's MTP layer: every worker drafts up to N tokens per sequence "
                   "and step (worker --speculative-tokens; the router and the kvstores are told, for the KV layout "

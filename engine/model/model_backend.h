@@ -249,6 +249,11 @@ struct BackendOptions {
   // cuda, FP8 checkpoints: decode steps multiply the stored FP8 weights
   // (CudaDeepseekModel::LoadOptions::fp8_decode).
   bool fp8_decode = false;
+  // cuda, FP8 checkpoints: passes of at least 128 tokens multiply the FP8 matrices on the FP8
+  // tensor cores, their activations quantized per token and 128 columns as DeepSeek's
+  // inference code does (V2/V3: CudaDeepseekModel::LoadOptions::fp8_prefill; V4:
+  // cuda_v4::CudaV4Model::Options::fp8_gemm). Ignored with batch_invariant.
+  bool fp8_prefill = false;
   // Speculative decoding: load the checkpoint's MTP layer (ModelBackend::has_mtp); the
   // engine's pool then has its KV as one more layer (KvStreamOptions::mtp).
   bool mtp = false;

@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& model_
                                                           .kv_blocks = options.num_kv_blocks,
                                                           .batch_invariant = options.batch_invariant,
                                                           .fp8_decode = options.fp8_decode,
+                                                          .fp8_prefill = options.fp8_prefill,
                                                           .mtp = mtp}));
   }
   if (mtp && !e->backend_->has_mtp()) {

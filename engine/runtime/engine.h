@@ -104,6 +104,9 @@ struct EngineOptions {
   // --fp8-decode: an FP8 checkpoint's decode steps on the GPU multiply its stored FP8
   // weights (BackendOptions::fp8_decode).
   bool fp8_decode = false;
+  // --fp8-prefill: an FP8 checkpoint's prefill passes on the GPU multiply on the FP8 tensor
+  // cores (BackendOptions::fp8_prefill).
+  bool fp8_prefill = false;
   // Structured output: a request's constraint is compiled off the engine thread
   // (constraint_compiler.h) within this many seconds (--grammar-compile-timeout-ms), or
   // the request fails with INVALID_ARGUMENT.

@@ -71,6 +71,7 @@ struct WorkerFlags {
   bool no_pipeline_steps = false;
   bool batch_invariant = false;
   bool fp8_decode = false;
+  bool fp8_prefill = false;
   int32_t speculative_tokens = 0;
   float speculative_min_confidence = 0.0f;
   bool no_speculative_adaptive = false;
@@ -198,6 +199,12 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
                "copy's two (docs/performance.md); the bf16 copies stay for prefill, so the weights take 1.5x the "
                "bf16 memory. Not with --batch-invariant (ignored there). No effect on other checkpoints or the CPU "
                "(which always multiplies FP8 weights widened exactly)");
+  app.add_flag("--fp8-prefill", f.fp8_prefill,
+               "cuda (Hopper), DeepSeek checkpoints stored in FP8: passes of at least 128 tokens multiply the FP8 "
+               "matrices on the FP8 tensor cores, each product's activations quantized per token and 128 columns "
+               "as DeepSeek's inference code does (logits then differ from the bf16/float32 path by that rounding; "
+               "docs/performance.md). V2/V3 keep the bf16 copies as --fp8-decode does. Ignored with "
+               "--batch-invariant, on other GPUs, other checkpoints and the CPU");
   app.add_option("--speculative-tokens", f.speculative_tokens,
                  "Speculative decoding with the checkpoint's MTP layer (docs/speculative-decoding.md): up to N draft "
                  "tokens per sequence and step, verified by the next step (greedy outputs unchanged, sampled ones "
@@ -348,6 +355,7 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
   eo.pipeline_steps = !f.no_pipeline_steps;
   eo.batch_invariant = f.batch_invariant;
   eo.fp8_decode = f.fp8_decode;
+  eo.fp8_prefill = f.fp8_prefill;
   eo.speculative_tokens = f.speculative_tokens;
   eo.speculative_min_confidence = f.speculative_min_confidence;
   eo.speculative_adaptive = !f.no_speculative_adaptive;

@@ -145,7 +145,7 @@ TEST(CliTest, LocalGenerationOnRanksIsOneRanks) {
       {BinaryPath("tandem"), "generate", "--local", "--expert-parallel", "2", "--tensor-parallel", "4", "hi"}, env);
   EXPECT_NE(mixed.exit_code, 0);
   EXPECT_NE(mixed.err.find("same count"), std::string::npos) << mixed.err;
-  // The served workers start no rank groups yet.
+  // A cluster's ranks are its workers' (worker --data-parallel ...), not the client's.
   for (const char* flag : {"--expert-parallel", "--data-parallel"}) {
     auto remote = RunProcess({BinaryPath("tandem"), "generate", flag, "2", "hi"}, env);
     EXPECT_NE(remote.exit_code, 0) << flag;

@@ -193,6 +193,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> LoadCudaBackend(const std::string&
   lo.device = device_index;
   lo.batch_invariant = options.batch_invariant;
   lo.fp8_decode = options.fp8_decode;
+  lo.fp8_prefill = options.fp8_prefill;
   lo.max_batch_tokens = options.max_batch_tokens;
   lo.max_seqs = options.max_running;
   lo.gpu_memory_utilization = options.gpu_memory_utilization;

@@ -93,7 +93,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> LoadV4CudaBackend(const std::strin
   if (options.batch_invariant) {
     return absl::FailedPreconditionError("--batch-invariant: DeepSeek-V4 on the GPU is not batch-invariant yet");
   }
-  absl::StatusOr<std::unique_ptr<cuda_v4::CudaV4Model>> model = cuda_v4::CudaV4Model::Load(dir, {.device = device});
+  absl::StatusOr<std::unique_ptr<cuda_v4::CudaV4Model>> model = cuda_v4::CudaV4Model::Load(dir, {.device = device, .fp8_gemm = options.fp8_prefill});
   if (!model.ok()) return model.status();
   int64_t blocks = options.kv_blocks;
   if (blocks <= 0) {
