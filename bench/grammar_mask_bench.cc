@@ -214,6 +214,7 @@ int Main(int argc, char** argv) {
                           {"entries", st.entries},
                           {"shared_walks", st.shared_walks},
                           {"derived", st.derived},
+                          {"derived_groups", st.derived_groups},
                           {"uncertain_suffixes", st.uncertain},
                           {"mask_bytes", st.mask_bytes},
                           {"pushes", st.pushes},

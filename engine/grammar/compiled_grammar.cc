@@ -1,6 +1,7 @@
 #include "engine/grammar/compiled_grammar.h"
 
 #include <algorithm>
+#include <deque>
 #include <tuple>
 #include <utility>
 
@@ -76,6 +77,7 @@ class Precomputer {
   size_t shared_walks() const { return level1_.size(); }
   size_t pruned() const { return pruned_; }
   size_t derived() const { return counted_ ? counted_->derived() : 0; }
+  size_t derived_groups() const { return counted_ ? counted_->derived_groups() : 0; }
 
   // Fills entries for every position an item can hold after input.
   absl::Status Run(std::vector<int32_t>* entry_of, std::vector<CompiledGrammar::Entry>* entries,
@@ -122,10 +124,7 @@ class Precomputer {
     // The candidates by the byte that follows their exit (built on first use).
     std::vector<std::vector<Pending>> by_next_byte;
   };
-  struct Shifted {
-    std::vector<int32_t> accepted;
-    std::vector<Pending> uncertain;
-  };
+  using Shifted = CountedRepetitions::Outcome;
 
   // The index of the set of `ids`, each distinct set stored once.
   int32_t AddSet(std::vector<int32_t> ids) {
@@ -443,6 +442,7 @@ class Precomputer {
       pending[k + 1].insert(pending[k + 1].end(), r.uncertain.begin(), r.uncertain.end());
     };
     absl::Status status = absl::OkStatus();
+    std::vector<int32_t> stack0;  // segment 0's stack, when a derivation needs it
     for (int b = 0; b < 256 && status.ok(); ++b) {
       const std::vector<Pending>& group = l1->by_next_byte[b];
       if (group.empty()) continue;
@@ -456,20 +456,35 @@ class Precomputer {
       const std::tuple<int32_t, int32_t, int32_t> key{state[k], l1->id, b};
       auto it = group_memo_.find(key);
       if (it == group_memo_.end()) {
-        Shifted all;
-        for (const Pending& c : group) {
-          Shifted r;
-          status = stack_walker_.WalkShifted(state[k], c.node, c.depth, &r.accepted, &r.uncertain);
-          if (!status.ok()) break;
-          all.accepted.insert(all.accepted.end(), r.accepted.begin(), r.accepted.end());
-          all.uncertain.insert(all.uncertain.end(), r.uncertain.begin(), r.uncertain.end());
+        const Shifted* found = nullptr;
+        // Inside a counted repetition, the group's outcome from every copy's state comes
+        // from one set of figures of its subtrees (counted_repetition.h).
+        if (counted_ && k == 0) {
+          if (stack0.empty()) stack0 = SegmentStack(chain, 0, std::min(chain.size(), kSegment));
+          absl::StatusOr<const Shifted*> d = counted_->DeriveShifted(stack0, int64_t{l1->id} * 256 + b, group);
+          if (!d.ok() && !absl::IsFailedPrecondition(d.status())) {
+            status = d.status();
+            break;
+          }
+          if (d.ok()) found = *d;
         }
-        if (!status.ok()) break;
-        std::sort(all.accepted.begin(), all.accepted.end());
-        all.accepted.erase(std::unique(all.accepted.begin(), all.accepted.end()), all.accepted.end());
-        it = group_memo_.emplace(key, std::move(all)).first;
+        if (found == nullptr) {
+          Shifted& all = walked_groups_.emplace_back();
+          for (const Pending& c : group) {
+            Shifted r;
+            status = stack_walker_.WalkShifted(state[k], c.node, c.depth, &r.accepted, &r.uncertain);
+            if (!status.ok()) break;
+            all.accepted.insert(all.accepted.end(), r.accepted.begin(), r.accepted.end());
+            all.uncertain.insert(all.uncertain.end(), r.uncertain.begin(), r.uncertain.end());
+          }
+          if (!status.ok()) break;
+          std::sort(all.accepted.begin(), all.accepted.end());
+          all.accepted.erase(std::unique(all.accepted.begin(), all.accepted.end()), all.accepted.end());
+          found = &all;
+        }
+        it = group_memo_.emplace(key, found).first;
       }
-      merge(static_cast<size_t>(k), it->second);
+      merge(static_cast<size_t>(k), *it->second);
     }
     for (size_t from = 1; from < segments && status.ok() && !failed; ++from) {
       std::vector<Pending>& list = pending[from];
@@ -497,6 +512,9 @@ class Precomputer {
   // The machine state after the rule below chain[level] completed, with the sites
   // chain[level, end) above it: built from canonical representatives (see kSegment).
   StackMachine::State SegmentState(const std::vector<int32_t>& chain, size_t level, size_t end) {
+    return machine_.Initial(SegmentStack(chain, level, end));
+  }
+  std::vector<int32_t> SegmentStack(const std::vector<int32_t>& chain, size_t level, size_t end) {
     std::vector<int32_t> stack;
     for (size_t j = end; j > level; --j) {
       // Each site at the same offset of its rule's representative: rules of one
@@ -516,7 +534,7 @@ class Precomputer {
       auto [it, inserted] = horizon_representative_.try_emplace(std::move(key), stack.back());
       stack.assign(1, it->second);
     }
-    return machine_.Initial(stack);
+    return stack;
   }
 
   int32_t Representative(int32_t rule) {
@@ -606,7 +624,9 @@ class Precomputer {
   int64_t horizon_ = 0;
   absl::flat_hash_map<std::string, int32_t> set_index_;
   absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, Shifted> shifted_;
-  absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, Shifted> group_memo_;
+  // (state, step 1 result, byte) -> outcome: walked (in walked_groups_) or derived.
+  absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, const Shifted*> group_memo_;
+  std::deque<Shifted> walked_groups_;
   absl::flat_hash_map<std::string, CompiledGrammar::Entry> entry_memo_;  // ThroughChain's key
   std::vector<int32_t> representative_;  // per canonical rule: its first rule
   std::vector<std::pair<int32_t, int32_t>> hop_;  // per rule: Hop's answer ({-2, -1} until known)
@@ -659,6 +679,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
   st.entries = g->entries_.size();
   st.shared_walks = pre.shared_walks();
   st.derived = pre.derived();
+  st.derived_groups = pre.derived_groups();
   st.copies = g->table_.num_copies();
   st.pushes = pre.pushes();
   st.pruned = pre.pruned();

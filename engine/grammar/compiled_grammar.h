@@ -90,6 +90,7 @@ class CompiledGrammar {
     size_t entries = 0;           // positions with precomputed masks
     size_t shared_walks = 0;      // step 1 results (distinct rule bodies and positions)
     size_t derived = 0;           // of which derived from counted repetitions, not walked
+    size_t derived_groups = 0;    // step 2's outcomes derived from counted repetitions
     size_t copies = 0;            // rules added by site specialization
     size_t uncertain = 0;         // token suffixes left to run time, over all entries
     size_t pruned = 0;            // suffixes no context can consume, dropped

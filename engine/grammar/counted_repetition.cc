@@ -1,6 +1,7 @@
 #include "engine/grammar/counted_repetition.h"
 
 #include <algorithm>
+#include <string_view>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -33,12 +34,14 @@ struct CountedRepetitions::Figures {
     int32_t depth;
   };
   struct Event {
-    int32_t node;   // the child the byte leads to
-    int32_t bound;  // the last boundary above it
+    int32_t node;    // the child the byte leads to (or, on a start's path, the start's node)
+    int32_t offset;  // the byte's depth in the token
+    int32_t bound;   // the last boundary above it
   };
   StackMachine::State start = StackMachine::kDead;  // X alone (rules only)
   ByteSet first;                                    // bytes that start a copy
   std::vector<Boundary> bounds;
+  int64_t most = 0;  // the largest count of copies at a boundary
   // Indexed by whole copies before the event (pure: by copies begun, the last one maybe
   // unfinished).
   std::vector<std::vector<int32_t>> pure;  // tokens made of copies of X
@@ -127,7 +130,19 @@ int64_t CountedRepetitions::OptionalCopies(int32_t rule, const Element& x, bool*
   return j;
 }
 
-bool CountedRepetitions::Recognize(int32_t p, Run* run) const {
+bool CountedRepetitions::Recognize(int32_t p, Run* run) {
+  // Step 2 asks again for every group of candidates at the same positions, and the
+  // chain of optional copies is followed up to the horizon each time.
+  if (auto it = runs_.find(p); it != runs_.end()) {
+    *run = it->second.first;
+    return it->second.second;
+  }
+  const bool found = RecognizeOnce(p, run);
+  runs_.emplace(p, std::pair{*run, found});
+  return found;
+}
+
+bool CountedRepetitions::RecognizeOnce(int32_t p, Run* run) const {
   if (!ElementOf(p, &run->x)) return false;
   const Element& x = run->x;
   const int64_t cap = horizon_ + 1;
@@ -162,104 +177,181 @@ bool CountedRepetitions::Recognize(int32_t p, Run* run) const {
   return run->uncapped >= kMinCopies;
 }
 
-absl::StatusOr<CountedRepetitions::Figures*> CountedRepetitions::FiguresFor(const Element& x) {
+std::string CountedRepetitions::KeyOf(const Element& x) {
   std::string key = x.terminal ? std::string("t") : absl::StrCat("r", x.canonical);
   if (x.terminal) key.append(reinterpret_cast<const char*>(x.set.bits.data()), sizeof(x.set.bits));
-  if (auto it = figures_.find(key); it != figures_.end()) return it->second.get();
+  return key;
+}
+
+absl::StatusOr<std::unique_ptr<CountedRepetitions::Figures>> CountedRepetitions::Compute(
+    const Element& x, std::span<const UncertainSubtree> starts) {
   auto f = std::make_unique<Figures>();
-  bool usable = true;
   if (x.terminal) {
     f->first = x.set;
   } else {
     f->start = machine_.Enter(x.rule);
     if (machine_.failed()) return absl::FailedPreconditionError("stack machine cannot run this grammar");
     // A copy matching nothing, or the empty string, has no boundaries to count by.
-    usable = f->start != StackMachine::kDead && !machine_.HasExit(f->start);
-    if (usable) f->first = machine_.NextBytes(f->start);
+    if (f->start == StackMachine::kDead || machine_.HasExit(f->start)) return nullptr;
+    f->first = machine_.NextBytes(f->start);
   }
   const size_t buckets = static_cast<size_t>(horizon_) + 2;
   f->pure.resize(buckets);
   f->stay.resize(buckets);
   f->leave.resize(buckets);
   f->die.resize(buckets);
-  f->bounds.push_back({-1, 0, 0});
   const auto& trie = vocab_.trie();
   const auto& sorted = vocab_.sorted_tokens();
-  uint32_t until_check = 0;
-  bool expired = false;
-  // Depth-first over the trie; `at` is the state inside the current copy (f->start at a
-  // boundary), `bound` the path's last boundary.
-  struct Frame {
-    int32_t node;
-    StackMachine::State at;
+  // Where the walk is: the state inside the current copy (f->start at a boundary) and
+  // the path's last boundary.
+  struct At {
+    StackMachine::State state;
     bool boundary;
     int32_t bound;
   };
-  std::vector<Frame> todo;
-  if (usable) todo.push_back({0, f->start, true, 0});
-  while (!todo.empty() && usable && !expired) {
-    const Frame fr = todo.back();
-    todo.pop_back();
-    if (++until_check >= kNodesPerDeadlineCheck) {
-      until_check = 0;
-      expired = deadline_ != absl::InfiniteFuture() && absl::Now() > deadline_;
+  enum Outcome { kEvent, kGoesOn, kNotPrefixFree };
+  // The byte at depth `offset` of the tokens below `node`: an event (recorded), or the
+  // walk goes on in `at`.
+  const auto advance = [&](At* at, uint8_t b, int32_t node, int32_t offset) -> absl::StatusOr<Outcome> {
+    const int32_t count = f->bounds[at->bound].count;
+    StackMachine::State from = at->state;
+    if (at->boundary) {
+      if (!f->first.Contains(b)) {
+        f->leave[count].push_back({node, offset, at->bound});
+        return kEvent;
+      }
+      f->stay[count].push_back({node, offset, at->bound});
+      from = f->start;
+    } else if (!machine_.NextBytes(at->state).Contains(b)) {
+      f->die[count].push_back({node, offset, at->bound});
+      return kEvent;
     }
-    const GrammarVocabulary::TrieNode& n = trie[fr.node];
-    const int32_t count = f->bounds[fr.bound].count;
-    std::vector<int32_t>& pure = f->pure[fr.boundary ? count : count + 1];
-    for (int32_t t = n.tok_begin; t < n.tok_here_end; ++t) pure.push_back(sorted[t]);
-    for (int32_t c = fr.node + 1; c < n.end; c = trie[c].end) {
-      const uint8_t b = trie[c].byte;
-      StackMachine::State from = fr.at;
-      if (fr.boundary) {
-        if (!f->first.Contains(b)) {
-          f->leave[count].push_back({c, fr.bound});
-          continue;
-        }
-        f->stay[count].push_back({c, fr.bound});
-        from = f->start;
-      } else if (!machine_.NextBytes(fr.at).Contains(b)) {
-        f->die[count].push_back({c, fr.bound});
-        continue;
-      }
-      StackMachine::State t = f->start;
-      bool boundary = true;
-      if (!x.terminal) {
-        t = machine_.Step(from, b);
-        if (t == StackMachine::kDead) return absl::FailedPreconditionError("stack machine cannot run this grammar");
-        boundary = machine_.HasExit(t);
-        // A copy that a longer one extends: the split into copies is not unique.
-        if (boundary && !machine_.NextBytes(t).Empty()) {
-          usable = false;
-          break;
-        }
-      }
-      if (boundary) {
-        f->bounds.push_back({fr.bound, count + 1, trie[c].depth});
-        todo.push_back({c, f->start, true, static_cast<int32_t>(f->bounds.size() - 1)});
-      } else {
-        todo.push_back({c, t, false, fr.bound});
+    StackMachine::State t = f->start;
+    bool boundary = true;
+    if (!x.terminal) {
+      t = machine_.Step(from, b);
+      if (t == StackMachine::kDead) return absl::FailedPreconditionError("stack machine cannot run this grammar");
+      boundary = machine_.HasExit(t);
+      // A copy that a longer one extends: the split into copies is not unique.
+      if (boundary && !machine_.NextBytes(t).Empty()) return kNotPrefixFree;
+    }
+    if (boundary) {
+      f->bounds.push_back({at->bound, count + 1, offset + 1});
+      *at = {f->start, true, static_cast<int32_t>(f->bounds.size() - 1)};
+    } else {
+      *at = {t, false, at->bound};
+    }
+    return kGoesOn;
+  };
+  uint32_t until_check = 0;
+  const auto expired = [&] {
+    if (++until_check < kNodesPerDeadlineCheck) return false;
+    until_check = 0;
+    return deadline_ != absl::InfiniteFuture() && absl::Now() > deadline_;
+  };
+  // Depth-first over the starts' subtrees; a start's path from its offset first.
+  struct Frame {
+    int32_t node;
+    At at;
+  };
+  std::vector<Frame> todo;
+  for (const UncertainSubtree& s : starts) {
+    f->bounds.push_back({-1, 0, s.depth});
+    At at{f->start, true, static_cast<int32_t>(f->bounds.size() - 1)};
+    const std::string_view path = vocab_.NodePath(s.node);
+    Outcome o = kGoesOn;
+    for (size_t d = static_cast<size_t>(s.depth); d < path.size() && o == kGoesOn; ++d) {
+      absl::StatusOr<Outcome> r = advance(&at, static_cast<uint8_t>(path[d]), s.node, static_cast<int32_t>(d));
+      if (!r.ok()) return r.status();
+      o = *r;
+    }
+    if (o == kNotPrefixFree) return nullptr;
+    if (o == kGoesOn) todo.push_back({s.node, at});
+    while (!todo.empty()) {
+      const Frame fr = todo.back();
+      todo.pop_back();
+      if (expired()) return absl::DeadlineExceededError("token walk passed its deadline");
+      const GrammarVocabulary::TrieNode& n = trie[fr.node];
+      const int32_t count = f->bounds[fr.at.bound].count;
+      std::vector<int32_t>& pure = f->pure[fr.at.boundary ? count : count + 1];
+      for (int32_t t = n.tok_begin; t < n.tok_here_end; ++t) pure.push_back(sorted[t]);
+      for (int32_t c = fr.node + 1; c < n.end; c = trie[c].end) {
+        At at = fr.at;
+        absl::StatusOr<Outcome> r = advance(&at, trie[c].byte, c, trie[c].depth - 1);
+        if (!r.ok()) return r.status();
+        if (*r == kNotPrefixFree) return nullptr;
+        if (*r == kGoesOn) todo.push_back({c, at});
       }
     }
   }
-  if (expired) return absl::DeadlineExceededError("token walk passed its deadline");
-  if (!usable) f.reset();
-  return figures_.emplace(std::move(key), std::move(f)).first->second.get();
+  return f;
 }
 
 absl::StatusOr<bool> CountedRepetitions::Derive(int32_t p, std::vector<int32_t>* accepted,
                                                std::vector<UncertainSubtree>* uncertain) {
   Run run;
   if (!Recognize(p, &run)) return false;
-  absl::StatusOr<Figures*> figures = FiguresFor(run.x);
-  if (!figures.ok()) return figures.status();
-  if (*figures == nullptr) return false;
-  const Figures& f = **figures;
+  std::string key = KeyOf(run.x);
+  auto it = figures_.find(key);
+  if (it == figures_.end()) {
+    const UncertainSubtree root{0, 0};
+    absl::StatusOr<std::unique_ptr<Figures>> f = Compute(run.x, {&root, 1});
+    if (!f.ok()) return f.status();
+    it = figures_.emplace(std::move(key), *std::move(f)).first;
+  }
+  if (it->second == nullptr) return false;
+  absl::StatusOr<bool> done = Apply(*it->second, run, {&run.after, run.after >= 0 ? 1u : 0u}, accepted, uncertain);
+  if (done.ok() && *done) ++derived_;
+  return done;
+}
+
+absl::StatusOr<const CountedRepetitions::Outcome*> CountedRepetitions::DeriveShifted(
+    std::span<const int32_t> stack, int64_t group, std::span<const UncertainSubtree> starts) {
+  Run run;
+  if (stack.empty() || !Recognize(stack.back(), &run)) return nullptr;
+  std::string key = absl::StrCat(KeyOf(run.x), "@", group);
+  auto it = figures_.find(key);
+  if (it == figures_.end()) {
+    absl::StatusOr<std::unique_ptr<Figures>> f = Compute(run.x, starts);
+    if (!f.ok()) return f.status();
+    if (*f != nullptr) {
+      for (const Figures::Boundary& b : (*f)->bounds) (*f)->most = std::max<int64_t>((*f)->most, b.count);
+    }
+    it = figures_.emplace(std::move(key), *std::move(f)).first;
+  }
+  if (it->second == nullptr) return nullptr;
+  const Figures& f = *it->second;
+  // R: the stack with its innermost position past the copies.
+  StackMachine::State r = StackMachine::kDead;
+  std::vector<int32_t> rest;
+  if (run.after >= 0) {
+    rest.assign(stack.begin(), stack.end());
+    rest.back() = run.after;
+    r = machine_.Initial(rest);
+    if (machine_.failed()) return absl::FailedPreconditionError("stack machine cannot run this grammar");
+  }
+  // No token of the group reaches a boundary past f.most copies: counts beyond that
+  // (the copies of X far from a bound, or a bound farther than the group's tokens) give
+  // the same outcome. Exact: Apply looks at counts only as compared with the boundaries'.
+  const std::tuple<const Figures*, int64_t, int64_t, int32_t> memo{&f, std::min(run.min, f.most + 1),
+                                                                   std::min(run.max, f.most + 1), r};
+  if (auto done = shifted_.find(memo); done != shifted_.end()) return &done->second;
+  Outcome out;
+  absl::StatusOr<bool> done = Apply(f, run, rest, &out.accepted, &out.uncertain);
+  if (!done.ok()) return done.status();
+  if (!*done) return nullptr;
+  ++derived_groups_;
+  return &shifted_.emplace(memo, std::move(out)).first->second;
+}
+
+absl::StatusOr<bool> CountedRepetitions::Apply(const Figures& f, const Run& run, std::span<const int32_t> rest,
+                                              std::vector<int32_t>* accepted,
+                                              std::vector<UncertainSubtree>* uncertain) {
   StackMachine::State r = StackMachine::kDead;  // R's start
   bool exits = false;
   ByteSet next;
-  if (run.after >= 0) {
-    r = machine_.Initial({&run.after, 1});
+  if (!rest.empty()) {
+    r = machine_.Initial(rest);
     if (machine_.failed()) return absl::FailedPreconditionError("stack machine cannot run this grammar");
     if (r == StackMachine::kDead) return false;
     exits = machine_.HasExit(r);
@@ -301,20 +393,19 @@ absl::StatusOr<bool> CountedRepetitions::Derive(int32_t p, std::vector<int32_t>*
       }
     }
     for (const Figures::Event& e : f.leave[n]) {
-      if (n < kmin || !next.Contains(trie[e.node].byte)) {
+      if (n < kmin || !next.Contains(static_cast<uint8_t>(vocab_.NodePath(e.node)[e.offset]))) {
         dead(e);
         continue;
       }
-      auto it = subtrees_.find({r, e.node});
+      auto it = subtrees_.find({r, e.node, e.offset});
       if (it == subtrees_.end()) {
-        Subtree s;
-        if (absl::Status st = walker_.WalkShifted(r, e.node, trie[e.node].depth - 1, &s.accepted, &s.uncertain);
-            !st.ok()) {
+        Outcome s;
+        if (absl::Status st = walker_.WalkShifted(r, e.node, e.offset, &s.accepted, &s.uncertain); !st.ok()) {
           return st;
         }
-        it = subtrees_.emplace(std::pair{r, e.node}, std::move(s)).first;
+        it = subtrees_.emplace(std::tuple{r, e.node, e.offset}, std::move(s)).first;
       }
-      const Subtree& s = it->second;
+      const Outcome& s = it->second;
       accepted->insert(accepted->end(), s.accepted.begin(), s.accepted.end());
       uncertain->insert(uncertain->end(), s.uncertain.begin(), s.uncertain.end());
       if (!exits || n == kmin) continue;
@@ -328,7 +419,6 @@ absl::StatusOr<bool> CountedRepetitions::Derive(int32_t p, std::vector<int32_t>*
   }
   std::sort(uncertain->begin(), uncertain->end());
   uncertain->erase(std::unique(uncertain->begin(), uncertain->end()), uncertain->end());
-  ++derived_;
   return true;
 }
 

@@ -23,11 +23,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/grammar/rule_table.h"
@@ -51,8 +53,27 @@ class CountedRepetitions {
   // DEADLINE_EXCEEDED; FAILED_PRECONDITION when the stack machine cannot run the grammar.
   absl::StatusOr<bool> Derive(int32_t p, std::vector<int32_t>* accepted, std::vector<UncertainSubtree>* uncertain);
 
-  // Positions answered by Derive, for statistics.
+  // Step 2's walk of step 1's candidates `starts` (subtrees, each from its exit depth)
+  // from the state of `stack` (StackMachine::Initial's argument) when the stack's
+  // innermost position lies in a counted repetition the shortcut handles: what
+  // StackTrieWalker::WalkShifted of each start gives, together; false when it does not
+  // (walk instead). The figures are those of the starts' subtrees (`group` names the
+  // starts, the same for every call with the same ones), walked once for every stack:
+  // near a bound each copy of X has its own state, and hundreds of them walked the
+  // same subtrees. Errors: as Derive.
+  // The outcome is shared by every stack whose run differs only in counts the starts'
+  // tokens cannot reach (null: not handled; it lives as long as this object).
+  struct Outcome {
+    std::vector<int32_t> accepted;
+    std::vector<UncertainSubtree> uncertain;
+  };
+  absl::StatusOr<const Outcome*> DeriveShifted(std::span<const int32_t> stack, int64_t group,
+                                               std::span<const UncertainSubtree> starts);
+
+  // Positions answered by Derive, and step 2's groups answered by DeriveShifted, for
+  // statistics.
   size_t derived() const { return derived_; }
+  size_t derived_groups() const { return derived_groups_; }
 
  private:
   // The repeated symbol: a terminal (its byte set) or a rule (its canonical class).
@@ -79,8 +100,15 @@ class CountedRepetitions {
   // The optional copies a rule referenced at `pos` allows when it is an X{0,j} chain
   // (Tj ::= "" | X T(j-1)) or X* / X+ (h ::= "" | h X, h ::= X | h X); -1 otherwise.
   int64_t OptionalCopies(int32_t rule, const Element& x, bool* plus) const;
-  bool Recognize(int32_t p, Run* run) const;
-  absl::StatusOr<Figures*> FiguresFor(const Element& x);
+  bool Recognize(int32_t p, Run* run);
+  bool RecognizeOnce(int32_t p, Run* run) const;
+  static std::string KeyOf(const Element& x);
+  // X's figures over the subtrees of `starts` ({0, 0}: the whole trie), each walked from
+  // its depth with a copy of X starting there; null when X is not prefix-free on them.
+  absl::StatusOr<std::unique_ptr<Figures>> Compute(const Element& x, std::span<const UncertainSubtree> starts);
+  // The outcome for `run` followed by the state of `rest` (empty: nothing within reach).
+  absl::StatusOr<bool> Apply(const Figures& f, const Run& run, std::span<const int32_t> rest,
+                             std::vector<int32_t>* accepted, std::vector<UncertainSubtree>* uncertain);
 
   const RuleTable& table_;
   const GrammarVocabulary& vocab_;
@@ -88,14 +116,16 @@ class CountedRepetitions {
   StackTrieWalker& walker_;
   int64_t horizon_;
   absl::Time deadline_;
-  absl::flat_hash_map<std::string, std::unique_ptr<Figures>> figures_;  // by element; null: not prefix-free
-  struct Subtree {
-    std::vector<int32_t> accepted;
-    std::vector<UncertainSubtree> uncertain;
-  };
-  // R walked from a leaving subtree: (state of R, node) -> outcome.
-  absl::flat_hash_map<std::pair<int32_t, int32_t>, Subtree> subtrees_;
+  // By element (and group, for step 2's); null: not prefix-free.
+  absl::flat_hash_map<std::string, std::unique_ptr<Figures>> figures_;
+  // R walked from where a token leaves X: (state of R, node, offset) -> outcome.
+  absl::flat_hash_map<std::tuple<int32_t, int32_t, int32_t>, Outcome> subtrees_;
+  // DeriveShifted's outcomes: (figures of the element and group, min and max copies
+  // clipped to what its tokens reach, state of R) -> outcome.
+  absl::node_hash_map<std::tuple<const Figures*, int64_t, int64_t, int32_t>, Outcome> shifted_;
+  absl::flat_hash_map<int32_t, std::pair<Run, bool>> runs_;  // Recognize's answers by position
   size_t derived_ = 0;
+  size_t derived_groups_ = 0;
 };
 
 }  // namespace tandem::grammar
