@@ -35,7 +35,6 @@ struct GemmArgs {
   int groups;                    // 0: one product
   const int32_t* group_offsets;  // grouped: [groups + 1]
   int b_row_scales;
-  int take_turns;  // consumers issue their tensor-core batches alternately (below)
 };
 
 // Where one output tile (128 rows, kBn columns) reads and writes.
@@ -114,13 +113,7 @@ struct Layout {
   static constexpr int kSmem = kStages * (kTileBytes + kBBytes) + 2 * kStages * 8 + 1024;
 };
 
-// kPair: the grid runs in clusters of two blocks that take the two tiles of a pair of row
-// blocks in the same column block (one product only). Each block loads its own tile of a and
-// half of the shared tile of b, multicast into both blocks' shared memory: the bytes read
-// from L2 per product fall by a quarter (128 x 128 tiles) or a third (128 x 256), and L2's
-// bandwidth is what bounds 128-wide tiles at the FP8 tensor-core rate. A stage is refilled
-// only once both blocks' consumers are done with it (either block's load writes both).
-template <int kBn, bool kPair>
+template <int kBn>
 __global__ void __launch_bounds__(kThreads, 1)
     Fp8GemmKernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map, GemmArgs g) {
 #ifdef TANDEM_HAS_WGMMA
@@ -149,58 +142,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     tiles = tile_start[g.groups];
   }
 
-  // The units of work this block walks: tiles, or pairs of tiles (kPair; this block takes
-  // row block 2 mp + rank of pair (mp, nb)).
-  const uint32_t rank = kPair ? tma::ClusterRank() : 0;
-  GemmArgs pairs = g;
-  pairs.m_blocks = (g.m_blocks + 1) / 2;
-  const int units = kPair ? pairs.m_blocks * g.n_blocks : tiles;
-  const int first = kPair ? blockIdx.x / 2 : blockIdx.x, stride = kPair ? gridDim.x / 2 : gridDim.x;
-  auto tile_of = [&](int u) {
-    if (!kPair) return TileAt<kBn>(u, g, tile_start);
-    Tile tile = TileAt<kBn>(u, pairs, tile_start);
-    tile.a_row = 2 * tile.a_row + static_cast<int>(rank) * kTile;  // past m: TMA reads zeros, nothing stored
-    return tile;
-  };
-
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::MbarInit(full_bar + 8 * s, 1);
-      tma::MbarInit(empty_bar + 8 * s, kPair ? 16 : 8);  // one arrival per consumer warp (of both blocks)
+      tma::MbarInit(empty_bar + 8 * s, 8);  // one arrival per consumer warp
     }
     tma::MbarInitFence();
     tma::PrefetchDescriptor(&a_map);
     tma::PrefetchDescriptor(&b_map);
   }
-  if (kPair) {
-    tma::ClusterSync();  // the peer's barriers exist before anything arrives on them
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (wg == 0) {
     tma::ShrinkRegisters<40>();
-    if (threadIdx.x == 0) {
-      int it = 0;
-      for (int u = first; u < units; u += stride) {
-        const Tile tile = tile_of(u);
-        for (int kb = 0; kb < g.k_blocks; ++kb, ++it) {
-          const int s = it % kStages;
-          const uint32_t round = it / kStages;
-          tma::MbarWait(empty_bar + 8 * s, (round & 1) ^ 1);
-          tma::MbarArriveExpectTx(full_bar + 8 * s, kTileBytes + L::kBBytes);
-          tma::Load2d(a_smem + s * kTileBytes, &a_map, kb * kTile, tile.a_row, full_bar + 8 * s);
-          if (kPair) {
-            tma::Load2dMulticast(b_smem + s * L::kBBytes + rank * (L::kBBytes / 2), &b_map, kb * kTile,
-                                 tile.b_row + static_cast<int>(rank) * (kBn / 2), full_bar + 8 * s, 0b11);
-          } else {
-            tma::Load2d(b_smem + s * L::kBBytes, &b_map, kb * kTile, tile.b_row, full_bar + 8 * s);
-          }
-        }
+    if (threadIdx.x != 0) return;
+    int it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const Tile tile = TileAt<kBn>(t, g, tile_start);
+      for (int kb = 0; kb < g.k_blocks; ++kb, ++it) {
+        const int s = it % kStages;
+        const uint32_t round = it / kStages;
+        tma::MbarWait(empty_bar + 8 * s, (round & 1) ^ 1);
+        tma::MbarArriveExpectTx(full_bar + 8 * s, kTileBytes + L::kBBytes);
+        tma::Load2d(a_smem + s * kTileBytes, &a_map, kb * kTile, tile.a_row, full_bar + 8 * s);
+        tma::Load2d(b_smem + s * L::kBBytes, &b_map, kb * kTile, tile.b_row, full_bar + 8 * s);
       }
     }
-    // A block leaves only when its peer no longer writes its shared memory or barriers.
-    if (kPair) tma::ClusterSync();
     return;
   }
 
@@ -212,16 +179,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float part[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) part[i] = 0.0f;
-  // Taking turns: each consumer issues its batch of wgmmas only after the other has issued
-  // its previous one, so the tensor cores' queue holds one warpgroup's batch, then the
-  // other's; a warpgroup then scales its finished batch while the other's runs, instead of
-  // both finishing together and both scaling while the tensor cores idle. Barrier 1 + c is
-  // consumer c's turn; consumer 1 gives consumer 0 the first.
-  const int my_turn = 1 + cw, their_turn = 2 - cw;
-  if (g.take_turns && cw == 1 && first < units) tma::NamedBarrierArrive(1, 256);
-  for (int u = first; u < units; u += stride) {
-    const Tile tile = tile_of(u);
-    const bool last_tile = u + stride >= units;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const Tile tile = TileAt<kBn>(t, g, tile_start);
     const int row0 = tile.a_row + 64 * cw + 16 * warp + gq, row1 = row0 + 8;
     const float* sa0 = g.a_scales + min(row0, tile.rows_end - 1);
     const float* sa1 = g.a_scales + min(row1, tile.rows_end - 1);
@@ -263,26 +222,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) {
         const uint32_t b_addr = b_smem + s * L::kBBytes + h * kTileBytes;
-        if (g.take_turns) tma::NamedBarrierSync(my_turn, 256);
         WgmmaFence();
 #pragma unroll
         for (int j = 0; j < kTile / 32; ++j) {
           WgmmaM64N128K32E4m3(part, SmemDesc(a_addr + 32 * j, 16, 1024), SmemDesc(b_addr + 32 * j, 16, 1024), j > 0);
         }
         WgmmaCommit();
-        // The other's turn; consumer 1's last batch has no one after it (an unmatched arrival
-        // would be left on the barrier).
-        if (g.take_turns && !(cw == 1 && last_tile && kb == g.k_blocks - 1 && h == kHalves - 1)) {
-          tma::NamedBarrierArrive(their_turn, 256);
-        }
         WgmmaWait<0>();
 #pragma unroll
         for (int i = 0; i < 64; ++i) FenceReg(part[i]);
         // This warp is done with the stage once it has its last half's products.
-        if (h == kHalves - 1 && lane == 0) {
-          tma::MbarArrive(empty_bar + 8 * s);
-          if (kPair) tma::MbarArriveRemote(empty_bar + 8 * s, rank ^ 1);
-        }
+        if (h == kHalves - 1 && lane == 0) tma::MbarArrive(empty_bar + 8 * s);
         // Value i is row row0 or row1 ((i >> 1) & 1) of column octet i >> 2.
         const float s0e = scale_a0 * scale_be[h], s0o = scale_a0 * scale_bo[h];
         const float s1e = scale_a1 * scale_be[h], s1o = scale_a1 * scale_bo[h];
@@ -331,7 +281,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (kPair) tma::ClusterSync();
 #else
   __trap();  // built only for sm_90a; the launcher refuses other devices
 #endif
@@ -399,29 +348,17 @@ cudaError_t Fp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   }
   if (!Fp8GemmSupported()) return cudaErrorNotSupported;
   const int bn = p.wide_tiles ? 256 : 128;
-  const bool pair = p.pair_multicast && p.groups == 0;
   CUtensorMap a_map, b_map;
   cudaError_t err = tma::EncodeBytes2d(&a_map, p.a, p.m, p.k, p.lda, kTile, kTile);
   const uint64_t b_rows = static_cast<uint64_t>(p.n) * std::max(p.groups, 1);
-  // Pairs: each block of a cluster loads half of b's tile.
-  if (err == cudaSuccess) err = tma::EncodeBytes2d(&b_map, p.b, b_rows, p.k, p.ldb, pair ? bn / 2 : bn, kTile);
+  if (err == cudaSuccess) err = tma::EncodeBytes2d(&b_map, p.b, b_rows, p.k, p.ldb, bn, kTile);
   if (err != cudaSuccess) return err;
   static const cudaError_t smem_set = [] {
-    cudaError_t e = cudaFuncSetAttribute(Fp8GemmKernel<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Layout<128>::kSmem);
-    if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(Fp8GemmKernel<256, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               Layout<256>::kSmem);
-    }
-    if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(Fp8GemmKernel<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               Layout<128>::kSmem);
-    }
-    if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(Fp8GemmKernel<256, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               Layout<256>::kSmem);
-    }
-    return e;
+    const cudaError_t e = cudaFuncSetAttribute(Fp8GemmKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               Layout<128>::kSmem);
+    return e != cudaSuccess ? e
+                            : cudaFuncSetAttribute(Fp8GemmKernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   Layout<256>::kSmem);
   }();
   if (smem_set != cudaSuccess) return smem_set;
   int dev = 0, sms = 0;
@@ -444,39 +381,13 @@ cudaError_t Fp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   g.groups = p.groups;
   g.group_offsets = p.group_offsets;
   g.b_row_scales = p.b_row_scales ? 1 : 0;
-  g.take_turns = p.take_turns ? 1 : 0;
-  if (pair) {
-    auto kernel = bn == 256 ? Fp8GemmKernel<256, true> : Fp8GemmKernel<128, true>;
-    const int smem = bn == 256 ? Layout<256>::kSmem : Layout<128>::kSmem;
-    cudaLaunchConfig_t config{};
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 2;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    // As many pairs as fit at once (a GPC of an odd number of multiprocessors leaves one
-    // idle), at most one per pair of tiles.
-    config.gridDim = dim3(sms);
-    int clusters = 0;
-    err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-    if (err != cudaSuccess) return err;
-    if (clusters < 1) return cudaErrorNotSupported;
-    const int tile_pairs = (g.m_blocks + 1) / 2 * g.n_blocks;
-    config.gridDim = dim3(2 * std::min(clusters, tile_pairs));
-    return cudaLaunchKernelEx(&config, kernel, a_map, b_map, g);
-  }
   // Grouped: the tile count is on the device; every multiprocessor takes part.
   const int tiles = p.groups > 0 ? sms : g.m_blocks * g.n_blocks;
   const int grid = std::min(tiles, sms);
   if (bn == 256) {
-    Fp8GemmKernel<256, false><<<grid, kThreads, Layout<256>::kSmem, stream>>>(a_map, b_map, g);
+    Fp8GemmKernel<256><<<grid, kThreads, Layout<256>::kSmem, stream>>>(a_map, b_map, g);
   } else {
-    Fp8GemmKernel<128, false><<<grid, kThreads, Layout<128>::kSmem, stream>>>(a_map, b_map, g);
+    Fp8GemmKernel<128><<<grid, kThreads, Layout<128>::kSmem, stream>>>(a_map, b_map, g);
   }
   return cudaGetLastError();
 }

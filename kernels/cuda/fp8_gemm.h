@@ -55,15 +55,10 @@ struct Fp8GemmParams {
   int groups = 0;  // 0: one product; else 1 .. kFp8GemmMaxGroups (above)
   const int32_t* group_offsets = nullptr;  // device [groups + 1], non-decreasing, last <= m
   bool b_row_scales = false;
-  // Tiles of 128 x 256 outputs (four stages) instead of 128 x 128 (six): each byte loaded
-  // from L2 feeds more products; benchmarks compare the two.
-  bool wide_tiles = false;
-  // The two consumer warpgroups issue their tensor-core work alternately (fp8_gemm.cu says
-  // why); benchmarks compare it with free issue.
-  bool take_turns = false;
-  // One product only (ignored when grouped): blocks in clusters of two share each tile of b,
-  // multicast (fp8_gemm.cu says why); benchmarks compare it with one block per tile.
-  bool pair_multicast = false;
+  // Tiles of 128 x 256 outputs (four stages; the default: each byte loaded from L2 feeds
+  // twice the products, 1.03-1.18x the 128 x 128 tiles' rate at DeepSeek's prefill shapes,
+  // docs/performance.md) or 128 x 128 (six stages; tests and benchmarks compare the two).
+  bool wide_tiles = true;
 };
 
 inline constexpr int kFp8GemmMaxGroups = 1024;

@@ -58,45 +58,6 @@ __device__ __forceinline__ void Load2d(uint32_t dst, const CUtensorMap* map, int
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar)
       : "memory");
 }
-// Thread-block clusters (sm_90): a cluster's blocks can write each other's shared memory
-// (multicast loads) and arrive on each other's barriers.
-__device__ __forceinline__ uint32_t ClusterRank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of every block of the cluster arrives, then waits for all (not warp-aligned:
-// the callers' warps may have diverged).
-__device__ __forceinline__ void ClusterSync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// Arrives on the barrier at shared address `bar` of the cluster's block `cta`.
-__device__ __forceinline__ void MbarArriveRemote(uint32_t bar, uint32_t cta) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-      "r"(cta)
-      : "memory");
-}
-// Load2d into the same shared address of every block in `cta_mask`, completing on each
-// one's barrier at `bar`.
-__device__ __forceinline__ void Load2dMulticast(uint32_t dst, const CUtensorMap* map, int col, int row, uint32_t bar,
-                                                uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar), "h"(cta_mask)
-      : "memory");
-}
-// Named hardware barriers among some warps of a block (id 0 is __syncthreads'): `threads`
-// arrivals complete a phase; Sync waits for it, Arrive only counts.
-__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 // Register budget moves between warpgroups (all threads of the warpgroup execute them).
 template <int kRegs>
 __device__ __forceinline__ void ShrinkRegisters() {

@@ -137,22 +137,7 @@ struct Result {
   std::vector<uint16_t> y_bf16;
 };
 
-// The kernel's forms: tile width, whether the consumers take turns issuing, whether blocks
-// pair up to share b's tiles (one product only).
-struct Form {
-  bool wide;
-  bool turns;
-  bool pair = false;
-};
-constexpr Form kForms[] = {{false, false}, {true, false}, {false, true}, {true, true}};
-constexpr Form kProductForms[] = {{false, false}, {true, false}, {false, true}, {true, true},
-                                  {false, false, true}, {true, false, true}, {false, true, true}, {true, true, true}};
-std::string FormName(Form f) {
-  return std::string(f.wide ? "128 x 256 tiles" : "128 x 128 tiles") + (f.turns ? ", taking turns" : "") +
-         (f.pair ? ", paired blocks" : "");
-}
-
-Result RunGemm(const GemmCase& c, const Operands& o, Form form) {
+Result RunGemm(const GemmCase& c, const Operands& o, bool wide) {
   Dev<uint8_t> da(o.a), db(o.b);
   Dev<float> dsa(o.sa), dsb(o.sb);
   Result r;
@@ -164,7 +149,7 @@ Result RunGemm(const GemmCase& c, const Operands& o, Form form) {
                            .b = db.get(), .ldb = o.ldb, .b_scales = dsb.get(),
                            .y = bf16 ? static_cast<void*>(dyb.get()) : dy.get(), .ldy = o.ldy, .y_bf16 = bf16,
                            .accumulate = c.out == GemmCase::kF32Accumulate, .m = c.m, .n = c.n, .k = c.k,
-                           .wide_tiles = form.wide, .take_turns = form.turns, .pair_multicast = form.pair},
+                           .wide_tiles = wide},
                           nullptr),
             cudaSuccess);
   r.y = dy.Download();
@@ -179,22 +164,30 @@ class Fp8GemmTest : public Fp8Test, public ::testing::WithParamInterface<GemmCas
 TEST_P(Fp8GemmTest, SmallIntegerCodesEqualTheKernelsFloatStepsBitwise) {
   const GemmCase c = GetParam();
   const Operands o = MakeOperands(c, /*small_integers=*/true, 5);
-  for (const Form form : kProductForms) {
-    SCOPED_TRACE(FormName(form));
-    const Result r = RunGemm(c, o, form);
-    const int kb_count = Blocks(c.k);
+  // The kernel's float32 steps on the host, once for both tile shapes.
+  const int kb_count = Blocks(c.k);
+  std::vector<float> sums(static_cast<size_t>(c.m) * c.n);
+  for (int i = 0; i < c.m; ++i) {
+    for (int j = 0; j < c.n; ++j) {
+      float acc = 0.0f;
+      for (int kb = 0; kb < kb_count; ++kb) {
+        float block = 0.0f;  // exact: integers below 2^24
+        for (int col = kb * kBlock; col < std::min(c.k, (kb + 1) * kBlock); ++col) {
+          block += F8E4M3ToF32(o.a[static_cast<size_t>(i) * o.lda + col]) * F8E4M3ToF32(o.b[static_cast<size_t>(j) * o.ldb + col]);
+        }
+        const float s = o.sa[static_cast<size_t>(kb) * o.a_stride + i] * o.sb[static_cast<size_t>(j / kBlock) * kb_count + kb];
+        acc = std::fmaf(block, s, acc);
+      }
+      sums[static_cast<size_t>(i) * c.n + j] = acc;
+    }
+  }
+  for (bool wide : {false, true}) {
+    SCOPED_TRACE(wide ? "128 x 256 tiles" : "128 x 128 tiles");
+    const Result r = RunGemm(c, o, wide);
     int mismatches = 0;
     for (int i = 0; i < c.m; ++i) {
       for (int j = 0; j < c.n; ++j) {
-        float acc = 0.0f;
-        for (int kb = 0; kb < kb_count; ++kb) {
-          float block = 0.0f;  // exact: integers below 2^24
-          for (int col = kb * kBlock; col < std::min(c.k, (kb + 1) * kBlock); ++col) {
-            block += F8E4M3ToF32(o.a[static_cast<size_t>(i) * o.lda + col]) * F8E4M3ToF32(o.b[static_cast<size_t>(j) * o.ldb + col]);
-          }
-          const float s = o.sa[static_cast<size_t>(kb) * o.a_stride + i] * o.sb[static_cast<size_t>(j / kBlock) * kb_count + kb];
-          acc = std::fmaf(block, s, acc);
-        }
+        const float acc = sums[static_cast<size_t>(i) * c.n + j];
         const size_t at = static_cast<size_t>(i) * o.ldy + j;
         bool bad;
         float got, want;
@@ -229,7 +222,7 @@ TEST_P(Fp8GemmTest, NormalCodesWithinTheAccumulationErrorOfFloat64) {
   const GemmCase c = GetParam();
   if (c.out != GemmCase::kF32) GTEST_SKIP() << "float32 output only";
   const Operands o = MakeOperands(c, /*small_integers=*/false, 9);
-  const Result r = RunGemm(c, o, {.wide = c.n > 256, .turns = c.n > 256, .pair = c.m > 128});
+  const Result r = RunGemm(c, o, /*wide=*/c.n > 256);
   const int kb_count = Blocks(c.k);
   double err2 = 0.0, ref2 = 0.0, worst = 0.0;
   int outside = 0;
@@ -331,14 +324,13 @@ TEST_P(Fp8GroupedGemmTest, EachRowUsesItsGroupsMatrixBitwise) {
   Dev<uint8_t> da(a), db(b);
   Dev<float> dsa(sa), dsb(b_scales);
   Dev<int32_t> doff(offsets);
-  for (const Form form : kForms) {
-    SCOPED_TRACE(FormName(form));
+  for (bool wide : {false, true}) {
+    SCOPED_TRACE(wide ? "128 x 256 tiles" : "128 x 128 tiles");
     Dev<float> dy(static_cast<size_t>(m) * ldy);
     ASSERT_EQ(cuda::Fp8Gemm({.a = da.get(), .lda = lda, .a_scales = dsa.get(), .a_scales_stride = a_stride,
                              .b = db.get(), .ldb = ldb, .b_scales = dsb.get(), .y = dy.get(), .ldy = ldy,
                              .y_bf16 = false, .m = m, .n = c.n, .k = c.k, .groups = groups,
-                             .group_offsets = doff.get(), .b_row_scales = c.row_scales, .wide_tiles = form.wide,
-                             .take_turns = form.turns},
+                             .group_offsets = doff.get(), .b_row_scales = c.row_scales, .wide_tiles = wide},
                             nullptr),
               cudaSuccess);
     const std::vector<float> y = dy.Download();
