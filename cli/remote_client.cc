@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <vector>
 
 #include "cli/client_channel.h"
 #include "services/api/proto_convert.h"
@@ -139,6 +140,10 @@ int RunStatus(const std::string& addr, bool json, const ClientSecurityArgs& secu
                                {"kv_usage", r.load().kv_usage()}, {"kv_blocks_free", r.load().kv_blocks_free()},
                                {"kv_blocks_total", r.load().kv_blocks_total()}, {"pid", r.pid()},
                                {"last_heartbeat_ms_ago", r.last_heartbeat_ms_ago()}});
+      if (r.load().rank_kv_blocks_free_size() > 0) {  // a data-parallel replica: each rank's room
+        j["replicas"].back()["rank_kv_blocks_free"] =
+            std::vector<int64_t>(r.load().rank_kv_blocks_free().begin(), r.load().rank_kv_blocks_free().end());
+      }
     }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -285,6 +286,11 @@ int RunRouter(int argc, char** argv) {
       j.push_back({{"id", r.replica_id()}, {"role", v1::Role_Name(r.role())}, {"grpc", r.grpc_address()},
                    {"admin", r.admin_address()}, {"state", r.state()}, {"outstanding", r.outstanding()},
                    {"running", r.load().running()}, {"waiting", r.load().waiting()}, {"kv_usage", r.load().kv_usage()}});
+      // What DP-aware routing looks at (docs/parallel.md): each data-parallel rank's room.
+      if (r.load().rank_kv_blocks_free_size() > 0) {
+        j.back()["rank_kv_blocks_free"] =
+            std::vector<int64_t>(r.load().rank_kv_blocks_free().begin(), r.load().rank_kv_blocks_free().end());
+      }
     }
     return service::HttpResponse::Json(j.dump());
   }));

@@ -576,6 +576,10 @@ int RunWorker(int argc, char** argv, v1::Role default_role, const char* binary_n
     r.set_kv_blocks_free(s.kv_blocks_total - s.kv_blocks_in_use);
     r.set_kv_usage(s.kv_usage);
     r.set_requests_finished(s.requests_finished);
+    // Under DP a request must fit one rank's pool: the router needs each rank's room.
+    for (const EngineStats::RankLoad& rank : s.dp_ranks) {
+      r.add_rank_kv_blocks_free(rank.kv_blocks_total - rank.kv_blocks_in_use);
+    }
     return r;
   };
   std::unique_ptr<RouterRegistration> registration;

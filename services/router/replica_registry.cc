@@ -187,6 +187,7 @@ struct Candidate {
   int32_t waiting = 0;
   int64_t kv_blocks_free = 0;
   int32_t running = 0;
+  std::vector<int64_t> rank_kv_blocks_free;  // data-parallel replicas: each rank's
 };
 
 }  // namespace
@@ -200,7 +201,8 @@ ReplicaPtr ReplicaRegistry::Pick(v1::Role role, RoutingPolicy policy, std::span<
     for (const auto& [id, r] : replicas_) {
       if (r->draining || r->role != role) continue;
       if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
-      c.push_back({r, r->load.waiting(), r->load.kv_blocks_free(), r->load.running()});
+      c.push_back({r, r->load.waiting(), r->load.kv_blocks_free(), r->load.running(),
+                   {r->load.rank_kv_blocks_free().begin(), r->load.rank_kv_blocks_free().end()}});
     }
     if (c.empty()) return nullptr;
     // Round-robin order is the tie-break of every policy, so equal replicas share load.
@@ -213,7 +215,11 @@ ReplicaPtr ReplicaRegistry::Pick(v1::Role role, RoutingPolicy policy, std::span<
       if (two_b == two_a) two_b = (two_a + 1) % c.size();
     }
   }
-  auto load = [](const Candidate& x) { return static_cast<double>(x.replica->outstanding.load() + x.waiting); };
+  // Load per rank: a data-parallel replica runs D batches of its own sequences at once, so
+  // D times one rank's requests load it as much (one rank: the count as it was).
+  auto load = [](const Candidate& x) {
+    return static_cast<double>(x.replica->outstanding.load() + x.waiting) / LoadRanks(x.rank_kv_blocks_free);
+  };
   const Candidate* best = &c[0];
   switch (policy) {
     case RoutingPolicy::kRoundRobin:
@@ -240,15 +246,18 @@ ReplicaPtr ReplicaRegistry::Pick(v1::Role role, RoutingPolicy policy, std::span<
     }
     case RoutingPolicy::kKvAware: {
       // Free blocks as last reported, less what this router's requests in flight there
-      // will take (about this request's size each), then the smaller running batch.
+      // will take (about this request's size each), on the one rank the request would
+      // land on (KvRoomOnOneRank); then the smaller running batch per rank.
       const double need = static_cast<double>(block_hashes.size() + 1);
       double best_free = -1e300;
-      int32_t best_running = 0;
+      double best_running = 0;
       for (const Candidate& x : c) {
-        const double free = static_cast<double>(x.kv_blocks_free) - need * x.replica->outstanding.load();
-        if (free > best_free || (free == best_free && x.running < best_running)) {
+        const double free =
+            KvRoomOnOneRank(x.kv_blocks_free, x.rank_kv_blocks_free, x.replica->outstanding.load(), need);
+        const double running = static_cast<double>(x.running) / LoadRanks(x.rank_kv_blocks_free);
+        if (free > best_free || (free == best_free && running < best_running)) {
           best_free = free;
-          best_running = x.running;
+          best_running = running;
           best = &x;
         }
       }

@@ -3,7 +3,8 @@
 // rank group: processes forked by the worker, one shared KV pool) give the tokens of a
 // one-rank engine, aggregated and disaggregated, with KV crossing between replicas of
 // different layouts into the rank that holds each sequence; a rank killed under load
-// fails its replica's requests with an error naming it, and the replica stops.
+// fails its replica's requests with an error naming it, and the replica stops; the router
+// picks a data-parallel decode replica by the room on one rank (DP-aware routing).
 #include <signal.h>
 #include <sys/types.h>
 
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <optional>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -140,6 +142,155 @@ TEST_F(RanksServingTest, KvGoesBetweenLayoutsIntoTheHoldingRank) {
       std::printf("%s: %s: %s\n", what.c_str(), name.c_str(), stats["dp_ranks"].dump().c_str());
     }
   }
+}
+
+// The router's view of one replica (by its worker's name), from Cluster.ListReplicas.
+std::optional<v1::ReplicaInfo> RouterView(const LocalCluster& cluster, const std::string& name) {
+  const std::optional<ProcessInfo> p = testing::ProcessNamed(cluster, name);
+  if (!p) return std::nullopt;
+  auto stub = testing::ClusterStub(cluster);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ListReplicasResponse list;
+  if (!stub->ListReplicas(&ctx, v1::ListReplicasRequest(), &list).ok()) return std::nullopt;
+  for (const v1::ReplicaInfo& r : list.replicas()) {
+    if (r.replica_id() == p->ready.value("replica_id", "")) return r;
+  }
+  return std::nullopt;
+}
+
+// Requests the router sent `name` (-1: not listed).
+int64_t Routed(const LocalCluster& cluster, const std::string& name) {
+  const std::optional<v1::ReplicaInfo> r = RouterView(cluster, name);
+  return r ? r->requests_routed() : -1;
+}
+
+// Holds `blocks` KV blocks of decode replica `name` under a lease nobody writes (it lasts
+// --kv-lease-ms), as a request's reservation would.
+absl::Status HoldBlocks(const LocalCluster& cluster, const std::string& name, const std::string& lease_id,
+                        int blocks, uint64_t fingerprint) {
+  const std::optional<v1::ReplicaInfo> r = RouterView(cluster, name);
+  if (!r) return absl::NotFoundError(name);
+  auto stub = v1::Decode::NewStub(testing::InternalChannel(cluster, r->grpc_address()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ReserveRequest req;
+  req.set_request_id(lease_id);
+  req.set_num_tokens(blocks * 64 - 1);  // and the first decode position: `blocks` blocks
+  req.set_layout_fingerprint(fingerprint);
+  v1::ReserveResponse resp;
+  const grpc::Status s = stub->Reserve(&ctx, req, &resp);
+  if (!s.ok()) return absl::InternalError(s.error_message());
+  if (resp.destination().block_ids_size() != blocks) return absl::InternalError(resp.DebugString());
+  return absl::OkStatus();
+}
+
+// Waits until the router's view of `name` satisfies `ok` (the next heartbeats).
+bool WaitForView(const LocalCluster& cluster, const std::string& name,
+                 const std::function<bool(const v1::ReplicaInfo&)>& ok, v1::ReplicaInfo* last) {
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < limit) {
+    if (std::optional<v1::ReplicaInfo> r = RouterView(cluster, name)) {
+      *last = *r;
+      if (ok(*r)) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+v1::GenerateRequest TokenRequest(int num_tokens, int max_tokens) {
+  v1::GenerateRequest r = TextRequest("", max_tokens, std::nullopt, 0.0f);
+  for (int i = 0; i < num_tokens; ++i) r.mutable_token_ids()->add_ids(100 + i * 37 % 5000);
+  return r;
+}
+
+// DP-aware routing (docs/parallel.md): two decode replicas, A over two data-parallel ranks
+// with 3 blocks free on each (6 in all), B of one rank with 5 free. A request needing 4
+// blocks fits no rank of A: the router sends it to B without asking A (by A's sum, 6 > 5, it
+// would have asked A first and been refused). With B down to 2 free, a request of 3 blocks
+// goes to A, whose one rank holds it. Both give the one-rank engine's tokens.
+TEST_F(RanksServingTest, TheRouterPicksADecodeReplicaByTheRoomOnOneRank) {
+  LocalClusterOptions o;
+  o.num_prefill = 1;
+  o.num_decode = 0;
+  o.router_args = {"--heartbeat-ms=200"};
+  auto cluster = StartCluster(o);
+  ASSERT_NE(cluster, nullptr);
+  const std::vector<std::string> small_pool = {"--kv-cache-mb=1", "--kv-lease-ms=120000"};
+  std::vector<std::string> dp_args = small_pool;
+  dp_args.push_back("--data-parallel=2");
+  absl::StatusOr<std::string> a = cluster->AddWorker("decode", dp_args);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<std::string> b = cluster->AddWorker("decode", small_pool);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto rank_free = [](const v1::ReplicaInfo& r) {
+    return std::vector<int64_t>(r.load().rank_kv_blocks_free().begin(), r.load().rank_kv_blocks_free().end());
+  };
+  auto ranks_free = [&](std::vector<int64_t> want) {
+    return [&rank_free, want](const v1::ReplicaInfo& r) { return rank_free(r) == want; };
+  };
+  auto has_ranks = [](const v1::ReplicaInfo& r) { return r.load().rank_kv_blocks_free_size() == 2; };
+  auto has_pool = [](const v1::ReplicaInfo& r) { return r.load().kv_blocks_total() > 0; };
+  v1::ReplicaInfo view_a, view_b;
+  ASSERT_TRUE(WaitForView(*cluster, *a, has_ranks, &view_a)) << view_a.DebugString();
+  ASSERT_TRUE(WaitForView(*cluster, *b, has_pool, &view_b)) << view_b.DebugString();
+  const int per_rank = static_cast<int>(view_a.load().rank_kv_blocks_free(0));
+  const int b_total = static_cast<int>(view_b.load().kv_blocks_free());
+  ASSERT_GE(per_rank, 6);
+  ASSERT_GE(b_total, 8);
+  const uint64_t fp = engine_->layout_fingerprint();
+  // Two leases on A: the first on rank 0, the second on the less loaded rank 1.
+  for (const char* lease : {"fill-a-0", "fill-a-1"}) {
+    const absl::Status held = HoldBlocks(*cluster, *a, lease, per_rank - 3, fp);
+    ASSERT_TRUE(held.ok()) << held;
+  }
+  const absl::Status held = HoldBlocks(*cluster, *b, "fill-b-0", b_total - 5, fp);
+  ASSERT_TRUE(held.ok()) << held;
+  auto free_at_most = [](int64_t n) { return [n](const v1::ReplicaInfo& r) { return r.load().kv_blocks_free() <= n; }; };
+  ASSERT_TRUE(WaitForView(*cluster, *a, ranks_free({3, 3}), &view_a)) << view_a.DebugString();
+  ASSERT_TRUE(WaitForView(*cluster, *b, free_at_most(5), &view_b)) << view_b.DebugString();
+  EXPECT_EQ(view_b.load().kv_blocks_free(), 5);
+  // The router's /replicas page shows what it routes by.
+  const std::optional<ProcessInfo> router = testing::ProcessNamed(*cluster, "router");
+  ASSERT_TRUE(router.has_value());
+  const nlohmann::json replicas =
+      nlohmann::json::parse(testing::HttpGet(router->ready.value("admin", ""), "/replicas"), nullptr, false);
+  int with_ranks = 0;
+  for (const nlohmann::json& r : replicas) {
+    if (r.contains("rank_kv_blocks_free")) {
+      ++with_ranks;
+      EXPECT_EQ(r["rank_kv_blocks_free"], nlohmann::json::array({3, 3})) << replicas.dump();
+    }
+  }
+  EXPECT_EQ(with_ranks, 1) << replicas.dump();
+  EXPECT_EQ(view_a.load().kv_blocks_free(), 6);
+
+  auto stub = GenerationStub(cluster->router_address());
+  // 202 tokens: 3 full blocks and a partial one, KV for 203 positions: 4 blocks.
+  const v1::GenerateRequest four_blocks = TokenRequest(202, 8);
+  const StreamResult first = Generate(*stub, four_blocks, 60);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.tokens, testing::ReferenceTokens(*engine_, four_blocks));
+  EXPECT_EQ(Routed(*cluster, *a), 0) << "A was asked though no rank of it has 4 blocks free";
+  EXPECT_EQ(Routed(*cluster, *b), 1);
+
+  // B down to 2 free (less whatever its prefix cache still holds): a request of 3 blocks
+  // (138 tokens, 139 positions) now fits only a rank of A.
+  const absl::Status held_more = HoldBlocks(*cluster, *b, "fill-b-1", 3, fp);
+  ASSERT_TRUE(held_more.ok()) << held_more;
+  ASSERT_TRUE(WaitForView(*cluster, *b, free_at_most(2), &view_b)) << view_b.DebugString();
+  const v1::GenerateRequest three_blocks = TokenRequest(138, 8);
+  const StreamResult second = Generate(*stub, three_blocks, 60);
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_EQ(second.tokens, testing::ReferenceTokens(*engine_, three_blocks));
+  EXPECT_EQ(Routed(*cluster, *a), 1);
+  EXPECT_EQ(Routed(*cluster, *b), 1);
+  const std::optional<ProcessInfo> pa = testing::ProcessNamed(*cluster, *a);
+  ASSERT_TRUE(pa.has_value());
+  const nlohmann::json stats =
+      nlohmann::json::parse(testing::HttpGet(pa->ready.value("admin", ""), "/stats"), nullptr, false);
+  std::printf("A (DP2) after the two requests: %s\n", stats.value("dp_ranks", nlohmann::json()).dump().c_str());
 }
 
 TEST_F(RanksServingTest, AKilledRankFailsTheRequestsWithAnErrorAndStopsTheReplica) {

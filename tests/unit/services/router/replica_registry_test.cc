@@ -1,5 +1,6 @@
 // The router's replica registry: what each routing policy picks (round-robin turns,
-// exclusions, draining replicas, load, cached prefixes, free KV), the prefix scoring
+// exclusions, draining replicas, load, cached prefixes, free KV; data-parallel replicas'
+// free KV per rank and load per rank), the prefix scoring
 // running outside the registry's mutex (a pick held up scoring one replica leaves
 // heartbeats, registrations and listings free), and picks racing heartbeats that change
 // the cached blocks (the tsan build runs this test too), and who is dropped for silence
@@ -24,11 +25,12 @@ std::vector<uint64_t> Hashes(int n) {
   return h;
 }
 
-v1::LoadReport Load(int32_t waiting, int64_t kv_free = 0, int32_t running = 0) {
+v1::LoadReport Load(int32_t waiting, int64_t kv_free = 0, int32_t running = 0, std::vector<int64_t> rank_free = {}) {
   v1::LoadReport l;
   l.set_waiting(waiting);
   l.set_kv_blocks_free(kv_free);
   l.set_running(running);
+  for (int64_t f : rank_free) l.add_rank_kv_blocks_free(f);
   return l;
 }
 
@@ -54,6 +56,12 @@ class ReplicaRegistryTest : public ::testing::Test {
       }
     }
     return nullptr;
+  }
+  void Beat(const std::string& id, const v1::LoadReport& load) {
+    v1::HeartbeatRequest hb;
+    hb.set_replica_id(id);
+    *hb.mutable_load() = load;
+    ASSERT_TRUE(registry_.Heartbeat(hb));
   }
   std::string Pick(v1::Role role, RoutingPolicy policy, int prompt_blocks = 8, std::vector<std::string> exclude = {}) {
     const std::vector<uint64_t> h = Hashes(prompt_blocks);
@@ -153,6 +161,69 @@ TEST_F(ReplicaRegistryTest, ScoringRunsOutsideTheRegistryMutex) {
   EXPECT_EQ(registry_.KvStores().size(), 0u);
   cache.unlock();
   EXPECT_EQ(pick.get(), b);
+}
+
+// A data-parallel replica reporting each rank's free blocks [6, 6] (12 in all) and a
+// one-rank replica with 10: a request of 8 blocks fits only the latter, though the DP
+// replica has more free in total; one of 5 fits both, and goes where the pool it lands in
+// has the most room (10 > 6) until the one-rank replica has less room than a DP rank.
+TEST_F(ReplicaRegistryTest, KvAwareCountsTheFreeBlocksOfOneRankNotTheReplicasSum) {
+  const std::string dp = Add(v1::ROLE_DECODE, 0, Load(0, 12, 0, {6, 6}));
+  const std::string one = Add(v1::ROLE_DECODE, 0, Load(0, 10, 0));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kKvAware, /*prompt_blocks=*/7), one);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kKvAware, 4), one);
+  Beat(one, Load(0, 5, 0));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kKvAware, 4), dp);
+  // One rank of the DP replica full, the other roomy: its room is that rank's.
+  Beat(dp, Load(0, 9, 0, {0, 9}));
+  EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kKvAware, 7), dp);
+  // 8 free in all, but 4 on each rank: a request of 5 blocks goes to the one-rank
+  // replica's 5 (the replica's sum would have sent it where no rank can hold it).
+  Beat(dp, Load(0, 8, 0, {4, 4}));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kKvAware, 4), one);
+  // The listing carries the ranks' figures.
+  v1::ListReplicasResponse list;
+  registry_.List(&list);
+  for (const v1::ReplicaInfo& r : list.replicas()) {
+    EXPECT_EQ(r.load().rank_kv_blocks_free_size(), r.replica_id() == dp ? 2 : 0) << r.replica_id();
+  }
+}
+
+// The router's requests in flight on a DP replica are counted on the ranks its scheduler
+// would place them on (the most free first), not all taken from the roomiest rank: with
+// [20, 20] and one request of 9 blocks in flight, a rank still has 20 (> a one-rank
+// replica's 15); with two, 11 (< 15).
+TEST_F(ReplicaRegistryTest, KvAwareSpreadsRequestsInFlightOverTheRanks) {
+  EXPECT_EQ(KvRoomOnOneRank(40, std::vector<int64_t>{20, 20}, 0, 9), 20);
+  EXPECT_EQ(KvRoomOnOneRank(40, std::vector<int64_t>{20, 20}, 1, 9), 20);
+  EXPECT_EQ(KvRoomOnOneRank(40, std::vector<int64_t>{20, 20}, 2, 9), 11);
+  EXPECT_EQ(KvRoomOnOneRank(40, std::vector<int64_t>{20, 20}, 5, 9), 2);  // three on rank 0, two on 1
+  EXPECT_EQ(KvRoomOnOneRank(30, std::vector<int64_t>{5, 25}, 2, 9), 7);  // both on rank 1
+  // One rank: the free blocks less every request in flight, as before.
+  EXPECT_EQ(KvRoomOnOneRank(40, {}, 2, 9), 22);
+  const std::string dp = Add(v1::ROLE_DECODE, 0, Load(0, 40, 0, {20, 20}));
+  const std::string one = Add(v1::ROLE_DECODE, 0, Load(0, 15, 0));
+  EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kKvAware), dp);  // 20 > 15
+  ReplicaLease first(Find(dp));
+  // [11, 20]: still 20 (taking the request from the roomiest rank's figure would say 11).
+  EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kKvAware), dp);
+  ReplicaLease second(Find(dp));
+  EXPECT_EQ(Pick(v1::ROLE_DECODE, RoutingPolicy::kKvAware), one);  // 11 < 15
+}
+
+// Least-outstanding, power-of-two and cache-aware compare load per rank: a DP2 replica
+// with 3 requests (1.5 a rank) is less loaded than a one-rank replica with 2.
+TEST_F(ReplicaRegistryTest, LoadPoliciesCompareLoadPerRank) {
+  const std::string dp = Add(v1::ROLE_PREFILL, 6, Load(3, 0, 0, {10, 10}));
+  const std::string one = Add(v1::ROLE_PREFILL, 6, Load(2, 10, 0));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Pick(v1::ROLE_PREFILL, RoutingPolicy::kLeastOutstanding), dp);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Pick(v1::ROLE_PREFILL, RoutingPolicy::kPowerOfTwo), dp);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Pick(v1::ROLE_PREFILL, RoutingPolicy::kCacheAware), dp);  // 6 - 6 > 6 - 8
+  Beat(dp, Load(5, 0, 0, {10, 10}));  // 2.5 a rank
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Pick(v1::ROLE_PREFILL, RoutingPolicy::kLeastOutstanding), one);
+  // Without the ranks' figures (a one-rank report) the same counts compare whole.
+  Beat(dp, Load(3, 0, 0));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Pick(v1::ROLE_PREFILL, RoutingPolicy::kLeastOutstanding), one);
 }
 
 // Picks racing heartbeats that store and evict blocks, registrations and deregistrations:
