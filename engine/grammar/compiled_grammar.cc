@@ -123,7 +123,27 @@ class Precomputer {
     std::vector<Pending> candidates;  // where the rule completed, in trie order
     // The candidates by the byte that follows their exit (built on first use).
     std::vector<std::vector<Pending>> by_next_byte;
+    int64_t reach = -1;  // the most bytes of a candidate past its exit (-1: not known yet)
   };
+
+  // The most bytes a candidate of `l1` has past its exit, hence the most copies of a
+  // repeated element (at least a byte each) it can cross in step 2.
+  int64_t Reach(Level1* l1) {
+    if (l1->reach >= 0) return l1->reach;
+    const auto& trie = vocab_.trie();
+    if (deepest_.empty()) {
+      // Children follow their parent in the trie's order: one pass from the back.
+      deepest_.resize(trie.size());
+      for (int32_t n = static_cast<int32_t>(trie.size()) - 1; n >= 0; --n) {
+        int32_t d = trie[n].depth;
+        for (int32_t c = n + 1; c < trie[n].end; c = trie[c].end) d = std::max(d, deepest_[c]);
+        deepest_[n] = d;
+      }
+    }
+    l1->reach = 0;
+    for (const Pending& c : l1->candidates) l1->reach = std::max<int64_t>(l1->reach, deepest_[c.node] - c.depth);
+    return l1->reach;
+  }
   using Shifted = CountedRepetitions::Outcome;
 
   // The index of the set of `ids`, each distinct set stored once.
@@ -216,7 +236,7 @@ class Precomputer {
     if (!derived) {
       if (absl::Status s = WalkFrom({&p, 1}, {&root, 1}, &accepted, &uncertain); !s.ok()) return s;
     }
-    Level1 l{static_cast<int32_t>(level1_.size()), AddSet(std::move(accepted)), std::move(uncertain), {}};
+    Level1 l{static_cast<int32_t>(level1_.size()), AddSet(std::move(accepted)), std::move(uncertain), {}, -1};
     return &level1_.emplace(std::move(key), std::move(l)).first->second;
   }
 
@@ -377,10 +397,18 @@ class Precomputer {
     // above it get the same entry (the copies of a repeated rule away from the
     // repetition's bounds: thousands in a long bounded string), computed once. Off with
     // counted repetitions, so that the general path stays what it was.
-    state[0] = SegmentState(chain, 0, std::min(chain.size(), kSegment));
+    const std::vector<int32_t> stack0 = SegmentStack(chain, 0, std::min(chain.size(), kSegment));
+    state[0] = machine_.Initial(stack0);
     built[0] = 1;
     if (counted_ && state[0] != StackMachine::kDead) {
       std::vector<int32_t> parts = {l1->id, state[0], *outer};
+      // Inside a counted repetition, the copies near a bound have states of their own,
+      // but step 1's candidates reach at most `Reach(l1)` copies past their exit: the
+      // run's counts clipped there say all that the state does to them (exact).
+      if (std::vector<int32_t> run; counted_->ClippedRun(stack0, Reach(l1) + 1, &run)) {
+        parts[1] = -1;
+        parts.insert(parts.end(), run.begin(), run.end());
+      }
       parts.insert(parts.end(), chain.begin() + static_cast<std::ptrdiff_t>(std::min(chain.size(), kSegment)),
                    chain.end());
       key->assign(reinterpret_cast<const char*>(parts.data()), parts.size() * sizeof(int32_t));
@@ -442,7 +470,6 @@ class Precomputer {
       pending[k + 1].insert(pending[k + 1].end(), r.uncertain.begin(), r.uncertain.end());
     };
     absl::Status status = absl::OkStatus();
-    std::vector<int32_t> stack0;  // segment 0's stack, when a derivation needs it
     for (int b = 0; b < 256 && status.ok(); ++b) {
       const std::vector<Pending>& group = l1->by_next_byte[b];
       if (group.empty()) continue;
@@ -460,7 +487,6 @@ class Precomputer {
         // Inside a counted repetition, the group's outcome from every copy's state comes
         // from one set of figures of its subtrees (counted_repetition.h).
         if (counted_ && k == 0) {
-          if (stack0.empty()) stack0 = SegmentStack(chain, 0, std::min(chain.size(), kSegment));
           absl::StatusOr<const Shifted*> d = counted_->DeriveShifted(stack0, int64_t{l1->id} * 256 + b, group);
           if (!d.ok() && !absl::IsFailedPrecondition(d.status())) {
             status = d.status();
@@ -629,6 +655,7 @@ class Precomputer {
   std::deque<Shifted> walked_groups_;
   absl::flat_hash_map<std::string, CompiledGrammar::Entry> entry_memo_;  // ThroughChain's key
   std::vector<int32_t> representative_;  // per canonical rule: its first rule
+  std::vector<int32_t> deepest_;         // per trie node: the depth of its deepest descendant
   std::vector<std::pair<int32_t, int32_t>> hop_;  // per rule: Hop's answer ({-2, -1} until known)
   std::vector<uint32_t> token_stamp_;  // per token: appended to the current entry's extra
   uint32_t stamp_ = 0;

@@ -321,15 +321,9 @@ absl::StatusOr<const CountedRepetitions::Outcome*> CountedRepetitions::DeriveShi
   }
   if (it->second == nullptr) return nullptr;
   const Figures& f = *it->second;
-  // R: the stack with its innermost position past the copies.
-  StackMachine::State r = StackMachine::kDead;
   std::vector<int32_t> rest;
-  if (run.after >= 0) {
-    rest.assign(stack.begin(), stack.end());
-    rest.back() = run.after;
-    r = machine_.Initial(rest);
-    if (machine_.failed()) return absl::FailedPreconditionError("stack machine cannot run this grammar");
-  }
+  const StackMachine::State r = After(stack, run, &rest);
+  if (machine_.failed()) return absl::FailedPreconditionError("stack machine cannot run this grammar");
   // No token of the group reaches a boundary past f.most copies: counts beyond that
   // (the copies of X far from a bound, or a bound farther than the group's tokens) give
   // the same outcome. Exact: Apply looks at counts only as compared with the boundaries'.
@@ -342,6 +336,36 @@ absl::StatusOr<const CountedRepetitions::Outcome*> CountedRepetitions::DeriveShi
   if (!*done) return nullptr;
   ++derived_groups_;
   return &shifted_.emplace(memo, std::move(out)).first->second;
+}
+
+StackMachine::State CountedRepetitions::After(std::span<const int32_t> stack, const Run& run,
+                                              std::vector<int32_t>* rest) {
+  rest->clear();
+  if (run.after < 0) return StackMachine::kDead;
+  rest->assign(stack.begin(), stack.end());
+  rest->back() = run.after;
+  return machine_.Initial(*rest);
+}
+
+bool CountedRepetitions::ClippedRun(std::span<const int32_t> stack, int64_t clip, std::vector<int32_t>* key) {
+  Run run;
+  if (stack.empty() || !Recognize(stack.back(), &run)) return false;
+  std::vector<int32_t> rest;
+  const StackMachine::State r = After(stack, run, &rest);
+  if (machine_.failed() || (run.after >= 0 && r == StackMachine::kDead)) return false;
+  if (run.x.terminal) {
+    key->push_back(-1);
+    for (uint64_t w : run.x.set.bits) {
+      key->push_back(static_cast<int32_t>(w));
+      key->push_back(static_cast<int32_t>(w >> 32));
+    }
+  } else {
+    key->push_back(run.x.canonical);
+  }
+  key->push_back(static_cast<int32_t>(std::min(run.min, clip)));
+  key->push_back(static_cast<int32_t>(std::min(run.max, clip)));
+  key->push_back(r);
+  return true;
 }
 
 absl::StatusOr<bool> CountedRepetitions::Apply(const Figures& f, const Run& run, std::span<const int32_t> rest,

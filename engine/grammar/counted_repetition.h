@@ -70,6 +70,12 @@ class CountedRepetitions {
   absl::StatusOr<const Outcome*> DeriveShifted(std::span<const int32_t> stack, int64_t group,
                                                std::span<const UncertainSubtree> starts);
 
+  // When the innermost position of `stack` lies in a counted repetition: appends to
+  // *key what its state does to strings crossing fewer than `clip` copies' boundaries
+  // (the element, the counts clipped to `clip`, the state after the copies) and returns
+  // true; two stacks with equal keys are alike to such strings.
+  bool ClippedRun(std::span<const int32_t> stack, int64_t clip, std::vector<int32_t>* key);
+
   // Positions answered by Derive, and step 2's groups answered by DeriveShifted, for
   // statistics.
   size_t derived() const { return derived_; }
@@ -106,6 +112,9 @@ class CountedRepetitions {
   // X's figures over the subtrees of `starts` ({0, 0}: the whole trie), each walked from
   // its depth with a copy of X starting there; null when X is not prefix-free on them.
   absl::StatusOr<std::unique_ptr<Figures>> Compute(const Element& x, std::span<const UncertainSubtree> starts);
+  // R for a stack whose innermost position begins `run`: the stack with that position
+  // past the copies (*rest; empty and kDead when nothing after them is within reach).
+  StackMachine::State After(std::span<const int32_t> stack, const Run& run, std::vector<int32_t>* rest);
   // The outcome for `run` followed by the state of `rest` (empty: nothing within reach).
   absl::StatusOr<bool> Apply(const Figures& f, const Run& run, std::span<const int32_t> rest,
                              std::vector<int32_t>* accepted, std::vector<UncertainSubtree>* uncertain);
