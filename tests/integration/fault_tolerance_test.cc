@@ -224,24 +224,46 @@ TEST_F(FaultToleranceTest, AStoppedPrefillReplicasLeasesStayQuarantinedUntilItRe
   const std::string writer = ProcessNamed(*cluster, "prefill-0")->ready.value("grpc", "");
   ASSERT_FALSE(writer.empty());
   SteadyLoad load(stub.get(), &reqs, kClients);
-  ASSERT_TRUE(WaitUntilBusy(*cluster, "prefill-0"));
-  ASSERT_TRUE(cluster->Kill("prefill-0", SIGSTOP).ok());
-  const auto stopped_at = std::chrono::steady_clock::now();
-  // The whole stop: prefill-0's quarantines never shrink, and blocks stay quarantined.
+  // prefill-0 must be stopped while it holds writes open on decode-0. It announces each
+  // prefill's writes (BeginWrites) asynchronously as the prefill starts, and ends them once
+  // its writes completed, so a stop can land when none of its announcements has reached
+  // decode-0 yet (the first ones wait for its channel to decode-0, which a loaded machine
+  // may take long to open) or after its last end: it then holds no lease there, and the
+  // stop tests nothing. So it first completes a few requests (its channel is open), and a
+  // stop after which decode-0 quarantined nothing of it is undone (SIGCONT: it registers
+  // again) and made again, a few times at most.
+  auto settled = [&] {  // a few more requests completed, then one in hand
+    const int64_t before = Stat(*cluster, "prefill-0", "requests_finished");
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < limit && Stat(*cluster, "prefill-0", "requests_finished") < before + 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return WaitUntilBusy(*cluster, "prefill-0");
+  };
   int64_t held = 0;
   int samples = 0;
-  while (std::chrono::steady_clock::now() < stopped_at + std::chrono::milliseconds(kLeaseMs + kOldBoundMs + 1500)) {
-    const int64_t now_held = QuarantineWritersAt(*cluster, "decode-0", writer);
-    const double blocks = Metric(*cluster, "decode-0", "tandem_kv_quarantined_blocks");
-    if (held > 0) {
-      EXPECT_GE(now_held, held) << "a quarantine of the stopped writer ended while it was stopped";
-      EXPECT_GT(blocks, 0) << "no block quarantined while the stopped writer may still write";
-      ++samples;
+  int stops = 0;
+  for (; stops < 3 && held == 0; ++stops) {
+    if (stops > 0) {
+      ASSERT_TRUE(cluster->Kill("prefill-0", SIGCONT).ok());
     }
-    held = std::max(held, now_held);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_TRUE(settled());
+    ASSERT_TRUE(cluster->Kill("prefill-0", SIGSTOP).ok());
+    const auto stopped_at = std::chrono::steady_clock::now();
+    // The whole stop: prefill-0's quarantines never shrink, and blocks stay quarantined.
+    while (std::chrono::steady_clock::now() < stopped_at + std::chrono::milliseconds(kLeaseMs + kOldBoundMs + 1500)) {
+      const int64_t now_held = QuarantineWritersAt(*cluster, "decode-0", writer);
+      const double blocks = Metric(*cluster, "decode-0", "tandem_kv_quarantined_blocks");
+      if (held > 0) {
+        EXPECT_GE(now_held, held) << "a quarantine of the stopped writer ended while it was stopped";
+        EXPECT_GT(blocks, 0) << "no block quarantined while the stopped writer may still write";
+        ++samples;
+      }
+      held = std::max(held, now_held);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
-  ASSERT_GT(held, 0) << "the stopped prefill replica held no lease on the decode replica";
+  ASSERT_GT(held, 0) << "the stopped prefill replica held no lease on the decode replica (" << stops << " stops)";
   EXPECT_GT(samples, 20);
   EXPECT_GT(Stat(*cluster, "decode-0", "kv_blocks_quarantined"), 0);
   const double ended_before = Metric(*cluster, "decode-0", "tandem_kv_quarantine_ends_total", "writer_ended");
@@ -258,8 +280,8 @@ TEST_F(FaultToleranceTest, AStoppedPrefillReplicasLeasesStayQuarantinedUntilItRe
         << "prompt " << d.prompt << (d.after_mark ? " (after the resume)" : "") << " completed with other tokens";
     after_resume += d.after_mark;
   }
-  std::printf("stopped writer: %zu requests, %d started after it resumed, it held %lld quarantined writes\n",
-              done.size(), after_resume, static_cast<long long>(held));
+  std::printf("stopped writer: %zu requests, %d started after it resumed, it held %lld quarantined writes (stop %d)\n",
+              done.size(), after_resume, static_cast<long long>(held), stops);
   EXPECT_GT(after_resume, kClients);
   ExpectAllKvFree(*cluster);
   // Its quarantines ended by its own word once it ran again.
@@ -405,7 +427,15 @@ TEST_F(FaultToleranceTest, RouterRestartEndsStreamsClearlyAndReplicasRejoin) {
     for (int i = 0; i < 10; ++i) {
       streams.emplace_back([&, i] { got[i] = Generate(*stub, TextRequest(Words(30, i), 400, std::nullopt, 0.0f), 60); });
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    // Killed once every stream is decoding: a request between its lease and its Decode
+    // call when the router dies keeps its blocks until the lease expires (--kv-lease-ms,
+    // 30 s: nobody is left to decode or release it), longer than the wait for free KV
+    // below. (A slow machine may still be prefilling some at a fixed time.)
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < limit && Stat(*cluster, "decode-0", "running") < 10) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(Stat(*cluster, "decode-0", "running"), 10) << "not every stream reached decode-0 before the kill";
     ASSERT_TRUE(cluster->Kill("router", SIGKILL).ok());
     for (auto& t : streams) t.join();
   }
