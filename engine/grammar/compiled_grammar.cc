@@ -131,17 +131,8 @@ class Precomputer {
   int64_t Reach(Level1* l1) {
     if (l1->reach >= 0) return l1->reach;
     const auto& trie = vocab_.trie();
-    if (deepest_.empty()) {
-      // Children follow their parent in the trie's order: one pass from the back.
-      deepest_.resize(trie.size());
-      for (int32_t n = static_cast<int32_t>(trie.size()) - 1; n >= 0; --n) {
-        int32_t d = trie[n].depth;
-        for (int32_t c = n + 1; c < trie[n].end; c = trie[c].end) d = std::max(d, deepest_[c]);
-        deepest_[n] = d;
-      }
-    }
     l1->reach = 0;
-    for (const Pending& c : l1->candidates) l1->reach = std::max<int64_t>(l1->reach, deepest_[c.node] - c.depth);
+    for (const Pending& c : l1->candidates) l1->reach = std::max<int64_t>(l1->reach, trie[c.node].deepest - c.depth);
     return l1->reach;
   }
   using Shifted = CountedRepetitions::Outcome;
@@ -655,7 +646,6 @@ class Precomputer {
   std::deque<Shifted> walked_groups_;
   absl::flat_hash_map<std::string, CompiledGrammar::Entry> entry_memo_;  // ThroughChain's key
   std::vector<int32_t> representative_;  // per canonical rule: its first rule
-  std::vector<int32_t> deepest_;         // per trie node: the depth of its deepest descendant
   std::vector<std::pair<int32_t, int32_t>> hop_;  // per rule: Hop's answer ({-2, -1} until known)
   std::vector<uint32_t> token_stamp_;  // per token: appended to the current entry's extra
   uint32_t stamp_ = 0;

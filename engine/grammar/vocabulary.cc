@@ -127,6 +127,12 @@ void GrammarVocabulary::Build() {
     n.tok_sub_end = total;
     stack.pop_back();
   }
+  // Children follow their parent: one pass from the back.
+  for (int32_t n = static_cast<int32_t>(trie_.size()) - 1; n >= 0; --n) {
+    uint16_t d = trie_[n].depth;
+    for (int32_t c = n + 1; c < trie_[n].end; c = trie_[c].end) d = std::max(d, trie_[c].deepest);
+    trie_[n].deepest = d;
+  }
 }
 
 }  // namespace tandem::grammar

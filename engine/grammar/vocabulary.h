@@ -34,8 +34,9 @@ class GrammarVocabulary {
     int32_t tok_begin = 0;     // sorted_tokens()[tok_begin, tok_sub_end): the subtree's tokens
     int32_t tok_here_end = 0;  // [tok_begin, tok_here_end): those ending at this node
     int32_t tok_sub_end = 0;
-    uint16_t depth = 0;  // bytes from the root
-    uint8_t byte = 0;    // the last of them (none at the root)
+    uint16_t depth = 0;    // bytes from the root
+    uint16_t deepest = 0;  // the depth of the deepest node of this subtree (its longest token)
+    uint8_t byte = 0;      // the last of them (none at the root)
   };
 
   // From a tokenizer: TokenBytes of every id below vocab_size(); IsSpecial and IsAdded
