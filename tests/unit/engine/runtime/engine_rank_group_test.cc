@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <string>
@@ -197,11 +198,20 @@ TEST_F(EngineRankGroupTest, DataParallelExportAndImportUseTheHoldingRanksBlocks)
   // (One rank's engine, all tokens: the reference.)
   const std::vector<std::vector<int32_t>> want = RunAtOnce({}, rs, nullptr);
 
-  KeepingSink on_ranks;
+  // Placement depends on arrival: if the engine thread admits and finishes r0 (one chunk)
+  // before the test thread submits r1, r1 lands on rank 0 too. A loaded machine can do
+  // that, so a run that placed both on one rank is repeated (a scheduler that never uses
+  // rank 1 fails every attempt).
   EngineStats stats;
-  EXPECT_EQ(Prefill(OnRanks({.data_parallel = 2}), rs, on_ranks, &stats), first);
-  EXPECT_EQ(on_ranks.kv_, one_rank.kv_);  // every entry of every layer, bitwise
-  ASSERT_EQ(stats.dp_ranks.size(), 2u);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    KeepingSink on_ranks;
+    EXPECT_EQ(Prefill(OnRanks({.data_parallel = 2}), rs, on_ranks, &stats), first);
+    EXPECT_EQ(on_ranks.kv_, one_rank.kv_);  // every entry of every layer, bitwise
+    ASSERT_EQ(stats.dp_ranks.size(), 2u);
+    if (stats.dp_ranks[0].placed == 1 && stats.dp_ranks[1].placed == 1) break;
+    std::printf("attempt %d placed %lld and %lld sequences on the ranks; again\n", attempt,
+                static_cast<long long>(stats.dp_ranks[0].placed), static_cast<long long>(stats.dp_ranks[1].placed));
+  }
   EXPECT_EQ(stats.dp_ranks[0].placed, 1);
   EXPECT_EQ(stats.dp_ranks[1].placed, 1);
 
@@ -210,7 +220,8 @@ TEST_F(EngineRankGroupTest, DataParallelExportAndImportUseTheHoldingRanksBlocks)
   absl::StatusOr<std::unique_ptr<Engine>> d = Engine::Create(testing::SmallTinyModelDir(), o);
   ASSERT_TRUE(d.ok()) << d.status();
   const int64_t per_rank = (*d)->Stats().kv_blocks_total / 2;
-  std::vector<std::shared_ptr<OutputStream>> streams;
+  // Both reservations before either request is submitted: a submitted sequence could run to
+  // its end (freeing its blocks) before the next reservation on a loaded machine.
   for (size_t i = 0; i < rs.size(); ++i) {
     absl::StatusOr<std::vector<int32_t>> blocks = (*d)->ReserveKv(rs[i].id, static_cast<int32_t>(rs[i].prompt.size()));
     ASSERT_TRUE(blocks.ok()) << blocks.status();
@@ -220,6 +231,9 @@ TEST_F(EngineRankGroupTest, DataParallelExportAndImportUseTheHoldingRanksBlocks)
     for (const auto& [layer, entries] : one_rank.kv_[rs[i].id]) {
       ASSERT_TRUE((*d)->WriteKv(*blocks, layer, 0, entries).ok());
     }
+  }
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (size_t i = 0; i < rs.size(); ++i) {
     absl::StatusOr<std::shared_ptr<OutputStream>> s = (*d)->SubmitImported(rs[i], first[i]);
     ASSERT_TRUE(s.ok()) << s.status();
     streams.push_back(*s);
