@@ -237,8 +237,16 @@ double CublasLtFp8Rate(int m) {
   CHECK_CUDA(cudaMalloc(&ws, static_cast<size_t>(n / 128) * (k / 128) * 4));
   CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(m) * n * 2));
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
-  CHECK_CUDA(cudaMemset(x, 0x38, static_cast<size_t>(m) * k));  // e4m3 1.0
-  CHECK_CUDA(cudaMemset(w, 0x30, static_cast<size_t>(n) * k));  // e4m3 0.5
+  // Codes spread like quantized data (|value| in [2^-3, 2^5), no NaNs), not a constant:
+  // the tensor cores' clock and power depend on how the operands' bits toggle.
+  std::vector<uint8_t> codes(static_cast<size_t>(std::max(m, n) + 1) * k);
+  uint32_t state = 12345;
+  for (uint8_t& c : codes) {
+    state = state * 1664525u + 1013904223u;
+    c = static_cast<uint8_t>(((state >> 24) & 0x80) | (0x20 + (state >> 8) % 0x40));
+  }
+  CHECK_CUDA(cudaMemcpy(x, codes.data(), static_cast<size_t>(m) * k, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(w, codes.data() + k, static_cast<size_t>(n) * k, cudaMemcpyHostToDevice));
   const std::vector<float> ones(static_cast<size_t>(m) * (k / 128), 1.0f / 64);
   CHECK_CUDA(cudaMemcpy(xs, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(ws, ones.data(), static_cast<size_t>(n / 128) * (k / 128) * 4, cudaMemcpyHostToDevice));

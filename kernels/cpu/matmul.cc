@@ -228,7 +228,20 @@ void MatmulBatch(std::span<const MatmulParams> given, ThreadPool& pool) {
   std::vector<MatmulParams> jobs(given.size());
   for (size_t j = 0; j < given.size(); ++j) {
     CheckParams(given[j]);
-    jobs[j] = WithRoundedInput(given[j], rounded[j]);
+    // Jobs reading the same input (a layer's projections of one x) share one rounding.
+    const MatmulParams& g = given[j];
+    size_t same = j;
+    for (size_t i = 0; i < j && same == j; ++i) {
+      const MatmulParams& a = given[i];
+      if (jobs[i].x != a.x && a.x == g.x && a.x_stride == g.x_stride && a.m == g.m && a.w->cols == g.w->cols) same = i;
+    }
+    if (same < j && g.round_fp8_input && g.w->dtype == DType::kF8E4M3) {
+      jobs[j] = g;
+      jobs[j].x = jobs[same].x;
+      jobs[j].x_stride = jobs[same].x_stride;
+    } else {
+      jobs[j] = WithRoundedInput(g, rounded[j]);
+    }
   }
   // first[j]: the first block of job j in one index space over all of them.
   std::vector<int64_t> first(jobs.size() + 1, 0);

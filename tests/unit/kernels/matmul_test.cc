@@ -197,6 +197,23 @@ TEST(MatmulRoundFp8InputTest, EqualsTheProductOfTheRoundedInput) {
       EXPECT_EQ(got, plain) << "only FP8 matrices read rounded inputs";
     }
   }
+  // In a batch, jobs of one input share its rounding: a bf16 job first (no rounding), then
+  // two FP8 jobs of the same x, each equal to its product alone.
+  const Stored a = MakeWeights(DType::kF8E4M3, rows, cols, rng), b = MakeWeights(DType::kF8E4M3, 70, cols, rng),
+               h = MakeWeights(DType::kBF16, 40, cols, rng);
+  std::vector<float> ya(static_cast<size_t>(m * rows)), yb(static_cast<size_t>(m * 70)), yh(static_cast<size_t>(m * 40));
+  const MatmulParams batch[] = {
+      {.x = x.data(), .m = m, .x_stride = stride, .w = &h.w, .y = yh.data(), .y_stride = 40, .round_fp8_input = true},
+      {.x = x.data(), .m = m, .x_stride = stride, .w = &a.w, .y = ya.data(), .y_stride = rows, .round_fp8_input = true},
+      {.x = x.data(), .m = m, .x_stride = stride, .w = &b.w, .y = yb.data(), .y_stride = 70, .round_fp8_input = true}};
+  MatmulBatch(batch, pool);
+  for (const MatmulParams& job : batch) {
+    std::vector<float> alone(static_cast<size_t>(m * job.w->rows));
+    MatmulParams one = job;
+    one.y = alone.data();
+    Matmul(one, pool);
+    EXPECT_EQ(std::vector<float>(job.y, job.y + alone.size()), alone) << job.w->rows;
+  }
 }
 
 TEST(ThreadPoolTest, CoversEveryIndexOnce) {

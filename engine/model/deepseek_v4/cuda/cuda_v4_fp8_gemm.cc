@@ -22,10 +22,7 @@ bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p)
 }  // namespace
 
 absl::Status CudaV4Model::EnsureFp8Scratch(int64_t rows) {
-  // The widest input an FP8 matrix of this model can have.
-  const DeepseekV4Config& c = config_;
-  const int64_t cols = RoundUp16(std::max({c.hidden_size, c.q_lora_rank, c.o_groups * c.o_lora_rank, c.o_group_in(),
-                                           c.moe_intermediate_size}));
+  const int64_t cols = RoundUp16(weights_->max_fp8_cols);
   if (rows <= fp8_scratch_rows_ && cols <= fp8_scratch_cols_) return absl::OkStatus();
   // The work queued before may still read the old scratch.
   TANDEM_CUDA_RETURN(cudaStreamSynchronize(stream_), "finishing the work before the FP8 scratch grows");
@@ -40,21 +37,21 @@ absl::Status CudaV4Model::EnsureFp8Scratch(int64_t rows) {
 
 absl::StatusOr<bool> CudaV4Model::Fp8GemmLinear(const float* x, int64_t ldx, const DeviceMatrix& w, float* y,
                                                 int64_t ldy, int64_t m) {
-  const int64_t k = w.cols, ldq = RoundUp16(k);
+  const int64_t k = w.cols;  // also the quantized rows' stride
   // Fp8QuantizeRows reads four floats at a time; Fp8Gemm's TMA needs 16-byte rows, and
   // its float32 stores pairs of columns.
   if (k % 16 != 0 || ldx % 4 != 0 || !Aligned(x, 16) || !Aligned(w.codes, 16) || ldy % 2 != 0 || !Aligned(y, 8) ||
-      m > fp8_scratch_rows_ || ldq > fp8_scratch_cols_) {
+      m > fp8_scratch_rows_ || k > fp8_scratch_cols_) {
     return false;
   }
   uint8_t* q = fp8_scratch_.get<uint8_t>();
   float* scales = reinterpret_cast<float*>(q + RoundUp16(fp8_scratch_rows_ * fp8_scratch_cols_));
-  TANDEM_CUDA_RETURN(cuda::Fp8QuantizeRows({.x = x, .x_bf16 = false, .ldx = ldx, .q = q, .ldq = ldq,
+  TANDEM_CUDA_RETURN(cuda::Fp8QuantizeRows({.x = x, .x_bf16 = false, .ldx = ldx, .q = q, .ldq = k,
                                             .scales = scales, .scales_stride = m, .m = static_cast<int>(m),
                                             .k = static_cast<int>(k)},
                                            stream_),
                      "quantizing an FP8 product's activations");
-  TANDEM_CUDA_RETURN(cuda::Fp8Gemm({.a = q, .lda = ldq, .a_scales = scales, .a_scales_stride = m, .b = w.codes,
+  TANDEM_CUDA_RETURN(cuda::Fp8Gemm({.a = q, .lda = k, .a_scales = scales, .a_scales_stride = m, .b = w.codes,
                                     .ldb = k, .b_scales = w.scales, .y = y, .ldy = ldy, .y_bf16 = false,
                                     .m = static_cast<int>(m), .n = static_cast<int>(w.rows), .k = static_cast<int>(k)},
                                    stream_),

@@ -97,6 +97,7 @@ class Uploader {
     ASSIGN_OR_RETURN(const float* s, Floats(scales.data(), static_cast<int64_t>(scales.size()), what));
     ++out_->fp8_matrices;
     out_->max_narrow_elements = std::max(out_->max_narrow_elements, rows * cols);
+    out_->max_fp8_cols = std::max(out_->max_fp8_cols, cols);
     return DeviceMatrix{.codes = static_cast<const uint8_t*>(c), .scales = s,
                         .format = cuda::QuantizedWeight::kFp8Block128, .rows = rows, .cols = cols};
   }

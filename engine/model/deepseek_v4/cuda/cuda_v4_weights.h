@@ -112,6 +112,7 @@ struct CudaV4Weights {
   bool experts_routed_on_device = false;  // every layer has the routed GEMV's tables
   const int32_t* iota = nullptr;  // device [0, 1, ..., 63]: the o_a groups' "expert" ids
   int64_t max_narrow_elements = 0;  // the largest narrow matrix (bounds the widening scratch)
+  int64_t max_fp8_cols = 0;         // the widest FP8 matrix's input (bounds the FP8 GEMM's scratch)
   std::vector<cuda_model::DeviceBuffer> buffers;
 };
 
